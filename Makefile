@@ -1,0 +1,31 @@
+# `make demo` and `make test` create and fill .venv themselves when it is missing or pyproject.toml changed.
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DO_NOT_TRACK := 1
+
+.PHONY: venv demo test lint clean
+
+$(STAMP): pyproject.toml
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/planner demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check planner_core flows migrations tests
+	$(VENV)/bin/lint-imports
+
+test: lint
+	$(VENV)/bin/python -m pytest -q
+
+clean:
+	-$(VENV)/bin/planner db stop
+	rm -rf .planner

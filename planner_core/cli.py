@@ -1,0 +1,188 @@
+"""`planner` command line: database, demo, serving, and decision history.
+
+Prefect is imported only by the commands that need it, after its environment (home directory, offline
+switches) is set, so `planner db url` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from planner_core.settings import RuntimeSettings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DIR = REPO_ROOT.parent / "shared"
+DEFAULT_TRACE = SHARED_DIR / "traces" / "AzureLLMInferenceTrace_conv.csv"
+DEFAULT_CONFIG = REPO_ROOT / "infra" / "configs" / "demo.yaml"
+
+EXAMPLE_QUERIES = (
+    (
+        "What did the planner decide, when, why, and what happened?",
+        """SELECT decided_at, prefill_before AS p_before, decode_before AS d_before,
+       target_prefill AS p_target, target_decode AS d_target, reason, status,
+       num_attempts AS attempts, acknowledged_at IS NOT NULL AS acked
+  FROM decision_history WHERE deployment = :deployment
+ ORDER BY decided_at LIMIT 10""",
+    ),
+    (
+        "Why did each tick end as it did, and how fast was the decision?",
+        """SELECT reason, count(*) AS ticks, round(avg(observed_num_req)::numeric, 1) AS avg_requests,
+       round(percentile_cont(0.5) WITHIN GROUP (ORDER BY decide_ms)::numeric, 3) AS decide_ms_p50
+  FROM tick_history WHERE deployment = :deployment
+ GROUP BY reason ORDER BY ticks DESC""",
+    ),
+)
+
+
+def _prefect_environment(settings: RuntimeSettings) -> None:
+    """Offline-friendly Prefect defaults; anything the user set wins."""
+    prefect_home = (settings.data_dir / "prefect").resolve()
+    prefect_home.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PREFECT_HOME", str(prefect_home))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    # A fresh Prefect home migrates its SQLite database on first start; on a busy 2-core machine that can
+    # exceed Prefect's 20 s default.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from planner_core.store.db import resolve_database_url, stop_embedded_database, to_libpq_uri
+    from planner_core.store.migrate import upgrade
+
+    settings = RuntimeSettings()
+    if args.action == "stop":
+        stopped = stop_embedded_database(settings.embedded_pg_dir)
+        print("stopped" if stopped else f"no embedded server running under {settings.embedded_pg_dir}")
+        return 0
+    url = resolve_database_url(settings)
+    if args.action == "upgrade":
+        upgrade(url)
+        print("schema at head")
+        return 0
+    print(url)
+    print(f'psql "{to_libpq_uri(url)}"', file=sys.stderr)
+    return 0
+
+
+def print_queries(database_url: str, deployment: str) -> None:
+    import pandas as pd
+
+    from planner_core.store.db import get_engine
+
+    pd.set_option("display.width", 160)
+    pd.set_option("display.max_columns", 20)
+    with get_engine(database_url).connect() as conn:
+        for title, sql in EXAMPLE_QUERIES:
+            from sqlalchemy import text
+
+            frame = pd.read_sql(text(sql), conn, params={"deployment": deployment})
+            print(f"\n-- {title}\n{sql};\n")
+            print(frame.to_string(index=False))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    settings = RuntimeSettings()
+    _prefect_environment(settings)
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # keep the progress bar readable
+    from flows.demo import demo
+    from flows.prefect_server import prefect_api
+    from planner_core.store.db import resolve_database_url
+
+    url = resolve_database_url(settings)
+    started = time.perf_counter()
+    with prefect_api() as api_url:
+        print(f"Prefect API: {api_url}", file=sys.stderr)
+        result = demo(
+            trace_path=str(args.trace),
+            config_path=str(args.config),
+            deployment=args.deployment,
+            startup_s=args.startup_s,
+            rate_scale=args.rate_scale,
+            max_windows=args.max_windows,
+            database_url=url,
+        )
+    elapsed_s = time.perf_counter() - started
+    simulated_h = result["num_windows"] * result["window_s"] / 3600.0
+    print(f"\nDemo '{result['deployment']}' on {Path(args.trace).name} at {args.rate_scale:g}x its rate")
+    print(
+        f"  simulated {simulated_h:.2f} h in {elapsed_s:.1f} s of wall time; "
+        f"ticks recorded {result['num_ticks']}, decisions {result['num_decisions']} "
+        f"({result['decision_statuses']})"
+    )
+    print(
+        f"  requests {result['num_requests']}, SLA attainment {100 * result['sla_attainment']:.1f}% "
+        f"(TTFT <= {result['ttft_ms']:g} ms and ITL <= {result['itl_ms']:g} ms), "
+        f"mean TTFT {result['mean_ttft_ms']:.0f} ms, mean ITL {result['mean_itl_ms']:.1f} ms, "
+        f"GPU-hours {result['gpu_hours']:.2f}"
+    )
+    print("  replica timeline (simulated time since the first request -> prefill/decode targets):")
+    print("    " + "  ".join(f"{at_s / 60:.0f}m {p}P/{d}D" for at_s, p, d in result["scale_events"]) or "    none")
+    print_queries(url, result["deployment"])
+    print(f"\nConnect with: planner db url   (data under {settings.data_dir.resolve()})")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = RuntimeSettings()
+    _prefect_environment(settings)
+    from flows.prefect_server import prefect_api
+    from flows.serve import serve_deployments
+
+    with prefect_api(port=args.port) as api_url:
+        print(f"Prefect UI: {api_url.removesuffix('/api')}", file=sys.stderr)
+        serve_deployments(config_path=args.config, deployment=args.deployment)
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from planner_core.store.db import resolve_database_url
+
+    print_queries(resolve_database_url(), args.deployment)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="planner", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    db = sub.add_parser("db", help="the database: url (print how to connect), upgrade, stop")
+    db.add_argument("action", choices=["url", "upgrade", "stop"])
+    db.set_defaults(func=cmd_db)
+
+    demo = sub.add_parser("demo", help="run the planner loop on a real trace in simulated time")
+    demo.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Azure CSV or Mooncake JSONL trace")
+    demo.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="PlannerConfig YAML/JSON")
+    demo.add_argument("--deployment", default="demo", help="managed-deployment name (a new name starts afresh)")
+    demo.add_argument("--startup-s", type=float, default=120.0, help="simulated worker start-up time")
+    demo.add_argument("--rate-scale", type=float, default=12.0, help="multiply the trace's request rate (shape kept)")
+    demo.add_argument("--max-windows", type=int, default=None, help="stop after this many throughput windows")
+    demo.set_defaults(func=cmd_demo)
+
+    serve = sub.add_parser("serve", help="serve the throughput-tick, load-tick and execute-decisions deployments")
+    serve.add_argument("--config", type=Path, default=None, help="PlannerConfig (default: PLANNER_CONFIG or demo)")
+    serve.add_argument("--deployment", default=None, help="managed-deployment name (default: PLANNER_DEPLOYMENT)")
+    serve.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
+    serve.set_defaults(func=cmd_serve)
+
+    history = sub.add_parser("history", help="print the example decision-history queries")
+    history.add_argument("--deployment", default="demo")
+    history.set_defaults(func=cmd_history)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ValueError, LookupError) as exc:  # config, trace and profile errors are one line already
+        print(f"planner: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,761 @@
+"""The planner's static configuration: one validated, frozen `PlannerConfig` per deployment.
+
+This module is the only place that knows the configuration file format. It accepts the same JSON/YAML
+object that NVIDIA Dynamo 1.6.1's planner reads (same field names, aliases and defaults), validates it
+with rules that say what is wrong in one line, and exposes derived values as read-only properties
+instead of rewriting fields. It never reads `os.environ`: values that Dynamo takes from the environment
+get a fixed default here, and process/runtime settings (credentials, DSNs, ...) live elsewhere.
+
+Public entry points:
+
+* `load_config(path)` reads a `.yaml`/`.yml`/`.json` file; `parse_config(data)` validates an in-memory
+  mapping. Both raise `ConfigError` (a `ValueError`) whose text is a single line naming the source, the
+  dotted field, the offending value and what is allowed.
+* `config_hash(config)` fingerprints a configuration (sha256 of its canonical JSON), e.g. to record
+  which configuration produced a decision.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+__all__ = [
+    "Backend",
+    "ConfigError",
+    "EnvironmentKind",
+    "LoadPredictorName",
+    "OptimizationTarget",
+    "PlannerConfig",
+    "PlannerMode",
+    "SchedulingConfig",
+    "SweepingMode",
+    "ThroughputMetricsSource",
+    "config_hash",
+    "load_config",
+    "parse_config",
+]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Choices
+# --------------------------------------------------------------------------------------------------------
+
+
+class OptimizationTarget(enum.StrEnum):
+    """What the planner optimises for."""
+
+    THROUGHPUT = "throughput"  # static queue/KV thresholds tuned for utilisation ("easy" target)
+    LATENCY = "latency"  # static thresholds tuned for headroom ("easy" target)
+    LOAD = "load"  # user-supplied queue-token and KV-rate thresholds
+    SLA = "sla"  # perf-model driven: meet ttft_ms / itl_ms
+
+
+class PlannerMode(enum.StrEnum):
+    """Which worker pools this planner instance manages."""
+
+    DISAGG = "disagg"  # separate prefill and decode pools
+    PREFILL = "prefill"  # only the prefill pool
+    DECODE = "decode"  # only the decode pool
+    AGG = "agg"  # one aggregated pool (modelled as the decode role)
+
+
+class EnvironmentKind(enum.StrEnum):
+    """Where scaling decisions are sent (the connector)."""
+
+    KUBERNETES = "kubernetes"
+    VIRTUAL = "virtual"
+    GLOBAL_PLANNER = "global-planner"
+
+
+class Backend(enum.StrEnum):
+    """Inference engine the workers run."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+    MOCKER = "mocker"
+
+
+class LoadPredictorName(enum.StrEnum):
+    """Family of the traffic forecaster used by the throughput loop."""
+
+    CONSTANT = "constant"
+    ARIMA = "arima"
+    PROPHET = "prophet"
+    KALMAN = "kalman"
+
+
+class SweepingMode(enum.StrEnum):
+    """How engine performance was profiled before deployment."""
+
+    NONE = "none"  # no bootstrap data
+    RAPID = "rapid"  # simulated (AI Configurator)
+    THOROUGH = "thorough"  # measured on real GPUs
+
+
+class ThroughputMetricsSource(enum.StrEnum):
+    """Which Prometheus series the traffic observation is read from."""
+
+    FRONTEND = "frontend"
+    ROUTER = "router"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A configuration could not be read or is invalid.
+
+    `str()` is always one line: ``<source>: <detail>``, e.g.
+    ``planner.yaml: field 'ttft_ms' = -5: must be > 0``.
+
+    Attributes:
+        source: the file path or label the configuration came from.
+        field: dotted name of the offending field, or None when the problem is not about one field
+            (unreadable file, bad syntax, top level not a mapping).
+    """
+
+    def __init__(self, message: str, *, source: str = "", field: str | None = None) -> None:
+        super().__init__(message)
+        self.source = source
+        self.field = field
+
+
+_RULE_ERROR = "planner_config_rule"
+_MAX_SHOWN_VALUE = 80
+
+
+def _show(value: Any) -> str:
+    """Render a value for an error message: strings quoted, other scalars as JSON, one line, bounded."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, str):
+        text = repr(value)
+    else:
+        try:
+            text = json.dumps(value, default=str, allow_nan=True)
+        except (TypeError, ValueError):
+            text = repr(value)
+    text = text.replace("\n", " ")
+    if len(text) > _MAX_SHOWN_VALUE:
+        text = text[: _MAX_SHOWN_VALUE - 3] + "..."
+    return text
+
+
+def _rule(field: str, value: Any, requirement: str) -> tuple[str, Any, str]:
+    """One cross-field violation: the field to blame, its value, and what is required of it."""
+    return field, value, requirement
+
+
+def _raise_rules(violations: list[tuple[str, Any, str]]) -> None:
+    """Raise the first violation as a pydantic error that remembers the field, value and remaining count."""
+    if not violations:
+        return
+    field, value, requirement = violations[0]
+    raise PydanticCustomError(
+        _RULE_ERROR,
+        "field '{field}' = {shown}: {requirement}",
+        {"field": field, "shown": _show(value), "requirement": requirement, "more": len(violations) - 1},
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Models
+# --------------------------------------------------------------------------------------------------------
+
+
+class SchedulingConfig(BaseModel):
+    """Cadence of the per-tick decision pipeline (Dynamo's `scheduling` section).
+
+    Attributes:
+        scale_interval_seconds: base tick period (s). None means "derive it": see
+            `PlannerConfig.scale_interval_seconds_effective`. When set it must evenly divide the active
+            loop intervals.
+        tick_max_duration_seconds: deadline (s) for one whole tick of the pipeline.
+        external_plugins: Dynamo's static external-plugin registrations. Accepted verbatim so Dynamo
+            configs load; external plugins are not supported by this planner and the entries are ignored.
+        gateway: Dynamo's plugin-registration gRPC gateway settings. Accepted verbatim, not supported.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    scale_interval_seconds: float | None = Field(default=None, gt=0)
+    tick_max_duration_seconds: float = Field(default=30.0, gt=0)
+    # Not supported yet: opaque pass-through so Dynamo configuration files load unchanged.
+    external_plugins: tuple[dict[str, Any], ...] = ()
+    gateway: dict[str, Any] | None = None
+
+
+# Field name -> the other accepted spellings (Dynamo's aliases).
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "ttft_ms": ("ttft",),
+    "itl_ms": ("itl",),
+    "throughput_adjustment_interval_seconds": ("throughput_adjustment_interval",),
+    "load_adjustment_interval_seconds": ("load_adjustment_interval",),
+}
+_ALIAS_TO_FIELD = {alias: name for name, aliases in _ALIASES.items() for alias in aliases}
+
+
+def _aliased(name: str) -> AliasChoices:
+    """Accept a field under its own name or any of its Dynamo aliases."""
+    return AliasChoices(name, *_ALIASES[name])
+
+
+_PORT = {"ge": 0, "le": 65535}
+
+
+class PlannerConfig(BaseModel):
+    """Everything that shapes the planner's decisions, validated and immutable.
+
+    Field names, aliases and defaults follow Dynamo 1.6.1's `PlannerConfig`; see the project's Dynamo
+    reference (section 2) for each field's meaning. Units are in the names: `*_ms` milliseconds,
+    `*_seconds` seconds, `*_hours` hours, `total_gpu_power_limit` watts, `decode_*_kv_rate` percent of the
+    KV cache (0-100), `prefill_*_queue_tokens` tokens.
+
+    Unlike Dynamo, validation never rewrites fields (Dynamo switches the loop flags for the easy targets
+    and fills in the scale interval); the values actually in force are the read-only properties
+    `throughput_scaling_active`, `load_scaling_active`, `prefill_min_endpoint_effective`,
+    `decode_min_endpoint_effective`, `scale_interval_seconds_effective`, `prefill_gpus_per_engine` and
+    `decode_gpus_per_engine`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    # --- what to optimise, for which deployment -----------------------------------------------------
+    optimization_target: OptimizationTarget = OptimizationTarget.THROUGHPUT
+    mode: PlannerMode = PlannerMode.DISAGG
+    environment: EnvironmentKind = EnvironmentKind.KUBERNETES
+    backend: Backend = Backend.VLLM
+    # Dynamo reads DYN_NAMESPACE here (and leaves it out of dumps); we use a fixed default and keep it in.
+    namespace: str = "dynamo"
+    global_planner_namespace: str | None = None  # required when environment is global-planner
+    model_name: str | None = None  # needed by the virtual connector
+    log_dir: str | None = None  # Dynamo field, kept for compatibility
+
+    # --- SLA targets (used by the `sla` target only) -----------------------------------------------
+    ttft_ms: float = Field(default=500.0, gt=0, validation_alias=_aliased("ttft_ms"))
+    itl_ms: float = Field(default=50.0, gt=0, validation_alias=_aliased("itl_ms"))
+
+    # --- the two loops --------------------------------------------------------------------------------
+    enable_throughput_scaling: bool = True
+    enable_load_scaling: bool = False
+    throughput_adjustment_interval_seconds: int = Field(
+        default=180, gt=0, validation_alias=_aliased("throughput_adjustment_interval_seconds")
+    )
+    load_adjustment_interval_seconds: int = Field(
+        default=5, gt=0, validation_alias=_aliased("load_adjustment_interval_seconds")
+    )
+    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+
+    # --- replica and GPU limits ---------------------------------------------------------------------
+    max_throughput_scaling_replicas: int = Field(default=8, gt=0)
+    max_gpu_budget: int = Field(default=8, ge=-1)  # -1 disables the ceiling
+    min_gpu_budget: int = Field(default=-1, ge=-1)  # -1 disables the floor
+    min_endpoint: int = Field(default=1, ge=0)  # 0 allows scale-to-zero
+    prefill_min_endpoint: int | None = Field(default=None, ge=1)
+    decode_min_endpoint: int | None = Field(default=None, ge=1)
+    # Legacy per-engine GPU width; Dynamo now prefers the deployment status. None means 1.
+    prefill_engine_num_gpu: int | None = Field(default=None, ge=1)
+    decode_engine_num_gpu: int | None = Field(default=None, ge=1)
+
+    # --- traffic forecasting --------------------------------------------------------------------------
+    load_predictor: LoadPredictorName = LoadPredictorName.ARIMA
+    load_predictor_log1p: bool = False
+    prophet_window_size: int = Field(default=50, gt=0)
+    kalman_q_level: float = Field(default=1.0, gt=0)
+    kalman_q_trend: float = Field(default=0.1, ge=0)
+    kalman_r: float = Field(default=10.0, gt=0)
+    kalman_min_points: int = Field(default=5, gt=0)
+    load_predictor_warmup_trace: str | None = None  # file, glob or directory of request traces
+
+    # --- load loop / perf-model tuning ----------------------------------------------------------------
+    max_num_fpm_samples: int = Field(default=64, gt=0)
+    fpm_sample_bucket_size: int = Field(default=16, gt=0)  # must be a perfect square
+    load_min_observations: int = Field(default=5, gt=0)
+    load_scaling_down_sensitivity: int = Field(default=80, ge=0, le=100)
+    prefill_scale_up_queue_tokens: int | None = Field(default=None, ge=0)
+    prefill_scale_down_queue_tokens: int | None = Field(default=None, ge=0)
+    decode_scale_up_kv_rate: float | None = Field(default=None, ge=0, le=100)
+    decode_scale_down_kv_rate: float | None = Field(default=None, ge=0, le=100)
+    speculative_nextn: int = Field(default=0, ge=0)
+
+    # --- profiling data -------------------------------------------------------------------------------
+    pre_deployment_sweeping_mode: SweepingMode | None = SweepingMode.RAPID
+    profile_results_dir: str = "profiling_results"
+
+    # --- metrics --------------------------------------------------------------------------------------
+    throughput_metrics_source: ThroughputMetricsSource = ThroughputMetricsSource.FRONTEND
+    # Dynamo reads PROMETHEUS_ENDPOINT / PLANNER_PROMETHEUS_PORT for these; here they are plain values.
+    metric_pulling_prometheus_endpoint: str | None = None
+    metric_reporting_prometheus_port: int = Field(default=0, **_PORT)  # 0 = off
+
+    # --- operation --------------------------------------------------------------------------------------
+    advisory: bool = False  # decide and record, never execute
+    control_api_port: int = Field(default=9086, **_PORT)  # 0 = off
+    enable_power_awareness: bool = False
+    total_gpu_power_limit: int | None = Field(default=None, ge=1)  # watts
+
+    # --- reports ----------------------------------------------------------------------------------------
+    report_interval_hours: float | None = Field(default=24.0, gt=0)  # None = no periodic report
+    report_output_dir: str = "./planner_reports"
+    report_filename: str | None = None
+    report_write_gzip_log: bool = True
+    live_dashboard_port: int = Field(default=8080, **_PORT)  # 0 = off
+
+    # --- not supported yet -------------------------------------------------------------------------
+    # Accepted as opaque mappings only so that Dynamo configuration files load; nothing reads them.
+    aic_interpolation: dict[str, Any] | None = None
+    ais_perf_model: dict[str, Any] | None = None
+    plugin_registration: dict[str, Any] | None = None
+
+    # --- our extensions (not in Dynamo) -------------------------------------------------------------
+    # How often the execution flow applies pending decisions (s); 10 s matches the check interval of
+    # Dynamo's virtual connector (SCALING_CHECK_INTERVAL).
+    execution_interval_seconds: float = Field(default=10.0, gt=0)
+    # How long an unacknowledged virtual-connector decision blocks newer ones (s); Dynamo's
+    # SCALING_MAX_WAIT_TIME.
+    virtual_connector_timeout_seconds: float = Field(default=1800.0, gt=0)
+
+    # ------------------------------------------------------------------------------------------------
+    # Validation (never mutates; raises the first violation and counts the rest)
+    # ------------------------------------------------------------------------------------------------
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling_per_field(cls, data: Any) -> Any:
+        """Reject a field given under two spellings (e.g. `ttft` and `ttft_ms`): which one wins is unclear."""
+        if isinstance(data, Mapping):
+            for alias, name in _ALIAS_TO_FIELD.items():
+                if alias in data and name in data:
+                    raise PydanticCustomError(
+                        _RULE_ERROR,
+                        "field '{field}' = {shown}: {requirement}",
+                        {
+                            "field": alias,
+                            "shown": _show(data[alias]),
+                            "requirement": f"'{name}' is also given; use only one of the two spellings",
+                            "more": 0,
+                        },
+                    )
+        return data
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> PlannerConfig:
+        """Check the rules that involve more than one field."""
+        violations: list[tuple[str, Any, str]] = []
+        mode = self.mode
+
+        # Role-specific endpoint floors only make sense for a role this planner manages.
+        if mode is PlannerMode.AGG:
+            for name in ("prefill_min_endpoint", "decode_min_endpoint"):
+                if getattr(self, name) is not None:
+                    violations.append(_rule(name, getattr(self, name), "not allowed when mode='agg'; use min_endpoint"))
+        elif mode is PlannerMode.PREFILL and self.decode_min_endpoint is not None:
+            violations.append(
+                _rule(
+                    "decode_min_endpoint",
+                    self.decode_min_endpoint,
+                    "not allowed when mode='prefill' (no decode pool)",
+                )
+            )
+        elif mode is PlannerMode.DECODE and self.prefill_min_endpoint is not None:
+            violations.append(
+                _rule(
+                    "prefill_min_endpoint",
+                    self.prefill_min_endpoint,
+                    "not allowed when mode='decode' (no prefill pool)",
+                )
+            )
+
+        # GPU budget band (our rule; Dynamo does not check it): the floor cannot exceed the ceiling.
+        if self.min_gpu_budget >= 0 and self.max_gpu_budget >= 0 and self.min_gpu_budget > self.max_gpu_budget:
+            violations.append(
+                _rule(
+                    "min_gpu_budget",
+                    self.min_gpu_budget,
+                    f"must be <= max_gpu_budget ({self.max_gpu_budget}) or -1",
+                )
+            )
+
+        root = math.isqrt(self.fpm_sample_bucket_size)
+        if root * root != self.fpm_sample_bucket_size:
+            violations.append(
+                _rule(
+                    "fpm_sample_bucket_size",
+                    self.fpm_sample_bucket_size,
+                    "must be a perfect square (e.g. 4, 9, 16, 25)",
+                )
+            )
+
+        if self.environment is EnvironmentKind.GLOBAL_PLANNER and not self.global_planner_namespace:
+            violations.append(
+                _rule(
+                    "global_planner_namespace",
+                    self.global_planner_namespace,
+                    "required when environment='global-planner'",
+                )
+            )
+
+        if self.enable_power_awareness:
+            if self.total_gpu_power_limit is None:
+                violations.append(
+                    _rule("total_gpu_power_limit", None, "required (watts) when enable_power_awareness is true")
+                )
+            if self.environment is not EnvironmentKind.KUBERNETES:
+                violations.append(
+                    _rule(
+                        "environment",
+                        self.environment,
+                        "must be 'kubernetes' when enable_power_awareness is true",
+                    )
+                )
+            if mode is PlannerMode.AGG:
+                violations.append(_rule("mode", mode, "power awareness is not supported with mode='agg'"))
+
+        if self.optimization_target is OptimizationTarget.LOAD:
+            violations.extend(self._load_threshold_violations())
+
+        if not (self.throughput_scaling_active or self.load_scaling_active):
+            violations.append(
+                _rule(
+                    "enable_throughput_scaling",
+                    self.enable_throughput_scaling,
+                    "at least one of enable_throughput_scaling / enable_load_scaling must be true",
+                )
+            )
+
+        load_s = self.load_adjustment_interval_seconds
+        throughput_s = self.throughput_adjustment_interval_seconds
+        if self.throughput_scaling_active and self.load_scaling_active and load_s >= throughput_s:
+            violations.append(
+                _rule(
+                    "load_adjustment_interval_seconds",
+                    load_s,
+                    f"must be < throughput_adjustment_interval_seconds ({throughput_s}) when both loops are active",
+                )
+            )
+
+        base = self.scheduling.scale_interval_seconds
+        if base is not None:
+            named = {"load_adjustment_interval_seconds": load_s}
+            if self.throughput_scaling_active:
+                named["throughput_adjustment_interval_seconds"] = throughput_s
+            if not all(_divides(base, interval) for interval in named.values()):
+                listed = " and ".join(f"{name} ({value})" for name, value in named.items())
+                violations.append(_rule("scheduling.scale_interval_seconds", base, f"must evenly divide {listed}"))
+
+        _raise_rules(violations)
+        return self
+
+    def _load_threshold_violations(self) -> list[tuple[str, Any, str]]:
+        """Threshold rules of the `load` target, for the roles this planner manages."""
+        found: list[tuple[str, Any, str]] = []
+        pairs = []
+        if self.mode in (PlannerMode.DISAGG, PlannerMode.PREFILL):
+            pairs.append(("prefill_scale_up_queue_tokens", "prefill_scale_down_queue_tokens"))
+        if self.mode in (PlannerMode.DISAGG, PlannerMode.DECODE, PlannerMode.AGG):
+            pairs.append(("decode_scale_up_kv_rate", "decode_scale_down_kv_rate"))
+        for up_name, down_name in pairs:
+            up, down = getattr(self, up_name), getattr(self, down_name)
+            for name, value in ((up_name, up), (down_name, down)):
+                if value is None:
+                    found.append(_rule(name, None, f"required when optimization_target='load' and mode='{self.mode}'"))
+            if up is not None and down is not None and up <= down:
+                found.append(_rule(up_name, up, f"must be > {down_name} ({_show(down)})"))
+        return found
+
+    # ------------------------------------------------------------------------------------------------
+    # Derived values (read-only)
+    # ------------------------------------------------------------------------------------------------
+
+    @property
+    def throughput_scaling_active(self) -> bool:
+        """Whether the predictive throughput loop runs: only for the `sla` target, and only if enabled."""
+        return self.optimization_target is OptimizationTarget.SLA and self.enable_throughput_scaling
+
+    @property
+    def load_scaling_active(self) -> bool:
+        """Whether the reactive load loop runs: always for non-`sla` targets, else per the flag."""
+        return self.optimization_target is not OptimizationTarget.SLA or self.enable_load_scaling
+
+    @property
+    def prefill_min_endpoint_effective(self) -> int:
+        """Minimum prefill replicas: `prefill_min_endpoint` if set, else `min_endpoint`."""
+        return self.min_endpoint if self.prefill_min_endpoint is None else self.prefill_min_endpoint
+
+    @property
+    def decode_min_endpoint_effective(self) -> int:
+        """Minimum decode (or aggregated) replicas: `decode_min_endpoint` if set, else `min_endpoint`."""
+        return self.min_endpoint if self.decode_min_endpoint is None else self.decode_min_endpoint
+
+    @property
+    def scale_interval_seconds_effective(self) -> float:
+        """Base tick period (s).
+
+        The explicit `scheduling.scale_interval_seconds` if set; otherwise the greatest common divisor, at
+        millisecond resolution, of the load interval and (only when the throughput loop is active, i.e.
+        target `sla`) the throughput interval. With Dynamo's defaults this is 5 s.
+        """
+        if self.scheduling.scale_interval_seconds is not None:
+            return self.scheduling.scale_interval_seconds
+        intervals = [float(self.load_adjustment_interval_seconds)]
+        if self.throughput_scaling_active:
+            intervals.append(float(self.throughput_adjustment_interval_seconds))
+        return _gcd_seconds(intervals)
+
+    @property
+    def prefill_gpus_per_engine(self) -> int:
+        """GPUs per prefill engine: `prefill_engine_num_gpu`, or 1 when unset."""
+        return 1 if self.prefill_engine_num_gpu is None else self.prefill_engine_num_gpu
+
+    @property
+    def decode_gpus_per_engine(self) -> int:
+        """GPUs per decode (or aggregated) engine: `decode_engine_num_gpu`, or 1 when unset."""
+        return 1 if self.decode_engine_num_gpu is None else self.decode_engine_num_gpu
+
+
+def _gcd_seconds(values: list[float]) -> float:
+    """Greatest common divisor of durations in seconds, computed on whole milliseconds."""
+    result = 0
+    for value in values:
+        result = math.gcd(result, round(value * 1000.0))
+    return result / 1000.0
+
+
+def _divides(base: float, value: float) -> bool:
+    """Whether `value` is a whole (>= 1) multiple of `base`, tolerating float rounding."""
+    ratio = value / base
+    nearest = round(ratio)
+    return nearest >= 1 and math.isclose(ratio, nearest, rel_tol=1e-9, abs_tol=1e-9)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------------------
+
+_KNOWN_TOP_LEVEL = sorted(set(PlannerConfig.model_fields) | set(_ALIAS_TO_FIELD))
+_TYPE_REQUIREMENTS = {
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "finite_number": "must be a finite number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be a string",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping",
+    "model_attributes_type": "must be a mapping",
+    "tuple_type": "must be a list",
+    "list_type": "must be a list",
+    "missing": "is required",
+}
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    """`('scheduling', 'external_plugins', 0)` -> `scheduling.external_plugins[0]`."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _describe(error: Mapping[str, Any]) -> tuple[str | None, str, str, str]:
+    """Turn one pydantic error into (dotted field name, field as shown, value as shown, requirement)."""
+    ctx = error.get("ctx") or {}
+    kind = error["type"]
+    if kind == _RULE_ERROR:
+        return ctx["field"], f"'{ctx['field']}'", ctx["shown"], ctx["requirement"]
+
+    loc = tuple(error["loc"])
+    name = _dotted(loc) or None
+    label = f"'{name}'" if name else "(top level)"
+    if len(loc) == 1 and loc[0] in _ALIAS_TO_FIELD:
+        name = _ALIAS_TO_FIELD[str(loc[0])]
+        label = f"'{name}' (written '{loc[0]}')"
+    shown = _show(error.get("input"))
+
+    if kind == "greater_than":
+        requirement = f"must be > {ctx['gt']:g}"
+    elif kind == "greater_than_equal":
+        requirement = f"must be >= {ctx['ge']:g}"
+    elif kind == "less_than":
+        requirement = f"must be < {ctx['lt']:g}"
+    elif kind == "less_than_equal":
+        requirement = f"must be <= {ctx['le']:g}"
+    elif kind in ("enum", "literal_error"):
+        allowed = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        requirement = "allowed values are " + ", ".join(allowed)
+    elif kind == "extra_forbidden":
+        requirement = "unknown field"
+        if len(loc) == 1:
+            close = difflib.get_close_matches(str(loc[0]), _KNOWN_TOP_LEVEL, n=1)
+            if close:
+                requirement += f"; did you mean '{close[0]}'?"
+    elif kind in _TYPE_REQUIREMENTS:
+        requirement = _TYPE_REQUIREMENTS[kind]
+    else:
+        message = " ".join(str(error.get("msg", "invalid value")).split())
+        requirement = message[:1].lower() + message[1:]
+    return name, label, shown, requirement
+
+
+def _from_validation_error(exc: ValidationError, source: str) -> ConfigError:
+    """One-line `ConfigError` for the first pydantic error, counting the others."""
+    errors = exc.errors()
+    first = errors[0]
+    more = len(errors) - 1 + int((first.get("ctx") or {}).get("more", 0))
+    name, label, shown, requirement = _describe(first)
+    message = f"{source}: field {label} = {shown}: {requirement}"
+    if more:
+        message += f" (and {more} more error{'s' if more > 1 else ''})"
+    return ConfigError(message, source=source, field=name)
+
+
+def parse_config(data: Mapping[str, Any], source: str = "<config>") -> PlannerConfig:
+    """Validate an in-memory configuration mapping.
+
+    Args:
+        data: the configuration object (field names or Dynamo aliases as keys).
+        source: label used at the start of error messages (normally the file name).
+
+    Returns:
+        The validated, frozen configuration.
+
+    Raises:
+        ConfigError: `data` is not a mapping, has an unknown field, a bad value, or breaks a cross-field
+            rule. The message is one line naming `source`, the field, the value and what is allowed.
+    """
+    if not isinstance(data, Mapping):
+        kind = "empty" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"{source}: top level is {kind}; expected a mapping of field names to values", source=source)
+    bad_keys = [key for key in data if not isinstance(key, str)]
+    if bad_keys:
+        raise ConfigError(
+            f"{source}: field name {_show(bad_keys[0])} is not a string; field names must be strings",
+            source=source,
+        )
+    try:
+        return PlannerConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        raise _from_validation_error(exc, source) from exc
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML safe loader that refuses a mapping with the same key twice (a silent override otherwise)."""
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            duplicate = key in seen
+        except TypeError:  # unhashable key: let the base constructor report it
+            break
+        if duplicate:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+def _reject_duplicate_json_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _parse_text(text: str, suffix: str, source: str) -> Any:
+    """Parse YAML or JSON text; syntax errors become a one-line `ConfigError`."""
+    if suffix == ".json":
+        try:
+            return json.loads(text, object_pairs_hook=_reject_duplicate_json_keys)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", source=source
+            ) from exc
+        except ValueError as exc:  # duplicate key
+            raise ConfigError(f"{source}: not valid JSON ({exc})", source=source) from exc
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        detail = " ".join(f"{where}{problem}".split())
+        raise ConfigError(f"{source}: not valid YAML ({detail})", source=source) from exc
+
+
+_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def load_config(path: str | Path) -> PlannerConfig:
+    """Read and validate a planner configuration file.
+
+    The format is chosen by the suffix: `.yaml`/`.yml` (YAML, safe loader) or `.json`. Keys are Dynamo
+    `PlannerConfig` field names or their aliases. Duplicate keys are refused.
+
+    Args:
+        path: the file to read.
+
+    Returns:
+        The validated, frozen configuration.
+
+    Raises:
+        ConfigError: the suffix is not supported, the file cannot be read or parsed, the top level is not
+            a mapping, or validation fails. The message is one line starting with the path.
+    """
+    path = Path(path)
+    source = str(path)
+    suffix = path.suffix.lower()
+    if suffix not in _SUFFIXES:
+        shown_suffix = repr(suffix) if suffix else "(no suffix)"
+        raise ConfigError(
+            f"{source}: unsupported file type {shown_suffix}; use .yaml, .yml or .json",
+            source=source,
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{source}: file not found", source=source) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"{source}: cannot read file ({' '.join(reason.split())})", source=source) from exc
+    return parse_config(_parse_text(text, suffix, source), source)
+
+
+def config_hash(config: PlannerConfig) -> str:
+    """Fingerprint a configuration.
+
+    Args:
+        config: the configuration to fingerprint.
+
+    Returns:
+        The sha256 hex digest of the canonical JSON (sorted keys, no whitespace) of
+        `config.model_dump(mode="json")`. Spelling a field by its alias does not change it; changing any
+        value does.
+    """
+    canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

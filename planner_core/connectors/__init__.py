@@ -1,0 +1,1 @@
+"""Connectors: how decisions reach an orchestrator and how worker counts come back."""

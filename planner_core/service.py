@@ -1,0 +1,127 @@
+"""Planner services at the I/O edge: load what a tick needs, run the pure tick, record it in one transaction.
+
+The Prefect flows in `flows/` are thin wrappers over these functions (so is the demo), which keeps the
+orchestration layer free of business logic and lets tests call the same code without Prefect.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from planner_core.config import PlannerConfig, load_config
+from planner_core.connectors.virtual import VirtualConnector
+from planner_core.domain import Loop, TickInputs, TickOutcome, TrafficObservation, WorkerCounts
+from planner_core.perf.model import ProfilePerfModel
+from planner_core.store import repository as repo
+from planner_core.store.db import session_factory
+from planner_core.store.execution import ExecutionSummary, execute_pending
+from planner_core.store.migrate import upgrade
+from planner_core.tick import tick
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannerContext:
+    """Everything a flow run needs that does not change during the run."""
+
+    database_url: str
+    deployment: str
+    config: PlannerConfig
+    perf: ProfilePerfModel | None
+
+    @property
+    def sessions(self) -> sessionmaker[Session]:
+        return session_factory(self.database_url)
+
+    @property
+    def connector(self) -> VirtualConnector:
+        return VirtualConnector(timeout_s=self.config.virtual_connector_timeout_seconds)
+
+
+def resolve_profile_dir(config: PlannerConfig, config_path: Path | None) -> Path:
+    """`profile_results_dir` as written, relative paths taken from the config file's folder."""
+    profile_dir = Path(config.profile_results_dir)
+    if not profile_dir.is_absolute() and config_path is not None:
+        profile_dir = config_path.parent / profile_dir
+    return profile_dir
+
+
+def load_context(database_url: str, deployment: str, config_path: str | Path) -> PlannerContext:
+    """Load the config and its profile. A missing profile leaves `perf` None (the tick says model_not_ready)."""
+    config_path = Path(config_path)
+    config = load_config(config_path)
+    profile_dir = resolve_profile_dir(config, config_path)
+    perf = ProfilePerfModel.load(profile_dir) if profile_dir.exists() else None
+    return PlannerContext(database_url=database_url, deployment=deployment, config=config, perf=perf)
+
+
+def prepare_database(database_url: str) -> None:
+    """Bring the schema to the newest migration (idempotent)."""
+    upgrade(database_url)
+
+
+def default_workers(config: PlannerConfig) -> WorkerCounts:
+    """Worker counts assumed before the orchestrator ever reported any: the minimum endpoints."""
+    prefill, decode = config.prefill_min_endpoint_effective, config.decode_min_endpoint_effective
+    return WorkerCounts(ready_prefill=prefill, ready_decode=decode, expected_prefill=prefill, expected_decode=decode)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TickResult:
+    """What a tick run did; `tick_id` None means the tick was already recorded and nothing was done."""
+
+    tick_id: int | None
+    outcome: TickOutcome | None
+    inputs: TickInputs | None
+
+
+def run_tick(
+    ctx: PlannerContext,
+    loop: Loop,
+    scheduled_at: dt.datetime,
+    traffic: TrafficObservation | None,
+    *,
+    flow_run_id: str | None = None,
+    task_run_id: str | None = None,
+) -> TickResult:
+    """Run and record one tick in a single transaction; a tick already recorded is skipped, not redone."""
+    with ctx.sessions.begin() as session:
+        deployment = repo.ensure_deployment(session, ctx.deployment, ctx.config)
+        repo.lock_deployment(session, deployment.id)
+        if repo.tick_exists(session, deployment.id, loop.value, scheduled_at):
+            return TickResult(tick_id=None, outcome=None, inputs=None)
+        workers = ctx.connector.worker_counts(session, deployment.id, default=default_workers(ctx.config))
+        inputs = TickInputs(now_s=scheduled_at.timestamp(), loop=loop, workers=workers, traffic=traffic)
+        previous_tick_id, state = repo.latest_state(session, deployment.id)
+        started = time.perf_counter()
+        outcome = tick(inputs, state, ctx.config, ctx.perf)
+        decide_ms = (time.perf_counter() - started) * 1000.0
+        tick_id = repo.record_tick(
+            session,
+            repo.TickRecord(
+                deployment_id=deployment.id,
+                scheduled_at=scheduled_at,
+                config_hash=deployment.config_hash,
+                predictor=ctx.config.load_predictor.value,
+                previous_tick_id=previous_tick_id,
+                decide_ms=decide_ms,
+                flow_run_id=flow_run_id,
+                task_run_id=task_run_id,
+            ),
+            inputs,
+            outcome,
+        )
+    return TickResult(tick_id=tick_id, outcome=outcome, inputs=inputs)
+
+
+def run_execution(ctx: PlannerContext, now: dt.datetime) -> list[ExecutionSummary]:
+    """Apply the deployment's newest pending decision through its connector (one transaction)."""
+    with ctx.sessions.begin() as session:
+        deployment = repo.find_deployment(session, ctx.deployment)
+        if deployment is None:
+            return []
+        return execute_pending(session, deployment.id, ctx.connector, now)

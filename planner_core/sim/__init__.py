@@ -1,0 +1,1 @@
+"""Simulated serving cluster: plays the orchestrator behind the virtual connector and produces observations."""

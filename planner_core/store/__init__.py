@@ -1,0 +1,1 @@
+"""Postgres persistence: ORM models, engine/session set-up, embedded server, repositories, migrations runner."""

@@ -1,0 +1,31 @@
+"""Run the Alembic migrations in `migrations/` against a database URL (used by the CLI, flows and tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def alembic_config(database_url: str) -> Config:
+    """An Alembic config pointing at the project's migrations and the given database."""
+    cfg = Config(str(MIGRATIONS_DIR / "alembic.ini"))
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["database_url"] = database_url
+    return cfg
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(database_url), revision)
+
+
+def downgrade(database_url: str, revision: str = "base") -> None:
+    command.downgrade(alembic_config(database_url), revision)
+
+
+def heads(database_url: str = "") -> list[str]:
+    return list(ScriptDirectory.from_config(alembic_config(database_url)).get_heads())

@@ -1,0 +1,282 @@
+"""SQLAlchemy 2 ORM models of the planner's system of record.
+
+Observation, prediction, proposal, step and audit tables are insert-only and keyed by `tick_id`; decisions carry
+a status lifecycle; the audit log is protected by a trigger (see the initial migration) so the database itself
+refuses to update or delete it. Explanations, inputs and state are JSONB built from the domain dataclasses,
+never pickled. The migrations in `migrations/versions/` are the source of truth for the schema; these models
+mirror them (a test compares the two).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Double,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        dt.datetime: DateTime(timezone=True),
+        dict[str, Any]: JSONB,
+        list[Any]: JSONB,
+        float: Double,
+    }
+
+
+class DecisionStatus(enum.StrEnum):
+    """Lifecycle of a decision in the outbox."""
+
+    PENDING = "pending"  # recorded by a tick; waiting for the execution flow
+    SUPERSEDED = "superseded"  # a newer decision for the same deployment replaced it before it was applied
+    ADVISORY = "advisory"  # advisory mode: recorded for the audit trail, never executed
+    NOOP = "noop"  # the targets were already in place; nothing was written
+    APPLIED = "applied"  # the connector accepted the targets (virtual: waiting for the orchestrator's ack)
+    ACKNOWLEDGED = "acknowledged"  # the orchestrator reported the targets reached (virtual connector)
+    FAILED = "failed"  # the connector refused or errored on the last attempt and gave up
+
+
+class ExecutionOutcome(enum.StrEnum):
+    """Result of one attempt to apply a decision."""
+
+    APPLIED = "applied"  # targets written to the connector
+    NOOP = "noop"  # connector already at the targets
+    BLOCKED_UNACKNOWLEDGED = "blocked_unacknowledged"  # previous virtual decision not acknowledged yet
+    SUPERSEDED = "superseded"  # skipped because a newer decision exists
+    FAILED = "failed"  # the connector raised
+
+
+def _enum_check(name: str, column: str, values: type[enum.Enum]) -> CheckConstraint:
+    allowed = ", ".join(f"'{v.value}'" for v in values)
+    return CheckConstraint(f"{column} IN ({allowed})", name=name)
+
+
+class PlannerConfigRow(Base):
+    """Every config a tick ran under, by hash, so replay can recover it."""
+
+    __tablename__ = "planner_configs"
+    config_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    body: Mapped[dict[str, Any]]
+    created_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+
+
+class Deployment(Base):
+    """A managed serving deployment (one DynamoGraphDeployment or one virtual-connector namespace)."""
+
+    __tablename__ = "deployments"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    mode: Mapped[str] = mapped_column(String(20))
+    environment: Mapped[str] = mapped_column(String(40))
+    config_hash: Mapped[str] = mapped_column(ForeignKey("planner_configs.config_hash"))
+    created_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+
+
+class Tick(Base):
+    """One run of a loop for one deployment at one scheduled time: recorded at most once."""
+
+    __tablename__ = "ticks"
+    __table_args__ = (
+        UniqueConstraint("deployment_id", "loop", "scheduled_at"),
+        CheckConstraint("loop IN ('throughput', 'load')", name="loop"),
+    )
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), index=True)
+    loop: Mapped[str] = mapped_column(String(20))
+    scheduled_at: Mapped[dt.datetime]
+    recorded_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+    config_hash: Mapped[str] = mapped_column(ForeignKey("planner_configs.config_hash"))
+    reason: Mapped[str] = mapped_column(String(60))
+    inputs: Mapped[dict[str, Any]]
+    previous_tick_id: Mapped[int | None] = mapped_column(ForeignKey("ticks.id"))
+    decide_ms: Mapped[float]
+    flow_run_id: Mapped[str | None] = mapped_column(String(64))
+    task_run_id: Mapped[str | None] = mapped_column(String(64))
+
+
+class TrafficObservationRow(Base):
+    """Frontend traffic the tick saw over its window."""
+
+    __tablename__ = "traffic_observations"
+    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
+    window_s: Mapped[float]
+    num_req: Mapped[float]
+    isl: Mapped[float]
+    osl: Mapped[float]
+    isl_p90: Mapped[float | None]
+    osl_p90: Mapped[float | None]
+    ttft_ms: Mapped[float | None]
+    itl_ms: Mapped[float | None]
+
+
+class WorkerObservationRow(Base):
+    """Worker counts the tick saw (ready now, expected by the orchestrator)."""
+
+    __tablename__ = "worker_observations"
+    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
+    ready_prefill: Mapped[int]
+    ready_decode: Mapped[int]
+    expected_prefill: Mapped[int]
+    expected_decode: Mapped[int]
+
+
+class FpmSnapshotRow(Base):
+    """Latest forward-pass metrics per engine (worker, dp_rank) as a tick saw them."""
+
+    __tablename__ = "fpm_snapshots"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), index=True)
+    component: Mapped[str] = mapped_column(String(20))
+    worker_id: Mapped[str] = mapped_column(String(200))
+    dp_rank: Mapped[int]
+    wall_time_s: Mapped[float]
+    metrics: Mapped[dict[str, Any]]
+
+
+class PredictionRow(Base):
+    """Forecast of the next window made by a throughput tick."""
+
+    __tablename__ = "predictions"
+    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
+    predictor: Mapped[str] = mapped_column(String(40))
+    num_req: Mapped[float]
+    isl: Mapped[float]
+    osl: Mapped[float]
+    reason: Mapped[str] = mapped_column(String(60))
+
+
+class ProposalRow(Base):
+    """A loop's proposed replica count for one pool, with its reason."""
+
+    __tablename__ = "proposals"
+    __table_args__ = (UniqueConstraint("tick_id", "component"),)
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"))
+    component: Mapped[str] = mapped_column(String(20))
+    current: Mapped[int]
+    desired: Mapped[int]
+    reason: Mapped[str] = mapped_column(String(60))
+
+
+class TickStepRow(Base):
+    """One step of a tick's explanation: its value and reason code, in order."""
+
+    __tablename__ = "tick_steps"
+    __table_args__ = (UniqueConstraint("tick_id", "seq"),)
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"))
+    seq: Mapped[int]
+    step: Mapped[str] = mapped_column(String(80))
+    component: Mapped[str | None] = mapped_column(String(20))
+    value: Mapped[float | None]
+    reason: Mapped[str] = mapped_column(String(60))
+    detail: Mapped[str] = mapped_column(Text)
+
+
+class PlannerStateRow(Base):
+    """The planner state after a tick (JSONB); replaying tick N needs only the row of tick N-1."""
+
+    __tablename__ = "planner_states"
+    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), index=True)
+    state: Mapped[dict[str, Any]]
+
+
+class DecisionRow(Base):
+    """A scaling decision in the outbox, with its status lifecycle."""
+
+    __tablename__ = "decisions"
+    __table_args__ = (_enum_check("status", "status", DecisionStatus),)
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), unique=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), index=True)
+    target_prefill: Mapped[int | None]
+    target_decode: Mapped[int | None]
+    reason: Mapped[str] = mapped_column(String(60))
+    status: Mapped[str] = mapped_column(String(30))
+    created_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+    status_changed_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+
+
+class ExecutionRow(Base):
+    """One attempt of the execution flow to apply a decision through a connector."""
+
+    __tablename__ = "executions"
+    __table_args__ = (
+        UniqueConstraint("decision_id", "attempt"),
+        _enum_check("outcome", "outcome", ExecutionOutcome),
+    )
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    decision_id: Mapped[int] = mapped_column(ForeignKey("decisions.id"), index=True)
+    attempt: Mapped[int]
+    connector: Mapped[str] = mapped_column(String(40))
+    executed_at: Mapped[dt.datetime]
+    outcome: Mapped[str] = mapped_column(String(40))
+    detail: Mapped[str] = mapped_column(Text)
+    recorded_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+
+
+class VirtualConnectorStateRow(Base):
+    """The virtual connector's shared keys for one deployment (Dynamo's etcd keys, in Postgres)."""
+
+    __tablename__ = "virtual_connector_state"
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), primary_key=True)
+    num_prefill_workers: Mapped[int] = mapped_column(server_default="-1")
+    num_decode_workers: Mapped[int] = mapped_column(server_default="-1")
+    decision_id: Mapped[int] = mapped_column(server_default="-1")
+    scaled_decision_id: Mapped[int] = mapped_column(server_default="-1")
+    # Workers the orchestrator reports as serving (-1 = never reported); Dynamo discovers these at runtime.
+    ready_prefill_workers: Mapped[int] = mapped_column(server_default="-1")
+    ready_decode_workers: Mapped[int] = mapped_column(server_default="-1")
+    first_skip_at: Mapped[dt.datetime | None]
+    updated_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+
+
+class VirtualDecisionRow(Base):
+    """Every decision written to the virtual connector, and when the orchestrator acknowledged it."""
+
+    __tablename__ = "virtual_decisions"
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), primary_key=True)
+    decision_id: Mapped[int] = mapped_column(primary_key=True)
+    planner_decision_id: Mapped[int] = mapped_column(ForeignKey("decisions.id"), unique=True)
+    num_prefill_workers: Mapped[int]
+    num_decode_workers: Mapped[int]
+    written_at: Mapped[dt.datetime]
+    acknowledged_at: Mapped[dt.datetime | None]
+
+
+class AuditLogRow(Base):
+    """Append-only audit trail; a trigger makes the database refuse UPDATE, DELETE and TRUNCATE."""
+
+    __tablename__ = "audit_log"
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+    deployment_id: Mapped[int | None] = mapped_column(ForeignKey("deployments.id"))
+    tick_id: Mapped[int | None] = mapped_column(ForeignKey("ticks.id"))
+    decision_id: Mapped[int | None] = mapped_column(ForeignKey("decisions.id"))
+    event: Mapped[str] = mapped_column(String(60))
+    detail: Mapped[dict[str, Any]]

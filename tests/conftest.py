@@ -1,0 +1,125 @@
+"""Shared fixtures: a real Postgres server per test session and a fresh migrated database per test.
+
+Server: `TEST_DATABASE_URL` if set, else an embedded pgserver under a short temporary directory. Each test
+that asks for `database_url` gets its own database cloned from a migrated template (~50 ms), so tests never
+see each other's rows and nothing has to be cleaned up with DELETE.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from planner_core.store.db import to_libpq_uri, to_sqlalchemy_url
+
+SHARED_DIR = Path(__file__).resolve().parents[2] / "shared"
+PROFILE_DIR = SHARED_DIR / "perf" / "dynamo-planner-test-profile" / "H200_TP1P_TP1D"
+AZURE_CONV = SHARED_DIR / "traces" / "AzureLLMInferenceTrace_conv.csv"
+TEMPLATE_DB = "planner_template"
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+def _with_database(url: str, name: str) -> str:
+    """Replace the database name in a libpq URI (keeps the ?host=... socket query)."""
+    base, _, query = url.partition("?")
+    scheme_host = base.rsplit("/", 1)[0]
+    return f"{scheme_host}/{name}" + (f"?{query}" if query else "")
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> Iterator[str]:
+    """libpq URI of the maintenance database of a real Postgres server."""
+    external = os.environ.get("TEST_DATABASE_URL")
+    if external:
+        yield to_libpq_uri(to_sqlalchemy_url(external))
+        return
+    import pgserver
+
+    pg_dir = tempfile.mkdtemp(prefix="pgt", dir="/tmp")  # short path: unix socket paths are limited
+    server = pgserver.get_server(pg_dir, cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def template_database(postgres_server_url: str) -> str:
+    """A database migrated to head, used as the template of every test database."""
+    from planner_core.store.migrate import upgrade
+
+    with psycopg.connect(postgres_server_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE_DB}")
+        conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
+    template_url = _with_database(postgres_server_url, TEMPLATE_DB)
+    upgrade(to_sqlalchemy_url(template_url))
+    from planner_core.store.db import get_engine
+
+    get_engine(to_sqlalchemy_url(template_url)).dispose()  # a template must have no open connections
+    return TEMPLATE_DB
+
+
+def create_database(server_url: str, template: str | None = None) -> str:
+    """Create an empty (or templated) database and return its SQLAlchemy URL."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
+    return to_sqlalchemy_url(_with_database(server_url, name))
+
+
+@pytest.fixture
+def database_url(postgres_server_url: str, template_database: str) -> str:
+    """SQLAlchemy URL of a fresh database at the newest migration."""
+    return create_database(postgres_server_url, template_database)
+
+
+@pytest.fixture
+def empty_database_url(postgres_server_url: str) -> str:
+    """SQLAlchemy URL of a fresh database with no schema (for migration tests)."""
+    return create_database(postgres_server_url)
+
+
+@pytest.fixture(scope="session")
+def profile_dir() -> Path:
+    if not PROFILE_DIR.exists():
+        pytest.skip(f"profile data not found at {PROFILE_DIR}")
+    return PROFILE_DIR
+
+
+@pytest.fixture(scope="session")
+def azure_conv_trace() -> Path:
+    if not AZURE_CONV.exists():
+        pytest.skip(f"trace not found at {AZURE_CONV}")
+    return AZURE_CONV
+
+
+def write_config(directory: Path, **overrides: object) -> Path:
+    """Write a PlannerConfig YAML for tests: SLA throughput scaling on the shared profile, plus overrides."""
+    import yaml
+
+    body: dict[str, object] = {
+        "optimization_target": "sla",
+        "mode": "disagg",
+        "environment": "virtual",
+        "model_name": "test-model",
+        "ttft_ms": 200,
+        "itl_ms": 10,
+        "enable_throughput_scaling": True,
+        "enable_load_scaling": False,
+        "throughput_adjustment_interval_seconds": 60,
+        "load_predictor": "constant",
+        "max_gpu_budget": 16,
+        "profile_results_dir": str(PROFILE_DIR),
+    }
+    body.update(overrides)
+    path = directory / f"planner-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path

@@ -89,7 +89,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     settings = RuntimeSettings()
     _prefect_environment(settings)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # keep the progress bar readable
-    from flows.demo import demo
     from flows.prefect_server import prefect_api
     from planner_core.store.db import resolve_database_url
 
@@ -97,6 +96,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with prefect_api() as api_url:
         print(f"Prefect API: {api_url}", file=sys.stderr)
+        from flows.demo import demo  # Prefect reads its settings at import: import after PREFECT_API_URL is set
+
         result = demo(
             trace_path=str(args.trace),
             config_path=str(args.config),
@@ -131,10 +132,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = RuntimeSettings()
     _prefect_environment(settings)
     from flows.prefect_server import prefect_api
-    from flows.serve import serve_deployments
 
     with prefect_api(port=args.port) as api_url:
         print(f"Prefect UI: {api_url.removesuffix('/api')}", file=sys.stderr)
+        from flows.serve import serve_deployments  # import after PREFECT_API_URL is set (settings load at import)
+
         serve_deployments(config_path=args.config, deployment=args.deployment)
     return 0
 

@@ -18,7 +18,8 @@ import pytest
 
 from planner_core.store.db import to_libpq_uri, to_sqlalchemy_url
 
-SHARED_DIR = Path(__file__).resolve().parents[2] / "shared"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DIR = REPO_ROOT.parent / "shared"
 PROFILE_DIR = SHARED_DIR / "perf" / "dynamo-planner-test-profile" / "H200_TP1P_TP1D"
 AZURE_CONV = SHARED_DIR / "traces" / "AzureLLMInferenceTrace_conv.csv"
 TEMPLATE_DB = "planner_template"

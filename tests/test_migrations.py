@@ -93,7 +93,9 @@ def test_models_match_migrations(database_url: str) -> None:
     assert diff == []
 
 
-@pytest.mark.parametrize("statement", ["UPDATE audit_log SET event = 'x'", "DELETE FROM audit_log", "TRUNCATE audit_log"])
+@pytest.mark.parametrize(
+    "statement", ["UPDATE audit_log SET event = 'x'", "DELETE FROM audit_log", "TRUNCATE audit_log"]
+)
 def test_audit_log_is_append_only(database_url: str, tmp_path, profile_dir, statement: str) -> None:
     """The database itself refuses to update, delete or truncate audit rows."""
     ctx = load_context(database_url, "audit", write_config(tmp_path))

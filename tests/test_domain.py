@@ -1,0 +1,284 @@
+"""Tests of `planner_core.domain`: the JSON form of every boundary dataclass and traffic validation (pure).
+
+Observed behaviour of the JSON form, pinned here: NaN, +inf and -inf floats become the strings "nan", "inf" and
+"-inf" (their `repr`), so `json.dumps(..., allow_nan=False)` accepts the result (JSONB has no NaN/inf), and
+`from_jsonable` turns those strings back into floats for fields annotated `float` (including `float | None` and
+`tuple[float, ...]`). Enums become their string values, tuples become lists, None stays None. Since NaN != NaN,
+round trips containing NaN are compared through their JSON form rather than with dataclass equality.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner_core import domain
+from planner_core.domain import (
+    Component,
+    LoadHistory,
+    Loop,
+    PlannerState,
+    Prediction,
+    ReasonCode,
+    ReplicaProposal,
+    ScalingDecision,
+    StepRecord,
+    TickInputs,
+    TickOutcome,
+    TrafficObservation,
+    WorkerCounts,
+    from_jsonable,
+    to_jsonable,
+)
+
+# --- strategies ------------------------------------------------------------------------------------------------
+
+
+def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
+    """One strategy per domain dataclass; `finite=False` lets every float field be NaN or +/-inf."""
+    floats = st.floats(allow_nan=not finite, allow_infinity=not finite)
+    opt_floats = st.none() | floats
+    counts = st.integers(min_value=0, max_value=10_000)
+    float_tuples = st.lists(floats, max_size=5).map(tuple)
+
+    traffic = st.builds(
+        TrafficObservation,
+        duration_s=floats,
+        num_req=floats,
+        isl=floats,
+        osl=floats,
+        isl_p90=opt_floats,
+        osl_p90=opt_floats,
+        ttft_ms=opt_floats,
+        itl_ms=opt_floats,
+    )
+    workers = st.builds(
+        WorkerCounts, ready_prefill=counts, ready_decode=counts, expected_prefill=counts, expected_decode=counts
+    )
+    inputs = st.builds(
+        TickInputs, now_s=floats, loop=st.sampled_from(Loop), workers=workers, traffic=st.none() | traffic
+    )
+    prediction = st.builds(Prediction, num_req=floats, isl=floats, osl=floats)
+    history = st.builds(
+        LoadHistory, num_req=float_tuples, isl=float_tuples, osl=float_tuples, seen_traffic=st.booleans()
+    )
+    state = st.builds(
+        PlannerState,
+        load_history=history,
+        throughput_lower_bound_prefill=counts,
+        throughput_lower_bound_decode=counts,
+        num_throughput_ticks=counts,
+        num_load_ticks=counts,
+    )
+    step = st.builds(
+        StepRecord,
+        step=st.text(max_size=12),
+        reason=st.sampled_from(ReasonCode),
+        component=st.none() | st.sampled_from(Component),
+        value=opt_floats,
+        # strings that look like the JSON spelling of NaN/inf must stay strings in a `str` field
+        detail=st.sampled_from(["", "nan", "inf", "-inf"]) | st.text(max_size=20),
+    )
+    proposal = st.builds(
+        ReplicaProposal,
+        component=st.sampled_from(Component),
+        current=counts,
+        desired=counts,
+        reason=st.sampled_from(ReasonCode),
+    )
+    decision = st.builds(
+        ScalingDecision, num_prefill=st.none() | counts, num_decode=st.none() | counts, advisory=st.booleans()
+    )
+    outcome = st.builds(
+        TickOutcome,
+        decision=decision,
+        next_state=state,
+        steps=st.lists(step, max_size=4).map(tuple),
+        proposals=st.lists(proposal, max_size=2).map(tuple),
+        prediction=st.none() | prediction,
+        prediction_reason=st.none() | st.sampled_from(ReasonCode),
+        reason=st.sampled_from(ReasonCode),
+    )
+    return {
+        TrafficObservation: traffic,
+        WorkerCounts: workers,
+        TickInputs: inputs,
+        Prediction: prediction,
+        LoadHistory: history,
+        PlannerState: state,
+        StepRecord: step,
+        ReplicaProposal: proposal,
+        ScalingDecision: decision,
+        TickOutcome: outcome,
+    }
+
+
+FINITE = domain_strategies(finite=True)
+ANY_FLOAT = domain_strategies(finite=False)
+DATACLASSES = list(FINITE)
+IDS = [cls.__name__ for cls in DATACLASSES]
+
+
+def through_json(value: Any) -> Any:
+    """`to_jsonable`, then a strict JSON encode/decode as a JSONB column would do."""
+    return json.loads(json.dumps(to_jsonable(value), allow_nan=False))
+
+
+# --- round trips -----------------------------------------------------------------------------------------------
+
+
+def test_every_domain_dataclass_is_covered() -> None:
+    """The round-trip strategies cover every dataclass defined in `planner_core.domain`."""
+    defined = {
+        obj
+        for _, obj in inspect.getmembers(domain, inspect.isclass)
+        if dataclasses.is_dataclass(obj) and obj.__module__ == domain.__name__
+    }
+    assert defined == set(DATACLASSES)
+
+
+@pytest.mark.parametrize("cls", DATACLASSES, ids=IDS)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_round_trip_finite(cls: type, data: st.DataObject) -> None:
+    """With finite floats, `from_jsonable(cls, json(to_jsonable(x))) == x` exactly (dataclass equality)."""
+    value = data.draw(FINITE[cls])
+    restored = from_jsonable(cls, through_json(value))
+    assert restored == value
+    assert type(restored) is cls
+
+
+@pytest.mark.parametrize("cls", DATACLASSES, ids=IDS)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_round_trip_with_nan_and_inf(cls: type, data: st.DataObject) -> None:
+    """With NaN/inf allowed, the JSON form is strict JSON and survives a round trip unchanged."""
+    value = data.draw(ANY_FLOAT[cls])
+    encoded = through_json(value)  # allow_nan=False: raises if a NaN/inf float leaked through
+    restored = from_jsonable(cls, encoded)
+    assert type(restored) is cls
+    assert to_jsonable(restored) == encoded
+
+
+def test_round_trip_restores_enum_and_tuple_types() -> None:
+    """Nested enums come back as enum members, sequences as tuples and None fields as None."""
+    outcome = TickOutcome(
+        decision=ScalingDecision(num_prefill=2),
+        next_state=PlannerState(load_history=LoadHistory(num_req=(1.0, 2.0), isl=(3.0, 4.0), osl=(5.0, 6.0))),
+        steps=(StepRecord(step="decide", reason=ReasonCode.SCALE, component=Component.PREFILL, value=2.0),),
+        proposals=(ReplicaProposal(component=Component.DECODE, current=1, desired=3, reason=ReasonCode.SCALE),),
+        prediction=None,
+        prediction_reason=ReasonCode.PREDICTOR_FALLBACK,
+        reason=ReasonCode.SCALE,
+    )
+    restored = from_jsonable(TickOutcome, through_json(outcome))
+    assert restored == outcome
+    assert isinstance(restored.steps, tuple) and isinstance(restored.next_state.load_history.num_req, tuple)
+    assert restored.steps[0].reason is ReasonCode.SCALE and restored.steps[0].component is Component.PREFILL
+    assert restored.proposals[0].component is Component.DECODE
+    assert restored.prediction is None and restored.decision.num_decode is None
+    assert restored.prediction_reason is ReasonCode.PREDICTOR_FALLBACK
+
+
+def test_missing_fields_take_their_defaults() -> None:
+    """A JSON object without the optional fields rebuilds with the dataclass defaults."""
+    assert from_jsonable(PlannerState, {}) == PlannerState()
+    assert from_jsonable(TrafficObservation, {"duration_s": 60, "num_req": 1, "isl": 2, "osl": 3}) == (
+        TrafficObservation(duration_s=60.0, num_req=1.0, isl=2.0, osl=3.0)
+    )
+
+
+# --- NaN / inf in JSON ---------------------------------------------------------------------------------------------
+
+
+def test_non_finite_floats_become_strings() -> None:
+    """NaN, inf and -inf are written as the strings "nan", "inf", "-inf"; finite floats and None are untouched."""
+    obs = TrafficObservation(duration_s=60.0, num_req=math.nan, isl=math.inf, osl=-math.inf, isl_p90=None, itl_ms=1.5)
+    assert to_jsonable(obs) == {
+        "duration_s": 60.0,
+        "num_req": "nan",
+        "isl": "inf",
+        "osl": "-inf",
+        "isl_p90": None,
+        "osl_p90": None,
+        "ttft_ms": None,
+        "itl_ms": 1.5,
+    }
+    json.dumps(to_jsonable(obs), allow_nan=False)  # strict JSON: no bare NaN/Infinity tokens
+    restored = from_jsonable(TrafficObservation, to_jsonable(obs))
+    assert math.isnan(restored.num_req)
+    assert (restored.isl, restored.osl) == (math.inf, -math.inf)
+    assert restored.invalid_field() == "num_req"  # the rejection survives storage
+
+
+def test_non_finite_floats_inside_tuples_and_optional_fields() -> None:
+    """Non-finite values nested in `tuple[float, ...]` and `float | None` fields round-trip as floats."""
+    history = LoadHistory(num_req=(1.0, math.inf), isl=(math.nan,), osl=(-math.inf, 0.0))
+    encoded = to_jsonable(history)
+    assert encoded["num_req"] == [1.0, "inf"] and encoded["isl"] == ["nan"] and encoded["osl"] == ["-inf", 0.0]
+    restored = from_jsonable(LoadHistory, encoded)
+    assert restored.num_req == (1.0, math.inf) and restored.osl == (-math.inf, 0.0)
+    assert math.isnan(restored.isl[0])
+    step = from_jsonable(StepRecord, to_jsonable(StepRecord(step="s", reason=ReasonCode.UNSET, value=math.nan)))
+    assert step.value is not None and math.isnan(step.value)
+
+
+def test_nan_looking_strings_in_str_fields_stay_strings() -> None:
+    """A `str` field whose text is "nan" is not mistaken for a float on the way back."""
+    step = StepRecord(step="inf", reason=ReasonCode.OBSERVED, detail="nan")
+    assert from_jsonable(StepRecord, through_json(step)) == step
+
+
+# --- TrafficObservation.invalid_field ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InvalidFieldCase:
+    id: str
+    changes: dict[str, float | None]
+    want: str | None
+
+
+BASE_TRAFFIC = TrafficObservation(duration_s=60.0, num_req=600.0, isl=1000.0, osl=100.0)
+TRAFFIC_FIELDS = [f.name for f in dataclasses.fields(TrafficObservation)]
+
+INVALID_FIELD_CASES = [
+    InvalidFieldCase(id="all-valid", changes={}, want=None),
+    InvalidFieldCase(id="optional-fields-set", changes={"isl_p90": 2000.0, "itl_ms": 9.5}, want=None),
+    InvalidFieldCase(id="zeros-are-valid", changes={"num_req": 0.0, "isl": 0.0, "osl": 0.0}, want=None),
+    InvalidFieldCase(id="negative-zero-is-valid", changes={"num_req": -0.0}, want=None),
+    InvalidFieldCase(id="tiny-negative", changes={"osl": -1e-300}, want="osl"),
+    # declaration order: duration_s, num_req, isl, osl, isl_p90, osl_p90, ttft_ms, itl_ms
+    InvalidFieldCase(id="first-of-two-bad", changes={"osl": math.nan, "isl": -1.0}, want="isl"),
+    InvalidFieldCase(id="required-before-optional", changes={"itl_ms": math.inf, "num_req": math.nan}, want="num_req"),
+    InvalidFieldCase(id="all-bad", changes={name: math.nan for name in TRAFFIC_FIELDS}, want="duration_s"),
+    *(
+        InvalidFieldCase(id=f"{name}-{label}", changes={name: value}, want=name)
+        for name in TRAFFIC_FIELDS
+        for label, value in (("nan", math.nan), ("inf", math.inf), ("-inf", -math.inf), ("negative", -1.0))
+    ),
+]
+
+
+@pytest.mark.parametrize("case", INVALID_FIELD_CASES, ids=lambda c: c.id)
+def test_invalid_field_names_first_bad_field(case: InvalidFieldCase) -> None:
+    """`invalid_field()` names the first NaN, infinite or negative field in declaration order, else None."""
+    assert dataclasses.replace(BASE_TRAFFIC, **case.changes).invalid_field() == case.want
+
+
+@settings(max_examples=100, deadline=None)
+@given(obs=ANY_FLOAT[TrafficObservation])
+def test_invalid_field_agrees_with_definition(obs: TrafficObservation) -> None:
+    """For any observation, `invalid_field()` is the first field that is not None and not finite-and-non-negative."""
+    is_bad: Callable[[float | None], bool] = lambda v: v is not None and not (math.isfinite(v) and v >= 0)  # noqa: E731
+    bad = [name for name in TRAFFIC_FIELDS if is_bad(getattr(obs, name))]
+    assert obs.invalid_field() == (bad[0] if bad else None)

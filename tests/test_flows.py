@@ -1,0 +1,209 @@
+"""The Prefect layer against a real Prefect server (the test harness, started once per session)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psycopg
+import pytest
+
+from planner_core.store.db import to_libpq_uri
+from tests.conftest import REPO_ROOT, write_config
+
+pytestmark = pytest.mark.prefect
+
+
+@pytest.fixture(scope="session")
+def prefect_api_url(tmp_path_factory) -> str:
+    """A real Prefect server (with its scheduler) for the session, with its own home and SQLite database.
+
+    Prefect's `prefect_test_harness` is not used because its server runs no scheduler, and the serve test needs
+    scheduled runs.
+    """
+    home = tmp_path_factory.mktemp("prefect-home")
+    os.environ["PREFECT_HOME"] = str(home)
+    os.environ.pop("PREFECT_API_URL", None)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.prefect_server import prefect_api
+
+    with prefect_api(log_file=home / "server.log") as url, temporary_settings(updates={PREFECT_API_URL: url}):
+        yield url
+
+
+def _rows(url: str, sql: str, *params):
+    with psycopg.connect(to_libpq_uri(url)) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def _decisions(url: str, deployment: str):
+    return _rows(
+        url,
+        "SELECT decided_at, target_prefill, target_decode, status FROM decision_history "
+        "WHERE deployment = %s ORDER BY decided_at",
+        deployment,
+    )
+
+
+def _run_demo(database_url, config, trace, deployment, max_windows):
+    from flows.demo import demo
+
+    return demo(
+        trace_path=str(trace),
+        config_path=str(config),
+        deployment=deployment,
+        startup_s=120.0,
+        rate_scale=12.0,
+        max_windows=max_windows,
+        database_url=database_url,
+    )
+
+
+def test_demo_flow_records_ticks_as_prefect_task_runs(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """Each demo tick is a Prefect task run; the tick rows carry the flow and task run ids."""
+    config = write_config(tmp_path)
+    summary = _run_demo(database_url, config, azure_conv_trace, "flow-demo", max_windows=6)
+    assert summary["num_ticks"] == 6 and summary["num_windows"] == 6
+    ticks = _rows(database_url, "SELECT flow_run_id, task_run_id FROM ticks ORDER BY id")
+    assert len(ticks) == 6
+    assert len({flow_run for flow_run, _ in ticks}) == 1 and all(task_run for _, task_run in ticks)
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    async def task_run_names() -> list[str]:
+        async with get_client() as client:
+            runs = await client.read_task_runs(
+                task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="throughput-tick"))
+            )
+            return [run.name for run in runs]
+
+    names = asyncio.run(task_run_names())
+    assert len([n for n in names if n.startswith("throughput-tick 2023-11-16")]) >= 6
+    # every decision was executed and acknowledged by the simulated orchestrator
+    assert summary["num_decisions"] >= 1
+    assert {status for *_, status in _decisions(database_url, "flow-demo")} == {"acknowledged"}
+
+
+def test_resumed_demo_equals_an_uninterrupted_one(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """Stopping after 3 windows and resuming to 8 records the same ticks and decisions as one run to 8."""
+    config = write_config(tmp_path)
+    _run_demo(database_url, config, azure_conv_trace, "resumed", max_windows=3)
+    resumed = _run_demo(database_url, config, azure_conv_trace, "resumed", max_windows=8)
+    straight = _run_demo(database_url, config, azure_conv_trace, "straight", max_windows=8)
+    assert _decisions(database_url, "resumed") == _decisions(database_url, "straight")
+    assert resumed["num_ticks"] == straight["num_ticks"] == 8
+    assert resumed["gpu_hours"] == pytest.approx(straight["gpu_hours"])
+    assert resumed["sla_attainment"] == pytest.approx(straight["sla_attainment"])
+    duplicates = _rows(
+        database_url, "SELECT deployment_id, loop, scheduled_at FROM ticks GROUP BY 1, 2, 3 HAVING count(*) > 1"
+    )
+    assert duplicates == []
+
+
+def test_killed_demo_process_resumes_without_loss_or_duplicates(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """SIGKILL a `planner demo` process mid-run, start it again: same history as an uninterrupted run."""
+    config = write_config(tmp_path)
+    env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PLANNER_DATABASE_URL=database_url)
+    command = [
+        sys.executable, "-m", "planner_core.cli", "demo", "--trace", str(azure_conv_trace), "--config", str(config),
+        "--deployment", "killed", "--max-windows", "14",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        count = _rows(database_url, "SELECT count(*) FROM ticks")[0][0] if _has_ticks(database_url) else 0
+        if count >= 4:
+            break
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    killed_at = _rows(database_url, "SELECT count(*) FROM ticks")[0][0]
+    assert 4 <= killed_at < 14, "the process must be killed mid-run"
+    finished = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert "ticks recorded 14" in finished.stdout
+    _run_demo(database_url, config, azure_conv_trace, "uninterrupted", max_windows=14)
+    assert _decisions(database_url, "killed") == _decisions(database_url, "uninterrupted")
+
+
+def _has_ticks(url: str) -> bool:
+    return bool(_rows(url, "SELECT to_regclass('ticks') IS NOT NULL")[0][0])
+
+
+def test_deployments_take_schedules_from_the_config(tmp_path, profile_dir) -> None:
+    """The three deployments exist with the config's intervals, no overlap, and load-tick paused when off."""
+    from flows.serve import build_deployments
+    from planner_core.config import load_config
+
+    path = write_config(tmp_path, throughput_adjustment_interval_seconds=120, execution_interval_seconds=7)
+    deployments = {d.name: d for d in build_deployments(load_config(path), str(path), "prod")}
+    assert set(deployments) == {"throughput-tick", "load-tick", "execute-decisions"}
+    intervals = {name: d.schedules[0].schedule.interval for name, d in deployments.items()}
+    assert intervals == {
+        "throughput-tick": dt.timedelta(seconds=120),
+        "load-tick": dt.timedelta(seconds=5),
+        "execute-decisions": dt.timedelta(seconds=7),
+    }
+    for deployment in deployments.values():
+        assert deployment.concurrency_limit == 1
+        assert deployment.concurrency_options.collision_strategy.value == "CANCEL_NEW"
+        assert deployment.parameters == {"deployment": "prod", "config_path": str(path)}
+    assert deployments["load-tick"].paused is True
+    assert deployments["throughput-tick"].paused is False
+
+
+def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir):
+    """`serve` runs throughput ticks on their interval; each records once, and decisions get executed."""
+    config = write_config(
+        tmp_path,
+        throughput_adjustment_interval_seconds=5,
+        load_adjustment_interval_seconds=1,
+        execution_interval_seconds=5,
+    )
+    env = dict(
+        os.environ,
+        PREFECT_API_URL=prefect_api_url,
+        PLANNER_DATABASE_URL=database_url,
+        PLANNER_TRACE=str(azure_conv_trace),
+    )
+    code = f"from flows.serve import serve_deployments; from pathlib import Path; serve_deployments(Path({str(config)!r}), 'served')"
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 150
+        ticks = []
+        while time.monotonic() < deadline and len(ticks) < 3:
+            time.sleep(1)
+            if _has_ticks(database_url):
+                ticks = _rows(
+                    database_url,
+                    "SELECT scheduled_at, reason, flow_run_id FROM ticks WHERE loop = 'throughput' ORDER BY scheduled_at",
+                )
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    assert len(ticks) >= 3, log_path.read_text()[-5000:]
+    times = [t[0] for t in ticks]
+    assert len(set(times)) == len(times)
+    gaps_s = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
+    # on the 5 s grid: a run still busy when the next is due makes Prefect cancel the new one (no overlap)
+    assert all(gap % 5 == pytest.approx(0, abs=1e-3) for gap in gaps_s), gaps_s
+    assert all(flow_run for *_, flow_run in ticks)
+    assert {reason for _, reason, _ in ticks} <= {"scale", "no_change"}

@@ -1,0 +1,198 @@
+"""Recording ticks in Postgres: everything in one transaction, never twice, state chained, replay exact."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import psycopg
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.exc import DataError
+
+from planner_core.config import parse_config
+from planner_core.domain import (
+    Loop,
+    PlannerState,
+    ReasonCode,
+    ScalingDecision,
+    StepRecord,
+    TickInputs,
+    TickOutcome,
+    TrafficObservation,
+    from_jsonable,
+)
+from planner_core.perf.model import ProfilePerfModel
+from planner_core.service import load_context, run_tick
+from planner_core.store import repository as repo
+from planner_core.store.db import to_libpq_uri
+from planner_core.store.models import AuditLogRow, DecisionRow, PlannerConfigRow, PlannerStateRow, Tick, TickStepRow
+from planner_core.tick import tick
+from tests.conftest import write_config
+
+T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+BUSY = TrafficObservation(duration_s=60, num_req=6000, isl=3000, osl=300)
+
+
+def _count(url: str, table: str) -> int:
+    with psycopg.connect(to_libpq_uri(url)) as conn:
+        return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+@pytest.fixture
+def ctx(database_url, tmp_path, profile_dir):
+    return load_context(database_url, "store-test", write_config(tmp_path))
+
+
+def test_tick_records_everything_it_saw_and_decided(ctx) -> None:
+    """One busy tick writes observation, workers, prediction, proposals, steps, state, decision and audit."""
+    result = run_tick(ctx, Loop.THROUGHPUT, T0, BUSY)
+    assert result.tick_id is not None and result.outcome is not None
+    # 6000 req/min = 100 req/s; prefill 100*3000 = 300k tok/s / 49.5k per GPU -> 7; decode 100*300 = 30k / 4.56k -> 7;
+    # 14 GPUs fit the budget of 16, and 7 is within the change cap of 8 from 1.
+    assert (result.outcome.decision.num_prefill, result.outcome.decision.num_decode) == (7, 7)
+    url = ctx.database_url
+    for table in ("ticks", "traffic_observations", "worker_observations", "predictions", "planner_states"):
+        assert _count(url, table) == 1, table
+    assert _count(url, "proposals") == 2
+    assert _count(url, "tick_steps") == len(result.outcome.steps)
+    assert _count(url, "decisions") == 1
+    with ctx.sessions.begin() as session:
+        events = list(session.scalars(select(AuditLogRow.event).order_by(AuditLogRow.id)))
+        decision = session.scalar(select(DecisionRow))
+        assert decision.status == "pending" and decision.reason == "scale"
+    assert events == ["deployment_created", "decision_created", "tick_recorded"]
+
+
+def test_a_tick_is_never_recorded_twice(ctx) -> None:
+    """Running the same (deployment, loop, scheduled time) again records nothing and decides nothing."""
+    first = run_tick(ctx, Loop.THROUGHPUT, T0, BUSY)
+    again = run_tick(ctx, Loop.THROUGHPUT, T0, BUSY)
+    assert first.tick_id is not None
+    assert again.tick_id is None and again.outcome is None
+    assert _count(ctx.database_url, "ticks") == 1
+    assert _count(ctx.database_url, "decisions") == 1
+    other_loop = run_tick(ctx, Loop.LOAD, T0, None)
+    assert other_loop.tick_id is not None  # uniqueness is per loop
+
+
+def test_unique_constraint_backs_the_check(ctx) -> None:
+    """Even bypassing the existence check, the database refuses a second row for the same tick identity."""
+    result = run_tick(ctx, Loop.THROUGHPUT, T0, BUSY)
+    with ctx.sessions.begin() as session:
+        deployment = repo.find_deployment(session, "store-test")
+        record = repo.TickRecord(
+            deployment_id=deployment.id,
+            scheduled_at=T0,
+            config_hash=deployment.config_hash,
+            predictor="constant",
+            previous_tick_id=result.tick_id,
+            decide_ms=0.1,
+        )
+        assert repo.record_tick(session, record, result.inputs, result.outcome) is None
+
+
+def test_a_failing_record_leaves_nothing_half_written(ctx) -> None:
+    """If any insert of a tick fails, none of the tick's rows remain (one transaction)."""
+    run_tick(ctx, Loop.THROUGHPUT, T0, BUSY)
+    workers = run_tick(ctx, Loop.LOAD, T0, None).inputs.workers
+    tables = ("ticks", "tick_steps", "planner_states", "decisions", "audit_log")
+    before = {t: _count(ctx.database_url, t) for t in tables}
+    later = T0 + dt.timedelta(seconds=60)
+    inputs = TickInputs(now_s=later.timestamp(), loop=Loop.THROUGHPUT, workers=workers, traffic=BUSY)
+    too_long_step = StepRecord(step="x" * 500, reason=ReasonCode.NO_CHANGE)  # exceeds VARCHAR(80): insert fails
+    outcome = TickOutcome(
+        decision=ScalingDecision(num_prefill=3, num_decode=3), next_state=PlannerState(), steps=(too_long_step,)
+    )
+    with pytest.raises(DataError, match="too long"):
+        with ctx.sessions.begin() as session:
+            deployment = repo.find_deployment(session, "store-test")
+            record = repo.TickRecord(
+                deployment_id=deployment.id,
+                scheduled_at=later,
+                config_hash=deployment.config_hash,
+                predictor="constant",
+                previous_tick_id=None,
+                decide_ms=0.1,
+            )
+            repo.record_tick(session, record, inputs, outcome)
+    assert {t: _count(ctx.database_url, t) for t in tables} == before
+
+
+def test_state_chains_from_tick_to_tick(ctx) -> None:
+    """Each tick starts from the state the previous tick stored and says which tick that was."""
+    first = run_tick(ctx, Loop.THROUGHPUT, T0, BUSY)
+    second = run_tick(ctx, Loop.THROUGHPUT, T0 + dt.timedelta(minutes=1), BUSY)
+    with ctx.sessions.begin() as session:
+        row = session.get(Tick, second.tick_id)
+        assert row.previous_tick_id == first.tick_id
+        stored = session.get(PlannerStateRow, second.tick_id)
+        assert from_jsonable(PlannerState, stored.state) == second.outcome.next_state
+    assert second.outcome.next_state.load_history.num_req == (6000.0, 6000.0)
+    assert second.outcome.next_state.num_throughput_ticks == 2
+
+
+def test_replaying_recorded_ticks_reproduces_them_exactly(ctx) -> None:
+    """tick() on each stored input, with the previous stored state and the stored config, gives the same outcome."""
+    loads = [6000, 3000, 0, 0, 9000, 12000]
+    for minute, num_req in enumerate(loads):
+        traffic = TrafficObservation(
+            duration_s=60, num_req=num_req, isl=3000 if num_req else 0, osl=300 if num_req else 0
+        )
+        run_tick(ctx, Loop.THROUGHPUT, T0 + dt.timedelta(minutes=minute), traffic)
+    with ctx.sessions.begin() as session:
+        ticks = list(session.scalars(select(Tick).order_by(Tick.id)))
+        assert len(ticks) == len(loads)
+        for row in ticks:
+            config = parse_config(session.get(PlannerConfigRow, row.config_hash).body)
+            previous = session.get(PlannerStateRow, row.previous_tick_id) if row.previous_tick_id else None
+            state = from_jsonable(PlannerState, previous.state) if previous else PlannerState()
+            outcome = tick(
+                from_jsonable(TickInputs, row.inputs), state, config, ProfilePerfModel.load(config.profile_results_dir)
+            )
+            stored_state = from_jsonable(PlannerState, session.get(PlannerStateRow, row.id).state)
+            assert outcome.next_state == stored_state
+            assert outcome.reason.value == row.reason
+            stored_steps = [
+                (s.step, s.reason, s.detail)
+                for s in session.scalars(
+                    select(TickStepRow).where(TickStepRow.tick_id == row.id).order_by(TickStepRow.seq)
+                )
+            ]
+            assert stored_steps == [(s.step, s.reason.value, s.detail) for s in outcome.steps]
+            decision = session.scalar(select(DecisionRow).where(DecisionRow.tick_id == row.id))
+            if outcome.decision.is_empty:
+                assert decision is None
+            else:
+                assert (decision.target_prefill, decision.target_decode) == (
+                    outcome.decision.num_prefill,
+                    outcome.decision.num_decode,
+                )
+
+
+def test_config_hash_is_stored_with_every_tick_and_changes_are_audited(database_url, tmp_path, profile_dir) -> None:
+    """Ticks carry the hash of the config they ran under; switching config is an audit event."""
+    first = load_context(database_url, "cfg", write_config(tmp_path, ttft_ms=200))
+    second = load_context(database_url, "cfg", write_config(tmp_path, ttft_ms=300))
+    run_tick(first, Loop.THROUGHPUT, T0, BUSY)
+    run_tick(second, Loop.THROUGHPUT, T0 + dt.timedelta(minutes=1), BUSY)
+    with first.sessions.begin() as session:
+        hashes = list(session.scalars(select(Tick.config_hash).order_by(Tick.id)))
+        assert len(set(hashes)) == 2
+        assert session.scalar(select(func.count()).select_from(PlannerConfigRow)) == 2
+        events = list(session.scalars(select(AuditLogRow.event).where(AuditLogRow.event == "config_changed")))
+    assert events == ["config_changed"]
+
+
+def test_history_views_answer_what_when_why_and_what_happened(ctx) -> None:
+    """decision_history joins the decision with its tick time, reasons and execution state."""
+    run_tick(ctx, Loop.THROUGHPUT, T0, BUSY)
+    with ctx.sessions.begin() as session:
+        rows = repo.query_rows(session, "SELECT * FROM decision_history")
+        ticks = repo.query_rows(session, "SELECT * FROM tick_history")
+    assert len(rows) == 1 and len(ticks) == 1
+    row = rows[0]
+    assert row["deployment"] == "store-test" and row["decided_at"] == T0
+    assert (row["prefill_before"], row["decode_before"], row["target_prefill"], row["target_decode"]) == (1, 1, 7, 7)
+    assert row["status"] == "pending" and row["num_attempts"] == 0 and row["acknowledged_at"] is None
+    assert "demand: demand_sized (prefill)" in row["why"] and "decide: scale" in row["why"]
+    assert ticks[0]["observed_num_req"] == 6000 and ticks[0]["proposed_decode"] == 7

@@ -179,7 +179,10 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
         PLANNER_DATABASE_URL=database_url,
         PLANNER_TRACE=str(azure_conv_trace),
     )
-    code = f"from flows.serve import serve_deployments; from pathlib import Path; serve_deployments(Path({str(config)!r}), 'served')"
+    code = (
+        "from pathlib import Path; from flows.serve import serve_deployments; "
+        f"serve_deployments(Path({str(config)!r}), 'served')"
+    )
     log_path = tmp_path / "serve.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, stdout=log, stderr=log)
@@ -191,7 +194,8 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
             if _has_ticks(database_url):
                 ticks = _rows(
                     database_url,
-                    "SELECT scheduled_at, reason, flow_run_id FROM ticks WHERE loop = 'throughput' ORDER BY scheduled_at",
+                    "SELECT scheduled_at, reason, flow_run_id FROM ticks "
+                    "WHERE loop = 'throughput' ORDER BY scheduled_at",
                 )
     finally:
         process.send_signal(signal.SIGTERM)

@@ -103,7 +103,8 @@ def _throughput_tick(
     targets = ThroughputTargets(
         ttft_ms=config.ttft_ms,
         itl_ms=config.itl_ms,
-        window_s=config.throughput_adjustment_interval_seconds,
+        # The observed window's own length: a late or short collection must not distort the request rate.
+        window_s=traffic.duration_s if traffic.duration_s > 0 else config.throughput_adjustment_interval_seconds,
         prefill_gpus_per_engine=config.prefill_gpus_per_engine,
         decode_gpus_per_engine=config.decode_gpus_per_engine,
     )

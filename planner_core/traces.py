@@ -7,6 +7,7 @@ wall-clock time of the first request. Loading is I/O; everything else here is pu
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,8 +55,13 @@ class RequestTrace:
         num_copies = int(np.ceil(rate_factor))
         whole, fraction = int(np.floor(rate_factor)), rate_factor - np.floor(rate_factor)
         gap_s = self.duration_s / max(1, self.num_requests - 1)
-        index = np.arange(self.num_requests)
-        keep_fraction = (index * 0.6180339887498949) % 1.0 < fraction
+        # The partial copy takes exactly round(n * fraction) requests: those with the smallest golden-ratio
+        # key, which spreads them evenly over the trace; the last request is always kept so the scaled trace
+        # still spans the whole duration.
+        keys = (np.arange(self.num_requests) * 0.6180339887498949) % 1.0
+        keys[-1] = -1.0
+        keep_fraction = np.zeros(self.num_requests, dtype=bool)
+        keep_fraction[np.argsort(keys, kind="stable")[: int(round(self.num_requests * fraction))]] = True
         parts = []
         for copy in range(num_copies):
             keep = np.ones(self.num_requests, dtype=bool) if copy < whole else keep_fraction
@@ -115,13 +121,25 @@ def load_azure_csv(path: Path) -> RequestTrace:
     for column in ("TIMESTAMP", "ContextTokens", "GeneratedTokens"):
         if column not in frame.columns:
             raise TraceError(f"{path}: missing column '{column}'")
-    stamps = pd.to_datetime(frame["TIMESTAMP"], utc=True, errors="coerce")
-    if stamps.isna().any():
-        row = int(stamps.isna().to_numpy().argmax())
-        raise TraceError(f"{path}: row {row + 2} field 'TIMESTAMP' = {frame['TIMESTAMP'].iloc[row]!r} is no timestamp")
+    if frame.empty:
+        raise TraceError(f"{path}: no requests")
+    stamps = pd.to_datetime(frame["TIMESTAMP"], utc=True, errors="coerce", format="mixed")
+    _reject_bad_rows(path, frame, "TIMESTAMP", stamps.isna().to_numpy(), "is no timestamp")
+    lengths = {}
+    for column in ("ContextTokens", "GeneratedTokens"):
+        values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+        _reject_bad_rows(path, frame, column, ~np.isfinite(values) | (values < 0), "is not a token count >= 0")
+        lengths[column] = values
     epoch_s = stamps.astype("int64").to_numpy() / 1e9
     first = float(epoch_s.min())
-    return _build(str(path), first, epoch_s - first, frame["ContextTokens"], frame["GeneratedTokens"])
+    return _build(str(path), first, epoch_s - first, lengths["ContextTokens"], lengths["GeneratedTokens"])
+
+
+def _reject_bad_rows(path: Path, frame, column: str, bad: np.ndarray, problem: str) -> None:  # noqa: ANN001
+    """Raise a one-line TraceError for the first bad row of a CSV column (row numbers count the header as 1)."""
+    if bad.any():
+        row = int(bad.argmax())
+        raise TraceError(f"{path}: row {row + 2} field '{column}' = {frame[column].iloc[row]!r} {problem}")
 
 
 def load_mooncake_jsonl(path: Path) -> RequestTrace:
@@ -133,11 +151,15 @@ def load_mooncake_jsonl(path: Path) -> RequestTrace:
                 continue
             try:
                 record = json.loads(line)
-                arrival_ms.append(float(record["timestamp"]))
-                isl.append(float(record["input_length"]))
-                osl.append(float(record["output_length"]))
+                values = [float(record[key]) for key in ("timestamp", "input_length", "output_length")]
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise TraceError(f"{path}: line {line_no}: {type(exc).__name__}: {exc}") from exc
+            for key, value in zip(("timestamp", "input_length", "output_length"), values, strict=True):
+                if not math.isfinite(value) or value < 0:
+                    raise TraceError(f"{path}: line {line_no} field '{key}' = {record[key]!r} is not a number >= 0")
+            arrival_ms.append(values[0])
+            isl.append(values[1])
+            osl.append(values[2])
     if not arrival_ms:
         raise TraceError(f"{path}: no requests")
     return _build(str(path), MOONCAKE_EPOCH_S, np.asarray(arrival_ms) / 1000.0, isl, osl)

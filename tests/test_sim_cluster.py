@@ -127,11 +127,6 @@ def test_removal_beyond_pending_removes_ready_workers_at_once(perf: ProfilePerfM
     assert _counts(cluster, P) == (0, 0)  # nothing comes back by itself
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sim/cluster.py:93-98 apply_targets(-1, 1) does `ready[PREFILL] -= 1` past zero: ready becomes -1 and "
-    "each slice then books -1 engine of GPU-seconds (gpu_s 0.0 instead of 10.0 for the remaining decode worker)",
-)
 def test_negative_target_is_rejected_or_clamped(perf: ProfilePerfModel) -> None:
     """A negative target never drives a pool below 0 workers or GPU-seconds below the remaining workers'."""
     cluster = SimulatedCluster.start(BURSTY, perf, SPEC, num_prefill=1, num_decode=1)

@@ -609,51 +609,53 @@ def test_floor_beats_cap_step_sequence() -> None:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BudgetBugCase:
+class BudgetClampCase:
     id: str
     overrides: Mapping[str, Any]
     obs: TrafficObservation
+    expected: tuple[int | None, int | None]  # (prefill, decode) after the clamp
 
 
-BUDGET_OVERSHOOT_CASES = [
+BUDGET_CLAMP_CASES = [
     # demand: 100 req/s * 300 / 10,000 = 3P; 100 * 10 / 1,000 = 1D -> 4 GPUs > 2 (floors 1P + 1D = 2 fit).
-    # scale 0.5: prefill round(1.5) = 2, decode max(1, round(0)) = 1 -> 3 GPUs > 2. Dynamo: floor -> 1P + 1D.
-    BudgetBugCase(id="disagg-prefill-rounds-up", overrides={"max_gpu_budget": 2}, obs=traffic(6000, 300, 10)),
+    # scale 0.5: prefill floor(1.5) = 1 (room (2 - 1) // 1 = 1); decode max(1, (2 - 1) // 1) = 1 -> 2 GPUs.
+    BudgetClampCase(
+        id="disagg-prefill-floors", overrides={"max_gpu_budget": 2}, obs=traffic(6000, 300, 10), expected=(1, 1)
+    ),
     # 1-GPU prefill, 2-GPU decode; demand 3P, 100 * 40 / 2,000 = 2D -> 3 + 4 = 7 GPUs > 5 (floors need 3).
-    # scale 5/7: prefill round(2.14) = 2; decode round((5 - 2) / 2) = round(1.5) = 2 -> 2 + 4 = 6 GPUs > 5.
-    BudgetBugCase(
-        id="disagg-decode-remainder-rounds-up",
+    # scale 5/7: prefill floor(2.14) = 2; decode max(1, (5 - 2) // 2) = 1 -> 2 + 2 = 4 GPUs.
+    BudgetClampCase(
+        id="disagg-decode-gets-the-floored-remainder",
         overrides={"max_gpu_budget": 5, "decode_engine_num_gpu": 2},
         obs=traffic(6000, 300, 40),
+        expected=(2, 1),
     ),
-    # prefill-only, 2-GPU engines: 100 * 2000 / 20,000 = 10P = 20 GPUs > 7; round(10 * 7/20 = 3.5) = 4 -> 8 GPUs.
-    BudgetBugCase(
-        id="prefill-mode-rounds-up",
+    # prefill-only, 2-GPU engines: 100 * 2000 / 20,000 = 10P = 20 GPUs > 7; floor(10 * 7/20 = 3.5) = 3 -> 6 GPUs.
+    BudgetClampCase(
+        id="prefill-mode-floors",
         overrides={"mode": "prefill", "max_gpu_budget": 7, "prefill_engine_num_gpu": 2},
         obs=traffic(6000, 2000, 100),
+        expected=(3, None),
     ),
-    # decode-only, 2-GPU engines: 100 * 100 / 2,000 = 5D = 10 GPUs > 7; round(7 / 2 = 3.5) = 4 -> 8 GPUs.
-    BudgetBugCase(
-        id="decode-mode-rounds-up",
+    # decode-only, 2-GPU engines: 100 * 100 / 2,000 = 5D = 10 GPUs > 7; 7 // 2 = 3 -> 6 GPUs.
+    BudgetClampCase(
+        id="decode-mode-floors",
         overrides={"mode": "decode", "max_gpu_budget": 7, "decode_engine_num_gpu": 2},
         obs=traffic(6000, 1000, 100),
+        expected=(None, 3),
     ),
 ]
 
-BUDGET_BUG = (
-    "planner_core/policy/bounds.py:58-59 bound_gpu_budget rounds (round()) instead of flooring and does not reserve "
-    "the decode floor before sizing prefill, so the clamped total can exceed max_gpu_budget (Dynamo floors)"
-)
 
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=BUDGET_BUG)
-@pytest.mark.parametrize("case", BUDGET_OVERSHOOT_CASES, ids=lambda c: c.id)
-def test_gpu_budget_is_never_exceeded_when_floors_fit(case: BudgetBugCase) -> None:
+@pytest.mark.parametrize("case", BUDGET_CLAMP_CASES, ids=lambda c: c.id)
+def test_gpu_budget_is_never_exceeded_when_floors_fit(case: BudgetClampCase) -> None:
     """When the minimum footprint fits `max_gpu_budget`, the clamped proposal never uses more GPUs than it."""
     config = make_config(**case.overrides)
     outcome = tick(throughput_inputs(case.obs), PlannerState(), config, FAKE)
     assert steps_named(outcome, "gpu_budget")[0].reason is ReasonCode.GPU_BUDGET_CAPPED
     assert gpus(outcome, config) <= config.max_gpu_budget
+    desired = {p.component: p.desired for p in outcome.proposals}
+    assert (desired.get(Component.PREFILL), desired.get(Component.DECODE)) == case.expected
 
 
 # --- both loops on, advisory, decisions per mode -------------------------------------------------------------
@@ -984,10 +986,9 @@ def _check_budget(
 budget_configs = bounded_configs().filter(lambda c: c.max_gpu_budget >= 0)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=BUDGET_BUG)
 @PROPERTY_SETTINGS
 @given(config=budget_configs, counts=expected_counts, num_req=requests, isl=lengths, osl=lengths)
-@example(  # the first BUDGET_OVERSHOOT_CASES row: 3P + 1D clamped to 2P + 1D = 3 GPUs > 2
+@example(  # the first BUDGET_CLAMP_CASES row: 3P + 1D clamped to 1P + 1D = 2 GPUs
     config=make_config(max_gpu_budget=2), counts=workers(), num_req=6000, isl=300, osl=10
 )
 def test_property_gpu_budget_fake(
@@ -997,11 +998,10 @@ def test_property_gpu_budget_fake(
     _check_budget(FAKE, config, counts, traffic(num_req, isl, osl))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=BUDGET_BUG)
 @PROPERTY_SETTINGS
 @given(config=budget_configs, counts=expected_counts, num_req=requests, isl=lengths, osl=lengths)
 @example(  # prefill-only, 2-GPU engines: 200 req/s * 3000 = 600,000 tok/s / (2 * 49,481) = 6.06 -> 7P = 14 GPUs > 7;
-    # round(7 * 7/14 = 3.5) = 4P = 8 GPUs > 7
+    # floor(7 * 7/14 = 3.5) = 3P = 6 GPUs
     config=make_config(mode="prefill", max_gpu_budget=7, prefill_engine_num_gpu=2),
     counts=workers(),
     num_req=12_000,
@@ -1013,3 +1013,11 @@ def test_property_gpu_budget_profile(
 ) -> None:
     """When the minimum footprint fits, the proposal never uses more GPUs than `max_gpu_budget` (real profile)."""
     _check_budget(profile_perf, config, counts, traffic(num_req, isl, osl))
+
+
+def test_request_rate_uses_the_observed_window_length() -> None:
+    """A window shorter than the configured interval is sized on its own duration, not the interval's."""
+    config = make_config(max_gpu_budget=-1)
+    short = TrafficObservation(duration_s=WINDOW_S / 2, num_req=600, isl=1000, osl=100)
+    # 600 requests in 30 s = 20 req/s * 1000 = 20,000 prefill tok/s / 10,000 -> 2 (the 60 s interval would say 1)
+    assert desired(tick(throughput_inputs(short), PlannerState(), config, FAKE))[Component.PREFILL] == 2

@@ -277,11 +277,6 @@ def test_scaled_is_deterministic(trace: RequestTrace, factor: float) -> None:
         pytest.param(AZURE_CODE, 3.7, id="azure-code-x3.7"),  # 32,629 requests, expected 32,630.3
     ],
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="traces.py:58 golden-ratio selection `(i * phi) % 1 < fraction` keeps n*fraction +/- O(log n) requests, "
-    "not within 1 (conv x0.25 gives 4,844 for 4,841.5; code x3.7 gives 32,629 for 32,630.3)",
-)
 def test_scaled_count_within_one_request_for_any_fraction(name: str, factor: float) -> None:
     """Fractional factors keep the count within 1 request of f x n."""
     original = load_trace(TRACES_DIR / name)
@@ -289,11 +284,6 @@ def test_scaled_count_within_one_request_for_any_fraction(name: str, factor: flo
 
 
 @needs_traces
-@pytest.mark.xfail(
-    strict=True,
-    reason="traces.py:58-61 a factor < 1 drops the last request(s), so the trace ends early: conv x0.1 lasts "
-    "3,489.76 s instead of 3,501.72 s (66 mean gaps short); the docstring promises 'duration unchanged'",
-)
 def test_scaled_down_keeps_duration(conv: RequestTrace) -> None:
     """A factor below 1 keeps the duration within one mean inter-arrival gap."""
     assert abs(conv.scaled(0.1).duration_s - conv.duration_s) <= _mean_gap_s(conv)
@@ -359,43 +349,24 @@ BAD_INPUT = [
         AZURE_HEADER,
         ["no requests"],
         id="azure-header-only",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="traces.py:123 `epoch_s.min()` on zero rows raises a bare ValueError ('zero-size array to "
-            "reduction operation minimum which has no identity') without the file name",
-        ),
     ),
     pytest.param(
         "badtokens.csv",
         AZURE_HEADER + AZURE_ROW + "2023-11-16 18:15:47.00,abc,3\n",
         ["row 3", "'ContextTokens'", "'abc'"],
         id="azure-non-numeric-tokens",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="traces.py:102 `np.asarray(isl, dtype=float)` raises a bare ValueError ('could not convert "
-            "string to float: 'abc'') naming neither file, row nor column",
-        ),
     ),
     pytest.param(
         "blanktokens.csv",
         AZURE_HEADER + AZURE_ROW + "2023-11-16 18:15:47.00,,3\n",
         ["row 3", "'ContextTokens'"],
         id="azure-empty-token-field",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="traces.py:124 an empty ContextTokens field is read as NaN and loaded silently (isl = [374, nan])",
-        ),
     ),
     pytest.param(
         "nan.jsonl",
         MOONCAKE_ROW + '{"timestamp": NaN, "input_length": 1, "output_length": 2}\n',
         ["line 2", "timestamp"],
         id="mooncake-nan-timestamp",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="traces.py:135-136 json.loads accepts NaN, so the trace loads with a NaN arrival "
-            "(duration_s = nan) instead of a TraceError",
-        ),
     ),
 ]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from planner_core.domain import Component, ReasonCode, StepRecord
 
 
@@ -44,8 +46,11 @@ def bound_gpu_budget(
 ) -> tuple[int, int, StepRecord]:
     """Scale both pools down proportionally when their GPUs exceed `max_gpu_budget` (-1 disables).
 
-    Prefill is scaled first, `num_p = max(floor_p, round(num_p * budget / total))`, and decode gets what
-    remains, `num_d = max(floor_d, round((budget - num_p * gpus_p) / gpus_d))`.
+    Prefill is scaled first and keeps room for decode's minimum,
+    `num_p = max(floor_p, min(floor(num_p * budget / total), floor((budget - floor_d * gpus_d) / gpus_p)))`,
+    and decode gets what remains, `num_d = max(floor_d, floor((budget - num_p * gpus_p) / gpus_d))`.
+    Flooring (Dynamo 0.x rounded) keeps the result within the budget whenever the minimums fit it; when they
+    do not, the minimums win and the step says so.
     """
     total = num_prefill * prefill_gpus + num_decode * decode_gpus
     if max_gpu_budget < 0 or total <= max_gpu_budget:
@@ -55,9 +60,13 @@ def bound_gpu_budget(
             StepRecord(step="gpu_budget", value=total, reason=ReasonCode.WITHIN_RANGE, detail=f"{total} GPUs"),
         )
     scale = max_gpu_budget / total
-    new_prefill = max(prefill_floor, round(num_prefill * scale))
-    new_decode = max(decode_floor, round((max_gpu_budget - new_prefill * prefill_gpus) / decode_gpus))
+    room_for_prefill = (max_gpu_budget - decode_floor * decode_gpus) // prefill_gpus
+    new_prefill = max(prefill_floor, min(math.floor(num_prefill * scale), room_for_prefill))
+    new_decode = max(decode_floor, (max_gpu_budget - new_prefill * prefill_gpus) // decode_gpus)
+    if num_decode == 0 and decode_floor == 0:
+        new_decode = 0  # a pool the mode does not manage stays empty
     new_total = new_prefill * prefill_gpus + new_decode * decode_gpus
+    over = " (the minimum endpoints alone exceed the budget)" if new_total > max_gpu_budget else ""
     return (
         new_prefill,
         new_decode,
@@ -67,7 +76,7 @@ def bound_gpu_budget(
             reason=ReasonCode.GPU_BUDGET_CAPPED,
             detail=(
                 f"{num_prefill}P+{num_decode}D need {total} GPUs > budget {max_gpu_budget}: "
-                f"clamped to {new_prefill}P+{new_decode}D ({new_total} GPUs)"
+                f"clamped to {new_prefill}P+{new_decode}D ({new_total} GPUs){over}"
             ),
         ),
     )

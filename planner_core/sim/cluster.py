@@ -86,6 +86,8 @@ class SimulatedCluster:
 
     def apply_targets(self, num_prefill: int, num_decode: int) -> None:
         """Move towards the targets at `now_s`: start workers (ready after start-up) or remove them."""
+        if num_prefill < 0 or num_decode < 0:
+            raise ValueError(f"worker targets must be >= 0, got prefill {num_prefill}, decode {num_decode}")
         for component, target in ((Component.PREFILL, num_prefill), (Component.DECODE, num_decode)):
             delta = target - self.expected(component)
             for _ in range(max(0, delta)):

@@ -149,6 +149,11 @@ def demo(
     cluster = simulate_timeline(ctx, trace, recorded_scale_events(ctx, trace), resume_s, startup_s)
     with VirtualConnectorClient(url, deployment) as client:
         _acknowledge_after_restart(client, ctx, trace)
+        if resume_s > 0:
+            # A stop between recording the last tick and executing its decision leaves it pending: finish that
+            # tick's execution at its own time, exactly as an uninterrupted run would have.
+            apply_decisions(ctx, _epoch(trace, resume_s))
+            _follow_decisions(client, cluster, _epoch(trace, resume_s))
         with Progress(
             TextColumn("[bold]demo[/bold] {task.description}"),
             BarColumn(),

@@ -26,6 +26,7 @@ TEMPLATE_DB = "planner_template"
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")  # no log shipping to a server that may be gone
 
 
 def _with_database(url: str, name: str) -> str:

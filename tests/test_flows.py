@@ -111,6 +111,35 @@ def test_resumed_demo_equals_an_uninterrupted_one(
     assert duplicates == []
 
 
+def test_demo_finishes_a_tick_recorded_but_not_executed(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """A stop between recording a tick and executing its decision: the resumed run executes it at its own time."""
+    from flows.demo import _epoch, recorded_scale_events, simulate_timeline
+    from flows.ticks import decide_and_record
+    from planner_core.connectors.virtual import VirtualConnectorClient
+    from planner_core.domain import Component, Loop
+    from planner_core.service import load_context
+    from planner_core.traces import load_trace
+
+    config = write_config(tmp_path)
+    _run_demo(database_url, config, azure_conv_trace, "crashed", max_windows=3)
+    # Window 4, exactly as the demo loop records it, then a "crash" before the execution task runs.
+    ctx = load_context(database_url, "crashed", config)
+    trace = load_trace(azure_conv_trace).scaled(12.0)
+    cluster = simulate_timeline(ctx, trace, recorded_scale_events(ctx, trace), 240.0, 120.0)
+    with VirtualConnectorClient(database_url, "crashed") as client:
+        client.report_workers(
+            ready_prefill=cluster.ready[Component.PREFILL], ready_decode=cluster.ready[Component.DECODE]
+        )
+    decide_and_record.fn(ctx, Loop.THROUGHPUT, _epoch(trace, 240.0), cluster.observe(180.0, 240.0))
+    assert [status for *_, status in _decisions(database_url, "crashed")][-1] == "pending"
+
+    _run_demo(database_url, config, azure_conv_trace, "crashed", max_windows=8)
+    _run_demo(database_url, config, azure_conv_trace, "whole", max_windows=8)
+    assert _decisions(database_url, "crashed") == _decisions(database_url, "whole")
+
+
 def test_killed_demo_process_resumes_without_loss_or_duplicates(
     prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
 ) -> None:

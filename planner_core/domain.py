@@ -73,7 +73,7 @@ class TrafficObservation:
         num_req: requests that arrived in the window.
         isl: mean input sequence length (tokens) of those requests; 0 when idle.
         osl: mean output sequence length (tokens); 0 when idle.
-        isl_p90, osl_p90: 90th percentiles where the source knows them.
+        isl_p50 .. osl_p99: percentiles of the lengths where the source knows them.
         ttft_ms, itl_ms: observed mean latencies where the source knows them.
     """
 
@@ -81,10 +81,18 @@ class TrafficObservation:
     num_req: float
     isl: float
     osl: float
+    isl_p50: float | None = None
     isl_p90: float | None = None
+    isl_p99: float | None = None
+    osl_p50: float | None = None
     osl_p90: float | None = None
+    osl_p99: float | None = None
     ttft_ms: float | None = None
     itl_ms: float | None = None
+
+    def length_quantile(self, which: str, quantile: str) -> float | None:
+        """`which` in {"isl", "osl"}, `quantile` in {"p50", "p90", "p99"}: that percentile, if observed."""
+        return getattr(self, f"{which}_{quantile}")
 
     def invalid_field(self) -> str | None:
         """Name of the first field that is NaN, infinite or negative, or None when all are usable."""
@@ -127,11 +135,18 @@ class TickInputs:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Prediction:
-    """Forecast of the next throughput window."""
+    """Forecast of the next throughput window.
+
+    `isl_quantile` / `osl_quantile` forecast the configured percentile (`quantile`, e.g. "p90") of the lengths,
+    for sizing on the distribution; None when no percentile was observed.
+    """
 
     num_req: float
     isl: float
     osl: float
+    quantile: str | None = None
+    isl_quantile: float | None = None
+    osl_quantile: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

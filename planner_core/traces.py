@@ -81,13 +81,19 @@ class RequestTrace:
         isl, osl = self.isl[idx], self.osl[idx]
         if len(isl) == 0:
             return TrafficObservation(duration_s=end_s - start_s, num_req=0.0, isl=0.0, osl=0.0)
+        isl_p50, isl_p90, isl_p99 = (float(v) for v in np.percentile(isl, (50, 90, 99)))
+        osl_p50, osl_p90, osl_p99 = (float(v) for v in np.percentile(osl, (50, 90, 99)))
         return TrafficObservation(
             duration_s=end_s - start_s,
             num_req=float(len(isl)),
             isl=float(isl.mean()),
             osl=float(osl.mean()),
-            isl_p90=float(np.percentile(isl, 90)),
-            osl_p90=float(np.percentile(osl, 90)),
+            isl_p50=isl_p50,
+            isl_p90=isl_p90,
+            isl_p99=isl_p99,
+            osl_p50=osl_p50,
+            osl_p90=osl_p90,
+            osl_p99=osl_p99,
         )
 
 

@@ -208,8 +208,12 @@ def test_non_finite_floats_become_strings() -> None:
         "num_req": "nan",
         "isl": "inf",
         "osl": "-inf",
+        "isl_p50": None,
         "isl_p90": None,
+        "isl_p99": None,
+        "osl_p50": None,
         "osl_p90": None,
+        "osl_p99": None,
         "ttft_ms": None,
         "itl_ms": 1.5,
     }

@@ -15,6 +15,7 @@ This is the thin first version; it is deterministic for a given trace and target
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -118,13 +119,8 @@ class SimulatedCluster:
         num_req = sum(s.num_req for s in window)
         if num_req == 0:
             return traffic
-        return TrafficObservation(
-            duration_s=traffic.duration_s,
-            num_req=traffic.num_req,
-            isl=traffic.isl,
-            osl=traffic.osl,
-            isl_p90=traffic.isl_p90,
-            osl_p90=traffic.osl_p90,
+        return dataclasses.replace(
+            traffic,
             ttft_ms=sum(s.sum_ttft_ms for s in window) / num_req,
             itl_ms=sum(s.sum_itl_ms for s in window) / num_req,
         )

@@ -129,6 +129,10 @@ class TrafficObservationRow(Base):
     osl: Mapped[float]
     isl_p90: Mapped[float | None]
     osl_p90: Mapped[float | None]
+    isl_p50: Mapped[float | None]
+    isl_p99: Mapped[float | None]
+    osl_p50: Mapped[float | None]
+    osl_p99: Mapped[float | None]
     ttft_ms: Mapped[float | None]
     itl_ms: Mapped[float | None]
 
@@ -167,6 +171,9 @@ class PredictionRow(Base):
     isl: Mapped[float]
     osl: Mapped[float]
     reason: Mapped[str] = mapped_column(String(60))
+    quantile: Mapped[str | None] = mapped_column(String(8))
+    isl_quantile: Mapped[float | None]
+    osl_quantile: Mapped[float | None]
 
 
 class ProposalRow(Base):

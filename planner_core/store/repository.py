@@ -174,8 +174,12 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
                 num_req=traffic.num_req,
                 isl=traffic.isl,
                 osl=traffic.osl,
+                isl_p50=traffic.isl_p50,
                 isl_p90=traffic.isl_p90,
+                isl_p99=traffic.isl_p99,
+                osl_p50=traffic.osl_p50,
                 osl_p90=traffic.osl_p90,
+                osl_p99=traffic.osl_p99,
                 ttft_ms=traffic.ttft_ms,
                 itl_ms=traffic.itl_ms,
             )
@@ -199,6 +203,9 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
                 isl=outcome.prediction.isl,
                 osl=outcome.prediction.osl,
                 reason=(outcome.prediction_reason or outcome.reason).value,
+                quantile=outcome.prediction.quantile,
+                isl_quantile=outcome.prediction.isl_quantile,
+                osl_quantile=outcome.prediction.osl_quantile,
             )
         )
     for proposal in outcome.proposals:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from planner_core.settings import RuntimeSettings
+from planner_core.store.migrate import SchemaOutOfDate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (ValueError, LookupError) as exc:  # config, trace and profile errors are one line already
+    except (ValueError, LookupError, SchemaOutOfDate) as exc:  # config, trace, profile, schema: one line already
         print(f"planner: error: {exc}", file=sys.stderr)
         return 2
 

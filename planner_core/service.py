@@ -20,7 +20,7 @@ from planner_core.perf.model import ProfilePerfModel
 from planner_core.store import repository as repo
 from planner_core.store.db import session_factory
 from planner_core.store.execution import ExecutionSummary, execute_pending
-from planner_core.store.migrate import upgrade
+from planner_core.store.migrate import check_schema_current, upgrade
 from planner_core.tick import tick
 
 
@@ -51,7 +51,13 @@ def resolve_profile_dir(config: PlannerConfig, config_path: Path | None) -> Path
 
 
 def load_context(database_url: str, deployment: str, config_path: str | Path) -> PlannerContext:
-    """Load the config and its profile. A missing profile leaves `perf` None (the tick says model_not_ready)."""
+    """Load the config and its profile. A missing profile leaves `perf` None (the tick says model_not_ready).
+
+    Raises:
+        ConfigError: the config file is bad (one line naming file, field and value).
+        SchemaOutOfDate: the database needs `planner db upgrade`.
+    """
+    check_schema_current(database_url)
     config_path = Path(config_path)
     config = load_config(config_path)
     profile_dir = resolve_profile_dir(config, config_path)

@@ -104,3 +104,18 @@ def test_audit_log_is_append_only(database_url: str, tmp_path, profile_dir, stat
         assert conn.execute("SELECT count(*) FROM audit_log").fetchone()[0] >= 2
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
             conn.execute(statement)
+
+
+def test_an_out_of_date_schema_is_reported_with_the_fix(empty_database_url: str, tmp_path, profile_dir) -> None:
+    """Ticks refuse to run on a database below the newest migration, saying how to fix it in one line."""
+    from planner_core.store.migrate import SchemaOutOfDate
+
+    config = write_config(tmp_path)
+    with pytest.raises(SchemaOutOfDate, match=r"at no schema, .* run `planner db upgrade`"):
+        load_context(empty_database_url, "old", config)
+    upgrade(empty_database_url, "0001")
+    with pytest.raises(SchemaOutOfDate, match="schema is at 0001"):
+        load_context(empty_database_url, "old", config)
+    upgrade(empty_database_url)
+    assert load_context(empty_database_url, "old", config).config.ttft_ms == 200
+    get_engine(empty_database_url).dispose()

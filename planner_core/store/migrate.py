@@ -29,3 +29,27 @@ def downgrade(database_url: str, revision: str = "base") -> None:
 
 def heads(database_url: str = "") -> list[str]:
     return list(ScriptDirectory.from_config(alembic_config(database_url)).get_heads())
+
+
+class SchemaOutOfDate(RuntimeError):
+    """The database schema is not at the revision this code expects."""
+
+
+def check_schema_current(database_url: str) -> None:
+    """Raise `SchemaOutOfDate` (one line, with the fix) unless the database is at the newest migration."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import ProgrammingError
+
+    from planner_core.store.db import get_engine
+
+    try:
+        with get_engine(database_url).connect() as conn:
+            current = set(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
+    except ProgrammingError:
+        current = set()
+    expected = set(heads(database_url))
+    if current != expected:
+        found = ", ".join(sorted(current)) or "no schema"
+        raise SchemaOutOfDate(
+            f"database schema is at {found}, this planner needs {', '.join(sorted(expected))}: run `planner db upgrade`"
+        )

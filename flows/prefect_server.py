@@ -38,6 +38,15 @@ def wait_healthy(api_url: str, timeout_s: float) -> None:
     raise RuntimeError(f"Prefect server at {api_url} not healthy after {timeout_s:.0f} s")
 
 
+def _flush_run_logs() -> None:
+    """Ship run logs still queued for the API before the server goes away (no-op if Prefect was never used)."""
+    if "prefect" in sys.modules:
+        from prefect.logging.handlers import APILogHandler
+
+        with contextlib.suppress(Exception):
+            APILogHandler.flush()
+
+
 @contextlib.contextmanager
 def prefect_api(port: int | None = None, log_file: Path | None = None) -> Iterator[str]:
     """Yield the Prefect API URL: `PREFECT_API_URL` if set, else a server started here (stopped on exit)."""
@@ -62,6 +71,7 @@ def prefect_api(port: int | None = None, log_file: Path | None = None) -> Iterat
         os.environ["PREFECT_API_URL"] = api_url
         yield api_url
     finally:
+        _flush_run_logs()
         os.environ.pop("PREFECT_API_URL", None)
         server.terminate()  # SIGTERM: the server shuts down cleanly
         try:

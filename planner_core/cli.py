@@ -91,8 +91,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _prefect_environment(settings)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # keep the progress bar readable
     from flows.prefect_server import prefect_api
+    from planner_core.config import load_config
+    from planner_core.perf.profile import load_profile
+    from planner_core.service import resolve_profile_dir
     from planner_core.store.db import resolve_database_url
+    from planner_core.traces import load_trace
 
+    # Check the inputs before starting anything: a bad file is one line, not a failed flow run.
+    config = load_config(args.config)
+    load_profile(resolve_profile_dir(config, args.config))
+    load_trace(args.trace)
+    if args.rate_scale <= 0:
+        raise ValueError(f"--rate-scale = {args.rate_scale!r}: must be > 0")
     url = resolve_database_url(settings)
     started = time.perf_counter()
     with prefect_api() as api_url:

@@ -1,0 +1,67 @@
+"""The `planner` command line: one-line errors, nothing written on bad input, database URL."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from planner_core.store.db import to_libpq_uri
+from tests.conftest import REPO_ROOT, write_config
+
+
+def planner(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "planner_core.cli", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _error_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("planner: error:")]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragments"),
+    [
+        ({"ttft_ms": -5}, ["field 'ttft_ms'", "-5", "must be > 0"]),
+        ({"mode": "foo"}, ["field 'mode'", "'foo'", "disagg, prefill, decode, agg"]),
+        ({"profile_results_dir": "/nonexistent/profile"}, ["/nonexistent/profile"]),
+    ],
+    ids=["negative-ttft", "unknown-mode", "missing-profile"],
+)
+def test_bad_config_fails_in_one_line_and_writes_nothing(database_url, tmp_path, overrides, fragments) -> None:
+    """A bad config exits 2 with one line naming the file, field and value, and records nothing."""
+    config = write_config(tmp_path, **overrides)
+    result = planner("demo", "--config", str(config), env={"PLANNER_DATABASE_URL": database_url})
+    assert result.returncode == 2
+    [line] = _error_lines(result)
+    for fragment in fragments:
+        assert fragment in line
+    if "profile" not in fragments[0]:
+        assert str(config) in line
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        assert conn.execute("SELECT count(*) FROM ticks").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM audit_log").fetchone()[0] == 0
+
+
+def test_missing_trace_fails_in_one_line(tmp_path) -> None:
+    """A trace that does not exist is named in a one-line error."""
+    result = planner("demo", "--trace", str(tmp_path / "nope.csv"))
+    assert result.returncode == 2
+    assert _error_lines(result) == [f"planner: error: {tmp_path / 'nope.csv'}: no such file"]
+
+
+def test_db_url_prints_the_configured_database(database_url) -> None:
+    """`planner db url` prints the SQLAlchemy URL on stdout and a psql command on stderr."""
+    result = planner("db", "url", env={"PLANNER_DATABASE_URL": database_url})
+    assert result.returncode == 0
+    assert result.stdout.strip() == database_url
+    assert f'psql "{to_libpq_uri(database_url)}"' in result.stderr

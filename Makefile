@@ -4,6 +4,8 @@ VENV := .venv
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
+# statsmodels fits are 10-20x slower when OpenBLAS threads fight other processes on a small machine
+export OPENBLAS_NUM_THREADS ?= 1
 
 .PHONY: venv demo test lint clean
 

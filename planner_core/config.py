@@ -31,10 +31,13 @@ import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from planner_core.domain import LengthQuantile
+
 __all__ = [
     "Backend",
     "ConfigError",
     "EnvironmentKind",
+    "LengthQuantile",
     "LoadPredictorName",
     "OptimizationTarget",
     "PlannerConfig",
@@ -91,10 +94,13 @@ class Backend(enum.StrEnum):
 class LoadPredictorName(enum.StrEnum):
     """Family of the traffic forecaster used by the throughput loop."""
 
-    CONSTANT = "constant"
-    ARIMA = "arima"
-    PROPHET = "prophet"
-    KALMAN = "kalman"
+    CONSTANT = "constant"  # last observed window
+    ARIMA = "arima"  # statsmodels ARIMA, order chosen by AIC and re-chosen periodically
+    PROPHET = "prophet"  # Prophet refitted on the last prophet_window_size windows
+    KALMAN = "kalman"  # local linear trend Kalman filter
+    # Ours, not Dynamo's: follows whichever of constant / kalman / arima has the lowest recent loss, and never
+    # forecasts below the last window right after a burst.
+    ENSEMBLE = "ensemble"
 
 
 class SweepingMode(enum.StrEnum):
@@ -281,6 +287,9 @@ class PlannerConfig(BaseModel):
     kalman_r: float = Field(default=10.0, gt=0)
     kalman_min_points: int = Field(default=5, gt=0)
     load_predictor_warmup_trace: str | None = None  # file, glob or directory of request traces
+    # Ours, not Dynamo's: which percentile of ISL/OSL is forecast next to the mean (Prediction.isl_quantile /
+    # osl_quantile), so capacity can be sized on the length distribution rather than its mean alone.
+    load_predictor_length_quantile: LengthQuantile = LengthQuantile.P90
 
     # --- load loop / perf-model tuning ----------------------------------------------------------------
     max_num_fpm_samples: int = Field(default=64, gt=0)

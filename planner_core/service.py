@@ -6,6 +6,7 @@ orchestration layer free of business logic and lets tests call the same code wit
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 from dataclasses import dataclass
@@ -15,13 +16,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from planner_core.config import PlannerConfig, load_config
 from planner_core.connectors.virtual import VirtualConnector
-from planner_core.domain import Loop, TickInputs, TickOutcome, TrafficObservation, WorkerCounts
+from planner_core.domain import Loop, PlannerState, TickInputs, TickOutcome, TrafficObservation, WorkerCounts
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.store import repository as repo
 from planner_core.store.db import session_factory
 from planner_core.store.execution import ExecutionSummary, execute_pending
 from planner_core.store.migrate import check_schema_current, upgrade
 from planner_core.tick import tick
+from planner_core.warmup import warm_history
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +34,7 @@ class PlannerContext:
     deployment: str
     config: PlannerConfig
     perf: ProfilePerfModel | None
+    warmup_trace: Path | None = None  # `load_predictor_warmup_trace`, relative paths taken from the config's folder
 
     @property
     def sessions(self) -> sessionmaker[Session]:
@@ -42,12 +45,17 @@ class PlannerContext:
         return VirtualConnector(timeout_s=self.config.virtual_connector_timeout_seconds)
 
 
+def resolve_config_relative(path_value: str | Path, config_path: Path | None) -> Path:
+    """A path from the config as written; relative paths are taken from the config file's folder."""
+    path = Path(path_value)
+    if not path.is_absolute() and config_path is not None:
+        path = config_path.parent / path
+    return path
+
+
 def resolve_profile_dir(config: PlannerConfig, config_path: Path | None) -> Path:
-    """`profile_results_dir` as written, relative paths taken from the config file's folder."""
-    profile_dir = Path(config.profile_results_dir)
-    if not profile_dir.is_absolute() and config_path is not None:
-        profile_dir = config_path.parent / profile_dir
-    return profile_dir
+    """`profile_results_dir`, relative to the config file's folder."""
+    return resolve_config_relative(config.profile_results_dir, config_path)
 
 
 def load_context(database_url: str, deployment: str, config_path: str | Path) -> PlannerContext:
@@ -62,7 +70,15 @@ def load_context(database_url: str, deployment: str, config_path: str | Path) ->
     config = load_config(config_path)
     profile_dir = resolve_profile_dir(config, config_path)
     perf = ProfilePerfModel.load(profile_dir) if profile_dir.exists() else None
-    return PlannerContext(database_url=database_url, deployment=deployment, config=config, perf=perf)
+    warmup = config.load_predictor_warmup_trace
+    return PlannerContext(
+        database_url=database_url,
+        deployment=deployment,
+        config=config,
+        perf=perf,
+        # relative paths and globs are anchored at the config file's folder
+        warmup_trace=resolve_config_relative(warmup, config_path) if warmup else None,
+    )
 
 
 def prepare_database(database_url: str) -> None:
@@ -103,6 +119,8 @@ def run_tick(
         workers = ctx.connector.worker_counts(session, deployment.id, default=default_workers(ctx.config))
         inputs = TickInputs(now_s=scheduled_at.timestamp(), loop=loop, workers=workers, traffic=traffic)
         previous_tick_id, state = repo.latest_state(session, deployment.id)
+        if previous_tick_id is None and ctx.warmup_trace is not None:
+            state = _warm_started(session, deployment.id, state, ctx)
         started = time.perf_counter()
         outcome = tick(inputs, state, ctx.config, ctx.perf)
         decide_ms = (time.perf_counter() - started) * 1000.0
@@ -122,6 +140,18 @@ def run_tick(
             outcome,
         )
     return TickResult(tick_id=tick_id, outcome=outcome, inputs=inputs)
+
+
+def _warm_started(session: Session, deployment_id: int, state: PlannerState, ctx: PlannerContext) -> PlannerState:
+    """The first tick of a deployment starts from predictors warmed on `load_predictor_warmup_trace` (audited)."""
+    history = warm_history(ctx.config, ctx.warmup_trace)
+    repo.audit(
+        session,
+        "predictor_warm_start",
+        {"trace": str(ctx.warmup_trace), "num_windows": len(history.num_req)},
+        deployment_id=deployment_id,
+    )
+    return dataclasses.replace(state, load_history=history)
 
 
 def run_execution(ctx: PlannerContext, now: dt.datetime) -> list[ExecutionSummary]:

@@ -90,9 +90,9 @@ def _throughput_tick(
         )
         return _hold(state, ReasonCode.NO_TRAFFIC_DATA, [step])
 
-    history, observe_step = observe_window(state.load_history, traffic)
+    history, observe_step = observe_window(state.load_history, traffic, config)
     state = dataclasses.replace(state, load_history=history)
-    prediction, predict_step = predict_next(history, config.load_predictor.value)
+    prediction, predict_step = predict_next(history, config)
     steps = [observe_step, predict_step]
     if perf is None or config.mode is PlannerMode.AGG:
         detail = "no profile loaded" if perf is None else "aggregated capacity needs the online perf model"

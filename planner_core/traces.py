@@ -1,15 +1,32 @@
-"""Request traces: load Azure CSV and Mooncake JSONL files into arrays, and summarise time windows of them.
+"""Request traces: load Azure CSV, Mooncake JSONL and Dynamo request-trace-v1 JSONL files into arrays, and
+summarise time windows of them.
 
-A `RequestTrace` is a value: arrival offsets (s, from the first request), input and output lengths, and the
-wall-clock time of the first request. Loading is I/O; everything else here is pure.
+A `RequestTrace` is a value: arrival offsets (s, from the first request), input and output lengths, the
+wall-clock time of the first request, and where the trace's own clock starts (for Dynamo's window origin).
+Loading is I/O; everything else here is pure.
+
+Formats (chosen by suffix; a `.jsonl` / `.jsonl.gz` file is sniffed from its first record):
+- Azure LLM inference CSV: `TIMESTAMP` (wall clock, UTC), `ContextTokens`, `GeneratedTokens`.
+- Mooncake JSONL: `timestamp` (ms, relative to the trace's zero), `input_length`, `output_length`.
+- Dynamo `dynamo.request.trace.v1` JSONL: only `request_end` events count; arrival
+  `request.request_received_ms` (Unix ms), lengths `request.replay.input_length` and `request.output_tokens`.
+  A record may be wrapped as `{"event": {...}}`. Other event types (e.g. `tool_end`) are skipped.
+
+`load_traces(spec)` takes a file, a glob or a folder (searched recursively for `.csv`, `.jsonl`, `.jsonl.gz`)
+and merges the files on one global time origin, as Dynamo does for warm-up shards.
 """
 
 from __future__ import annotations
 
+import enum
+import glob
+import gzip
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 
@@ -17,21 +34,38 @@ from planner_core.domain import TrafficObservation
 
 # Mooncake timestamps are relative; anchor them at a fixed, recognisable instant so runs are reproducible.
 MOONCAKE_EPOCH_S = 1_704_067_200.0  # 2024-01-01T00:00:00Z
+DYNAMO_TRACE_SCHEMA = "dynamo.request.trace.v1"
+TRACE_SUFFIXES = (".csv", ".jsonl", ".jsonl.gz")
+_NS_PER_S = 1_000_000_000
 
 
 class TraceError(ValueError):
     """A trace file that cannot be read; the message names the file, the line or field and the value."""
 
 
+class TraceFormat(enum.StrEnum):
+    """On-disk format of a request trace."""
+
+    AZURE_CSV = "azure_csv"  # Azure LLM inference trace: wall-clock TIMESTAMP, ContextTokens, GeneratedTokens
+    MOONCAKE = "mooncake"  # JSONL, `timestamp` in ms relative to the trace's own zero
+    DYNAMO_V1 = "dynamo_v1"  # JSONL(.gz) of `dynamo.request.trace.v1` events, Unix ms
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestTrace:
-    """Requests sorted by arrival. Arrays are read-only and of equal length."""
+    """Requests sorted by arrival. Arrays are read-only and of equal length.
+
+    `clock_offset_s` is the time from the zero of the trace's own clock to the first request. Dynamo counts
+    warm-up windows from that zero: for Mooncake (relative timestamps) it is the first `timestamp`, for
+    wall-clock formats (Azure, Dynamo v1) the zero is the first request itself, so 0.
+    """
 
     source: str
     start_epoch_s: float
     arrival_s: np.ndarray  # offset from the first request (s)
     isl: np.ndarray  # input tokens
     osl: np.ndarray  # output tokens
+    clock_offset_s: float = 0.0
 
     @property
     def duration_s(self) -> float:
@@ -67,7 +101,9 @@ class RequestTrace:
             keep = np.ones(self.num_requests, dtype=bool) if copy < whole else keep_fraction
             parts.append((self.arrival_s[keep] + copy * gap_s / num_copies, self.isl[keep], self.osl[keep]))
         arrival, isl, osl = (np.concatenate([part[i] for part in parts]) for i in range(3))
-        return _build(f"{self.source} x{rate_factor:g}", self.start_epoch_s, arrival, isl, osl)
+        return _build(
+            f"{self.source} x{rate_factor:g}", self.start_epoch_s, arrival, isl, osl, clock_offset_s=self.clock_offset_s
+        )
 
     def window(self, start_s: float, end_s: float) -> slice:
         """Index range of requests arriving in [start_s, end_s) (offsets from the first request)."""
@@ -78,23 +114,97 @@ class RequestTrace:
     def observe(self, start_s: float, end_s: float) -> TrafficObservation:
         """Traffic in [start_s, end_s) as a frontend would report it (no latency figures)."""
         idx = self.window(start_s, end_s)
-        isl, osl = self.isl[idx], self.osl[idx]
-        if len(isl) == 0:
-            return TrafficObservation(duration_s=end_s - start_s, num_req=0.0, isl=0.0, osl=0.0)
-        isl_p50, isl_p90, isl_p99 = (float(v) for v in np.percentile(isl, (50, 90, 99)))
-        osl_p50, osl_p90, osl_p99 = (float(v) for v in np.percentile(osl, (50, 90, 99)))
-        return TrafficObservation(
-            duration_s=end_s - start_s,
-            num_req=float(len(isl)),
-            isl=float(isl.mean()),
-            osl=float(osl.mean()),
-            isl_p50=isl_p50,
-            isl_p90=isl_p90,
-            isl_p99=isl_p99,
-            osl_p50=osl_p50,
-            osl_p90=osl_p90,
-            osl_p99=osl_p99,
-        )
+        return _summarise(end_s - start_s, self.isl[idx], self.osl[idx])
+
+
+def _summarise(duration_s: float, isl: np.ndarray, osl: np.ndarray) -> TrafficObservation:
+    """One window's observation: request count, mean and p50/p90/p99 lengths (all 0 / None when empty)."""
+    if len(isl) == 0:
+        return TrafficObservation(duration_s=duration_s, num_req=0.0, isl=0.0, osl=0.0)
+    isl_p50, isl_p90, isl_p99 = (float(v) for v in np.percentile(isl, (50, 90, 99)))
+    osl_p50, osl_p90, osl_p99 = (float(v) for v in np.percentile(osl, (50, 90, 99)))
+    return TrafficObservation(
+        duration_s=duration_s,
+        num_req=float(len(isl)),
+        isl=float(isl.mean()),
+        osl=float(osl.mean()),
+        isl_p50=isl_p50,
+        isl_p90=isl_p90,
+        isl_p99=isl_p99,
+        osl_p50=osl_p50,
+        osl_p90=osl_p90,
+        osl_p99=osl_p99,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Throughput windows, as Dynamo's warm-up builds them
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _window_indices(trace: RequestTrace, interval_s: float) -> np.ndarray:
+    """Window index of every request: floor((t - origin) / interval), t and origin on the trace's own clock.
+
+    Computed on integer nanoseconds, so a request exactly on a boundary (e.g. Mooncake `timestamp` 60000 ms at
+    a 60 s interval) falls in the later window, as in Dynamo's `timestamp_ms // interval_ms`, regardless of
+    the float rounding of `arrival_s + clock_offset_s`.
+    """
+    try:
+        value = float(interval_s)
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(interval_s, bool) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"window interval must be a finite number of seconds > 0, got {interval_s!r}")
+    interval_ns = round(value * _NS_PER_S)
+    if interval_ns <= 0:
+        raise ValueError(f"window interval {interval_s!r} s is shorter than 1 ns")
+    clock_ns = np.rint(trace.arrival_s * _NS_PER_S).astype(np.int64) + round(trace.clock_offset_s * _NS_PER_S)
+    return clock_ns // interval_ns
+
+
+def bucket_windows(trace: RequestTrace, interval_s: float) -> list[TrafficObservation]:
+    """Cut a trace into consecutive throughput windows, exactly as Dynamo's warm-up does.
+
+    Window `k` holds the requests with `floor((t - origin) / interval_s) == k`; the origin is the zero of the
+    trace's clock (`RequestTrace.clock_offset_s`: the first request for wall-clock formats, time 0 for
+    Mooncake). Empty windows between requests are kept (`num_req` 0, lengths 0, no percentiles: idle-window
+    handling is the predictors' job); leading and trailing empty windows are dropped, so the first and the
+    last window hold requests. Each window carries the count, mean ISL/OSL and their p50/p90/p99 (numpy's
+    linear percentile), and `duration_s = interval_s`.
+
+    Args:
+        trace: the requests.
+        interval_s: window length (s), > 0 (Dynamo's `throughput_adjustment_interval_seconds`).
+
+    Returns:
+        One observation per window, oldest first; empty for a trace without requests.
+
+    Raises:
+        ValueError: `interval_s` is not a finite number > 0.
+    """
+    indices = _window_indices(trace, interval_s)
+    if len(indices) == 0:
+        return []
+    first, last = int(indices[0]), int(indices[-1])
+    # arrival_s is sorted, so the indices are too: one searchsorted gives every window's slice.
+    bounds = np.searchsorted(indices, np.arange(first, last + 2), side="left")
+    return [
+        _summarise(float(interval_s), trace.isl[lo:hi], trace.osl[lo:hi])
+        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
+
+
+def bucket_window_starts(trace: RequestTrace, interval_s: float) -> list[float]:
+    """Start of each window of `bucket_windows` (s from the trace clock's zero): Dynamo's `interval_start`."""
+    indices = _window_indices(trace, interval_s)
+    if len(indices) == 0:
+        return []
+    return [k * interval_s for k in range(int(indices[0]), int(indices[-1]) + 1)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------------
 
 
 def _frozen(values: np.ndarray) -> np.ndarray:
@@ -103,7 +213,7 @@ def _frozen(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def _build(source: str, start_epoch_s: float, arrival_s, isl, osl) -> RequestTrace:
+def _build(source: str, start_epoch_s: float, arrival_s, isl, osl, *, clock_offset_s: float = 0.0) -> RequestTrace:
     arrival = np.asarray(arrival_s, dtype=float)
     order = np.argsort(arrival, kind="stable")
     arrival = arrival[order]
@@ -113,17 +223,53 @@ def _build(source: str, start_epoch_s: float, arrival_s, isl, osl) -> RequestTra
         arrival_s=_frozen(arrival - arrival[0]),
         isl=_frozen(np.asarray(isl, dtype=float)[order]),
         osl=_frozen(np.asarray(osl, dtype=float)[order]),
+        clock_offset_s=clock_offset_s + float(arrival[0]),
     )
 
 
-def load_azure_csv(path: Path) -> RequestTrace:
-    """Azure LLM inference trace: `TIMESTAMP` (wall clock, UTC), `ContextTokens`, `GeneratedTokens`."""
+@dataclass(frozen=True, slots=True)
+class _Requests:
+    """One file's requests as read, on the format's own clock (unsorted)."""
+
+    path: Path
+    kind: TraceFormat
+    clock: np.ndarray  # Azure: int64 ns since the Unix epoch; Mooncake: ms from the trace's zero; Dynamo: Unix ms
+    isl: np.ndarray
+    osl: np.ndarray
+
+
+def _assemble(source: str, parts: list[_Requests]) -> RequestTrace:
+    """Merge files of one format on a global origin: the earliest request of all of them.
+
+    Differences are taken on the raw clock (int64 ns or integral ms, both exact) before scaling to seconds.
+    """
+    clock = np.concatenate([part.clock for part in parts])
+    isl = np.concatenate([part.isl for part in parts])
+    osl = np.concatenate([part.osl for part in parts])
+    if len(clock) == 0:
+        raise TraceError(f"{source}: no requests")
+    first = clock.min()
+    kind = parts[0].kind
+    if kind is TraceFormat.AZURE_CSV:
+        return _build(source, int(first) / _NS_PER_S, (clock - first) / _NS_PER_S, isl, osl)
+    first_s = float(first) / 1000.0
+    if kind is TraceFormat.DYNAMO_V1:
+        return _build(source, first_s, (clock - first) / 1000.0, isl, osl)
+    return _build(source, MOONCAKE_EPOCH_S + first_s, (clock - first) / 1000.0, isl, osl, clock_offset_s=first_s)
+
+
+def _trace_suffix(path: Path) -> str:
+    """`.jsonl.gz` for gzipped JSONL, else the last suffix."""
+    return ".jsonl.gz" if path.name.endswith(".jsonl.gz") else path.suffix
+
+
+def _read_azure_csv(path: Path) -> _Requests:
     import pandas as pd
 
     try:
         frame = pd.read_csv(path)
     except Exception as exc:  # noqa: BLE001 - any parse failure becomes one clear line
-        raise TraceError(f"{path}: cannot parse CSV: {exc}") from exc
+        raise TraceError(f"{path}: cannot parse CSV: {' '.join(str(exc).split())}") from exc
     for column in ("TIMESTAMP", "ContextTokens", "GeneratedTokens"):
         if column not in frame.columns:
             raise TraceError(f"{path}: missing column '{column}'")
@@ -136,9 +282,13 @@ def load_azure_csv(path: Path) -> RequestTrace:
         values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
         _reject_bad_rows(path, frame, column, ~np.isfinite(values) | (values < 0), "is not a token count >= 0")
         lengths[column] = values
-    epoch_s = stamps.astype("int64").to_numpy() / 1e9
-    first = float(epoch_s.min())
-    return _build(str(path), first, epoch_s - first, lengths["ContextTokens"], lengths["GeneratedTokens"])
+    epoch_ns = stamps.astype("int64").to_numpy()
+    return _Requests(path, TraceFormat.AZURE_CSV, epoch_ns, lengths["ContextTokens"], lengths["GeneratedTokens"])
+
+
+def load_azure_csv(path: Path) -> RequestTrace:
+    """Azure LLM inference trace: `TIMESTAMP` (wall clock, UTC), `ContextTokens`, `GeneratedTokens`."""
+    return _assemble(str(path), [_read_azure_csv(Path(path))])
 
 
 def _reject_bad_rows(path: Path, frame, column: str, bad: np.ndarray, problem: str) -> None:  # noqa: ANN001
@@ -148,36 +298,219 @@ def _reject_bad_rows(path: Path, frame, column: str, bad: np.ndarray, problem: s
         raise TraceError(f"{path}: row {row + 2} field '{column}' = {frame[column].iloc[row]!r} {problem}")
 
 
-def load_mooncake_jsonl(path: Path) -> RequestTrace:
-    """Mooncake trace: one JSON object per line with `timestamp` (ms, relative), `input_length`, `output_length`."""
-    arrival_ms, isl, osl = [], [], []
-    with path.open() as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                values = [float(record[key]) for key in ("timestamp", "input_length", "output_length")]
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise TraceError(f"{path}: line {line_no}: {type(exc).__name__}: {exc}") from exc
-            for key, value in zip(("timestamp", "input_length", "output_length"), values, strict=True):
-                if not math.isfinite(value) or value < 0:
-                    raise TraceError(f"{path}: line {line_no} field '{key}' = {record[key]!r} is not a number >= 0")
-            arrival_ms.append(values[0])
-            isl.append(values[1])
-            osl.append(values[2])
-    if not arrival_ms:
-        raise TraceError(f"{path}: no requests")
-    return _build(str(path), MOONCAKE_EPOCH_S, np.asarray(arrival_ms) / 1000.0, isl, osl)
+def _open_text(path: Path) -> IO[str]:
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open(encoding="utf-8")
 
 
-def load_trace(path: str | Path) -> RequestTrace:
-    """Load a trace file, choosing the format by suffix (`.csv` Azure, `.jsonl` Mooncake)."""
+def _json_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of the non-blank lines of a JSONL or JSONL.GZ file; read errors name the line."""
+    line_no = 0
+    try:
+        with _open_text(path) as handle:
+            for line_no, line in enumerate(handle, start=1):
+                if line.strip():
+                    yield line_no, line
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: line {line_no + 1}: cannot read: {' '.join(str(exc).split())}") from exc
+
+
+def _event_of(record: Any) -> Any:
+    """The event of a Dynamo record (records may be wrapped as {"event": {...}}), else the record itself."""
+    return record.get("event", record) if isinstance(record, dict) else record
+
+
+def _is_dynamo_record(record: Any) -> bool:
+    event = _event_of(record)
+    return isinstance(event, dict) and "schema" in event
+
+
+def detect_format(path: str | Path) -> TraceFormat:
+    """Format of a trace file: `.csv` is Azure; `.jsonl` / `.jsonl.gz` is sniffed from the first record.
+
+    A first record carrying a `schema` field (at the top or under `event`) is Dynamo request-trace v1;
+    anything else is read as Mooncake, whose parser then names the line and key at fault.
+
+    Raises:
+        TraceError: missing file or unknown suffix.
+    """
     path = Path(path)
     if not path.exists():
         raise TraceError(f"{path}: no such file")
-    if path.suffix == ".csv":
-        return load_azure_csv(path)
-    if path.suffix == ".jsonl":
-        return load_mooncake_jsonl(path)
-    raise TraceError(f"{path}: unknown trace format '{path.suffix}' (expected .csv or .jsonl)")
+    suffix = _trace_suffix(path)
+    if suffix == ".csv":
+        return TraceFormat.AZURE_CSV
+    if suffix not in (".jsonl", ".jsonl.gz"):
+        raise TraceError(f"{path}: unknown trace format '{suffix}' (expected .csv, .jsonl or .jsonl.gz)")
+    for _, line in _json_lines(path):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            return TraceFormat.MOONCAKE
+        return TraceFormat.DYNAMO_V1 if _is_dynamo_record(record) else TraceFormat.MOONCAKE
+    return TraceFormat.MOONCAKE
+
+
+_MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
+
+
+def _read_mooncake_jsonl(path: Path) -> _Requests:
+    rows: list[list[float]] = []
+    for line_no, line in _json_lines(path):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{path}: line {line_no}: {type(exc).__name__}: {exc}") from exc
+        if _is_dynamo_record(record):
+            raise TraceError(
+                f"{path}: line {line_no} field 'schema': a Dynamo record in a Mooncake trace (one format per file)"
+            )
+        try:
+            values = [float(record[key]) for key in _MOONCAKE_KEYS]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TraceError(f"{path}: line {line_no}: {type(exc).__name__}: {exc}") from exc
+        for key, value in zip(_MOONCAKE_KEYS, values, strict=True):
+            if not math.isfinite(value) or value < 0:
+                raise TraceError(f"{path}: line {line_no} field '{key}' = {record[key]!r} is not a number >= 0")
+        rows.append(values)
+    if not rows:
+        raise TraceError(f"{path}: no requests")
+    table = np.asarray(rows, dtype=float)
+    return _Requests(path, TraceFormat.MOONCAKE, table[:, 0], table[:, 1], table[:, 2])
+
+
+def load_mooncake_jsonl(path: Path) -> RequestTrace:
+    """Mooncake trace: one JSON object per line with `timestamp` (ms, relative), `input_length`, `output_length`."""
+    return _assemble(str(path), [_read_mooncake_jsonl(Path(path))])
+
+
+def _dynamo_field(path: Path, line_no: int, parent: dict, dotted: str) -> Any:
+    key = dotted.rsplit(".", 1)[-1]
+    if key not in parent:
+        raise TraceError(f"{path}: line {line_no} field '{dotted}' is missing")
+    return parent[key]
+
+
+def _dynamo_object(path: Path, line_no: int, parent: dict, dotted: str) -> dict:
+    value = _dynamo_field(path, line_no, parent, dotted)
+    if not isinstance(value, dict):
+        raise TraceError(f"{path}: line {line_no} field '{dotted}' = {value!r} is not an object")
+    return value
+
+
+def _dynamo_number(path: Path, line_no: int, parent: dict, dotted: str, *, count: bool) -> float:
+    """A JSON number (no bool); with `count`, an integer >= 0 (Dynamo's `_length` rule)."""
+    value = _dynamo_field(path, line_no, parent, dotted)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TraceError(f"{path}: line {line_no} field '{dotted}' = {value!r} is not a number")
+    if count and (not isinstance(value, int) or value < 0):
+        raise TraceError(f"{path}: line {line_no} field '{dotted}' = {value!r} is not an integer >= 0")
+    return float(value)
+
+
+def _read_dynamo_jsonl(path: Path) -> _Requests:
+    rows: list[tuple[float, float, float]] = []
+    for line_no, line in _json_lines(path):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{path}: line {line_no}: JSONDecodeError: {exc}") from exc
+        event = _event_of(record)
+        if not isinstance(event, dict):
+            raise TraceError(f"{path}: line {line_no}: record is a {type(event).__name__}, not a JSON object")
+        schema = event.get("schema")
+        if schema != DYNAMO_TRACE_SCHEMA:
+            raise TraceError(
+                f"{path}: line {line_no} field 'schema' = {schema!r} is not '{DYNAMO_TRACE_SCHEMA}' "
+                "(one format per file)"
+            )
+        if event.get("event_type") != "request_end":
+            continue  # tool events and other non-request rows carry no request
+        request = _dynamo_object(path, line_no, event, "request")
+        replay = _dynamo_object(path, line_no, request, "request.replay")
+        rows.append(
+            (
+                _dynamo_number(path, line_no, request, "request.request_received_ms", count=False),
+                _dynamo_number(path, line_no, replay, "request.replay.input_length", count=True),
+                _dynamo_number(path, line_no, request, "request.output_tokens", count=True),
+            )
+        )
+    if not rows:
+        raise TraceError(f"{path}: no requests (no '{DYNAMO_TRACE_SCHEMA}' request_end events)")
+    table = np.asarray(rows, dtype=float)
+    return _Requests(path, TraceFormat.DYNAMO_V1, table[:, 0], table[:, 1], table[:, 2])
+
+
+def load_dynamo_jsonl(path: Path) -> RequestTrace:
+    """Dynamo `dynamo.request.trace.v1` JSONL(.GZ): its `request_end` events, arriving at `request_received_ms`."""
+    return _assemble(str(path), [_read_dynamo_jsonl(Path(path))])
+
+
+_READERS = {
+    TraceFormat.AZURE_CSV: _read_azure_csv,
+    TraceFormat.MOONCAKE: _read_mooncake_jsonl,
+    TraceFormat.DYNAMO_V1: _read_dynamo_jsonl,
+}
+
+
+def _read_file(path: Path) -> _Requests:
+    return _READERS[detect_format(path)](path)
+
+
+def load_trace(path: str | Path) -> RequestTrace:
+    """Load one trace file: `.csv` Azure; `.jsonl` / `.jsonl.gz` Mooncake or Dynamo v1 (sniffed)."""
+    path = Path(path)
+    return _assemble(str(path), [_read_file(path)])
+
+
+def resolve_trace_paths(spec: str | Path) -> list[Path]:
+    """The files a trace spec names: a file; a folder (recursively, `.csv`/`.jsonl`/`.jsonl.gz`); or a glob.
+
+    Sorted by path. Like Dynamo, refuses a set holding both `x.jsonl` and `x.jsonl.gz` (the same shard twice).
+
+    Raises:
+        TraceError: nothing matched, or a shard appears both compressed and uncompressed.
+    """
+    text = str(spec)
+    path = Path(text)
+    if path.is_dir():
+        paths = sorted(p for p in path.rglob("*") if p.is_file() and _trace_suffix(p) in TRACE_SUFFIXES)
+    elif path.exists():
+        paths = [path]
+    elif glob.has_magic(text):
+        paths = sorted(Path(match) for match in glob.glob(text, recursive=True) if Path(match).is_file())
+    else:
+        raise TraceError(f"{text}: no such file or directory")
+    if not paths:
+        raise TraceError(f"{text}: no trace files matched (expected {', '.join(TRACE_SUFFIXES)})")
+    by_shard: dict[str, Path] = {}
+    for candidate in paths:
+        shard = str(candidate).removesuffix(".gz") if candidate.name.endswith(".jsonl.gz") else str(candidate)
+        if shard in by_shard:
+            raise TraceError(f"{candidate}: the same shard also matched as {by_shard[shard]}; select one copy")
+        by_shard[shard] = candidate
+    return paths
+
+
+def load_traces(spec: str | Path) -> RequestTrace:
+    """Load a file, a glob or a folder of traces of one format as one trace on a global time origin.
+
+    Timestamps of all files are pooled before the origin is taken, as Dynamo does for shards: Azure and Dynamo
+    v1 clocks are absolute, so shards interleave in wall-clock time; Mooncake timestamps are relative to one
+    trace zero shared by all shards. The source is the spec for several files, the file for one.
+
+    Raises:
+        TraceError: nothing matched, a file is bad (one line naming file, line and field), or the files mix
+            formats.
+    """
+    paths = resolve_trace_paths(spec)
+    parts = [_read_file(path) for path in paths]
+    for part in parts[1:]:
+        if part.kind is not parts[0].kind:
+            raise TraceError(
+                f"{part.path}: {part.kind.value} trace, but {parts[0].path} is {parts[0].kind.value}; "
+                "a trace set must use one format"
+            )
+    source = str(paths[0]) if len(paths) == 1 else f"{spec} ({len(paths)} files)"
+    return _assemble(source, parts)

@@ -20,6 +20,7 @@ from planner_core.config import (
     Backend,
     ConfigError,
     EnvironmentKind,
+    LengthQuantile,
     LoadPredictorName,
     OptimizationTarget,
     PlannerConfig,
@@ -119,6 +120,7 @@ DYNAMO_DEFAULTS = [
     ("ais_perf_model", None),
     ("plugin_registration", None),
     # our extensions
+    ("load_predictor_length_quantile", LengthQuantile.P90),
     ("execution_interval_seconds", 10.0),
     ("virtual_connector_timeout_seconds", 1800.0),
 ]
@@ -128,6 +130,17 @@ DYNAMO_DEFAULTS = [
 def test_default_matches_dynamo(field: str, expected: Any) -> None:
     """An empty configuration yields Dynamo 1.6.1's default for every field."""
     assert attr(parse_config({}), field) == expected
+
+
+@pytest.mark.parametrize("predictor", list(LoadPredictorName), ids=[p.value for p in LoadPredictorName])
+@pytest.mark.parametrize("quantile", list(LengthQuantile), ids=[q.value for q in LengthQuantile])
+def test_every_predictor_and_length_quantile_is_accepted(
+    predictor: LoadPredictorName, quantile: LengthQuantile
+) -> None:
+    """Dynamo's four predictors, our `ensemble`, and each of p50/p90/p99 parse to their enum members."""
+    config = parse_config({"load_predictor": predictor.value, "load_predictor_length_quantile": quantile.value})
+    assert config.load_predictor is predictor
+    assert config.load_predictor_length_quantile is quantile
 
 
 def test_defaults_ignore_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -427,7 +440,14 @@ RULE_CASES = [
         {"load_predictor": "lstm"},
         "load_predictor",
         "'lstm'",
-        "constant, arima, prophet, kalman",
+        "allowed values are constant, arima, prophet, kalman, ensemble",
+    ),
+    (
+        "length-quantile-unknown",
+        {"load_predictor_length_quantile": "p95"},
+        "load_predictor_length_quantile",
+        "'p95'",
+        "allowed values are p50, p90, p99",
     ),
     (
         "sweep-unknown",

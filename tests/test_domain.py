@@ -23,14 +23,24 @@ from hypothesis import strategies as st
 
 from planner_core import domain
 from planner_core.domain import (
+    ArimaFit,
+    ArimaSearch,
+    ArimaState,
     Component,
+    EnsembleMember,
+    EnsembleState,
+    KalmanState,
+    LengthQuantile,
     LoadHistory,
+    LoadSeries,
     Loop,
+    MemberScore,
     PlannerState,
     Prediction,
     ReasonCode,
     ReplicaProposal,
     ScalingDecision,
+    SeriesModel,
     StepRecord,
     TickInputs,
     TickOutcome,
@@ -67,9 +77,78 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
     inputs = st.builds(
         TickInputs, now_s=floats, loop=st.sampled_from(Loop), workers=workers, traffic=st.none() | traffic
     )
-    prediction = st.builds(Prediction, num_req=floats, isl=floats, osl=floats)
+    prediction = st.builds(
+        Prediction,
+        num_req=floats,
+        isl=floats,
+        osl=floats,
+        quantile=st.none() | st.sampled_from(LengthQuantile).map(str),
+        isl_quantile=opt_floats,
+        osl_quantile=opt_floats,
+    )
+    kalman = st.builds(
+        KalmanState,
+        level=floats,
+        trend=floats,
+        cov_level=floats,
+        cov_cross=floats,
+        cov_trend=floats,
+        num_points=counts,
+        num_filtered=counts,
+        q_level=floats,
+        q_trend=floats,
+        r=floats,
+        log1p=st.booleans(),
+    )
+    orders = st.integers(min_value=0, max_value=2)
+    arima_fit = st.builds(
+        ArimaFit,
+        p=orders,
+        d=orders,
+        q=orders,
+        params=float_tuples,
+        aic=floats,
+        fitted_at=counts,
+        converged=st.booleans(),
+    )
+    arima_search = st.builds(
+        ArimaSearch,
+        window_start=counts,
+        window_end=counts,
+        d=orders,
+        num_evaluated=counts,
+        best=st.none() | arima_fit,
+    )
+    arima_state = st.builds(
+        ArimaState,
+        log1p=st.booleans(),
+        fit=st.none() | arima_fit,
+        chosen_at=counts,
+        search=st.none() | arima_search,
+    )
+    member_score = st.builds(MemberScore, member=st.sampled_from(EnsembleMember), loss=opt_floats, num_scored=counts)
+    ensemble = st.builds(EnsembleState, num_points=counts, members=st.lists(member_score, max_size=3).map(tuple))
+    series_model = st.builds(
+        SeriesModel,
+        kalman=st.none() | kalman,
+        arima=st.none() | arima_state,
+        ensemble=st.none() | ensemble,
+    )
     history = st.builds(
-        LoadHistory, num_req=float_tuples, isl=float_tuples, osl=float_tuples, seen_traffic=st.booleans()
+        LoadHistory,
+        num_req=float_tuples,
+        isl=float_tuples,
+        osl=float_tuples,
+        seen_traffic=st.booleans(),
+        isl_quantile=float_tuples,
+        osl_quantile=float_tuples,
+        length_quantile=st.sampled_from(LengthQuantile),
+        num_windows=counts,
+        num_req_model=series_model,
+        isl_model=series_model,
+        osl_model=series_model,
+        isl_quantile_model=series_model,
+        osl_quantile_model=series_model,
     )
     state = st.builds(
         PlannerState,
@@ -113,6 +192,13 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         WorkerCounts: workers,
         TickInputs: inputs,
         Prediction: prediction,
+        KalmanState: kalman,
+        ArimaFit: arima_fit,
+        ArimaSearch: arima_search,
+        ArimaState: arima_state,
+        MemberScore: member_score,
+        EnsembleState: ensemble,
+        SeriesModel: series_model,
         LoadHistory: history,
         PlannerState: state,
         StepRecord: step,
@@ -195,6 +281,37 @@ def test_missing_fields_take_their_defaults() -> None:
     assert from_jsonable(TrafficObservation, {"duration_s": 60, "num_req": 1, "isl": 2, "osl": 3}) == (
         TrafficObservation(duration_s=60.0, num_req=1.0, isl=2.0, osl=3.0)
     )
+
+
+def test_load_history_series_accessors_name_real_fields() -> None:
+    """Every `LoadSeries` names a value field of `LoadHistory` and a `<series>_model` field next to it."""
+    history = LoadHistory(num_req=(1.0,), isl=(2.0,), osl=(3.0,), isl_quantile=(4.0,), osl_quantile=(5.0,))
+    assert [history.values(series) for series in LoadSeries] == [(1.0,), (2.0,), (3.0,), (4.0,), (5.0,)]
+    assert all(history.model(series) == SeriesModel() for series in LoadSeries)
+
+
+def test_history_stored_before_predictor_state_still_loads() -> None:
+    """A history stored before the predictor state existed (four fields) loads with empty state and p90 series."""
+    stored = {"num_req": [600.0], "isl": [1000.0], "osl": [100.0], "seen_traffic": True}
+    restored = from_jsonable(LoadHistory, stored)
+    assert restored == LoadHistory(num_req=(600.0,), isl=(1000.0,), osl=(100.0,), seen_traffic=True)
+    assert restored.num_points == 1 and restored.length_quantile is LengthQuantile.P90
+
+
+def test_nested_predictor_state_round_trips_with_types() -> None:
+    """Predictor state nested three levels deep comes back as the same dataclasses, enums and tuples."""
+    fit = ArimaFit(p=1, d=1, q=0, params=(0.5, 1.0), aic=12.5, fitted_at=70)
+    model = SeriesModel(
+        arima=ArimaState(log1p=True, fit=fit, chosen_at=64, search=ArimaSearch(window_start=7, window_end=70, d=1)),
+        ensemble=EnsembleState(num_points=70, members=(MemberScore(member=EnsembleMember.KALMAN, loss=0.1),)),
+    )
+    history = LoadHistory(num_req=(1.0,), isl_model=model, length_quantile=LengthQuantile.P99)
+    restored = from_jsonable(LoadHistory, through_json(history))
+    assert restored == history
+    assert restored.isl_model.ensemble is not None
+    assert restored.isl_model.ensemble.members[0].member is EnsembleMember.KALMAN
+    assert restored.length_quantile is LengthQuantile.P99
+    assert restored.isl_model.arima is not None and restored.isl_model.arima.fit == fit
 
 
 # --- NaN / inf in JSON ---------------------------------------------------------------------------------------------

@@ -196,3 +196,23 @@ def test_history_views_answer_what_when_why_and_what_happened(ctx) -> None:
     assert row["status"] == "pending" and row["num_attempts"] == 0 and row["acknowledged_at"] is None
     assert "demand: demand_sized (prefill)" in row["why"] and "decide: scale" in row["why"]
     assert ticks[0]["observed_num_req"] == 6000 and ticks[0]["proposed_decode"] == 7
+
+
+def test_first_tick_starts_from_predictors_warmed_on_a_trace(database_url, tmp_path, profile_dir) -> None:
+    """With `load_predictor_warmup_trace`, a deployment's first tick starts from the warmed history (audited)."""
+    import json
+
+    trace = tmp_path / "warm.jsonl"
+    # 3 windows of 60 s: 2, 4 and 6 requests of ISL 1000 / OSL 100
+    requests = [(minute * 60_000 + i * 1000, 1000, 100) for minute, n in enumerate((2, 4, 6)) for i in range(n)]
+    trace.write_text(
+        "".join(json.dumps({"timestamp": t, "input_length": i, "output_length": o}) + "\n" for t, i, o in requests)
+    )
+    ctx = load_context(database_url, "warm", write_config(tmp_path, load_predictor_warmup_trace="warm.jsonl"))
+    result = run_tick(ctx, Loop.THROUGHPUT, T0, BUSY)
+    assert result.outcome.next_state.load_history.num_req == (2.0, 4.0, 6.0, 6000.0)
+    second = run_tick(ctx, Loop.THROUGHPUT, T0 + dt.timedelta(minutes=1), BUSY)
+    assert second.outcome.next_state.load_history.num_req[-2:] == (6000.0, 6000.0)  # warmed only once
+    with ctx.sessions.begin() as session:
+        events = repo.query_rows(session, "SELECT detail FROM audit_log WHERE event = 'predictor_warm_start'")
+    assert [e["detail"]["num_windows"] for e in events] == [3]

@@ -135,6 +135,20 @@ def steps_named(outcome: TickOutcome, step: str, component: Component | None = N
     return [s for s in outcome.steps if s.step == step and (component is None or s.component is component)]
 
 
+def busy_history(num_req: tuple[float, ...], isl: tuple[float, ...], osl: tuple[float, ...]) -> LoadHistory:
+    """A history as the constant predictor builds it from windows without length percentiles: the percentile
+    series repeat the means and no model state is kept."""
+    return LoadHistory(
+        num_req=num_req,
+        isl=isl,
+        osl=osl,
+        isl_quantile=isl,
+        osl_quantile=osl,
+        seen_traffic=True,
+        num_windows=len(num_req),
+    )
+
+
 # --- sizing: ceil(demand / capacity), with +/- epsilon around each threshold -----------------------------------
 
 
@@ -269,9 +283,7 @@ def test_throughput_hold(case: HoldCase) -> None:
     assert outcome.next_state.num_load_ticks == state.num_load_ticks
     if case.history_advances:
         # observed 600 requests (ISL 1000, OSL 100) before the capacity check held
-        assert outcome.next_state.load_history == LoadHistory(
-            num_req=(600.0,), isl=(1000.0,), osl=(100.0,), seen_traffic=True
-        )
+        assert outcome.next_state.load_history == busy_history((600.0,), (1000.0,), (100.0,))
         assert outcome.prediction is not None and outcome.prediction.num_req == 600.0
     else:
         assert outcome.next_state.load_history == state.load_history
@@ -285,7 +297,7 @@ BAD_VALUES = {"nan": math.nan, "inf": math.inf, "negative": -1.0}
 @pytest.mark.parametrize("field_name", TRAFFIC_FIELDS, ids=TRAFFIC_FIELDS)
 def test_invalid_traffic_field_holds_without_learning(field_name: str, bad: str) -> None:
     """A NaN, infinite or negative traffic field holds with `no_traffic_data`, names the field, keeps history."""
-    history = LoadHistory(num_req=(600.0,), isl=(1000.0,), osl=(100.0,), seen_traffic=True)
+    history = busy_history((600.0,), (1000.0,), (100.0,))
     state = PlannerState(load_history=history, num_throughput_ticks=7)
     obs = dataclasses.replace(traffic(600), **{field_name: BAD_VALUES[bad]})
     outcome = tick(throughput_inputs(obs), state, make_config(), FAKE)
@@ -376,11 +388,9 @@ def test_leading_idle_window_is_skipped() -> None:
 
 def test_idle_window_after_traffic_carries_lengths_forward() -> None:
     """After traffic, an idle window appends 0 requests with the last ISL/OSL carried forward."""
-    history = LoadHistory(num_req=(600.0,), isl=(1000.0,), osl=(100.0,), seen_traffic=True)
+    history = busy_history((600.0,), (1000.0,), (100.0,))
     outcome = tick(throughput_inputs(traffic(0, isl=0, osl=0)), PlannerState(load_history=history), make_config(), FAKE)
-    assert outcome.next_state.load_history == LoadHistory(
-        num_req=(600.0, 0.0), isl=(1000.0, 1000.0), osl=(100.0, 100.0), seen_traffic=True
-    )
+    assert outcome.next_state.load_history == busy_history((600.0, 0.0), (1000.0, 1000.0), (100.0, 100.0))
     assert steps_named(outcome, "observe")[0].reason is ReasonCode.IDLE_WINDOW
     assert outcome.prediction is not None and outcome.prediction.num_req == 0.0
 
@@ -395,9 +405,7 @@ def test_idle_busy_idle_sequence_builds_history() -> None:
         reasons.append(steps_named(outcome, "observe")[0].reason)
         state = outcome.next_state
     assert reasons == [ReasonCode.IDLE_WINDOW, ReasonCode.IDLE_WINDOW, ReasonCode.OBSERVED, ReasonCode.IDLE_WINDOW]
-    assert state.load_history == LoadHistory(
-        num_req=(120.0, 0.0), isl=(500.0, 500.0), osl=(50.0, 50.0), seen_traffic=True
-    )
+    assert state.load_history == busy_history((120.0, 0.0), (500.0, 500.0), (50.0, 50.0))
     assert state.num_throughput_ticks == 4
 
 
@@ -413,7 +421,8 @@ def test_idle_busy_idle_sequence_builds_history() -> None:
     ids=[name.value for name in LoadPredictorName],
 )
 def test_predictor_reason(predictor: str, want: ReasonCode) -> None:
-    """`constant` is `predicted`; every other configured predictor is recorded as `predictor_fallback`."""
+    """On the first window only `constant` has enough points: every other predictor is still warming up, uses the
+    last window and is recorded as `predictor_fallback`, naming itself."""
     outcome = tick(throughput_inputs(traffic(600)), PlannerState(), make_config(load_predictor=predictor), FAKE)
     assert outcome.prediction_reason is want
     (step,) = steps_named(outcome, "predict")
@@ -425,12 +434,37 @@ def test_predictor_reason(predictor: str, want: ReasonCode) -> None:
     assert (outcome.prediction.num_req, outcome.prediction.isl, outcome.prediction.osl) == (600.0, 1000.0, 100.0)
 
 
-def test_dynamo_default_predictor_is_a_fallback() -> None:
-    """Without `load_predictor` the Dynamo default `arima` is used and flagged as a fallback, never silently."""
+def test_dynamo_default_predictor_is_a_fallback_only_while_warming_up() -> None:
+    """Without `load_predictor` the Dynamo default `arima` is used: flagged as a fallback while it has no order for
+    every series, then `predicted` (orders are chosen one series per window from point 5: series 5 at window 9)."""
     config = parse_config({k: v for k, v in BASE_CONFIG.items() if k != "load_predictor"})
     assert config.load_predictor is LoadPredictorName.ARIMA
-    outcome = tick(throughput_inputs(traffic(600)), PlannerState(), config, FAKE)
-    assert outcome.prediction_reason is ReasonCode.PREDICTOR_FALLBACK
+    state, reasons = PlannerState(), []
+    for i in range(10):
+        obs = traffic(600 + 37 * (i % 4) + 5 * i, isl=1000 + 90 * (i % 3), osl=100 + 11 * (i % 5))
+        outcome = tick(throughput_inputs(obs, now_s=60.0 * i), state, config, FAKE)
+        reasons.append(outcome.prediction_reason)
+        state = outcome.next_state
+    assert reasons == [ReasonCode.PREDICTOR_FALLBACK] * 8 + [ReasonCode.PREDICTED] * 2
+    assert "arima: ARIMA(" in steps_named(outcome, "predict")[0].detail
+
+
+@pytest.mark.parametrize(
+    ("predictor", "num_windows"),
+    [("constant", 1), ("kalman", 5), ("ensemble", 4)],
+    ids=["constant", "kalman", "ensemble"],
+)
+def test_predictor_is_used_once_warmed_up(predictor: str, num_windows: int) -> None:
+    """Each predictor is `predicted` from its first warmed-up window on: kalman after `kalman_min_points` (5),
+    the ensemble after 3 scored windows (the first window cannot be scored)."""
+    config = make_config(load_predictor=predictor)
+    state, reasons = PlannerState(), []
+    for i in range(num_windows + 2):
+        outcome = tick(throughput_inputs(traffic(600 + 50 * i), now_s=60.0 * i), state, config, FAKE)
+        reasons.append(outcome.prediction_reason)
+        state = outcome.next_state
+    fallbacks = num_windows - 1
+    assert reasons == [ReasonCode.PREDICTOR_FALLBACK] * fallbacks + [ReasonCode.PREDICTED] * (len(reasons) - fallbacks)
 
 
 # --- bounds ----------------------------------------------------------------------------------------------------
@@ -789,7 +823,7 @@ def test_decision_only_when_a_pool_changes(case: DecisionCase) -> None:
 
 def test_same_inputs_same_outcome_and_inputs_untouched() -> None:
     """Two calls with equal arguments give equal outcomes; the inputs and state are unchanged afterwards."""
-    history = LoadHistory(num_req=(300.0, 600.0), isl=(900.0, 1000.0), osl=(90.0, 100.0), seen_traffic=True)
+    history = busy_history((300.0, 600.0), (900.0, 1000.0), (90.0, 100.0))
     state = PlannerState(load_history=history, num_throughput_ticks=2, num_load_ticks=30)
     inputs = throughput_inputs(traffic(6000, 2000, 500), workers(3, 4))
     config = make_config(max_gpu_budget=30, max_throughput_scaling_replicas=5, advisory=True)
@@ -926,9 +960,7 @@ def _check_invariants(
     assert outcome.decision.is_empty is (outcome.reason is not ReasonCode.SCALE)
 
 
-histories = st.sampled_from(
-    [LoadHistory(), LoadHistory(num_req=(600.0,), isl=(1000.0,), osl=(100.0,), seen_traffic=True)]
-)
+histories = st.sampled_from([LoadHistory(), busy_history((600.0,), (1000.0,), (100.0,))])
 
 
 @PROPERTY_SETTINGS

@@ -125,3 +125,21 @@ def write_config(directory: Path, **overrides: object) -> Path:
     path = directory / f"planner-{uuid.uuid4().hex[:6]}.yaml"
     path.write_text(yaml.safe_dump(body))
     return path
+
+
+def record_outcome(session, deployment_name: str, inputs, outcome, *, previous_tick_id: int | None = None):
+    """Record a hand-made tick outcome for `deployment_name` at `inputs.now_s` with the real repository."""
+    import datetime as dt
+
+    from planner_core.store import repository as repo
+
+    deployment = repo.find_deployment(session, deployment_name)
+    record = repo.TickRecord(
+        deployment_id=deployment.id,
+        scheduled_at=dt.datetime.fromtimestamp(inputs.now_s, tz=dt.UTC),
+        config_hash=deployment.config_hash,
+        predictor="constant",
+        previous_tick_id=previous_tick_id,
+        decide_ms=0.0,
+    )
+    return repo.record_tick(session, record, inputs, outcome)

@@ -27,7 +27,7 @@ from planner_core.store import repository as repo
 from planner_core.store.db import to_libpq_uri
 from planner_core.store.models import AuditLogRow, DecisionRow, PlannerConfigRow, PlannerStateRow, Tick, TickStepRow
 from planner_core.tick import tick
-from tests.conftest import write_config
+from tests.conftest import record_outcome, write_config
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 BUSY = TrafficObservation(duration_s=60, num_req=6000, isl=3000, osl=300)
@@ -79,16 +79,8 @@ def test_unique_constraint_backs_the_check(ctx) -> None:
     """Even bypassing the existence check, the database refuses a second row for the same tick identity."""
     result = run_tick(ctx, Loop.THROUGHPUT, T0, BUSY)
     with ctx.sessions.begin() as session:
-        deployment = repo.find_deployment(session, "store-test")
-        record = repo.TickRecord(
-            deployment_id=deployment.id,
-            scheduled_at=T0,
-            config_hash=deployment.config_hash,
-            predictor="constant",
-            previous_tick_id=result.tick_id,
-            decide_ms=0.1,
-        )
-        assert repo.record_tick(session, record, result.inputs, result.outcome) is None
+        recorded = record_outcome(session, "store-test", result.inputs, result.outcome, previous_tick_id=result.tick_id)
+        assert recorded is None
 
 
 def test_a_failing_record_leaves_nothing_half_written(ctx) -> None:
@@ -105,16 +97,7 @@ def test_a_failing_record_leaves_nothing_half_written(ctx) -> None:
     )
     with pytest.raises(DataError, match="too long"):
         with ctx.sessions.begin() as session:
-            deployment = repo.find_deployment(session, "store-test")
-            record = repo.TickRecord(
-                deployment_id=deployment.id,
-                scheduled_at=later,
-                config_hash=deployment.config_hash,
-                predictor="constant",
-                previous_tick_id=None,
-                decide_ms=0.1,
-            )
-            repo.record_tick(session, record, inputs, outcome)
+            record_outcome(session, "store-test", inputs, outcome)
     assert {t: _count(ctx.database_url, t) for t in tables} == before
 
 

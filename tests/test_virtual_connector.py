@@ -14,7 +14,7 @@ from planner_core.domain import Loop, PlannerState, ReasonCode, ScalingDecision,
 from planner_core.service import default_workers, load_context, run_execution
 from planner_core.store import repository as repo
 from planner_core.store.models import DecisionRow, ExecutionRow, VirtualConnectorStateRow
-from tests.conftest import write_config
+from tests.conftest import record_outcome, write_config
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 NAME = "virtual-test"
@@ -46,16 +46,7 @@ def decide(ctx, minute: int, num_prefill: int | None, num_decode: int | None) ->
         reason=ReasonCode.SCALE,
     )
     with ctx.sessions.begin() as session:
-        deployment = repo.find_deployment(session, NAME)
-        record = repo.TickRecord(
-            deployment_id=deployment.id,
-            scheduled_at=at,
-            config_hash=deployment.config_hash,
-            predictor="constant",
-            previous_tick_id=None,
-            decide_ms=0.0,
-        )
-        tick_id = repo.record_tick(session, record, inputs, outcome)
+        tick_id = record_outcome(session, NAME, inputs, outcome)
         return session.scalar(select(DecisionRow.id).where(DecisionRow.tick_id == tick_id))
 
 

@@ -243,6 +243,44 @@ def cmd_forecast(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_capacity(args: argparse.Namespace) -> int:
+    import json
+
+    from planner_core.perf.profile import estimate_engine_capacity, load_profile
+
+    capacity = estimate_engine_capacity(
+        load_profile(args.profile),
+        isl=args.isl,
+        osl=args.osl,
+        ttft_ms=args.ttft_ms,
+        itl_ms=args.itl_ms,
+        prefill_gpus_per_engine=args.prefill_gpus,
+        decode_gpus_per_engine=args.decode_gpus,
+    )
+    figures = capacity.to_json_dict()
+    if args.json:
+        print(json.dumps(figures))
+        return 0
+    print(
+        f"Profile {args.profile}: ISL {args.isl:g}, OSL {args.osl:g}, "
+        f"TTFT <= {args.ttft_ms:g} ms, ITL <= {args.itl_ms:g} ms"
+    )
+    sla = {True: "meets", False: "MISSES"}
+    print(
+        f"  prefill: {figures['prefill_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU at TTFT "
+        f"{figures['prefill_ttft_ms']:.1f} ms ({sla[capacity.prefill_sla_met]} the target); "
+        f"{capacity.prefill_engine_rps:.2f} requests/s per engine"
+    )
+    print(
+        f"  decode:  {figures['decode_tokens_per_s_per_gpu']:,.0f} tokens/s/GPU "
+        f"at ITL {figures['decode_itl_ms']:.2f} ms "
+        f"({sla[capacity.decode_sla_met]} the target), KV usage {100 * capacity.decode_kv_usage:.1f}%; "
+        f"{capacity.decode_engine_rps:.2f} requests/s per engine"
+    )
+    print(f"  one prefill GPU + one decode GPU serve {figures['requests_per_s_per_gpu']:.2f} requests/s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="planner", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -265,6 +303,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--deployment", default=None, help="managed-deployment name (default: PLANNER_DEPLOYMENT)")
     serve.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
     serve.set_defaults(func=cmd_serve)
+
+    capacity = sub.add_parser("capacity", help="what one GPU and one engine of a profile serve under SLA targets")
+    capacity.add_argument("--profile", type=Path, required=True, help="Dynamo profile folder (NPZ or JSON)")
+    capacity.add_argument("--isl", type=float, required=True, help="input sequence length (tokens)")
+    capacity.add_argument("--osl", type=float, required=True, help="output sequence length (tokens)")
+    capacity.add_argument("--ttft-ms", type=float, required=True, help="TTFT target (ms)")
+    capacity.add_argument("--itl-ms", type=float, required=True, help="ITL target (ms)")
+    capacity.add_argument("--prefill-gpus", type=int, default=1, help="GPUs per prefill engine")
+    capacity.add_argument("--decode-gpus", type=int, default=1, help="GPUs per decode engine")
+    capacity.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    capacity.set_defaults(func=cmd_capacity)
 
     history = sub.add_parser("history", help="print the example decision-history queries")
     history.add_argument("--deployment", default="demo")

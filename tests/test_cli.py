@@ -65,3 +65,39 @@ def test_db_url_prints_the_configured_database(database_url) -> None:
     assert result.returncode == 0
     assert result.stdout.strip() == database_url
     assert f'psql "{to_libpq_uri(database_url)}"' in result.stderr
+
+
+def test_capacity_json_agrees_with_dynamo_documented_figures(profile_dir) -> None:
+    """H200 at ISL 3000 / OSL 300 under 200 ms / 10 ms: ~49.5k prefill and ~4.6k decode tokens/s/GPU (Dynamo's doc)."""
+    import json
+
+    result = planner(
+        "capacity", "--profile", str(profile_dir), "--isl", "3000", "--osl", "300", "--ttft-ms", "200",
+        "--itl-ms", "10", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert set(figures) == {
+        "prefill_tokens_per_s_per_gpu",
+        "prefill_ttft_ms",
+        "decode_tokens_per_s_per_gpu",
+        "decode_itl_ms",
+        "requests_per_s_per_gpu",
+    }
+    assert figures["prefill_tokens_per_s_per_gpu"] == pytest.approx(49_500, rel=0.01)
+    assert figures["prefill_ttft_ms"] == pytest.approx(60, rel=0.02)
+    assert figures["decode_tokens_per_s_per_gpu"] == pytest.approx(4_600, rel=0.02)
+    assert figures["decode_itl_ms"] == pytest.approx(9.7, rel=0.01)
+    # 4,556 / 300 = 15.19 requests/s: decode is the slower phase (prefill 49,481 / 3,000 = 16.49)
+    assert figures["requests_per_s_per_gpu"] == pytest.approx(15.19, abs=0.01)
+
+
+def test_capacity_with_a_missing_profile_fails_in_one_line(tmp_path) -> None:
+    """A profile folder that does not exist is named in a one-line error."""
+    result = planner(
+        "capacity", "--profile", str(tmp_path / "none"), "--isl", "3000", "--osl", "300", "--ttft-ms", "200",
+        "--itl-ms", "10",
+    )  # fmt: skip
+    assert result.returncode == 2
+    [line] = _error_lines(result)
+    assert str(tmp_path / "none") in line

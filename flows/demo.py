@@ -177,9 +177,10 @@ def demo(
                 _follow_decisions(client, cluster, now)
                 progress.update(bar, advance=1)
     end_s = num_windows * window_s
-    final = simulate_timeline(ctx, trace, recorded_scale_events(ctx, trace), end_s, startup_s)
+    events = recorded_scale_events(ctx, trace)
+    final = simulate_timeline(ctx, trace, events, end_s, startup_s)
     summary = summarise(final.slices)
-    return _summary_dict(ctx, summary, recorded_scale_events(ctx, trace), num_windows)
+    return _summary_dict(ctx, summary, events, num_windows)
 
 
 def _acknowledge_after_restart(client: VirtualConnectorClient, ctx: PlannerContext, trace: RequestTrace) -> None:

@@ -31,7 +31,7 @@ import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from planner_core.domain import LengthQuantile
+from planner_core.domain import Component, EngineLimits, LengthQuantile
 
 __all__ = [
     "Backend",
@@ -206,6 +206,20 @@ class SchedulingConfig(BaseModel):
     gateway: dict[str, Any] | None = None
 
 
+class EngineLimitsConfig(BaseModel):
+    """Static limits of one pool's engines (ours; Dynamo reads them from the model card and the deployment).
+
+    Unset limits take Dynamo's fallbacks: 8192 batched tokens, 512 sequences, 2,000,000 KV tokens.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    max_num_batched_tokens: int = Field(default=8192, gt=0)
+    max_num_seqs: int = Field(default=512, gt=0)
+    max_kv_tokens: int = Field(default=2_000_000, gt=0)
+    context_length: int | None = Field(default=None, gt=0)
+
+
 # Field name -> the other accepted spellings (Dynamo's aliases).
 _ALIASES: dict[str, tuple[str, ...]] = {
     "ttft_ms": ("ttft",),
@@ -277,6 +291,9 @@ class PlannerConfig(BaseModel):
     # Legacy per-engine GPU width; Dynamo now prefers the deployment status. None means 1.
     prefill_engine_num_gpu: int | None = Field(default=None, ge=1)
     decode_engine_num_gpu: int | None = Field(default=None, ge=1)
+
+    prefill_engine: EngineLimitsConfig = Field(default_factory=EngineLimitsConfig)  # ours
+    decode_engine: EngineLimitsConfig = Field(default_factory=EngineLimitsConfig)  # ours; the agg pool too
 
     # --- traffic forecasting --------------------------------------------------------------------------
     load_predictor: LoadPredictorName = LoadPredictorName.ARIMA
@@ -535,6 +552,21 @@ class PlannerConfig(BaseModel):
     def decode_gpus_per_engine(self) -> int:
         """GPUs per decode (or aggregated) engine: `decode_engine_num_gpu`, or 1 when unset."""
         return 1 if self.decode_engine_num_gpu is None else self.decode_engine_num_gpu
+
+    def engine_limits(self, component: Component) -> EngineLimits:
+        """The static limits of one engine of `component`'s pool, as the decision core uses them."""
+        if component is Component.PREFILL:
+            limits, num_gpu = self.prefill_engine, self.prefill_gpus_per_engine
+        else:
+            limits, num_gpu = self.decode_engine, self.decode_gpus_per_engine
+        return EngineLimits(
+            num_gpu=num_gpu,
+            max_num_batched_tokens=limits.max_num_batched_tokens,
+            max_num_seqs=limits.max_num_seqs,
+            max_kv_tokens=limits.max_kv_tokens,
+            context_length=limits.context_length,
+            speculative_nextn=self.speculative_nextn,
+        )
 
 
 def _gcd_seconds(values: list[float]) -> float:

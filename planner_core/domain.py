@@ -75,6 +75,8 @@ class TrafficObservation:
         osl: mean output sequence length (tokens); 0 when idle.
         isl_p50 .. osl_p99: percentiles of the lengths where the source knows them.
         ttft_ms, itl_ms: observed mean latencies where the source knows them.
+        kv_hit_rate: fraction of prompt tokens served from the KV cache (router metric), if known.
+        accept_length: speculative-decoding mean accepted tokens per decode step, if known.
     """
 
     duration_s: float
@@ -89,6 +91,8 @@ class TrafficObservation:
     osl_p99: float | None = None
     ttft_ms: float | None = None
     itl_ms: float | None = None
+    kv_hit_rate: float | None = None  # router KV-cache hit rate over the window, 0..1
+    accept_length: float | None = None  # speculative-decoding mean accepted tokens per step, >= 1
 
     def length_quantile(self, which: str, quantile: str) -> float | None:
         """`which` in {"isl", "osl"}, `quantile` in {"p50", "p90", "p99"}: that percentile, if observed."""
@@ -124,13 +128,79 @@ class WorkerCounts:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduledRequests:
+    """What one engine iteration computed (Dynamo `ForwardPassMetrics.scheduled_requests`); tokens and variances."""
+
+    num_prefill_requests: int = 0
+    sum_prefill_tokens: int = 0
+    var_prefill_length: float = 0.0
+    sum_prefill_kv_tokens: int = 0
+    num_decode_requests: int = 0
+    sum_decode_kv_tokens: int = 0
+    var_decode_kv_tokens: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuedRequests:
+    """What waited in the engine's queue at that iteration (Dynamo `ForwardPassMetrics.queued_requests`)."""
+
+    num_prefill_requests: int = 0
+    sum_prefill_tokens: int = 0
+    var_prefill_length: float = 0.0
+    num_decode_requests: int = 0
+    sum_decode_kv_tokens: int = 0
+    var_decode_kv_tokens: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForwardPassMetrics:
+    """One engine iteration as the engine reports it (Dynamo's `ForwardPassMetrics` schema).
+
+    Attributes:
+        component: the pool the engine belongs to (DECODE for the single pool of aggregated mode).
+        worker_id, dp_rank: the engine (attention data-parallel rank within a worker).
+        counter_id: the engine's monotonically increasing iteration counter.
+        wall_time_s: how long the iteration took; 0 marks an idle heartbeat (never a sample).
+    """
+
+    component: Component
+    worker_id: str
+    dp_rank: int = 0
+    counter_id: int = 0
+    wall_time_s: float = 0.0
+    scheduled: ScheduledRequests = field(default_factory=ScheduledRequests)
+    queued: QueuedRequests = field(default_factory=QueuedRequests)
+
+    @property
+    def is_idle_heartbeat(self) -> bool:
+        return self.wall_time_s <= 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineLimits:
+    """Static limits of one engine of a pool (Dynamo's per-role capabilities). Defaults are Dynamo's fallbacks."""
+
+    num_gpu: int = 1
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 512
+    max_kv_tokens: int = 2_000_000
+    context_length: int | None = None
+    speculative_nextn: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TickInputs:
-    """Everything one tick sees. `now_s` is the scheduled time of the tick in epoch seconds (time is data)."""
+    """Everything one tick sees. `now_s` is the scheduled time of the tick in epoch seconds (time is data).
+
+    `fpm` holds the forward-pass metrics observed since the previous tick (the latest per engine last), for
+    the online perf models and the load loop.
+    """
 
     now_s: float
     loop: Loop
     workers: WorkerCounts
     traffic: TrafficObservation | None = None
+    fpm: tuple[ForwardPassMetrics, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -449,6 +519,10 @@ _DATACLASSES: dict[str, type] = {
     for cls in (
         TrafficObservation,
         WorkerCounts,
+        ScheduledRequests,
+        QueuedRequests,
+        ForwardPassMetrics,
+        EngineLimits,
         TickInputs,
         Prediction,
         KalmanState,

@@ -27,8 +27,10 @@ from planner_core.domain import (
     ArimaSearch,
     ArimaState,
     Component,
+    EngineLimits,
     EnsembleMember,
     EnsembleState,
+    ForwardPassMetrics,
     KalmanState,
     LengthQuantile,
     LoadHistory,
@@ -37,9 +39,11 @@ from planner_core.domain import (
     MemberScore,
     PlannerState,
     Prediction,
+    QueuedRequests,
     ReasonCode,
     ReplicaProposal,
     ScalingDecision,
+    ScheduledRequests,
     SeriesModel,
     StepRecord,
     TickInputs,
@@ -70,12 +74,57 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         osl_p90=opt_floats,
         ttft_ms=opt_floats,
         itl_ms=opt_floats,
+        kv_hit_rate=opt_floats,
+        accept_length=opt_floats,
+    )
+    scheduled = st.builds(
+        ScheduledRequests,
+        num_prefill_requests=counts,
+        sum_prefill_tokens=counts,
+        var_prefill_length=floats,
+        sum_prefill_kv_tokens=counts,
+        num_decode_requests=counts,
+        sum_decode_kv_tokens=counts,
+        var_decode_kv_tokens=floats,
+    )
+    queued = st.builds(
+        QueuedRequests,
+        num_prefill_requests=counts,
+        sum_prefill_tokens=counts,
+        var_prefill_length=floats,
+        num_decode_requests=counts,
+        sum_decode_kv_tokens=counts,
+        var_decode_kv_tokens=floats,
+    )
+    fpm = st.builds(
+        ForwardPassMetrics,
+        component=st.sampled_from(Component),
+        worker_id=st.text(max_size=8),
+        dp_rank=counts,
+        counter_id=counts,
+        wall_time_s=floats,
+        scheduled=scheduled,
+        queued=queued,
+    )
+    engine_limits = st.builds(
+        EngineLimits,
+        num_gpu=counts,
+        max_num_batched_tokens=counts,
+        max_num_seqs=counts,
+        max_kv_tokens=counts,
+        context_length=st.none() | counts,
+        speculative_nextn=counts,
     )
     workers = st.builds(
         WorkerCounts, ready_prefill=counts, ready_decode=counts, expected_prefill=counts, expected_decode=counts
     )
     inputs = st.builds(
-        TickInputs, now_s=floats, loop=st.sampled_from(Loop), workers=workers, traffic=st.none() | traffic
+        TickInputs,
+        now_s=floats,
+        loop=st.sampled_from(Loop),
+        workers=workers,
+        traffic=st.none() | traffic,
+        fpm=st.lists(fpm, max_size=3).map(tuple),
     )
     prediction = st.builds(
         Prediction,
@@ -190,6 +239,10 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
     return {
         TrafficObservation: traffic,
         WorkerCounts: workers,
+        ScheduledRequests: scheduled,
+        QueuedRequests: queued,
+        ForwardPassMetrics: fpm,
+        EngineLimits: engine_limits,
         TickInputs: inputs,
         Prediction: prediction,
         KalmanState: kalman,
@@ -333,6 +386,8 @@ def test_non_finite_floats_become_strings() -> None:
         "osl_p99": None,
         "ttft_ms": None,
         "itl_ms": 1.5,
+        "kv_hit_rate": None,
+        "accept_length": None,
     }
     json.dumps(to_jsonable(obs), allow_nan=False)  # strict JSON: no bare NaN/Infinity tokens
     restored = from_jsonable(TrafficObservation, to_jsonable(obs))

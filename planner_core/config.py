@@ -36,14 +36,17 @@ from planner_core.domain import Component, EngineLimits, LengthQuantile
 __all__ = [
     "Backend",
     "ConfigError",
+    "EngineLimitsConfig",
     "EnvironmentKind",
     "LengthQuantile",
+    "LengthSizing",
     "LoadPredictorName",
     "OptimizationTarget",
     "PlannerConfig",
     "PlannerMode",
     "SchedulingConfig",
     "SweepingMode",
+    "ThroughputAlgorithm",
     "ThroughputMetricsSource",
     "config_hash",
     "load_config",
@@ -109,6 +112,25 @@ class SweepingMode(enum.StrEnum):
     NONE = "none"  # no bootstrap data
     RAPID = "rapid"  # simulated (AI Configurator)
     THOROUGH = "thorough"  # measured on real GPUs
+
+
+class ThroughputAlgorithm(enum.StrEnum):
+    """How the throughput loop turns a forecast into replicas (ours: Dynamo has one per release)."""
+
+    # Dynamo 0.x: tokens/s/GPU interpolated from the pre-deployment profile at the forecast shape.
+    INTERPOLATION = "interpolation"
+    # Dynamo 0.x with its correction factors: observed / interpolated TTFT and ITL rescale the load and the ITL
+    # target each interval. Needs observed TTFT and ITL; without them the factors are 1 and the step says so.
+    INTERPOLATION_CORRECTED = "interpolation_corrected"
+
+
+class LengthSizing(enum.StrEnum):
+    """Which request shape the throughput loop sizes for (ours, not Dynamo's)."""
+
+    MEAN = "mean"  # the forecast mean ISL/OSL (Dynamo's behaviour)
+    # The forecast `load_predictor_length_quantile` of ISL and OSL: as if every request were as long as the
+    # tail, so that requests at that quantile still fit the capacity the SLA was sized for.
+    QUANTILE = "quantile"
 
 
 class ThroughputMetricsSource(enum.StrEnum):
@@ -307,6 +329,10 @@ class PlannerConfig(BaseModel):
     # Ours, not Dynamo's: which percentile of ISL/OSL is forecast next to the mean (Prediction.isl_quantile /
     # osl_quantile), so capacity can be sized on the length distribution rather than its mean alone.
     load_predictor_length_quantile: LengthQuantile = LengthQuantile.P90
+    # Ours: size on the mean request shape (Dynamo) or on the length quantile above.
+    throughput_length_sizing: LengthSizing = LengthSizing.MEAN
+    # Ours: which sizing algorithm the throughput loop runs (see ThroughputAlgorithm).
+    throughput_algorithm: ThroughputAlgorithm = ThroughputAlgorithm.INTERPOLATION
 
     # --- load loop / perf-model tuning ----------------------------------------------------------------
     max_num_fpm_samples: int = Field(default=64, gt=0)

@@ -62,6 +62,11 @@ class ReasonCode(enum.StrEnum):
     GPU_BUDGET_CAPPED = "gpu_budget_capped"  # scaled down proportionally to fit max_gpu_budget
     GPU_BUDGET_FLOORED = "gpu_budget_floored"  # scaled up proportionally to reach min_gpu_budget
     ADVISORY = "advisory"  # decision recorded but not to be executed
+    SIZED_ON_MEAN = "sized_on_mean"  # capacity sized for the forecast mean ISL/OSL
+    SIZED_ON_QUANTILE = "sized_on_quantile"  # capacity sized for the forecast ISL/OSL quantile
+    QUANTILE_UNAVAILABLE = "quantile_unavailable"  # quantile sizing asked for, no quantile forecast: mean used
+    CORRECTION_APPLIED = "correction_applied"  # 0.x correction factor from observed / interpolated latency
+    CORRECTION_UNAVAILABLE = "correction_unavailable"  # no observed latency (or idle window): factor 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from planner_core.config import PlannerConfig, PlannerMode
+from planner_core.config import PlannerConfig, PlannerMode, ThroughputAlgorithm
 from planner_core.domain import (
     Component,
     Loop,
@@ -21,8 +21,15 @@ from planner_core.domain import (
     TickInputs,
     TickOutcome,
 )
-from planner_core.policy.bounds import bound_change_rate, bound_gpu_budget, bound_min_endpoint
-from planner_core.policy.throughput import ThroughputPerfModel, ThroughputTargets, calculate_replicas
+from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, guard_gpu_budget
+from planner_core.policy.throughput import (
+    CorrectionFactors,
+    ThroughputPerfModel,
+    ThroughputTargets,
+    calculate_replicas,
+    correction_factors,
+    sizing_shape,
+)
 from planner_core.predict import observe_window, predict_next
 
 
@@ -113,9 +120,17 @@ def _throughput_tick(
         Component.DECODE: config.decode_min_endpoint_effective,
     }
     components = managed_components(config.mode)
+    shape, shape_step = sizing_shape(prediction, config.throughput_length_sizing)
+    steps.append(shape_step)
+    correction = CorrectionFactors()
+    if config.throughput_algorithm is ThroughputAlgorithm.INTERPOLATION_CORRECTED:
+        correction, correction_steps = correction_factors(traffic, inputs.workers.ready(Component.DECODE), perf)
+        steps.extend(correction_steps)
     desired: dict[Component, int] = {}
     for component in components:
-        value, sizing_steps = calculate_replicas(component, prediction, targets, perf)
+        value, sizing_steps = calculate_replicas(
+            component, prediction, targets, perf, shape=shape, correction=correction
+        )
         steps.extend(sizing_steps)
         value, step = bound_min_endpoint(component, value, floors[component])
         steps.append(step)
@@ -127,11 +142,13 @@ def _throughput_tick(
         steps.append(step)
         desired[component] = value
 
-    num_prefill, num_decode, budget_step = bound_gpu_budget(
-        desired.get(Component.PREFILL, 0),
-        desired.get(Component.DECODE, 0),
+    current = {c: inputs.workers.expected(c) if c in components else 0 for c in Component}
+    (num_prefill, num_decode), budget_step = guard_gpu_budget(
+        (current[Component.PREFILL], current[Component.DECODE]),
+        (desired.get(Component.PREFILL, 0), desired.get(Component.DECODE, 0)),
         prefill_gpus=config.prefill_gpus_per_engine,
         decode_gpus=config.decode_gpus_per_engine,
+        min_gpu_budget=config.min_gpu_budget,
         max_gpu_budget=config.max_gpu_budget,
         prefill_floor=floors[Component.PREFILL] if Component.PREFILL in components else 0,
         decode_floor=floors[Component.DECODE] if Component.DECODE in components else 0,

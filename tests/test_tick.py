@@ -24,12 +24,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from planner_core.config import LoadPredictorName, PlannerConfig, parse_config
+from planner_core.config import LengthSizing, LoadPredictorName, PlannerConfig, parse_config
 from planner_core.domain import (
     Component,
     LoadHistory,
     Loop,
     PlannerState,
+    Prediction,
     ReasonCode,
     ScalingDecision,
     StepRecord,
@@ -39,7 +40,7 @@ from planner_core.domain import (
     WorkerCounts,
 )
 from planner_core.perf.model import ProfilePerfModel
-from planner_core.policy.throughput import PhaseCapacity, ThroughputPerfModel
+from planner_core.policy.throughput import PhaseCapacity, ThroughputPerfModel, sizing_shape
 from planner_core.tick import tick
 
 PROFILE_DIR = Path("/work/shared/perf/dynamo-planner-test-profile/H200_TP1P_TP1D")
@@ -67,6 +68,8 @@ class FixedRatePerf:
     prefill_tokens_per_s_per_gpu: float = PREFILL_RATE
     decode_tokens_per_s_per_gpu: float = DECODE_RATE
     sla_met: bool = True
+    ttft_any_isl_ms: float = 100.0  # what the 0.x correction factors compare observed latencies with
+    itl_any_load_ms: float = 5.0
 
     def prefill_capacity(self, *, isl: float, ttft_ms: float) -> PhaseCapacity:  # noqa: ARG002 (protocol shape)
         return PhaseCapacity(
@@ -77,6 +80,12 @@ class FixedRatePerf:
         return PhaseCapacity(
             tokens_per_s_per_gpu=self.decode_tokens_per_s_per_gpu, latency_ms=itl_ms, sla_met=self.sla_met
         )
+
+    def prefill_ttft_ms(self, isl: float) -> float:  # noqa: ARG002
+        return self.ttft_any_isl_ms
+
+    def decode_itl_ms(self, concurrency: float, context_length: float) -> float:  # noqa: ARG002
+        return self.itl_any_load_ms
 
 
 FAKE: ThroughputPerfModel = FixedRatePerf()
@@ -647,46 +656,55 @@ class BudgetClampCase:
     id: str
     overrides: Mapping[str, Any]
     obs: TrafficObservation
-    expected: tuple[int | None, int | None]  # (prefill, decode) after the clamp
+    expected: tuple[int | None, int | None]  # (prefill, decode) after the budget guard
+    want_reason: ReasonCode
 
 
 BUDGET_CLAMP_CASES = [
-    # demand: 100 req/s * 300 / 10,000 = 3P; 100 * 10 / 1,000 = 1D -> 4 GPUs > 2 (floors 1P + 1D = 2 fit).
-    # scale 0.5: prefill floor(1.5) = 1 (room (2 - 1) // 1 = 1); decode max(1, (2 - 1) // 1) = 1 -> 2 GPUs.
+    # demand: 100 req/s * 300 / 10,000 = 3P; 100 * 10 / 1,000 = 1D -> 4 GPUs > 2. Current 1P + 1D already uses the
+    # 2 GPUs and the proposal only grows prefill: no candidate between 1P+1D and 3P+1D fits except 1P+1D -> held.
     BudgetClampCase(
-        id="disagg-prefill-floors", overrides={"max_gpu_budget": 2}, obs=traffic(6000, 300, 10), expected=(1, 1)
+        id="disagg-held-at-ceiling",
+        overrides={"max_gpu_budget": 2},
+        obs=traffic(6000, 300, 10),
+        expected=(1, 1),
+        want_reason=ReasonCode.GPU_BUDGET_GUARD_HOLD,
     ),
-    # 1-GPU prefill, 2-GPU decode; demand 3P, 100 * 40 / 2,000 = 2D -> 3 + 4 = 7 GPUs > 5 (floors need 3).
-    # scale 5/7: prefill floor(2.14) = 2; decode max(1, (5 - 2) // 2) = 1 -> 2 + 2 = 4 GPUs.
+    # 1-GPU prefill, 2-GPU decode; demand 3P, 100 * 40 / 2,000 = 2D -> 3 + 4 = 7 GPUs > 5; current 1P + 1D = 3.
+    # Candidates P in 1..3, D in 1..2 within 5 GPUs: 3P+1D (5, 2 GPUs from the proposal), 1P+2D (5, 2 away),
+    # 2P+1D (4, 3 away). Tie on distance -> prefill share closest to 3/7: 3/5 (off .17) beats 1/5 (off .23).
     BudgetClampCase(
-        id="disagg-decode-gets-the-floored-remainder",
+        id="disagg-closest-candidate",
         overrides={"max_gpu_budget": 5, "decode_engine_num_gpu": 2},
         obs=traffic(6000, 300, 40),
-        expected=(2, 1),
+        expected=(3, 1),
+        want_reason=ReasonCode.GPU_BUDGET_CAPPED,
     ),
-    # prefill-only, 2-GPU engines: 100 * 2000 / 20,000 = 10P = 20 GPUs > 7; floor(10 * 7/20 = 3.5) = 3 -> 6 GPUs.
+    # prefill-only, 2-GPU engines: 100 * 2000 / 20,000 = 10P = 20 GPUs > 7; from 1P the largest fit is 3P (6 GPUs).
     BudgetClampCase(
-        id="prefill-mode-floors",
+        id="prefill-mode",
         overrides={"mode": "prefill", "max_gpu_budget": 7, "prefill_engine_num_gpu": 2},
         obs=traffic(6000, 2000, 100),
         expected=(3, None),
+        want_reason=ReasonCode.GPU_BUDGET_CAPPED,
     ),
-    # decode-only, 2-GPU engines: 100 * 100 / 2,000 = 5D = 10 GPUs > 7; 7 // 2 = 3 -> 6 GPUs.
+    # decode-only, 2-GPU engines: 100 * 100 / 2,000 = 5D = 10 GPUs > 7; from 1D the largest fit is 3D (6 GPUs).
     BudgetClampCase(
-        id="decode-mode-floors",
+        id="decode-mode",
         overrides={"mode": "decode", "max_gpu_budget": 7, "decode_engine_num_gpu": 2},
         obs=traffic(6000, 1000, 100),
         expected=(None, 3),
+        want_reason=ReasonCode.GPU_BUDGET_CAPPED,
     ),
 ]
 
 
 @pytest.mark.parametrize("case", BUDGET_CLAMP_CASES, ids=lambda c: c.id)
 def test_gpu_budget_is_never_exceeded_when_floors_fit(case: BudgetClampCase) -> None:
-    """When the minimum footprint fits `max_gpu_budget`, the clamped proposal never uses more GPUs than it."""
+    """When the minimum footprint fits `max_gpu_budget`, the guarded proposal never uses more GPUs than it."""
     config = make_config(**case.overrides)
     outcome = tick(throughput_inputs(case.obs), PlannerState(), config, FAKE)
-    assert steps_named(outcome, "gpu_budget")[0].reason is ReasonCode.GPU_BUDGET_CAPPED
+    assert steps_named(outcome, "gpu_budget")[0].reason is case.want_reason
     assert gpus(outcome, config) <= config.max_gpu_budget
     desired = {p.component: p.desired for p in outcome.proposals}
     assert (desired.get(Component.PREFILL), desired.get(Component.DECODE)) == case.expected
@@ -1020,7 +1038,7 @@ budget_configs = bounded_configs().filter(lambda c: c.max_gpu_budget >= 0)
 
 @PROPERTY_SETTINGS
 @given(config=budget_configs, counts=expected_counts, num_req=requests, isl=lengths, osl=lengths)
-@example(  # the first BUDGET_CLAMP_CASES row: 3P + 1D clamped to 1P + 1D = 2 GPUs
+@example(  # the first BUDGET_CLAMP_CASES row: 3P + 1D held at 1P + 1D = 2 GPUs
     config=make_config(max_gpu_budget=2), counts=workers(), num_req=6000, isl=300, osl=10
 )
 def test_property_gpu_budget_fake(
@@ -1053,3 +1071,95 @@ def test_request_rate_uses_the_observed_window_length() -> None:
     short = TrafficObservation(duration_s=WINDOW_S / 2, num_req=600, isl=1000, osl=100)
     # 600 requests in 30 s = 20 req/s * 1000 = 20,000 prefill tok/s / 10,000 -> 2 (the 60 s interval would say 1)
     assert desired(tick(throughput_inputs(short), PlannerState(), config, FAKE))[Component.PREFILL] == 2
+
+
+# --- request shape and 0.x correction factors -------------------------------------------------------------------
+
+
+def test_quantile_sizing_uses_the_forecast_tail() -> None:
+    """With `throughput_length_sizing: quantile`, both pools are sized as if every request had the p90 lengths."""
+    config = make_config(throughput_length_sizing="quantile")
+    obs = traffic(6000, 2000, 500, isl_p90=4000.0, osl_p90=1000.0)
+    outcome = tick(throughput_inputs(obs), PlannerState(), config, FAKE)
+    # 100 req/s * 4000 / 10,000 = 40P; 100 * 1000 / 1,000 = 100D (the mean shape gives 20P / 50D)
+    assert desired(outcome) == {Component.PREFILL: 40, Component.DECODE: 100}
+    (step,) = steps_named(outcome, "length_sizing")
+    assert step.reason is ReasonCode.SIZED_ON_QUANTILE and "p90 ISL 4000, OSL 1000" in step.detail
+
+
+def test_quantile_sizing_without_observed_percentiles_sizes_on_the_mean() -> None:
+    """No observed percentiles: the quantile series carries the mean forward, so the sizing equals the mean's."""
+    config = make_config(throughput_length_sizing="quantile")
+    outcome = tick(throughput_inputs(traffic(6000, 2000, 500)), PlannerState(), config, FAKE)
+    assert desired(outcome) == {Component.PREFILL: 20, Component.DECODE: 50}
+    assert "p90 ISL 2000, OSL 500 (mean 2000, 500)" in steps_named(outcome, "length_sizing")[0].detail
+
+
+@pytest.mark.parametrize(
+    ("isl_quantile", "osl_quantile", "want_shape", "want_reason"),
+    [
+        (None, None, (2000.0, 500.0), ReasonCode.QUANTILE_UNAVAILABLE),  # no quantile forecast: the mean
+        (3000.0, None, (2000.0, 500.0), ReasonCode.QUANTILE_UNAVAILABLE),  # both are needed
+        (3000.0, 800.0, (3000.0, 800.0), ReasonCode.SIZED_ON_QUANTILE),
+        (1500.0, 800.0, (2000.0, 800.0), ReasonCode.SIZED_ON_QUANTILE),  # a quantile below the mean: the mean
+    ],
+)
+def test_sizing_shape(
+    isl_quantile: float | None, osl_quantile: float | None, want_shape: tuple[float, float], want_reason: ReasonCode
+) -> None:
+    prediction = Prediction(
+        num_req=10.0, isl=2000.0, osl=500.0, quantile="p90", isl_quantile=isl_quantile, osl_quantile=osl_quantile
+    )
+    shape, step = sizing_shape(prediction, LengthSizing.QUANTILE)
+    assert (shape.isl, shape.osl) == want_shape
+    assert step.reason is want_reason
+
+
+def test_mean_sizing_is_the_default() -> None:
+    outcome = tick(throughput_inputs(traffic(6000, 2000, 500, isl_p90=4000.0)), PlannerState(), make_config(), FAKE)
+    assert desired(outcome) == {Component.PREFILL: 20, Component.DECODE: 50}
+    assert steps_named(outcome, "length_sizing")[0].reason is ReasonCode.SIZED_ON_MEAN
+
+
+def test_correction_factors_rescale_prefill_load_and_decode_target() -> None:
+    """0.x mode: prefill load x min(1, TTFT_obs / TTFT_interp); decode ITL target / (ITL_obs / ITL_interp)."""
+    config = make_config(throughput_algorithm="interpolation_corrected")
+    obs = traffic(6000, 2000, 500, ttft_ms=50.0, itl_ms=10.0)
+    outcome = tick(throughput_inputs(obs), PlannerState(), config, FAKE)
+    factors = {s.component: s.value for s in steps_named(outcome, "correction")}
+    assert factors == {Component.PREFILL: 0.5, Component.DECODE: 2.0}  # 50 / 100 and 10 / 5
+    # prefill: 100 req/s * 2000 * min(1, 0.5) / 10,000 = 10P; decode keeps 50D (fixed-rate model) but is sized
+    # for an ITL target of 10 ms / 2 = 5 ms
+    assert desired(outcome) == {Component.PREFILL: 10, Component.DECODE: 50}
+    decode_capacity = steps_named(outcome, "capacity", Component.DECODE)[0]
+    assert "at ITL 5.0 ms" in decode_capacity.detail
+
+
+def test_correction_factor_above_one_never_inflates_prefill_load() -> None:
+    config = make_config(throughput_algorithm="interpolation_corrected")
+    obs = traffic(6000, 2000, 500, ttft_ms=300.0, itl_ms=5.0)  # TTFT 3x the interpolation: min(1, 3) = 1
+    outcome = tick(throughput_inputs(obs), PlannerState(), config, FAKE)
+    assert desired(outcome) == {Component.PREFILL: 20, Component.DECODE: 50}
+
+
+def test_correction_unavailable_without_observed_latency() -> None:
+    config = make_config(throughput_algorithm="interpolation_corrected")
+    outcome = tick(throughput_inputs(traffic(6000, 2000, 500)), PlannerState(), config, FAKE)
+    assert {s.reason for s in steps_named(outcome, "correction")} == {ReasonCode.CORRECTION_UNAVAILABLE}
+    assert desired(outcome) == {Component.PREFILL: 20, Component.DECODE: 50}
+
+
+def test_correction_with_the_profile_sizes_decode_for_the_tighter_target(profile_perf: ProfilePerfModel) -> None:
+    """Observed ITL above the interpolation (factor > 1) tightens the ITL target: never fewer decode replicas."""
+    # 6000 requests of 60 + 80 * 300 ms over 60 s on one decode worker: concurrency ~2400, interpolated ITL < 80 ms
+    obs = traffic(6000, 3000, 300, ttft_ms=60.0, itl_ms=80.0)
+    plain = tick(throughput_inputs(obs), PlannerState(), make_config(), profile_perf)
+    corrected = tick(
+        throughput_inputs(obs),
+        PlannerState(),
+        make_config(throughput_algorithm="interpolation_corrected"),
+        profile_perf,
+    )
+    (decode_factor,) = [s.value for s in steps_named(corrected, "correction", Component.DECODE)]
+    assert decode_factor is not None and decode_factor > 1.0
+    assert desired(corrected)[Component.DECODE] >= desired(plain)[Component.DECODE]

@@ -80,3 +80,145 @@ def bound_gpu_budget(
             ),
         ),
     )
+
+
+def _gpus(pair: tuple[int, int], prefill_gpus: int, decode_gpus: int) -> int:
+    return pair[0] * prefill_gpus + pair[1] * decode_gpus
+
+
+def guard_gpu_budget(
+    current: tuple[int, int],
+    proposed: tuple[int, int],
+    *,
+    prefill_gpus: int,
+    decode_gpus: int,
+    min_gpu_budget: int,
+    max_gpu_budget: int,
+    prefill_floor: int,
+    decode_floor: int,
+) -> tuple[tuple[int, int], StepRecord]:
+    """Fit a (prefill, decode) proposal into the GPU budget band without ever reversing its direction.
+
+    The band is `[min_gpu_budget - tolerance, max_gpu_budget]` (-1 disables a side); `tolerance` is the GPU cost of
+    the widest engine among the pools that change (among all pools on a hold), and only applies when both sides
+    are set, so that a band narrower than one engine never traps the planner. Pools below their minimum count as
+    at their minimum: the minimums win over the budget.
+    - The proposal is in the band: it stands (`within_range`).
+    - The current counts are outside the band: reconcile from the proposal, ignoring direction — proportionally
+      down to the ceiling (`bound_gpu_budget`) or up to the floor (`ceil`, never shrinking a pool)
+      (`gpu_budget_reconcile`).
+    - Otherwise the result is the candidate between current and proposed (per pool, inclusive) that fits the
+      band and is closest to the proposal in GPUs, then closest in prefill share, then furthest from current,
+      then first in scan order (fewest prefill, then fewest decode). Unlike a proportional clamp, this never
+      moves a pool past its proposal or against it; a down proposal stops at the floor rather than being
+      refused outright.
+      A rebalance (one pool up, the other down) moves both legs or neither. When only the current counts fit,
+      the proposal is held (`gpu_budget_guard_hold`); else the result is `gpu_budget_capped` (ceiling) or
+      `gpu_budget_floored` (floor).
+    """
+    # A pool below its minimum is raised regardless of the budget (the minimums win), so never hold below it.
+    current = (max(current[0], prefill_floor), max(current[1], decode_floor))
+    pools = ((current[0], proposed[0], prefill_gpus), (current[1], proposed[1], decode_gpus))
+    # A hold is judged with the widest engine: otherwise a band narrower than one engine would force a reconcile.
+    changing = [gpus for now, want, gpus in pools if now != want] or [gpus for _, _, gpus in pools]
+    tolerance = max(changing) if min_gpu_budget >= 0 and max_gpu_budget >= 0 else 0
+
+    def in_band(pair: tuple[int, int]) -> bool:
+        total = _gpus(pair, prefill_gpus, decode_gpus)
+        above = max_gpu_budget >= 0 and total > max_gpu_budget
+        below = min_gpu_budget >= 0 and total < min_gpu_budget - tolerance
+        return not (above or below)
+
+    proposed_gpus = _gpus(proposed, prefill_gpus, decode_gpus)
+    low = "-" if min_gpu_budget < 0 else str(min_gpu_budget - tolerance)
+    band = f"band [{low}, {'-' if max_gpu_budget < 0 else max_gpu_budget}]"
+    if in_band(proposed):
+        return proposed, StepRecord(
+            step="gpu_budget",
+            value=proposed_gpus,
+            reason=ReasonCode.WITHIN_RANGE,
+            detail=f"{proposed[0]}P+{proposed[1]}D = {proposed_gpus} GPUs within {band}",
+        )
+    if not in_band(current):
+        result = _reconcile(
+            proposed, prefill_gpus, decode_gpus, min_gpu_budget, max_gpu_budget, prefill_floor, decode_floor
+        )
+        return result, StepRecord(
+            step="gpu_budget",
+            value=_gpus(result, prefill_gpus, decode_gpus),
+            reason=ReasonCode.GPU_BUDGET_RECONCILE,
+            detail=(
+                f"current {current[0]}P+{current[1]}D is outside the {band}: proposal {proposed[0]}P+{proposed[1]}D "
+                f"reconciled to {result[0]}P+{result[1]}D"
+            ),
+        )
+
+    def between(a: int, b: int) -> range:
+        return range(min(a, b), max(a, b) + 1)
+
+    rebalance = (proposed[0] - current[0]) * (proposed[1] - current[1]) < 0
+    share = proposed[0] * prefill_gpus / proposed_gpus if proposed_gpus else 0.0
+    best: tuple[tuple[float, float, int, int], tuple[int, int]] | None = None
+    for num_prefill in between(current[0], proposed[0]):
+        for num_decode in between(current[1], proposed[1]):
+            pair = (num_prefill, num_decode)
+            if not in_band(pair) or num_prefill < prefill_floor or num_decode < decode_floor:
+                continue
+            if rebalance and pair != current and (num_prefill == current[0] or num_decode == current[1]):
+                continue  # both legs of a rebalance or neither
+            total = _gpus(pair, prefill_gpus, decode_gpus)
+            distance = abs(num_prefill - proposed[0]) * prefill_gpus + abs(num_decode - proposed[1]) * decode_gpus
+            # rounded so that mirror-image candidates tie exactly and the scan order decides
+            skew = round(abs((num_prefill * prefill_gpus / total if total else 0.0) - share), 9)
+            progress = abs(num_prefill - current[0]) * prefill_gpus + abs(num_decode - current[1]) * decode_gpus
+            key = (distance, skew, -progress, total)
+            if best is None or key < best[0]:
+                best = (key, pair)
+    result = current if best is None else best[1]
+    if result == current:
+        reason = ReasonCode.GPU_BUDGET_GUARD_HOLD
+    elif max_gpu_budget >= 0 and proposed_gpus > max_gpu_budget:
+        reason = ReasonCode.GPU_BUDGET_CAPPED
+    else:
+        reason = ReasonCode.GPU_BUDGET_FLOORED
+    return result, StepRecord(
+        step="gpu_budget",
+        value=_gpus(result, prefill_gpus, decode_gpus),
+        reason=reason,
+        detail=(
+            f"{proposed[0]}P+{proposed[1]}D ({proposed_gpus} GPUs) is outside the {band}: "
+            f"{'held at' if result == current else 'moved from'} {current[0]}P+{current[1]}D"
+            + ("" if result == current else f" to {result[0]}P+{result[1]}D")
+        ),
+    )
+
+
+def _reconcile(
+    proposed: tuple[int, int],
+    prefill_gpus: int,
+    decode_gpus: int,
+    min_gpu_budget: int,
+    max_gpu_budget: int,
+    prefill_floor: int,
+    decode_floor: int,
+) -> tuple[int, int]:
+    """Bring a proposal into the band proportionally: down to the ceiling or up to the floor."""
+    total = _gpus(proposed, prefill_gpus, decode_gpus)
+    if max_gpu_budget >= 0 and total > max_gpu_budget:
+        num_prefill, num_decode, _ = bound_gpu_budget(
+            proposed[0],
+            proposed[1],
+            prefill_gpus=prefill_gpus,
+            decode_gpus=decode_gpus,
+            max_gpu_budget=max_gpu_budget,
+            prefill_floor=prefill_floor,
+            decode_floor=decode_floor,
+        )
+        return num_prefill, num_decode
+    if min_gpu_budget >= 0 and 0 < total < min_gpu_budget:  # an all-zero proposal has no proportions to grow
+        scale = min_gpu_budget / total
+        grown = (math.ceil(proposed[0] * scale), max(proposed[1], math.ceil(proposed[1] * scale)))
+        if max_gpu_budget >= 0 and _gpus(grown, prefill_gpus, decode_gpus) > max_gpu_budget:
+            return _reconcile(grown, prefill_gpus, decode_gpus, -1, max_gpu_budget, prefill_floor, decode_floor)
+        return grown
+    return proposed

@@ -5,6 +5,10 @@ For each pool, `replicas = ceil(demand / capacity_per_engine)`:
 - decode demand is `N * OSL / T` tokens/s, served at the best tokens/s/GPU whose ITL meets the SLA for
   context `ISL + OSL / 2`;
 then the minimum endpoints, the per-tick change cap and the GPU budget are applied, each as a recorded step.
+
+The request shape (ISL, OSL) is the forecast mean, or with `LengthSizing.QUANTILE` the forecast length quantile
+(`sizing_shape`). With `ThroughputAlgorithm.INTERPOLATION_CORRECTED`, Dynamo 0.x's correction factors
+(`correction_factors`) rescale the prefill load and the decode ITL target.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from planner_core.domain import Component, Prediction, ReasonCode, StepRecord
+from planner_core.config import LengthSizing
+from planner_core.domain import Component, Prediction, ReasonCode, StepRecord, TrafficObservation
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +37,26 @@ class ThroughputPerfModel(Protocol):
 
     def decode_capacity(self, *, isl: float, osl: float, itl_ms: float) -> PhaseCapacity: ...
 
+    def prefill_ttft_ms(self, isl: float) -> float: ...
+
+    def decode_itl_ms(self, concurrency: float, context_length: float) -> float: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestShape:
+    """The request lengths (tokens) a pool is sized for."""
+
+    isl: float
+    osl: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CorrectionFactors:
+    """Dynamo 0.x's observed / interpolated latency ratios; 1.0 means "no correction"."""
+
+    prefill: float = 1.0
+    decode: float = 1.0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ThroughputTargets:
@@ -44,11 +69,108 @@ class ThroughputTargets:
     decode_gpus_per_engine: int
 
 
+def sizing_shape(prediction: Prediction, sizing: LengthSizing) -> tuple[RequestShape, StepRecord]:
+    """The request shape to size for: the forecast mean, or the forecast length quantile when asked and known."""
+    mean = RequestShape(isl=prediction.isl, osl=prediction.osl)
+    if sizing is LengthSizing.MEAN:
+        step = StepRecord(
+            step="length_sizing",
+            reason=ReasonCode.SIZED_ON_MEAN,
+            detail=f"mean ISL {mean.isl:.0f}, OSL {mean.osl:.0f}",
+        )
+        return mean, step
+    if prediction.isl_quantile is None or prediction.osl_quantile is None:
+        step = StepRecord(
+            step="length_sizing",
+            reason=ReasonCode.QUANTILE_UNAVAILABLE,
+            detail=f"no {prediction.quantile or 'length'} forecast yet: mean ISL {mean.isl:.0f}, OSL {mean.osl:.0f}",
+        )
+        return mean, step
+    # A quantile below the mean (possible for skewed forecasts) would size for less than the mean shape.
+    shape = RequestShape(isl=max(prediction.isl_quantile, mean.isl), osl=max(prediction.osl_quantile, mean.osl))
+    step = StepRecord(
+        step="length_sizing",
+        reason=ReasonCode.SIZED_ON_QUANTILE,
+        detail=f"{prediction.quantile} ISL {shape.isl:.0f}, OSL {shape.osl:.0f} (mean {mean.isl:.0f}, {mean.osl:.0f})",
+    )
+    return shape, step
+
+
+def correction_factors(
+    traffic: TrafficObservation, num_decode_workers: int, perf: ThroughputPerfModel
+) -> tuple[CorrectionFactors, list[StepRecord]]:
+    """Dynamo 0.x's correction factors from the window just observed.
+
+    `prefill = observed TTFT / interpolated TTFT(observed ISL)`; `decode = observed ITL / interpolated
+    ITL(concurrency, ISL + OSL/2)` with `concurrency = num_req / num_decode_workers * request_duration / T`.
+    The window has no request-duration figure, so `request_duration = TTFT + ITL * OSL` from the observed means.
+    A factor is 1.0 when its latency was not observed, the window was idle, or the interpolation gives 0.
+    """
+    steps: list[StepRecord] = []
+    prefill = decode = 1.0
+    busy = traffic.num_req > 0 and traffic.duration_s > 0
+    expected_ttft_ms = perf.prefill_ttft_ms(traffic.isl) if busy else 0.0
+    if busy and traffic.ttft_ms is not None and expected_ttft_ms > 0:
+        prefill = traffic.ttft_ms / expected_ttft_ms
+        steps.append(
+            StepRecord(
+                step="correction",
+                component=Component.PREFILL,
+                value=prefill,
+                reason=ReasonCode.CORRECTION_APPLIED,
+                detail=f"observed TTFT {traffic.ttft_ms:.1f} ms / interpolated {expected_ttft_ms:.1f} ms",
+            )
+        )
+    else:
+        steps.append(
+            StepRecord(
+                step="correction",
+                component=Component.PREFILL,
+                value=1.0,
+                reason=ReasonCode.CORRECTION_UNAVAILABLE,
+                detail="no observed TTFT in a busy window",
+            )
+        )
+    if busy and traffic.ttft_ms is not None and traffic.itl_ms is not None and num_decode_workers > 0:
+        request_duration_s = (traffic.ttft_ms + traffic.itl_ms * traffic.osl) / 1000.0
+        concurrency = traffic.num_req / num_decode_workers * request_duration_s / traffic.duration_s
+        context = traffic.isl + traffic.osl / 2.0
+        expected_itl_ms = perf.decode_itl_ms(concurrency, context)
+        if expected_itl_ms > 0:
+            decode = traffic.itl_ms / expected_itl_ms
+            steps.append(
+                StepRecord(
+                    step="correction",
+                    component=Component.DECODE,
+                    value=decode,
+                    reason=ReasonCode.CORRECTION_APPLIED,
+                    detail=(
+                        f"observed ITL {traffic.itl_ms:.2f} ms / interpolated {expected_itl_ms:.2f} ms "
+                        f"at concurrency {concurrency:.1f}, context {context:.0f}"
+                    ),
+                )
+            )
+            return CorrectionFactors(prefill=prefill, decode=decode), steps
+    steps.append(
+        StepRecord(
+            step="correction",
+            component=Component.DECODE,
+            value=1.0,
+            reason=ReasonCode.CORRECTION_UNAVAILABLE,
+            detail="no observed TTFT and ITL in a busy window",
+        )
+    )
+    return CorrectionFactors(prefill=prefill, decode=decode), steps
+
+
 def calculate_replicas(
     component: Component,
     prediction: Prediction,
     targets: ThroughputTargets,
     perf: ThroughputPerfModel,
+    *,
+    shape: RequestShape | None = None,
+    correction: CorrectionFactors | None = None,
 ) -> tuple[int, list[StepRecord]]:
     """Replicas one pool needs for the forecast demand, before any bound.
 
@@ -57,19 +179,25 @@ def calculate_replicas(
         prediction: forecast requests per window and mean ISL/OSL (tokens).
         targets: SLA targets (ms), window length (s) and GPUs per engine.
         perf: the engine perf model.
+        shape: the request lengths to size for (default: the forecast means).
+        correction: 0.x correction factors (default: none). Prefill load is scaled by `min(1, prefill)`,
+            the decode ITL target divided by `decode`.
 
     Returns:
         `ceil(demand_tokens_per_s / (tokens_per_s_per_gpu * gpus_per_engine))` and the steps explaining it.
     """
     steps: list[StepRecord] = []
+    shape = shape or RequestShape(isl=prediction.isl, osl=prediction.osl)
+    correction = correction or CorrectionFactors()
     if component is Component.PREFILL:
-        demand_tokens_per_s = prediction.num_req * prediction.isl / targets.window_s
-        capacity = perf.prefill_capacity(isl=prediction.isl, ttft_ms=targets.ttft_ms)
+        demand_tokens_per_s = prediction.num_req * shape.isl / targets.window_s * min(1.0, correction.prefill)
+        capacity = perf.prefill_capacity(isl=shape.isl, ttft_ms=targets.ttft_ms)
         gpus, latency_name, target_ms = targets.prefill_gpus_per_engine, "TTFT", targets.ttft_ms
     else:
-        demand_tokens_per_s = prediction.num_req * prediction.osl / targets.window_s
-        capacity = perf.decode_capacity(isl=prediction.isl, osl=prediction.osl, itl_ms=targets.itl_ms)
-        gpus, latency_name, target_ms = targets.decode_gpus_per_engine, "ITL", targets.itl_ms
+        demand_tokens_per_s = prediction.num_req * shape.osl / targets.window_s
+        target_ms = targets.itl_ms / correction.decode if correction.decode > 0 else targets.itl_ms
+        capacity = perf.decode_capacity(isl=shape.isl, osl=shape.osl, itl_ms=target_ms)
+        gpus, latency_name = targets.decode_gpus_per_engine, "ITL"
     engine_tokens_per_s = capacity.tokens_per_s_per_gpu * gpus
     steps.append(
         StepRecord(

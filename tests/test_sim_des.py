@@ -1,0 +1,160 @@
+"""The discrete-event cluster simulator on hand-checkable cases (a linear forward-pass model: pure logic)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from planner_core.domain import Component, EngineLimits
+from planner_core.sim.des import ClusterSimulator, RouterPolicy, SimSpec
+from planner_core.traces import RequestTrace
+
+
+@dataclass(frozen=True, slots=True)
+class LinearFwd:
+    """prefill: 10 ms + 0.1 ms per 1k tokens... written out: 0.010 + tokens * 1e-5 s; decode: 0.005 + 1e-4 per
+    request + 1e-8 per KV token."""
+
+    def is_ready(self) -> bool:
+        return True
+
+    def prefill_wall_s(self, prefill_tokens: float) -> float:
+        return 0.010 + prefill_tokens * 1e-5
+
+    def decode_wall_s(self, num_decode_requests: float, decode_kv_tokens: float) -> float:
+        return 0.005 + num_decode_requests * 1e-4 + decode_kv_tokens * 1e-8
+
+    def mixed_wall_s(self, prefill_tokens: float, num_decode_requests: float, decode_kv_tokens: float) -> float:
+        return self.prefill_wall_s(prefill_tokens) + self.decode_wall_s(num_decode_requests, decode_kv_tokens)
+
+
+FWD = LinearFwd()
+
+
+def make_trace(arrival_s: list[float], isl: list[int], osl: list[int]) -> RequestTrace:
+    def frozen(values: list[float] | list[int]) -> np.ndarray:
+        array = np.asarray(values, dtype=float)
+        array.flags.writeable = False
+        return array
+
+    return RequestTrace(source="test", start_epoch_s=0.0, arrival_s=frozen(arrival_s), isl=frozen(isl), osl=frozen(osl))
+
+
+def run(trace: RequestTrace, spec: SimSpec | None = None, *, num_prefill: int = 1, num_decode: int = 1):  # noqa: ANN201
+    sim = ClusterSimulator(trace, FWD, spec or SimSpec(), num_prefill=num_prefill, num_decode=num_decode)
+    sim.run_to_completion()
+    return sim, sim.result()
+
+
+def test_single_request_latencies() -> None:
+    # prefill 1000 tokens: 0.010 + 0.01 = 0.020 s -> TTFT 20 ms (no transfer cost)
+    # decode 100 - 1 = 99 iterations in one segment at the midpoint KV 1000 + 99 / 2 = 1049.5:
+    # 0.005 + 1e-4 + 1049.5e-8 = 0.0051104950 s per token
+    _, result = run(make_trace([0.0], [1000], [100]))
+    assert result.ttft_s[0] == pytest.approx(0.020)
+    iter_s = 0.005 + 1e-4 + 1049.5e-8
+    assert result.itl_s[0] == pytest.approx(iter_s)
+    assert result.finish_s[0] == pytest.approx(0.020 + 99 * iter_s)
+
+
+def test_kv_transfer_adds_to_ttft() -> None:
+    # 1000 tokens * 20 us = 20 ms on top of the 20 ms prefill
+    _, result = run(make_trace([0.0], [1000], [10]), SimSpec(kv_transfer_s_per_token=20e-6))
+    assert result.ttft_s[0] == pytest.approx(0.040)
+
+
+def test_chunked_prefill_splits_at_max_num_batched_tokens() -> None:
+    # A 20,000-token prompt runs as chunks of 8192 + 8192 + 3616: 3 * 0.010 + 20,000e-5 = 0.23 s.
+    _, result = run(make_trace([0.0], [20_000], [2]))
+    assert result.ttft_s[0] == pytest.approx(0.23)
+
+
+def test_prompts_share_a_chunk_while_the_engine_is_busy() -> None:
+    # Request 0 (6000 tokens) starts alone at t=0 and ends at 0.010 + 0.06 = 0.07 s. Requests 1 and 2 arrive at
+    # 0.01 s while it runs; the next chunk takes all 6000 of request 1 and 2192 of request 2 (0.010 + 0.08192 s),
+    # the last one the remaining 3808 tokens of request 2 (0.010 + 0.03808 s).
+    trace = make_trace([0.0, 0.01, 0.01], [6000, 6000, 6000], [2, 2, 2])
+    _, result = run(trace)
+    second_end = 0.07 + 0.010 + 8192e-5
+    assert result.ttft_s.tolist() == pytest.approx([0.07, second_end - 0.01, second_end + 0.010 + 3808e-5 - 0.01])
+
+
+def test_max_num_seqs_limits_a_prefill_chunk() -> None:
+    # max_num_seqs 1: each 100-token prompt is its own iteration of 0.010 + 0.001 s.
+    spec = SimSpec(prefill_limits=EngineLimits(max_num_seqs=1))
+    _, result = run(make_trace([0.0, 0.0, 0.0], [100, 100, 100], [2, 2, 2]), spec)
+    assert result.ttft_s.tolist() == pytest.approx([0.011, 0.022, 0.033])
+
+
+def test_a_request_joining_mid_segment_starts_at_the_next_iteration() -> None:
+    # Request 0 decodes alone: iterations of 0.005 + 1e-4 + (1000 + 499/2)e-8 s from t = 0.020 (its TTFT).
+    # Request 1 arrives at 0.5 s; its prefill ends at 0.520 s and it joins request 0's batch at the end of the
+    # iteration in progress then. Both finish, and request 0's ITL grows because the batch grew.
+    trace = make_trace([0.0, 0.5], [1000, 1000], [500, 500])
+    _, result = run(trace)
+    alone_iter_s = 0.005 + 1e-4 + (1000 + 499 / 2) * 1e-8
+    assert result.ttft_s[1] == pytest.approx(0.020)
+    joined_iters = math.floor((0.520 - 0.020) / alone_iter_s) + 1
+    assert joined_iters < 499
+    assert result.itl_s[0] > alone_iter_s
+    assert np.all(np.isfinite(result.finish_s))
+    # request 0 produced `joined_iters` tokens alone, then ran in a batch of two until its 499th token
+    assert result.finish_s[0] > 0.020 + 499 * alone_iter_s
+
+
+def test_kv_capacity_makes_requests_wait_for_a_slot() -> None:
+    # KV cache of 1500 tokens: request 1 (footprint 1000 + 100) cannot join request 0 (1100) and waits for it.
+    spec = SimSpec(decode_limits=EngineLimits(max_kv_tokens=1500))
+    _, result = run(make_trace([0.0, 0.0], [1000, 1000], [100, 100]), spec)
+    assert result.finish_s[1] > result.finish_s[0]
+    # its first decode iteration starts only when request 0 is done, so its mean ITL includes that wait
+    assert result.itl_s[1] > 1.5 * result.itl_s[0]
+
+
+def test_startup_delay_and_gpu_seconds() -> None:
+    # One decode worker from t=0 and a second requested at t=10 with a 120 s start-up: the second is not ready at
+    # 100 s, ready at 130 s. GPU-seconds count the starting worker.
+    trace = make_trace([0.0, 200.0], [100, 100], [2, 2])
+    sim = ClusterSimulator(trace, FWD, SimSpec(startup_s=120.0), num_prefill=1, num_decode=1)
+    sim.run_until(10.0)
+    sim.set_targets(None, 2)
+    sim.run_until(100.0)
+    assert (sim.worker_counts().ready_decode, sim.worker_counts().expected_decode) == (1, 2)
+    sim.run_until(130.0)
+    assert sim.worker_counts().ready_decode == 2
+    # 1 prefill + 1 decode for 130 s, plus the second decode worker from 10 s: 260 + 120 = 380 GPU-seconds
+    assert sim.result().gpu_s == pytest.approx(380.0)
+
+
+def test_scale_down_cancels_starting_workers_first_then_drains() -> None:
+    trace = make_trace([0.0], [100], [1000])
+    sim = ClusterSimulator(trace, FWD, SimSpec(startup_s=60.0), num_prefill=1, num_decode=2)
+    sim.run_until(1.0)
+    sim.set_targets(None, 3)  # one starting
+    sim.set_targets(None, 1)  # cancels the starting one, then drains one ready worker
+    counts = sim.worker_counts()
+    assert (counts.ready_decode, counts.expected_decode) == (1, 1)
+    sim.run_to_completion()
+    assert np.isfinite(sim.result().finish_s[0])  # the request on a draining worker still finishes
+
+
+@pytest.mark.parametrize("router", list(RouterPolicy))
+def test_routers_spread_requests(router: RouterPolicy) -> None:
+    trace = make_trace([0.0] * 8, [4000] * 8, [2] * 8)
+    sim, result = run(trace, SimSpec(router=router), num_prefill=4)
+    # 8 prompts of 4000 tokens at t=0 on 4 engines, 2 per engine: the first starts alone (0.010 + 0.04 s), the
+    # second follows it (0.1 s).
+    assert sorted(result.ttft_s.tolist()) == pytest.approx([0.05] * 4 + [0.1] * 4)
+    assert {f.component for f in sim.latest_fpm()} == {Component.PREFILL, Component.DECODE}
+
+
+def test_deterministic() -> None:
+    rng = np.random.default_rng(7)
+    arrivals = np.sort(rng.uniform(0, 60, 300)).tolist()
+    trace = make_trace(arrivals, rng.integers(100, 4000, 300).tolist(), rng.integers(2, 400, 300).tolist())
+    first, second = run(trace, num_prefill=2, num_decode=2)[1], run(trace, num_prefill=2, num_decode=2)[1]
+    assert np.array_equal(first.finish_s, second.finish_s)
+    assert np.all(np.isfinite(first.finish_s))

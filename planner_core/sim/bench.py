@@ -1,0 +1,278 @@
+"""The planning benchmark: scaling policies side by side on the same requests, in the discrete-event simulator.
+
+Every policy serves the same trace on the same simulated cluster (`planner_core.sim.des`); the figures per policy
+are SLA attainment (TTFT, ITL, both), goodput, GPU-hours and scaling events, with GPU-hours relative to the oracle.
+
+Policies:
+- `static-peak` / `static-mean`: a fixed size, enough for the busiest window / for the mean window (sized with the
+  planner's own capacity model on the windows' actual traffic).
+- `oracle`: knows the future and scales instantly (start-up 0): at the start of each window it sets, per pool, the
+  replicas the capacity model says that window's actual traffic needs (`required_replicas` on the window's own
+  request count and mean lengths), never below the minimum endpoints. Its GPU-hours are the lower bound that the
+  other policies are compared with, under the same capacity model.
+- `planner:<name>`: the planner's decision core (`tick`) in the loop, with a config: each throughput interval it
+  sees the window that just ended, each load interval the engines' forward-pass snapshots; its decisions apply
+  at once (start-up delays still apply). `fixed:P:D` is a fixed size given on the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from planner_core.config import PlannerConfig
+from planner_core.domain import Component, Loop, PlannerState, Prediction, TickInputs, TrafficObservation
+from planner_core.perf.forward import ForwardPassModel
+from planner_core.policy.throughput import ThroughputPerfModel, ThroughputTargets, calculate_replicas
+from planner_core.sim.des import ClusterSimulator, SimResult, SimSpec
+from planner_core.tick import tick
+from planner_core.traces import RequestTrace, bucket_windows
+
+
+class ScalingPolicy(Protocol):
+    """A policy the benchmark can run: an initial size, a cadence, and a decision at each of its ticks."""
+
+    name: str
+    interval_s: float
+    startup_s: float | None  # None: the benchmark's start-up time; the oracle scales instantly
+
+    def initial(self) -> tuple[int, int]: ...
+
+    def decide(self, now_s: float, sim: ClusterSimulator) -> tuple[int | None, int | None] | None: ...
+
+
+def required_replicas(obs: TrafficObservation, config: PlannerConfig, perf: ThroughputPerfModel) -> tuple[int, int]:
+    """(prefill, decode) replicas the capacity model says a window of traffic needs, at least the minimums."""
+    if obs.num_req <= 0:
+        return config.prefill_min_endpoint_effective, config.decode_min_endpoint_effective
+    targets = ThroughputTargets(
+        ttft_ms=config.ttft_ms,
+        itl_ms=config.itl_ms,
+        window_s=obs.duration_s,
+        prefill_gpus_per_engine=config.prefill_gpus_per_engine,
+        decode_gpus_per_engine=config.decode_gpus_per_engine,
+    )
+    prediction = Prediction(num_req=obs.num_req, isl=obs.isl, osl=obs.osl)
+    prefill, _ = calculate_replicas(Component.PREFILL, prediction, targets, perf)
+    decode, _ = calculate_replicas(Component.DECODE, prediction, targets, perf)
+    return max(prefill, config.prefill_min_endpoint_effective), max(decode, config.decode_min_endpoint_effective)
+
+
+@dataclass(slots=True)
+class FixedPolicy:
+    name: str
+    num_prefill: int
+    num_decode: int
+    interval_s: float = math.inf
+    startup_s: float | None = None
+
+    def initial(self) -> tuple[int, int]:
+        return self.num_prefill, self.num_decode
+
+    def decide(self, now_s: float, sim: ClusterSimulator) -> None:  # noqa: ARG002
+        return None
+
+
+@dataclass(slots=True)
+class OraclePolicy:
+    """Instant scaling to each window's actual need (see the module docstring)."""
+
+    sizes: Sequence[tuple[int, int]]  # per window, from the window starting at 0
+    interval_s: float
+    name: str = "oracle"
+    startup_s: float | None = 0.0
+
+    def initial(self) -> tuple[int, int]:
+        return self.sizes[0]
+
+    def decide(self, now_s: float, sim: ClusterSimulator) -> tuple[int, int] | None:  # noqa: ARG002
+        index = int(round(now_s / self.interval_s))
+        return self.sizes[index] if index < len(self.sizes) else None
+
+
+@dataclass(slots=True)
+class PlannerPolicy:
+    """The planner's decision core in the loop, ticking both loops on their intervals."""
+
+    name: str
+    config: PlannerConfig
+    perf: ThroughputPerfModel | None
+    startup_s: float | None = None
+    state: PlannerState = dataclasses.field(default_factory=PlannerState)
+
+    @property
+    def interval_s(self) -> float:
+        return self.config.scale_interval_seconds_effective
+
+    def initial(self) -> tuple[int, int]:
+        return self.config.prefill_min_endpoint_effective, self.config.decode_min_endpoint_effective
+
+    def decide(self, now_s: float, sim: ClusterSimulator) -> tuple[int | None, int | None] | None:
+        targets: tuple[int | None, int | None] | None = None
+        loops = []
+        throughput_s = float(self.config.throughput_adjustment_interval_seconds)
+        if self.config.throughput_scaling_active and _on_interval(now_s, throughput_s):
+            loops.append(Loop.THROUGHPUT)
+        if self.config.load_scaling_active and _on_interval(now_s, float(self.config.load_adjustment_interval_seconds)):
+            loops.append(Loop.LOAD)
+        for loop in loops:
+            inputs = TickInputs(
+                now_s=now_s,
+                loop=loop,
+                workers=sim.worker_counts(),
+                traffic=sim.observe(max(0.0, now_s - throughput_s), now_s) if loop is Loop.THROUGHPUT else None,
+                fpm=sim.latest_fpm() if loop is Loop.LOAD else (),
+            )
+            outcome = tick(inputs, self.state, self.config, self.perf)
+            self.state = outcome.next_state
+            decision = outcome.decision
+            if not decision.is_empty and not decision.advisory:
+                targets = (decision.num_prefill, decision.num_decode)
+                sim.set_targets(*targets)
+        return None  # applied above, per loop, so a load tick sees the throughput tick's targets
+
+
+def _on_interval(now_s: float, interval_s: float) -> bool:
+    ratio = now_s / interval_s
+    return now_s > 0 and abs(ratio - round(ratio)) < 1e-9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchRow:
+    """One policy's figures (the `--json` row)."""
+
+    policy: str
+    requests: int
+    ttft_attainment: float
+    itl_attainment: float
+    sla_attainment: float
+    goodput_rps: float
+    gpu_hours: float
+    gpu_hours_vs_oracle: float | None
+    scaling_events: int
+    ttft_ms_mean: float
+    ttft_ms_p90: float
+    itl_ms_mean: float
+    itl_ms_p90: float
+    wall_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyRun:
+    row: BenchRow
+    result: SimResult
+
+
+def score(
+    name: str, trace: RequestTrace, result: SimResult, *, ttft_ms: float, itl_ms: float, wall_s: float
+) -> BenchRow:
+    """Attainment and cost of one run. Unfinished requests count as misses; ITL of 1-token requests is met."""
+    ttft = result.ttft_s * 1000.0
+    itl = result.itl_s * 1000.0
+    finished = np.isfinite(result.finish_s)
+    ttft_met = np.isfinite(ttft) & (ttft <= ttft_ms)
+    itl_met = finished & (~np.isfinite(itl) | (itl <= itl_ms))
+    both = ttft_met & itl_met
+    duration_s = max(trace.duration_s, 1e-9)
+    return BenchRow(
+        policy=name,
+        requests=trace.num_requests,
+        ttft_attainment=float(ttft_met.mean()) if len(ttft) else 1.0,
+        itl_attainment=float(itl_met.mean()) if len(itl) else 1.0,
+        sla_attainment=float(both.mean()) if len(ttft) else 1.0,
+        goodput_rps=float(both.sum() / duration_s),
+        gpu_hours=result.gpu_s / 3600.0,
+        gpu_hours_vs_oracle=None,
+        scaling_events=result.num_scaling_events,
+        ttft_ms_mean=float(np.nanmean(ttft)) if np.isfinite(ttft).any() else math.nan,
+        ttft_ms_p90=float(np.nanpercentile(ttft, 90)) if np.isfinite(ttft).any() else math.nan,
+        itl_ms_mean=float(np.nanmean(itl)) if np.isfinite(itl).any() else math.nan,
+        itl_ms_p90=float(np.nanpercentile(itl, 90)) if np.isfinite(itl).any() else math.nan,
+        wall_s=wall_s,
+    )
+
+
+def run_policy(
+    policy: ScalingPolicy, trace: RequestTrace, fwd: ForwardPassModel, spec: SimSpec, *, ttft_ms: float, itl_ms: float
+) -> PolicyRun:
+    """Serve the trace under one policy and score it."""
+    started = time.perf_counter()
+    if policy.startup_s is not None:
+        spec = dataclasses.replace(spec, startup_s=policy.startup_s)
+    num_prefill, num_decode = policy.initial()
+    sim = ClusterSimulator(trace, fwd, spec, num_prefill=num_prefill, num_decode=num_decode)
+    if math.isfinite(policy.interval_s):
+        num_ticks = int(trace.duration_s // policy.interval_s)
+        for index in range(1, num_ticks + 1):
+            now_s = index * policy.interval_s
+            sim.run_until(now_s)
+            targets = policy.decide(now_s, sim)
+            if targets is not None:
+                sim.set_targets(*targets)
+    sim.run_to_completion()
+    result = sim.result()
+    row = score(policy.name, trace, result, ttft_ms=ttft_ms, itl_ms=itl_ms, wall_s=time.perf_counter() - started)
+    return PolicyRun(row=row, result=result)
+
+
+def window_sizes(
+    trace: RequestTrace, config: PlannerConfig, perf: ThroughputPerfModel, window_s: float
+) -> list[tuple[int, int]]:
+    """The capacity model's (prefill, decode) need of each window of the trace, from the window at offset 0."""
+    return [required_replicas(obs, config, perf) for obs in bucket_windows(trace, window_s)]
+
+
+def baseline_policies(
+    trace: RequestTrace, config: PlannerConfig, perf: ThroughputPerfModel, *, window_s: float
+) -> list[ScalingPolicy]:
+    """Static for the peak and for the mean, and the oracle, all sized with the same capacity model."""
+    sizes = window_sizes(trace, config, perf, window_s)
+    peak = (max(p for p, _ in sizes), max(d for _, d in sizes))
+    windows = bucket_windows(trace, window_s)
+    busy = [w for w in windows if w.num_req > 0]
+    mean_obs = TrafficObservation(
+        duration_s=window_s,
+        num_req=float(np.mean([w.num_req for w in windows])),
+        isl=float(np.average([w.isl for w in busy], weights=[w.num_req for w in busy])) if busy else 0.0,
+        osl=float(np.average([w.osl for w in busy], weights=[w.num_req for w in busy])) if busy else 0.0,
+    )
+    mean = required_replicas(mean_obs, config, perf)
+    return [
+        FixedPolicy(name="static-peak", num_prefill=peak[0], num_decode=peak[1]),
+        FixedPolicy(name="static-mean", num_prefill=mean[0], num_decode=mean[1]),
+        OraclePolicy(sizes=sizes, interval_s=window_s),
+    ]
+
+
+def run_bench(
+    policies: Sequence[ScalingPolicy],
+    trace: RequestTrace,
+    fwd: ForwardPassModel,
+    spec: SimSpec,
+    *,
+    ttft_ms: float,
+    itl_ms: float,
+    on_policy_done: Callable[[BenchRow], None] | None = None,
+) -> list[PolicyRun]:
+    """Run every policy on the same trace; fill `gpu_hours_vs_oracle` when an `oracle` policy is among them."""
+    runs = []
+    for policy in policies:
+        run = run_policy(policy, trace, fwd, spec, ttft_ms=ttft_ms, itl_ms=itl_ms)
+        runs.append(run)
+        if on_policy_done is not None:
+            on_policy_done(run.row)
+    oracle = next((r for r in runs if r.row.policy == "oracle"), None)
+    if oracle is not None and oracle.row.gpu_hours > 0:
+        runs = [
+            dataclasses.replace(
+                r, row=dataclasses.replace(r.row, gpu_hours_vs_oracle=r.row.gpu_hours / oracle.row.gpu_hours)
+            )
+            for r in runs
+        ]
+    return runs

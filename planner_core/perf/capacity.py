@@ -187,6 +187,12 @@ def chunked_prefill_s(tokens: float, max_num_batched_tokens: int, chunk_wall_s: 
     return total + (chunk_wall_s(tail) if tail > 0 else 0.0)
 
 
+def _effective_isl(isl: float, hit: float) -> int:
+    """Prompt tokens computed per request: `max(1, ceil(ISL * (1 - hit)))`. The ceiling forgives float noise
+    (1000 * (1 - 0.95) is 50.00000000000004, which must count as 50 tokens, not 51)."""
+    return max(1, math.ceil(isl * (1.0 - hit) - 1e-9))
+
+
 def _check_shape(isl: float, osl: float | None = None) -> None:
     if not (math.isfinite(isl) and isl > 0):
         raise ValueError(f"isl must be a finite number > 0, got {isl!r}")
@@ -326,7 +332,7 @@ def prefill_capacity(
     if not model.is_ready():
         return _not_ready(CapacityRole.PREFILL, component, steps)
     mbt = limits.max_num_batched_tokens
-    isl_eff = max(1, math.ceil(isl * (1.0 - hit)))
+    isl_eff = _effective_isl(isl, hit)
     if isl_eff > mbt:
         max_batch, limit = 1, BatchLimit.PROMPT_EXCEEDS_BUDGET
     elif limits.max_num_seqs <= mbt // isl_eff:
@@ -455,7 +461,7 @@ def agg_capacity(
     if not model.is_ready():
         return _not_ready(CapacityRole.AGG, component, steps)
     mbt = limits.max_num_batched_tokens
-    isl_eff = max(1, math.ceil(isl * (1.0 - hit)))
+    isl_eff = _effective_isl(isl, hit)
     context = max(1, math.floor(isl + osl // 2))
     decode_cap, limit = _decode_batch_cap(limits, context)
     if decode_cap < 1 or mbt < 2:

@@ -19,6 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"
 DEFAULT_TRACE = SHARED_DIR / "traces" / "AzureLLMInferenceTrace_conv.csv"
 DEFAULT_CONFIG = REPO_ROOT / "infra" / "configs" / "demo.yaml"
+DEFAULT_PROFILE = SHARED_DIR / "perf" / "dynamo-planner-test-profile" / "H200_TP1P_TP1D"
 
 EXAMPLE_QUERIES = (
     (
@@ -281,6 +282,23 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_perf_accuracy(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from planner_core.perf.accuracy import accuracy_report, format_report
+    from planner_core.perf.profile import load_profile
+
+    report = accuracy_report(
+        load_profile(args.profile), isl=args.isl, osl=args.osl, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms
+    )
+    if args.json:
+        print(json.dumps(dataclasses.asdict(report)))
+        return 0
+    print("\n".join(format_report(report)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="planner", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -314,6 +332,17 @@ def build_parser() -> argparse.ArgumentParser:
     capacity.add_argument("--decode-gpus", type=int, default=1, help="GPUs per decode engine")
     capacity.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     capacity.set_defaults(func=cmd_capacity)
+
+    accuracy = sub.add_parser(
+        "perf-accuracy", help="how well the perf models reproduce and predict a profile, and their engine capacity"
+    )
+    accuracy.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="Dynamo profile folder (NPZ or JSON)")
+    accuracy.add_argument("--isl", type=float, default=3000, help="capacity comparison: ISL (tokens)")
+    accuracy.add_argument("--osl", type=float, default=300, help="capacity comparison: OSL (tokens)")
+    accuracy.add_argument("--ttft-ms", type=float, default=200, help="capacity comparison: TTFT target (ms)")
+    accuracy.add_argument("--itl-ms", type=float, default=10, help="capacity comparison: ITL target (ms)")
+    accuracy.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    accuracy.set_defaults(func=cmd_perf_accuracy)
 
     history = sub.add_parser("history", help="print the example decision-history queries")
     history.add_argument("--deployment", default="demo")

@@ -31,12 +31,17 @@ from planner_core.domain import (
     EnsembleMember,
     EnsembleState,
     ForwardPassMetrics,
+    FpmSample,
     KalmanState,
     LengthQuantile,
     LoadHistory,
     LoadSeries,
     Loop,
     MemberScore,
+    ModelReadiness,
+    OnlineModelState,
+    OnlinePerfState,
+    PerfModelRole,
     PlannerState,
     Prediction,
     QueuedRequests,
@@ -199,6 +204,26 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         isl_quantile_model=series_model,
         osl_quantile_model=series_model,
     )
+    fpm_sample = st.builds(FpmSample, seq=counts, features=float_tuples, wall_time_s=floats)
+    online_model = st.builds(
+        OnlineModelState,
+        role=st.sampled_from(PerfModelRole),
+        samples=st.lists(fpm_sample, max_size=3).map(tuple),
+        axis_min=float_tuples,
+        axis_max=float_tuples,
+        readiness=st.sampled_from(ModelReadiness),
+        readiness_detail=st.text(max_size=12),
+        intercept_s=opt_floats,
+        coefficients=float_tuples,
+        num_accepted=counts,
+        num_idle_skipped=counts,
+        num_invalid_skipped=counts,
+        num_retired=counts,
+        recent_isl=float_tuples,
+        recent_decode_context=float_tuples,
+        recent_num_decode=float_tuples,
+    )
+    online_perf = st.builds(OnlinePerfState, prefill=online_model, decode=online_model, agg=online_model)
     state = st.builds(
         PlannerState,
         load_history=history,
@@ -206,6 +231,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         throughput_lower_bound_decode=counts,
         num_throughput_ticks=counts,
         num_load_ticks=counts,
+        perf_models=online_perf,
     )
     step = st.builds(
         StepRecord,
@@ -253,6 +279,9 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         EnsembleState: ensemble,
         SeriesModel: series_model,
         LoadHistory: history,
+        FpmSample: fpm_sample,
+        OnlineModelState: online_model,
+        OnlinePerfState: online_perf,
         PlannerState: state,
         StepRecord: step,
         ReplicaProposal: proposal,

@@ -276,3 +276,34 @@ def run_bench(
             for r in runs
         ]
     return runs
+
+
+def bench_figure(runs: Sequence[PolicyRun], trace: RequestTrace, *, window_s: float = 60.0):  # noqa: ANN201
+    """A Plotly figure: load, ready replicas and per-window mean TTFT / ITL over time, one line per policy."""
+    from plotly.subplots import make_subplots  # plotting is only needed for the HTML page
+
+    figure = make_subplots(
+        rows=4,
+        cols=1,
+        shared_xaxes=True,
+        subplot_titles=("requests/s", "ready GPUs (prefill + decode workers)", "mean TTFT (ms)", "mean ITL (ms)"),
+    )
+    windows = bucket_windows(trace, window_s)
+    starts_min = [i * window_s / 60.0 for i in range(len(windows))]
+    figure.add_scatter(x=starts_min, y=[w.num_req / window_s for w in windows], name="load", row=1, col=1)
+    edges = np.arange(len(windows) + 1) * window_s
+    window_of = np.clip(np.searchsorted(edges, trace.arrival_s, side="right") - 1, 0, max(0, len(windows) - 1))
+    for run in runs:
+        timeline = run.result.worker_timeline
+        times = [t / 60.0 for t, _, _ in timeline] + [trace.duration_s / 60.0]
+        workers = [p + d for _, p, d in timeline] + [timeline[-1][1] + timeline[-1][2]]
+        figure.add_scatter(x=times, y=workers, name=run.row.policy, line_shape="hv", row=2, col=1)
+        for row, values in ((3, run.result.ttft_s * 1000.0), (4, run.result.itl_s * 1000.0)):
+            sums = np.bincount(window_of, weights=np.nan_to_num(values), minlength=len(windows))
+            counts = np.bincount(window_of, weights=np.isfinite(values), minlength=len(windows))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                means = np.where(counts > 0, sums / counts, np.nan)
+            figure.add_scatter(x=starts_min, y=means, name=run.row.policy, showlegend=False, row=row, col=1)
+    figure.update_xaxes(title_text="minutes into the trace", row=4, col=1)
+    figure.update_layout(height=1100, title=f"planner bench: {trace.source}")
+    return figure

@@ -36,11 +36,17 @@ from planner_core.domain import (
     LoadHistory,
     LoadSeries,
     Loop,
+    HeldResult,
     MemberScore,
+    OverrideType,
+    PartialPrediction,
+    PipelineState,
     PlannerState,
+    PluginSchedule,
     Prediction,
     QueuedRequests,
     ReasonCode,
+    ReplicaOverride,
     ReplicaProposal,
     ScalingDecision,
     ScheduledRequests,
@@ -199,6 +205,37 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         isl_quantile_model=series_model,
         osl_quantile_model=series_model,
     )
+    override = st.builds(
+        ReplicaOverride,
+        component=st.none() | st.sampled_from(Component),
+        kind=st.sampled_from(OverrideType),
+        replicas=st.none() | counts,
+        reason=st.text(max_size=12),
+    )
+    partial_prediction = st.builds(
+        PartialPrediction,
+        num_req=opt_floats,
+        isl=opt_floats,
+        osl=opt_floats,
+        quantile=st.none() | st.sampled_from(LengthQuantile).map(str),
+        isl_quantile=opt_floats,
+        osl_quantile=opt_floats,
+    )
+    held = st.builds(
+        HeldResult,
+        produced_at_s=floats,
+        predictions=st.none() | partial_prediction,
+        overrides=st.lists(override, max_size=3).map(tuple),
+        final=st.booleans(),
+    )
+    plugin_schedule = st.builds(
+        PluginSchedule,
+        plugin_id=st.text(max_size=12),
+        registered_at_s=floats,
+        last_run_at_s=opt_floats,
+        held=st.none() | held,
+    )
+    pipeline_state = st.builds(PipelineState, plugins=st.lists(plugin_schedule, max_size=3).map(tuple))
     state = st.builds(
         PlannerState,
         load_history=history,
@@ -206,6 +243,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         throughput_lower_bound_decode=counts,
         num_throughput_ticks=counts,
         num_load_ticks=counts,
+        pipeline=pipeline_state,
     )
     step = st.builds(
         StepRecord,
@@ -253,6 +291,11 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         EnsembleState: ensemble,
         SeriesModel: series_model,
         LoadHistory: history,
+        ReplicaOverride: override,
+        PartialPrediction: partial_prediction,
+        HeldResult: held,
+        PluginSchedule: plugin_schedule,
+        PipelineState: pipeline_state,
         PlannerState: state,
         StepRecord: step,
         ReplicaProposal: proposal,

@@ -152,7 +152,7 @@ def merge_overrides(
                     reason=_OVERRIDE_REASON[override.kind],
                     component=component,
                     value=value,
-                    detail=(override.reason or "") + held,
+                    detail=f"{override.reason}{held}" if override.reason else held.strip(" ()"),
                 )
             )
             usable.append(override)

@@ -405,7 +405,8 @@ class _Tick:
             out = self._turn(spec, plugin, proposals, targets)
             if out is None:
                 continue
-            summary = f"{len(out.overrides)} override{'' if len(out.overrides) == 1 else 's'}"
+            count = len(out.overrides)
+            summary = "no overrides" if count == 0 else f"{count} override{'' if count == 1 else 's'}"
             if out.final:
                 summary += ", final"
             if out.held_from_s is not None:

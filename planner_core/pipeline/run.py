@@ -3,7 +3,8 @@
 `run_pipeline(plugins, inputs, state, config, *, clock=None)` is pure apart from the optional `clock` (a callable
 returning monotonic seconds) used only for deadlines: without a clock, and with plugins that are themselves pure,
 the outcome depends only on the arguments, so a recorded tick replays exactly. OBSERVE has already happened: the
-caller collected `inputs` (`schedule.observations_needed` tells it what the due plugins read).
+caller collected `inputs` (`schedule.observations_needed` tells it what the due plugins read). `inputs.loop` is not
+used: which logic runs on a tick follows from the plugins' intervals, not from a loop name.
 
 Per tick:
 

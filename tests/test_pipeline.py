@@ -554,6 +554,13 @@ def test_missing_inputs_and_fields_skip_without_advancing() -> None:
     assert retried.next_state.pipeline.schedule("size").last_run_at_s == 65.0  # type: ignore[union-attr]
 
 
+def test_predict_plugin_may_require_an_earlier_field() -> None:
+    """A refining PREDICT plugin that requires `predictions.num_req` runs once an earlier plugin wrote it."""
+    refine = plugin("refine", Phase.PREDICT, priority=5, requires_produced_fields=("predictions.num_req",))
+    assert run([refine]).run_of("refine").reason is ReasonCode.REQUIRED_FIELDS_MISSING  # type: ignore[union-attr]
+    assert run([refine, predictor("base", 0, num_req=5.0)]).run_of("refine").ran  # type: ignore[union-attr]
+
+
 def test_requires_produced_proposals() -> None:
     """A RECONCILE plugin requiring `proposals` runs only on ticks where some PROPOSE plugin overrode something."""
     reconcile = plugin("r", Phase.RECONCILE, requires_produced_fields=("proposals",))

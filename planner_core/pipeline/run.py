@@ -376,6 +376,10 @@ class _Tick:
                 continue
             written = out.predictions or PartialPrediction()
             self.predictions, taken, shadowed = merge_predictions(self.predictions, written)
+            # Later PREDICT plugins may require what this one wrote.
+            self.produced.update(f"predictions.{name}" for name in taken)
+            if self.predictions.complete() is not None:
+                self.produced.add("predictions")
             detail = _format_fields(written, taken) if taken else "no field written"
             if shadowed:
                 detail += "; already written by an earlier plugin: " + ", ".join(shadowed)
@@ -394,9 +398,6 @@ class _Tick:
                 self.steps.append(
                     StepRecord(step=f"predict:{spec.plugin_id}", reason=ReasonCode.PREDICT_CHAIN_FINAL, detail=detail)
                 )
-        self.produced.update(f"predictions.{name}" for name in self.predictions.fields_set())
-        if self.predictions.complete() is not None:
-            self.produced.add("predictions")
 
     def _override_phase(
         self, phase: Phase, proposals: tuple[Contribution, ...], targets: MappingProxyType[Component, int]

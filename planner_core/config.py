@@ -31,7 +31,7 @@ import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from planner_core.domain import Component, EngineLimits, LengthQuantile
+from planner_core.domain import Component, EngineLimits, HoldPolicy, LengthQuantile
 
 __all__ = [
     "Backend",
@@ -44,6 +44,8 @@ __all__ = [
     "OptimizationTarget",
     "PlannerConfig",
     "PlannerMode",
+    "PluginOverrideConfig",
+    "PluginsConfig",
     "SchedulingConfig",
     "SweepingMode",
     "ThroughputAlgorithm",
@@ -242,6 +244,58 @@ class EngineLimitsConfig(BaseModel):
     context_length: int | None = Field(default=None, gt=0)
 
 
+class PluginOverrideConfig(BaseModel):
+    """Operator overrides of one plugin's scheduling (ours); unset fields keep the plugin's own spec.
+
+    Attributes:
+        priority: merge precedence; smaller wins (its SET is the recommendation, its `final` wins).
+        interval_seconds: run at most this often (s); 0 means every tick.
+        hold_policy: what the plugin contributes while not due.
+        timeout_seconds: a run that takes longer (measured only when the caller passes a clock) is discarded.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    priority: int | None = None
+    interval_seconds: float | None = Field(default=None, ge=0)
+    hold_policy: HoldPolicy | None = None
+    timeout_seconds: float | None = Field(default=None, gt=0)
+
+
+class PluginsConfig(BaseModel):
+    """User plugins of the decision pipeline (ours; see `planner_core.pipeline`).
+
+    Installed packages offer plugins through the `llm_planner.plugins` entry-point group; only those named in
+    `enabled` are loaded, so installing a package never changes decisions by itself.
+
+    Attributes:
+        enabled: entry-point names to load, in addition to the builtin plugins.
+        settings: per entry-point name, the mapping passed to its factory.
+        overrides: per plugin id (builtin or user), scheduling overrides.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    enabled: tuple[str, ...] = ()
+    settings: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    overrides: dict[str, PluginOverrideConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _settings_for_enabled_plugins(self) -> PluginsConfig:
+        """Settings for a plugin that is not enabled would be silently unused; listing one twice is a slip."""
+        violations: list[tuple[str, Any, str]] = []
+        seen: set[str] = set()
+        for name in self.enabled:
+            if name in seen:
+                violations.append(_rule("plugins.enabled", name, "listed more than once"))
+            seen.add(name)
+        for name in self.settings:
+            if name not in seen:
+                violations.append(_rule(f"plugins.settings.{name}", name, "not in plugins.enabled"))
+        _raise_rules(violations)
+        return self
+
+
 # Field name -> the other accepted spellings (Dynamo's aliases).
 _ALIASES: dict[str, tuple[str, ...]] = {
     "ttft_ms": ("ttft",),
@@ -381,6 +435,8 @@ class PlannerConfig(BaseModel):
     # How long an unacknowledged virtual-connector decision blocks newer ones (s); Dynamo's
     # SCALING_MAX_WAIT_TIME.
     virtual_connector_timeout_seconds: float = Field(default=1800.0, gt=0)
+    # User plugins of the decision pipeline: which entry points to load, their settings and scheduling overrides.
+    plugins: PluginsConfig = Field(default_factory=PluginsConfig)
 
     # ------------------------------------------------------------------------------------------------
     # Validation (never mutates; raises the first violation and counts the rest)

@@ -77,6 +77,35 @@ class ReasonCode(enum.StrEnum):
     SPECULATIVE_DECODING_OFF = "speculative_decoding_off"  # speculative_nextn = 0: accept length 1
     KV_HIT_RATE_CLAMPED = "kv_hit_rate_clamped"  # hit rate outside [0, 0.95] clamped for the prefill discount
     ACCEPT_LENGTH_CLAMPED = "accept_length_clamped"  # accept length outside [1, nextn + 1] clamped
+    # Plugin pipeline (planner_core.pipeline): what each plugin did this tick
+    PLUGIN_NO_OPINION = "plugin_no_opinion"  # ran and returned nothing (Dynamo's ACCEPT)
+    PLUGIN_OVERRIDES = "plugin_overrides"  # ran and returned replica overrides
+    PLUGIN_NOT_DUE = "plugin_not_due"  # its interval has not elapsed; no opinion (ACCEPT_WHEN_IDLE or nothing held)
+    PLUGIN_HELD_OVER = "plugin_held_over"  # not due; its last result was replayed (HOLD_LAST)
+    REQUIRED_FIELDS_MISSING = "required_fields_missing"  # due, but a field it requires was not produced; retried
+    PLUGIN_RAISED = "plugin_raised"  # raised an exception; result ignored, retried next tick
+    PLUGIN_INVALID_RESULT = "plugin_invalid_result"  # returned something unusable; ignored, retried next tick
+    PLUGIN_TIMEOUT = "plugin_timeout"  # finished after its own time limit; result discarded, retried next tick
+    PLUGIN_LOAD_FAILED = "plugin_load_failed"  # an entry point could not be loaded; the plugin is not run
+    PREDICT_CHAIN_FINAL = "predict_chain_final"  # a PREDICT plugin said `final`: later PREDICT plugins not run
+    # Plugin pipeline: overrides and how they were merged
+    OVERRIDE_SET = "override_set"  # a plugin recommends exactly this many replicas
+    OVERRIDE_AT_LEAST = "override_at_least"  # a plugin sets a floor
+    OVERRIDE_AT_MOST = "override_at_most"  # a plugin sets a ceiling
+    OVERRIDE_REJECT = "override_reject"  # a plugin vetoes scaling this tick
+    OVERRIDE_INVALID = "override_invalid"  # malformed override (e.g. SET without replicas); ignored
+    UNMANAGED_COMPONENT = "unmanaged_component"  # override for a pool this planner's mode does not manage; ignored
+    CONSTRAIN_SET_DROPPED = "constrain_set_dropped"  # CONSTRAIN may only bound: a SET there is dropped
+    CONSTRAIN_FINAL_IGNORED = "constrain_final_ignored"  # CONSTRAIN cannot claim `final`; merged normally
+    MERGE_FINAL = "merge_final"  # the smallest-priority `final` result was taken verbatim
+    MERGE_FLOOR = "merge_floor"  # raised to the largest AT_LEAST
+    MERGE_CEILING = "merge_ceiling"  # lowered to the smallest AT_MOST
+    MERGE_FLOOR_OVER_CEILING = "merge_floor_over_ceiling"  # floor > ceiling: the floor wins
+    # Plugin pipeline: the EXECUTE decision (Dynamo's execute actions)
+    APPLY = "apply"  # targets differ from the current counts and are to be applied
+    SKIP_NO_TARGETS = "skip_no_targets"  # no plugin had an opinion, or every target equals the current count
+    SKIP_SHORT_CIRCUIT = "skip_short_circuit"  # a plugin rejected the tick
+    SKIP_TICK_TIMEOUT = "skip_tick_timeout"  # the tick overran scheduling.tick_max_duration_seconds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -513,6 +542,137 @@ class LoadHistory:
         return max(self.num_windows, len(self.num_req))
 
 
+class OverrideType(enum.StrEnum):
+    """How a plugin's replica count for a pool is meant (merged as described in `planner_core.pipeline.merge`)."""
+
+    SET = "set"  # recommend exactly this count (the smallest-priority SET is the recommendation)
+    AT_LEAST = "at_least"  # floor: the merged count is at least this
+    AT_MOST = "at_most"  # ceiling: the merged count is at most this (a conflicting floor wins)
+    REJECT = "reject"  # veto: nothing is executed this tick
+
+
+class HoldPolicy(enum.StrEnum):
+    """What a plugin contributes on a tick where its interval has not elapsed."""
+
+    HOLD_LAST = "hold_last"  # replay the result of its last successful run
+    ACCEPT_WHEN_IDLE = "accept_when_idle"  # no opinion
+
+
+class ExecuteAction(enum.StrEnum):
+    """The EXECUTE decision of one pipeline tick (Dynamo's execute actions, plus advisory mode)."""
+
+    APPLY = "apply"  # hand the targets to the connector
+    SKIP_NO_TARGETS = "skip_no_targets"  # nothing to change
+    SKIP_SHORT_CIRCUIT = "skip_short_circuit"  # a plugin rejected the tick
+    SKIP_TICK_TIMEOUT = "skip_tick_timeout"  # the whole tick overran its deadline
+    ADVISORY = "advisory"  # would apply, but the planner is advisory: recorded, never executed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaOverride:
+    """One plugin's opinion about one pool's replica count.
+
+    Attributes:
+        component: the pool; None only for a REJECT, which vetoes the whole tick whatever the pool.
+        kind: SET, AT_LEAST, AT_MOST or REJECT.
+        replicas: the count (>= 0); required except for REJECT.
+        reason: the plugin's own short explanation, recorded with the override.
+    """
+
+    component: Component | None
+    kind: OverrideType
+    replicas: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartialPrediction:
+    """Forecast fields written by PREDICT plugins; None means "no opinion" on that field.
+
+    The PREDICT chain fills it field by field, first writer (smallest priority) wins. `complete()` is the
+    `Prediction` the sizing logic needs once `num_req`, `isl` and `osl` are all known.
+    """
+
+    num_req: float | None = None
+    isl: float | None = None
+    osl: float | None = None
+    quantile: str | None = None
+    isl_quantile: float | None = None
+    osl_quantile: float | None = None
+
+    @classmethod
+    def of(cls, prediction: Prediction) -> PartialPrediction:
+        """Every field of a full prediction."""
+        return cls(**{f.name: getattr(prediction, f.name) for f in dataclasses.fields(Prediction)})
+
+    def fields_set(self) -> tuple[str, ...]:
+        """Names of the fields that hold a value, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None)
+
+    def complete(self) -> Prediction | None:
+        """The full `Prediction`, or None while num_req, isl or osl is missing."""
+        if self.num_req is None or self.isl is None or self.osl is None:
+            return None
+        return Prediction(
+            num_req=self.num_req,
+            isl=self.isl,
+            osl=self.osl,
+            quantile=self.quantile,
+            isl_quantile=self.isl_quantile,
+            osl_quantile=self.osl_quantile,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeldResult:
+    """A plugin's last successful result, replayed on ticks where it is not due (HOLD_LAST).
+
+    Attributes:
+        produced_at_s: scheduled time of the tick that produced it.
+        predictions: what a PREDICT plugin wrote (None for other phases or no opinion).
+        overrides: what a PROPOSE/RECONCILE/CONSTRAIN plugin returned.
+        final: whether the result claimed `final`.
+    """
+
+    produced_at_s: float
+    predictions: PartialPrediction | None = None
+    overrides: tuple[ReplicaOverride, ...] = ()
+    final: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PluginSchedule:
+    """When one plugin of the pipeline was registered and last ran, and its held result.
+
+    Attributes:
+        plugin_id: the plugin.
+        registered_at_s: scheduled time of the first tick that saw the plugin; a plugin with an interval first
+            runs at `registered_at_s + interval`.
+        last_run_at_s: scheduled time of its last successful run (None: never ran); the next run is due at
+            `last_run_at_s + interval`.
+        held: its last result, kept only under HOLD_LAST.
+    """
+
+    plugin_id: str
+    registered_at_s: float
+    last_run_at_s: float | None = None
+    held: HeldResult | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineState:
+    """Scheduling state of the plugin pipeline: one entry per plugin, sorted by plugin id."""
+
+    plugins: tuple[PluginSchedule, ...] = ()
+
+    def schedule(self, plugin_id: str) -> PluginSchedule | None:
+        """The entry of one plugin, or None if the pipeline has not seen it yet."""
+        for entry in self.plugins:
+            if entry.plugin_id == plugin_id:
+                return entry
+        return None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlannerState:
     """Cross-tick state of one managed deployment; stored as JSONB after every tick."""
@@ -523,6 +683,7 @@ class PlannerState:
     num_throughput_ticks: int = 0
     num_load_ticks: int = 0
     perf_models: OnlinePerfState = field(default_factory=OnlinePerfState)  # online FPM regressions per role
+    pipeline: PipelineState = field(default_factory=PipelineState)  # plugin schedules (planner_core.pipeline)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -636,6 +797,11 @@ _DATACLASSES: dict[str, type] = {
         EnsembleState,
         SeriesModel,
         LoadHistory,
+        ReplicaOverride,
+        PartialPrediction,
+        HeldResult,
+        PluginSchedule,
+        PipelineState,
         PlannerState,
         StepRecord,
         ReplicaProposal,
@@ -654,5 +820,8 @@ _ENUMS: dict[str, type[enum.Enum]] = {
         EnsembleMember,
         PerfModelRole,
         ModelReadiness,
+        OverrideType,
+        HoldPolicy,
+        ExecuteAction,
     )
 }

@@ -32,6 +32,7 @@ from planner_core.domain import (
     EnsembleState,
     ForwardPassMetrics,
     FpmSample,
+    HeldResult,
     KalmanState,
     LengthQuantile,
     LoadHistory,
@@ -41,11 +42,16 @@ from planner_core.domain import (
     ModelReadiness,
     OnlineModelState,
     OnlinePerfState,
+    OverrideType,
+    PartialPrediction,
     PerfModelRole,
+    PipelineState,
     PlannerState,
+    PluginSchedule,
     Prediction,
     QueuedRequests,
     ReasonCode,
+    ReplicaOverride,
     ReplicaProposal,
     ScalingDecision,
     ScheduledRequests,
@@ -224,6 +230,37 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         recent_num_decode=float_tuples,
     )
     online_perf = st.builds(OnlinePerfState, prefill=online_model, decode=online_model, agg=online_model)
+    override = st.builds(
+        ReplicaOverride,
+        component=st.none() | st.sampled_from(Component),
+        kind=st.sampled_from(OverrideType),
+        replicas=st.none() | counts,
+        reason=st.text(max_size=12),
+    )
+    partial_prediction = st.builds(
+        PartialPrediction,
+        num_req=opt_floats,
+        isl=opt_floats,
+        osl=opt_floats,
+        quantile=st.none() | st.sampled_from(LengthQuantile).map(str),
+        isl_quantile=opt_floats,
+        osl_quantile=opt_floats,
+    )
+    held = st.builds(
+        HeldResult,
+        produced_at_s=floats,
+        predictions=st.none() | partial_prediction,
+        overrides=st.lists(override, max_size=3).map(tuple),
+        final=st.booleans(),
+    )
+    plugin_schedule = st.builds(
+        PluginSchedule,
+        plugin_id=st.text(max_size=12),
+        registered_at_s=floats,
+        last_run_at_s=opt_floats,
+        held=st.none() | held,
+    )
+    pipeline_state = st.builds(PipelineState, plugins=st.lists(plugin_schedule, max_size=3).map(tuple))
     state = st.builds(
         PlannerState,
         load_history=history,
@@ -232,6 +269,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         num_throughput_ticks=counts,
         num_load_ticks=counts,
         perf_models=online_perf,
+        pipeline=pipeline_state,
     )
     step = st.builds(
         StepRecord,
@@ -282,6 +320,11 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         FpmSample: fpm_sample,
         OnlineModelState: online_model,
         OnlinePerfState: online_perf,
+        ReplicaOverride: override,
+        PartialPrediction: partial_prediction,
+        HeldResult: held,
+        PluginSchedule: plugin_schedule,
+        PipelineState: pipeline_state,
         PlannerState: state,
         StepRecord: step,
         ReplicaProposal: proposal,

@@ -1,0 +1,531 @@
+"""One tick of the plugin pipeline: PREDICT -> PROPOSE -> RECONCILE -> CONSTRAIN -> EXECUTE.
+
+`run_pipeline(plugins, inputs, state, config, *, clock=None)` is pure apart from the optional `clock` (a callable
+returning monotonic seconds) used only for deadlines: without a clock, and with plugins that are themselves pure,
+the outcome depends only on the arguments, so a recorded tick replays exactly. OBSERVE has already happened: the
+caller collected `inputs` (`schedule.observations_needed` tells it what the due plugins read). `inputs.loop` is not
+used: which logic runs on a tick follows from the plugins' intervals, not from a loop name.
+
+Per tick:
+
+* Plugins are taken in phase order, then priority, then plugin id. A plugin seen for the first time is registered
+  at `inputs.now_s`. One that is not due contributes its held result (HOLD_LAST) or nothing (ACCEPT_WHEN_IDLE).
+  A due plugin whose `needs` were not observed or whose `requires_produced_fields` are missing is skipped without
+  advancing its schedule, so it runs on the next tick where they exist.
+* PREDICT is a chain: each plugin sees the fields written before it and only fills the empty ones; `final` ends
+  the chain. The other phases are merged with `merge.merge_overrides`, each against the previous phase's result
+  (PROPOSE against the expected worker counts). A REJECT stops the pipeline (EXECUTE = skip_short_circuit).
+* A plugin that raises, returns something unusable or overruns its `timeout_s` is recorded and skipped; the tick
+  goes on. Its schedule is not advanced (it is retried on the next tick) and its held result is dropped.
+* Deadline: with a clock, the whole tick has `scheduling.tick_max_duration_seconds`. Python cannot preempt a
+  running plugin, so overruns are detected when the plugin returns: a plugin that finishes after the deadline has
+  its result discarded, later plugins are not run and EXECUTE is skip_tick_timeout. The clock is read once at the
+  start and twice per plugin run (before and after).
+* EXECUTE: if no override spoke about any pool, skip_no_targets. Otherwise the final invariants apply to every
+  managed pool, whoever proposed it: the minimum endpoints, then the GPU budget (`policy.bounds`). Pools whose
+  target equals the expected count are unchanged; if none changed, skip_no_targets, else apply (advisory when
+  `config.advisory`: everything computed and recorded, nothing executed). Like `tick()`, the decision then carries
+  every managed pool's target.
+
+"Current" is the expected count (`WorkerCounts.expected`), not the ready count Dynamo uses: while a scale-up is in
+flight, comparing with the ready count would turn "keep the target" into a cancellation of the scale-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from planner_core.config import PlannerConfig
+from planner_core.domain import (
+    Component,
+    ExecuteAction,
+    HeldResult,
+    HoldPolicy,
+    PartialPrediction,
+    PipelineState,
+    PlannerState,
+    PluginSchedule,
+    ReasonCode,
+    ReplicaOverride,
+    ReplicaProposal,
+    ScalingDecision,
+    StepRecord,
+    TickInputs,
+)
+from planner_core.pipeline.merge import merge_overrides, merge_predictions
+from planner_core.pipeline.schedule import is_due, next_due_s
+from planner_core.pipeline.types import (
+    MAX_STEP_NAME_CHARS,
+    Contribution,
+    Observation,
+    Phase,
+    PipelineContext,
+    PipelineOutcome,
+    Plugin,
+    PluginResult,
+    PluginRun,
+    PluginSpec,
+)
+from planner_core.policy.bounds import bound_gpu_budget, bound_min_endpoint
+from planner_core.tick import managed_components
+
+Clock = Callable[[], float]
+_MAX_ERROR_CHARS = 300
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Output:
+    """A plugin's usable contribution this tick: a fresh result (`held_from_s` None) or a replayed one."""
+
+    predictions: PartialPrediction | None = None
+    overrides: tuple[ReplicaOverride, ...] = ()
+    final: bool = False
+    steps: tuple[StepRecord, ...] = ()
+    held_from_s: float | None = None
+    elapsed_s: float | None = None
+
+
+def run_pipeline(
+    plugins: Sequence[Plugin],
+    inputs: TickInputs,
+    state: PlannerState,
+    config: PlannerConfig,
+    *,
+    clock: Clock | None = None,
+) -> PipelineOutcome:
+    """Run one tick of the plugin pipeline.
+
+    Args:
+        plugins: the plugins of this deployment (builtin and user), any order; plugin ids must be unique.
+        inputs: what the tick observed; `inputs.now_s` is the tick time every schedule is measured in.
+        state: the planner state after the previous tick; `state.pipeline` holds the plugin schedules.
+        config: the planner config (mode, min endpoints, GPU budget, advisory, tick deadline).
+        clock: monotonic seconds, for the tick deadline and per-plugin timeouts; None disables both.
+
+    Returns:
+        The EXECUTE decision, the targets, the next state and the explanation steps.
+
+    Raises:
+        ValueError: two plugins share a plugin id (a wiring error of the caller, not a plugin failure).
+    """
+    return _Tick(plugins, inputs, state, config, clock).run()
+
+
+def _one_line(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _MAX_ERROR_CHARS else flat[: _MAX_ERROR_CHARS - 3] + "..."
+
+
+def _format_fields(prediction: PartialPrediction, names: Sequence[str]) -> str:
+    parts = []
+    for name in names:
+        value = getattr(prediction, name)
+        parts.append(f"{name}={value:g}" if isinstance(value, float | int) else f"{name}={value}")
+    return ", ".join(parts)
+
+
+def _result_problem(spec: PluginSpec, result: object) -> str | None:
+    """Why a plugin's return value cannot be used, or None."""
+    if result is None:
+        return None
+    if not isinstance(result, PluginResult):
+        return f"returned {type(result).__name__}, not a PluginResult"
+    if result.predictions is not None and not isinstance(result.predictions, PartialPrediction):
+        return f"predictions is {type(result.predictions).__name__}, not a PartialPrediction"
+    if not isinstance(result.overrides, tuple | list):
+        return f"overrides is {type(result.overrides).__name__}, not a tuple"
+    if spec.phase is Phase.PREDICT and result.overrides:
+        return "a PREDICT plugin returned overrides"
+    if spec.phase is not Phase.PREDICT and result.predictions is not None:
+        return f"a {spec.phase.value.upper()} plugin returned predictions"
+    if not isinstance(result.final, bool):
+        return f"final is {result.final!r}, not a bool"
+    if not isinstance(result.steps, tuple | list):
+        return f"steps is {type(result.steps).__name__}, not a tuple"
+    for step in result.steps:
+        if not isinstance(step, StepRecord) or not isinstance(step.reason, ReasonCode):
+            return f"a step is not a StepRecord with a ReasonCode: {step!r}"
+        if not isinstance(step.step, str) or len(step.step) > MAX_STEP_NAME_CHARS:
+            return f"step name {step.step!r} is not a string of at most {MAX_STEP_NAME_CHARS} characters"
+    if result.state is not None and not isinstance(result.state, PlannerState):
+        return f"state is {type(result.state).__name__}, not a PlannerState"
+    return None
+
+
+class _Tick:
+    """The mutable bookkeeping of one `run_pipeline` call (nothing survives the call)."""
+
+    def __init__(
+        self,
+        plugins: Sequence[Plugin],
+        inputs: TickInputs,
+        state: PlannerState,
+        config: PlannerConfig,
+        clock: Clock | None,
+    ) -> None:
+        self.inputs = inputs
+        self.config = config
+        self.clock = clock
+        self.now_s = inputs.now_s
+        self.state = state
+        self.steps: list[StepRecord] = []
+        self.runs: list[PluginRun] = []
+        self.components = managed_components(config.mode)
+        self.expected = {c: inputs.workers.expected(c) for c in self.components}
+        self.deadline: float | None = None
+        self.stop: ReasonCode | None = None  # SKIP_SHORT_CIRCUIT or SKIP_TICK_TIMEOUT once the pipeline stopped
+        self.stop_detail = ""
+        self.predictions = PartialPrediction()
+        self.produced: set[str] = set()
+        self.entries = self._entries(plugins)
+        self.schedules: dict[str, PluginSchedule] = {}
+        for spec, _ in self.entries:
+            known = state.pipeline.schedule(spec.plugin_id)
+            self.schedules[spec.plugin_id] = known or PluginSchedule(
+                plugin_id=spec.plugin_id, registered_at_s=self.now_s
+            )
+
+    def _entries(self, plugins: Sequence[Plugin]) -> list[tuple[PluginSpec, Plugin]]:
+        entries: list[tuple[PluginSpec, Plugin]] = []
+        seen: set[str] = set()
+        for plugin in plugins:
+            try:
+                spec = plugin.spec
+            except Exception as exc:  # a user plugin's spec property failed: record it, run the others
+                self.steps.append(
+                    StepRecord(
+                        step="plugin",
+                        reason=ReasonCode.PLUGIN_RAISED,
+                        detail=_one_line(f"{type(plugin).__name__}.spec raised {type(exc).__name__}: {exc}"),
+                    )
+                )
+                continue
+            if not isinstance(spec, PluginSpec):
+                self.steps.append(
+                    StepRecord(
+                        step="plugin",
+                        reason=ReasonCode.PLUGIN_INVALID_RESULT,
+                        detail=f"{type(plugin).__name__}.spec is {type(spec).__name__}, not a PluginSpec; not run",
+                    )
+                )
+                continue
+            if spec.plugin_id in seen:
+                raise ValueError(f"run_pipeline: plugin id {spec.plugin_id!r} is used by two plugins")
+            seen.add(spec.plugin_id)
+            entries.append((spec, plugin))
+        entries.sort(key=lambda entry: entry[0].order_key)
+        return entries
+
+    # --- recording ---------------------------------------------------------------------------------------------
+
+    def _record(
+        self,
+        spec: PluginSpec,
+        reason: ReasonCode,
+        detail: str,
+        *,
+        ran: bool = False,
+        elapsed_s: float | None = None,
+    ) -> None:
+        self.steps.append(
+            StepRecord(step=f"{spec.phase.value}:{spec.plugin_id}", reason=reason, value=elapsed_s, detail=detail)
+        )
+        self.runs.append(
+            PluginRun(plugin_id=spec.plugin_id, phase=spec.phase, reason=reason, ran=ran, elapsed_s=elapsed_s)
+        )
+
+    def _failed(self, spec: PluginSpec, reason: ReasonCode, detail: str, elapsed_s: float | None = None) -> None:
+        """A due plugin's run is unusable: record it, keep its schedule (retry next tick), drop its held result."""
+        self._record(spec, reason, detail + "; retried next tick", elapsed_s=elapsed_s)
+        self.schedules[spec.plugin_id] = dataclasses.replace(self.schedules[spec.plugin_id], held=None)
+
+    # --- one plugin --------------------------------------------------------------------------------------------
+
+    def _observed(self, need: Observation) -> bool:
+        if need is Observation.TRAFFIC:
+            return self.inputs.traffic is not None
+        if need is Observation.FPM:
+            return bool(self.inputs.fpm)
+        return True  # worker counts are part of every tick's inputs
+
+    def _turn(
+        self,
+        spec: PluginSpec,
+        plugin: Plugin,
+        proposals: tuple[Contribution, ...],
+        targets: MappingProxyType[Component, int],
+    ) -> _Output | None:
+        """Give one plugin its turn: a fresh result, a replayed one, or None (skipped, no opinion or failed)."""
+        schedule = self.schedules[spec.plugin_id]
+        if self.stop is not None:
+            self._record(spec, self.stop, f"not run: {self.stop_detail}")
+            return None
+        if not is_due(spec, schedule, self.now_s):
+            if spec.hold_policy is HoldPolicy.HOLD_LAST and schedule.held is not None:
+                held = schedule.held
+                return _Output(
+                    predictions=held.predictions,
+                    overrides=held.overrides,
+                    final=held.final,
+                    held_from_s=held.produced_at_s,
+                )
+            detail = f"not due until t={next_due_s(spec, schedule):g}"
+            if spec.hold_policy is HoldPolicy.HOLD_LAST:
+                detail += "; no result held yet"
+            self._record(spec, ReasonCode.PLUGIN_NOT_DUE, detail)
+            return None
+        missing_needs = [need for need in spec.needs if not self._observed(need)]
+        if missing_needs:
+            reason = ReasonCode.NO_TRAFFIC_DATA if Observation.TRAFFIC in missing_needs else ReasonCode.NO_FPM_DATA
+            names = ", ".join(need.value for need in missing_needs)
+            self._record(spec, reason, f"needs {names}, not observed this tick; retried next tick")
+            return None
+        missing_fields = [name for name in spec.requires_produced_fields if name not in self.produced]
+        if missing_fields:
+            names = ", ".join(missing_fields)
+            self._record(spec, ReasonCode.REQUIRED_FIELDS_MISSING, f"requires {names}, not produced; retried next tick")
+            return None
+
+        started = self.clock() if self.clock is not None else None
+        if started is not None and self.deadline is not None and started >= self.deadline:
+            self._stop(ReasonCode.SKIP_TICK_TIMEOUT, "the tick deadline passed")
+            self._record(spec, ReasonCode.SKIP_TICK_TIMEOUT, "not run: the tick deadline passed")
+            return None
+        context = PipelineContext(
+            inputs=self.inputs,
+            state=self.state,
+            config=self.config,
+            spec=spec,
+            predictions=self.predictions,
+            proposals=proposals,
+            targets=targets,
+            produced=frozenset(self.produced),
+        )
+        try:
+            result = plugin.run(context)
+        except Exception as exc:  # a plugin's failure is recorded, never propagated: the tick goes on
+            elapsed = self.clock() - started if self.clock is not None and started is not None else None
+            self._failed(spec, ReasonCode.PLUGIN_RAISED, _one_line(f"{type(exc).__name__}: {exc}"), elapsed)
+            return None
+        elapsed_s = None
+        if self.clock is not None and started is not None:
+            finished = self.clock()
+            elapsed_s = finished - started
+            if self.deadline is not None and finished > self.deadline:
+                self._stop(ReasonCode.SKIP_TICK_TIMEOUT, f"the tick deadline passed while {spec.plugin_id} ran")
+                self._failed(
+                    spec,
+                    ReasonCode.SKIP_TICK_TIMEOUT,
+                    f"finished after the tick deadline ({self.config.scheduling.tick_max_duration_seconds:g} s);"
+                    " result discarded",
+                    elapsed_s,
+                )
+                return None
+            if elapsed_s > spec.effective_timeout_s:
+                self._failed(
+                    spec,
+                    ReasonCode.PLUGIN_TIMEOUT,
+                    f"took {elapsed_s:.3f} s > timeout {spec.effective_timeout_s:g} s; result discarded",
+                    elapsed_s,
+                )
+                return None
+        problem = _result_problem(spec, result)
+        if problem is not None:
+            self._failed(spec, ReasonCode.PLUGIN_INVALID_RESULT, _one_line(problem), elapsed_s)
+            return None
+        result = result if isinstance(result, PluginResult) else PluginResult()
+        overrides = tuple(result.overrides)
+        held = None
+        if spec.hold_policy is HoldPolicy.HOLD_LAST:
+            held = HeldResult(
+                produced_at_s=self.now_s, predictions=result.predictions, overrides=overrides, final=result.final
+            )
+        self.schedules[spec.plugin_id] = dataclasses.replace(schedule, last_run_at_s=self.now_s, held=held)
+        if result.state is not None:
+            # The pipeline owns the plugin schedules; a plugin's state never overwrites them.
+            self.state = dataclasses.replace(result.state, pipeline=self.state.pipeline)
+        return _Output(
+            predictions=result.predictions,
+            overrides=overrides,
+            final=result.final,
+            steps=tuple(result.steps),
+            elapsed_s=elapsed_s,
+        )
+
+    def _stop(self, reason: ReasonCode, detail: str) -> None:
+        if self.stop is None:
+            self.stop, self.stop_detail = reason, detail
+
+    # --- phases ------------------------------------------------------------------------------------------------
+
+    def _phase_entries(self, phase: Phase) -> list[tuple[PluginSpec, Plugin]]:
+        return [(spec, plugin) for spec, plugin in self.entries if spec.phase is phase]
+
+    def _predict(self) -> None:
+        chain = self._phase_entries(Phase.PREDICT)
+        ended_by: str | None = None
+        for position, (spec, plugin) in enumerate(chain):
+            if ended_by is not None:
+                self._record(spec, ReasonCode.PREDICT_CHAIN_FINAL, f"not run: {ended_by} ended the chain (final)")
+                continue
+            out = self._turn(spec, plugin, (), MappingProxyType(self.expected))
+            if out is None:
+                continue
+            written = out.predictions or PartialPrediction()
+            self.predictions, taken, shadowed = merge_predictions(self.predictions, written)
+            # Later PREDICT plugins may require what this one wrote.
+            self.produced.update(f"predictions.{name}" for name in taken)
+            if self.predictions.complete() is not None:
+                self.produced.add("predictions")
+            detail = _format_fields(written, taken) if taken else "no field written"
+            if shadowed:
+                detail += "; already written by an earlier plugin: " + ", ".join(shadowed)
+            if out.held_from_s is not None:
+                self._record(spec, ReasonCode.PLUGIN_HELD_OVER, f"replayed result of t={out.held_from_s:g}: {detail}")
+            else:
+                reason = ReasonCode.PREDICTED if written.fields_set() else ReasonCode.PLUGIN_NO_OPINION
+                self._record(spec, reason, detail, ran=True, elapsed_s=out.elapsed_s)
+            self.steps.extend(out.steps)
+            if out.final:
+                ended_by = spec.plugin_id
+                detail = "final: the PREDICT plugins after it are not run"
+                if position > 0:
+                    # Dynamo audits this: a final plugin that is not first lets earlier plugins' fields stand.
+                    detail += "; warning: not the first plugin of the chain"
+                self.steps.append(
+                    StepRecord(step=f"predict:{spec.plugin_id}", reason=ReasonCode.PREDICT_CHAIN_FINAL, detail=detail)
+                )
+
+    def _override_phase(
+        self, phase: Phase, proposals: tuple[Contribution, ...], targets: MappingProxyType[Component, int]
+    ) -> tuple[Contribution, ...]:
+        contributions: list[Contribution] = []
+        for spec, plugin in self._phase_entries(phase):
+            out = self._turn(spec, plugin, proposals, targets)
+            if out is None:
+                continue
+            count = len(out.overrides)
+            summary = "no overrides" if count == 0 else f"{count} override{'' if count == 1 else 's'}"
+            if out.final:
+                summary += ", final"
+            if out.held_from_s is not None:
+                self._record(spec, ReasonCode.PLUGIN_HELD_OVER, f"replayed result of t={out.held_from_s:g}: {summary}")
+            else:
+                reason = ReasonCode.PLUGIN_OVERRIDES if out.overrides else ReasonCode.PLUGIN_NO_OPINION
+                self._record(spec, reason, summary, ran=True, elapsed_s=out.elapsed_s)
+            self.steps.extend(out.steps)
+            contributions.append(
+                Contribution(
+                    plugin_id=spec.plugin_id,
+                    phase=phase,
+                    priority=spec.priority,
+                    overrides=out.overrides,
+                    final=out.final,
+                    held_from_s=out.held_from_s,
+                )
+            )
+        return tuple(contributions)
+
+    # --- the tick ----------------------------------------------------------------------------------------------
+
+    def run(self) -> PipelineOutcome:
+        if self.clock is not None:
+            self.deadline = self.clock() + self.config.scheduling.tick_max_duration_seconds
+        self._predict()
+
+        targets = MappingProxyType(dict(self.expected))
+        proposals: tuple[Contribution, ...] = ()
+        touched: set[Component] = set()
+        short_circuit_reason = ""
+        for phase in (Phase.PROPOSE, Phase.RECONCILE, Phase.CONSTRAIN):
+            contributions = self._override_phase(phase, proposals, targets)
+            if self.stop is ReasonCode.SKIP_SHORT_CIRCUIT:
+                continue  # plugins of the later phases are recorded as not run, nothing is merged
+            merged = merge_overrides(phase, contributions, targets)
+            self.steps.extend(merged.steps)
+            if merged.rejected_by is not None:
+                short_circuit_reason = merged.short_circuit_reason
+                self._stop(ReasonCode.SKIP_SHORT_CIRCUIT, f"{phase.value} short-circuited ({short_circuit_reason})")
+                continue
+            targets = MappingProxyType(dict(merged.targets))
+            touched |= merged.touched
+            proposals += contributions
+            if phase is Phase.PROPOSE and any(c.overrides for c in contributions):
+                self.produced.add("proposals")
+        return self._execute(targets, touched, short_circuit_reason)
+
+    def _execute(
+        self, targets: MappingProxyType[Component, int], touched: set[Component], short_circuit_reason: str
+    ) -> PipelineOutcome:
+        proposals: tuple[ReplicaProposal, ...] = ()
+        decision = ScalingDecision()
+        if self.stop is ReasonCode.SKIP_SHORT_CIRCUIT:
+            action, detail = ExecuteAction.SKIP_SHORT_CIRCUIT, short_circuit_reason
+        elif self.stop is ReasonCode.SKIP_TICK_TIMEOUT:
+            action, detail = ExecuteAction.SKIP_TICK_TIMEOUT, self.stop_detail
+        elif not touched:
+            action, detail = ExecuteAction.SKIP_NO_TARGETS, "no plugin had an opinion about replica counts"
+        else:
+            final = self._final_invariants(targets)
+            changed = [c for c in self.components if final[c] != self.expected[c]]
+            proposals = tuple(
+                ReplicaProposal(
+                    component=c,
+                    current=self.expected[c],
+                    desired=final[c],
+                    reason=ReasonCode.SCALE if c in changed else ReasonCode.NO_CHANGE,
+                )
+                for c in self.components
+            )
+            detail = ", ".join(f"{c.value} {self.expected[c]} -> {final[c]}" for c in self.components)
+            if not changed:
+                action = ExecuteAction.SKIP_NO_TARGETS
+                detail = "every target equals the expected count: " + detail
+            else:
+                action = ExecuteAction.ADVISORY if self.config.advisory else ExecuteAction.APPLY
+                decision = ScalingDecision(
+                    num_prefill=final.get(Component.PREFILL),
+                    num_decode=final.get(Component.DECODE),
+                    advisory=self.config.advisory,
+                )
+                if self.config.advisory:
+                    detail = "advisory mode, not executed: " + detail
+        self.steps.append(StepRecord(step="execute", reason=ReasonCode(action.value), detail=detail))
+        pipeline = PipelineState(plugins=tuple(self.schedules[key] for key in sorted(self.schedules)))
+        return PipelineOutcome(
+            action=action,
+            decision=decision,
+            proposals=proposals,
+            next_state=dataclasses.replace(self.state, pipeline=pipeline),
+            steps=tuple(self.steps),
+            predictions=self.predictions,
+            runs=tuple(self.runs),
+            short_circuit_reason=short_circuit_reason,
+        )
+
+    def _final_invariants(self, targets: MappingProxyType[Component, int]) -> dict[Component, int]:
+        """Minimum endpoints, then the GPU budget: hard limits whichever plugin proposed the targets."""
+        config = self.config
+        floors = {
+            Component.PREFILL: config.prefill_min_endpoint_effective,
+            Component.DECODE: config.decode_min_endpoint_effective,
+        }
+        final: dict[Component, int] = {}
+        for component in self.components:
+            final[component], step = bound_min_endpoint(component, targets[component], floors[component])
+            self.steps.append(step)
+        num_prefill, num_decode, step = bound_gpu_budget(
+            final.get(Component.PREFILL, 0),
+            final.get(Component.DECODE, 0),
+            prefill_gpus=config.prefill_gpus_per_engine,
+            decode_gpus=config.decode_gpus_per_engine,
+            max_gpu_budget=config.max_gpu_budget,
+            prefill_floor=floors[Component.PREFILL] if Component.PREFILL in self.components else 0,
+            decode_floor=floors[Component.DECODE] if Component.DECODE in self.components else 0,
+        )
+        self.steps.append(step)
+        budgeted = {Component.PREFILL: num_prefill, Component.DECODE: num_decode}
+        return {component: budgeted[component] for component in self.components}

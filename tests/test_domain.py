@@ -47,6 +47,7 @@ from planner_core.domain import (
     SeriesModel,
     StepRecord,
     TickInputs,
+    ThresholdPlannerState,
     TickOutcome,
     TrafficObservation,
     WorkerCounts,
@@ -199,6 +200,15 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         isl_quantile_model=series_model,
         osl_quantile_model=series_model,
     )
+    threshold_planner = st.builds(
+        ThresholdPlannerState,
+        interval_start_s=opt_floats,
+        interval_num_prefill=counts,
+        interval_num_decode=counts,
+        prefill_queue_samples=float_tuples,
+        decode_kv_samples=float_tuples,
+        decode_grace_intervals_left=counts,
+    )
     state = st.builds(
         PlannerState,
         load_history=history,
@@ -206,6 +216,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         throughput_lower_bound_decode=counts,
         num_throughput_ticks=counts,
         num_load_ticks=counts,
+        threshold_planner=threshold_planner,
     )
     step = st.builds(
         StepRecord,
@@ -253,6 +264,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         EnsembleState: ensemble,
         SeriesModel: series_model,
         LoadHistory: history,
+        ThresholdPlannerState: threshold_planner,
         PlannerState: state,
         StepRecord: step,
         ReplicaProposal: proposal,

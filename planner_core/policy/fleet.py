@@ -215,7 +215,7 @@ def finalize_load_proposal(
     elif floor_capped:
         headline = ReasonCode.SCALE_DOWN_CAPPED_BY_THROUGHPUT
     elif signal_reason in (ReasonCode.SCALE_UP, ReasonCode.SCALE_DOWN):
-        headline = ReasonCode.NO_CHANGE  # a signal undone by a bound (cannot happen today; kept honest)
+        headline = ReasonCode.NO_CHANGE  # a scale-down undone by the minimum endpoint: nothing changes
     else:
         headline = signal_reason
     steps.append(

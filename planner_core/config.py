@@ -40,6 +40,7 @@ __all__ = [
     "EnvironmentKind",
     "LengthQuantile",
     "LengthSizing",
+    "LoadPolicy",
     "LoadPredictorName",
     "OptimizationTarget",
     "PlannerConfig",
@@ -68,6 +69,17 @@ class OptimizationTarget(enum.StrEnum):
     LATENCY = "latency"  # static thresholds tuned for headroom ("easy" target)
     LOAD = "load"  # user-supplied queue-token and KV-rate thresholds
     SLA = "sla"  # perf-model driven: meet ttft_ms / itl_ms
+
+
+class LoadPolicy(enum.StrEnum):
+    """Which algorithm the load loop runs (ours; Dynamo 1.x has only the first, Dynamo 0.x only the second)."""
+
+    # Dynamo 1.x: every load tick, on the latest forward-pass metrics of each engine. Target `sla`: per-engine
+    # TTFT/ITL estimates through the forward-pass model; targets throughput/latency/load: per-engine thresholds.
+    PER_ENGINE = "per_engine"
+    # Dynamo's deprecated 2025 load planner: averages of the prefill queue and the decode KV utilisation over an
+    # adjustment interval against fixed thresholds, with a decode grace period and a prefill queue-trend check.
+    THRESHOLD_2025 = "threshold_2025"
 
 
 class PlannerMode(enum.StrEnum):
@@ -437,6 +449,20 @@ class PlannerConfig(BaseModel):
     virtual_connector_timeout_seconds: float = Field(default=1800.0, gt=0)
     # User plugins of the decision pipeline: which entry points to load, their settings and scheduling overrides.
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
+    # Which algorithm the load loop runs: `per_engine` (Dynamo 1.x) or `threshold_2025` (Dynamo's 2025 load
+    # planner). The fields below are read only by `threshold_2025`; their defaults are that planner's.
+    load_policy: LoadPolicy = LoadPolicy.PER_ENGINE
+    # Seconds between two decisions of `threshold_2025`; every load tick in between is one metrics sample (the
+    # load interval plays the 2025 planner's `metric-pulling-interval`). 30 s is its documented default.
+    threshold_2025_adjustment_interval_seconds: int = Field(default=30, gt=0)
+    # Interval-average KV-cache utilisation of the decode engines (fraction 0..1, queued KV included) above which a
+    # decode worker is added / below which one is removed.
+    decode_kv_scale_up_threshold: float = Field(default=0.9, ge=0)
+    decode_kv_scale_down_threshold: float = Field(default=0.5, ge=0)
+    # Interval-average queued prefill requests (summed over the prefill engines) above which a prefill worker is
+    # added / below which one is removed. 5.0 is the 2025 planner's code default (its docs said 0.5).
+    prefill_queue_scale_up_threshold: float = Field(default=5.0, ge=0)
+    prefill_queue_scale_down_threshold: float = Field(default=0.2, ge=0)
 
     # ------------------------------------------------------------------------------------------------
     # Validation (never mutates; raises the first violation and counts the rest)
@@ -536,6 +562,22 @@ class PlannerConfig(BaseModel):
 
         if self.optimization_target is OptimizationTarget.LOAD:
             violations.extend(self._load_threshold_violations())
+
+        for up_name, down_name in (
+            ("decode_kv_scale_up_threshold", "decode_kv_scale_down_threshold"),
+            ("prefill_queue_scale_up_threshold", "prefill_queue_scale_down_threshold"),
+        ):
+            up, down = getattr(self, up_name), getattr(self, down_name)
+            if up <= down:
+                violations.append(_rule(up_name, up, f"must be > {down_name} ({_show(down)})"))
+        if self.load_policy is LoadPolicy.THRESHOLD_2025 and not self.load_scaling_active:
+            violations.append(
+                _rule(
+                    "load_policy",
+                    self.load_policy,
+                    "needs the load loop: set enable_load_scaling: true (or a target other than 'sla')",
+                )
+            )
 
         if not (self.throughput_scaling_active or self.load_scaling_active):
             violations.append(

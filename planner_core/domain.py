@@ -68,7 +68,8 @@ class ReasonCode(enum.StrEnum):
     CORRECTION_APPLIED = "correction_applied"  # 0.x correction factor from observed / interpolated latency
     CORRECTION_UNAVAILABLE = "correction_unavailable"  # no observed latency (or idle window): factor 1
     # Online perf models and engine capacity (planner_core.perf)
-    INSUFFICIENT_DATA = "insufficient_data"  # Dynamo's name: too few usable FPM samples to fit the model
+    # Dynamo's name: too few usable FPM samples to fit the model, or the model (or an engine limit) cannot answer
+    INSUFFICIENT_DATA = "insufficient_data"
     NEGATIVE_COEFFICIENT = "negative_coefficient"  # the fit says more load takes less time: rejected
     PERF_MODEL_READY = "perf_model_ready"  # the online model's fit is usable
     CAPACITY_SEARCHED = "capacity_searched"  # engine capacity from the batch search; the SLA is met
@@ -106,6 +107,21 @@ class ReasonCode(enum.StrEnum):
     SKIP_NO_TARGETS = "skip_no_targets"  # no plugin had an opinion, or every target equals the current count
     SKIP_SHORT_CIRCUIT = "skip_short_circuit"  # a plugin rejected the tick
     SKIP_TICK_TIMEOUT = "skip_tick_timeout"  # the tick overran scheduling.tick_max_duration_seconds
+    # Dynamo's load-loop decision reasons
+    SCALE_UP = "scale_up"  # the load signal (or the throughput floor) adds one replica
+    SCALE_DOWN = "scale_down"  # the load signal removes one replica
+    SCALE_DOWN_REFUSED_CONSOLIDATION = "scale_down_refused_consolidation"  # N-1 engines would miss the SLA budget
+    SCALE_DOWN_CAPPED_BY_THROUGHPUT = "scale_down_capped_by_throughput"  # the throughput floor blocked a scale-down
+    WORKER_COUNT_MISMATCH = "worker_count_mismatch"  # engines reporting metrics != ready workers (or uneven DP ranks)
+    # Steps of our own load loop
+    LATENCY_ESTIMATED = "latency_estimated"  # an engine's TTFT/ITL estimated from its queue through the model
+    LOAD_MEASURED = "load_measured"  # an engine's threshold value (queue ratio, queued tokens, KV utilisation)
+    CONSOLIDATION_SAFE = "consolidation_safe"  # this engine could absorb its share of one removed engine
+    RAISED_TO_THROUGHPUT_FLOOR = "raised_to_throughput_floor"  # the load proposal was below the throughput floor
+    INTERVAL_COLLECTING = "interval_collecting"  # 2025 threshold planner: sampled; its interval is not over
+    WORKERS_CHANGED_IN_INTERVAL = "workers_changed_in_interval"  # 2025: counts changed mid-interval, no adjustment
+    DECODE_GRACE_PERIOD = "decode_grace_period"  # 2025: no decode scale-down shortly after adding a decode worker
+    PREFILL_QUEUE_TREND = "prefill_queue_trend"  # 2025: the queue trend falls below the up threshold; no scale-up
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -674,6 +690,33 @@ class PipelineState:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ThresholdPlannerState:
+    """Cross-tick state of the 2025 threshold load planner (`load_policy: threshold_2025`).
+
+    The planner samples every load tick and decides once per adjustment interval on the interval's averages, so
+    it carries the samples of the interval in progress. An interval starts on the first stable tick (no scale in
+    flight) and restarts after every adjustment, and whenever a scale is in flight (sampling is blocked then).
+
+    Attributes:
+        interval_start_s: scheduled time of the tick that opened the interval in progress; None = no interval open.
+        interval_num_prefill, interval_num_decode: ready workers when the interval opened; an adjustment is skipped
+            if they changed meanwhile (the averages would mix two fleet sizes).
+        prefill_queue_samples: queued prefill requests summed over the prefill engines, one per sampled tick, oldest
+            first (the first and last give the queue trend).
+        decode_kv_samples: KV-cache utilisation (0..1, queued KV included) averaged over the decode engines, one
+            per sampled tick, oldest first.
+        decode_grace_intervals_left: adjustments that still may not remove a decode worker (set after adding one).
+    """
+
+    interval_start_s: float | None = None
+    interval_num_prefill: int = 0
+    interval_num_decode: int = 0
+    prefill_queue_samples: tuple[float, ...] = ()
+    decode_kv_samples: tuple[float, ...] = ()
+    decode_grace_intervals_left: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlannerState:
     """Cross-tick state of one managed deployment; stored as JSONB after every tick."""
 
@@ -684,6 +727,7 @@ class PlannerState:
     num_load_ticks: int = 0
     perf_models: OnlinePerfState = field(default_factory=OnlinePerfState)  # online FPM regressions per role
     pipeline: PipelineState = field(default_factory=PipelineState)  # plugin schedules (planner_core.pipeline)
+    threshold_planner: ThresholdPlannerState = field(default_factory=ThresholdPlannerState)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -802,6 +846,7 @@ _DATACLASSES: dict[str, type] = {
         HeldResult,
         PluginSchedule,
         PipelineState,
+        ThresholdPlannerState,
         PlannerState,
         StepRecord,
         ReplicaProposal,

@@ -21,6 +21,7 @@ from planner_core.config import (
     ConfigError,
     EnvironmentKind,
     LengthQuantile,
+    LoadPolicy,
     LoadPredictorName,
     OptimizationTarget,
     PlannerConfig,
@@ -123,6 +124,12 @@ DYNAMO_DEFAULTS = [
     ("load_predictor_length_quantile", LengthQuantile.P90),
     ("execution_interval_seconds", 10.0),
     ("virtual_connector_timeout_seconds", 1800.0),
+    ("load_policy", LoadPolicy.PER_ENGINE),
+    ("threshold_2025_adjustment_interval_seconds", 30),
+    ("decode_kv_scale_up_threshold", 0.9),
+    ("decode_kv_scale_down_threshold", 0.5),
+    ("prefill_queue_scale_up_threshold", 5.0),
+    ("prefill_queue_scale_down_threshold", 0.2),
 ]
 
 
@@ -497,6 +504,41 @@ RULE_CASES = [
     ("port-out-of-range", {"control_api_port": 70000}, "control_api_port", "70000", "<= 65535"),
     ("report-interval-zero", {"report_interval_hours": 0}, "report_interval_hours", "0", "> 0"),
     ("engine-gpus-zero", {"decode_engine_num_gpu": 0}, "decode_engine_num_gpu", "0", ">= 1"),
+    (
+        "load-policy-unknown",
+        {"load_policy": "pid"},
+        "load_policy",
+        "'pid'",
+        "allowed values are per_engine, threshold_2025",
+    ),
+    (
+        "threshold-2025-without-load-loop",
+        {**SLA, "load_policy": "threshold_2025"},
+        "load_policy",
+        "'threshold_2025'",
+        "needs the load loop",
+    ),
+    (
+        "threshold-2025-kv-inverted",
+        {"decode_kv_scale_up_threshold": 0.5},
+        "decode_kv_scale_up_threshold",
+        "0.5",
+        "must be > decode_kv_scale_down_threshold (0.5)",
+    ),
+    (
+        "threshold-2025-queue-inverted",
+        {"prefill_queue_scale_down_threshold": 6},
+        "prefill_queue_scale_up_threshold",
+        "5.0",
+        "must be > prefill_queue_scale_down_threshold (6.0)",
+    ),
+    (
+        "threshold-2025-interval-zero",
+        {"threshold_2025_adjustment_interval_seconds": 0},
+        "threshold_2025_adjustment_interval_seconds",
+        "0",
+        "> 0",
+    ),
 ]
 
 

@@ -57,6 +57,7 @@ from planner_core.domain import (
     ScheduledRequests,
     SeriesModel,
     StepRecord,
+    ThresholdPlannerState,
     TickInputs,
     TickOutcome,
     TrafficObservation,
@@ -261,6 +262,15 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         held=st.none() | held,
     )
     pipeline_state = st.builds(PipelineState, plugins=st.lists(plugin_schedule, max_size=3).map(tuple))
+    threshold_planner = st.builds(
+        ThresholdPlannerState,
+        interval_start_s=opt_floats,
+        interval_num_prefill=counts,
+        interval_num_decode=counts,
+        prefill_queue_samples=float_tuples,
+        decode_kv_samples=float_tuples,
+        decode_grace_intervals_left=counts,
+    )
     state = st.builds(
         PlannerState,
         load_history=history,
@@ -270,6 +280,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         num_load_ticks=counts,
         perf_models=online_perf,
         pipeline=pipeline_state,
+        threshold_planner=threshold_planner,
     )
     step = st.builds(
         StepRecord,
@@ -325,6 +336,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         HeldResult: held,
         PluginSchedule: plugin_schedule,
         PipelineState: pipeline_state,
+        ThresholdPlannerState: threshold_planner,
         PlannerState: state,
         StepRecord: step,
         ReplicaProposal: proposal,

@@ -1,0 +1,607 @@
+"""SLA load proposer: per-engine TTFT/ITL estimates from the latest forward-pass metrics -> one step up or down.
+
+The load loop runs every `load_adjustment_interval_seconds` on the latest forward-pass metrics (FPM) of each
+engine of a pool, and moves the pool by at most one replica per tick (Dynamo's load scaling for target `sla`):
+
+- **Prefill**: each engine's TTFT estimate is the time to compute its queued prompt tokens plus one next request of
+  the average ISL, discounted by the KV hit rate, in chunks of `max_num_batched_tokens`. Scale up if *every*
+  engine's estimate exceeds the TTFT target. Scale down (N > 1) only if *every* engine could absorb its share of
+  one removed engine: with `t_own` = the estimate with an empty queue, `budget = (TTFT - t_own) * sensitivity` and
+  `post` = the estimate with the queue times N/(N-1), it needs `budget > 0` and `post - t_own < budget`
+  (the new request's own compute does not shrink with more engines, so only the queue's share is budgeted).
+- **Decode**: each engine's ITL estimate is one decode iteration of its scheduled and queued requests plus one next
+  request (context ISL + OSL/2), divided by the speculative accept length. Up if every estimate exceeds the ITL
+  target; down if for every engine the KV after consolidation, `(scheduled + queued KV) * N/(N-1)`, fits in
+  `max_kv_tokens` and the ITL re-estimated with the decode load times N/(N-1) stays below `ITL * sensitivity`.
+- **Aggregated** (one pool doing both): the prefill signal computes prefill chunks piggybacked on the scheduled
+  decode batch (consolidation scales both the queue and the decode load, queued decode included); the decode
+  signal adds the scheduled prefill chunk to each iteration and, for consolidation, counts queued prompt tokens as
+  future KV. Up if either signal wants up; down only if both do (to the larger of the two); decode alone may scale
+  down when the prefill signal is missing (no `max_num_batched_tokens`).
+
+Then the throughput floor and the minimum endpoint (`fleet.finalize_load_proposal`). Pure: the forward-pass model
+answers every timing question; no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from planner_core.domain import (
+    Component,
+    EngineLimits,
+    ForwardPassMetrics,
+    ReasonCode,
+    StepRecord,
+    WorkerCounts,
+)
+from planner_core.policy.fleet import Fleet, finalize_load_proposal, observe_fleet
+
+if TYPE_CHECKING:  # the protocol only types the argument; importing planner_core.perf would load numpy/scipy
+    from planner_core.perf.forward import ForwardPassModel
+
+# The KV hit rate never discounts more than 95% of a prompt: some prompt is always computed (Dynamo's clamp).
+MAX_KV_HIT_RATE = 0.95
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadSlaTargets:
+    """The SLA the load proposer holds each engine to.
+
+    Attributes:
+        ttft_ms, itl_ms: latency targets.
+        down_sensitivity: fraction (0..1) of the remaining SLA budget a scale-down may use up; the config's
+            `load_scaling_down_sensitivity` / 100. 0 never scales down, 1 is the most aggressive.
+    """
+
+    ttft_ms: float
+    itl_ms: float
+    down_sensitivity: float = 0.8
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadRuntime:
+    """What the load proposer knows of the traffic (last observed values).
+
+    Attributes:
+        kv_hit_rate: fraction of prompt tokens served from the KV cache (router metric); None = no discount.
+        accept_length: speculative-decoding mean accepted tokens per step; None = 1.
+        avg_isl, avg_osl: mean input/output lengths (tokens) of recent requests; the "next request" every estimate
+            adds. 0 = unknown: no next request is added.
+    """
+
+    kv_hit_rate: float | None = None
+    accept_length: float | None = None
+    avg_isl: float = 0.0
+    avg_osl: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlaLoadInputs:
+    """Everything one pool's SLA load proposal depends on, except the forward-pass model.
+
+    Attributes:
+        component: the pool (DECODE for aggregated mode's single pool).
+        aggregated: whether the pool serves prefill and decode together (mode `agg`).
+        fpm: the latest forward-pass metrics per (worker, DP rank); other pools' reports are ignored.
+        workers: ready and expected workers of every pool.
+        limits: the pool's engine limits (batch token budget, KV capacity, speculative depth).
+        targets: the SLA and the scale-down sensitivity.
+        runtime: KV hit rate, accept length and average request lengths.
+        throughput_lower_bound: the throughput loop's floor for the pool; None when that loop is off.
+        min_endpoint: the pool's minimum replicas.
+    """
+
+    component: Component
+    aggregated: bool = False
+    fpm: tuple[ForwardPassMetrics, ...]
+    workers: WorkerCounts
+    limits: EngineLimits
+    targets: LoadSlaTargets
+    runtime: LoadRuntime = field(default_factory=LoadRuntime)
+    throughput_lower_bound: int | None = None
+    min_endpoint: int = 1
+
+
+# --- per-engine estimates ------------------------------------------------------------------------------------
+
+
+def prefill_compute_fraction(kv_hit_rate: float | None) -> float:
+    """Share of prompt tokens an engine must compute: `1 - clamp(hit, 0, 0.95)`; 1 when the hit rate is unknown."""
+    if kv_hit_rate is None or math.isnan(kv_hit_rate):
+        return 1.0
+    return 1.0 - min(max(kv_hit_rate, 0.0), MAX_KV_HIT_RATE)
+
+
+def effective_accept_length(accept_length: float | None, speculative_nextn: int) -> float:
+    """Tokens per decode step: the observed accept length clamped to [1, nextn + 1]; 1 without speculation."""
+    if speculative_nextn <= 0 or accept_length is None or math.isnan(accept_length):
+        return 1.0
+    return min(max(accept_length, 1.0), speculative_nextn + 1.0)
+
+
+def _ceil(value: float) -> int:
+    """Token and request counts are whole: round a scaled count up (never below 0).
+
+    Float noise is dropped first (`21000 * (1 - 0.95)` is 1050.0000000000002, which is 1050 tokens, not 1051).
+    """
+    return math.ceil(round(value, 6)) if value > 0 else 0
+
+
+def _chunked_s(tokens: int, chunk_tokens: int, wall_s: Callable[[float], float]) -> float:
+    """Time to compute `tokens` prompt tokens in iterations of at most `chunk_tokens`: full chunks, then the rest."""
+    if tokens <= 0:
+        return 0.0
+    full, rest = divmod(tokens, chunk_tokens)
+    return full * wall_s(chunk_tokens) + (wall_s(rest) if rest > 0 else 0.0)
+
+
+def estimate_prefill_ttft_s(
+    model: ForwardPassModel,
+    fpm: ForwardPassMetrics,
+    *,
+    max_num_batched_tokens: int,
+    avg_isl: float,
+    kv_hit_rate: float | None,
+    queue_scale: float = 1.0,
+) -> float:
+    """TTFT (s) of the next request on one prefill engine rank.
+
+    `tokens = ceil((queued_prefill_tokens * queue_scale + avg_isl) * (1 - clamp(hit, 0, 0.95)))`, computed in
+    chunks of `max_num_batched_tokens` through `model.prefill_wall_s`.
+    """
+    queued = fpm.queued.sum_prefill_tokens * queue_scale
+    tokens = _ceil((queued + max(avg_isl, 0.0)) * prefill_compute_fraction(kv_hit_rate))
+    return _chunked_s(tokens, max_num_batched_tokens, model.prefill_wall_s)
+
+
+def estimate_decode_itl_s(
+    model: ForwardPassModel,
+    fpm: ForwardPassMetrics,
+    *,
+    avg_isl: float,
+    avg_osl: float,
+    accept_length: float,
+    decode_scale: float = 1.0,
+) -> float:
+    """ITL (s) of the next request on one decode engine rank.
+
+    `decode_wall_s((scheduled + queued requests) * scale + 1, (scheduled + queued KV) * scale + ISL + OSL/2)
+    / accept_length`; the next request (the `+ 1` and its context) only when ISL or OSL is known.
+    """
+    num_requests = (fpm.scheduled.num_decode_requests + fpm.queued.num_decode_requests) * decode_scale
+    kv_tokens = (fpm.scheduled.sum_decode_kv_tokens + fpm.queued.sum_decode_kv_tokens) * decode_scale
+    next_context = max(avg_isl, 0.0) + max(avg_osl, 0.0) / 2.0
+    if next_context > 0:
+        num_requests += 1
+        kv_tokens += next_context
+    return model.decode_wall_s(_ceil(num_requests), _ceil(kv_tokens)) / accept_length
+
+
+def estimate_agg_ttft_s(
+    model: ForwardPassModel,
+    fpm: ForwardPassMetrics,
+    *,
+    max_num_batched_tokens: int,
+    avg_isl: float,
+    kv_hit_rate: float | None,
+    queue_scale: float = 1.0,
+    decode_scale: float = 1.0,
+    include_queued_decode: bool = False,
+) -> float:
+    """TTFT (s) of the next request on one aggregated engine rank: its prompt chunks ride on the decode batch.
+
+    Prompt tokens as in `estimate_prefill_ttft_s`; each iteration computes a chunk next to the decode batch
+    (scheduled decode, plus queued decode when `include_queued_decode`, times `decode_scale`) through
+    `model.mixed_wall_s`. Every decode request takes one token of the batch budget, so a chunk holds at most
+    `max_num_batched_tokens - decode requests` prompt tokens (at least 1).
+    """
+    queued = fpm.queued.sum_prefill_tokens * queue_scale
+    tokens = _ceil((queued + max(avg_isl, 0.0)) * prefill_compute_fraction(kv_hit_rate))
+    decode_requests = fpm.scheduled.num_decode_requests
+    decode_kv = fpm.scheduled.sum_decode_kv_tokens
+    if include_queued_decode:
+        decode_requests += fpm.queued.num_decode_requests
+        decode_kv += fpm.queued.sum_decode_kv_tokens
+    num_decode = _ceil(decode_requests * decode_scale)
+    kv_tokens = _ceil(decode_kv * decode_scale)
+    chunk_tokens = max(1, max_num_batched_tokens - num_decode)
+    return _chunked_s(tokens, chunk_tokens, lambda chunk: model.mixed_wall_s(chunk, num_decode, kv_tokens))
+
+
+def estimate_agg_itl_s(
+    model: ForwardPassModel,
+    fpm: ForwardPassMetrics,
+    *,
+    avg_isl: float,
+    avg_osl: float,
+    accept_length: float,
+    decode_scale: float = 1.0,
+    include_queued_prefill: bool = False,
+) -> float:
+    """ITL (s) of the next request on one aggregated engine rank.
+
+    As `estimate_decode_itl_s`, with the engine's scheduled prompt chunk in every iteration (`model.mixed_wall_s`);
+    with `include_queued_prefill`, queued prompts count as future decode requests and KV before scaling.
+    """
+    num_requests = float(fpm.scheduled.num_decode_requests + fpm.queued.num_decode_requests)
+    kv_tokens = float(fpm.scheduled.sum_decode_kv_tokens + fpm.queued.sum_decode_kv_tokens)
+    if include_queued_prefill:
+        num_requests += fpm.queued.num_prefill_requests
+        kv_tokens += fpm.queued.sum_prefill_tokens
+    num_requests *= decode_scale
+    kv_tokens *= decode_scale
+    next_context = max(avg_isl, 0.0) + max(avg_osl, 0.0) / 2.0
+    if next_context > 0:
+        num_requests += 1
+        kv_tokens += next_context
+    wall_s = model.mixed_wall_s(fpm.scheduled.sum_prefill_tokens, _ceil(num_requests), _ceil(kv_tokens))
+    return wall_s / accept_length
+
+
+# --- signals ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Signal:
+    """One latency signal's proposal: N+1, N-1 or N, and why."""
+
+    desired: int
+    reason: ReasonCode
+    refused: bool  # a consolidation check vetoed the scale-down
+
+
+def _consolidation_factor(num_workers: int) -> float:
+    """Load each survivor carries after removing one of N engines, relative to now: N/(N-1) (1 when N = 1)."""
+    return num_workers / (num_workers - 1) if num_workers > 1 else 1.0
+
+
+def _scale_signal(
+    component: Component,
+    label: str,
+    estimates_ms: list[float],
+    sla_ms: float,
+    *,
+    num_workers: int,
+    can_scale_down: bool,
+    refused: bool,
+    min_endpoint: int,
+    steps: list[StepRecord],
+) -> _Signal:
+    """Up if every engine's estimate exceeds the SLA; down if every consolidation check passed; else hold."""
+    worst = max(estimates_ms)
+    if all(estimate > sla_ms for estimate in estimates_ms):
+        signal = _Signal(desired=num_workers + 1, reason=ReasonCode.SCALE_UP, refused=refused)
+        detail = f"every engine's {label} is above {sla_ms:g} ms (lowest {min(estimates_ms):.2f} ms)"
+    elif num_workers > 1 and can_scale_down and max(num_workers - 1, min_endpoint) < num_workers:
+        signal = _Signal(desired=num_workers - 1, reason=ReasonCode.SCALE_DOWN, refused=False)
+        detail = f"every engine can absorb one removed engine within {label} {sla_ms:g} ms"
+    elif refused:
+        signal = _Signal(desired=num_workers, reason=ReasonCode.SCALE_DOWN_REFUSED_CONSOLIDATION, refused=True)
+        detail = f"{label} {worst:.2f} ms at worst; one fewer engine would leave too little SLA margin"
+    else:
+        signal = _Signal(desired=num_workers, reason=ReasonCode.NO_CHANGE, refused=False)
+        at_min = " (at the minimum endpoint)" if num_workers > 1 and can_scale_down else ""
+        detail = f"{label} {worst:.2f} ms at worst against {sla_ms:g} ms{at_min}"
+    steps.append(
+        StepRecord(
+            step=f"{label.lower()}_signal",
+            component=component,
+            value=signal.desired,
+            reason=signal.reason,
+            detail=f"{num_workers} -> {signal.desired}: {detail}",
+        )
+    )
+    return signal
+
+
+def _estimate_step(component: Component, label: str, worker_id: str, estimate_ms: float, detail: str) -> StepRecord:
+    return StepRecord(
+        step=f"{label.lower()}_estimate",
+        component=component,
+        value=estimate_ms,
+        reason=ReasonCode.LATENCY_ESTIMATED,
+        detail=f"{worker_id}: {label} {estimate_ms:.2f} ms ({detail})",
+    )
+
+
+def _consolidation_step(component: Component, worker_id: str, value: float, *, safe: bool, detail: str) -> StepRecord:
+    return StepRecord(
+        step="consolidation",
+        component=component,
+        value=value,
+        reason=ReasonCode.CONSOLIDATION_SAFE if safe else ReasonCode.SCALE_DOWN_REFUSED_CONSOLIDATION,
+        detail=f"{worker_id}: {detail}",
+    )
+
+
+def _prefill_signal(
+    inputs: SlaLoadInputs, fleet: Fleet, model: ForwardPassModel, steps: list[StepRecord], *, aggregated: bool
+) -> _Signal:
+    """TTFT signal of a prefill pool (or the prefill side of an aggregated pool)."""
+    runtime, targets = inputs.runtime, inputs.targets
+    n = fleet.num_workers
+    factor = _consolidation_factor(n)
+    mbt = inputs.limits.max_num_batched_tokens
+
+    def ttft_ms(fpm: ForwardPassMetrics, *, queue_scale: float, consolidated: bool) -> float:
+        if aggregated:
+            # Before consolidation only the scheduled decode batch slows the chunks; after it, the survivor also
+            # inherits the removed engine's decode load, queued decode included (it will be scheduled).
+            return 1000.0 * estimate_agg_ttft_s(
+                model,
+                fpm,
+                max_num_batched_tokens=mbt,
+                avg_isl=runtime.avg_isl,
+                kv_hit_rate=runtime.kv_hit_rate,
+                queue_scale=queue_scale,
+                decode_scale=factor if consolidated else 1.0,
+                include_queued_decode=consolidated,
+            )
+        return 1000.0 * estimate_prefill_ttft_s(
+            model,
+            fpm,
+            max_num_batched_tokens=mbt,
+            avg_isl=runtime.avg_isl,
+            kv_hit_rate=runtime.kv_hit_rate,
+            queue_scale=queue_scale,
+        )
+
+    estimates: list[float] = []
+    can_scale_down, refused = n > 1, False
+    for engine in fleet.engines:
+        # Attention-DP ranks of one worker run in lockstep: the slowest rank is the worker's latency.
+        estimate = max(ttft_ms(fpm, queue_scale=1.0, consolidated=False) for fpm in engine.ranks)
+        estimates.append(estimate)
+        queued = max(fpm.queued.sum_prefill_tokens for fpm in engine.ranks)
+        steps.append(
+            _estimate_step(
+                inputs.component,
+                "TTFT",
+                engine.worker_id,
+                estimate,
+                f"{queued} queued tokens + next {runtime.avg_isl:.0f}, compute fraction "
+                f"{prefill_compute_fraction(runtime.kv_hit_rate):.2f}",
+            )
+        )
+        if not can_scale_down:
+            continue
+        own = max(ttft_ms(fpm, queue_scale=0.0, consolidated=True) for fpm in engine.ranks)
+        post = max(ttft_ms(fpm, queue_scale=factor, consolidated=True) for fpm in engine.ranks)
+        budget = (targets.ttft_ms - own) * targets.down_sensitivity
+        # `budget > 0` follows from `post - own < budget` whenever more queued work never computes faster; it is
+        # checked on its own so that no model can let a scale-down through on a used-up budget.
+        safe = budget > 0 and post - own < budget
+        steps.append(
+            _consolidation_step(
+                inputs.component,
+                engine.worker_id,
+                post,
+                safe=safe,
+                detail=(
+                    f"TTFT with the queue x {factor:.3g} {post:.2f} ms, own {own:.2f} ms: queue share "
+                    f"{post - own:.2f} ms {'<' if safe else '>='} budget ({targets.ttft_ms:g} - {own:.2f}) x "
+                    f"{targets.down_sensitivity:g} = {budget:.2f} ms"
+                ),
+            )
+        )
+        if not safe:
+            can_scale_down, refused = False, True
+    return _scale_signal(
+        inputs.component,
+        "TTFT",
+        estimates,
+        targets.ttft_ms,
+        num_workers=n,
+        can_scale_down=can_scale_down,
+        refused=refused,
+        min_endpoint=inputs.min_endpoint,
+        steps=steps,
+    )
+
+
+def _decode_signal(
+    inputs: SlaLoadInputs, fleet: Fleet, model: ForwardPassModel, steps: list[StepRecord], *, aggregated: bool
+) -> _Signal:
+    """ITL signal of a decode pool (or the decode side of an aggregated pool)."""
+    runtime, targets, limits = inputs.runtime, inputs.targets, inputs.limits
+    n = fleet.num_workers
+    factor = _consolidation_factor(n)
+    accept = effective_accept_length(runtime.accept_length, limits.speculative_nextn)
+
+    def itl_ms(fpm: ForwardPassMetrics, *, consolidated: bool) -> float:
+        scale = factor if consolidated else 1.0
+        if aggregated:
+            return 1000.0 * estimate_agg_itl_s(
+                model,
+                fpm,
+                avg_isl=runtime.avg_isl,
+                avg_osl=runtime.avg_osl,
+                accept_length=accept,
+                decode_scale=scale,
+                include_queued_prefill=consolidated,  # queued prompts become decode KV once served
+            )
+        return 1000.0 * estimate_decode_itl_s(
+            model, fpm, avg_isl=runtime.avg_isl, avg_osl=runtime.avg_osl, accept_length=accept, decode_scale=scale
+        )
+
+    def kv_tokens(fpm: ForwardPassMetrics) -> int:
+        kv = fpm.scheduled.sum_decode_kv_tokens + fpm.queued.sum_decode_kv_tokens
+        return kv + fpm.queued.sum_prefill_tokens if aggregated else kv
+
+    estimates: list[float] = []
+    can_scale_down, refused = n > 1, False
+    itl_budget_ms = targets.itl_ms * targets.down_sensitivity
+    for engine in fleet.engines:
+        estimate = max(itl_ms(fpm, consolidated=False) for fpm in engine.ranks)
+        estimates.append(estimate)
+        kv_now = max(kv_tokens(fpm) for fpm in engine.ranks)
+        steps.append(
+            _estimate_step(
+                inputs.component, "ITL", engine.worker_id, estimate, f"{kv_now} KV tokens, accept length {accept:g}"
+            )
+        )
+        if not can_scale_down:
+            continue
+        # Hard limit first: past the KV capacity the engine preempts or queues, which no forward-pass model covers.
+        post_kv = kv_now * factor
+        if limits.max_kv_tokens > 0 and post_kv >= limits.max_kv_tokens:
+            steps.append(
+                _consolidation_step(
+                    inputs.component,
+                    engine.worker_id,
+                    post_kv,
+                    safe=False,
+                    detail=f"KV {kv_now} x {factor:.3g} = {post_kv:.0f} >= capacity {limits.max_kv_tokens}",
+                )
+            )
+            can_scale_down, refused = False, True
+            continue
+        post = max(itl_ms(fpm, consolidated=True) for fpm in engine.ranks)
+        safe = post < itl_budget_ms
+        steps.append(
+            _consolidation_step(
+                inputs.component,
+                engine.worker_id,
+                post,
+                safe=safe,
+                detail=(
+                    f"ITL with the decode load x {factor:.3g} {post:.2f} ms {'<' if safe else '>='} "
+                    f"{targets.itl_ms:g} x {targets.down_sensitivity:g} = {itl_budget_ms:.2f} ms "
+                    f"(KV {post_kv:.0f} of {limits.max_kv_tokens})"
+                ),
+            )
+        )
+        if not safe:
+            can_scale_down, refused = False, True
+    return _scale_signal(
+        inputs.component,
+        "ITL",
+        estimates,
+        targets.itl_ms,
+        num_workers=n,
+        can_scale_down=can_scale_down,
+        refused=refused,
+        min_endpoint=inputs.min_endpoint,
+        steps=steps,
+    )
+
+
+def _combine_agg(
+    component: Component, num_workers: int, prefill: _Signal | None, decode: _Signal, steps: list[StepRecord]
+) -> _Signal:
+    """Aggregated pool: up if either side wants up; down only if both do (to the larger); decode alone may scale
+    down when the prefill signal is missing."""
+    n = num_workers
+    if prefill is not None and prefill.desired > n:
+        combined, why = prefill, "the TTFT signal wants one more"
+    elif decode.desired > n:
+        combined, why = decode, "the ITL signal wants one more"
+    elif prefill is None and decode.desired < n:
+        combined, why = decode, "no TTFT signal; the ITL signal alone allows one fewer"
+    elif prefill is not None and prefill.desired < n and decode.desired < n:
+        combined = _Signal(desired=max(prefill.desired, decode.desired), reason=ReasonCode.SCALE_DOWN, refused=False)
+        why = "both signals allow one fewer"
+    else:
+        refused = decode.refused or (prefill is not None and prefill.refused)
+        reason = ReasonCode.SCALE_DOWN_REFUSED_CONSOLIDATION if refused else ReasonCode.NO_CHANGE
+        combined = _Signal(desired=n, reason=reason, refused=refused)
+        why = "a consolidation check refused one fewer" if refused else "the signals do not agree on a change"
+    shown_prefill = "missing" if prefill is None else str(prefill.desired)
+    steps.append(
+        StepRecord(
+            step="agg_signal",
+            component=component,
+            value=combined.desired,
+            reason=combined.reason,
+            detail=f"TTFT signal {shown_prefill}, ITL signal {decode.desired}: {n} -> {combined.desired} ({why})",
+        )
+    )
+    return combined
+
+
+def _hold_at(inputs: SlaLoadInputs) -> int:
+    """What a held pool "proposes": its expected count, the target already in force, so applying it is a no-op."""
+    return inputs.workers.expected(inputs.component)
+
+
+def calculate_load_replicas(inputs: SlaLoadInputs, model: ForwardPassModel) -> tuple[int, tuple[StepRecord, ...]]:
+    """One pool's replicas from the latest per-engine forward-pass metrics under the SLA (one load tick).
+
+    Preconditions, in order (each holds the pool and says why): a scale in flight -> `scaling_in_progress`; no
+    metrics -> `no_fpm_data`; reporting workers != ready workers -> `worker_count_mismatch` (these three return the
+    pool's expected count); the model not ready or no batch token budget -> `insufficient_data` (the current count,
+    still raised to the throughput floor and the minimum endpoint).
+
+    Args:
+        inputs: the pool, its metrics and workers, engine limits, SLA, runtime figures and floors.
+        model: the pool's forward-pass model (the aggregated pool's answers `mixed_wall_s`).
+
+    Returns:
+        The desired replicas and the explanation steps. The signal moves by exactly one replica or none; only the
+        throughput floor or the minimum endpoint may lift it further. The last step, `load_decision`, carries the
+        headline reason (`scale_up`, `scale_down`, `scale_down_capped_by_throughput`,
+        `scale_down_refused_consolidation`, `insufficient_data`, `no_change`); a hold ends with the `fleet` step.
+    """
+    component = inputs.component
+    fleet, fleet_step = observe_fleet(component, inputs.fpm, inputs.workers)
+    steps: list[StepRecord] = [fleet_step]
+    if fleet is None:
+        return _hold_at(inputs), tuple(steps)
+    n = fleet.num_workers
+
+    signal: _Signal
+    if not model.is_ready():
+        steps.append(
+            StepRecord(
+                step="model",
+                component=component,
+                reason=ReasonCode.INSUFFICIENT_DATA,
+                detail="the forward-pass model is not ready",
+            )
+        )
+        signal = _Signal(desired=n, reason=ReasonCode.INSUFFICIENT_DATA, refused=False)
+    elif inputs.aggregated:
+        prefill: _Signal | None = None
+        if inputs.limits.max_num_batched_tokens > 0:
+            prefill = _prefill_signal(inputs, fleet, model, steps, aggregated=True)
+        else:
+            steps.append(
+                StepRecord(
+                    step="ttft_signal",
+                    component=component,
+                    reason=ReasonCode.INSUFFICIENT_DATA,
+                    detail=f"max_num_batched_tokens = {inputs.limits.max_num_batched_tokens}: no TTFT signal",
+                )
+            )
+        decode = _decode_signal(inputs, fleet, model, steps, aggregated=True)
+        signal = _combine_agg(component, n, prefill, decode, steps)
+    elif component is Component.PREFILL:
+        if inputs.limits.max_num_batched_tokens <= 0:
+            steps.append(
+                StepRecord(
+                    step="ttft_signal",
+                    component=component,
+                    reason=ReasonCode.INSUFFICIENT_DATA,
+                    detail=f"max_num_batched_tokens = {inputs.limits.max_num_batched_tokens}: no TTFT estimate",
+                )
+            )
+            signal = _Signal(desired=n, reason=ReasonCode.INSUFFICIENT_DATA, refused=False)
+        else:
+            signal = _prefill_signal(inputs, fleet, model, steps, aggregated=False)
+    else:
+        signal = _decode_signal(inputs, fleet, model, steps, aggregated=False)
+
+    desired, final_steps = finalize_load_proposal(
+        component,
+        current=n,
+        signal=signal.desired,
+        signal_reason=signal.reason,
+        lower_bound=inputs.throughput_lower_bound,
+        min_endpoint=inputs.min_endpoint,
+    )
+    steps.extend(final_steps)
+    return desired, tuple(steps)

@@ -508,6 +508,35 @@ def test_apply_falls_back_to_a_json_patch_without_adapters(kube: KubeApiServer) 
     ]
 
 
+def _annotate(dgd: dict) -> None:
+    dgd["metadata"].setdefault("annotations", {})["touched-by"] = "someone-else"
+
+
+def _swap_workers(dgd: dict) -> None:
+    components = dgd["spec"]["components"]
+    components[1], components[2] = components[2], components[1]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "status"),
+    [(_annotate, "409 Conflict"), (_swap_workers, "422 Unprocessable Entity")],
+    ids=["concurrent-write-409", "components-reordered-422"],
+)
+def test_dgd_patch_conflicts_are_re_read_and_retried(kube: KubeApiServer, mutate, status: str) -> None:
+    """A DGD changed between read and patch (stale resourceVersion: 409; moved component: failed test, 422)
+    is re-read and patched at the component's new place; the other component is left alone."""
+    kube.put(DGD, disagg_dgd(prefill_adapter=False, decode_adapter=False))
+    kube.settle(DGD_NAME)
+    connector = make_connector(kube)
+    kube.interfere("PATCH", rf"/{DGD}/{DGD_NAME}$", DGD, DGD_NAME, mutate)
+    result = connector.apply(None, Decision(3, None), T0)
+    assert result.detail.endswith(f"retried: patch DGD llm: {status}")
+    replicas = {c["name"]: c.get("replicas") for c in kube.get(DGD, DGD_NAME)["spec"]["components"]}
+    assert replicas == {"Frontend": 1, "VllmPrefillWorker": 3, "VllmDecodeWorker": 1}
+    assert [w.status for w in kube.writes()] == [int(status[:3]), 200]
+    assert connector._sleep.waits_s == [0.5]
+
+
 def test_apply_refuses_to_patch_a_dgd_whose_component_declares_an_adapter(kube: KubeApiServer) -> None:
     """A component with `scalingAdapter` but no DGDSA is an error, never a DGD write (the adapter owns replicas)."""
     kube.put(DGD, disagg_dgd())  # both declare scalingAdapter, no DGDSA objects exist
@@ -846,3 +875,24 @@ def test_rbac_grants_exactly_what_the_connector_uses() -> None:
     binding = by_kind["RoleBinding"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "dynamo-planner"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": by_kind["ServiceAccount"]["metadata"]["name"]}]
+
+
+def test_k8s_check_command(tmp_path: Path, kube_env: KubeApiServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """`planner k8s-check` prints the roles, GPUs and counts, or the start-up error in one line (exit 2)."""
+    from planner_core.cli import main
+
+    config = write_config(tmp_path, environment="kubernetes")
+    assert main(["k8s-check", "--config", str(config)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "DynamoGraphDeployment ns/llm (v1beta1): ready",
+        "  model: test-model",
+        "  prefill: VllmPrefillWorker (type prefill), 1 GPU(s)/replica, 1 ready of 1 expected",
+        "  decode: VllmDecodeWorker (type decode), 2 GPU(s)/replica, 1 ready of 1 expected",
+    ]
+    kube_env.delete(DGD, DGD_NAME)
+    assert main(["k8s-check", "--config", str(config)]) == 2
+    error = capsys.readouterr().err
+    assert (
+        error.startswith("planner: error: DynamoGraphDeployment ns/llm cannot be read at start-up")
+        and error.count("\n") == 1
+    )

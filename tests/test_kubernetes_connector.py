@@ -366,9 +366,10 @@ def test_namespace_resolution(tmp_path: Path) -> None:
     """The namespace: the setting, else the pod's service-account namespace, else "default"."""
     sa_file = tmp_path / "namespace"
     assert resolve_namespace(KubernetesSettings(namespace="explicit"), sa_file) == "explicit"
-    assert resolve_namespace(KubernetesSettings(), sa_file) == "default"
+    unset = KubernetesSettings(namespace=None)  # explicit: the test runner's environment must not leak in
+    assert resolve_namespace(unset, sa_file) == "default"
     sa_file.write_text("from-pod\n")
-    assert resolve_namespace(KubernetesSettings(), sa_file) == "from-pod"
+    assert resolve_namespace(unset, sa_file) == "from-pod"
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -456,7 +457,7 @@ def test_validate_missing_dgd_is_a_clear_error(kube: KubeApiServer) -> None:
 def test_connect_needs_the_dgd_name() -> None:
     """Without DYN_PARENT_DGD_K8S_NAME the connector says what is missing."""
     with pytest.raises(KubernetesConnectorError, match="^DYN_PARENT_DGD_K8S_NAME is not set"):
-        KubernetesConnector.connect(parse_config({}), KubernetesSettings())
+        KubernetesConnector.connect(parse_config({}), KubernetesSettings(parent_dgd_name=None))
 
 
 def test_worker_counts_ready_from_status_expected_from_adapters(disagg: KubeApiServer) -> None:

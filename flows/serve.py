@@ -14,7 +14,8 @@ from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
 from flows.ticks import DEFAULT_CONFIG, execute_decisions, load_tick, throughput_tick
-from planner_core.config import PlannerConfig, load_config
+from planner_core.config import EnvironmentKind, PlannerConfig, load_config
+from planner_core.service import connect_kubernetes
 from planner_core.settings import RuntimeSettings
 from planner_core.store.db import resolve_database_url
 from planner_core.store.migrate import upgrade
@@ -61,5 +62,7 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
     settings = RuntimeSettings()
     path = str((config_path or settings.config or Path(DEFAULT_CONFIG)).resolve())
     config = load_config(path)
+    if config.environment is EnvironmentKind.KUBERNETES:
+        connect_kubernetes(config)  # fail at start-up, in one line, if the DGD cannot be scaled as configured
     upgrade(resolve_database_url(settings))
     serve(*build_deployments(config, path, deployment or settings.deployment))

@@ -11,10 +11,11 @@ import datetime as dt
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from planner_core.config import PlannerConfig, load_config
+from planner_core.config import EnvironmentKind, PlannerConfig, load_config
 from planner_core.connectors.virtual import VirtualConnector
 from planner_core.domain import Loop, PlannerState, TickInputs, TickOutcome, TrafficObservation, WorkerCounts
 from planner_core.perf.model import ProfilePerfModel
@@ -24,6 +25,9 @@ from planner_core.store.execution import ExecutionSummary, execute_pending
 from planner_core.store.migrate import check_schema_current, upgrade
 from planner_core.tick import tick
 from planner_core.warmup import warm_history
+
+if TYPE_CHECKING:  # the kubernetes client is imported only when the Kubernetes connector is used (~0.4 s)
+    from planner_core.connectors.kubernetes import KubernetesConnector
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,13 +39,22 @@ class PlannerContext:
     config: PlannerConfig
     perf: ProfilePerfModel | None
     warmup_trace: Path | None = None  # `load_predictor_warmup_trace`, relative paths taken from the config's folder
+    kubernetes: KubernetesConnector | None = None  # `environment: kubernetes`: built and validated by load_context
 
     @property
     def sessions(self) -> sessionmaker[Session]:
         return session_factory(self.database_url)
 
     @property
-    def connector(self) -> VirtualConnector:
+    def connector(self) -> VirtualConnector | KubernetesConnector:
+        """The connector the config's `environment` names.
+
+        `global-planner` has no connector of its own yet and uses the virtual connector, as before.
+        """
+        if self.config.environment is EnvironmentKind.KUBERNETES:
+            if self.kubernetes is None:
+                raise RuntimeError("environment 'kubernetes' needs the connector load_context builds")
+            return self.kubernetes
         return VirtualConnector(timeout_s=self.config.virtual_connector_timeout_seconds)
 
 
@@ -58,16 +71,36 @@ def resolve_profile_dir(config: PlannerConfig, config_path: Path | None) -> Path
     return resolve_config_relative(config.profile_results_dir, config_path)
 
 
+def connect_kubernetes(config: PlannerConfig) -> tuple[KubernetesConnector, PlannerConfig]:
+    """The Kubernetes connector for the DGD the environment names, validated, and the effective config.
+
+    The effective config fills what the file leaves unset from the DGD (`model_name`, GPUs per engine).
+
+    Raises:
+        KubernetesConnectorError: one line naming the variable, the DGD field or the value at fault.
+    """
+    from planner_core.connectors.kubernetes import KubernetesConnector, effective_config
+
+    connector = KubernetesConnector.connect(config)
+    return connector, effective_config(config, connector.info)
+
+
 def load_context(database_url: str, deployment: str, config_path: str | Path) -> PlannerContext:
     """Load the config and its profile. A missing profile leaves `perf` None (the tick says model_not_ready).
+
+    With `environment: kubernetes` the parent DGD is read and validated here (see `connect_kubernetes`).
 
     Raises:
         ConfigError: the config file is bad (one line naming file, field and value).
         SchemaOutOfDate: the database needs `planner db upgrade`.
+        KubernetesConnectorError: the DGD cannot be scaled as configured (one line).
     """
     check_schema_current(database_url)
     config_path = Path(config_path)
     config = load_config(config_path)
+    kubernetes = None
+    if config.environment is EnvironmentKind.KUBERNETES:
+        kubernetes, config = connect_kubernetes(config)
     profile_dir = resolve_profile_dir(config, config_path)
     perf = ProfilePerfModel.load(profile_dir) if profile_dir.exists() else None
     warmup = config.load_predictor_warmup_trace
@@ -78,6 +111,7 @@ def load_context(database_url: str, deployment: str, config_path: str | Path) ->
         perf=perf,
         # relative paths and globs are anchored at the config file's folder
         warmup_trace=resolve_config_relative(warmup, config_path) if warmup else None,
+        kubernetes=kubernetes,
     )
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from planner_core.store.models import DecisionRow, DecisionStatus, ExecutionOutcome, ExecutionRow
 from planner_core.store.repository import lock_deployment, pending_decisions, set_decision_status
 
-MAX_ATTEMPTS = 5  # a decision the connector keeps failing on is given up after this many attempts
+MAX_ATTEMPTS = 5  # a decision the connector keeps failing on is given up after this many failed attempts
 
 
 class ApplyResultLike(Protocol):
@@ -68,6 +68,16 @@ def execute_pending(
         outcome, detail = result.outcome, result.detail
     except Exception as exc:  # noqa: BLE001 - any connector error is recorded, never lost
         outcome, detail = ExecutionOutcome.FAILED, f"{type(exc).__name__}: {exc}"
+    # Only failures count towards giving up: attempts held back (unacknowledged, not ready) are waits, and a
+    # long wait followed by one transient error must not fail the decision.
+    num_failures = (outcome is ExecutionOutcome.FAILED) + (
+        session.scalar(
+            select(func.count())
+            .select_from(ExecutionRow)
+            .where(ExecutionRow.decision_id == newest.id, ExecutionRow.outcome == ExecutionOutcome.FAILED.value)
+        )
+        or 0
+    )
     session.add(
         ExecutionRow(
             decision_id=newest.id,
@@ -79,7 +89,7 @@ def execute_pending(
         )
     )
     status = _STATUS_AFTER.get(outcome)
-    if outcome is ExecutionOutcome.FAILED and attempt >= MAX_ATTEMPTS:
+    if outcome is ExecutionOutcome.FAILED and num_failures >= MAX_ATTEMPTS:
         status = DecisionStatus.FAILED
     if status is not None:
         set_decision_status(session, newest, status, now, f"attempt {attempt}: {detail}")

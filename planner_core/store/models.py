@@ -66,6 +66,7 @@ class ExecutionOutcome(enum.StrEnum):
     APPLIED = "applied"  # targets written to the connector
     NOOP = "noop"  # connector already at the targets
     BLOCKED_UNACKNOWLEDGED = "blocked_unacknowledged"  # previous virtual decision not acknowledged yet
+    BLOCKED_NOT_READY = "blocked_not_ready"  # the orchestrator's deployment is not ready (Kubernetes); kept pending
     SUPERSEDED = "superseded"  # skipped because a newer decision exists
     FAILED = "failed"  # the connector raised
 

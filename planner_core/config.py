@@ -53,6 +53,7 @@ __all__ = [
     "ThroughputMetricsSource",
     "config_hash",
     "load_config",
+    "managed_components",
     "parse_config",
 ]
 
@@ -691,6 +692,15 @@ class PlannerConfig(BaseModel):
             context_length=limits.context_length,
             speculative_nextn=self.speculative_nextn,
         )
+
+
+def managed_components(mode: PlannerMode) -> tuple[Component, ...]:
+    """Pools the planner scales in a mode (aggregated mode's single pool is represented as DECODE)."""
+    if mode is PlannerMode.PREFILL:
+        return (Component.PREFILL,)
+    if mode in (PlannerMode.DECODE, PlannerMode.AGG):
+        return (Component.DECODE,)
+    return (Component.PREFILL, Component.DECODE)
 
 
 def _gcd_seconds(values: list[float]) -> float:

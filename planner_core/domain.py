@@ -725,6 +725,9 @@ class PlannerState:
     throughput_lower_bound_decode: int = 1
     num_throughput_ticks: int = 0
     num_load_ticks: int = 0
+    # Last observed router KV hit rate and speculative accept length (last-value semantics; None = never seen).
+    last_kv_hit_rate: float | None = None
+    last_accept_length: float | None = None
     perf_models: OnlinePerfState = field(default_factory=OnlinePerfState)  # online FPM regressions per role
     pipeline: PipelineState = field(default_factory=PipelineState)  # plugin schedules (planner_core.pipeline)
     threshold_planner: ThresholdPlannerState = field(default_factory=ThresholdPlannerState)

@@ -281,6 +281,8 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         perf_models=online_perf,
         pipeline=pipeline_state,
         threshold_planner=threshold_planner,
+        last_kv_hit_rate=opt_floats,
+        last_accept_length=opt_floats,
     )
     step = st.builds(
         StepRecord,

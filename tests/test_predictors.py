@@ -315,7 +315,8 @@ def test_unusable_observations_are_rejected_with_a_reason(case: PredictorCase, b
     )
     config = make_config(optimization_target="sla", load_predictor=case.predictor.value)
     outcome = tick(inputs, PlannerState(load_history=history), config, None)
-    assert outcome.reason is ReasonCode.NO_TRAFFIC_DATA and "traffic.num_req" in outcome.steps[0].detail
+    (observe,) = [s for s in outcome.steps if s.step == "observe"]
+    assert outcome.reason is ReasonCode.NO_TRAFFIC_DATA and "traffic.num_req" in observe.detail
     assert outcome.next_state.load_history == history
     # observe_window refuses it too, should a caller skip the tick's check
     unchanged, step = observe_window(history, obs, case.config)

@@ -87,6 +87,9 @@ class FixedRatePerf:
     def decode_itl_ms(self, concurrency: float, context_length: float) -> float:  # noqa: ARG002
         return self.itl_any_load_ms
 
+    def forward_pass_model(self) -> None:
+        return None
+
 
 FAKE: ThroughputPerfModel = FixedRatePerf()
 
@@ -142,6 +145,11 @@ def gpus(outcome: TickOutcome, config: PlannerConfig) -> int:
 
 def steps_named(outcome: TickOutcome, step: str, component: Component | None = None) -> list[StepRecord]:
     return [s for s in outcome.steps if s.step == step and (component is None or s.component is component)]
+
+
+def decide_step(outcome: TickOutcome) -> StepRecord:
+    """The builtin plugin's `decide` step: the loop's own headline before the pipeline's final invariants."""
+    return steps_named(outcome, "decide")[-1]
 
 
 def busy_history(num_req: tuple[float, ...], isl: tuple[float, ...], osl: tuple[float, ...]) -> LoadHistory:
@@ -286,8 +294,11 @@ def test_throughput_hold(case: HoldCase) -> None:
     assert outcome.reason is case.want
     assert outcome.decision == ScalingDecision()
     assert outcome.proposals == ()
-    assert outcome.steps[-1].reason is case.want
-    assert case.detail_contains in outcome.steps[-1].detail
+    if case.want is ReasonCode.DISABLED:
+        assert [s.reason for s in outcome.steps] == [ReasonCode.DISABLED]
+    else:
+        assert decide_step(outcome).reason is case.want
+    assert any(case.detail_contains in s.detail for s in outcome.steps)
     assert outcome.next_state.num_throughput_ticks == state.num_throughput_ticks + 1
     assert outcome.next_state.num_load_ticks == state.num_load_ticks
     if case.history_advances:
@@ -312,7 +323,7 @@ def test_invalid_traffic_field_holds_without_learning(field_name: str, bad: str)
     outcome = tick(throughput_inputs(obs), state, make_config(), FAKE)
     assert outcome.reason is ReasonCode.NO_TRAFFIC_DATA
     assert outcome.decision.is_empty
-    (step,) = outcome.steps
+    (step,) = steps_named(outcome, "observe")
     assert step.reason is ReasonCode.NO_TRAFFIC_DATA
     assert f"traffic.{field_name}" in step.detail
     assert outcome.next_state.load_history == history  # not advanced
@@ -369,8 +380,14 @@ def test_load_tick(case: LoadCase) -> None:
     outcome = tick(inputs, state, make_config(**case.overrides), FAKE)
     assert outcome.reason is case.want
     assert outcome.decision == ScalingDecision()
-    assert [s.reason for s in outcome.steps] == [case.want]
-    assert outcome.next_state == dataclasses.replace(state, num_load_ticks=5)  # nothing else changes
+    if case.want is ReasonCode.DISABLED:
+        assert [s.reason for s in outcome.steps] == [ReasonCode.DISABLED]
+    else:
+        assert decide_step(outcome).reason is case.want
+    # nothing else changes but the plugin schedules the pipeline keeps
+    assert dataclasses.replace(outcome.next_state, pipeline=state.pipeline) == dataclasses.replace(
+        state, num_load_ticks=5
+    )
 
 
 def test_throughput_tick_counts_only_itself() -> None:
@@ -642,12 +659,18 @@ def test_floor_beats_cap_step_sequence() -> None:
     config = make_config(min_endpoint=4, max_throughput_scaling_replicas=2)
     outcome = tick(throughput_inputs(traffic(60)), PlannerState(), config, FAKE)
     prefill = [(s.step, s.reason, s.value) for s in outcome.steps if s.component is Component.PREFILL]
-    assert prefill == [
+    assert prefill[:5] == [
         ("capacity", ReasonCode.CAPACITY_FROM_PROFILE, 10_000.0),
         ("demand", ReasonCode.DEMAND_SIZED, 1),  # 1 req/s * 1000 / 10,000 -> 1
         ("min_endpoint", ReasonCode.MIN_ENDPOINT_FLOOR, 4),
         ("change_rate", ReasonCode.DELTA_CAPPED, 3),  # from expected 1: at most 1 + 2
         ("min_endpoint", ReasonCode.MIN_ENDPOINT_FLOOR, 4),
+    ]
+    # then the pipeline's override, its merge and its final invariants, which find the floor already met
+    assert prefill[5:] == [
+        ("propose:builtin_throughput_propose", ReasonCode.OVERRIDE_SET, 4.0),
+        ("propose:merge", ReasonCode.WITHIN_RANGE, 4.0),
+        ("min_endpoint", ReasonCode.WITHIN_RANGE, 4),
     ]
 
 
@@ -724,8 +747,9 @@ def test_both_loops_set_lower_bounds_without_deciding() -> None:
         20,
         50,
     )
-    assert {p.reason for p in outcome.proposals} == {ReasonCode.SET_LOWER_BOUND}
-    assert outcome.steps[-1].step == "decide" and outcome.steps[-1].reason is ReasonCode.SET_LOWER_BOUND
+    assert outcome.proposals == ()  # nothing proposed: the floors live in the state
+    assert decide_step(outcome).reason is ReasonCode.SET_LOWER_BOUND
+    assert outcome.steps[-1].step == "execute" and outcome.steps[-1].reason is ReasonCode.SKIP_NO_TARGETS
 
 
 def test_both_loops_prefill_mode_keeps_decode_bound() -> None:
@@ -745,7 +769,7 @@ def test_advisory_decision_is_flagged() -> None:
     outcome = tick(throughput_inputs(traffic(6000, 2000, 500)), PlannerState(), make_config(advisory=True), FAKE)
     assert outcome.decision == ScalingDecision(num_prefill=20, num_decode=50, advisory=True)  # 20P / 50D as above
     assert [s.step for s in outcome.steps if s.reason is ReasonCode.ADVISORY] == ["execute"]
-    assert outcome.steps[-1].step == "decide"
+    assert outcome.steps[-1].step == "execute" and outcome.steps[-1].reason is ReasonCode.ADVISORY
 
 
 def test_advisory_without_change_has_no_advisory_step() -> None:
@@ -833,7 +857,8 @@ def test_decision_only_when_a_pool_changes(case: DecisionCase) -> None:
     assert tuple(p.component for p in outcome.proposals) == case.want_components
     sized = {s.component for s in outcome.steps if s.component is not None}
     assert sized == set(case.want_components)  # the other pool is never sized
-    assert outcome.steps[-1].step == "decide" and outcome.steps[-1].reason is case.want_reason
+    assert decide_step(outcome).reason is case.want_reason
+    assert outcome.steps[-1].step == "execute"
 
 
 # --- determinism and immutability ----------------------------------------------------------------------------
@@ -972,8 +997,8 @@ def _check_invariants(
     floors = _floors(config)
     for component, value in desired(outcome).items():
         assert value >= floors[component]
-    last = outcome.steps[-1]
-    assert last.step == "decide" and last.reason is outcome.reason
+    assert outcome.steps[-1].step == "execute"
+    assert decide_step(outcome).reason in {ReasonCode.SCALE, ReasonCode.NO_CHANGE, ReasonCode.SET_LOWER_BOUND}
     assert outcome.reason in {ReasonCode.SCALE, ReasonCode.NO_CHANGE, ReasonCode.SET_LOWER_BOUND}
     assert outcome.decision.is_empty is (outcome.reason is not ReasonCode.SCALE)
 

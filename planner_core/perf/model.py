@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 
 from planner_core.perf.profile import EngineProfile, load_profile
+from planner_core.perf.profile_forward import ProfileForwardPassModel
 from planner_core.policy.throughput import PhaseCapacity
 
 
@@ -18,10 +19,15 @@ class ProfilePerfModel:
     """Engine capacity and latency from pre-deployment profiling data."""
 
     profile: EngineProfile
+    forward: ProfileForwardPassModel | None = None  # built by `load`; the load loop's bootstrap model
 
     @classmethod
     def load(cls, profile_dir: str | os.PathLike[str]) -> ProfilePerfModel:
-        return cls(load_profile(profile_dir))
+        profile = load_profile(profile_dir)
+        return cls(profile, ProfileForwardPassModel.from_engine_profile(profile))
+
+    def forward_pass_model(self) -> ProfileForwardPassModel | None:
+        return self.forward
 
     @property
     def max_kv_tokens(self) -> float:

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from planner_core.config import PlannerConfig
+from planner_core.config import PlannerConfig, managed_components
 from planner_core.domain import (
     Component,
     ExecuteAction,
@@ -69,8 +69,7 @@ from planner_core.pipeline.types import (
     PluginRun,
     PluginSpec,
 )
-from planner_core.policy.bounds import bound_gpu_budget, bound_min_endpoint
-from planner_core.tick import managed_components
+from planner_core.policy.bounds import bound_min_endpoint, guard_gpu_budget
 
 Clock = Callable[[], float]
 _MAX_ERROR_CHARS = 300
@@ -507,7 +506,8 @@ class _Tick:
         )
 
     def _final_invariants(self, targets: MappingProxyType[Component, int]) -> dict[Component, int]:
-        """Minimum endpoints, then the GPU budget: hard limits whichever plugin proposed the targets."""
+        """Minimum endpoints, then the GPU budget guard (against the expected counts): hard limits whichever plugin
+        proposed the targets."""
         config = self.config
         floors = {
             Component.PREFILL: config.prefill_min_endpoint_effective,
@@ -517,11 +517,13 @@ class _Tick:
         for component in self.components:
             final[component], step = bound_min_endpoint(component, targets[component], floors[component])
             self.steps.append(step)
-        num_prefill, num_decode, step = bound_gpu_budget(
-            final.get(Component.PREFILL, 0),
-            final.get(Component.DECODE, 0),
+        expected = {c: self.expected[c] if c in self.components else 0 for c in Component}
+        (num_prefill, num_decode), step = guard_gpu_budget(
+            (expected[Component.PREFILL], expected[Component.DECODE]),
+            (final.get(Component.PREFILL, 0), final.get(Component.DECODE, 0)),
             prefill_gpus=config.prefill_gpus_per_engine,
             decode_gpus=config.decode_gpus_per_engine,
+            min_gpu_budget=config.min_gpu_budget,
             max_gpu_budget=config.max_gpu_budget,
             prefill_floor=floors[Component.PREFILL] if Component.PREFILL in self.components else 0,
             decode_floor=floors[Component.DECODE] if Component.DECODE in self.components else 0,

@@ -331,7 +331,7 @@ class Threshold2025Settings:
 
     @classmethod
     def from_config(cls, config: PlannerConfig, components: tuple[Component, ...]) -> Threshold2025Settings:
-        """Settings from the config, for the pools the caller manages (`tick.managed_components(config.mode)`)."""
+        """Settings from the config, for the pools the caller manages (`config.managed_components(config.mode)`)."""
         return cls(
             adjustment_interval_s=float(config.threshold_2025_adjustment_interval_seconds),
             prefill_queue_up=config.prefill_queue_scale_up_threshold,

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from planner_core.config import LengthSizing
 from planner_core.domain import Component, Prediction, ReasonCode, StepRecord, TrafficObservation
+
+if TYPE_CHECKING:  # the perf package loads numpy; the policy only needs the protocol's name
+    from planner_core.perf.forward import ForwardPassModel
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +43,10 @@ class ThroughputPerfModel(Protocol):
     def prefill_ttft_ms(self, isl: float) -> float: ...
 
     def decode_itl_ms(self, concurrency: float, context_length: float) -> float: ...
+
+    def forward_pass_model(self) -> ForwardPassModel | None:
+        """The forward-pass model the load loop starts from before its online models are ready, if any."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

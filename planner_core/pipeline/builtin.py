@@ -1,0 +1,338 @@
+"""The planner's own logic as pipeline plugins: forecasting, throughput sizing and the load loop.
+
+`tick()` runs these through the same pipeline as user plugins (`builtin_plugins(loop, perf)`):
+- throughput tick: `builtin_load_predict` (PREDICT, priority 0) observes the window and forecasts the next one;
+  `builtin_throughput_propose` (PROPOSE, priority 20) sizes each pool on the forecast (min endpoints, change cap),
+  and either proposes SET targets or, when the load loop is on too, only stores them as the load loop's floor;
+- load tick: `builtin_load_propose` (PROPOSE, priority 10) feeds the engines' forward-pass metrics to the online
+  perf models and proposes +/-1 per pool with the configured load policy (SLA per engine, threshold targets, or
+  the 2025 threshold planner).
+Each ends its contribution with one `decide` step whose reason is the loop's headline (Dynamo's per-loop decision
+reasons). The pipeline then applies the final invariants (minimum endpoints, GPU budget guard) to every proposal.
+
+Pure, like the rest of the decision core: plugins read only the pipeline context and return new state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from planner_core.config import (
+    LoadPolicy,
+    OptimizationTarget,
+    PlannerConfig,
+    PlannerMode,
+    ThroughputAlgorithm,
+    managed_components,
+)
+from planner_core.domain import (
+    Component,
+    Loop,
+    OverrideType,
+    PartialPrediction,
+    PerfModelRole,
+    ReasonCode,
+    ReplicaOverride,
+    StepRecord,
+)
+from planner_core.pipeline.types import Phase, PipelineContext, PluginResult, PluginSpec
+from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, guard_gpu_budget
+from planner_core.policy.fleet import combine_headlines
+from planner_core.policy.load import LoadRuntime, LoadSlaTargets, SlaLoadInputs, calculate_load_replicas
+from planner_core.policy.thresholds import (
+    Threshold2025Settings,
+    ThresholdInputs,
+    calculate_threshold_2025,
+    calculate_threshold_replicas,
+    threshold_rule,
+)
+from planner_core.policy.throughput import (
+    CorrectionFactors,
+    ThroughputPerfModel,
+    ThroughputTargets,
+    calculate_replicas,
+    correction_factors,
+    sizing_shape,
+)
+from planner_core.predict import observe_window, predict_next
+
+if TYPE_CHECKING:
+    from planner_core.perf.forward import ForwardPassModel
+
+PREDICT_ID = "builtin_load_predict"
+THROUGHPUT_ID = "builtin_throughput_propose"
+LOAD_ID = "builtin_load_propose"
+DECIDE_STEP = "decide"
+
+
+def _decide(reason: ReasonCode, detail: str) -> StepRecord:
+    return StepRecord(step=DECIDE_STEP, reason=reason, detail=detail)
+
+
+def _floors(config: PlannerConfig) -> dict[Component, int]:
+    return {
+        Component.PREFILL: config.prefill_min_endpoint_effective,
+        Component.DECODE: config.decode_min_endpoint_effective,
+    }
+
+
+# --- throughput loop -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPredictPlugin:
+    """PREDICT: validate the window's traffic, feed the predictor, forecast the next window."""
+
+    spec: PluginSpec = PluginSpec(plugin_id=PREDICT_ID, phase=Phase.PREDICT, priority=0)
+
+    def run(self, context: PipelineContext) -> PluginResult:
+        traffic = context.inputs.traffic
+        if traffic is None:
+            step = StepRecord(step="observe", reason=ReasonCode.NO_TRAFFIC_DATA, detail="no traffic observation")
+            return PluginResult(steps=(step,))
+        bad_field = traffic.invalid_field()
+        if bad_field is not None:
+            # Never scale (and never feed the predictor) on unusable data: hold and say why.
+            step = StepRecord(
+                step="observe",
+                reason=ReasonCode.NO_TRAFFIC_DATA,
+                detail=f"traffic.{bad_field} = {getattr(traffic, bad_field)!r} rejected (NaN, infinite or negative)",
+            )
+            return PluginResult(steps=(step,))
+        history, observe_step = observe_window(context.state.load_history, traffic, context.config)
+        prediction, predict_step = predict_next(history, context.config)
+        state = context.state
+        return PluginResult(
+            predictions=PartialPrediction.of(prediction),
+            steps=(observe_step, predict_step),
+            # KV hit rate and accept length have last-value semantics: a window without them keeps the last known.
+            state=dataclasses.replace(
+                state,
+                load_history=history,
+                last_kv_hit_rate=state.last_kv_hit_rate if traffic.kv_hit_rate is None else traffic.kv_hit_rate,
+                last_accept_length=(
+                    state.last_accept_length if traffic.accept_length is None else traffic.accept_length
+                ),
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputProposePlugin:
+    """PROPOSE: replicas per pool for the forecast (see `planner_core.policy.throughput`)."""
+
+    perf: ThroughputPerfModel | None
+    spec: PluginSpec = PluginSpec(plugin_id=THROUGHPUT_ID, phase=Phase.PROPOSE, priority=20)
+
+    def run(self, context: PipelineContext) -> PluginResult:
+        config, inputs, state = context.config, context.inputs, context.state
+        prediction = context.prediction
+        if prediction is None:
+            return PluginResult(steps=(_decide(ReasonCode.NO_TRAFFIC_DATA, "no forecast this tick: hold"),))
+        if self.perf is None or config.mode is PlannerMode.AGG:
+            detail = "no profile loaded" if self.perf is None else "aggregated capacity needs the online perf model"
+            steps = (
+                StepRecord(step="capacity", reason=ReasonCode.MODEL_NOT_READY, detail=detail),
+                _decide(ReasonCode.MODEL_NOT_READY, "hold"),
+            )
+            return PluginResult(steps=steps)
+        traffic = inputs.traffic
+        assert traffic is not None  # a forecast exists only when the window was observed
+        targets = ThroughputTargets(
+            ttft_ms=config.ttft_ms,
+            itl_ms=config.itl_ms,
+            # The observed window's own length: a late or short collection must not distort the request rate.
+            window_s=traffic.duration_s if traffic.duration_s > 0 else config.throughput_adjustment_interval_seconds,
+            prefill_gpus_per_engine=config.prefill_gpus_per_engine,
+            decode_gpus_per_engine=config.decode_gpus_per_engine,
+        )
+        floors = _floors(config)
+        components = managed_components(config.mode)
+        steps: list[StepRecord] = []
+        shape, shape_step = sizing_shape(prediction, config.throughput_length_sizing)
+        steps.append(shape_step)
+        correction = CorrectionFactors()
+        if config.throughput_algorithm is ThroughputAlgorithm.INTERPOLATION_CORRECTED:
+            correction, correction_steps = correction_factors(
+                traffic, inputs.workers.ready(Component.DECODE), self.perf
+            )
+            steps.extend(correction_steps)
+        desired: dict[Component, int] = {}
+        for component in components:
+            value, sizing_steps = calculate_replicas(
+                component, prediction, targets, self.perf, shape=shape, correction=correction
+            )
+            steps.extend(sizing_steps)
+            value, step = bound_min_endpoint(component, value, floors[component])
+            steps.append(step)
+            value, step = bound_change_rate(
+                component, value, inputs.workers.expected(component), config.max_throughput_scaling_replicas
+            )
+            steps.append(step)
+            value, step = bound_min_endpoint(component, value, floors[component])  # a cap may undercut the floor
+            steps.append(step)
+            desired[component] = value
+        summary = ", ".join(f"{c.value} {inputs.workers.expected(c)} -> {desired[c]}" for c in components)
+
+        if not config.load_scaling_active:
+            overrides = tuple(
+                ReplicaOverride(component=c, kind=OverrideType.SET, replicas=desired[c], reason="throughput sizing")
+                for c in components
+            )
+            changed = any(desired[c] != inputs.workers.expected(c) for c in components)
+            steps.append(_decide(ReasonCode.SCALE if changed else ReasonCode.NO_CHANGE, summary))
+            return PluginResult(overrides=overrides, steps=tuple(steps))
+
+        # Both loops on: the throughput loop only sets the floor the load loop may not go below, fitted into the
+        # GPU budget here because no pipeline invariant sees a floor that is not proposed.
+        current = {c: inputs.workers.expected(c) if c in components else 0 for c in Component}
+        (num_prefill, num_decode), budget_step = guard_gpu_budget(
+            (current[Component.PREFILL], current[Component.DECODE]),
+            (desired.get(Component.PREFILL, 0), desired.get(Component.DECODE, 0)),
+            prefill_gpus=config.prefill_gpus_per_engine,
+            decode_gpus=config.decode_gpus_per_engine,
+            min_gpu_budget=config.min_gpu_budget,
+            max_gpu_budget=config.max_gpu_budget,
+            prefill_floor=floors[Component.PREFILL] if Component.PREFILL in components else 0,
+            decode_floor=floors[Component.DECODE] if Component.DECODE in components else 0,
+        )
+        steps.append(budget_step)
+        bounded = {Component.PREFILL: num_prefill, Component.DECODE: num_decode}
+        next_state = dataclasses.replace(
+            state,
+            throughput_lower_bound_prefill=(
+                bounded[Component.PREFILL] if Component.PREFILL in components else state.throughput_lower_bound_prefill
+            ),
+            throughput_lower_bound_decode=(
+                bounded[Component.DECODE] if Component.DECODE in components else state.throughput_lower_bound_decode
+            ),
+        )
+        floors_detail = ", ".join(f"{c.value} floor {bounded[c]}" for c in components)
+        steps.append(_decide(ReasonCode.SET_LOWER_BOUND, floors_detail))
+        return PluginResult(steps=tuple(steps), state=next_state)
+
+
+# --- load loop -------------------------------------------------------------------------------------------------
+
+
+_ROLE_OF_POOL = {Component.PREFILL: PerfModelRole.PREFILL, Component.DECODE: PerfModelRole.DECODE}
+
+
+@dataclass(frozen=True, slots=True)
+class LoadProposePlugin:
+    """PROPOSE: +/-1 per pool from the engines' latest forward-pass metrics."""
+
+    bootstrap: ForwardPassModel | None  # before the online models are ready (profile or precomputed table)
+    spec: PluginSpec = PluginSpec(plugin_id=LOAD_ID, phase=Phase.PROPOSE, priority=10)
+
+    def run(self, context: PipelineContext) -> PluginResult:
+        from planner_core.perf.online import OnlineForwardPassModel, observe_fpm, readiness_step
+
+        config, inputs = context.config, context.inputs
+        state = dataclasses.replace(
+            context.state, perf_models=observe_fpm(context.state.perf_models, inputs.fpm, config)
+        )
+        components = managed_components(config.mode)
+        aggregated = config.mode is PlannerMode.AGG
+        lower_bounds = {
+            Component.PREFILL: state.throughput_lower_bound_prefill if config.throughput_scaling_active else None,
+            Component.DECODE: state.throughput_lower_bound_decode if config.throughput_scaling_active else None,
+        }
+        floors = _floors(config)
+        steps: list[StepRecord] = []
+        desired: dict[Component, int | None] = {}
+        headlines: list[ReasonCode] = []
+
+        if config.load_policy is LoadPolicy.THRESHOLD_2025:
+            outcome = calculate_threshold_2025(
+                now_s=inputs.now_s,
+                fpm=inputs.fpm,
+                workers=inputs.workers,
+                state=state.threshold_planner,
+                settings=Threshold2025Settings.from_config(config, components),
+                lower_bound_prefill=lower_bounds[Component.PREFILL],
+                lower_bound_decode=lower_bounds[Component.DECODE],
+            )
+            state = dataclasses.replace(state, threshold_planner=outcome.next_state)
+            steps.extend(outcome.steps)
+            desired = {Component.PREFILL: outcome.num_prefill, Component.DECODE: outcome.num_decode}
+            headlines.append(outcome.reason)
+        else:
+            for component in components:
+                if config.optimization_target is OptimizationTarget.SLA:
+                    role = PerfModelRole.AGG if aggregated else _ROLE_OF_POOL[component]
+                    online_state = getattr(state.perf_models, role.value)
+                    online = OnlineForwardPassModel(online_state)
+                    steps.append(readiness_step(online_state, component))
+                    model = online if online.is_ready() or self.bootstrap is None else self.bootstrap
+                    history = state.load_history
+                    value, pool_steps = calculate_load_replicas(
+                        SlaLoadInputs(
+                            component=component,
+                            aggregated=aggregated,
+                            fpm=inputs.fpm,
+                            workers=inputs.workers,
+                            limits=config.engine_limits(component),
+                            targets=LoadSlaTargets(
+                                ttft_ms=config.ttft_ms,
+                                itl_ms=config.itl_ms,
+                                down_sensitivity=config.load_scaling_down_sensitivity / 100.0,
+                            ),
+                            runtime=LoadRuntime(
+                                kv_hit_rate=state.last_kv_hit_rate,
+                                accept_length=state.last_accept_length,
+                                avg_isl=history.isl[-1] if history.isl else online.avg_isl,
+                                avg_osl=history.osl[-1] if history.osl else 0.0,
+                            ),
+                            throughput_lower_bound=lower_bounds[component],
+                            min_endpoint=floors[component],
+                        ),
+                        model,
+                    )
+                else:
+                    value, pool_steps = calculate_threshold_replicas(
+                        ThresholdInputs(
+                            component=component,
+                            fpm=inputs.fpm,
+                            workers=inputs.workers,
+                            limits=config.engine_limits(component),
+                            rule=threshold_rule(config, component),
+                            throughput_lower_bound=lower_bounds[component],
+                            min_endpoint=floors[component],
+                        )
+                    )
+                steps.extend(pool_steps)
+                desired[component] = value
+                headlines.append(pool_steps[-1].reason)
+
+        overrides = tuple(
+            ReplicaOverride(component=c, kind=OverrideType.SET, replicas=desired[c], reason="load loop")
+            for c in components
+            if desired.get(c) is not None
+        )
+        headline = combine_headlines(tuple(headlines))
+        summary = ", ".join(
+            f"{c.value} {inputs.workers.expected(c)} -> {desired[c]}" for c in components if desired.get(c) is not None
+        )
+        steps.append(_decide(headline, summary or "no opinion this tick"))
+        return PluginResult(overrides=overrides, steps=tuple(steps), state=state)
+
+
+def builtin_plugins(
+    loop: Loop, perf: ThroughputPerfModel | None
+) -> tuple[LoadPredictPlugin | ThroughputProposePlugin | LoadProposePlugin, ...]:
+    """The builtin plugins of one loop's tick."""
+    if loop is Loop.THROUGHPUT:
+        return (LoadPredictPlugin(), ThroughputProposePlugin(perf))
+    bootstrap = perf.forward_pass_model() if perf is not None else None
+    return (LoadProposePlugin(bootstrap),)
+
+
+def headline_of(steps: tuple[StepRecord, ...]) -> ReasonCode | None:
+    """The loop's headline as its builtin plugin decided it: the reason of the last `decide` step."""
+    for step in reversed(steps):
+        if step.step == DECIDE_STEP:
+            return step.reason
+    return None

@@ -826,7 +826,7 @@ def _reason_timeline_chart(data: ReportData) -> Chart:
         fig.update_yaxes(type="category", categoryorder="array", categoryarray=sorted(set(labels)), automargin=True)
         fig.update_layout(height=max(340, 120 + 22 * len(set(labels))))
     else:
-        missing = "no ticks in this window"
+        missing = "no explanation steps or decision events in this window"
         _no_data(fig, missing)
     return Chart(key="reason_timeline", title="Timeline of decision reasons", figure=fig, missing=missing)
 

@@ -22,6 +22,7 @@ from planner_core.report import ReportFile, generate_report, parse_report_time, 
 from planner_core.service import resolve_config_relative
 from planner_core.settings import RuntimeSettings
 from planner_core.store.db import resolve_database_url, session_factory
+from planner_core.store.migrate import check_schema_current
 
 
 @task(name="write-report", cache_policy=NO_CACHE)
@@ -108,6 +109,8 @@ def planner_report(
 ) -> dict:
     """Write the report of the period ending at the run's scheduled time (or [since, until)) and link it."""
     settings = RuntimeSettings()
+    database_url = resolve_database_url(settings)
+    check_schema_current(database_url)
     path = config_path or (str(settings.config) if settings.config else DEFAULT_CONFIG)
     config = load_config(path)
     scheduled = flow_run.scheduled_start_time
@@ -116,8 +119,6 @@ def planner_report(
     )
     out_dir = resolve_config_relative(config.report_output_dir, Path(path))
     out_path = periodic_report_path(out_dir, end, config.report_filename)
-    written = write_report(
-        resolve_database_url(settings), deployment, out_path, start, end, config.report_write_gzip_log
-    )
+    written = write_report(database_url, deployment, out_path, start, end, config.report_write_gzip_log)
     publish_report(written)
     return {"path": str(written.path), "num_charts": written.num_charts, "gpu_hours": written.summary.gpu_hours}

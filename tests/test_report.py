@@ -447,3 +447,22 @@ def test_report_command_bad_input(database_url, scenario, tmp_path, monkeypatch,
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("planner: error:")]
     assert len(errors) == 1 and errors[0].startswith(message)
     assert not bad.exists() and not list(tmp_path.glob(".bad.html*"))
+
+
+@pytest.mark.parametrize(
+    ("since", "until", "interval_hours", "expected"),
+    [
+        # scheduled run: the period before the scheduled time
+        (None, None, 24.0, ("2026-03-01T00:00:00+00:00", "2026-03-02T00:00:00+00:00")),
+        (None, "2026-03-01T12:00:00Z", 6.0, ("2026-03-01T06:00:00+00:00", "2026-03-01T12:00:00+00:00")),
+        ("2026-02-01", None, 24.0, ("2026-02-01T00:00:00+00:00", "2026-03-02T00:00:00+00:00")),
+        (None, None, None, (None, "2026-03-02T00:00:00+00:00")),  # no interval: everything before
+    ],
+    ids=["scheduled", "until", "since", "no-interval"],
+)
+def test_report_flow_window(since, until, interval_hours, expected) -> None:
+    """[since, until) of a report run: given bounds win, else the period of report_interval_hours before the run."""
+    from flows.report import report_window
+
+    start, end = report_window(since, until, interval_hours, dt.datetime(2026, 3, 2, tzinfo=dt.UTC))
+    assert (start.isoformat() if start else None, end.isoformat()) == expected

@@ -188,7 +188,7 @@ def demo(
     events = recorded_scale_events(ctx, trace)
     final = simulate_timeline(ctx, trace, events, end_s, startup_s)
     summary = summarise(final.slices)
-    config_dir = resolve_config_relative(ctx.config.report_output_dir, Path(config_path))
+    config_dir = resolve_config_relative(ctx.config.report_output_dir, Path(config_path)).resolve()
     out_dir = Path(report_dir) if report_dir else config_dir
     report = write_report(
         url,

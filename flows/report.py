@@ -117,7 +117,7 @@ def planner_report(
     start, end = report_window(
         since, until, config.report_interval_hours, dt.datetime.fromtimestamp(scheduled.timestamp(), tz=dt.UTC)
     )
-    out_dir = resolve_config_relative(config.report_output_dir, Path(path))
+    out_dir = resolve_config_relative(config.report_output_dir, Path(path)).resolve()
     out_path = periodic_report_path(out_dir, end, config.report_filename)
     written = write_report(database_url, deployment, out_path, start, end, config.report_write_gzip_log)
     publish_report(written)

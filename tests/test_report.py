@@ -80,7 +80,8 @@ def chromium() -> str:
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     for command in (
         ["apt-get", "update", "-q"],
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"],
+        # wait for a dpkg lock held by another installer instead of failing at once
+        ["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "-q", "--no-install-recommends", "chromium"],
     ):
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         if result.returncode != 0:

@@ -5,22 +5,25 @@ A Prefect flow walks the trace window by window. The simulated cluster serves th
 decision through the virtual connector; the simulated cluster, acting as the orchestrator, wakes on the
 connector's NOTIFY, scales and acknowledges. Everything is in Postgres, so an interrupted demo resumes where
 it stopped: recorded ticks are skipped (never recorded twice) and the cluster is rebuilt from the
-acknowledged decisions.
+acknowledged decisions. At the end it writes the deployment's diagnostics report and links it as an artifact.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from pathlib import Path
 
 from prefect import flow
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import select
 
+from flows.report import publish_report, write_report
 from flows.ticks import apply_decisions, decide_and_record
 from planner_core.connectors.virtual import VirtualConnectorClient
 from planner_core.domain import Component, Loop
-from planner_core.service import PlannerContext, load_context, prepare_database
+from planner_core.report import periodic_report_path
+from planner_core.service import PlannerContext, load_context, prepare_database, resolve_config_relative
 from planner_core.sim.cluster import ClusterSpec, RunSummary, SimulatedCluster, summarise
 from planner_core.store import repository as repo
 from planner_core.store.models import Tick, VirtualDecisionRow
@@ -125,8 +128,13 @@ def demo(
     rate_scale: float = 1.0,
     max_windows: int | None = None,
     database_url: str | None = None,
+    report_dir: str | None = None,
 ) -> dict:
-    """Replay `trace_path` through the planner in simulated time; returns the run's summary figures."""
+    """Replay `trace_path` through the planner in simulated time; returns the run's summary figures.
+
+    The report of all the deployment's ticks goes to `report_dir` (default: the config's `report_output_dir`,
+    relative to the config file).
+    """
     from planner_core.store.db import resolve_database_url
 
     url = database_url or resolve_database_url()
@@ -180,7 +188,18 @@ def demo(
     events = recorded_scale_events(ctx, trace)
     final = simulate_timeline(ctx, trace, events, end_s, startup_s)
     summary = summarise(final.slices)
-    return _summary_dict(ctx, summary, events, num_windows)
+    config_dir = resolve_config_relative(ctx.config.report_output_dir, Path(config_path)).resolve()
+    out_dir = Path(report_dir) if report_dir else config_dir
+    report = write_report(
+        url,
+        deployment,
+        periodic_report_path(out_dir, _epoch(trace, end_s), ctx.config.report_filename),
+        None,  # the whole run, resumed parts included
+        None,
+        ctx.config.report_write_gzip_log,
+    )
+    publish_report(report)
+    return _summary_dict(ctx, summary, events, num_windows) | {"report_path": str(report.path)}
 
 
 def _acknowledge_after_restart(client: VirtualConnectorClient, ctx: PlannerContext, trace: RequestTrace) -> None:

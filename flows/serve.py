@@ -1,8 +1,10 @@
-"""Serve the planner's deployments: `throughput-tick`, `load-tick` and `execute-decisions`.
+"""Serve the planner's deployments: `throughput-tick`, `load-tick`, `execute-decisions` and `planner-report`.
 
 Interval schedules come from the config; each deployment allows one run at a time and cancels a new run that
 would overlap (`CANCEL_NEW`), so a slow tick is never run twice concurrently. The load-tick deployment is
-created paused when the config has load scaling off, so it is visible in the UI but does not run.
+created paused when the config has load scaling off, so it is visible in the UI but does not run. The report
+deployment runs every `report_interval_hours` (without a schedule, on demand only, when that is unset). With
+`metric_reporting_prometheus_port` set, the serving process also exports the planner's Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
+from flows.report import planner_report
 from flows.ticks import DEFAULT_CONFIG, execute_decisions, load_tick, throughput_tick
 from planner_core.config import EnvironmentKind, PlannerConfig, load_config
 from planner_core.service import connect_kubernetes
@@ -24,7 +27,7 @@ NO_OVERLAP = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimit
 
 
 def build_deployments(config: PlannerConfig, config_path: str, deployment: str) -> list:
-    """The three runner deployments for one managed deployment, with schedules from `config`."""
+    """The four runner deployments for one managed deployment, with schedules from `config`."""
     parameters = {"deployment": deployment, "config_path": config_path}
     tags = ["planner", f"deployment:{deployment}"]
     return [
@@ -54,6 +57,16 @@ def build_deployments(config: PlannerConfig, config_path: str, deployment: str) 
             tags=tags,
             description="Apply pending decisions through the connector and record each attempt.",
         ),
+        planner_report.to_deployment(
+            name="planner-report",
+            interval=(
+                dt.timedelta(hours=config.report_interval_hours) if config.report_interval_hours is not None else None
+            ),
+            concurrency_limit=NO_OVERLAP,
+            parameters=parameters,
+            tags=tags,
+            description="Write the HTML diagnostics report of the last period and link it as an artifact.",
+        ),
     ]
 
 
@@ -64,5 +77,12 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
     config = load_config(path)
     if config.environment is EnvironmentKind.KUBERNETES:
         connect_kubernetes(config)  # fail at start-up, in one line, if the DGD cannot be scaled as configured
-    upgrade(resolve_database_url(settings))
-    serve(*build_deployments(config, path, deployment or settings.deployment))
+    database_url = resolve_database_url(settings)
+    upgrade(database_url)
+    name = deployment or settings.deployment
+    if config.metric_reporting_prometheus_port:
+        from planner_core.metrics import start_metrics_server
+
+        # Flow runs execute in subprocesses, so the exporter reads what they recorded from Postgres at each scrape.
+        start_metrics_server(config.metric_reporting_prometheus_port, database_url, name)
+    serve(*build_deployments(config, path, name))

@@ -137,6 +137,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     print("  replica timeline (simulated time since the first request -> prefill/decode targets):")
     print("    " + "  ".join(f"{at_s / 60:.0f}m {p}P/{d}D" for at_s, p, d in result["scale_events"]) or "    none")
+    print(f"  report: {result['report_path']}")
     print_queries(url, result["deployment"])
     print(f"\nConnect with: planner db url   (data under {settings.data_dir.resolve()})")
     return 0
@@ -326,6 +327,46 @@ def cmd_k8s_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write the HTML diagnostics report of one deployment over a time window."""
+    import datetime as dt
+
+    from planner_core.report import generate_report, parse_report_time
+    from planner_core.store.db import resolve_database_url, session_factory
+
+    since = parse_report_time(args.since, "--since")
+    until = parse_report_time(args.until, "--until")
+    if since is not None and until is not None and since >= until:
+        raise ValueError(f"--since {args.since!r} is not before --until {args.until!r}")
+    out = Path(args.out)
+    if out.is_dir():
+        raise ValueError(f"--out {out}: is a directory (give a file name, e.g. report.html)")
+    with session_factory(resolve_database_url()).begin() as session:
+        try:
+            written = generate_report(
+                session,
+                args.deployment,
+                out,
+                since=since,
+                until=until,
+                generated_at=dt.datetime.now(dt.UTC),
+                write_log=args.log,
+            )
+        except OSError as exc:
+            raise ValueError(f"--out {out}: cannot write ({exc.strerror or exc})") from exc
+    summary = written.summary
+    num_ticks = sum(summary.num_ticks.values())
+    print(
+        f"{written.path}: {written.num_charts} charts, {num_ticks} ticks, "
+        f"{sum(summary.num_decisions.values())} decisions, {summary.gpu_hours:.2f} GPU-hours"
+    )
+    if written.log_path is not None:
+        print(f"{written.log_path}: tick log (JSON lines, gzip)")
+    if num_ticks == 0:
+        print(f"planner: warning: no ticks of {args.deployment!r} in the window", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="planner", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -374,6 +415,14 @@ def build_parser() -> argparse.ArgumentParser:
     history = sub.add_parser("history", help="print the example decision-history queries")
     history.add_argument("--deployment", default="demo")
     history.set_defaults(func=cmd_history)
+
+    report = sub.add_parser("report", help="write the HTML diagnostics report of a deployment (15 Plotly charts)")
+    report.add_argument("--deployment", default="demo", help="managed-deployment name (default demo)")
+    report.add_argument("--since", default=None, help="first tick time included, ISO 8601 (UTC unless an offset)")
+    report.add_argument("--until", default=None, help="ticks before this time, ISO 8601 (UTC unless an offset)")
+    report.add_argument("--out", type=Path, required=True, help="the HTML file to write")
+    report.add_argument("--log", action="store_true", help="also write the tick rows to <out>.log.jsonl.gz")
+    report.set_defaults(func=cmd_report)
 
     forecast = sub.add_parser("forecast", help="score the load predictors one window ahead on a trace (Dynamo's loss)")
     forecast.add_argument(

@@ -9,9 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from planner_core.store.db import to_libpq_uri
 from tests.conftest import REPO_ROOT, write_config
@@ -91,6 +94,47 @@ def test_demo_flow_records_ticks_as_prefect_task_runs(
     # every decision was executed and acknowledged by the simulated orchestrator
     assert summary["num_decisions"] >= 1
     assert {status for *_, status in _decisions(database_url, "flow-demo")} == {"acknowledged"}
+    # the demo ends with its report (config-relative report_output_dir) and an artifact linking it
+    report = Path(summary["report_path"])
+    assert report.parent == tmp_path / "planner_reports" and report.name.startswith("planner_report_20231116_")
+    assert report.read_text().count('data-chart="') == 15
+    [artifact] = _report_artifacts("planner-report-flow-demo")
+    assert report.resolve().as_uri() in artifact.data and artifact.flow_run_id is not None
+
+
+def _report_artifacts(key: str):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+
+    return asyncio.run(read())
+
+
+def test_report_flow_writes_the_report_and_links_it(
+    prefect_api_url, database_url, tmp_path, profile_dir, monkeypatch
+) -> None:
+    """`planner-report` writes the page under report_output_dir and creates a markdown artifact linking it."""
+    from flows.report import planner_report
+    from tests.recorded import record_scenario
+
+    monkeypatch.setenv("PLANNER_DATABASE_URL", database_url)  # as the served flows get it
+
+    record_scenario(database_url, tmp_path, deployment="report-flow")
+    config = write_config(tmp_path, report_interval_hours=None, report_output_dir="reports")
+    result = planner_report(deployment="report-flow", config_path=str(config), until="2026-03-02T00:00:00Z")
+    path = Path(result["path"])
+    # no interval: every tick before `until`; the name carries the window's end
+    assert path == tmp_path / "reports" / "planner_report_20260302_000000_000.html"
+    assert result["num_charts"] == 15 and path.read_text().count('data-chart="') == 15
+    assert (tmp_path / "reports" / "planner_report_20260302_000000_000.log.jsonl.gz").exists()
+    [artifact] = _report_artifacts("planner-report-report-flow")
+    assert artifact.type == "markdown" and path.resolve().as_uri() in artifact.data
+    # a second report of the same period gets the next number, never overwriting the first
+    again = planner_report(deployment="report-flow", config_path=str(config), until="2026-03-02T00:00:00Z")
+    assert Path(again["path"]).name == "planner_report_20260302_000000_001.html"
 
 
 def test_resumed_demo_equals_an_uninterrupted_one(
@@ -179,12 +223,13 @@ def test_deployments_take_schedules_from_the_config(tmp_path, profile_dir) -> No
 
     path = write_config(tmp_path, throughput_adjustment_interval_seconds=120, execution_interval_seconds=7)
     deployments = {d.name: d for d in build_deployments(load_config(path), str(path), "prod")}
-    assert set(deployments) == {"throughput-tick", "load-tick", "execute-decisions"}
+    assert set(deployments) == {"throughput-tick", "load-tick", "execute-decisions", "planner-report"}
     intervals = {name: d.schedules[0].schedule.interval for name, d in deployments.items()}
     assert intervals == {
         "throughput-tick": dt.timedelta(seconds=120),
         "load-tick": dt.timedelta(seconds=5),
         "execute-decisions": dt.timedelta(seconds=7),
+        "planner-report": dt.timedelta(hours=24),  # report_interval_hours' default
     }
     for deployment in deployments.values():
         assert deployment.concurrency_limit == 1
@@ -194,13 +239,30 @@ def test_deployments_take_schedules_from_the_config(tmp_path, profile_dir) -> No
     assert deployments["throughput-tick"].paused is False
 
 
+def test_report_deployment_without_an_interval_runs_on_demand_only(tmp_path, profile_dir) -> None:
+    """With report_interval_hours unset the report deployment exists without a schedule."""
+    from flows.serve import build_deployments
+    from planner_core.config import load_config
+
+    path = write_config(tmp_path, report_interval_hours=None)
+    [report] = [d for d in build_deployments(load_config(path), str(path), "prod") if d.name == "planner-report"]
+    assert report.schedules in (None, [])
+
+
 def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir):
-    """`serve` runs throughput ticks on their interval; each records once, and decisions get executed."""
+    """`serve` runs throughput ticks on their interval; each records once, and decisions get executed.
+
+    With `metric_reporting_prometheus_port` set, the serving process exports what the flow runs recorded.
+    """
+    from tests.test_metrics import _free_port
+
+    metrics_port = _free_port()
     config = write_config(
         tmp_path,
         throughput_adjustment_interval_seconds=5,
         load_adjustment_interval_seconds=1,
         execution_interval_seconds=5,
+        metric_reporting_prometheus_port=metrics_port,
     )
     env = dict(
         os.environ,
@@ -226,6 +288,7 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
                     "SELECT scheduled_at, reason, flow_run_id FROM ticks "
                     "WHERE loop = 'throughput' ORDER BY scheduled_at",
                 )
+        scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).text
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -240,3 +303,10 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
     assert all(gap % 5 == pytest.approx(0, abs=1e-3) for gap in gaps_s), gaps_s
     assert all(flow_run for *_, flow_run in ticks)
     assert {reason for _, reason, _ in ticks} <= {"scale", "no_change"}
+    # the flow runs (subprocesses) recorded the ticks; the serving process exported them
+    families = {f.name: f for f in text_string_to_metric_families(scraped)}
+    [count] = [s.value for s in families["dynamo_planner_tick_duration_seconds"].samples if s.name.endswith("_count")]
+    assert count >= 3
+    decision = "dynamo_planner_throughput_scaling_decision"
+    [state] = [s.labels[decision] for s in families[decision].samples if s.value == 1]
+    assert state in {"scale", "no_change"}

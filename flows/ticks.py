@@ -10,10 +10,12 @@ ingest`). The execution flow applies pending decisions.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
 from prefect.runtime import flow_run, task_run
 
 from planner_core.config import PlannerConfig
@@ -50,8 +52,16 @@ def collect_traffic(
     """
     collected = collect_from_source(config, window_start, window_end)
     if collected is not None and collected.problem is not None:
-        get_run_logger().warning("no traffic data for [%s, %s): %s", window_start, window_end, collected.problem)
+        _logger().warning("no traffic data for [%s, %s): %s", window_start, window_end, collected.problem)
     return collected
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    """The run logger inside a Prefect run (shipped to the UI), a plain logger when a test calls `.fn()`."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
 
 
 @task(

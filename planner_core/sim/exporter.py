@@ -22,6 +22,7 @@ length are the given constants (the simulator has no prefix cache and no specula
 
 from __future__ import annotations
 
+import http.server
 import math
 import threading
 import time
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
@@ -209,11 +210,34 @@ class TraceMetricsExporter:
     # -- HTTP --
 
     def serve(self, port: int = 0, addr: str = "127.0.0.1") -> int:
-        """Serve `/metrics` on `addr:port` (0 = a free port) in a background thread; returns the port."""
+        """Serve `/metrics` on `addr:port` (0 = a free port) in a background thread; returns the port.
+
+        Always in the Prometheus text format 0.0.4: prometheus_client's OpenMetrics output (what Prometheus asks
+        for first) turns the colons of vLLM's names into underscores, and the series would not be vLLM's.
+        """
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
-        self._server, _thread = start_http_server(port, addr=addr, registry=registry)
-        return int(self._server.server_port)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                body = generate_latest(registry)
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_args: object) -> None:
+                pass  # one line per scrape would drown everything else
+
+        server = http.server.ThreadingHTTPServer((addr, port), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self._server = server
+        return int(server.server_port)
 
     def stop(self) -> None:
         if self._server is not None:

@@ -146,7 +146,7 @@ def decode_fpm_message(
     except (UnicodeDecodeError, ValueError):
         raise FpmDecodeError(DropReason.BAD_FRAMES, f"unknown pool in topic {topic[:40]!r}") from None
     try:
-        body = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_buffer_size=max_bytes)
+        body = msgpack.unpackb(payload, raw=False, strict_map_key=True)  # size already bounded above
     except Exception as exc:  # msgpack raises many types (ExtraData, FormatError, StackError, ...): all mean garbage
         raise FpmDecodeError(DropReason.NOT_MSGPACK, f"{type(exc).__name__}: {str(exc)[:80]}") from None
     if not isinstance(body, dict):
@@ -237,7 +237,11 @@ class FpmPublisher:
         self.num_sent = 0
 
     def wait_for_subscriber(self, timeout_s: float = 10.0) -> bool:
-        """True once a subscriber has subscribed (the ingest subscribes to the `fpm.` prefix)."""
+        """True once a subscriber has subscribed (the ingest subscribes to the `fpm.` prefix).
+
+        ZMQ sends a SUB socket's subscription to a new peer only when its owner next uses the socket, so the
+        ingest must be running (polling) for this to return True.
+        """
         if self._socket.poll(int(timeout_s * 1000), zmq.POLLIN):
             self._socket.recv()  # the subscription message itself
             return True

@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from planner_core.domain import Component, ForwardPassMetrics, QueuedRequests, ScheduledRequests
@@ -44,28 +44,50 @@ class FpmSample:
     version: int | None = None
 
 
-def _row_values(deployment_id: int, sample: FpmSample) -> dict[str, object]:
+_COLUMNS = (
+    "deployment_id",
+    "received_at",
+    "component",
+    "worker_id",
+    "dp_rank",
+    "counter_id",
+    "version",
+    "wall_time_s",
+    *(f"scheduled_{name}" for name in _SCHEDULED_FIELDS),
+    *(f"queued_{name}" for name in _QUEUED_FIELDS),
+)
+
+
+def _row(deployment_id: int, sample: FpmSample) -> tuple[object, ...]:
+    """One sample as a row in `_COLUMNS` order."""
     fpm = sample.fpm
-    values: dict[str, object] = {
-        "deployment_id": deployment_id,
-        "received_at": sample.received_at,
-        "component": fpm.component.value,
-        "worker_id": fpm.worker_id,
-        "dp_rank": fpm.dp_rank,
-        "counter_id": fpm.counter_id,
-        "version": sample.version,
-        "wall_time_s": fpm.wall_time_s,
-    }
-    values.update({f"scheduled_{name}": getattr(fpm.scheduled, name) for name in _SCHEDULED_FIELDS})
-    values.update({f"queued_{name}": getattr(fpm.queued, name) for name in _QUEUED_FIELDS})
-    return values
+    scheduled, queued = fpm.scheduled, fpm.queued
+    return (
+        deployment_id,
+        sample.received_at,
+        fpm.component.value,
+        fpm.worker_id,
+        fpm.dp_rank,
+        fpm.counter_id,
+        sample.version,
+        fpm.wall_time_s,
+        *(getattr(scheduled, name) for name in _SCHEDULED_FIELDS),
+        *(getattr(queued, name) for name in _QUEUED_FIELDS),
+    )
 
 
 def insert_fpm_samples(session: Session, deployment_id: int, samples: Sequence[FpmSample]) -> int:
-    """Insert samples in one multi-row statement; returns how many."""
+    """Insert samples with one COPY on the session's connection (inside its transaction); returns how many.
+
+    COPY rather than a multi-row INSERT: the ingest writes thousands of samples per second and COPY costs a
+    fraction of the per-row work (measured in the README).
+    """
     if not samples:
         return 0
-    session.execute(insert(FpmSampleRow), [_row_values(deployment_id, sample) for sample in samples])
+    connection = session.connection().connection.driver_connection  # the psycopg connection of this transaction
+    with connection.cursor() as cursor, cursor.copy(f"COPY fpm_samples ({', '.join(_COLUMNS)}) FROM STDIN") as copy:
+        for sample in samples:
+            copy.write_row(_row(deployment_id, sample))
     return len(samples)
 
 

@@ -170,3 +170,32 @@ def test_needs_a_cluster_at_the_start(perf: ProfilePerfModel, tmp_path: Path) ->
     cluster.advance(10.0)
     with pytest.raises(ValueError, match="at the start of its trace"):
         TraceMetricsExporter(cluster, model="m")
+
+
+def test_sim_exporter_command_serves_until_sigterm(azure_conv_trace: Path) -> None:
+    """`planner sim-exporter` serves the replay on the port it announces and exits 0 on SIGTERM."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, "-m", "planner_core.cli", "sim-exporter", "--trace", str(azure_conv_trace)]
+    process = subprocess.Popen([*command, "--port", "0", "--speedup", "60"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        banner = process.stderr.readline()
+        port = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", banner)
+        assert port, banner
+        with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        assert (
+            'dynamo_frontend_requests_total{dynamo_namespace="dynamo",model="nvidia/Llama-3.1-8B-Instruct-FP8"}' in text
+        )
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()

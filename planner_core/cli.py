@@ -294,7 +294,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     config = args.config or settings.config or DEFAULT_CONFIG
     url = resolve_database_url(settings)
     deployment_id = resolve_deployment_id(url, deployment, config)
-    retention_minutes = args.retention_minutes or settings.fpm_retention_minutes
+    retention_minutes = settings.fpm_retention_minutes if args.retention_minutes is None else args.retention_minutes
     if retention_minutes <= 0:
         raise ValueError(f"--retention-minutes = {retention_minutes!r}: must be > 0")
     bind = args.bind or ([] if args.connect else [settings.fpm_bind])

@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import psycopg
 import zmq
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 
 from planner_core.domain import Component, ForwardPassMetrics, QueuedRequests, ScheduledRequests
 from planner_core.store.db import session_factory
@@ -53,6 +54,8 @@ MAX_MESSAGE_BYTES = 64 * 1024  # a real message is ~250 bytes; anything near thi
 # ZMQ's own cap: a peer that sends more is disconnected by ZMQ before we see it (a memory guard, not counted).
 ZMQ_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 SCHEMA_VERSION = 1  # the version this code writes in `encode_fpm_message`
+# Errors that retrying the same rows cannot fix (as opposed to a lost connection).
+_PERMANENT_DB_ERRORS = (DataError, IntegrityError, psycopg.DataError, psycopg.IntegrityError)
 
 _MAX_INT32 = 2**31 - 1  # columns stored as INTEGER
 _MAX_INT64 = 2**63 - 1  # columns stored as BIGINT
@@ -152,9 +155,10 @@ def decode_fpm_message(
     if not isinstance(body, dict):
         raise _schema_error("message", body, "a map")
     worker_id = body.get("worker_id", "")
-    if not isinstance(worker_id, str) or not 0 < len(worker_id) <= _MAX_WORKER_ID_CHARS:
-        # An empty worker id cannot be told apart from other engines' samples (Dynamo saw it after restores).
-        raise _schema_error("worker_id", worker_id, f"a string of 1..{_MAX_WORKER_ID_CHARS} characters")
+    if not isinstance(worker_id, str) or not 0 < len(worker_id) <= _MAX_WORKER_ID_CHARS or "\x00" in worker_id:
+        # An empty worker id cannot be told apart from other engines' samples (Dynamo saw it after restores);
+        # Postgres text cannot hold NUL, and one such row would make every flush of its batch fail.
+        raise _schema_error("worker_id", worker_id, f"a string of 1..{_MAX_WORKER_ID_CHARS} characters, no NUL")
     version = body.get("version")
     if version is not None and (type(version) is not int or not 0 <= version <= _MAX_INT32):
         raise _schema_error("version", version, "an integer >= 0")
@@ -410,8 +414,15 @@ class FpmIngest:
         try:
             with self._sessions.begin() as session:
                 insert_fpm_samples(session, self.deployment_id, batch)
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, psycopg.Error) as exc:  # COPY runs on the driver connection: psycopg's own errors
             self.stats.db_errors += 1
+            if isinstance(exc, _PERMANENT_DB_ERRORS):
+                # Postgres refuses these rows and always will: retrying would block every later sample.
+                for _ in range(len(batch)):
+                    self._pending.popleft()
+                self.stats.lost_pending += len(batch)
+                log.error("dropped %d forward-pass samples Postgres refused: %s", len(batch), str(exc).splitlines()[0])
+                return False
             overflow = len(self._pending) - self.max_pending
             for _ in range(max(0, overflow)):
                 self._pending.popleft()
@@ -440,7 +451,7 @@ class FpmIngest:
                 deleted += num
                 if num < self.retention_batch:
                     break
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, psycopg.Error) as exc:
             self.stats.db_errors += 1
             self._limiter.warning("retention", "retention of forward-pass samples failed: %s", str(exc).splitlines()[0])
         self.stats.expired += deleted

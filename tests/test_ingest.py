@@ -110,6 +110,7 @@ def test_idle_heartbeat_decodes_as_such() -> None:
         ([b"fpm.decode", _payload(worker_id="")], DropReason.BAD_SCHEMA, "worker_id = ''"),
         ([b"fpm.decode", _payload(worker_id=12)], DropReason.BAD_SCHEMA, "worker_id = 12"),
         ([b"fpm.decode", _payload(worker_id="x" * 201)], DropReason.BAD_SCHEMA, "1..200 characters"),
+        ([b"fpm.decode", _payload(worker_id="a\x00b")], DropReason.BAD_SCHEMA, "no NUL"),  # Postgres text has no NUL
         ([b"fpm.decode", _payload(dp_rank=True)], DropReason.BAD_SCHEMA, "dp_rank = True"),
         ([b"fpm.decode", _payload(dp_rank=-1)], DropReason.BAD_SCHEMA, "dp_rank = -1"),
         ([b"fpm.decode", _payload(counter_id=1.5)], DropReason.BAD_SCHEMA, "counter_id = 1.5"),
@@ -147,7 +148,7 @@ _reals = st.floats(min_value=0, max_value=1e12, allow_nan=False)
 valid_fpm = st.builds(
     ForwardPassMetrics,
     component=st.sampled_from(Component),
-    worker_id=st.text(min_size=1, max_size=200),
+    worker_id=st.text(st.characters(exclude_characters="\x00"), min_size=1, max_size=200),
     dp_rank=_counts,
     counter_id=_sums,
     wall_time_s=_reals,
@@ -425,3 +426,18 @@ def test_counts_and_lengths_of_the_samples_survive_the_database(deployment) -> N
     with session_factory(url).begin() as session:
         assert latest_fpm(session, deployment_id, now - dt.timedelta(seconds=1)) == (big,)
         assert session.scalar(select(FpmSampleRow.version)) == 4
+
+
+def test_rows_postgres_refuses_are_dropped_not_retried_forever(deployment) -> None:
+    """A batch Postgres refuses for good (here: an unknown deployment, a foreign-key violation) is dropped and
+    counted; retrying it would block every later sample."""
+    url, _, _ = deployment
+    ingest = FpmIngest(url, 999_999, bind=["tcp://127.0.0.1:*"])
+    try:
+        now = dt.datetime.now(dt.UTC)
+        ingest.handle(encode_fpm_message(busy(D, "d-0", 1)), now)
+        ingest.handle(encode_fpm_message(busy(D, "d-0", 2)), now)
+        assert ingest.flush() is False
+        assert (ingest.stats.db_errors, ingest.stats.lost_pending, list(ingest.pending())) == (1, 2, [])
+    finally:
+        ingest.close()

@@ -382,7 +382,7 @@ class PrometheusTrafficSource:
                             NoTrafficDataKind.MALFORMED, f"answer larger than {MAX_ANSWER_BYTES} bytes"
                         )
                 status_code = response.status_code
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is not an HTTPError
             raise TrafficUnavailable(
                 NoTrafficDataKind.UNREACHABLE, f"{self.options.endpoint}: {type(exc).__name__}: {exc}"
             ) from exc

@@ -1,24 +1,30 @@
 """The three served flows: `throughput-tick`, `load-tick` and `execute-decisions`.
 
 Each tick is one Prefect task run that decides and records in one transaction; collecting traffic is a
-separate task with retries (the only network I/O). The execution flow applies pending decisions.
+separate task (the only network I/O): Prometheus when the config or `PLANNER_PROMETHEUS_ENDPOINT` names one, else
+the `PLANNER_TRACE` replay. A source without usable data makes the tick record `no_traffic_data` and hold, with
+the reason in the audit log. Load ticks read the newest ingested forward-pass metrics per engine (`planner
+ingest`). The execution flow applies pending decisions.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from pathlib import Path
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
 from prefect.runtime import flow_run, task_run
 
+from planner_core.config import PlannerConfig
 from planner_core.domain import Loop, TrafficObservation
 from planner_core.service import PlannerContext, load_context, run_execution, run_tick
 from planner_core.settings import RuntimeSettings
-from planner_core.sources import TraceReplaySource
+from planner_core.sources import CollectedTraffic
+from planner_core.sources import collect_traffic as collect_from_source
 from planner_core.store.db import resolve_database_url
-from planner_core.traces import load_trace
 
 DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "infra" / "configs" / "demo.yaml")
 
@@ -36,12 +42,26 @@ def _scheduled_at() -> dt.datetime:
 
 
 @task(name="collect-traffic", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def collect_traffic(window_start: dt.datetime, window_end: dt.datetime) -> TrafficObservation | None:
-    """Traffic over the window from the configured source; None when no source is configured."""
-    settings = RuntimeSettings()
-    if settings.trace is None:
-        return None
-    return TraceReplaySource(load_trace(settings.trace)).collect(window_start, window_end)
+def collect_traffic(
+    config: PlannerConfig, window_start: dt.datetime, window_end: dt.datetime
+) -> CollectedTraffic | None:
+    """Traffic over the window from the configured source; None when no source is configured.
+
+    Missing or unusable data is not an error here (no retry): it comes back without an observation and with the
+    reason, and the tick holds on it.
+    """
+    collected = collect_from_source(config, window_start, window_end)
+    if collected is not None and collected.problem is not None:
+        _logger().warning("no traffic data for [%s, %s): %s", window_start, window_end, collected.problem)
+    return collected
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    """The run logger inside a Prefect run (shipped to the UI), a plain logger when a test calls `.fn()`."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
 
 
 @task(
@@ -50,7 +70,11 @@ def collect_traffic(window_start: dt.datetime, window_end: dt.datetime) -> Traff
     cache_policy=NO_CACHE,
 )
 def decide_and_record(
-    ctx: PlannerContext, loop: Loop, scheduled_at: dt.datetime, traffic: TrafficObservation | None
+    ctx: PlannerContext,
+    loop: Loop,
+    scheduled_at: dt.datetime,
+    traffic: TrafficObservation | None,
+    traffic_problem: str | None = None,
 ) -> dict:
     """Run the pure tick on the inputs and record everything in one transaction (skipped if already recorded)."""
     result = run_tick(
@@ -60,6 +84,7 @@ def decide_and_record(
         traffic,
         flow_run_id=str(flow_run.id or ""),
         task_run_id=str(task_run.id or ""),
+        traffic_problem=traffic_problem,
     )
     if result.outcome is None:
         return {"tick_id": None, "skipped": "already recorded"}
@@ -92,13 +117,15 @@ def throughput_tick(deployment: str = "default", config_path: str | None = None)
     ctx = _context(deployment, config_path)
     scheduled_at = _scheduled_at()
     window_start = scheduled_at - dt.timedelta(seconds=ctx.config.throughput_adjustment_interval_seconds)
-    traffic = collect_traffic(window_start, scheduled_at)
-    return decide_and_record(ctx, Loop.THROUGHPUT, scheduled_at, traffic)
+    collected = collect_traffic(ctx.config, window_start, scheduled_at)
+    if collected is None:
+        return decide_and_record(ctx, Loop.THROUGHPUT, scheduled_at, None)
+    return decide_and_record(ctx, Loop.THROUGHPUT, scheduled_at, collected.observation, collected.problem)
 
 
 @flow(name="load-tick", log_prints=False)
 def load_tick(deployment: str = "default", config_path: str | None = None) -> dict:
-    """Reactive loop: correct the pools from per-engine load."""
+    """Reactive loop: correct the pools from per-engine load (the newest ingested forward-pass metrics)."""
     ctx = _context(deployment, config_path)
     return decide_and_record(ctx, Loop.LOAD, _scheduled_at(), None)
 

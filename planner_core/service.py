@@ -22,6 +22,7 @@ from planner_core.perf.model import ProfilePerfModel
 from planner_core.store import repository as repo
 from planner_core.store.db import session_factory
 from planner_core.store.execution import ExecutionSummary, execute_pending
+from planner_core.store.fpm import latest_fpm
 from planner_core.store.migrate import check_schema_current, upgrade
 from planner_core.tick import tick
 from planner_core.warmup import warm_history
@@ -126,6 +127,16 @@ def default_workers(config: PlannerConfig) -> WorkerCounts:
     return WorkerCounts(ready_prefill=prefill, ready_decode=decode, expected_prefill=prefill, expected_decode=decode)
 
 
+# An engine publishes forward-pass metrics every iteration while busy; its newest sample older than this many load
+# intervals is stale (the engine went idle or away), so the load tick does not act on it.
+FPM_MAX_AGE_LOAD_INTERVALS = 3
+
+
+def fpm_max_age_s(config: PlannerConfig) -> float:
+    """How far back a load tick looks for each engine's newest forward-pass metrics (s)."""
+    return FPM_MAX_AGE_LOAD_INTERVALS * config.load_adjustment_interval_seconds
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TickResult:
     """What a tick run did; `tick_id` None means the tick was already recorded and nothing was done."""
@@ -143,15 +154,24 @@ def run_tick(
     *,
     flow_run_id: str | None = None,
     task_run_id: str | None = None,
+    traffic_problem: str | None = None,
 ) -> TickResult:
-    """Run and record one tick in a single transaction; a tick already recorded is skipped, not redone."""
+    """Run and record one tick in a single transaction; a tick already recorded is skipped, not redone.
+
+    A load tick reads the newest forward-pass metrics per engine from the ingested samples. `traffic_problem`
+    (why the source had no observation) is written to the audit log with the tick.
+    """
     with ctx.sessions.begin() as session:
         deployment = repo.ensure_deployment(session, ctx.deployment, ctx.config)
         repo.lock_deployment(session, deployment.id)
         if repo.tick_exists(session, deployment.id, loop.value, scheduled_at):
             return TickResult(tick_id=None, outcome=None, inputs=None)
         workers = ctx.connector.worker_counts(session, deployment.id, default=default_workers(ctx.config))
-        inputs = TickInputs(now_s=scheduled_at.timestamp(), loop=loop, workers=workers, traffic=traffic)
+        fpm = ()
+        if loop is Loop.LOAD:
+            since = scheduled_at - dt.timedelta(seconds=fpm_max_age_s(ctx.config))
+            fpm = latest_fpm(session, deployment.id, since, until=scheduled_at)
+        inputs = TickInputs(now_s=scheduled_at.timestamp(), loop=loop, workers=workers, traffic=traffic, fpm=fpm)
         previous_tick_id, state = repo.latest_state(session, deployment.id)
         if previous_tick_id is None and ctx.warmup_trace is not None:
             state = _warm_started(session, deployment.id, state, ctx)
@@ -173,6 +193,14 @@ def run_tick(
             inputs,
             outcome,
         )
+        if traffic_problem is not None and tick_id is not None:
+            repo.audit(
+                session,
+                "traffic_unavailable",
+                {"loop": loop.value, "problem": traffic_problem},
+                deployment_id=deployment.id,
+                tick_id=tick_id,
+            )
     return TickResult(tick_id=tick_id, outcome=outcome, inputs=inputs)
 
 

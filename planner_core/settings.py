@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -26,6 +26,55 @@ class RuntimeSettings(BaseSettings):
     trace: Path | None = Field(
         default=None, description="trace replayed in wall-clock time as the traffic source of served flows"
     )
+
+    # Prometheus traffic source. Each also answers to Dynamo's variable name, so a Dynamo deployment's environment
+    # carries over; the PLANNER_ name wins when both are set. The endpoint in the config file
+    # (`metric_pulling_prometheus_endpoint`) wins over both.
+    prometheus_endpoint: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("PLANNER_PROMETHEUS_ENDPOINT", "PROMETHEUS_ENDPOINT", "prometheus_endpoint"),
+        description="Prometheus base URL (e.g. http://prometheus:9090) when the config names none",
+    )
+    prometheus_token: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("PLANNER_PROMETHEUS_TOKEN", "PROMETHEUS_TOKEN", "prometheus_token"),
+        description="bearer token sent to Prometheus",
+    )
+    prometheus_token_file: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "PLANNER_PROMETHEUS_TOKEN_FILE", "PROMETHEUS_TOKEN_FILE", "prometheus_token_file"
+        ),
+        description="file holding the bearer token, re-read on every collection (rotated service-account tokens)",
+    )
+    prometheus_ca_bundle: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("PLANNER_PROMETHEUS_CA_BUNDLE", "PROMETHEUS_CA_BUNDLE", "prometheus_ca_bundle"),
+        description="PEM file of the CA(s) that signed Prometheus' TLS certificate",
+    )
+    # Dynamo defaults to not verifying; we verify unless told not to.
+    prometheus_ssl_verify: bool = Field(
+        default=True,
+        validation_alias=AliasChoices(
+            "PLANNER_PROMETHEUS_SSL_VERIFY", "PROMETHEUS_SSL_VERIFY", "prometheus_ssl_verify"
+        ),
+        description="verify Prometheus' TLS certificate",
+    )
+    prometheus_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        validation_alias=AliasChoices(
+            "PLANNER_PROMETHEUS_TIMEOUT_S",
+            "DYN_PLANNER_PROMETHEUS_REQUEST_TIMEOUT_SECONDS",
+            "prometheus_timeout_s",
+        ),
+        description="timeout of each Prometheus HTTP request (s)",
+    )
+    # Forward-pass metrics ingest (`planner ingest`).
+    fpm_bind: str = Field(
+        default="tcp://127.0.0.1:20380", description="ZMQ endpoint the ingest binds its SUB socket to"
+    )
+    fpm_retention_minutes: float = Field(default=30.0, gt=0, description="raw forward-pass samples kept this long")
 
     @property
     def embedded_pg_dir(self) -> Path:

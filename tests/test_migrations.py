@@ -23,6 +23,7 @@ TABLES = {
     "traffic_observations",
     "worker_observations",
     "fpm_snapshots",
+    "fpm_samples",
     "predictions",
     "proposals",
     "tick_steps",

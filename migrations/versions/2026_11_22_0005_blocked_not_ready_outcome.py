@@ -9,7 +9,7 @@ Downgrade: restores the old list; it refuses (the CHECK fails) while rows with `
 so delete or re-label them first if you really mean to go back.
 
 Revision ID: 0005
-Revises: 0002
+Revises: 0004
 Create Date: 2026-11-22 12:00:00
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0005"
-down_revision: str | None = "0002"
+down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

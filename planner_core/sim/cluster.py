@@ -64,6 +64,11 @@ class SimulatedCluster:
     prefill_backlog_tokens: float = 0.0
     pending: list[tuple[float, Component]] = field(default_factory=list)  # (ready at, pool), one per worker
     slices: list[SliceStats] = field(default_factory=list)
+    # Per-request latencies, one array per simulated slice in arrival order, kept only when asked for (the
+    # metrics exporter observes every request; the demo needs only the slice sums).
+    keep_request_latencies: bool = False
+    request_ttft_ms: list[np.ndarray] = field(default_factory=list)
+    request_itl_ms: list[np.ndarray] = field(default_factory=list)
 
     @classmethod
     def start(
@@ -152,6 +157,9 @@ class SimulatedCluster:
             self._decode(isl, osl, duration_s, num_decode),
         )
         met = int(np.count_nonzero((ttft_ms <= spec.ttft_ms) & (itl_ms <= spec.itl_ms))) if len(isl) else 0
+        if self.keep_request_latencies:
+            self.request_ttft_ms.append(ttft_ms)
+            self.request_itl_ms.append(itl_ms)
         return SliceStats(
             start_s=start_s,
             end_s=end_s,

@@ -19,6 +19,7 @@ from sqlalchemy import (
     DateTime,
     Double,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
@@ -288,3 +289,36 @@ class AuditLogRow(Base):
     decision_id: Mapped[int | None] = mapped_column(ForeignKey("decisions.id"))
     event: Mapped[str] = mapped_column(String(60))
     detail: Mapped[dict[str, Any]]
+
+
+class FpmSampleRow(Base):
+    """One forward-pass metrics message as an engine published it (raw samples, kept for a retention period).
+
+    Written in batches by `planner ingest`; idle heartbeats are not stored. `received_at` is the ingest's clock
+    when the message arrived; the load tick reads the newest sample per engine (component, worker, dp_rank).
+    """
+
+    __tablename__ = "fpm_samples"
+    __table_args__ = (Index("ix_fpm_samples_deployment_id_received_at", "deployment_id", "received_at"),)
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"))
+    received_at: Mapped[dt.datetime]
+    component: Mapped[str] = mapped_column(String(20))
+    worker_id: Mapped[str] = mapped_column(String(200))
+    dp_rank: Mapped[int]
+    counter_id: Mapped[int] = mapped_column(BigInteger)
+    version: Mapped[int | None]
+    wall_time_s: Mapped[float]
+    scheduled_num_prefill_requests: Mapped[int]
+    scheduled_sum_prefill_tokens: Mapped[int] = mapped_column(BigInteger)
+    scheduled_var_prefill_length: Mapped[float]
+    scheduled_sum_prefill_kv_tokens: Mapped[int] = mapped_column(BigInteger)
+    scheduled_num_decode_requests: Mapped[int]
+    scheduled_sum_decode_kv_tokens: Mapped[int] = mapped_column(BigInteger)
+    scheduled_var_decode_kv_tokens: Mapped[float]
+    queued_num_prefill_requests: Mapped[int]
+    queued_sum_prefill_tokens: Mapped[int] = mapped_column(BigInteger)
+    queued_var_prefill_length: Mapped[float]
+    queued_num_decode_requests: Mapped[int]
+    queued_sum_decode_kv_tokens: Mapped[int] = mapped_column(BigInteger)
+    queued_var_decode_kv_tokens: Mapped[float]

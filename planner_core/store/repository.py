@@ -27,6 +27,7 @@ from planner_core.store.models import (
     DecisionRow,
     DecisionStatus,
     Deployment,
+    FpmSnapshotRow,
     PlannerConfigRow,
     PlannerStateRow,
     PredictionRow,
@@ -194,6 +195,17 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
             expected_decode=workers.expected_decode,
         )
     )
+    for fpm in inputs.fpm:  # the forward-pass metrics the tick saw, one row per engine
+        session.add(
+            FpmSnapshotRow(
+                tick_id=tick_id,
+                component=fpm.component.value,
+                worker_id=fpm.worker_id,
+                dp_rank=fpm.dp_rank,
+                wall_time_s=fpm.wall_time_s,
+                metrics=to_jsonable(fpm),
+            )
+        )
     if outcome.prediction is not None:
         session.add(
             PredictionRow(

@@ -1,0 +1,69 @@
+"""What every traffic source promises, and the typed answer for "no usable data".
+
+A source's `collect(window_start, window_end)` returns the window's `TrafficObservation` or raises
+`TrafficUnavailable` saying why there is none (unreachable, refused, malformed, implausible). An idle window is
+not "no data": it is an observation with `num_req` 0. `collect_safely` turns the exception into a
+`CollectedTraffic` without an observation, so the tick records `no_traffic_data` and holds: missing data never
+scales anything down.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+from planner_core.domain import TrafficObservation
+
+
+class NoTrafficDataKind(enum.StrEnum):
+    """Why a source has no observation for a window."""
+
+    UNREACHABLE = "unreachable"  # connection refused, timed out, TLS failure
+    HTTP_ERROR = "http_error"  # the server answered with a non-2xx status
+    QUERY_ERROR = "query_error"  # Prometheus answered status "error" (bad query, overloaded)
+    MALFORMED = "malformed"  # the answer is not what the API promises (not JSON, wrong shape, too large)
+    NO_SERIES = "no_series"  # the series do not exist there: nothing scraped, wrong names or labels
+    INVALID_VALUE = "invalid_value"  # a value is NaN where a number is needed, negative, or implausibly large
+
+
+class TrafficUnavailable(Exception):
+    """A source could not produce an observation for the window; `kind` says why, `detail` in one line."""
+
+    def __init__(self, kind: NoTrafficDataKind, detail: str) -> None:
+        super().__init__(f"{kind.value}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+class TrafficSource(Protocol):
+    """Anything that reports the frontend traffic of a time window."""
+
+    def collect(self, window_start: dt.datetime, window_end: dt.datetime) -> TrafficObservation:
+        """The window's traffic; raises `TrafficUnavailable` when there is no usable answer."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectedTraffic:
+    """What a collection produced: an observation, or why there is none (`observation` None)."""
+
+    observation: TrafficObservation | None
+    problem_kind: NoTrafficDataKind | None = None
+    problem_detail: str = ""
+
+    @property
+    def problem(self) -> str | None:
+        """`kind: detail` when there is no observation because of a problem, else None."""
+        if self.problem_kind is None:
+            return None
+        return f"{self.problem_kind.value}: {self.problem_detail}"
+
+
+def collect_safely(source: TrafficSource, window_start: dt.datetime, window_end: dt.datetime) -> CollectedTraffic:
+    """Collect one window; a `TrafficUnavailable` becomes an empty result carrying the reason."""
+    try:
+        return CollectedTraffic(observation=source.collect(window_start, window_end))
+    except TrafficUnavailable as exc:
+        return CollectedTraffic(observation=None, problem_kind=exc.kind, problem_detail=exc.detail)

@@ -1,0 +1,710 @@
+"""The Prometheus traffic source: PromQL, strict answers, a fake Prometheus for garbage, a real one for the rest.
+
+Pure parts (queries, answer parsing, validation) are table-driven without a server. Transport faults (HTTP 500,
+slow answers, TLS, bearer tokens) use a small real HTTP server that answers like Prometheus would, or wouldn't.
+The real Prometheus (Debian's 2.42, installed with apt-get when missing) runs once per session, scraping the
+simulator's exporter every second; the tests query windows of its recorded history.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import http.server
+import ipaddress
+import json
+import math
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sqlalchemy import select
+
+from flows.ticks import collect_traffic
+from planner_core.config import Backend, ThroughputMetricsSource, load_config
+from planner_core.domain import Loop, ReasonCode, TrafficObservation
+from planner_core.perf.model import ProfilePerfModel
+from planner_core.service import load_context, run_tick
+from planner_core.settings import RuntimeSettings
+from planner_core.sim.cluster import ClusterSpec, SimulatedCluster
+from planner_core.sim.exporter import TraceMetricsExporter
+from planner_core.sources import NoTrafficDataKind, TrafficUnavailable
+from planner_core.sources import collect_traffic as collect_from_source
+from planner_core.sources.prometheus import (
+    MAX_ANSWER_BYTES,
+    PrometheusOptions,
+    PrometheusTrafficSource,
+    RawAnswers,
+    TrafficQueries,
+    label_selector,
+    observation_from_answers,
+    parse_instant_answer,
+    range_of,
+)
+from planner_core.store.models import AuditLogRow, DecisionRow
+from planner_core.traces import RequestTrace
+from tests.conftest import PROFILE_DIR, write_config
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+# --- queries --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("queries", "expected"),
+    [
+        (
+            TrafficQueries(),
+            'sum(increase(dynamo_frontend_requests_started_total{dynamo_namespace="dynamo"}[60000ms]))',
+        ),
+        (
+            TrafficQueries(namespace="prod-a", model_name="Llama-3.1"),
+            # the model matches whole, case-insensitively; regex metacharacters are escaped
+            'sum(increase(dynamo_frontend_requests_started_total{dynamo_namespace="prod-a",'
+            'model=~"(?i)Llama\\\\-3\\\\.1"}[60000ms]))',
+        ),
+        (
+            TrafficQueries(source=ThroughputMetricsSource.ROUTER, namespace="prod-a", model_name="ignored"),
+            # router series carry the namespace with underscores and no model label
+            'sum(increase(dynamo_component_router_requests_started_total{dynamo_namespace="prod_a"}[60000ms]))',
+        ),
+    ],
+    ids=["frontend", "frontend-model", "router"],
+)
+def test_request_count_query(queries: TrafficQueries, expected: str) -> None:
+    """The request count is the increase of the started-requests counter over the window, per Dynamo."""
+    assert queries.requests(range_of(60)) == expected
+
+
+def test_mean_and_metadata_queries() -> None:
+    """Means are sum(increase(_sum)) / sum(increase(_count)); KV hit rate always from the router series."""
+    queries = TrafficQueries(namespace="a-b", backend=Backend.VLLM)
+    assert queries.mean("dynamo_frontend_input_sequence_tokens", "5s") == (
+        'sum(increase(dynamo_frontend_input_sequence_tokens_sum{dynamo_namespace="a-b"}[5s])) / '
+        'sum(increase(dynamo_frontend_input_sequence_tokens_count{dynamo_namespace="a-b"}[5s]))'
+    )
+    assert 'dynamo_component_router_kv_hit_rate_sum{dynamo_namespace="a_b"}[5s]' in queries.kv_hit_rate("5s")
+    assert queries.accept_length("5s").startswith("1 + (sum(rate(vllm:spec_decode_num_accepted_tokens_total{")
+    assert "sglang:spec_accept_length" in replace(queries, backend=Backend.SGLANG).accept_length("5s")
+    assert "trtllm_spec_decode_acceptance_length" in replace(queries, backend=Backend.TRTLLM).accept_length("5s")
+    assert replace(queries, backend=Backend.MOCKER).accept_length("5s") is None
+
+
+def test_label_values_are_quoted() -> None:
+    """Quotes and backslashes in a namespace cannot break out of the PromQL string."""
+    assert label_selector(dynamo_namespace='x"}or vector(1)#\\') == '{dynamo_namespace="x\\"}or vector(1)#\\\\"}'
+
+
+def test_range_is_whole_milliseconds() -> None:
+    """Windows are written in ms (at least 1 ms): 179.9996 s -> 180000 ms."""
+    assert [range_of(179.9996), range_of(0.0001), range_of(60)] == ["180000ms", "1ms", "60000ms"]
+
+
+# --- answers --------------------------------------------------------------------------------------------------
+
+
+def _vector(*values: object) -> bytes:
+    result = [{"metric": {}, "value": [1.0, v]} for v in values]
+    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (200, _vector("12.5"), 12.5),
+        (200, _vector("NaN"), "nan"),  # 0/0 of an idle window: a value, judged by the caller
+        (200, _vector(), None),  # the series does not exist
+        (500, b"internal error", NoTrafficDataKind.HTTP_ERROR),
+        (502, b"<html>bad gateway</html>", NoTrafficDataKind.HTTP_ERROR),
+        (422, b'{"status":"error","errorType":"execution","error":"boom"}', NoTrafficDataKind.QUERY_ERROR),
+        (200, b"not json{", NoTrafficDataKind.MALFORMED),
+        (200, b"[1, 2]", NoTrafficDataKind.MALFORMED),
+        (200, b'{"status":"success"}', NoTrafficDataKind.MALFORMED),
+        (
+            200,
+            b'{"status":"success","data":{"resultType":"matrix","result":[]}}',
+            NoTrafficDataKind.MALFORMED,
+        ),
+        (200, _vector("1", "2"), NoTrafficDataKind.MALFORMED),  # a sum() never answers two samples
+        (200, _vector("abc"), NoTrafficDataKind.MALFORMED),
+        (200, _vector(3.0), NoTrafficDataKind.MALFORMED),  # the API writes values as strings
+        (200, b'{"status":"success","data":{"resultType":"vector","result":[{"value":[1]}]}}', "malformed"),
+    ],
+    ids=[
+        "number",
+        "nan",
+        "empty",
+        "http-500",
+        "http-502-html",
+        "query-error",
+        "not-json",
+        "json-array",
+        "no-data",
+        "matrix",
+        "two-samples",
+        "not-a-number",
+        "unquoted-number",
+        "short-pair",
+    ],
+)
+def test_parse_instant_answer(status: int, body: bytes, expected: object) -> None:
+    """Only a JSON instant vector of at most one numeric-string sample is an answer; the rest say why not."""
+    if isinstance(expected, str | NoTrafficDataKind) and expected != "nan":
+        with pytest.raises(TrafficUnavailable) as info:
+            parse_instant_answer(status, body, "q")
+        assert info.value.kind == NoTrafficDataKind(expected)
+    elif expected == "nan":
+        assert math.isnan(parse_instant_answer(status, body, "q"))
+    else:
+        assert parse_instant_answer(status, body, "q") == expected
+
+
+NAN = math.nan
+BUSY = RawAnswers(duration_s=60, num_req=120, isl=3000, osl=300, ttft_s=0.2, itl_s=0.01, kv_hit_rate=0.3)
+
+
+@pytest.mark.parametrize(
+    ("answers", "problem"),
+    [
+        (replace(BUSY, num_req=NAN), "num_req = nan: not a finite number"),
+        (replace(BUSY, num_req=-5.0), "num_req = -5.0: below 0"),
+        (replace(BUSY, num_req=1e300), "num_req = 1e+300: above the plausible maximum 6e+07"),  # 1e6/s x 60 s
+        (replace(BUSY, num_req=math.inf), "num_req = inf: not a finite number"),
+        (replace(BUSY, isl=NAN), "isl = nan: no observations although 120 requests started"),
+        (replace(BUSY, osl=-1.0), "osl = -1.0: below 0"),
+        (replace(BUSY, isl=1e12), "isl = 1000000000000.0: above the plausible maximum 1e+07"),
+        (replace(BUSY, ttft_s=-0.5), "ttft_s = -0.5: below 0"),
+        (replace(BUSY, itl_s=7200.0), "itl_s = 7200.0: above the plausible maximum 3600"),
+        (replace(BUSY, kv_hit_rate=1.5), "kv_hit_rate = 1.5: above the plausible maximum 1"),
+        (replace(BUSY, accept_length=0.5), "accept_length = 0.5: below 1"),
+        (replace(BUSY, isl=None), "no isl histogram series"),
+    ],
+    ids=[
+        "req-nan",
+        "req-negative",
+        "req-huge",
+        "req-inf",
+        "isl-nan-busy",
+        "osl-negative",
+        "isl-huge",
+        "ttft-negative",
+        "itl-huge",
+        "kv-over-1",
+        "accept-under-1",
+        "isl-missing",
+    ],
+)
+def test_garbage_values_are_no_data(answers: RawAnswers, problem: str) -> None:
+    """NaN where a number is needed, negative, infinite or implausibly large values: no observation, and why."""
+    with pytest.raises(TrafficUnavailable) as info:
+        observation_from_answers(answers)
+    assert info.value.detail == problem
+    expected_kind = NoTrafficDataKind.NO_SERIES if "series" in problem else NoTrafficDataKind.INVALID_VALUE
+    assert info.value.kind == expected_kind
+
+
+def test_idle_window_is_zero_traffic() -> None:
+    """Counters that did not move: 0 requests, 0/0 lengths become 0, latencies and metadata unknown (None)."""
+    idle = RawAnswers(
+        duration_s=60, num_req=0.0, isl=NAN, osl=NAN, ttft_s=NAN, itl_s=NAN, kv_hit_rate=NAN, accept_length=NAN
+    )
+    assert observation_from_answers(idle) == TrafficObservation(duration_s=60, num_req=0.0, isl=0.0, osl=0.0)
+
+
+def test_busy_window_converts_units() -> None:
+    """TTFT and ITL arrive in seconds and are recorded in ms (0.2 s -> 200 ms, 0.01 s -> 10 ms)."""
+    obs = observation_from_answers(replace(BUSY, accept_length=1.8))
+    assert (obs.num_req, obs.isl, obs.osl, obs.kv_hit_rate, obs.accept_length) == (120, 3000, 300, 0.3, 1.8)
+    assert obs.ttft_ms == pytest.approx(200.0) and obs.itl_ms == pytest.approx(10.0)
+    assert obs.invalid_field() is None
+
+
+# --- a fake Prometheus over real HTTP ---------------------------------------------------------------------------
+
+Answer = tuple[int, bytes]
+
+
+class FakePrometheus:
+    """A real HTTP server answering `/api/v1/query` from `answer(query) -> (status, body)`; records headers."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        fake = self
+        self.answer: Callable[[str], Answer] = lambda _query: (200, _vector())
+        self.delay_s = 0.0
+        self.headers: list[dict[str, str]] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("query", [""])[0]
+                fake.headers.append(dict(self.headers))
+                time.sleep(fake.delay_s)
+                status, body = fake.answer(query)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                with contextlib.suppress(OSError):  # the client may have given up (timeout test)
+                    self.wfile.write(body)
+
+            def log_message(self, *_args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.scheme = "https" if tls is not None else "http"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.server.server_port}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def answers_by_series(values: dict[str, object]) -> Callable[[str], Answer]:
+    """Answer each query with the value of the first key found in it (None = empty vector)."""
+
+    def answer(query: str) -> Answer:
+        for key, value in values.items():
+            if key in query:
+                return (200, _vector() if value is None else _vector(str(value)))
+        return (200, _vector())
+
+    return answer
+
+
+GOOD = {
+    "requests_started_total": "120",
+    "input_sequence_tokens": "3000",
+    "output_sequence_tokens": "300",
+    "time_to_first_token": "0.2",
+    "inter_token_latency": "0.01",
+    "kv_hit_rate": "0.3",
+    "spec_decode": "1.8",
+}
+
+
+@pytest.fixture
+def fake_prometheus() -> Iterator[FakePrometheus]:
+    server = FakePrometheus()
+    yield server
+    server.close()
+
+
+def _source(url: str, **options: object) -> PrometheusTrafficSource:
+    return PrometheusTrafficSource(
+        PrometheusOptions(endpoint=url, timeout_s=2.0, **options), TrafficQueries(backend=Backend.VLLM)
+    )
+
+
+def _collect(source: PrometheusTrafficSource) -> TrafficObservation:
+    with source:
+        return source.collect(T0, T0 + dt.timedelta(seconds=60))
+
+
+def test_fake_prometheus_good_answer_and_bearer_token(fake_prometheus: FakePrometheus) -> None:
+    """Every query carries the bearer token; a good set of answers becomes one observation."""
+    fake_prometheus.answer = answers_by_series(GOOD)
+    obs = _collect(_source(fake_prometheus.url, bearer_token="s3cret"))
+    assert (obs.num_req, obs.isl, obs.osl, obs.kv_hit_rate, obs.accept_length) == (120, 3000, 300, 0.3, 1.8)
+    assert len(fake_prometheus.headers) == 7  # requests, ISL, OSL, TTFT, ITL, KV hit rate, accept length
+    assert {h.get("Authorization") for h in fake_prometheus.headers} == {"Bearer s3cret"}
+
+
+def test_token_file_is_reread_every_collection(fake_prometheus: FakePrometheus, tmp_path: Path) -> None:
+    """A rotated token file is picked up by the next collection (Kubernetes service-account tokens rotate)."""
+    fake_prometheus.answer = answers_by_series(GOOD)
+    token_file = tmp_path / "token"
+    source = _source(fake_prometheus.url, bearer_token_file=token_file)
+    token_file.write_text("first\n")
+    source.collect(T0, T0 + dt.timedelta(seconds=60))
+    token_file.write_text("second")
+    source.collect(T0, T0 + dt.timedelta(seconds=60))
+    source.close()
+    assert [h["Authorization"] for h in fake_prometheus.headers[::7]] == ["Bearer first", "Bearer second"]
+
+
+def test_fallback_to_completed_requests(fake_prometheus: FakePrometheus) -> None:
+    """Without the started counter the completed-requests counter is used (Dynamo's fallback)."""
+    fake_prometheus.answer = answers_by_series({**GOOD, "requests_started_total": None, "requests_total": "90"})
+    assert _collect(_source(fake_prometheus.url)).num_req == 90
+
+
+@pytest.mark.parametrize(
+    ("answer", "kind"),
+    [
+        (lambda _q: (500, b"oops"), NoTrafficDataKind.HTTP_ERROR),
+        (lambda _q: (200, b"{not json"), NoTrafficDataKind.MALFORMED),
+        (lambda _q: (200, b" " * (MAX_ANSWER_BYTES + 1)), NoTrafficDataKind.MALFORMED),
+        (lambda _q: (200, _vector()), NoTrafficDataKind.NO_SERIES),
+        (answers_by_series({**GOOD, "requests_started_total": "NaN"}), NoTrafficDataKind.INVALID_VALUE),
+        (answers_by_series({**GOOD, "requests_started_total": "-3"}), NoTrafficDataKind.INVALID_VALUE),
+        (answers_by_series({**GOOD, "input_sequence_tokens": "1e300"}), NoTrafficDataKind.INVALID_VALUE),
+    ],
+    ids=["http-500", "malformed-json", "oversized", "no-series", "nan", "negative", "huge"],
+)
+def test_fake_prometheus_garbage(fake_prometheus: FakePrometheus, answer, kind: NoTrafficDataKind) -> None:
+    """Garbage over real HTTP is a typed no-data result, never an observation."""
+    fake_prometheus.answer = answer
+    with pytest.raises(TrafficUnavailable) as info:
+        _collect(_source(fake_prometheus.url))
+    assert info.value.kind == kind
+
+
+def test_slow_and_refused_are_unreachable(fake_prometheus: FakePrometheus) -> None:
+    """An answer slower than the timeout, and a closed port, are both `unreachable`."""
+    fake_prometheus.delay_s = 0.5
+    with pytest.raises(TrafficUnavailable, match="ReadTimeout") as info:
+        with PrometheusTrafficSource(
+            PrometheusOptions(endpoint=fake_prometheus.url, timeout_s=0.1), TrafficQueries()
+        ) as source:
+            source.collect(T0, T0 + dt.timedelta(seconds=60))
+    assert info.value.kind == NoTrafficDataKind.UNREACHABLE
+    with pytest.raises(TrafficUnavailable, match="ConnectError") as info:
+        _collect(_source(f"http://127.0.0.1:{_free_port()}"))
+    assert info.value.kind == NoTrafficDataKind.UNREACHABLE
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, ssl.SSLContext]:
+    """A CA and a server certificate for 127.0.0.1 signed by it; returns the CA file and the server context."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+
+    def certificate(subject: str, key, issuer: str, issuer_key, *, ca: bool) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=1))
+            .not_valid_after(now + dt.timedelta(hours=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
+            )
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_cert = certificate("test CA", ca_key, "test CA", ca_key, ca=True)
+    server_cert = certificate("127.0.0.1", server_key, "test CA", ca_key, ca=False)
+    ca_file, cert_file, key_file = tmp_path / "ca.pem", tmp_path / "server.pem", tmp_path / "server.key"
+    ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    cert_file.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        server_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    return ca_file, context
+
+
+def test_tls_with_ca_bundle(tmp_path: Path) -> None:
+    """HTTPS: verified with the CA bundle; refused (unreachable) without it; accepted with verification off."""
+    ca_file, server_context = _self_signed(tmp_path)
+    server = FakePrometheus(tls=server_context)
+    server.answer = answers_by_series(GOOD)
+    try:
+        assert _collect(_source(server.url, ca_bundle=ca_file)).num_req == 120
+        with pytest.raises(TrafficUnavailable, match="CERTIFICATE_VERIFY_FAILED") as info:
+            _collect(_source(server.url))
+        assert info.value.kind == NoTrafficDataKind.UNREACHABLE
+        assert _collect(_source(server.url, verify_tls=False)).num_req == 120
+    finally:
+        server.close()
+    with pytest.raises(ValueError, match="CA bundle .*missing.pem: cannot be used"):
+        _source(server.url, ca_bundle=tmp_path / "missing.pem")
+
+
+def test_source_selection_from_config_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The config's endpoint wins over the environment's; Dynamo's variable names work; none means no source."""
+    bare = load_config(write_config(tmp_path))
+    configured = load_config(write_config(tmp_path, metric_pulling_prometheus_endpoint="http://from-config:9090"))
+    assert PrometheusTrafficSource.from_config(bare, RuntimeSettings()) is None
+    monkeypatch.setenv("PROMETHEUS_ENDPOINT", "http://dynamo-name:9090")
+    monkeypatch.setenv("PROMETHEUS_TOKEN", "t0ken")
+    monkeypatch.setenv("DYN_PLANNER_PROMETHEUS_REQUEST_TIMEOUT_SECONDS", "3.5")
+    from_env = PrometheusTrafficSource.from_config(bare, RuntimeSettings())
+    assert (from_env.options.endpoint, from_env.options.bearer_token, from_env.options.timeout_s) == (
+        "http://dynamo-name:9090",
+        "t0ken",
+        3.5,
+    )
+    monkeypatch.setenv("PLANNER_PROMETHEUS_ENDPOINT", "http://planner-name:9090")
+    assert PrometheusTrafficSource.from_config(bare, RuntimeSettings()).options.endpoint == "http://planner-name:9090"
+    assert PrometheusTrafficSource.from_config(configured, RuntimeSettings()).options.endpoint == (
+        "http://from-config:9090"
+    )
+    assert from_env.options.verify_tls is True  # unlike Dynamo, certificates are verified unless switched off
+
+
+def test_unreadable_ca_bundle_is_reported_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source that cannot be built still yields a reason, so the tick records why it held."""
+    config = load_config(write_config(tmp_path, metric_pulling_prometheus_endpoint="https://p:9090"))
+    monkeypatch.setenv("PLANNER_PROMETHEUS_CA_BUNDLE", str(tmp_path / "nope.pem"))
+    collected = collect_from_source(config, T0, T0 + dt.timedelta(seconds=60))
+    assert collected.observation is None and "nope.pem: cannot be used" in collected.problem
+
+
+def test_garbage_answer_makes_the_tick_hold(
+    fake_prometheus: FakePrometheus, database_url: str, tmp_path: Path, profile_dir: Path
+) -> None:
+    """NaN requests from Prometheus: the tick (service.run_tick) records no_traffic_data, holds and audits why."""
+    fake_prometheus.answer = answers_by_series({**GOOD, "requests_started_total": "NaN"})
+    config_path = write_config(tmp_path, metric_pulling_prometheus_endpoint=fake_prometheus.url)
+    ctx = load_context(database_url, "garbage", config_path)
+    collected = collect_traffic.fn(ctx.config, T0, T0 + dt.timedelta(seconds=60))  # the flow's task, no engine
+    assert collected.observation is None and collected.problem_kind == NoTrafficDataKind.INVALID_VALUE
+    result = run_tick(ctx, Loop.THROUGHPUT, T0 + dt.timedelta(seconds=60), None, traffic_problem=collected.problem)
+    assert result.outcome.reason == ReasonCode.NO_TRAFFIC_DATA and result.outcome.decision.is_empty
+    with ctx.sessions.begin() as session:
+        audit = session.scalars(select(AuditLogRow).where(AuditLogRow.event == "traffic_unavailable")).one()
+        assert audit.tick_id == result.tick_id
+        assert audit.detail == {"loop": "throughput", "problem": "invalid_value: num_req = nan: not a finite number"}
+
+
+# --- a real Prometheus scraping the simulator's exporter -------------------------------------------------------
+
+SCRAPE_INTERVAL_S = 1.0
+BUSY_S = 12.0  # the replayed trace sends requests for this long, then nothing
+RATE_PER_S = 20.0
+ISL, OSL = 2000.0, 200.0
+KV_HIT_RATE, ACCEPT_LENGTH = 0.25, 2.0
+MODEL = "test-model"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def prometheus_binary() -> str:
+    """Debian's Prometheus, installed with apt-get on first use (CI machines are clean and run as root)."""
+    found = shutil.which("prometheus")
+    if found:
+        return found
+    if os.geteuid() != 0:
+        pytest.skip("prometheus is not installed and installing it needs root (apt-get install prometheus)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=900)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"], check=True, env=env, timeout=900
+    )
+    found = shutil.which("prometheus")
+    assert found, "apt-get installed prometheus but the binary is not on PATH"
+    return found
+
+
+@dataclass
+class PrometheusServer:
+    """A Prometheus process of our own (config, storage and port under a temporary folder), stoppable."""
+
+    binary: str
+    folder: Path
+    target: str
+    port: int = 0
+    process: subprocess.Popen | None = None
+
+    def __post_init__(self) -> None:
+        self.port = _free_port()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "prometheus.yml").write_text(
+            f"global:\n  scrape_interval: {SCRAPE_INTERVAL_S:g}s\n  scrape_timeout: {SCRAPE_INTERVAL_S:g}s\n"
+            f"scrape_configs:\n  - job_name: frontend\n    static_configs:\n      - targets: ['{self.target}']\n"
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                f"--config.file={self.folder / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.folder / "prometheus.log", "ab"),  # noqa: SIM115 (the process owns it)
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            time.sleep(0.05)
+        raise RuntimeError(f"Prometheus did not become ready; see {self.folder / 'prometheus.log'}")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+            self.process = None
+
+    def ensure_running(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            self.start()
+
+
+@dataclass(frozen=True)
+class LiveSetup:
+    """A simulated frontend replaying a trace since `started_at_s`, scraped by `prometheus`."""
+
+    prometheus: PrometheusServer
+    exporter: TraceMetricsExporter
+    started_at_s: float
+
+    def at(self, offset_s: float) -> dt.datetime:
+        return dt.datetime.fromtimestamp(self.started_at_s + offset_s, tz=dt.UTC)
+
+    def wait_until(self, offset_s: float) -> None:
+        time.sleep(max(0.0, self.started_at_s + offset_s - time.time()))
+
+
+def _steady_trace() -> RequestTrace:
+    """RATE_PER_S requests per second for BUSY_S seconds, all of ISL x OSL tokens (exact means)."""
+    arrival = np.arange(0.0, BUSY_S, 1.0 / RATE_PER_S)
+    arrays = [arrival, np.full(len(arrival), ISL), np.full(len(arrival), OSL)]
+    for array in arrays:
+        array.setflags(write=False)
+    return RequestTrace(source="steady", start_epoch_s=0.0, arrival_s=arrays[0], isl=arrays[1], osl=arrays[2])
+
+
+@pytest.fixture(scope="session")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSetup]:
+    """One exporter and one Prometheus for the session; the trace starts when the exporter does."""
+    if not PROFILE_DIR.exists():
+        pytest.skip(f"profile data not found at {PROFILE_DIR}")
+    binary = prometheus_binary()
+    cluster = SimulatedCluster.start(
+        _steady_trace(),
+        ProfilePerfModel.load(PROFILE_DIR),
+        ClusterSpec(ttft_ms=200, itl_ms=10, slice_s=1.0),
+        num_prefill=1,
+        num_decode=1,
+    )
+    started_at_s = time.time()
+    exporter = TraceMetricsExporter(
+        cluster, model=MODEL, started_at_s=started_at_s, kv_hit_rate=KV_HIT_RATE, accept_length=ACCEPT_LENGTH
+    )
+    port = exporter.serve()
+    prometheus = PrometheusServer(binary, tmp_path_factory.mktemp("prometheus"), f"127.0.0.1:{port}")
+    prometheus.start()
+    try:
+        yield LiveSetup(prometheus=prometheus, exporter=exporter, started_at_s=started_at_s)
+    finally:
+        prometheus.stop()
+        exporter.stop()
+
+
+@pytest.fixture
+def live_prometheus(live: LiveSetup) -> LiveSetup:
+    """The session's setup with Prometheus running (a test may have stopped it)."""
+    live.prometheus.ensure_running()
+    return live
+
+
+def _live_config(tmp_path: Path, live: LiveSetup, **overrides: object) -> Path:
+    body: dict[str, object] = {
+        "metric_pulling_prometheus_endpoint": live.prometheus.url,
+        "model_name": MODEL.upper(),  # the frontend lowercases model names: matched case-insensitively
+        "backend": "vllm",
+    }
+    body.update(overrides)
+    return write_config(tmp_path, **body)
+
+
+BUSY_WINDOW = (7.0, 11.0)  # scrapes start ~5 s after Prometheus; the trace stops sending at 12 s
+IDLE_WINDOW = (13.5, 17.5)
+
+
+@pytest.mark.parametrize("source", ["frontend", "router"])
+def test_real_prometheus_busy_window(live_prometheus: LiveSetup, tmp_path: Path, source: str) -> None:
+    """A busy window read back through a real Prometheus: the trace's rate and exact means."""
+    live = live_prometheus
+    config = load_config(_live_config(tmp_path, live, throughput_metrics_source=source))
+    live.wait_until(BUSY_WINDOW[1] + 0.5)
+    collected = collect_from_source(config, live.at(BUSY_WINDOW[0]), live.at(BUSY_WINDOW[1]))
+    obs = collected.observation
+    assert obs is not None, collected.problem
+    # 20 req/s x 4 s = 80 requests; increase() extrapolates from 1 s scrapes, so allow 15%
+    assert obs.num_req == pytest.approx(RATE_PER_S * 4.0, rel=0.15)
+    assert (obs.isl, obs.osl) == pytest.approx((ISL, OSL))  # sum/count: the extrapolation cancels
+    assert obs.kv_hit_rate == pytest.approx(KV_HIT_RATE)
+    assert obs.accept_length == pytest.approx(ACCEPT_LENGTH)  # 1 + (OSL - OSL/2) / (OSL/2)
+    ttft_ms, itl_ms = live.exporter._ttft_ms, live.exporter._itl_ms  # what the simulator served
+    assert obs.ttft_ms == pytest.approx(float(np.mean(ttft_ms)), rel=0.1)
+    assert obs.itl_ms == pytest.approx(float(np.mean(itl_ms)), rel=0.1)
+    assert obs.invalid_field() is None
+
+
+def test_real_prometheus_idle_window_is_zero_traffic(live_prometheus: LiveSetup, tmp_path: Path) -> None:
+    """After the trace stops, a window is zero traffic (0 requests, lengths 0), not a missing observation."""
+    live = live_prometheus
+    config = load_config(_live_config(tmp_path, live))
+    live.wait_until(IDLE_WINDOW[1] + 0.5)
+    collected = collect_from_source(config, live.at(IDLE_WINDOW[0]), live.at(IDLE_WINDOW[1]))
+    assert collected.observation == TrafficObservation(duration_s=4.0, num_req=0.0, isl=0.0, osl=0.0)
+
+
+def test_real_prometheus_unknown_model_has_no_series(live_prometheus: LiveSetup, tmp_path: Path) -> None:
+    """Series of another model do not count as this deployment's traffic: no data, not zero."""
+    live = live_prometheus
+    config = load_config(_live_config(tmp_path, live, model_name="other-model"))
+    live.wait_until(BUSY_WINDOW[1] + 0.5)
+    collected = collect_from_source(config, live.at(BUSY_WINDOW[0]), live.at(BUSY_WINDOW[1]))
+    assert collected.observation is None and collected.problem_kind == NoTrafficDataKind.NO_SERIES
+
+
+def test_prometheus_down_mid_run_holds(
+    live_prometheus: LiveSetup, database_url: str, tmp_path: Path, profile_dir: Path
+) -> None:
+    """Prometheus stops between two ticks: the second tick records no_traffic_data, holds and audits why."""
+    live = live_prometheus
+    ctx = load_context(database_url, "prom-down", _live_config(tmp_path, live))
+    live.wait_until(BUSY_WINDOW[1] + 0.5)
+    first = collect_traffic.fn(ctx.config, live.at(BUSY_WINDOW[0]), live.at(BUSY_WINDOW[1]))
+    assert first.observation is not None, first.problem
+    tick_one = run_tick(ctx, Loop.THROUGHPUT, live.at(BUSY_WINDOW[1]), first.observation)
+    assert tick_one.outcome.reason != ReasonCode.NO_TRAFFIC_DATA
+
+    live.prometheus.stop()
+    second = collect_traffic.fn(ctx.config, live.at(BUSY_WINDOW[1]), live.at(BUSY_WINDOW[1] + 4))
+    assert second.observation is None and second.problem_kind == NoTrafficDataKind.UNREACHABLE
+    tick_two = run_tick(ctx, Loop.THROUGHPUT, live.at(BUSY_WINDOW[1] + 4), None, traffic_problem=second.problem)
+    assert tick_two.outcome.reason == ReasonCode.NO_TRAFFIC_DATA and tick_two.outcome.decision.is_empty
+    assert tick_two.outcome.next_state.load_history == tick_one.outcome.next_state.load_history  # not fed
+    with ctx.sessions.begin() as session:
+        decisions = session.scalars(select(DecisionRow.tick_id)).all()
+        assert tick_two.tick_id not in decisions  # holding never scales (down or up)
+        audit = session.scalars(select(AuditLogRow).where(AuditLogRow.tick_id == tick_two.tick_id)).all()
+        assert any(row.event == "traffic_unavailable" and "unreachable" in row.detail["problem"] for row in audit)

@@ -194,6 +194,9 @@ def run_estimates(
 ) -> tuple[str, list[AicEstimate]]:
     """Run aiconfigurator on every call (keywords of `cli_estimate`) in one worker process.
 
+    `on_estimate` sees each estimate as it arrives (a progress bar); if it raises, the worker is stopped and
+    the exception propagates.
+
     Returns:
         aiconfigurator's version and one `AicEstimate` per call, in order (failed calls carry `error`).
 
@@ -224,29 +227,34 @@ def run_estimates(
                 process.stdin.close()
             except BrokenPipeError:
                 pass  # the worker died at start; its exit status and stderr say why
-            for line in process.stdout:
-                try:
-                    event = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # not a protocol line (should not happen: the worker sends prints to stderr)
-                kind = event.get("event")
-                if kind == "ready":
-                    version = str(event.get("aiconfigurator_version"))
-                elif kind == "fatal":
-                    fatal = str(event.get("error"))
-                elif kind in ("result", "error"):
-                    estimate = AicEstimate(
-                        index=int(event["index"]),
-                        ttft_ms=event.get("ttft_ms"),
-                        tpot_ms=event.get("tpot_ms"),
-                        fits_memory=event.get("fits_memory"),
-                        backend_version=event.get("backend_version"),
-                        precision=tuple(sorted((event.get("precision") or {}).items())),
-                        error=event.get("error"),
-                    )
-                    estimates[estimate.index] = estimate
-                    if on_estimate is not None:
-                        on_estimate(estimate)
+            try:
+                for line in process.stdout:
+                    try:
+                        event = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # not a protocol line (should not happen: the worker sends prints to stderr)
+                    kind = event.get("event")
+                    if kind == "ready":
+                        version = str(event.get("aiconfigurator_version"))
+                    elif kind == "fatal":
+                        fatal = str(event.get("error"))
+                    elif kind in ("result", "error"):
+                        estimate = AicEstimate(
+                            index=int(event["index"]),
+                            ttft_ms=event.get("ttft_ms"),
+                            tpot_ms=event.get("tpot_ms"),
+                            fits_memory=event.get("fits_memory"),
+                            backend_version=event.get("backend_version"),
+                            precision=tuple(sorted((event.get("precision") or {}).items())),
+                            error=event.get("error"),
+                        )
+                        estimates[estimate.index] = estimate
+                        if on_estimate is not None:
+                            on_estimate(estimate)
+            except BaseException:
+                process.kill()  # a callback stopped the run (or Ctrl-C): do not leave the worker running
+                process.wait()
+                raise
             status = process.wait()
         if fatal is not None:
             hint = f"; {INSTALL_HINT}" if "cannot import aiconfigurator" in fatal else ""
@@ -276,10 +284,15 @@ def build_perf_table(
     if not spec.prefill_batch_grid or spec.prefill_batch_grid[0] != 1:
         raise ValueError(f"--prefill-batch-grid {spec.prefill_batch_grid}: must start at 1 (the prefill curve)")
     labelled = spec.calls()
-    version, estimates = run_estimates([call for _, call in labelled], aic_python=aic_python, on_estimate=on_estimate)
-    for (label, _), estimate in zip(labelled, estimates, strict=True):
-        if estimate.error is not None:
+
+    def check(estimate: AicEstimate) -> None:
+        if estimate.error is not None:  # stop at the first failure: the table would be incomplete anyway
+            label = labelled[estimate.index][0]
             raise AicError(f"aiconfigurator failed at {label} for {spec.aic_model or spec.model}: {estimate.error}")
+        if on_estimate is not None:
+            on_estimate(estimate)
+
+    version, estimates = run_estimates([call for _, call in labelled], aic_python=aic_python, on_estimate=check)
     for name in ("backend_version", "precision"):
         seen = {getattr(estimate, name) for estimate in estimates}
         if len(seen) != 1:

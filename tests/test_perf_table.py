@@ -6,6 +6,7 @@ Pure: none of these needs aiconfigurator; they read hand-made tables and the com
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 from pathlib import Path
@@ -210,15 +211,15 @@ def test_never_faster_with_more_work_on_the_committed_table(
     assert model.mixed_wall_s(tokens + more, batch, batch * ctx) >= model.mixed_wall_s(tokens, batch, batch * ctx)
 
 
-_COMMITTED: list[TablePerfModel] = []
-
-
 def _committed_model() -> TablePerfModel:
     if not COMMITTED_TABLE.is_file():
         pytest.skip("committed table missing")
-    if not _COMMITTED:
-        _COMMITTED.append(TablePerfModel(load_perf_table(COMMITTED_TABLE)))
-    return _COMMITTED[0]
+    return _load_committed()
+
+
+@functools.cache
+def _load_committed() -> TablePerfModel:
+    return TablePerfModel(load_perf_table(COMMITTED_TABLE))
 
 
 def test_single_point_axes_are_constant() -> None:

@@ -12,7 +12,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	$(VENV)/bin/python -m pip install -q -e '.[test,aic]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 

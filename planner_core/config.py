@@ -137,6 +137,10 @@ class ThroughputAlgorithm(enum.StrEnum):
     # Dynamo 0.x with its correction factors: observed / interpolated TTFT and ITL rescale the load and the ITL
     # target each interval. Needs observed TTFT and ITL; without them the factors are 1 and the step says so.
     INTERPOLATION_CORRECTED = "interpolation_corrected"
+    # Dynamo 1.x: requests/s one engine sustains under the SLA, searched over batch sizes on a forward-pass model
+    # (planner_core.perf.capacity): the online model fitted on live forward-pass metrics once it is ready, before
+    # that the precomputed perf table if one is configured, else the profile. Also sizes aggregated mode.
+    ENGINE_CAPACITY = "engine_capacity"
 
 
 class LengthSizing(enum.StrEnum):
@@ -246,14 +250,15 @@ class SchedulingConfig(BaseModel):
 class EngineLimitsConfig(BaseModel):
     """Static limits of one pool's engines (ours; Dynamo reads them from the model card and the deployment).
 
-    Unset limits take Dynamo's fallbacks: 8192 batched tokens, 512 sequences, 2,000,000 KV tokens.
+    Unset limits take Dynamo's fallbacks: 8192 batched tokens, 512 sequences; KV tokens from the engine profile
+    when one is loaded, else 2,000,000.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     max_num_batched_tokens: int = Field(default=8192, gt=0)
     max_num_seqs: int = Field(default=512, gt=0)
-    max_kv_tokens: int = Field(default=2_000_000, gt=0)
+    max_kv_tokens: int | None = Field(default=None, gt=0)
     context_length: int | None = Field(default=None, gt=0)
 
 
@@ -400,6 +405,9 @@ class PlannerConfig(BaseModel):
     throughput_length_sizing: LengthSizing = LengthSizing.MEAN
     # Ours: which sizing algorithm the throughput loop runs (see ThroughputAlgorithm).
     throughput_algorithm: ThroughputAlgorithm = ThroughputAlgorithm.INTERPOLATION
+    # Ours: a perf table precomputed with `planner perf-table` (may be relative to the config file): the
+    # forward-pass model between the profile and live metrics in the bootstrap chain.
+    perf_table: str | None = None
 
     # --- load loop / perf-model tuning ----------------------------------------------------------------
     max_num_fpm_samples: int = Field(default=64, gt=0)
@@ -678,8 +686,12 @@ class PlannerConfig(BaseModel):
         """GPUs per decode (or aggregated) engine: `decode_engine_num_gpu`, or 1 when unset."""
         return 1 if self.decode_engine_num_gpu is None else self.decode_engine_num_gpu
 
-    def engine_limits(self, component: Component) -> EngineLimits:
-        """The static limits of one engine of `component`'s pool, as the decision core uses them."""
+    def engine_limits(self, component: Component, *, profiled_max_kv_tokens: int | None = None) -> EngineLimits:
+        """The static limits of one engine of `component`'s pool, as the decision core uses them.
+
+        `profiled_max_kv_tokens` (the engine profile's KV capacity) fills `max_kv_tokens` when the config leaves it
+        unset; without either, Dynamo's fallback of 2,000,000 applies.
+        """
         if component is Component.PREFILL:
             limits, num_gpu = self.prefill_engine, self.prefill_gpus_per_engine
         else:
@@ -688,7 +700,11 @@ class PlannerConfig(BaseModel):
             num_gpu=num_gpu,
             max_num_batched_tokens=limits.max_num_batched_tokens,
             max_num_seqs=limits.max_num_seqs,
-            max_kv_tokens=limits.max_kv_tokens,
+            max_kv_tokens=(
+                limits.max_kv_tokens
+                if limits.max_kv_tokens is not None
+                else (profiled_max_kv_tokens if profiled_max_kv_tokens is not None else 2_000_000)
+            ),
             context_length=limits.context_length,
             speculative_nextn=self.speculative_nextn,
         )

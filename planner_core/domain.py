@@ -72,6 +72,7 @@ class ReasonCode(enum.StrEnum):
     INSUFFICIENT_DATA = "insufficient_data"
     NEGATIVE_COEFFICIENT = "negative_coefficient"  # the fit says more load takes less time: rejected
     PERF_MODEL_READY = "perf_model_ready"  # the online model's fit is usable
+    PERF_MODEL_BOOTSTRAP = "perf_model_bootstrap"  # online model not ready: the perf table or profile answers
     CAPACITY_SEARCHED = "capacity_searched"  # engine capacity from the batch search; the SLA is met
     REQUEST_EXCEEDS_ENGINE = "request_exceeds_engine"  # one request does not fit the engine (e.g. KV cache)
     RUNTIME_METADATA_MISSING = "runtime_metadata_missing"  # KV hit rate / accept length unknown: neutral value

@@ -103,7 +103,10 @@ def load_context(database_url: str, deployment: str, config_path: str | Path) ->
     if config.environment is EnvironmentKind.KUBERNETES:
         kubernetes, config = connect_kubernetes(config)
     profile_dir = resolve_profile_dir(config, config_path)
-    perf = ProfilePerfModel.load(profile_dir) if profile_dir.exists() else None
+    perf_table = (
+        resolve_config_relative(config.perf_table, config_path) if config.perf_table is not None else None
+    )
+    perf = ProfilePerfModel.load(profile_dir, perf_table=perf_table) if profile_dir.exists() else None
     warmup = config.load_predictor_warmup_trace
     return PlannerContext(
         database_url=database_url,

@@ -90,6 +90,9 @@ class FixedRatePerf:
     def forward_pass_model(self) -> None:
         return None
 
+    def profiled_max_kv_tokens(self) -> None:
+        return None
+
 
 FAKE: ThroughputPerfModel = FixedRatePerf()
 
@@ -1188,3 +1191,64 @@ def test_correction_with_the_profile_sizes_decode_for_the_tighter_target(profile
     (decode_factor,) = [s.value for s in steps_named(corrected, "correction", Component.DECODE)]
     assert decode_factor is not None and decode_factor > 1.0
     assert desired(corrected)[Component.DECODE] >= desired(plain)[Component.DECODE]
+
+
+# --- Dynamo 1.x sizing: engine capacity searched on a forward-pass model ------------------------------------------
+
+
+def _engine_capacity_config(**overrides: Any) -> PlannerConfig:
+    return make_config(throughput_algorithm="engine_capacity", **overrides)
+
+
+def test_engine_capacity_sizing_with_the_profile_model(profile_perf: ProfilePerfModel) -> None:
+    """Before any forward-pass metrics, the profile's forward-pass model answers; replicas = ceil(demand / engine
+    requests/s) with the engine capacity the search finds at that shape."""
+    from planner_core.perf.capacity import decode_capacity, prefill_capacity
+
+    config = _engine_capacity_config()
+    outcome = tick(throughput_inputs(traffic(6000, 3000, 300)), PlannerState(), config, profile_perf)
+    fwd = profile_perf.forward_pass_model()
+    assert fwd is not None
+    limits = {
+        c: config.engine_limits(c, profiled_max_kv_tokens=profile_perf.profiled_max_kv_tokens()) for c in Component
+    }
+    prefill = prefill_capacity(fwd, limits[Component.PREFILL], isl=3000, ttft_ms=200)
+    decode = decode_capacity(fwd, limits[Component.DECODE], isl=3000, osl=300, itl_ms=10)
+    # 6000 requests / 60 s = 100 req/s against ~16.7 (prefill) and ~15.5 (decode) requests/s per engine
+    want = {
+        Component.PREFILL: math.ceil(100 / prefill.requests_per_s),
+        Component.DECODE: math.ceil(100 / decode.requests_per_s),
+    }
+    assert want == {Component.PREFILL: 6, Component.DECODE: 7}
+    assert desired(outcome) == want
+    assert {s.reason for s in steps_named(outcome, "perf_model")} == {ReasonCode.PERF_MODEL_BOOTSTRAP}
+    assert [s.value for s in steps_named(outcome, "demand")] == [6, 7]
+
+
+def test_engine_capacity_sizes_aggregated_mode(profile_perf: ProfilePerfModel) -> None:
+    outcome = tick(
+        throughput_inputs(traffic(600, 1000, 200)), PlannerState(), _engine_capacity_config(mode="agg"), profile_perf
+    )
+    (proposal,) = outcome.proposals
+    assert proposal.component is Component.DECODE and proposal.desired >= 1
+    assert decide_step(outcome).reason in {ReasonCode.SCALE, ReasonCode.NO_CHANGE}
+
+
+def test_engine_capacity_without_any_model_holds_both_pools() -> None:
+    outcome = tick(throughput_inputs(traffic(6000)), PlannerState(), _engine_capacity_config(), None)
+    assert outcome.reason is ReasonCode.MODEL_NOT_READY
+    assert {s.reason for s in steps_named(outcome, "perf_model")} == {ReasonCode.MODEL_NOT_READY}
+    assert outcome.decision.is_empty
+
+
+def test_engine_capacity_prefers_the_online_model_once_ready(profile_perf: ProfilePerfModel) -> None:
+    """The bootstrap chain's last link: online regressions fitted on forward-pass metrics replace the profile."""
+    from planner_core.perf.online import observe_fpm
+    from planner_core.perf.profile_forward import bootstrap_fpms
+
+    config = _engine_capacity_config()
+    models = observe_fpm(PlannerState().perf_models, bootstrap_fpms(profile_perf.profile), config)
+    state = PlannerState(perf_models=models)
+    outcome = tick(throughput_inputs(traffic(6000, 3000, 300)), state, config, profile_perf)
+    assert {s.reason for s in steps_named(outcome, "perf_model")} == {ReasonCode.PERF_MODEL_READY}
+    assert all(v >= 1 for v in desired(outcome).values())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from planner_core.perf.forward import ForwardPassModel
 from planner_core.perf.profile import EngineProfile, load_profile
 from planner_core.perf.profile_forward import ProfileForwardPassModel
 from planner_core.policy.throughput import PhaseCapacity
@@ -19,15 +20,25 @@ class ProfilePerfModel:
     """Engine capacity and latency from pre-deployment profiling data."""
 
     profile: EngineProfile
-    forward: ProfileForwardPassModel | None = None  # built by `load`; the load loop's bootstrap model
+    # The loops' bootstrap forward-pass model: a precomputed perf table if given to `load`, else the profile's.
+    forward: ForwardPassModel | None = None
 
     @classmethod
-    def load(cls, profile_dir: str | os.PathLike[str]) -> ProfilePerfModel:
+    def load(
+        cls, profile_dir: str | os.PathLike[str], *, perf_table: str | os.PathLike[str] | None = None
+    ) -> ProfilePerfModel:
         profile = load_profile(profile_dir)
+        if perf_table is not None:
+            from planner_core.perf.table import TablePerfModel
+
+            return cls(profile, TablePerfModel.load(perf_table))
         return cls(profile, ProfileForwardPassModel.from_engine_profile(profile))
 
-    def forward_pass_model(self) -> ProfileForwardPassModel | None:
+    def forward_pass_model(self) -> ForwardPassModel | None:
         return self.forward
+
+    def profiled_max_kv_tokens(self) -> int | None:
+        return int(self.profile.decode.max_kv_tokens)
 
     @property
     def max_kv_tokens(self) -> float:

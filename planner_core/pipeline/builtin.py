@@ -33,6 +33,8 @@ from planner_core.domain import (
     OverrideType,
     PartialPrediction,
     PerfModelRole,
+    PlannerState,
+    Prediction,
     ReasonCode,
     ReplicaOverride,
     StepRecord,
@@ -50,10 +52,12 @@ from planner_core.policy.thresholds import (
 )
 from planner_core.policy.throughput import (
     CorrectionFactors,
+    RequestShape,
     ThroughputPerfModel,
     ThroughputTargets,
     calculate_replicas,
     correction_factors,
+    replicas_for_engine_rps,
     sizing_shape,
 )
 from planner_core.predict import observe_window, predict_next
@@ -131,41 +135,25 @@ class ThroughputProposePlugin:
         prediction = context.prediction
         if prediction is None:
             return PluginResult(steps=(_decide(ReasonCode.NO_TRAFFIC_DATA, "no forecast this tick: hold"),))
-        if self.perf is None or config.mode is PlannerMode.AGG:
-            detail = "no profile loaded" if self.perf is None else "aggregated capacity needs the online perf model"
-            steps = (
-                StepRecord(step="capacity", reason=ReasonCode.MODEL_NOT_READY, detail=detail),
-                _decide(ReasonCode.MODEL_NOT_READY, "hold"),
-            )
-            return PluginResult(steps=steps)
         traffic = inputs.traffic
         assert traffic is not None  # a forecast exists only when the window was observed
-        targets = ThroughputTargets(
-            ttft_ms=config.ttft_ms,
-            itl_ms=config.itl_ms,
-            # The observed window's own length: a late or short collection must not distort the request rate.
-            window_s=traffic.duration_s if traffic.duration_s > 0 else config.throughput_adjustment_interval_seconds,
-            prefill_gpus_per_engine=config.prefill_gpus_per_engine,
-            decode_gpus_per_engine=config.decode_gpus_per_engine,
-        )
+        # The observed window's own length: a late or short collection must not distort the request rate.
+        window_s = traffic.duration_s if traffic.duration_s > 0 else config.throughput_adjustment_interval_seconds
         floors = _floors(config)
         components = managed_components(config.mode)
         steps: list[StepRecord] = []
         shape, shape_step = sizing_shape(prediction, config.throughput_length_sizing)
         steps.append(shape_step)
-        correction = CorrectionFactors()
-        if config.throughput_algorithm is ThroughputAlgorithm.INTERPOLATION_CORRECTED:
-            correction, correction_steps = correction_factors(
-                traffic, inputs.workers.ready(Component.DECODE), self.perf
-            )
-            steps.extend(correction_steps)
+        if config.throughput_algorithm is ThroughputAlgorithm.ENGINE_CAPACITY:
+            sized = self._size_on_engine_capacity(context, prediction.num_req / window_s, shape, steps)
+        else:
+            sized = self._size_on_interpolation(context, prediction, shape, window_s, steps)
+        if sized is None:
+            steps.append(_decide(ReasonCode.MODEL_NOT_READY, "hold"))
+            return PluginResult(steps=tuple(steps))
         desired: dict[Component, int] = {}
         for component in components:
-            value, sizing_steps = calculate_replicas(
-                component, prediction, targets, self.perf, shape=shape, correction=correction
-            )
-            steps.extend(sizing_steps)
-            value, step = bound_min_endpoint(component, value, floors[component])
+            value, step = bound_min_endpoint(component, sized[component], floors[component])
             steps.append(step)
             value, step = bound_change_rate(
                 component, value, inputs.workers.expected(component), config.max_throughput_scaling_replicas
@@ -213,11 +201,144 @@ class ThroughputProposePlugin:
         steps.append(_decide(ReasonCode.SET_LOWER_BOUND, floors_detail))
         return PluginResult(steps=tuple(steps), state=next_state)
 
+    def _size_on_interpolation(
+        self,
+        context: PipelineContext,
+        prediction: Prediction,
+        shape: RequestShape,
+        window_s: float,
+        steps: list[StepRecord],
+    ) -> dict[Component, int] | None:
+        """Dynamo 0.x: tokens/s/GPU interpolated from the profile (optionally with correction factors)."""
+        config, inputs = context.config, context.inputs
+        if self.perf is None or config.mode is PlannerMode.AGG:
+            detail = (
+                "no profile loaded"
+                if self.perf is None
+                else "aggregated capacity needs throughput_algorithm: engine_capacity"
+            )
+            steps.append(StepRecord(step="capacity", reason=ReasonCode.MODEL_NOT_READY, detail=detail))
+            return None
+        targets = ThroughputTargets(
+            ttft_ms=config.ttft_ms,
+            itl_ms=config.itl_ms,
+            window_s=window_s,
+            prefill_gpus_per_engine=config.prefill_gpus_per_engine,
+            decode_gpus_per_engine=config.decode_gpus_per_engine,
+        )
+        correction = CorrectionFactors()
+        if config.throughput_algorithm is ThroughputAlgorithm.INTERPOLATION_CORRECTED:
+            assert inputs.traffic is not None
+            correction, correction_steps = correction_factors(
+                inputs.traffic, inputs.workers.ready(Component.DECODE), self.perf
+            )
+            steps.extend(correction_steps)
+        sized: dict[Component, int] = {}
+        for component in managed_components(config.mode):
+            sized[component], sizing_steps = calculate_replicas(
+                component, prediction, targets, self.perf, shape=shape, correction=correction
+            )
+            steps.extend(sizing_steps)
+        return sized
 
-# --- load loop -------------------------------------------------------------------------------------------------
+    def _size_on_engine_capacity(
+        self, context: PipelineContext, demand_rps: float, shape: RequestShape, steps: list[StepRecord]
+    ) -> dict[Component, int] | None:
+        """Dynamo 1.x: requests/s per engine searched on a forward-pass model; every pool or none (a pool whose
+        model cannot answer holds its partner too)."""
+        from planner_core.perf.capacity import agg_capacity, decode_capacity, prefill_capacity
+
+        config, state = context.config, context.state
+        bootstrap = self.perf.forward_pass_model() if self.perf is not None else None
+        profiled_kv = self.perf.profiled_max_kv_tokens() if self.perf is not None else None
+        sized: dict[Component, int] = {}
+        not_ready: list[Component] = []
+        for component in managed_components(config.mode):
+            model, model_step = forward_model_for(state, config.mode, component, bootstrap)
+            steps.append(model_step)
+            if model is None:
+                not_ready.append(component)
+                continue
+            limits = config.engine_limits(component, profiled_max_kv_tokens=profiled_kv)
+            if config.mode is PlannerMode.AGG:
+                capacity = agg_capacity(
+                    model,
+                    limits,
+                    isl=shape.isl,
+                    osl=max(1.0, shape.osl),
+                    ttft_ms=config.ttft_ms,
+                    itl_ms=config.itl_ms,
+                    kv_hit_rate=state.last_kv_hit_rate,
+                    accept_length=state.last_accept_length,
+                )
+            elif component is Component.PREFILL:
+                capacity = prefill_capacity(
+                    model, limits, isl=shape.isl, ttft_ms=config.ttft_ms, kv_hit_rate=state.last_kv_hit_rate
+                )
+            else:
+                capacity = decode_capacity(
+                    model,
+                    limits,
+                    isl=shape.isl,
+                    osl=max(1.0, shape.osl),
+                    itl_ms=config.itl_ms,
+                    accept_length=state.last_accept_length,
+                )
+            steps.extend(capacity.steps)
+            if not capacity.usable:
+                not_ready.append(component)
+                continue
+            sized[component], step = replicas_for_engine_rps(
+                component, demand_rps, capacity.requests_per_s, capacity.detail
+            )
+            steps.append(step)
+        if not_ready:
+            for component in managed_components(config.mode):
+                if component not in not_ready:
+                    steps.append(
+                        StepRecord(
+                            step="capacity",
+                            component=component,
+                            reason=ReasonCode.PARTNER_NOT_READY,
+                            detail="held with the pool whose model cannot answer",
+                        )
+                    )
+            return None
+        return sized
+
+
+def forward_model_for(
+    state: PlannerState, mode: PlannerMode, component: Component, bootstrap: ForwardPassModel | None
+) -> tuple[ForwardPassModel | None, StepRecord]:
+    """The bootstrap chain for one pool: the online model once its fit is ready, else the bootstrap model (perf
+    table or profile), else none."""
+    from planner_core.perf.online import OnlineForwardPassModel
+
+    role = PerfModelRole.AGG if mode is PlannerMode.AGG else _ROLE_OF_POOL[component]
+    online_state = getattr(state.perf_models, role.value)
+    online = OnlineForwardPassModel(online_state)
+    if online.is_ready():
+        detail = f"online {role.value} regression on {len(online_state.samples)} forward-pass samples"
+        return online, StepRecord(
+            step="perf_model", component=component, reason=ReasonCode.PERF_MODEL_READY, detail=detail
+        )
+    why = f"online {role.value} model {online_state.readiness.value} ({len(online_state.samples)} samples)"
+    if bootstrap is None:
+        return None, StepRecord(
+            step="perf_model", component=component, reason=ReasonCode.MODEL_NOT_READY, detail=f"{why}, no profile"
+        )
+    return bootstrap, StepRecord(
+        step="perf_model",
+        component=component,
+        reason=ReasonCode.PERF_MODEL_BOOTSTRAP,
+        detail=f"{why}: {type(bootstrap).__name__}",
+    )
 
 
 _ROLE_OF_POOL = {Component.PREFILL: PerfModelRole.PREFILL, Component.DECODE: PerfModelRole.DECODE}
+
+
+# --- load loop -------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

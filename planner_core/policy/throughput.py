@@ -45,7 +45,11 @@ class ThroughputPerfModel(Protocol):
     def decode_itl_ms(self, concurrency: float, context_length: float) -> float: ...
 
     def forward_pass_model(self) -> ForwardPassModel | None:
-        """The forward-pass model the load loop starts from before its online models are ready, if any."""
+        """The forward-pass model the loops start from before their online models are ready, if any."""
+        ...
+
+    def profiled_max_kv_tokens(self) -> int | None:
+        """The decode engine's KV-cache capacity (tokens) the profile measured, if known."""
         ...
 
 
@@ -229,3 +233,17 @@ def calculate_replicas(
         )
     )
     return desired, steps
+
+
+def replicas_for_engine_rps(
+    component: Component, demand_rps: float, engine_rps: float, detail_capacity: str
+) -> tuple[int, StepRecord]:
+    """`ceil(demand requests/s / requests/s one engine sustains)` (Dynamo 1.x sizing), with its step."""
+    desired = math.ceil(demand_rps / engine_rps - 1e-9) if engine_rps > 0 and demand_rps > 0 else 0
+    return desired, StepRecord(
+        step="demand",
+        component=component,
+        value=desired,
+        reason=ReasonCode.DEMAND_SIZED,
+        detail=f"ceil({demand_rps:.3f} req/s / {engine_rps:.3f} req/s per engine) = {desired} ({detail_capacity})",
+    )

@@ -250,6 +250,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     from planner_core.perf.profile import estimate_engine_capacity, load_profile
 
+    if args.trace is not None:
+        return _trace_capacity(args)
+    if args.isl is None or args.osl is None:
+        raise ValueError("capacity: give --isl and --osl, or --trace FILE")
+
     capacity = estimate_engine_capacity(
         load_profile(args.profile),
         isl=args.isl,
@@ -280,6 +285,53 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         f"{capacity.decode_engine_rps:.2f} requests/s per engine"
     )
     print(f"  one prefill GPU + one decode GPU serve {figures['requests_per_s_per_gpu']:.2f} requests/s")
+    return 0
+
+
+def _trace_capacity(args: argparse.Namespace) -> int:
+    """`planner capacity --trace`: what a trace needs at its mean lengths and at a length percentile."""
+    import dataclasses
+    import json
+
+    from planner_core.config import parse_config
+    from planner_core.perf.model import ProfilePerfModel
+    from planner_core.sim.bench import trace_sizing
+    from planner_core.traces import load_trace
+
+    trace = load_trace(args.trace)
+    if args.rate_scale != 1.0:
+        trace = trace.scaled(args.rate_scale)
+    config = parse_config(
+        {
+            "optimization_target": "sla",
+            "ttft_ms": args.ttft_ms,
+            "itl_ms": args.itl_ms,
+            "prefill_engine_num_gpu": args.prefill_gpus,
+            "decode_engine_num_gpu": args.decode_gpus,
+        },
+        "--ttft-ms/--itl-ms/--prefill-gpus/--decode-gpus",
+    )
+    rows = trace_sizing(
+        trace, config, ProfilePerfModel.load(args.profile), window_s=args.window_s, quantile=args.quantile
+    )
+    if args.json:
+        print(json.dumps([dataclasses.asdict(row) for row in rows]))
+        return 0
+    print(
+        f"{trace.source}: {trace.num_requests} requests over {trace.duration_s / 3600:.2f} h; "
+        f"TTFT <= {args.ttft_ms:g} ms, ITL <= {args.itl_ms:g} ms; rate mean {rows[0].mean_rps:.2f} req/s, "
+        f"busiest {args.window_s:g} s window {rows[0].peak_rps:.2f} req/s"
+    )
+    print(
+        f"  {'sizing':<7}{'algorithm':<17}{'ISL':>7}{'OSL':>6}{'P req/s/eng':>13}{'D req/s/eng':>13}"
+        f"{'mean P+D':>10}{'peak P+D':>10}"
+    )
+    for row in rows:
+        print(
+            f"  {row.sizing:<7}{row.algorithm:<17}{row.isl:>7.0f}{row.osl:>6.0f}{row.prefill_rps_per_engine:>13.2f}"
+            f"{row.decode_rps_per_engine:>13.2f}{f'{row.prefill_replicas_mean}+{row.decode_replicas_mean}':>10}"
+            f"{f'{row.prefill_replicas_peak}+{row.decode_replicas_peak}':>10}"
+        )
     return 0
 
 
@@ -540,8 +592,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     capacity = sub.add_parser("capacity", help="what one GPU and one engine of a profile serve under SLA targets")
     capacity.add_argument("--profile", type=Path, required=True, help="Dynamo profile folder (NPZ or JSON)")
-    capacity.add_argument("--isl", type=float, required=True, help="input sequence length (tokens)")
-    capacity.add_argument("--osl", type=float, required=True, help="output sequence length (tokens)")
+    capacity.add_argument("--isl", type=float, help="input sequence length (tokens)")
+    capacity.add_argument("--osl", type=float, help="output sequence length (tokens)")
+    capacity.add_argument(
+        "--trace", type=Path, default=None, help="instead of --isl/--osl: size a trace at its mean and a percentile"
+    )
+    capacity.add_argument("--window-s", type=float, default=180.0, help="with --trace: window for the peak rate")
+    capacity.add_argument("--rate-scale", type=float, default=1.0, help="with --trace: multiply the request rate")
+    capacity.add_argument("--quantile", type=float, default=90.0, help="with --trace: length percentile (default 90)")
     capacity.add_argument("--ttft-ms", type=float, required=True, help="TTFT target (ms)")
     capacity.add_argument("--itl-ms", type=float, required=True, help="ITL target (ms)")
     capacity.add_argument("--prefill-gpus", type=int, default=1, help="GPUs per prefill engine")

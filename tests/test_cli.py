@@ -101,3 +101,33 @@ def test_capacity_with_a_missing_profile_fails_in_one_line(tmp_path) -> None:
     assert result.returncode == 2
     [line] = _error_lines(result)
     assert str(tmp_path / "none") in line
+
+
+def test_capacity_of_a_trace_at_mean_and_p90(profile_dir) -> None:
+    """`--trace` sizes the Azure conv trace (x12) at its mean and p90 lengths with both algorithms."""
+    import json
+
+    from tests.conftest import AZURE_CONV
+
+    result = planner(
+        "capacity", "--profile", str(profile_dir), "--trace", str(AZURE_CONV),
+        "--rate-scale", "12", "--ttft-ms", "500", "--itl-ms", "50", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = {(row["sizing"], row["algorithm"]): row for row in json.loads(result.stdout)}
+    assert set(rows) == {(s, a) for s in ("mean", "p90") for a in ("interpolation", "engine_capacity")}
+    for algorithm in ("interpolation", "engine_capacity"):
+        mean, tail = rows[("mean", algorithm)], rows[("p90", algorithm)]
+        assert tail["isl"] > mean["isl"] and tail["osl"] > mean["osl"]
+        # longer requests: fewer requests/s per engine, so at least as many replicas at the same rate
+        assert tail["prefill_rps_per_engine"] < mean["prefill_rps_per_engine"]
+        assert tail["decode_replicas_peak"] >= mean["decode_replicas_peak"]
+        assert mean["peak_rps"] > mean["mean_rps"]
+        assert mean["prefill_replicas_peak"] >= mean["prefill_replicas_mean"]
+
+
+def test_capacity_needs_lengths_or_a_trace(profile_dir) -> None:
+    result = planner("capacity", "--profile", str(profile_dir), "--ttft-ms", "200", "--itl-ms", "10")
+    assert result.returncode == 2
+    [line] = _error_lines(result)
+    assert "--isl" in line and "--trace" in line

@@ -307,3 +307,89 @@ def bench_figure(runs: Sequence[PolicyRun], trace: RequestTrace, *, window_s: fl
     figure.update_xaxes(title_text="minutes into the trace", row=4, col=1)
     figure.update_layout(height=1100, title=f"planner bench: {trace.source}")
     return figure
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceSizingRow:
+    """What a trace needs under one sizing choice: per-engine capacity and replicas at its mean and peak window."""
+
+    sizing: str  # "mean" or the length quantile, e.g. "p90"
+    algorithm: str  # "interpolation" (Dynamo 0.x) or "engine_capacity" (Dynamo 1.x)
+    isl: float
+    osl: float
+    prefill_rps_per_engine: float
+    decode_rps_per_engine: float
+    mean_rps: float
+    peak_rps: float
+    prefill_replicas_mean: int
+    decode_replicas_mean: int
+    prefill_replicas_peak: int
+    decode_replicas_peak: int
+
+
+def trace_sizing(
+    trace: RequestTrace, config: PlannerConfig, perf: ThroughputPerfModel, *, window_s: float, quantile: float = 90.0
+) -> list[TraceSizingRow]:
+    """Capacity and replicas for a trace at its mean lengths and at a length quantile, under both algorithms.
+
+    The request rate is the trace's mean and its busiest `window_s` window; lengths are the whole trace's mean or
+    its `quantile` percentile of ISL and OSL (sizing as if every request were that long).
+    """
+    from planner_core.perf.capacity import decode_capacity, prefill_capacity
+
+    windows = bucket_windows(trace, window_s)
+    mean_rps = trace.num_requests / max(trace.duration_s, 1e-9)
+    peak_rps = max(w.num_req for w in windows) / window_s
+    shapes = {
+        "mean": (float(np.mean(trace.isl)), float(np.mean(trace.osl))),
+        f"p{quantile:g}": (float(np.percentile(trace.isl, quantile)), float(np.percentile(trace.osl, quantile))),
+    }
+    fwd = perf.forward_pass_model()
+    rows = []
+    for sizing, (isl, osl) in shapes.items():
+        prefill_interp = perf.prefill_capacity(isl=isl, ttft_ms=config.ttft_ms)
+        decode_interp = perf.decode_capacity(isl=isl, osl=osl, itl_ms=config.itl_ms)
+        per_engine = {
+            "interpolation": (
+                prefill_interp.tokens_per_s_per_gpu * config.prefill_gpus_per_engine / isl,
+                decode_interp.tokens_per_s_per_gpu * config.decode_gpus_per_engine / osl,
+            )
+        }
+        if fwd is not None:
+            kv = perf.profiled_max_kv_tokens()
+            prefill = prefill_capacity(
+                fwd,
+                config.engine_limits(Component.PREFILL, profiled_max_kv_tokens=kv),
+                isl=isl,
+                ttft_ms=config.ttft_ms,
+            )
+            decode = decode_capacity(
+                fwd,
+                config.engine_limits(Component.DECODE, profiled_max_kv_tokens=kv),
+                isl=isl,
+                osl=max(1.0, osl),
+                itl_ms=config.itl_ms,
+            )
+            per_engine["engine_capacity"] = (prefill.requests_per_s, decode.requests_per_s)
+        for algorithm, (prefill_rps, decode_rps) in per_engine.items():
+
+            def need(rate: float, capacity: float) -> int:
+                return math.ceil(rate / capacity - 1e-9) if capacity > 0 else 0
+
+            rows.append(
+                TraceSizingRow(
+                    sizing=sizing,
+                    algorithm=algorithm,
+                    isl=isl,
+                    osl=osl,
+                    prefill_rps_per_engine=prefill_rps,
+                    decode_rps_per_engine=decode_rps,
+                    mean_rps=mean_rps,
+                    peak_rps=peak_rps,
+                    prefill_replicas_mean=need(mean_rps, prefill_rps),
+                    decode_replicas_mean=need(mean_rps, decode_rps),
+                    prefill_replicas_peak=need(peak_rps, prefill_rps),
+                    decode_replicas_peak=need(peak_rps, decode_rps),
+                )
+            )
+    return rows

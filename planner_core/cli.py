@@ -163,6 +163,79 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run scaling policies side by side on one trace in the discrete-event simulator."""
+    import dataclasses
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from planner_core.domain import EngineLimits
+    from planner_core.perf.model import ProfilePerfModel
+    from planner_core.sim.bench import bench_figure, build_policies, run_bench
+    from planner_core.sim.des import SimSpec
+    from planner_core.traces import load_trace
+
+    trace = load_trace(args.trace)
+    if args.rate_scale != 1.0:
+        trace = trace.scaled(args.rate_scale)
+    perf = ProfilePerfModel.load(args.profile)
+    fwd = perf.forward_pass_model()
+    assert fwd is not None
+    base = {
+        "ttft_ms": args.ttft_ms,
+        "itl_ms": args.itl_ms,
+        "max_gpu_budget": args.max_gpu_budget,
+        "throughput_adjustment_interval_seconds": args.throughput_interval_s,
+        "max_throughput_scaling_replicas": 8,
+    }
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    policies = build_policies(names, base, trace, perf, window_s=args.throughput_interval_s)
+    spec = SimSpec(
+        decode_limits=EngineLimits(max_kv_tokens=perf.profiled_max_kv_tokens() or 2_000_000),
+        startup_s=args.startup_s,
+    )
+    with Progress(
+        TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+        TimeElapsedColumn(), transient=True, disable=args.json is not None and str(args.json) == "-",
+    ) as progress:  # fmt: skip
+        task = progress.add_task(policies[0].name if policies else "", total=len(policies))
+
+        def done(_row) -> None:  # noqa: ANN001
+            progress.advance(task)
+            upcoming = [p.name for p in policies][int(progress.tasks[0].completed) :]
+            progress.update(task, description=upcoming[0] if upcoming else "")
+
+        runs = run_bench(policies, trace, fwd, spec, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, on_policy_done=done)
+    rows = [dataclasses.asdict(run.row) for run in runs]
+    if args.json is not None:
+        text = json.dumps(rows, indent=1)
+        if str(args.json) == "-":
+            print(text)
+        else:
+            args.json.write_text(text + "\n", encoding="utf-8")
+    if args.html is not None:
+        bench_figure(runs, trace).write_html(str(args.html), include_plotlyjs=True)
+    if args.json is None or str(args.json) != "-":
+        print(
+            f"{trace.source}: {trace.num_requests} requests, {trace.duration_s / 3600:.2f} h; "
+            f"SLA TTFT {args.ttft_ms:g} ms / ITL {args.itl_ms:g} ms; start-up {args.startup_s:g} s"
+        )
+        print(
+            f"  {'policy':<14}{'SLA ok':>8}{'TTFT ok':>9}{'ITL ok':>8}{'GPU-h':>8}{'x oracle':>9}{'events':>8}"
+            f"{'TTFT p90':>10}{'ITL p90':>9}{'wall s':>8}"
+        )
+        for run in runs:
+            r = run.row
+            ratio = "-" if r.gpu_hours_vs_oracle is None else f"{r.gpu_hours_vs_oracle:.2f}"
+            print(
+                f"  {r.policy:<14}{r.sla_attainment:>8.1%}{r.ttft_attainment:>9.1%}{r.itl_attainment:>8.1%}"
+                f"{r.gpu_hours:>8.2f}{ratio:>9}{r.scaling_events:>8}{r.ttft_ms_p90:>10.1f}{r.itl_ms_p90:>9.2f}"
+                f"{r.wall_s:>8.1f}"
+            )
+    return 0
+
+
 def cmd_forecast(args: argparse.Namespace) -> int:
     """Score load predictors one window ahead on a trace, with Dynamo's predictor-sweep loss."""
     import json
@@ -629,6 +702,24 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", type=Path, required=True, help="the HTML file to write")
     report.add_argument("--log", action="store_true", help="also write the tick rows to <out>.log.jsonl.gz")
     report.set_defaults(func=cmd_report)
+
+    bench = sub.add_parser("bench", help="compare scaling policies on one trace in the cluster simulator")
+    bench.add_argument("--trace", type=Path, required=True, help="Azure CSV, Mooncake or Dynamo v1 trace")
+    bench.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="engine profile (timing and sizing)")
+    bench.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
+    bench.add_argument(
+        "--policies",
+        default="static-peak,static-mean,oracle,threshold,dynamo-0x,dynamo-1x,planner",
+        help="comma-separated: static-peak, static-mean, oracle, threshold, dynamo-0x, dynamo-1x, planner, fixed:P:D",
+    )
+    bench.add_argument("--ttft-ms", type=float, default=500.0, help="TTFT target (ms)")
+    bench.add_argument("--itl-ms", type=float, default=50.0, help="ITL target (ms)")
+    bench.add_argument("--startup-s", type=float, default=120.0, help="worker start-up time (s)")
+    bench.add_argument("--max-gpu-budget", type=int, default=-1, help="GPU ceiling for the planners (-1: none)")
+    bench.add_argument("--throughput-interval-s", type=int, default=180, help="throughput window / oracle window")
+    bench.add_argument("--json", type=Path, default=None, help="write the rows as JSON to FILE ('-': stdout)")
+    bench.add_argument("--html", type=Path, default=None, help="write a Plotly page of replicas, load and latency")
+    bench.set_defaults(func=cmd_bench)
 
     forecast = sub.add_parser("forecast", help="score the load predictors one window ahead on a trace (Dynamo's loss)")
     forecast.add_argument(

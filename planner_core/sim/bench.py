@@ -393,3 +393,66 @@ def trace_sizing(
                 )
             )
     return rows
+
+
+# The planners the benchmark compares, as config overrides on top of the run's base config (SLA, budget).
+PLANNER_PRESETS: dict[str, dict[str, object]] = {
+    # Dynamo 0.x: profile interpolation with correction factors, ARIMA forecast, no load loop.
+    "dynamo-0x": {
+        "throughput_algorithm": "interpolation_corrected",
+        "load_predictor": "arima",
+        "enable_load_scaling": False,
+    },
+    # Dynamo 1.x: engine capacity on forward-pass models (bootstrapped from the profile), ARIMA, load loop on.
+    "dynamo-1x": {
+        "throughput_algorithm": "engine_capacity",
+        "load_predictor": "arima",
+        "enable_load_scaling": True,
+    },
+    # Dynamo's 2025 threshold planner: load loop only, prefill-queue and KV-utilisation thresholds.
+    "threshold": {
+        "enable_throughput_scaling": False,
+        "enable_load_scaling": True,
+        "load_policy": "threshold_2025",
+    },
+    # Ours: engine capacity sized on the p90 request shape, the ensemble forecast, and the SLA load loop.
+    "planner": {
+        "throughput_algorithm": "engine_capacity",
+        "throughput_length_sizing": "quantile",
+        "load_predictor": "ensemble",
+        "enable_load_scaling": True,
+    },
+}
+BASELINE_NAMES = ("static-peak", "static-mean", "oracle")
+DEFAULT_POLICIES = (*BASELINE_NAMES, "threshold", "dynamo-0x", "dynamo-1x", "planner")
+
+
+def build_policies(
+    names: Sequence[str],
+    base: dict[str, object],
+    trace: RequestTrace,
+    perf: ThroughputPerfModel,
+    *,
+    window_s: float,
+) -> list[ScalingPolicy]:
+    """Policies by name: the baselines, `PLANNER_PRESETS`, or `fixed:P:D`. Raises ValueError on an unknown name."""
+    from planner_core.config import parse_config
+
+    base_config = parse_config({**base, "optimization_target": "sla"}, "bench base config")
+    baselines = {p.name: p for p in baseline_policies(trace, base_config, perf, window_s=window_s)}
+    policies: list[ScalingPolicy] = []
+    for name in names:
+        if name in baselines:
+            policies.append(baselines[name])
+        elif name in PLANNER_PRESETS:
+            config = parse_config({**base, "optimization_target": "sla", **PLANNER_PRESETS[name]}, f"policy {name}")
+            policies.append(PlannerPolicy(name=name, config=config, perf=perf))
+        elif name.startswith("fixed:"):
+            parts = name.split(":")
+            if len(parts) != 3 or not all(p.isdigit() for p in parts[1:]):
+                raise ValueError(f"--policies: {name!r}: a fixed size is written fixed:P:D, e.g. fixed:2:4")
+            policies.append(FixedPolicy(name=name, num_prefill=int(parts[1]), num_decode=int(parts[2])))
+        else:
+            known = ", ".join([*BASELINE_NAMES, *PLANNER_PRESETS, "fixed:P:D"])
+            raise ValueError(f"--policies: unknown policy {name!r} (known: {known})")
+    return policies

@@ -1,0 +1,135 @@
+"""The planning benchmark: policies on the same requests, scoring, the oracle bound and `planner bench`."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from planner_core.config import parse_config
+from planner_core.perf.model import ProfilePerfModel
+from planner_core.sim.bench import (
+    DEFAULT_POLICIES,
+    FixedPolicy,
+    build_policies,
+    run_bench,
+    score,
+    window_sizes,
+)
+from planner_core.sim.des import SimResult, SimSpec
+from tests.conftest import PROFILE_DIR, REPO_ROOT
+from tests.test_sim_des import FWD, make_trace
+
+
+@pytest.fixture(scope="module")
+def profile_perf() -> ProfilePerfModel:
+    return ProfilePerfModel.load(PROFILE_DIR)
+
+
+def busy_trace(num_requests: int = 1200, duration_s: float = 1200.0, seed: int = 3):  # noqa: ANN201
+    """Requests whose rate doubles halfway through (a load step the policies must follow)."""
+    rng = np.random.default_rng(seed)
+    first = np.sort(rng.uniform(0, duration_s / 2, num_requests // 3))
+    second = np.sort(rng.uniform(duration_s / 2, duration_s, num_requests - num_requests // 3))
+    arrivals = np.concatenate([first, second]).tolist()
+    return make_trace(
+        arrivals, rng.integers(200, 3000, num_requests).tolist(), rng.integers(20, 300, num_requests).tolist()
+    )
+
+
+def test_score_counts_unfinished_requests_as_misses() -> None:
+    trace = make_trace([0.0, 1.0, 2.0, 3.0], [100] * 4, [10] * 4)
+    result = SimResult(
+        ttft_s=np.array([0.1, 0.6, 0.1, np.nan]),  # the second misses TTFT 500 ms, the last never started
+        itl_s=np.array([0.01, 0.01, 0.09, np.nan]),  # the third misses ITL 50 ms
+        finish_s=np.array([1.0, 2.0, 3.0, np.nan]),
+        gpu_s=7200.0,
+        num_scaling_events=2,
+        worker_timeline=((0.0, 1, 1),),
+    )
+    row = score("p", trace, result, ttft_ms=500, itl_ms=50, wall_s=0.0)
+    assert (row.ttft_attainment, row.itl_attainment, row.sla_attainment) == (0.5, 0.5, 0.25)
+    assert row.gpu_hours == 2.0
+    assert row.goodput_rps == pytest.approx(1 / 3.0)  # one request met both over the 3 s trace
+
+
+def test_oracle_is_the_cheapest_sizing_and_baselines_share_the_requests(profile_perf: ProfilePerfModel) -> None:
+    """On the same requests: the oracle (instant, per-window need) spends no more GPU-hours than static provisioning
+    for the peak, and every row counts every request."""
+    trace = busy_trace()
+    base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 60}
+    policies = build_policies(
+        ["static-peak", "static-mean", "oracle", "fixed:1:1"], base, trace, profile_perf, window_s=60
+    )
+    runs = run_bench(policies, trace, FWD, SimSpec(), ttft_ms=500, itl_ms=50)
+    rows = {run.row.policy: run.row for run in runs}
+    assert {row.requests for row in rows.values()} == {trace.num_requests}
+    assert rows["oracle"].gpu_hours_vs_oracle == 1.0
+    assert rows["oracle"].gpu_hours <= rows["static-peak"].gpu_hours
+    assert rows["static-mean"].gpu_hours <= rows["static-peak"].gpu_hours
+    # the oracle scales at the window edges where the need changes, and instantly
+    sizes = window_sizes(trace, parse_config({**base, "optimization_target": "sla"}), profile_perf, 60.0)
+    assert rows["oracle"].scaling_events == sum(1 for a, b in zip(sizes, sizes[1:], strict=False) if a != b)
+
+
+def test_planner_presets_run_in_the_loop(profile_perf: ProfilePerfModel) -> None:
+    """Every planner preset ticks in the simulator, and some scale for the load step (~17 then ~33 requests/s)."""
+    trace = busy_trace(30_000)
+    base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 60}
+    names = [n for n in DEFAULT_POLICIES if n not in ("static-peak", "static-mean", "oracle")]
+    runs = run_bench(build_policies(names, base, trace, profile_perf, window_s=60), trace, FWD, SimSpec(startup_s=30),
+                     ttft_ms=500, itl_ms=50)  # fmt: skip
+    for run in runs:
+        assert run.row.requests == trace.num_requests
+        assert math.isfinite(run.row.gpu_hours) and run.row.gpu_hours > 0
+        assert 0.0 <= run.row.sla_attainment <= 1.0
+    assert any(run.row.scaling_events > 0 for run in runs)
+
+
+def test_unknown_policy_is_refused(profile_perf: ProfilePerfModel) -> None:
+    trace = busy_trace(60, 60.0)
+    with pytest.raises(ValueError, match="unknown policy 'magic'"):
+        build_policies(["magic"], {}, trace, profile_perf, window_s=60)
+    with pytest.raises(ValueError, match="fixed:P:D"):
+        build_policies(["fixed:2"], {}, trace, profile_perf, window_s=60)
+
+
+def test_fixed_policy_never_scales() -> None:
+    trace = busy_trace(300, 300.0)
+    (run,) = run_bench([FixedPolicy(name="f", num_prefill=2, num_decode=3)], trace, FWD, SimSpec(), ttft_ms=1, itl_ms=1)
+    assert run.row.scaling_events == 0
+    assert run.result.worker_timeline[0][1:] == (2, 3)
+
+
+def test_cli_writes_json_and_html(tmp_path) -> None:
+    """`planner bench` on a small Azure-format trace: the JSON rows have the documented keys, the page is written."""
+    rng = np.random.default_rng(5)
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for offset_s, isl, osl in zip(
+        np.sort(rng.uniform(0, 600, 400)), rng.integers(100, 2000, 400), rng.integers(10, 200, 400), strict=True
+    ):
+        minutes, seconds = divmod(offset_s, 60)
+        lines.append(f"2023-11-16 18:{int(minutes):02d}:{seconds:010.7f},{isl},{osl}")
+    trace_path = tmp_path / "small.csv"
+    trace_path.write_text("\n".join(lines) + "\n")
+    out_json, out_html = tmp_path / "rows.json", tmp_path / "bench.html"
+    result = subprocess.run(
+        [sys.executable, "-m", "planner_core.cli", "bench", "--trace", str(trace_path), "--policies",
+         "oracle,static-peak,fixed:1:1", "--throughput-interval-s", "60", "--json", str(out_json), "--html",
+         str(out_html)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out_json.read_text())
+    assert [row["policy"] for row in rows] == ["oracle", "static-peak", "fixed:1:1"]
+    assert set(rows[0]) == {
+        "policy", "requests", "ttft_attainment", "itl_attainment", "sla_attainment", "goodput_rps", "gpu_hours",
+        "gpu_hours_vs_oracle", "scaling_events", "ttft_ms_mean", "ttft_ms_p90", "itl_ms_mean", "itl_ms_p90", "wall_s",
+    }  # fmt: skip
+    assert rows[0]["requests"] == 400
+    assert out_html.stat().st_size > 1_000_000 and "plotly" in out_html.read_text()[:200_000].lower()
+    assert "oracle" in result.stdout

@@ -28,9 +28,9 @@ Model:
   when a sequence slot (running + prefilling < `max_num_seqs`) and the KV fit. Pure-decode stretches run as
   segments, as above; an arriving request interrupts a segment at the next iteration boundary.
 - Prefix caching (`prefix_caching`, when the trace has prefix block ids): every prefill or aggregated engine keeps
-  an LRU cache of `max_kv_tokens // block_tokens` blocks. A request routed to the engine skips the leading blocks
-  of its prompt found there (at least one token is always computed); its blocks enter the cache when its
-  prefill is done. ITL is the mean gap between tokens after the first, so waiting for a slot counts.
+  an LRU cache of `max_kv_tokens // block_tokens` blocks. When the engine first schedules a request, the
+  leading blocks of its prompt found there are skipped (at least one token is always computed); its blocks enter
+  the cache as chunks complete them, and when the prompt is done they are ordered for eviction tail first.
 - Scaling is not free: a new worker is ready `startup_s` after it is requested; a removed worker first stops
   receiving requests, then leaves when its queue and batch are empty (starting workers are cancelled first).
   GPU-seconds accrue on starting, ready and draining workers.
@@ -118,8 +118,8 @@ class _Worker:
     requested_at_s: float
     ready_at_s: float
     gone_at_s: float = math.inf
-    # prefill: FIFO of [request index, prompt tokens left]; decode and agg: FIFO of request indices waiting for a
-    # slot (agg engines keep their admitted, still prefilling requests in `prefilling`)
+    # prefill: FIFO of [request index, prompt tokens left, scheduled yet]; decode and agg: FIFO of request indices
+    # waiting for a slot (agg engines keep their admitted, still prefilling requests in `prefilling`)
     queue: deque = field(default_factory=deque)
     queued_tokens: int = 0  # prompt tokens still to compute (prefill: queue; agg: queue + prefilling)
     queued_footprint: int = 0  # decode and agg: ISL + OSL of the waiting requests
@@ -201,6 +201,7 @@ class ClusterSimulator:
         self._finish_s = np.full(n, np.nan)
         self._joined_at: list[int] = [0] * n  # decode engine's iteration count at admission
         self._prefill_tokens: list[int] = [max(1, v) for v in self._isl_l]  # prompt tokens left after cache hits
+        self._blocks_cached: list[int] = [0] * n  # leading prefix blocks of the request in its engine's cache
         self._cached = np.zeros(n, dtype=np.int64)
         self._use_cache = spec.prefix_caching and trace.has_hashes
         self._events: list[tuple[float, int, int, int, object]] = []
@@ -492,8 +493,8 @@ class ClusterSimulator:
 
     def _enqueue(self, worker: _Worker, request: int) -> None:
         if worker.kind is _Kind.PREFILL:
-            tokens = self._lookup_prefix(worker, request)
-            worker.queue.append([request, tokens])
+            tokens = self._prefill_tokens[request]
+            worker.queue.append([request, tokens, False])
             worker.queued_tokens += tokens
             if not worker.busy:
                 self._start_prefill_iteration(worker)
@@ -502,7 +503,7 @@ class ClusterSimulator:
             worker.queued_footprint += self._footprint_l[request]
             self._admit_decode(worker)
         else:
-            worker.queued_tokens += self._lookup_prefix(worker, request)
+            worker.queued_tokens += self._prefill_tokens[request]
             worker.queue.append(request)
             worker.queued_footprint += self._footprint_l[request]
             self._wake_agg(worker)
@@ -510,7 +511,10 @@ class ClusterSimulator:
     # prefix cache --------------------------------------------------------------------------------------------
 
     def _lookup_prefix(self, worker: _Worker, request: int) -> int:
-        """Prompt tokens the engine must compute for `request`: its ISL less the leading blocks in the cache."""
+        """Prompt tokens the engine must compute for `request`: its ISL less the leading blocks in the cache.
+
+        Looked up when the engine first schedules the request (as an engine's scheduler does), not on arrival, so
+        a prefix computed while the request waited in the queue counts."""
         cache = worker.cache
         if cache is None:
             return self._prefill_tokens[request]
@@ -523,21 +527,36 @@ class ClusterSimulator:
         isl = self._isl_l[request]
         hit_tokens = max(0, min(hit_blocks * self.trace.block_tokens, isl - 1))
         self._cached[request] = hit_tokens
+        self._blocks_cached[request] = hit_blocks
         tokens = max(1, isl - hit_tokens)
         self._prefill_tokens[request] = tokens
         return tokens
 
-    def _cache_insert(self, worker: _Worker, request: int) -> None:
+    def _cache_progress(self, worker: _Worker, request: int, tokens_left: int) -> None:
+        """Blocks of the prompt computed so far enter the cache: every full block after each chunk, the last
+        (partial) one when the prompt is done."""
         cache = worker.cache
         if cache is None:
             return
-        for block in self.trace.request_hashes(request).tolist():
-            if block in cache:
-                cache.move_to_end(block)
-            else:
-                cache[block] = None
-                if len(cache) > worker.cache_blocks:
-                    cache.popitem(last=False)
+        blocks = self.trace.request_hashes(request)
+        computed = self._isl_l[request] - tokens_left
+        upto = len(blocks) if tokens_left <= 0 else min(len(blocks), computed // self.trace.block_tokens)
+        start = self._blocks_cached[request]
+        if upto > start:
+            self._blocks_cached[request] = upto
+            for block in blocks[start:upto].tolist():
+                if block in cache:
+                    cache.move_to_end(block)
+                else:
+                    cache[block] = None
+                    if len(cache) > worker.cache_blocks:
+                        cache.popitem(last=False)
+        if tokens_left <= 0:
+            # The finished request's blocks become evictable tail first, so its first blocks, which later
+            # prompts can share, are the last of them to go (a prefix match needs them; a tail alone is useless).
+            for block in reversed(blocks.tolist()):
+                if block in cache:
+                    cache.move_to_end(block)
 
     # prefill -------------------------------------------------------------------------------------------------
 
@@ -547,6 +566,11 @@ class ClusterSimulator:
         for entry in worker.queue:
             if budget <= 0 or len(chunk) >= limits.max_num_seqs:
                 break
+            if not entry[2]:
+                entry[2] = True
+                tokens = self._lookup_prefix(worker, entry[0])
+                worker.queued_tokens -= entry[1] - tokens
+                entry[1] = tokens
             take = min(entry[1], budget)
             chunk.append((entry[0], take))
             budget -= take
@@ -564,9 +588,9 @@ class ClusterSimulator:
             assert head[0] == request
             head[1] -= take
             worker.queued_tokens -= take
+            self._cache_progress(worker, request, head[1])
             if head[1] <= 0:
                 worker.queue.popleft()
-                self._cache_insert(worker, request)
                 handoff_s = self.now_s + transfer_s_per_token * self._isl_l[request]
                 if self.spec.first_token_from_decode:
                     self._push(handoff_s, _DECODE_HANDOFF, request)
@@ -703,7 +727,10 @@ class ClusterSimulator:
             worker.queue.popleft()
             worker.queued_footprint -= footprint
             worker.reserved_kv += footprint
-            worker.prefilling.append([request, self._prefill_tokens[request]])
+            before = self._prefill_tokens[request]
+            tokens = self._lookup_prefix(worker, request)
+            worker.queued_tokens -= before - tokens
+            worker.prefilling.append([request, tokens])
 
     def _next_agg_iteration(self, worker: _Worker, start_s: float) -> None:
         worker.segment_version += 1
@@ -742,10 +769,10 @@ class ClusterSimulator:
             assert head[0] == request
             head[1] -= take
             worker.queued_tokens -= take
+            self._cache_progress(worker, request, head[1])
             if head[1] > 0:
                 continue
             worker.prefilling.popleft()
-            self._cache_insert(worker, request)
             self._first_token(request, self.now_s)  # the iteration that ends a prompt samples its first token
             if self._osl_l[request] <= 1:
                 self._finish_s[request] = self.now_s

@@ -129,7 +129,8 @@ class _Worker:
     # (iteration at which it is done, request) so completions pop in O(log n)
     running: set[int] = field(default_factory=set)
     finish_heap: list[tuple[int, int]] = field(default_factory=list)
-    just_joined: list[int] = field(default_factory=list)  # decode: first token due at the next iteration's end
+    # decode: requests admitted at the running segment's start; their first token is its first iteration's end
+    first_pending: list[int] = field(default_factory=list)
     iter_count: int = 0
     sum_isl_running: int = 0
     sum_joined_running: int = 0
@@ -617,13 +618,27 @@ class ClusterSimulator:
     def _interrupt_segment(self, worker: _Worker) -> float | None:
         """End the running decode segment at the end of the iteration in progress: the boundary's time, or None
         when the segment ends there anyway (its end event then does the work)."""
-        elapsed = max(0.0, self.now_s - worker.segment_start_s)
-        done = min(worker.segment_iters, int(elapsed // worker.segment_iter_s) + 1)
-        if done >= worker.segment_iters:
-            return None
+        if self.now_s <= worker.segment_start_s:
+            # The segment has not begun (it starts now, or at a boundary still ahead): join it from its start.
+            done = 0
+        else:
+            elapsed = self.now_s - worker.segment_start_s
+            done = min(worker.segment_iters, int(elapsed // worker.segment_iter_s) + 1)
+            if done >= worker.segment_iters:
+                return None
+            self._stamp_first_tokens(worker)
         worker.iter_count += done
         worker.segment_iters = 0
         return worker.segment_start_s + done * worker.segment_iter_s
+
+    def _stamp_first_tokens(self, worker: _Worker) -> None:
+        """The running segment's first iteration is done: the requests admitted at its start have their first
+        token at its end."""
+        if worker.first_pending:
+            first_s = worker.segment_start_s + worker.segment_iter_s
+            for request in worker.first_pending:
+                self._first_token(request, first_s)
+            worker.first_pending.clear()
 
     def _admit_decode(self, worker: _Worker) -> None:
         """Admit waiting requests at the next iteration boundary and restart the segment."""
@@ -657,7 +672,7 @@ class ClusterSimulator:
             worker.reserved_kv += footprint
             self._join(worker, request, self._osl_l[request] - 1 + extra)
             if extra:
-                worker.just_joined.append(request)
+                worker.first_pending.append(request)
 
     def _start_segment(self, worker: _Worker, start_s: float) -> None:
         worker.segment_version += 1
@@ -671,12 +686,6 @@ class ClusterSimulator:
         iter_s = self.fwd.decode_wall_s(num_running, mid_kv)
         worker.segment_start_s, worker.segment_iter_s, worker.segment_iters = start_s, iter_s, iterations
         worker.last_iter_s = iter_s
-        if worker.just_joined:
-            # A segment always completes its first iteration (an interruption ends it at an iteration boundary
-            # after at least one), so the newly admitted requests' first token is at its end.
-            for request in worker.just_joined:
-                self._first_token(request, start_s + iter_s)
-            worker.just_joined.clear()
         self._push(start_s + iterations * iter_s, _SEGMENT_END, (worker, worker.segment_version))
 
     def _finish_running(self, worker: _Worker) -> None:
@@ -693,6 +702,7 @@ class ClusterSimulator:
         worker, version = payload  # type: ignore[misc]
         if version != worker.segment_version:
             return  # superseded by an admission
+        self._stamp_first_tokens(worker)
         worker.iter_count += worker.segment_iters
         worker.segment_iters = 0
         self._finish_running(worker)

@@ -206,6 +206,7 @@ class ClusterSimulator:
         self._cached = np.zeros(n, dtype=np.int64)
         self._use_cache = spec.prefix_caching and trace.has_hashes
         self._events: list[tuple[float, int, int, int, object]] = []
+        self._horizon_s = 0.0  # the latest time any event was scheduled for
         self._seq = itertools.count()
         self._workers: dict[Component, list[_Worker]] = {Component.PREFILL: [], Component.DECODE: []}
         self._router_queue: dict[Component, deque[int]] = {Component.PREFILL: deque(), Component.DECODE: deque()}
@@ -244,8 +245,8 @@ class ClusterSimulator:
         and GPU-seconds with it, stop at the last event."""
         limit_s = self.trace.duration_s + grace_s
         while self._events and self._events[0][0] <= limit_s:
-            # Run up to the last event scheduled so far (new ones may follow), in one call.
-            self.run_until(min(limit_s, max(self._events[0][0], self._last_event_s())))
+            # Run up to the latest event scheduled so far (more may follow), in one call.
+            self.run_until(min(limit_s, self._horizon_s))
         if self._events:
             self.run_until(limit_s)
 
@@ -389,11 +390,10 @@ class ClusterSimulator:
         itl[decode_tokens <= 0] = np.nan
         return itl
 
-    def _last_event_s(self) -> float:
-        return max(event[0] for event in self._events)
-
     def _push(self, at_s: float, kind: int, payload: object, version: int = 0) -> None:
         heapq.heappush(self._events, (at_s, kind, next(self._seq), version, payload))
+        if at_s > self._horizon_s:
+            self._horizon_s = at_s
 
     def _schedule_next_arrival(self) -> None:
         if self._next_arrival < self.trace.num_requests:

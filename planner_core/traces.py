@@ -7,13 +7,19 @@ Loading is I/O; everything else here is pure.
 
 Formats (chosen by suffix; a `.jsonl` / `.jsonl.gz` file is sniffed from its first record):
 - Azure LLM inference CSV: `TIMESTAMP` (wall clock, UTC), `ContextTokens`, `GeneratedTokens`.
-- Mooncake JSONL: `timestamp` (ms, relative to the trace's zero), `input_length`, `output_length`.
+- Mooncake JSONL: `timestamp` (ms, relative to the trace's zero), `input_length`, `output_length`, and optionally
+  `hash_ids` (ids of the prompt's 512-token prefix blocks: equal ids mean equal content, for prefix caching).
 - Dynamo `dynamo.request.trace.v1` JSONL: only `request_end` events count; arrival
   `request.request_received_ms` (Unix ms), lengths `request.replay.input_length` and `request.output_tokens`.
   A record may be wrapped as `{"event": {...}}`. Other event types (e.g. `tool_end`) are skipped.
 
 `load_traces(spec)` takes a file, a glob or a folder (searched recursively for `.csv`, `.jsonl`, `.jsonl.gz`)
 and merges the files on one global time origin, as Dynamo does for warm-up shards.
+
+Making load from a base trace (all pure): `RequestTrace.scaled` (more requests per second, same duration),
+`RequestTrace.compressed` (the same requests in less time), and `shape_trace` (the base trace's requests and
+burstiness under a rate shape, e.g. ServeGen's daily cycle from `load_servegen_shape`, for multi-hour and
+multi-day load).
 """
 
 from __future__ import annotations
@@ -66,6 +72,21 @@ class RequestTrace:
     isl: np.ndarray  # input tokens
     osl: np.ndarray  # output tokens
     clock_offset_s: float = 0.0
+    # Prefix blocks, when the trace has them (Mooncake `hash_ids`): request i's block ids are
+    # `hash_ids[hash_offsets[i]:hash_offsets[i + 1]]`, each id standing for `block_tokens` prompt tokens.
+    hash_ids: np.ndarray | None = None  # int64, all requests' ids one after the other
+    hash_offsets: np.ndarray | None = None  # int64, num_requests + 1
+    block_tokens: int = 512
+
+    @property
+    def has_hashes(self) -> bool:
+        return self.hash_ids is not None and self.hash_offsets is not None
+
+    def request_hashes(self, index: int) -> np.ndarray:
+        """Prefix block ids of request `index` (empty when the trace has none)."""
+        if self.hash_ids is None or self.hash_offsets is None:
+            return np.empty(0, dtype=np.int64)
+        return self.hash_ids[self.hash_offsets[index] : self.hash_offsets[index + 1]]
 
     @property
     def duration_s(self) -> float:
@@ -97,12 +118,48 @@ class RequestTrace:
         keep_fraction = np.zeros(self.num_requests, dtype=bool)
         keep_fraction[np.argsort(keys, kind="stable")[: int(round(self.num_requests * fraction))]] = True
         parts = []
+        index = np.arange(self.num_requests)
         for copy in range(num_copies):
             keep = np.ones(self.num_requests, dtype=bool) if copy < whole else keep_fraction
-            parts.append((self.arrival_s[keep] + copy * gap_s / num_copies, self.isl[keep], self.osl[keep]))
-        arrival, isl, osl = (np.concatenate([part[i] for part in parts]) for i in range(3))
+            parts.append((self.arrival_s[keep] + copy * gap_s / num_copies, index[keep]))
+        arrival = np.concatenate([part[0] for part in parts])
+        taken = np.concatenate([part[1] for part in parts])
+        hashes = None
+        if self.has_hashes:
+            # A copy is another user with the same request shape: its prefix blocks are its own (ids shifted per
+            # copy), so repeating a request does not turn into prefix-cache hits the base trace never had.
+            id_span = int(self.hash_ids.max()) + 1 if len(self.hash_ids) else 1  # type: ignore[union-attr]
+            shift = np.concatenate([np.full(len(part[1]), copy, dtype=np.int64) for copy, part in enumerate(parts)])
+            hashes = _take_hashes(self, taken, shift * id_span)
         return _build(
-            f"{self.source} x{rate_factor:g}", self.start_epoch_s, arrival, isl, osl, clock_offset_s=self.clock_offset_s
+            f"{self.source} x{rate_factor:g}",
+            self.start_epoch_s,
+            arrival,
+            self.isl[taken],
+            self.osl[taken],
+            clock_offset_s=self.clock_offset_s,
+            hashes=hashes,
+            block_tokens=self.block_tokens,
+        )
+
+    def compressed(self, factor: float) -> RequestTrace:
+        """The same requests in `1 / factor` of the time: every arrival offset divided by `factor` (> 1 speeds
+        the trace up, < 1 slows it down). The request rate grows by `factor`; lengths and prefixes are unchanged.
+        """
+        if not (isinstance(factor, int | float) and math.isfinite(factor) and factor > 0):
+            raise ValueError(f"{self.source}: compression factor must be a finite number > 0, got {factor!r}")
+        if factor == 1:
+            return self
+        return RequestTrace(
+            source=f"{self.source} /{factor:g}",
+            start_epoch_s=self.start_epoch_s,
+            arrival_s=_frozen(self.arrival_s / factor),
+            isl=self.isl,
+            osl=self.osl,
+            clock_offset_s=self.clock_offset_s / factor,
+            hash_ids=self.hash_ids,
+            hash_offsets=self.hash_offsets,
+            block_tokens=self.block_tokens,
         )
 
     def window(self, start_s: float, end_s: float) -> slice:
@@ -213,10 +270,46 @@ def _frozen(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def _build(source: str, start_epoch_s: float, arrival_s, isl, osl, *, clock_offset_s: float = 0.0) -> RequestTrace:
+_Hashes = tuple[np.ndarray, np.ndarray]  # (flat ids, offsets): the CSR layout of RequestTrace.hash_ids
+
+
+def _reorder_hashes(
+    ids: np.ndarray, offsets: np.ndarray, order: np.ndarray, shift: np.ndarray | None = None
+) -> _Hashes:
+    """Block ids of requests `order[0], order[1], ...` (indices into the CSR `ids`/`offsets`, repeats allowed),
+    each request's ids plus `shift[k]` when given."""
+    lengths = np.diff(offsets)[order]
+    new_offsets = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    within = np.arange(int(new_offsets[-1]), dtype=np.int64) - np.repeat(new_offsets[:-1], lengths)
+    new_ids = ids[np.repeat(offsets[:-1][order], lengths) + within]
+    if shift is not None:
+        new_ids = new_ids + np.repeat(shift, lengths)
+    return new_ids.astype(np.int64, copy=False), new_offsets
+
+
+def _take_hashes(trace: RequestTrace, taken: np.ndarray, shift: np.ndarray | None = None) -> _Hashes:
+    assert trace.hash_ids is not None and trace.hash_offsets is not None
+    return _reorder_hashes(trace.hash_ids, trace.hash_offsets, taken, shift)
+
+
+def _build(
+    source: str,
+    start_epoch_s: float,
+    arrival_s,
+    isl,
+    osl,
+    *,
+    clock_offset_s: float = 0.0,
+    hashes: _Hashes | None = None,
+    block_tokens: int = 512,
+) -> RequestTrace:
     arrival = np.asarray(arrival_s, dtype=float)
     order = np.argsort(arrival, kind="stable")
     arrival = arrival[order]
+    hash_ids = hash_offsets = None
+    if hashes is not None:
+        hash_ids, hash_offsets = (_frozen(a) for a in _reorder_hashes(*hashes, order))
     return RequestTrace(
         source=source,
         start_epoch_s=start_epoch_s + float(arrival[0]),
@@ -224,6 +317,9 @@ def _build(source: str, start_epoch_s: float, arrival_s, isl, osl, *, clock_offs
         isl=_frozen(np.asarray(isl, dtype=float)[order]),
         osl=_frozen(np.asarray(osl, dtype=float)[order]),
         clock_offset_s=clock_offset_s + float(arrival[0]),
+        hash_ids=hash_ids,
+        hash_offsets=hash_offsets,
+        block_tokens=block_tokens,
     )
 
 
@@ -236,6 +332,7 @@ class _Requests:
     clock: np.ndarray  # Azure: int64 ns since the Unix epoch; Mooncake: ms from the trace's zero; Dynamo: Unix ms
     isl: np.ndarray
     osl: np.ndarray
+    hashes: _Hashes | None = None  # Mooncake `hash_ids`, when the file has them
 
 
 def _assemble(source: str, parts: list[_Requests]) -> RequestTrace:
@@ -255,7 +352,27 @@ def _assemble(source: str, parts: list[_Requests]) -> RequestTrace:
     first_s = float(first) / 1000.0
     if kind is TraceFormat.DYNAMO_V1:
         return _build(source, first_s, (clock - first) / 1000.0, isl, osl)
-    return _build(source, MOONCAKE_EPOCH_S + first_s, (clock - first) / 1000.0, isl, osl, clock_offset_s=first_s)
+    hashes = _concat_hashes(parts)
+    return _build(
+        source, MOONCAKE_EPOCH_S + first_s, (clock - first) / 1000.0, isl, osl, clock_offset_s=first_s, hashes=hashes
+    )
+
+
+def _concat_hashes(parts: list[_Requests]) -> _Hashes | None:
+    """All files' prefix blocks in one CSR (a file without any counts as requests without prefix data)."""
+    if all(part.hashes is None for part in parts):
+        return None
+    ids, lengths = [], []
+    for part in parts:
+        if part.hashes is None:
+            lengths.append(np.zeros(len(part.clock), dtype=np.int64))
+        else:
+            ids.append(part.hashes[0])
+            lengths.append(np.diff(part.hashes[1]))
+    all_lengths = np.concatenate(lengths)
+    offsets = np.zeros(len(all_lengths) + 1, dtype=np.int64)
+    np.cumsum(all_lengths, out=offsets[1:])
+    return (np.concatenate(ids).astype(np.int64) if ids else np.empty(0, dtype=np.int64)), offsets
 
 
 def _trace_suffix(path: Path) -> str:
@@ -355,8 +472,21 @@ def detect_format(path: str | Path) -> TraceFormat:
 _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 
 
+def _hash_list(path: Path, line_no: int, value: Any) -> list[int]:
+    """A record's `hash_ids`: a list of integers >= 0."""
+    if not isinstance(value, list):
+        raise TraceError(f"{path}: line {line_no} field 'hash_ids' = {value!r} is not a list of integers >= 0")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise TraceError(f"{path}: line {line_no} field 'hash_ids' holds {item!r}, not an integer >= 0")
+    return value
+
+
 def _read_mooncake_jsonl(path: Path) -> _Requests:
     rows: list[list[float]] = []
+    hash_ids: list[int] = []
+    hash_lengths: list[int] = []
+    any_hashes = False
     for line_no, line in _json_lines(path):
         try:
             record = json.loads(line)
@@ -374,14 +504,25 @@ def _read_mooncake_jsonl(path: Path) -> _Requests:
             if not math.isfinite(value) or value < 0:
                 raise TraceError(f"{path}: line {line_no} field '{key}' = {record[key]!r} is not a number >= 0")
         rows.append(values)
+        # A record without `hash_ids` has no prefix data: no block of it can be found in a cache.
+        blocks = _hash_list(path, line_no, record["hash_ids"]) if "hash_ids" in record else []
+        any_hashes = any_hashes or "hash_ids" in record
+        hash_ids.extend(blocks)
+        hash_lengths.append(len(blocks))
     if not rows:
         raise TraceError(f"{path}: no requests")
     table = np.asarray(rows, dtype=float)
-    return _Requests(path, TraceFormat.MOONCAKE, table[:, 0], table[:, 1], table[:, 2])
+    hashes = None
+    if any_hashes:
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(np.asarray(hash_lengths, dtype=np.int64), out=offsets[1:])
+        hashes = (np.asarray(hash_ids, dtype=np.int64), offsets)
+    return _Requests(path, TraceFormat.MOONCAKE, table[:, 0], table[:, 1], table[:, 2], hashes)
 
 
 def load_mooncake_jsonl(path: Path) -> RequestTrace:
-    """Mooncake trace: one JSON object per line with `timestamp` (ms, relative), `input_length`, `output_length`."""
+    """Mooncake trace: one JSON object per line with `timestamp` (ms, relative), `input_length`, `output_length`,
+    optionally `hash_ids` (512-token prefix blocks)."""
     return _assemble(str(path), [_read_mooncake_jsonl(Path(path))])
 
 
@@ -514,3 +655,153 @@ def load_traces(spec: str | Path) -> RequestTrace:
             )
     source = str(paths[0]) if len(paths) == 1 else f"{spec} ({len(paths)} files)"
     return _assemble(source, parts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rate shapes (ServeGen) and shaped traces
+# ---------------------------------------------------------------------------------------------------------
+
+DAY_S = 86_400.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateShape:
+    """A relative request rate over time, constant within equal windows (window `k` covers
+    `[k * window_s, (k + 1) * window_s)`). Only the ratios matter; `shape_trace` sets the absolute rate."""
+
+    source: str
+    window_s: float
+    rates: np.ndarray  # >= 0, read-only, not all 0
+
+    @property
+    def duration_s(self) -> float:
+        return self.window_s * len(self.rates)
+
+    def daily(self) -> RateShape:
+        """The mean day: each time-of-day window averaged over the shape's days (whole days only, at least one)."""
+        per_day = DAY_S / self.window_s
+        if per_day != round(per_day) or len(self.rates) < per_day:
+            raise ValueError(f"{self.source}: a daily shape needs whole days of {self.window_s:g} s windows")
+        per_day = round(per_day)
+        days = len(self.rates) // per_day
+        mean_day = self.rates[: days * per_day].reshape(days, per_day).mean(axis=0)
+        return RateShape(source=f"{self.source} (mean of {days} days)", window_s=self.window_s, rates=_frozen(mean_day))
+
+    def over(self, start_s: float, duration_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """Piecewise-constant pieces covering `[start_s, start_s + duration_s)` of the shape, repeated cyclically:
+        (piece boundaries as offsets from `start_s`, one more than rates; the rate of each piece)."""
+        if not (math.isfinite(duration_s) and duration_s > 0 and math.isfinite(start_s) and start_s >= 0):
+            raise ValueError(f"{self.source}: need start >= 0 and duration > 0, got {start_s!r}, {duration_s!r}")
+        first = int(start_s // self.window_s)
+        last = int(math.ceil((start_s + duration_s) / self.window_s))
+        windows = np.arange(first, max(last, first + 1))
+        edges = np.clip(np.append(windows, windows[-1] + 1) * self.window_s - start_s, 0.0, duration_s)
+        return edges, self.rates[windows % len(self.rates)]
+
+    def peak_to_mean(self, start_s: float = 0.0, duration_s: float | None = None) -> float:
+        """Busiest window's rate over the mean rate of `[start_s, start_s + duration_s)` (default: the whole shape)."""
+        edges, rates = self.over(start_s, self.duration_s if duration_s is None else duration_s)
+        return float(rates.max() / (np.sum(rates * np.diff(edges)) / edges[-1]))
+
+
+def load_servegen_shape(path: str | Path) -> RateShape:
+    """ServeGen's request-rate trace: one CSV per client (`chunk-N-trace.csv`, no header; columns `window_start_s`,
+    `rate`, `cv`, inter-arrival family, two parameters), or a folder of them, whose rates are summed per window.
+    ServeGen gives relative rates only, so the result is a shape, not a request trace.
+
+    Raises:
+        TraceError: no CSV files, or a row with a bad window start or rate (one line naming file, row, value).
+    """
+    root = Path(path)
+    files = sorted(root.rglob("*.csv")) if root.is_dir() else [root]
+    if not files or not files[0].exists():
+        raise TraceError(f"{root}: no ServeGen CSV files")
+    starts_all: list[np.ndarray] = []
+    rates_all: list[np.ndarray] = []
+    for file in files:
+        rows = []
+        with file.open(encoding="utf-8") as handle:
+            for row_no, line in enumerate(handle, start=1):
+                fields = line.strip().split(",")
+                if fields == [""]:
+                    continue
+                try:
+                    start, rate = float(fields[0]), float(fields[1])
+                except (IndexError, ValueError) as exc:
+                    raise TraceError(
+                        f"{file}: row {row_no}: expected 'window_start_s,rate,...', got {line.strip()!r}"
+                    ) from exc
+                if not (math.isfinite(start) and start >= 0):
+                    raise TraceError(f"{file}: row {row_no} field 'window_start_s' = {fields[0]!r} is not a time >= 0")
+                if not (math.isfinite(rate) and rate >= 0):
+                    raise TraceError(f"{file}: row {row_no} field 'rate' = {fields[1]!r} is not a rate >= 0")
+                rows.append((start, rate))
+        if rows:
+            table = np.asarray(rows)
+            starts_all.append(table[:, 0])
+            rates_all.append(table[:, 1])
+    if not starts_all:
+        raise TraceError(f"{root}: no ServeGen rows")
+    starts = np.concatenate(starts_all)
+    rates = np.concatenate(rates_all)
+    distinct = np.unique(starts)
+    window_s = float(np.min(np.diff(distinct))) if len(distinct) > 1 else 600.0
+    index = np.rint(starts / window_s).astype(np.int64)
+    total = np.bincount(index - index.min(), weights=rates)
+    if not total.any():
+        raise TraceError(f"{root}: every rate is 0")
+    return RateShape(source=str(root), window_s=window_s, rates=_frozen(total))
+
+
+def shape_trace(
+    base: RequestTrace,
+    shape: RateShape,
+    *,
+    duration_s: float,
+    rate_factor: float = 1.0,
+    start_s: float = 0.0,
+) -> RequestTrace:
+    """`duration_s` of load whose request rate follows `shape` from `start_s` on (cyclically), made of the base
+    trace's requests.
+
+    The base trace is repeated back to back and its time axis warped so the cumulative request count follows
+    the shape: request `i` at base time `u_i` arrives at the `t` where the shape's cumulative area, scaled to
+    a mean of `rate_factor` times the base's mean rate, reaches the base's count at `u_i`. Lengths, prefixes and
+    the base's burstiness (relative inter-arrival gaps) are kept; the mean rate over the span is `rate_factor`
+    times the base's, the peak `rate_factor * shape.peak_to_mean(start_s, duration_s)` times. Each repetition's
+    prefix blocks are its own (ids shifted), like the copies of `RequestTrace.scaled`.
+    """
+    if not (math.isfinite(rate_factor) and rate_factor > 0):
+        raise ValueError(f"{base.source}: rate factor must be a finite number > 0, got {rate_factor!r}")
+    if base.num_requests < 2:
+        raise ValueError(f"{base.source}: a base trace needs at least 2 requests")
+    edges, rates = shape.over(start_s, duration_s)
+    # Cumulative shape area, normalised to the span's mean rate: area(duration) == duration.
+    area = np.concatenate([[0.0], np.cumsum(rates * np.diff(edges))])
+    area *= duration_s / area[-1]
+    # Base time needed: rate_factor * duration_s. One repetition spans the base's duration plus one mean gap, so
+    # repetitions do not land on one instant at the seams.
+    period_s = base.duration_s * base.num_requests / (base.num_requests - 1)
+    needed_s = rate_factor * duration_s
+    copies = int(math.ceil(needed_s / period_s))
+    base_time = np.concatenate([base.arrival_s + k * period_s for k in range(copies)])
+    keep = base_time < needed_s
+    base_time = base_time[keep]
+    taken = np.tile(np.arange(base.num_requests), copies)[keep]
+    # Invert the piecewise-linear cumulative area; windows of rate 0 (flat area) receive no request.
+    area_unique, first = np.unique(area, return_index=True)
+    arrival = np.interp(base_time / rate_factor, area_unique, edges[first])
+    hashes = None
+    if base.has_hashes:
+        id_span = int(base.hash_ids.max()) + 1 if len(base.hash_ids) else 1  # type: ignore[union-attr]
+        shift = np.repeat(np.arange(copies, dtype=np.int64), base.num_requests)[keep] * id_span
+        hashes = _take_hashes(base, taken, shift)
+    return _build(
+        f"{base.source} shaped by {shape.source} from {start_s:g} s for {duration_s:g} s x{rate_factor:g}",
+        base.start_epoch_s,
+        arrival,
+        base.isl[taken],
+        base.osl[taken],
+        hashes=hashes,
+        block_tokens=base.block_tokens,
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -32,6 +33,9 @@ class LinearFwd:
 
 
 FWD = LinearFwd()
+# The first token when the prefill (plus transfer) ends, so TTFT is the prefill alone: for tests of the prefill
+# engines. The default spec has the decode engine emit it (one decode iteration later).
+PREFILL_END = SimSpec(first_token_from_decode=False)
 
 
 def make_trace(arrival_s: list[float], isl: list[int], osl: list[int]) -> RequestTrace:
@@ -50,25 +54,48 @@ def run(trace: RequestTrace, spec: SimSpec | None = None, *, num_prefill: int = 
 
 
 def test_single_request_latencies() -> None:
-    # prefill 1000 tokens: 0.010 + 0.01 = 0.020 s -> TTFT 20 ms (no transfer cost)
-    # decode 100 - 1 = 99 iterations in one segment at the midpoint KV 1000 + 99 / 2 = 1049.5:
-    # 0.005 + 1e-4 + 1049.5e-8 = 0.0051104950 s per token
+    # prefill 1000 tokens: 0.010 + 0.01 = 0.020 s (no transfer cost); the decode engine then runs all 100 output
+    # tokens in one segment at the midpoint KV 1000 + 100 / 2 = 1050: 0.005 + 1e-4 + 1050e-8 = 0.0051105 s each.
+    # TTFT = 0.020 + 0.0051105 (the first decode iteration); the other 99 tokens follow one iteration apart.
     _, result = run(make_trace([0.0], [1000], [100]))
+    iter_s = 0.005 + 1e-4 + 1050e-8
+    assert result.ttft_s[0] == pytest.approx(0.020 + iter_s)
+    assert result.itl_s[0] == pytest.approx(iter_s)
+    assert result.finish_s[0] == pytest.approx(0.020 + 100 * iter_s)
+
+
+def test_single_request_latencies_first_token_at_prefill_end() -> None:
+    # TTFT 20 ms (the prefill); decode 99 iterations at the midpoint KV 1000 + 99 / 2 = 1049.5:
+    # 0.005 + 1e-4 + 1049.5e-8 = 0.0051104950 s per token
+    _, result = run(make_trace([0.0], [1000], [100]), PREFILL_END)
     assert result.ttft_s[0] == pytest.approx(0.020)
     iter_s = 0.005 + 1e-4 + 1049.5e-8
     assert result.itl_s[0] == pytest.approx(iter_s)
     assert result.finish_s[0] == pytest.approx(0.020 + 99 * iter_s)
 
 
+def test_one_token_request_still_passes_through_decode() -> None:
+    # OSL 1: prefill 0.020 s, then one decode iteration at KV 1000 + 1/2: 0.005 + 1e-4 + 1000.5e-8 s, which is
+    # both the first and the last token. At prefill end instead, it is done with the prefill.
+    iter_s = 0.005 + 1e-4 + 1000.5e-8
+    _, result = run(make_trace([0.0], [1000], [1]))
+    assert (result.ttft_s[0], result.finish_s[0]) == pytest.approx((0.020 + iter_s, 0.020 + iter_s))
+    assert np.isnan(result.itl_s[0])
+    _, result = run(make_trace([0.0], [1000], [1]), PREFILL_END)
+    assert (result.ttft_s[0], result.finish_s[0]) == pytest.approx((0.020, 0.020))
+
+
 def test_kv_transfer_adds_to_ttft() -> None:
     # 1000 tokens * 20 us = 20 ms on top of the 20 ms prefill
-    _, result = run(make_trace([0.0], [1000], [10]), SimSpec(kv_transfer_s_per_token=20e-6))
+    _, result = run(
+        make_trace([0.0], [1000], [10]), SimSpec(kv_transfer_s_per_token=20e-6, first_token_from_decode=False)
+    )
     assert result.ttft_s[0] == pytest.approx(0.040)
 
 
 def test_chunked_prefill_splits_at_max_num_batched_tokens() -> None:
     # A 20,000-token prompt runs as chunks of 8192 + 8192 + 3616: 3 * 0.010 + 20,000e-5 = 0.23 s.
-    _, result = run(make_trace([0.0], [20_000], [2]))
+    _, result = run(make_trace([0.0], [20_000], [2]), PREFILL_END)
     assert result.ttft_s[0] == pytest.approx(0.23)
 
 
@@ -77,14 +104,14 @@ def test_prompts_share_a_chunk_while_the_engine_is_busy() -> None:
     # 0.01 s while it runs; the next chunk takes all 6000 of request 1 and 2192 of request 2 (0.010 + 0.08192 s),
     # the last one the remaining 3808 tokens of request 2 (0.010 + 0.03808 s).
     trace = make_trace([0.0, 0.01, 0.01], [6000, 6000, 6000], [2, 2, 2])
-    _, result = run(trace)
+    _, result = run(trace, PREFILL_END)
     second_end = 0.07 + 0.010 + 8192e-5
     assert result.ttft_s.tolist() == pytest.approx([0.07, second_end - 0.01, second_end + 0.010 + 3808e-5 - 0.01])
 
 
 def test_max_num_seqs_limits_a_prefill_chunk() -> None:
     # max_num_seqs 1: each 100-token prompt is its own iteration of 0.010 + 0.001 s.
-    spec = SimSpec(prefill_limits=EngineLimits(max_num_seqs=1))
+    spec = SimSpec(prefill_limits=EngineLimits(max_num_seqs=1), first_token_from_decode=False)
     _, result = run(make_trace([0.0, 0.0, 0.0], [100, 100, 100], [2, 2, 2]), spec)
     assert result.ttft_s.tolist() == pytest.approx([0.011, 0.022, 0.033])
 
@@ -94,7 +121,7 @@ def test_a_request_joining_mid_segment_starts_at_the_next_iteration() -> None:
     # Request 1 arrives at 0.5 s; its prefill ends at 0.520 s and it joins request 0's batch at the end of the
     # iteration in progress then. Both finish, and request 0's ITL grows because the batch grew.
     trace = make_trace([0.0, 0.5], [1000, 1000], [500, 500])
-    _, result = run(trace)
+    _, result = run(trace, PREFILL_END)
     alone_iter_s = 0.005 + 1e-4 + (1000 + 499 / 2) * 1e-8
     assert result.ttft_s[1] == pytest.approx(0.020)
     joined_iters = math.floor((0.520 - 0.020) / alone_iter_s) + 1
@@ -110,7 +137,12 @@ def test_kv_capacity_makes_requests_wait_for_a_slot() -> None:
     spec = SimSpec(decode_limits=EngineLimits(max_kv_tokens=1500))
     _, result = run(make_trace([0.0, 0.0], [1000, 1000], [100, 100]), spec)
     assert result.finish_s[1] > result.finish_s[0]
-    # its first decode iteration starts only when request 0 is done, so its mean ITL includes that wait
+    # its first token comes from the decode engine, so the wait for the slot is part of its TTFT
+    assert result.ttft_s[1] > result.finish_s[0]
+    # with the first token at prefill end, the wait shows in its mean ITL instead
+    _, result = run(
+        make_trace([0.0, 0.0], [1000, 1000], [100, 100]), dataclasses.replace(spec, first_token_from_decode=False)
+    )
     assert result.itl_s[1] > 1.5 * result.itl_s[0]
 
 
@@ -144,7 +176,7 @@ def test_scale_down_cancels_starting_workers_first_then_drains() -> None:
 @pytest.mark.parametrize("router", list(RouterPolicy))
 def test_routers_spread_requests(router: RouterPolicy) -> None:
     trace = make_trace([0.0] * 8, [4000] * 8, [2] * 8)
-    sim, result = run(trace, SimSpec(router=router), num_prefill=4)
+    sim, result = run(trace, SimSpec(router=router, first_token_from_decode=False), num_prefill=4)
     # 8 prompts of 4000 tokens at t=0 on 4 engines, 2 per engine: the first starts alone (0.010 + 0.04 s), the
     # second follows it (0.1 s).
     assert sorted(result.ttft_s.tolist()) == pytest.approx([0.05] * 4 + [0.1] * 4)

@@ -46,6 +46,7 @@ __all__ = [
     "capacity_comparison",
     "decode_hull_interior",
     "format_report",
+    "holdout_model",
     "summarize",
 ]
 
@@ -133,6 +134,52 @@ def decode_hull_interior(decode: DecodeProfile) -> np.ndarray:
     for a, b, c in ConvexHull(points).equations:
         interior &= np.abs(a * points[:, 0] + b * points[:, 1] + c) > 1e-9
     return interior
+
+
+def holdout_model(
+    profile: EngineProfile,
+    *,
+    prefill_isl: Sequence[float] = (),
+    decode_points: Sequence[tuple[float, float]] = (),
+) -> ProfileForwardPassModel:
+    """The profile-backed model built without some of the profile's points, to check predictions against them.
+
+    Args:
+        profile: the full profile.
+        prefill_isl: ISLs of the prefill rows to leave out.
+        decode_points: `(context length, batch)` of the decode rows to leave out, batch being
+            `kv usage * max_kv_tokens / context length` (matched within 0.5).
+
+    Raises:
+        ValueError: a point that is not in the profile.
+    """
+    prefill = profile.prefill
+    keep_prefill = np.ones(prefill.isl.size, dtype=bool)
+    for isl in prefill_isl:
+        match = np.flatnonzero(prefill.isl == isl)
+        if match.size == 0:
+            raise ValueError(f"{prefill.source_file}: no prefill point at ISL {isl:g}")
+        keep_prefill[match] = False
+    decode = profile.decode
+    batch = decode.kv_usage * decode.max_kv_tokens / decode.context_length
+    keep_decode = np.ones(decode.kv_usage.size, dtype=bool)
+    for context, size in decode_points:
+        match = np.flatnonzero((decode.context_length == context) & (np.abs(batch - size) <= 0.5))
+        if match.size == 0:
+            raise ValueError(f"{decode.source_file}: no decode point at context {context:g}, batch {size:g}")
+        keep_decode[match] = False
+    kept_prefill = PrefillProfile(
+        isl=prefill.isl[keep_prefill],
+        ttft_ms=prefill.ttft_ms[keep_prefill],
+        thpt_per_gpu=prefill.thpt_per_gpu[keep_prefill],
+        source_file=prefill.source_file,
+    )
+    kept_decode = DecodeProfile(
+        **{name: values[keep_decode] for name, values in _decode_arrays(decode).items()},
+        max_kv_tokens=decode.max_kv_tokens,
+        source_file=decode.source_file,
+    )
+    return ProfileForwardPassModel(kept_prefill, kept_decode)
 
 
 def _drop(profile_arrays: dict[str, np.ndarray], index: int) -> dict[str, np.ndarray]:

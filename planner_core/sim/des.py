@@ -1,26 +1,42 @@
-"""Discrete-event simulator of a disaggregated prefill/decode serving cluster, driven by a request trace.
+"""Discrete-event simulator of a serving cluster (disaggregated prefill/decode pools, or one pool of aggregated
+engines), driven by a request trace.
 
 Role: the rig that tells what a scaling policy costs (GPU-hours) and what it delivers (per-request TTFT and ITL)
 without GPUs. Engine time comes from a `ForwardPassModel` (calibrated on measured data), so the simulator and the
 planner's SLA models share one notion of engine speed.
 
 Model:
-- Prefill engines run chunked prefill: each iteration takes prompt tokens from the head of the engine's FIFO queue,
-  at most `max_num_batched_tokens` tokens and `max_num_seqs` requests, and lasts `prefill_wall_s(tokens)`. A
-  request's first token appears when its last chunk finishes plus the KV transfer time
-  (`kv_transfer_s_per_token * ISL`); TTFT is measured from arrival.
+- Prefill engines (disaggregated) run chunked prefill: each iteration takes prompt tokens from the head of the
+  engine's FIFO queue, at most `max_num_batched_tokens` tokens and `max_num_seqs` requests, and lasts
+  `prefill_wall_s(tokens)`. When a prompt's last chunk is done its KV cache moves to a decode engine
+  (`kv_transfer_s_per_token * ISL`).
 - Decode engines run continuous batching: every iteration advances each running request by one token and lasts
   `decode_wall_s(num_running, kv_tokens)`. A request is admitted when a sequence slot is free and its whole
   footprint (ISL + OSL tokens) fits the free KV cache (reserved at admission, so no preemption), otherwise it
-  waits in the engine's queue. Its ITL is the mean gap between its tokens after the first, so waiting for a
-  slot counts. To stay fast, iterations are not events: between membership changes a decode engine runs a
-  segment of identical-length iterations (the KV size at the segment's midpoint); an admission interrupts the
-  segment at the next iteration boundary.
+  waits in the engine's queue. To stay fast, iterations are not events: between membership changes a decode
+  engine runs a segment of identical-length iterations (the KV size at the segment's midpoint); an admission
+  interrupts the segment at the next iteration boundary.
+- First token: with `first_token_from_decode` (default) the client's first token is the decode engine's first
+  iteration after admission, as in a disaggregated deployment where the decode worker streams every token (the
+  prefill worker's sampled token is not returned); the request then decodes OSL iterations. Otherwise the first
+  token appears when the prefill (plus transfer) ends and decode runs OSL - 1 iterations.
+- Aggregated engines (`SimSpec.aggregated`, the decode pool only, `decode_limits`): chunked prefill piggybacked
+  on the decode batch. Each iteration every running request decodes one token and takes one token of the
+  `max_num_batched_tokens` budget; the rest of the budget goes to admitted prompts in FIFO order. A mixed
+  iteration lasts `mixed_wall_s(prefill tokens, num_decode, kv)` (`prefill_wall_s` with nothing decoding); the
+  iteration that finishes a prompt yields its first token. A prompt is admitted (its ISL + OSL KV reserved)
+  when a sequence slot (running + prefilling < `max_num_seqs`) and the KV fit. Pure-decode stretches run as
+  segments, as above; an arriving request interrupts a segment at the next iteration boundary.
+- Prefix caching (`prefix_caching`, when the trace has prefix block ids): every prefill or aggregated engine keeps
+  an LRU cache of `max_kv_tokens // block_tokens` blocks. When the engine first schedules a request, the
+  leading blocks of its prompt found there are skipped (at least one token is always computed); its blocks enter
+  the cache as chunks complete them, and when the prompt is done they are ordered for eviction tail first.
 - Scaling is not free: a new worker is ready `startup_s` after it is requested; a removed worker first stops
   receiving requests, then leaves when its queue and batch are empty (starting workers are cancelled first).
   GPU-seconds accrue on starting, ready and draining workers.
 - A router spreads requests over ready, non-draining workers: round-robin or least-loaded (queued prompt tokens
-  for prefill; reserved KV tokens for decode). With no ready worker, requests wait at the router.
+  for prefill; reserved plus waiting KV tokens for decode and aggregated engines). With no ready worker,
+  requests wait at the router.
 
 Deterministic for a given trace, spec and scaling timeline. No wall clock; time is the offset (s) from the first
 request of the trace.
@@ -32,7 +48,7 @@ import enum
 import heapq
 import itertools
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,13 +73,27 @@ class RouterPolicy(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimSpec:
-    """Static description of the simulated cluster."""
+    """Static description of the simulated cluster.
+
+    Attributes:
+        prefill_limits, decode_limits: per-engine limits of each pool (aggregated engines use `decode_limits`).
+        startup_s: time from asking for a worker to its being ready.
+        kv_transfer_s_per_token: prefill-to-decode KV transfer time per prompt token (disaggregated only).
+        router: how requests are spread over ready workers.
+        aggregated: one pool of aggregated engines (create the simulator with `num_prefill=0`).
+        first_token_from_decode: disaggregated TTFT ends with the decode engine's first iteration (see the
+            module docstring); False: it ends when the prefill and the KV transfer are done.
+        prefix_caching: reuse cached prefix blocks when the trace has block ids (`RequestTrace.hash_ids`).
+    """
 
     prefill_limits: EngineLimits = field(default_factory=EngineLimits)
     decode_limits: EngineLimits = field(default_factory=EngineLimits)
     startup_s: float = 120.0
     kv_transfer_s_per_token: float = 0.0
     router: RouterPolicy = RouterPolicy.LEAST_LOADED
+    aggregated: bool = False
+    first_token_from_decode: bool = True
+    prefix_caching: bool = True
 
 
 class _WorkerState(enum.Enum):
@@ -73,22 +103,34 @@ class _WorkerState(enum.Enum):
     GONE = "gone"
 
 
+class _Kind(enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    AGG = "agg"
+
+
 @dataclass(slots=True, eq=False)
 class _Worker:
     worker_id: str
     component: Component
+    kind: _Kind
     state: _WorkerState
     requested_at_s: float
     ready_at_s: float
     gone_at_s: float = math.inf
-    # prefill: FIFO of [request index, prompt tokens left]; decode: FIFO of request indices waiting for a slot
+    # prefill: FIFO of [request index, prompt tokens left, scheduled yet]; decode and agg: FIFO of request indices
+    # waiting for a slot (agg engines keep their admitted, still prefilling requests in `prefilling`)
     queue: deque = field(default_factory=deque)
-    queued_tokens: int = 0
-    busy: bool = False
-    # decode only: request j has produced `iter_count - joined_at[j]` tokens; `finish_heap` holds
+    queued_tokens: int = 0  # prompt tokens still to compute (prefill: queue; agg: queue + prefilling)
+    queued_footprint: int = 0  # decode and agg: ISL + OSL of the waiting requests
+    busy: bool = False  # an iteration event is in flight (prefill, or an agg mixed iteration)
+    prefilling: deque = field(default_factory=deque)  # agg: [request index, prompt tokens left]
+    # decode and agg: request j has produced `iter_count - joined_at[j]` tokens; `finish_heap` holds
     # (iteration at which it is done, request) so completions pop in O(log n)
     running: set[int] = field(default_factory=set)
     finish_heap: list[tuple[int, int]] = field(default_factory=list)
+    # decode: requests admitted at the running segment's start; their first token is its first iteration's end
+    first_pending: list[int] = field(default_factory=list)
     iter_count: int = 0
     sum_isl_running: int = 0
     sum_joined_running: int = 0
@@ -98,13 +140,18 @@ class _Worker:
     segment_iter_s: float = 0.0
     segment_iters: int = 0
     last_iter_s: float = 0.0
+    last_chunk_requests: int = 0
+    last_chunk_tokens: int = 0
+    # prefill and agg with prefix caching: block id -> None, least recently used first
+    cache: OrderedDict | None = None
+    cache_blocks: int = 0
 
     @property
     def idle(self) -> bool:
-        return not self.queue and not self.running and not self.busy
+        return not self.queue and not self.running and not self.busy and not self.prefilling
 
 
-_ARRIVAL, _READY, _PREFILL_DONE, _DECODE_HANDOFF, _SEGMENT_END = range(5)
+_ARRIVAL, _READY, _PREFILL_DONE, _DECODE_HANDOFF, _SEGMENT_END, _AGG_ITER_END = range(6)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,10 +164,15 @@ class SimResult:
     gpu_s: float
     num_scaling_events: int
     worker_timeline: tuple[tuple[float, int, int], ...]  # (time, ready prefill, ready decode) at each change
+    cached_tokens: np.ndarray | None = None  # prompt tokens found in a prefix cache (0 without block ids)
 
 
 class ClusterSimulator:
-    """A mutable simulation run. Drive it with `run_until(t)`, read `observe()`, change it with `set_targets()`."""
+    """A mutable simulation run. Drive it with `run_until(t)`, read `observe()`, change it with `set_targets()`.
+
+    Aggregated mode (`spec.aggregated`): pass `num_prefill=0` and the aggregated engines as `num_decode`; they
+    are the decode pool for `set_targets`, `worker_counts` and `latest_fpm`.
+    """
 
     def __init__(
         self,
@@ -131,18 +183,30 @@ class ClusterSimulator:
         num_prefill: int,
         num_decode: int,
     ) -> None:
+        if spec.aggregated and num_prefill:
+            raise ValueError(f"aggregated mode has no prefill pool: num_prefill must be 0, got {num_prefill}")
         self.trace = trace
         self.fwd = fwd
         self.spec = spec
         self.now_s = 0.0
         self._isl = np.asarray(trace.isl, dtype=np.int64)
         self._osl = np.maximum(np.asarray(trace.osl, dtype=np.int64), 1)
+        # Python ints for the hot paths (NumPy scalars are slow to index and add one by one).
+        self._isl_l: list[int] = self._isl.tolist()
+        self._osl_l: list[int] = self._osl.tolist()
+        self._footprint_l: list[int] = (self._isl + self._osl).tolist()
+        self._arrival_l: list[float] = np.asarray(trace.arrival_s, dtype=float).tolist()
         n = trace.num_requests
         self._ttft_s = np.full(n, np.nan)
         self._first_token_s = np.full(n, np.nan)
         self._finish_s = np.full(n, np.nan)
-        self._joined_at = np.zeros(n, dtype=np.int64)  # decode engine's iteration count at admission
+        self._joined_at: list[int] = [0] * n  # decode engine's iteration count at admission
+        self._prefill_tokens: list[int] = [max(1, v) for v in self._isl_l]  # prompt tokens left after cache hits
+        self._blocks_cached: list[int] = [0] * n  # leading prefix blocks of the request in its engine's cache
+        self._cached = np.zeros(n, dtype=np.int64)
+        self._use_cache = spec.prefix_caching and trace.has_hashes
         self._events: list[tuple[float, int, int, int, object]] = []
+        self._horizon_s = 0.0  # the latest time any event was scheduled for
         self._seq = itertools.count()
         self._workers: dict[Component, list[_Worker]] = {Component.PREFILL: [], Component.DECODE: []}
         self._router_queue: dict[Component, deque[int]] = {Component.PREFILL: deque(), Component.DECODE: deque()}
@@ -150,9 +214,11 @@ class ClusterSimulator:
         self._names = itertools.count()
         self._gpu_s = 0.0
         self._gpu_clock_s = 0.0
+        self._held_gpus = 0  # GPUs of starting, ready and draining workers
         self._num_scaling_events = 0
         self._timeline: list[tuple[float, int, int]] = []
         self._next_arrival = 0
+        self._decode_iters_extra = 1 if spec.first_token_from_decode else 0
         for component, count in ((Component.PREFILL, num_prefill), (Component.DECODE, num_decode)):
             for _ in range(count):
                 self._add_worker(component, ready_at_s=0.0)
@@ -163,9 +229,12 @@ class ClusterSimulator:
 
     def run_until(self, until_s: float) -> None:
         """Process every event up to `until_s` (inclusive) and advance the clock there."""
-        while self._events and self._events[0][0] <= until_s:
-            at_s, kind, _, _, payload = heapq.heappop(self._events)
-            self._accrue_gpu(at_s)
+        events = self._events
+        while events and events[0][0] <= until_s:
+            at_s, kind, _, _, payload = heapq.heappop(events)
+            if at_s > self._gpu_clock_s:
+                self._gpu_s += self._held_gpus * (at_s - self._gpu_clock_s)
+                self._gpu_clock_s = at_s
             self.now_s = at_s
             self._handle(kind, payload)
         self._accrue_gpu(until_s)
@@ -176,12 +245,15 @@ class ClusterSimulator:
         and GPU-seconds with it, stop at the last event."""
         limit_s = self.trace.duration_s + grace_s
         while self._events and self._events[0][0] <= limit_s:
-            self.run_until(self._events[0][0])
+            # Run up to the latest event scheduled so far (more may follow), in one call.
+            self.run_until(min(limit_s, self._horizon_s))
         if self._events:
             self.run_until(limit_s)
 
     def set_targets(self, num_prefill: int | None, num_decode: int | None) -> None:
         """Ask for `num_prefill` / `num_decode` workers (None leaves a pool alone)."""
+        if self.spec.aggregated and num_prefill:
+            raise ValueError(f"aggregated mode has no prefill pool: num_prefill must be 0 or None, got {num_prefill}")
         for component, target in ((Component.PREFILL, num_prefill), (Component.DECODE, num_decode)):
             if target is None:
                 continue
@@ -197,7 +269,7 @@ class ClusterSimulator:
                     (w for w in live if w.state is _WorkerState.STARTING), key=lambda w: -w.requested_at_s
                 )
                 for worker in starting[:surplus]:
-                    worker.state, worker.gone_at_s = _WorkerState.GONE, self.now_s
+                    self._set_gone(worker)
                 surplus -= min(surplus, len(starting))
                 ready = sorted((w for w in live if w.state is _WorkerState.READY), key=self._load)
                 for worker in ready[:surplus]:
@@ -270,14 +342,30 @@ class ClusterSimulator:
             if worker.state is not _WorkerState.READY:
                 continue
             kv = self._kv_now(worker)
-            queued_kv = int(sum(self._isl[i] for i in worker.queue))
+            queued_kv = sum(self._isl_l[i] for i in worker.queue)
+            computing = worker.busy or bool(worker.running)
+            if worker.kind is _Kind.AGG:
+                in_chunk = worker.last_chunk_tokens if worker.busy else 0
+                scheduled = ScheduledRequests(
+                    num_prefill_requests=worker.last_chunk_requests if worker.busy else 0,
+                    sum_prefill_tokens=in_chunk,
+                    num_decode_requests=len(worker.running),
+                    sum_decode_kv_tokens=kv,
+                )
+                queued = QueuedRequests(
+                    num_prefill_requests=len(worker.queue) + len(worker.prefilling),
+                    sum_prefill_tokens=max(0, worker.queued_tokens - in_chunk),
+                )
+            else:
+                scheduled = ScheduledRequests(num_decode_requests=len(worker.running), sum_decode_kv_tokens=kv)
+                queued = QueuedRequests(num_decode_requests=len(worker.queue), sum_decode_kv_tokens=queued_kv)
             snapshots.append(
                 ForwardPassMetrics(
                     component=Component.DECODE,
                     worker_id=worker.worker_id,
-                    wall_time_s=worker.last_iter_s if worker.running else 0.0,
-                    scheduled=ScheduledRequests(num_decode_requests=len(worker.running), sum_decode_kv_tokens=kv),
-                    queued=QueuedRequests(num_decode_requests=len(worker.queue), sum_decode_kv_tokens=queued_kv),
+                    wall_time_s=worker.last_iter_s if computing else 0.0,
+                    scheduled=scheduled,
+                    queued=queued,
                 )
             )
         return tuple(snapshots)
@@ -290,6 +378,7 @@ class ClusterSimulator:
             gpu_s=self._gpu_s,
             num_scaling_events=self._num_scaling_events,
             worker_timeline=tuple(self._timeline),
+            cached_tokens=self._cached.copy(),
         )
 
     # --- internals -----------------------------------------------------------------------------------------
@@ -303,10 +392,12 @@ class ClusterSimulator:
 
     def _push(self, at_s: float, kind: int, payload: object, version: int = 0) -> None:
         heapq.heappush(self._events, (at_s, kind, next(self._seq), version, payload))
+        if at_s > self._horizon_s:
+            self._horizon_s = at_s
 
     def _schedule_next_arrival(self) -> None:
         if self._next_arrival < self.trace.num_requests:
-            self._push(float(self.trace.arrival_s[self._next_arrival]), _ARRIVAL, self._next_arrival)
+            self._push(self._arrival_l[self._next_arrival], _ARRIVAL, self._next_arrival)
             self._next_arrival += 1
 
     def _gpus(self, component: Component) -> int:
@@ -314,13 +405,9 @@ class ClusterSimulator:
         return limits.num_gpu
 
     def _accrue_gpu(self, to_s: float) -> None:
-        if to_s <= self._gpu_clock_s:
-            return
-        held = 0
-        for component, workers in self._workers.items():
-            held += self._gpus(component) * sum(w.state is not _WorkerState.GONE for w in workers)
-        self._gpu_s += held * (to_s - self._gpu_clock_s)
-        self._gpu_clock_s = to_s
+        if to_s > self._gpu_clock_s:
+            self._gpu_s += self._held_gpus * (to_s - self._gpu_clock_s)
+            self._gpu_clock_s = to_s
 
     def _record_timeline(self) -> None:
         counts = self.worker_counts()
@@ -331,17 +418,35 @@ class ClusterSimulator:
     def _add_worker(self, component: Component, *, ready_at_s: float) -> None:
         name = f"{component.value}-{next(self._names)}"
         state = _WorkerState.READY if ready_at_s <= self.now_s else _WorkerState.STARTING
+        if component is Component.PREFILL:
+            kind, limits = _Kind.PREFILL, self.spec.prefill_limits
+        else:
+            kind = _Kind.AGG if self.spec.aggregated else _Kind.DECODE
+            limits = self.spec.decode_limits
         worker = _Worker(
-            worker_id=name, component=component, state=state, requested_at_s=self.now_s, ready_at_s=ready_at_s
+            worker_id=name,
+            component=component,
+            kind=kind,
+            state=state,
+            requested_at_s=self.now_s,
+            ready_at_s=ready_at_s,
         )
+        if self._use_cache and kind is not _Kind.DECODE:
+            worker.cache = OrderedDict()
+            worker.cache_blocks = max(1, limits.max_kv_tokens // self.trace.block_tokens)
         self._workers[component].append(worker)
+        self._held_gpus += limits.num_gpu
         if state is _WorkerState.STARTING:
             self._push(ready_at_s, _READY, worker)
 
+    def _set_gone(self, worker: _Worker) -> None:
+        worker.state, worker.gone_at_s = _WorkerState.GONE, self.now_s
+        self._held_gpus -= self._gpus(worker.component)
+
     def _load(self, worker: _Worker) -> float:
-        if worker.component is Component.PREFILL:
+        if worker.kind is _Kind.PREFILL:
             return worker.queued_tokens
-        return worker.reserved_kv + sum(int(self._isl[i] + self._osl[i]) for i in worker.queue)
+        return worker.reserved_kv + worker.queued_footprint
 
     def _pick(self, component: Component) -> _Worker | None:
         ready = [w for w in self._workers[component] if w.state is _WorkerState.READY]
@@ -356,7 +461,7 @@ class ClusterSimulator:
         if kind == _ARRIVAL:
             assert isinstance(payload, int)
             self._schedule_next_arrival()
-            self._route(Component.PREFILL, payload)
+            self._route(Component.DECODE if self.spec.aggregated else Component.PREFILL, payload)
         elif kind == _READY:
             assert isinstance(payload, _Worker)
             if payload.state is _WorkerState.STARTING:
@@ -371,6 +476,9 @@ class ClusterSimulator:
             self._route(Component.DECODE, payload)
         elif kind == _SEGMENT_END:
             self._end_segment(payload)
+        elif kind == _AGG_ITER_END:
+            assert isinstance(payload, tuple)
+            self._end_agg_iteration(*payload)
 
     def _route(self, component: Component, request: int) -> None:
         worker = self._pick(component)
@@ -385,15 +493,71 @@ class ClusterSimulator:
             self._enqueue(worker, waiting.popleft())
 
     def _enqueue(self, worker: _Worker, request: int) -> None:
-        if worker.component is Component.PREFILL:
-            tokens = int(self._isl[request])
-            worker.queue.append([request, tokens])
+        if worker.kind is _Kind.PREFILL:
+            tokens = self._prefill_tokens[request]
+            worker.queue.append([request, tokens, False])
             worker.queued_tokens += tokens
             if not worker.busy:
                 self._start_prefill_iteration(worker)
-        else:
+        elif worker.kind is _Kind.DECODE:
             worker.queue.append(request)
+            worker.queued_footprint += self._footprint_l[request]
             self._admit_decode(worker)
+        else:
+            worker.queued_tokens += self._prefill_tokens[request]
+            worker.queue.append(request)
+            worker.queued_footprint += self._footprint_l[request]
+            self._wake_agg(worker)
+
+    # prefix cache --------------------------------------------------------------------------------------------
+
+    def _lookup_prefix(self, worker: _Worker, request: int) -> int:
+        """Prompt tokens the engine must compute for `request`: its ISL less the leading blocks in the cache.
+
+        Looked up when the engine first schedules the request (as an engine's scheduler does), not on arrival, so
+        a prefix computed while the request waited in the queue counts."""
+        cache = worker.cache
+        if cache is None:
+            return self._prefill_tokens[request]
+        hit_blocks = 0
+        for block in self.trace.request_hashes(request).tolist():
+            if block not in cache:
+                break
+            cache.move_to_end(block)
+            hit_blocks += 1
+        isl = self._isl_l[request]
+        hit_tokens = max(0, min(hit_blocks * self.trace.block_tokens, isl - 1))
+        self._cached[request] = hit_tokens
+        self._blocks_cached[request] = hit_blocks
+        tokens = max(1, isl - hit_tokens)
+        self._prefill_tokens[request] = tokens
+        return tokens
+
+    def _cache_progress(self, worker: _Worker, request: int, tokens_left: int) -> None:
+        """Blocks of the prompt computed so far enter the cache: every full block after each chunk, the last
+        (partial) one when the prompt is done."""
+        cache = worker.cache
+        if cache is None:
+            return
+        blocks = self.trace.request_hashes(request)
+        computed = self._isl_l[request] - tokens_left
+        upto = len(blocks) if tokens_left <= 0 else min(len(blocks), computed // self.trace.block_tokens)
+        start = self._blocks_cached[request]
+        if upto > start:
+            self._blocks_cached[request] = upto
+            for block in blocks[start:upto].tolist():
+                if block in cache:
+                    cache.move_to_end(block)
+                else:
+                    cache[block] = None
+                    if len(cache) > worker.cache_blocks:
+                        cache.popitem(last=False)
+        if tokens_left <= 0:
+            # The finished request's blocks become evictable tail first, so its first blocks, which later
+            # prompts can share, are the last of them to go (a prefix match needs them; a tail alone is useless).
+            for block in reversed(blocks.tolist()):
+                if block in cache:
+                    cache.move_to_end(block)
 
     # prefill -------------------------------------------------------------------------------------------------
 
@@ -403,6 +567,11 @@ class ClusterSimulator:
         for entry in worker.queue:
             if budget <= 0 or len(chunk) >= limits.max_num_seqs:
                 break
+            if not entry[2]:
+                entry[2] = True
+                tokens = self._lookup_prefix(worker, entry[0])
+                worker.queued_tokens -= entry[1] - tokens
+                entry[1] = tokens
             take = min(entry[1], budget)
             chunk.append((entry[0], take))
             budget -= take
@@ -414,23 +583,31 @@ class ClusterSimulator:
         self._push(self.now_s + self.fwd.prefill_wall_s(tokens), _PREFILL_DONE, (worker, tuple(chunk)))
 
     def _finish_prefill_iteration(self, worker: _Worker, chunk: tuple[tuple[int, int], ...]) -> None:
+        transfer_s_per_token = self.spec.kv_transfer_s_per_token
         for request, take in chunk:
             head = worker.queue[0]
             assert head[0] == request
             head[1] -= take
             worker.queued_tokens -= take
+            self._cache_progress(worker, request, head[1])
             if head[1] <= 0:
                 worker.queue.popleft()
-                first_token_s = self.now_s + self.spec.kv_transfer_s_per_token * float(self._isl[request])
-                self._first_token_s[request] = first_token_s
-                self._ttft_s[request] = first_token_s - float(self.trace.arrival_s[request])
-                if self._osl[request] <= 1:
-                    self._finish_s[request] = first_token_s
+                handoff_s = self.now_s + transfer_s_per_token * self._isl_l[request]
+                if self.spec.first_token_from_decode:
+                    self._push(handoff_s, _DECODE_HANDOFF, request)
+                    continue
+                self._first_token(request, handoff_s)
+                if self._osl_l[request] <= 1:
+                    self._finish_s[request] = handoff_s
                 else:
-                    self._push(first_token_s, _DECODE_HANDOFF, request)
+                    self._push(handoff_s, _DECODE_HANDOFF, request)
         worker.busy = False
         self._start_prefill_iteration(worker)
         self._retire_if_idle(worker)
+
+    def _first_token(self, request: int, at_s: float) -> None:
+        self._first_token_s[request] = at_s
+        self._ttft_s[request] = at_s - self._arrival_l[request]
 
     # decode --------------------------------------------------------------------------------------------------
 
@@ -438,35 +615,64 @@ class ClusterSimulator:
         """KV tokens held by the running requests: prompts plus the tokens generated so far."""
         return worker.sum_isl_running + len(worker.running) * worker.iter_count - worker.sum_joined_running
 
+    def _interrupt_segment(self, worker: _Worker) -> float | None:
+        """End the running decode segment at the end of the iteration in progress: the boundary's time, or None
+        when the segment ends there anyway (its end event then does the work)."""
+        if self.now_s <= worker.segment_start_s:
+            # The segment has not begun (it starts now, or at a boundary still ahead): join it from its start.
+            done = 0
+        else:
+            elapsed = self.now_s - worker.segment_start_s
+            done = min(worker.segment_iters, int(elapsed // worker.segment_iter_s) + 1)
+            if done >= worker.segment_iters:
+                return None
+            self._stamp_first_tokens(worker)
+        worker.iter_count += done
+        worker.segment_iters = 0
+        return worker.segment_start_s + done * worker.segment_iter_s
+
+    def _stamp_first_tokens(self, worker: _Worker) -> None:
+        """The running segment's first iteration is done: the requests admitted at its start have their first
+        token at its end."""
+        if worker.first_pending:
+            first_s = worker.segment_start_s + worker.segment_iter_s
+            for request in worker.first_pending:
+                self._first_token(request, first_s)
+            worker.first_pending.clear()
+
     def _admit_decode(self, worker: _Worker) -> None:
         """Admit waiting requests at the next iteration boundary and restart the segment."""
         if worker.running and worker.segment_iters > 0:
-            # Interrupt the running segment at the end of the iteration in progress.
-            elapsed = max(0.0, self.now_s - worker.segment_start_s)
-            done = min(worker.segment_iters, int(elapsed // worker.segment_iter_s) + 1)
-            if done >= worker.segment_iters:
-                return  # the segment ends at that boundary anyway; admission happens there
-            worker.iter_count += done
-            boundary_s = worker.segment_start_s + done * worker.segment_iter_s
+            boundary_s = self._interrupt_segment(worker)
+            if boundary_s is None:
+                return  # admission happens at the segment's end
         else:
             boundary_s = self.now_s
         self._take_waiting(worker)
         self._start_segment(worker, boundary_s)
 
+    def _join(self, worker: _Worker, request: int, decode_iterations: int) -> None:
+        """`request` joins the running batch and is done after `decode_iterations` more iterations."""
+        worker.running.add(request)
+        worker.sum_isl_running += self._isl_l[request]
+        worker.sum_joined_running += worker.iter_count
+        self._joined_at[request] = worker.iter_count
+        heapq.heappush(worker.finish_heap, (worker.iter_count + decode_iterations, request))
+
     def _take_waiting(self, worker: _Worker) -> None:
         limits = self.spec.decode_limits
+        extra = self._decode_iters_extra
         while worker.queue and len(worker.running) < limits.max_num_seqs:
             request = worker.queue[0]
-            footprint = int(self._isl[request] + self._osl[request])
+            footprint = self._footprint_l[request]
             if worker.running and worker.reserved_kv + footprint > limits.max_kv_tokens:
                 break
             worker.queue.popleft()
-            worker.running.add(request)
+            worker.queued_footprint -= footprint
             worker.reserved_kv += footprint
-            worker.sum_isl_running += int(self._isl[request])
-            worker.sum_joined_running += worker.iter_count
-            self._joined_at[request] = worker.iter_count
-            heapq.heappush(worker.finish_heap, (worker.iter_count + int(self._osl[request]) - 1, request))
+            self._join(worker, request, self._osl_l[request] - 1 + extra)
+            if extra:
+                worker.first_pending.append(request)
 
     def _start_segment(self, worker: _Worker, start_s: float) -> None:
         worker.segment_version += 1
@@ -482,25 +688,112 @@ class ClusterSimulator:
         worker.last_iter_s = iter_s
         self._push(start_s + iterations * iter_s, _SEGMENT_END, (worker, worker.segment_version))
 
-    def _end_segment(self, payload: object) -> None:
-        worker, version = payload  # type: ignore[misc]
-        if version != worker.segment_version:
-            return  # superseded by an admission
-        worker.iter_count += worker.segment_iters
-        worker.segment_iters = 0
+    def _finish_running(self, worker: _Worker) -> None:
+        """Requests whose last token came with the iteration just completed leave the batch."""
         while worker.finish_heap and worker.finish_heap[0][0] <= worker.iter_count:
             _, request = heapq.heappop(worker.finish_heap)
             worker.running.discard(request)
             self._finish_s[request] = self.now_s
-            worker.reserved_kv -= int(self._isl[request] + self._osl[request])
-            worker.sum_isl_running -= int(self._isl[request])
-            worker.sum_joined_running -= int(self._joined_at[request])
+            worker.reserved_kv -= self._footprint_l[request]
+            worker.sum_isl_running -= self._isl_l[request]
+            worker.sum_joined_running -= self._joined_at[request]
+
+    def _end_segment(self, payload: object) -> None:
+        worker, version = payload  # type: ignore[misc]
+        if version != worker.segment_version:
+            return  # superseded by an admission
+        self._stamp_first_tokens(worker)
+        worker.iter_count += worker.segment_iters
+        worker.segment_iters = 0
+        self._finish_running(worker)
+        if worker.kind is _Kind.AGG:
+            self._next_agg_iteration(worker, self.now_s)
+            return
         self._take_waiting(worker)
         self._start_segment(worker, self.now_s)
+
+    # aggregated ----------------------------------------------------------------------------------------------
+
+    def _wake_agg(self, worker: _Worker) -> None:
+        """A request arrived at an aggregated engine: start an iteration now if idle, at the next boundary if
+        decoding, or leave it to the mixed iteration in flight."""
+        if worker.busy:
+            return
+        if worker.running and worker.segment_iters > 0:
+            boundary_s = self._interrupt_segment(worker)
+            if boundary_s is None:
+                return
+        else:
+            boundary_s = self.now_s
+        self._next_agg_iteration(worker, boundary_s)
+
+    def _admit_agg(self, worker: _Worker) -> None:
+        limits = self.spec.decode_limits
+        while worker.queue and len(worker.running) + len(worker.prefilling) < limits.max_num_seqs:
+            request = worker.queue[0]
+            footprint = self._footprint_l[request]
+            if (worker.running or worker.prefilling) and worker.reserved_kv + footprint > limits.max_kv_tokens:
+                break
+            worker.queue.popleft()
+            worker.queued_footprint -= footprint
+            worker.reserved_kv += footprint
+            before = self._prefill_tokens[request]
+            tokens = self._lookup_prefix(worker, request)
+            worker.queued_tokens -= before - tokens
+            worker.prefilling.append([request, tokens])
+
+    def _next_agg_iteration(self, worker: _Worker, start_s: float) -> None:
+        worker.segment_version += 1
+        worker.segment_iters = 0
+        self._admit_agg(worker)
+        limits = self.spec.decode_limits
+        # Every running request decodes one token this iteration, out of the same token budget.
+        budget = limits.max_num_batched_tokens - len(worker.running)
+        chunk = []
+        for entry in worker.prefilling:
+            if budget <= 0:
+                break
+            take = min(entry[1], budget)
+            chunk.append((entry[0], take))
+            budget -= take
+        if not chunk:
+            self._start_segment(worker, start_s)  # nothing to prefill (or no budget left): decode only
+            return
+        tokens = sum(take for _, take in chunk)
+        if worker.running:
+            iter_s = self.fwd.mixed_wall_s(tokens, len(worker.running), self._kv_now(worker))
+        else:
+            iter_s = self.fwd.prefill_wall_s(tokens)
+        worker.busy = True
+        worker.last_iter_s = iter_s
+        worker.last_chunk_requests, worker.last_chunk_tokens = len(chunk), tokens
+        self._push(start_s + iter_s, _AGG_ITER_END, (worker, tuple(chunk)))
+
+    def _end_agg_iteration(self, worker: _Worker, chunk: tuple[tuple[int, int], ...]) -> None:
+        worker.busy = False
+        if worker.running:
+            worker.iter_count += 1
+            self._finish_running(worker)
+        for request, take in chunk:
+            head = worker.prefilling[0]
+            assert head[0] == request
+            head[1] -= take
+            worker.queued_tokens -= take
+            self._cache_progress(worker, request, head[1])
+            if head[1] > 0:
+                continue
+            worker.prefilling.popleft()
+            self._first_token(request, self.now_s)  # the iteration that ends a prompt samples its first token
+            if self._osl_l[request] <= 1:
+                self._finish_s[request] = self.now_s
+                worker.reserved_kv -= self._footprint_l[request]
+            else:
+                self._join(worker, request, self._osl_l[request] - 1)
+        self._next_agg_iteration(worker, self.now_s)
 
     # draining ------------------------------------------------------------------------------------------------
 
     def _retire_if_idle(self, worker: _Worker) -> None:
         if worker.state is _WorkerState.DRAINING and worker.idle:
-            worker.state, worker.gone_at_s = _WorkerState.GONE, self.now_s
+            self._set_gone(worker)
             self._record_timeline()

@@ -1,8 +1,9 @@
-"""Serve the planner's deployments: `throughput-tick`, `load-tick` and `execute-decisions`.
+"""Serve the planner's deployments: `throughput-tick`, `load-tick`, `execute-decisions` and `replay-ticks`.
 
 Interval schedules come from the config; each deployment allows one run at a time and cancels a new run that
 would overlap (`CANCEL_NEW`), so a slow tick is never run twice concurrently. The load-tick deployment is
 created paused when the config has load scaling off, so it is visible in the UI but does not run.
+`replay-ticks` has no schedule: it runs when started from the UI (or `prefect deployment run`) with a range.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
+from flows.replay import replay_ticks
 from flows.ticks import DEFAULT_CONFIG, execute_decisions, load_tick, throughput_tick
 from planner_core.config import PlannerConfig, load_config
 from planner_core.settings import RuntimeSettings
@@ -23,7 +25,7 @@ NO_OVERLAP = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimit
 
 
 def build_deployments(config: PlannerConfig, config_path: str, deployment: str) -> list:
-    """The three runner deployments for one managed deployment, with schedules from `config`."""
+    """The runner deployments for one managed deployment: three ticks with schedules from `config`, and replay."""
     parameters = {"deployment": deployment, "config_path": config_path}
     tags = ["planner", f"deployment:{deployment}"]
     return [
@@ -52,6 +54,13 @@ def build_deployments(config: PlannerConfig, config_path: str, deployment: str) 
             parameters=parameters,
             tags=tags,
             description="Apply pending decisions through the connector and record each attempt.",
+        ),
+        replay_ticks.to_deployment(
+            name="replay-ticks",
+            # recorded configs' relative paths (the profile) are taken from the served config's folder
+            parameters={"deployment": deployment, "config_dir": str(Path(config_path).parent)},
+            tags=tags,
+            description="Re-run recorded ticks (give start and end) and report what differs; no schedule.",
         ),
     ]
 

@@ -173,13 +173,16 @@ def _has_ticks(url: str) -> bool:
 
 
 def test_deployments_take_schedules_from_the_config(tmp_path, profile_dir) -> None:
-    """The three deployments exist with the config's intervals, no overlap, and load-tick paused when off."""
+    """The tick deployments have the config's intervals, no overlap, load-tick paused when off; replay on demand."""
     from flows.serve import build_deployments
     from planner_core.config import load_config
 
     path = write_config(tmp_path, throughput_adjustment_interval_seconds=120, execution_interval_seconds=7)
     deployments = {d.name: d for d in build_deployments(load_config(path), str(path), "prod")}
-    assert set(deployments) == {"throughput-tick", "load-tick", "execute-decisions"}
+    assert set(deployments) == {"throughput-tick", "load-tick", "execute-decisions", "replay-ticks"}
+    replay = deployments.pop("replay-ticks")
+    assert replay.schedules in (None, [])  # run on demand from the UI
+    assert replay.parameters == {"deployment": "prod", "config_dir": str(path.parent)}
     intervals = {name: d.schedules[0].schedule.interval for name, d in deployments.items()}
     assert intervals == {
         "throughput-tick": dt.timedelta(seconds=120),

@@ -12,7 +12,8 @@ runs under that config instead, and the differences are what that config would h
 
 States (`ReplayMode`):
 - `recorded` (default without a what-if config): every tick starts from the state the original run had before
-  it, so each tick is checked on its own and one difference does not spread to the ticks after it;
+  it, so each tick is checked on its own and one difference does not spread to the ticks after it (where
+  `planner db prune` removed that state, from the replayed state of the tick before, if it was replayed);
 - `chained` (default with a what-if config): each tick starts from the previous replayed tick's state (the
   first from the recorded state before it), so the forecast history follows the what-if decisions' own path.
 Either way the inputs are the recorded ones: worker counts and traffic are what the real cluster showed under
@@ -368,7 +369,7 @@ class _Comparer:
     def run(self, rows: Iterator[Any]) -> Iterator[_Result]:
         previous_id: int | None = None
         previous_state: PlannerState | None = None  # the recorded state after the previous row (recorded mode)
-        chained_state: PlannerState | None = None  # the replayed state after the previous row (chained mode)
+        chained_state: PlannerState | None = None  # the replayed state after the previous row
         first = True
         for row in rows:
             if row.has_state and row.load_history is not None:
@@ -378,7 +379,8 @@ class _Comparer:
             if self._mode is ReplayMode.CHAINED and not first and chained_state is not None:
                 before = chained_state
             elif row.previous_tick_id is not None and row.previous_tick_id == previous_id:
-                before = previous_state
+                # a state removed by `planner db prune` is bridged with the replayed state of that tick
+                before = previous_state if previous_state is not None else chained_state
             else:
                 before = self._state_of(row)
             first = False

@@ -42,11 +42,9 @@ def _rows(url: str, sql: str, *params):
 
 
 def _snapshot(url: str) -> dict[str, tuple]:
-    """Row count and the newest row's text of every production table (catches inserts and updates)."""
-    return {
-        table: _rows(url, f"SELECT count(*), md5(COALESCE(string_agg(t::text, '|' ORDER BY t::text), '')) FROM {table} t")[0]
-        for table in PRODUCTION_TABLES
-    }
+    """Row count and a digest of all rows of every production table (catches inserts, updates and deletes)."""
+    digest = "md5(COALESCE(string_agg(t::text, '|' ORDER BY t::text), ''))"
+    return {table: _rows(url, f"SELECT count(*), {digest} FROM {table} t")[0] for table in PRODUCTION_TABLES}
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,17 @@ What goes, for ticks scheduled before the cutoff (now - DAYS):
   in `ticks.inputs`, so replay does not need them);
 * `tick_steps` of load ticks: one explanation per 5 s tick, re-computable by `planner replay` while the states
   are kept;
-* `planner_states` of load ticks: the largest rows (each holds the whole load history), except the state a
-  newer tick starts from (the newest tick before the cutoff, and each loop's first tick after it chains from),
-  so the live planner and replays from the cutoff on are unaffected.
+* `planner_states` of load ticks: the largest rows (each holds the whole load history).
+
+The steps and state of the tick a newer tick starts from (the newest tick before the cutoff, and the tick each
+loop's first tick after the cutoff chained from) are kept, so the live planner and replays from the cutoff on
+are unaffected.
 
 What stays: every `ticks` row with its inputs and headline reason, observations, predictions, proposals,
 throughput-tick steps and states, decisions, executions and the audit log (which the database refuses to
-delete, and which references the ticks). Old load ticks can no longer be replayed once pruned (`planner
-replay` reports them as skipped).
+delete, and which references the ticks). Pruned load ticks can no longer be compared by `planner replay`
+(reported as skipped); the throughput ticks between them still replay exactly, from the replayed state of the
+load tick before them.
 
 Each batch (at most `batch_size` ticks of one deployment and loop, oldest first) is one transaction: it deletes,
 moves the deployment's watermark (`prune_watermarks`, so the next prune starts where this one stopped) and
@@ -178,7 +181,7 @@ def _prune_batch(
     counts = PruneCounts(num_ticks=len(rows))
     params = {"ids": [row.id for row in rows], "keep": keep}
     for table, attribute in _PRUNED[loop].items():
-        kept = " AND NOT tick_id = ANY(:keep)" if table == "planner_states" else ""
+        kept = " AND NOT tick_id = ANY(:keep)" if table != "fpm_snapshots" else ""
         deleted = session.scalar(
             text(
                 f"WITH gone AS (DELETE FROM {table} WHERE tick_id = ANY(:ids){kept} RETURNING 1) "
@@ -222,7 +225,7 @@ def _count_prunable(
         return None
     counts = PruneCounts(num_ticks=num_ticks)
     for table, attribute in _PRUNED[loop].items():
-        kept = " AND NOT c.tick_id = ANY(:keep)" if table == "planner_states" else ""
+        kept = " AND NOT c.tick_id = ANY(:keep)" if table != "fpm_snapshots" else ""
         sql = f"SELECT count(*) FROM {table} c WHERE c.tick_id IN (SELECT t.id {ticks}){kept}"
         setattr(counts, attribute, int(session.scalar(text(sql), params) or 0))
     return counts

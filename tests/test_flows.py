@@ -243,3 +243,34 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
     assert all(gap % 5 == pytest.approx(0, abs=1e-3) for gap in gaps_s), gaps_s
     assert all(flow_run for *_, flow_run in ticks)
     assert {reason for _, reason, _ in ticks} <= {"scale", "no_change"}
+
+
+def test_replay_flow_reproduces_a_recorded_run(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir, monkeypatch
+):
+    """The `replay-ticks` flow replays a recorded run exactly and leaves its result and a progress artifact."""
+    from flows.replay import replay_ticks
+    from tests.recording import record_simulated_run
+
+    config = write_config(tmp_path, load_predictor="kalman")
+    times = record_simulated_run(database_url, config, azure_conv_trace, "flow-replay", num_windows=8)
+    monkeypatch.setenv("PLANNER_DATABASE_URL", database_url)  # the served flow finds its database this way
+    result = replay_ticks(
+        deployment="flow-replay",
+        start=(times[0] - dt.timedelta(hours=1)).isoformat(),
+        end=(times[-1] + dt.timedelta(seconds=1)).isoformat(),
+    )
+    assert (result["ticks"], result["identical"], result["differing"]) == (24, 24, 0)  # 8 throughput + 16 load
+    assert _rows(database_url, "SELECT num_identical FROM replay_runs WHERE id = %s", result["run_id"]) == [(24,)]
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType
+
+    async def artifact_types() -> set[str]:
+        async with get_client() as client:
+            artifacts = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["progress", "table"]))
+            )
+            return {a.type for a in artifacts if a.description and "replay" in a.description}
+
+    assert asyncio.run(artifact_types()) == {"progress", "table"}

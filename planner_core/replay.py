@@ -74,6 +74,7 @@ SELECT t.id, t.loop, t.scheduled_at, t.config_hash, t.reason, t.inputs, t.previo
   LEFT JOIN decisions d ON d.tick_id = t.id
   LEFT JOIN predictions pr ON pr.tick_id = t.id
  WHERE t.deployment_id = :deployment_id AND t.scheduled_at >= :start AND t.scheduled_at < :end
+   AND t.id BETWEEN :first_id AND :last_id  -- bounds the primary-key scan to the range
  ORDER BY t.id
 """
 
@@ -193,15 +194,13 @@ def replay(
         if deployment_id is None:
             raise ValueError(f"--deployment = {deployment!r}: no such deployment")
         range_params = {"deployment_id": deployment_id, "start": start, "end": end}
-        total = int(
-            reader.scalar(
-                text(
-                    "SELECT count(*) FROM ticks WHERE deployment_id = :deployment_id "
-                    "AND scheduled_at >= :start AND scheduled_at < :end"
-                ),
-                range_params,
-            )
-        )
+        total, first_id, last_id = reader.execute(
+            text(
+                "SELECT count(*), min(id), max(id) FROM ticks WHERE deployment_id = :deployment_id "
+                "AND scheduled_at >= :start AND scheduled_at < :end"
+            ),
+            range_params,
+        ).one()
         run_id = writer.scalar(
             text(
                 """INSERT INTO replay_runs (deployment_id, range_start, range_end, mode, config_source, config_hash,
@@ -221,7 +220,9 @@ def replay(
             },
         )
         comparer = _Comparer(reader, contexts, mode)
-        rows = reader.execution_options(stream_results=True, yield_per=2000).execute(text(_TICKS_SQL), range_params)
+        rows = reader.execution_options(stream_results=True, yield_per=2000).execute(
+            text(_TICKS_SQL), {**range_params, "first_id": first_id or 0, "last_id": last_id or 0}
+        )
         counts = {outcome: 0 for outcome in ReplayTickOutcome}
         differences: list[TickDifference] = []
         pending: list[tuple] = []
@@ -456,8 +457,7 @@ class _Comparer:
             for section in recorded:
                 _diff(section, recorded[section], replayed[section], fields, limit=len(fields) + MAX_FIELDS_PER_SECTION)
         state = outcome.next_state
-        rest = {f.name: to_jsonable(getattr(state, f.name)) for f in dataclasses.fields(state)}
-        del rest["load_history"]
+        rest = {name: to_jsonable(getattr(state, name)) for name in _STATE_REST_FIELDS}
         if rest != row.state_rest:
             _diff("next_state", row.state_rest, rest, fields, limit=len(fields) + MAX_FIELDS_PER_SECTION)
         if not self._history_equal(state.load_history):
@@ -475,7 +475,7 @@ class _Comparer:
         if cached is None or cached[0] is not history:
             if len(self._json_cache) > 8:
                 self._json_cache.clear()
-            cached = (history, to_jsonable(history))
+            cached = (history, _history_jsonable(history))
             self._json_cache[id(history)] = cached
         return cached[1]
 
@@ -507,6 +507,16 @@ class _Comparer:
             fields=tuple(fields),
             detail=detail,
         )
+
+
+def _history_jsonable(value: Any) -> Any:
+    """`to_jsonable` of a load history, with a fast path for its series (tuples of finite floats, which
+    `to_jsonable` turns into lists of the same floats one call per element)."""
+    if isinstance(value, tuple) and all(type(v) is float and math.isfinite(v) for v in value):
+        return list(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _history_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return to_jsonable(value)
 
 
 def _recorded_form(row: Any) -> dict[str, Any]:
@@ -568,6 +578,8 @@ def _replayed_form(outcome: TickOutcome) -> dict[str, Any]:
     }
 
 
+# The state's fields other than its load history (compared field by field; the history is compared apart).
+_STATE_REST_FIELDS = tuple(f.name for f in dataclasses.fields(PlannerState) if f.name != "load_history")
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from planner_core.replay import replay
+from planner_core.domain import LoadHistory, to_jsonable
+from planner_core.replay import _history_jsonable, replay
 from planner_core.store.db import to_libpq_uri
 from planner_core.store.models import ReplayMode
 from tests.conftest import write_config
 from tests.recording import record_simulated_run
 from tests.test_cli import planner
+from tests.test_domain import ANY_FLOAT, FINITE
 
 PRODUCTION_TABLES = (
     "planner_configs",
@@ -168,3 +173,45 @@ def test_replay_cli_bad_input_is_one_line(recorded, args, fragment) -> None:
     [line] = [line for line in result.stderr.splitlines() if line.startswith("planner: error:")]
     assert fragment in line
     assert _rows(url, "SELECT count(*) FROM replay_runs")[0][0] == runs_before
+
+
+# --- pure helpers ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("finite", [True, False], ids=["finite", "nan-and-inf"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_history_fast_path_serialises_like_to_jsonable(finite: bool, data: st.DataObject) -> None:
+    """The replay's fast serialiser of load histories gives exactly `to_jsonable`'s output."""
+    history = data.draw((FINITE if finite else ANY_FLOAT)[LoadHistory])
+    assert _history_jsonable(history) == to_jsonable(history)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "replayed", "expected"),
+    [
+        ({"a": [1, 2]}, {"a": [1, 2.0]}, []),  # 2 == 2.0: JSON numbers compare by value
+        ({"a": [1, 2]}, {"a": [1, 3]}, [("x.a[1]", 2, 3)]),
+        ({"a": [1, 2]}, {"a": [1]}, [("x.a", [1, 2], [1])]),  # lists of different length: shown whole
+        ({"a": 1}, {"b": 1}, [("x.a", 1, None), ("x.b", None, 1)]),
+        ({"v": math.nan}, {"v": math.nan}, []),  # NaN equals NaN
+        ({"v": math.nan}, {"v": 1.0}, [("x.v", "nan", 1.0)]),  # stored as JSONB: NaN written as a string
+    ],
+    ids=["int-float", "leaf", "length", "keys", "nan-equal", "nan-differs"],
+)
+def test_diff_lists_the_differing_leaves(recorded, replayed, expected) -> None:
+    """Differences are reported at the deepest differing path, recorded value first."""
+    from planner_core.replay import _diff
+
+    out: list[dict] = []
+    _diff("x", recorded, replayed, out, limit=10)
+    assert [(d["field"], d["recorded"], d["replayed"]) for d in out] == expected
+
+
+def test_diff_stops_listing_a_section_at_its_limit() -> None:
+    """Past the limit one entry says more differences were left out, from which field on."""
+    from planner_core.replay import _diff
+
+    out: list[dict] = []
+    _diff("steps", list(range(10)), list(range(1, 11)), out, limit=3)
+    assert [d["field"] for d in out] == ["steps[0]", "steps[1]", "steps[2]", "steps[3]..."]

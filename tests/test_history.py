@@ -156,6 +156,11 @@ def test_migration_0003_downgrades_and_upgrades_again(empty_database_url) -> Non
     assert _rows(url, "SELECT to_regclass('replay_runs'), to_regclass('ix_ticks_deployment_id_scheduled_at')") == [
         (None, None)
     ]
+    restored = (
+        "SELECT to_regclass('ix_ticks_deployment_id') IS NOT NULL, "
+        "to_regclass('ix_planner_states_deployment_id') IS NOT NULL"
+    )
+    assert _rows(url, restored) == [(True, True)]  # the indexes 0003 replaced are back
     assert _rows(url, "SELECT has_table_privilege('planner_analyst', 'ticks', 'SELECT')") == [(False,)]
     assert _rows(url, "SELECT count(*) FROM pg_roles WHERE rolname = 'planner_analyst'") == [(1,)]
     upgrade(url)

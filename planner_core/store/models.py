@@ -116,7 +116,7 @@ class Tick(Base):
         ),
     )
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), index=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"))
     loop: Mapped[str] = mapped_column(String(20))
     scheduled_at: Mapped[dt.datetime]
     recorded_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
@@ -219,8 +219,10 @@ class PlannerStateRow(Base):
     """The planner state after a tick (JSONB); replaying tick N needs only the row of tick N-1."""
 
     __tablename__ = "planner_states"
+    # A deployment's newest state (`latest_state`, every tick) in one index probe; migration 0003.
+    __table_args__ = (Index("ix_planner_states_deployment_id_tick_id", "deployment_id", "tick_id"),)
     tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
-    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), index=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"))
     state: Mapped[dict[str, Any]]
 
 

@@ -146,7 +146,7 @@ def test_the_analyst_role_cannot_write(analyst_url, statement) -> None:
 
 
 def test_migration_0003_downgrades_and_upgrades_again(empty_database_url) -> None:
-    """0003 -> 0002 removes the views, replay tables and grants (the role stays: other databases use it);
+    """0003 -> 0002 removes the views, replay tables and grants (the role stays if other databases use it);
     upgrading again restores them (creating the role is skipped when it exists)."""
     url = empty_database_url
     upgrade(url)
@@ -161,8 +161,16 @@ def test_migration_0003_downgrades_and_upgrades_again(empty_database_url) -> Non
         "to_regclass('ix_planner_states_deployment_id') IS NOT NULL"
     )
     assert _rows(url, restored) == [(True, True)]  # the indexes 0003 replaced are back
-    assert _rows(url, "SELECT has_table_privilege('planner_analyst', 'ticks', 'SELECT')") == [(False,)]
-    assert _rows(url, "SELECT count(*) FROM pg_roles WHERE rolname = 'planner_analyst'") == [(1,)]
+    grants = "SELECT count(*) FROM information_schema.role_table_grants WHERE grantee = 'planner_analyst'"
+    assert _rows(url, grants) == [(0,)]
+    # the role is cluster-wide: kept exactly when another database (the test template, say) still grants to it
+    [(exists, num_dependents)] = _rows(
+        url,
+        "SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = 'planner_analyst'), "
+        "(SELECT count(*) FROM pg_shdepend d JOIN pg_roles r ON d.refclassid = 'pg_authid'::regclass "
+        "AND d.refobjid = r.oid WHERE r.rolname = 'planner_analyst')",
+    )
+    assert exists == (num_dependents > 0)
     upgrade(url)
     assert _rows(url, "SELECT has_table_privilege('planner_analyst', 'sla_by_hour', 'SELECT')") == [(True,)]
     assert _rows(url, "SELECT has_table_privilege('planner_analyst', 'ticks', 'INSERT')") == [(False,)]

@@ -208,10 +208,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     elif frame.empty:
         print("no decisions" + (f" for deployment '{args.deployment}'" if args.deployment else ""))
     else:
-        import pandas as pd
-
-        with pd.option_context("display.width", 200, "display.max_columns", None, "display.max_colwidth", 48):
-            print(frame.to_string(index=False))
+        print(frame.to_string(index=False, max_colwidth=40))  # CSV and JSON carry `why` in full
     return 0
 
 

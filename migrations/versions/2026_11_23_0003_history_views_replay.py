@@ -17,10 +17,10 @@ Creates:
   says so and the grants are skipped; a DBA can create the role and re-run the grants in the README), with USAGE
   on the schema, SELECT on every table and view, and SELECT by default on tables created later by this user.
 Locks: CREATE INDEX takes a SHARE lock on `ticks` / `planner_states` for the duration of the build (ticks
-wait; measured 0.6 s and 0.3 s on 1.8M ticks, so expect tens of seconds on a year of 5 s ticks — run it in a
-quiet period, or create the indexes by hand with CREATE INDEX CONCURRENTLY first: the migration skips indexes
-that already exist). DROP INDEX takes a brief ACCESS EXCLUSIVE lock on its table. New views and tables lock
-nothing else; GRANT takes brief locks on catalog entries only.
+wait; measured 0.6, 0.2 and 0.5 s on 1.78M ticks, so expect seconds to tens of seconds on a year of 5 s
+ticks): run it in a quiet period, or create the indexes by hand with CREATE INDEX CONCURRENTLY first (the
+migration skips indexes that already exist). DROP INDEX takes a brief ACCESS EXCLUSIVE lock on its table. New
+views and tables lock nothing else; GRANT takes brief locks on catalog entries only.
 Downgrade: drops the views, the replay tables (replay results are lost), the prune watermarks (a later prune
 re-examines old ticks, deleting nothing twice) and the new indexes, and recreates the two it dropped; revokes the
 analyst's privileges in this database and drops the role only when nothing in any database still depends on

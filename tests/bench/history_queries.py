@@ -6,7 +6,7 @@ Generates, with generate_series in one SQL script, two deployments of 5 s load t
 throughput tick), traffic, predictions, proposals, decisions with executions and acknowledgements, and small
 planner states (the views never read states; their real size matters for replay, see `replay_week.py`). Then it
 runs each query `--repeat` times under EXPLAIN ANALYZE and prints the median execution time and the plan's index
-use, drops the two indexes of migration 0003 and measures again, and finally times `prune_history`.
+use, puts the indexes back as they were before migration 0003 and measures again, and finally times `prune_history`.
 
     PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python tests/bench/history_queries.py
 
@@ -134,6 +134,13 @@ INDEXES_0003 = {
     "ON ticks (deployment_id, scheduled_at)",
     "ix_ticks_throughput_hour": "CREATE INDEX ix_ticks_throughput_hour ON ticks "
     "(deployment_id, date_trunc('hour', scheduled_at, 'UTC')) WHERE loop = 'throughput'",
+    "ix_planner_states_deployment_id_tick_id": "CREATE INDEX ix_planner_states_deployment_id_tick_id "
+    "ON planner_states (deployment_id, tick_id)",
+}
+# The single-column indexes 0003 replaced, restored for the "without" measurement.
+INDEXES_0002 = {
+    "ix_ticks_deployment_id": "CREATE INDEX ix_ticks_deployment_id ON ticks (deployment_id)",
+    "ix_planner_states_deployment_id": "CREATE INDEX ix_planner_states_deployment_id ON planner_states (deployment_id)",
 }
 
 
@@ -188,8 +195,13 @@ def main() -> None:
             report(conn, {"end": end}, args.repeat, "with the 0003 indexes")
             for name in INDEXES_0003:
                 conn.execute(f"DROP INDEX {name}")
+            for ddl in INDEXES_0002.values():
+                conn.execute(ddl)
             conn.execute("ANALYZE ticks")
+            conn.execute("ANALYZE planner_states")
             report(conn, {"end": end}, args.repeat, "without them (0002 indexes only)")
+            for name in INDEXES_0002:
+                conn.execute(f"DROP INDEX {name}")
             for name, ddl in INDEXES_0003.items():
                 started = time.perf_counter()
                 conn.execute(ddl)

@@ -1,9 +1,11 @@
-"""Serve the planner's deployments: `throughput-tick`, `load-tick`, `execute-decisions` and `planner-report`.
+"""Serve the planner's deployments: `throughput-tick`, `load-tick`, `execute-decisions`, `planner-report` and
+`replay-ticks`.
 
 Interval schedules come from the config; each deployment allows one run at a time and cancels a new run that
 would overlap (`CANCEL_NEW`), so a slow tick is never run twice concurrently. The load-tick deployment is
 created paused when the config has load scaling off, so it is visible in the UI but does not run. The report
-deployment runs every `report_interval_hours` (without a schedule, on demand only, when that is unset). With
+deployment runs every `report_interval_hours` (without a schedule, on demand only, when that is unset).
+`replay-ticks` has no schedule: it runs when started from the UI (or `prefect deployment run`) with a range. With
 `metric_reporting_prometheus_port` set, the serving process also exports the planner's Prometheus metrics.
 """
 
@@ -15,6 +17,7 @@ from pathlib import Path
 from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
+from flows.replay import replay_ticks
 from flows.report import planner_report
 from flows.ticks import DEFAULT_CONFIG, execute_decisions, load_tick, throughput_tick
 from planner_core.config import EnvironmentKind, PlannerConfig, load_config
@@ -27,7 +30,8 @@ NO_OVERLAP = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimit
 
 
 def build_deployments(config: PlannerConfig, config_path: str, deployment: str) -> list:
-    """The four runner deployments for one managed deployment, with schedules from `config`."""
+    """The runner deployments for one managed deployment: three ticks and the report with schedules from `config`,
+    and replay on demand."""
     parameters = {"deployment": deployment, "config_path": config_path}
     tags = ["planner", f"deployment:{deployment}"]
     return [
@@ -66,6 +70,13 @@ def build_deployments(config: PlannerConfig, config_path: str, deployment: str) 
             parameters=parameters,
             tags=tags,
             description="Write the HTML diagnostics report of the last period and link it as an artifact.",
+        ),
+        replay_ticks.to_deployment(
+            name="replay-ticks",
+            # recorded configs' relative paths (the profile) are taken from the served config's folder
+            parameters={"deployment": deployment, "config_dir": str(Path(config_path).parent)},
+            tags=tags,
+            description="Re-run recorded ticks (give start and end) and report what differs; no schedule.",
         ),
     ]
 

@@ -1,4 +1,4 @@
-"""`planner` command line: database, demo, serving, and decision history.
+"""`planner` command line: database, demo, serving, decision history and replay.
 
 Prefect is imported only by the commands that need it, after its environment (home directory, offline
 switches) is set, so `planner db url` stays fast.
@@ -64,6 +64,8 @@ def cmd_db(args: argparse.Namespace) -> int:
         print("stopped" if stopped else f"no embedded server running under {settings.embedded_pg_dir}")
         return 0
     url = resolve_database_url(settings)
+    if args.action == "prune":
+        return _db_prune(url, args)
     if args.action == "upgrade":
         upgrade(url)
         print("schema at head")
@@ -156,10 +158,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_history(args: argparse.Namespace) -> int:
-    from planner_core.store.db import resolve_database_url
+def _db_prune(url: str, args: argparse.Namespace) -> int:
+    """`planner db prune --older-than DAYS`: delete old high-volume tick detail in batches (see store/prune.py)."""
+    import datetime as dt
 
-    print_queries(resolve_database_url(), args.deployment)
+    from planner_core.store.prune import prune_history
+
+    if args.older_than is None:
+        raise ValueError("planner db prune: --older-than DAYS is required")
+    summary = prune_history(
+        url,
+        older_than_days=args.older_than,
+        now=dt.datetime.now(dt.UTC),
+        deployment=args.deployment,
+        batch_size=args.batch_size,
+        dry_run=args.dry_run,
+    )
+    verb = "would delete" if summary.dry_run else "deleted"
+    print(f"ticks scheduled before {summary.cutoff.isoformat(timespec='seconds')}:")
+    for name, counts in summary.by_deployment.items():
+        print(
+            f"  {name}: {counts.num_ticks} ticks examined; {verb} {counts.num_fpm_snapshots} fpm_snapshots, "
+            f"{counts.num_tick_steps} tick_steps, {counts.num_planner_states} planner_states"
+        )
+    if not summary.by_deployment:
+        print("  no deployments")
+    if not summary.dry_run:
+        print(f"{summary.num_batches} batches, each one transaction with its history_pruned audit event")
     return 0
 
 
@@ -234,6 +259,103 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 f"{r.wall_s:>8.1f}"
             )
     return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """Decisions from `decision_history` as a table, CSV or JSON (the rows `history_frame` returns)."""
+    import datetime as dt
+    import json
+
+    from planner_core.store.db import resolve_database_url
+    from planner_core.store.history import history_frame, history_rows, jsonable_row, parse_time
+
+    url = resolve_database_url()
+    if args.examples:
+        print_queries(url, args.deployment or "demo")
+        return 0
+    since = parse_time(args.since, now=dt.datetime.now(dt.UTC)) if args.since else None
+    if args.format == "json":
+        print(json.dumps([jsonable_row(row) for row in history_rows(url, args.deployment, since)]))
+        return 0
+    frame = history_frame(url, args.deployment, since)
+    if args.format == "csv":
+        frame.to_csv(sys.stdout, index=False)
+    elif frame.empty:
+        print("no decisions" + (f" for deployment '{args.deployment}'" if args.deployment else ""))
+    else:
+        print(frame.to_string(index=False, max_colwidth=40))  # CSV and JSON carry `why` in full
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Re-run recorded ticks and report what differs (see planner_core/replay.py)."""
+    import datetime as dt
+    import json
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from planner_core.replay import replay
+    from planner_core.store.db import resolve_database_url
+    from planner_core.store.history import parse_time
+    from planner_core.store.models import ReplayMode
+
+    settings = RuntimeSettings()
+    now = dt.datetime.now(dt.UTC)
+    start = parse_time(args.start, now=now, name="--from")
+    end = parse_time(args.end, now=now, name="--to") if args.end else now
+    config_dir = args.config_dir or (settings.config or DEFAULT_CONFIG).resolve().parent
+    console = Console(stderr=True)
+    columns = (TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, disable=args.json or not console.is_terminal) as bar:
+        task = bar.add_task("replay", total=None)
+        summary = replay(
+            resolve_database_url(settings),
+            args.deployment,
+            start,
+            end,
+            config_path=args.config,
+            recorded_config_dir=config_dir,
+            profile_dir=args.profile_dir,
+            mode=ReplayMode(args.mode) if args.mode else None,
+            on_progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    exact_check_failed = args.config is None and summary.num_differing > 0
+    if args.json:
+        print(json.dumps(summary.to_json()))
+        return 1 if exact_check_failed else 0
+    rate = summary.num_ticks / summary.elapsed_s if summary.elapsed_s > 0 else 0.0
+    under = "the recorded configs" if args.config is None else str(args.config)
+    print(
+        f"Replayed {summary.num_ticks} ticks of '{summary.deployment}' scheduled in [{start.isoformat()}, "
+        f"{end.isoformat()}) under {under}, {summary.mode.value} states, in {summary.elapsed_s:.2f} s "
+        f"({rate:,.0f} ticks/s)"
+    )
+    print(
+        f"  {summary.num_identical} identical, {summary.num_differing} differing, {summary.num_skipped} skipped "
+        f"(replay run {summary.run_id}: SELECT * FROM replay_comparison WHERE run_id = {summary.run_id})"
+    )
+    shown = summary.differences[: args.limit]
+    for difference in shown:
+        fields = difference.fields
+        what = "; ".join(
+            f["field"] if "note" in f else f"{f['field']}: {_short(f['recorded'])} -> {_short(f['replayed'])}"
+            for f in fields[:4]
+        )
+        if len(fields) > 4:
+            what += f"; ... {len(fields) - 4} more"
+        print(
+            f"  tick {difference.tick_id} {difference.loop} {difference.scheduled_at.isoformat()} "
+            f"{difference.outcome.value}: {what or difference.detail}"
+        )
+    if len(summary.differences) > len(shown):
+        print(f"  ... {len(summary.differences) - len(shown)} more (--limit, --json or the replay_comparison view)")
+    return 1 if exact_check_failed else 0
+
+
+def _short(value: object, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def cmd_forecast(args: argparse.Namespace) -> int:
@@ -644,8 +766,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="planner", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    db = sub.add_parser("db", help="the database: url (print how to connect), upgrade, stop")
-    db.add_argument("action", choices=["url", "upgrade", "stop"])
+    db = sub.add_parser("db", help="the database: url (print how to connect), upgrade, stop, prune")
+    db.add_argument("action", choices=["url", "upgrade", "stop", "prune"])
+    db.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="prune: ticks older than DAYS")
+    db.add_argument("--deployment", default=None, help="prune: only this deployment (default all)")
+    db.add_argument("--batch-size", type=int, default=5000, help="prune: ticks per transaction")
+    db.add_argument("--dry-run", action="store_true", help="prune: count what would be deleted, delete nothing")
     db.set_defaults(func=cmd_db)
 
     demo = sub.add_parser("demo", help="run the planner loop on a real trace in simulated time")
@@ -691,10 +817,6 @@ def build_parser() -> argparse.ArgumentParser:
     accuracy.add_argument("--json", action="store_true", help="print the report as one JSON object")
     accuracy.set_defaults(func=cmd_perf_accuracy)
 
-    history = sub.add_parser("history", help="print the example decision-history queries")
-    history.add_argument("--deployment", default="demo")
-    history.set_defaults(func=cmd_history)
-
     report = sub.add_parser("report", help="write the HTML diagnostics report of a deployment (15 Plotly charts)")
     report.add_argument("--deployment", default="demo", help="managed-deployment name (default demo)")
     report.add_argument("--since", default=None, help="first tick time included, ISO 8601 (UTC unless an offset)")
@@ -720,6 +842,35 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, default=None, help="write the rows as JSON to FILE ('-': stdout)")
     bench.add_argument("--html", type=Path, default=None, help="write a Plotly page of replicas, load and latency")
     bench.set_defaults(func=cmd_bench)
+
+    history = sub.add_parser("history", help="the decision history (decision_history view) as a table, CSV or JSON")
+    history.add_argument("--deployment", default=None, help="only this deployment (default all)")
+    history.add_argument("--since", default=None, help="ISO 8601 time (naive = UTC) or a span back from now: 12h, 7d")
+    history.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    history.add_argument("--examples", action="store_true", help="print the example SQL queries and their output")
+    history.set_defaults(func=cmd_history)
+
+    replay = sub.add_parser("replay", help="re-run recorded ticks from their stored inputs and state; report changes")
+    replay.add_argument("--deployment", required=True, help="managed deployment whose ticks are replayed")
+    replay.add_argument("--from", dest="start", required=True, help="ISO 8601 time (naive = UTC) or a span: 7d")
+    replay.add_argument("--to", dest="end", default=None, help="end of the range, excluded (default now)")
+    replay.add_argument("--config", type=Path, default=None, help="what-if config (default: each tick's recorded one)")
+    replay.add_argument(
+        "--config-dir",
+        type=Path,
+        default=None,
+        help="folder the recorded config file was in, for its relative paths (default: PLANNER_CONFIG's or demo's)",
+    )
+    replay.add_argument("--profile-dir", type=Path, default=None, help="profile folder instead of the configs' own")
+    replay.add_argument(
+        "--mode",
+        choices=["recorded", "chained"],
+        default=None,
+        help="state each tick starts from: recorded (default without --config) or chained (default with it)",
+    )
+    replay.add_argument("--json", action="store_true", help="print {ticks, identical, differing, differences} JSON")
+    replay.add_argument("--limit", type=int, default=20, help="differing ticks listed in the text output")
+    replay.set_defaults(func=cmd_replay)
 
     forecast = sub.add_parser("forecast", help="score the load predictors one window ahead on a trace (Dynamo's loss)")
     forecast.add_argument(

@@ -102,7 +102,30 @@ def load_context(database_url: str, deployment: str, config_path: str | Path) ->
     kubernetes = None
     if config.environment is EnvironmentKind.KUBERNETES:
         kubernetes, config = connect_kubernetes(config)
-    profile_dir = resolve_profile_dir(config, config_path)
+    return context_for_config(database_url, deployment, config, config_path, kubernetes=kubernetes)
+
+
+def context_for_config(
+    database_url: str,
+    deployment: str,
+    config: PlannerConfig,
+    config_path: Path | None,
+    *,
+    profile_dir: Path | None = None,
+    kubernetes: KubernetesConnector | None = None,
+) -> PlannerContext:
+    """Everything `decide` needs besides inputs and state, built from a config: the one place that loads models.
+
+    Live ticks (`load_context`) and replay (`planner_core.replay`, for a recorded or a what-if config) both build
+    their context here, so a model added to the context later is loaded the same way for both.
+
+    Args:
+        config: the planner config.
+        config_path: the file the config came from; relative paths in it are taken from its folder.
+        profile_dir: use this profile folder instead of the config's `profile_results_dir` (replay only).
+        kubernetes: the connected Kubernetes connector (live ticks with `environment: kubernetes` only).
+    """
+    profile_dir = profile_dir if profile_dir is not None else resolve_profile_dir(config, config_path)
     perf_table = (
         resolve_config_relative(config.perf_table, config_path) if config.perf_table is not None else None
     )
@@ -117,6 +140,23 @@ def load_context(database_url: str, deployment: str, config_path: str | Path) ->
         warmup_trace=resolve_config_relative(warmup, config_path) if warmup else None,
         kubernetes=kubernetes,
     )
+
+
+def decide(ctx: PlannerContext, inputs: TickInputs, state: PlannerState) -> TickOutcome:
+    """The planner's decision for one tick: the only function live ticks and replay call to decide.
+
+    Pure given the context (no clock, no I/O): `run_tick` records its outcome, `planner replay` compares it with
+    what was recorded. Whatever the decision grows to use (more inputs, more models in the context, a pipeline
+    of plugins) belongs here or in `context_for_config`, never in one caller only.
+    """
+    return tick(inputs, state, ctx.config, ctx.perf)
+
+
+def initial_state(ctx: PlannerContext) -> PlannerState:
+    """The state before a deployment's first tick: empty, or predictors warmed on `load_predictor_warmup_trace`."""
+    if ctx.warmup_trace is None:
+        return PlannerState()
+    return dataclasses.replace(PlannerState(), load_history=warm_history(ctx.config, ctx.warmup_trace))
 
 
 def prepare_database(database_url: str) -> None:
@@ -177,9 +217,9 @@ def run_tick(
         inputs = TickInputs(now_s=scheduled_at.timestamp(), loop=loop, workers=workers, traffic=traffic, fpm=fpm)
         previous_tick_id, state = repo.latest_state(session, deployment.id)
         if previous_tick_id is None and ctx.warmup_trace is not None:
-            state = _warm_started(session, deployment.id, state, ctx)
+            state = _warm_started(session, deployment.id, ctx)
         started = time.perf_counter()
-        outcome = tick(inputs, state, ctx.config, ctx.perf)
+        outcome = decide(ctx, inputs, state)
         decide_ms = (time.perf_counter() - started) * 1000.0
         tick_id = repo.record_tick(
             session,
@@ -207,16 +247,16 @@ def run_tick(
     return TickResult(tick_id=tick_id, outcome=outcome, inputs=inputs)
 
 
-def _warm_started(session: Session, deployment_id: int, state: PlannerState, ctx: PlannerContext) -> PlannerState:
+def _warm_started(session: Session, deployment_id: int, ctx: PlannerContext) -> PlannerState:
     """The first tick of a deployment starts from predictors warmed on `load_predictor_warmup_trace` (audited)."""
-    history = warm_history(ctx.config, ctx.warmup_trace)
+    state = initial_state(ctx)
     repo.audit(
         session,
         "predictor_warm_start",
-        {"trace": str(ctx.warmup_trace), "num_windows": len(history.num_req)},
+        {"trace": str(ctx.warmup_trace), "num_windows": len(state.load_history.num_req)},
         deployment_id=deployment_id,
     )
-    return dataclasses.replace(state, load_history=history)
+    return state
 
 
 def run_execution(ctx: PlannerContext, now: dt.datetime) -> list[ExecutionSummary]:

@@ -217,13 +217,16 @@ def _has_ticks(url: str) -> bool:
 
 
 def test_deployments_take_schedules_from_the_config(tmp_path, profile_dir) -> None:
-    """The three deployments exist with the config's intervals, no overlap, and load-tick paused when off."""
+    """The tick deployments have the config's intervals, no overlap, load-tick paused when off; replay on demand."""
     from flows.serve import build_deployments
     from planner_core.config import load_config
 
     path = write_config(tmp_path, throughput_adjustment_interval_seconds=120, execution_interval_seconds=7)
     deployments = {d.name: d for d in build_deployments(load_config(path), str(path), "prod")}
-    assert set(deployments) == {"throughput-tick", "load-tick", "execute-decisions", "planner-report"}
+    assert set(deployments) == {"throughput-tick", "load-tick", "execute-decisions", "planner-report", "replay-ticks"}
+    replay = deployments.pop("replay-ticks")
+    assert replay.schedules in (None, [])  # run on demand from the UI
+    assert replay.parameters == {"deployment": "prod", "config_dir": str(path.parent)}
     intervals = {name: d.schedules[0].schedule.interval for name, d in deployments.items()}
     assert intervals == {
         "throughput-tick": dt.timedelta(seconds=120),
@@ -310,3 +313,34 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
     decision = "dynamo_planner_throughput_scaling_decision"
     [state] = [s.labels[decision] for s in families[decision].samples if s.value == 1]
     assert state in {"scale", "no_change"}
+
+
+def test_replay_flow_reproduces_a_recorded_run(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir, monkeypatch
+):
+    """The `replay-ticks` flow replays a recorded run exactly and leaves its result and a progress artifact."""
+    from flows.replay import replay_ticks
+    from tests.recording import record_simulated_run
+
+    config = write_config(tmp_path, load_predictor="kalman")
+    times = record_simulated_run(database_url, config, azure_conv_trace, "flow-replay", num_windows=8)
+    monkeypatch.setenv("PLANNER_DATABASE_URL", database_url)  # the served flow finds its database this way
+    result = replay_ticks(
+        deployment="flow-replay",
+        start=(times[0] - dt.timedelta(hours=1)).isoformat(),
+        end=(times[-1] + dt.timedelta(seconds=1)).isoformat(),
+    )
+    assert (result["ticks"], result["identical"], result["differing"]) == (24, 24, 0)  # 8 throughput + 16 load
+    assert _rows(database_url, "SELECT num_identical FROM replay_runs WHERE id = %s", result["run_id"]) == [(24,)]
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType
+
+    async def artifact_types() -> set[str]:
+        async with get_client() as client:
+            artifacts = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["progress", "table"]))
+            )
+            return {a.type for a in artifacts if a.description and "replay" in a.description}
+
+    assert asyncio.run(artifact_types()) == {"progress", "table"}

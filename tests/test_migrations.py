@@ -33,7 +33,11 @@ TABLES = {
     "virtual_connector_state",
     "virtual_decisions",
     "audit_log",
+    "replay_runs",
+    "replay_ticks",
+    "prune_watermarks",
 }
+VIEWS = {"decision_history", "tick_history", "scaling_events", "sla_by_hour", "predictor_accuracy", "replay_comparison"}
 
 
 def _tables(url: str) -> set[str]:
@@ -66,7 +70,7 @@ def test_upgrade_downgrade_upgrade_round_trip_with_data(empty_database_url: str,
     url = empty_database_url
     upgrade(url)
     assert _tables(url) == TABLES
-    assert _views(url) == {"decision_history", "tick_history"}
+    assert _views(url) == VIEWS
     ctx = load_context(url, "roundtrip", write_config(tmp_path))
     traffic = TrafficObservation(duration_s=60, num_req=3000, isl=3000, osl=300)
     at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

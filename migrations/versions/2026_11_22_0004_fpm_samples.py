@@ -9,7 +9,7 @@ EXCLUSIVE lock on `deployments` for the moment of creation).
 Downgrade: drops the table (the raw samples are lost; recorded ticks keep their `fpm_snapshots`).
 
 Revision ID: 0004
-Revises: 0002
+Revises: 0003
 Create Date: 2026-11-22 03:00:00
 """
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0004"
-down_revision: str | None = "0002"
+down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -26,6 +26,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -105,9 +106,18 @@ class Tick(Base):
     __table_args__ = (
         UniqueConstraint("deployment_id", "loop", "scheduled_at"),
         CheckConstraint("loop IN ('throughput', 'load')", name="loop"),
+        # Time ranges over both loops of a deployment (history queries, prune); migration 0003.
+        Index("ix_ticks_deployment_id_scheduled_at", "deployment_id", "scheduled_at"),
+        # Hourly roll-ups of throughput ticks (`sla_by_hour` filtered on its hour); migration 0003.
+        Index(
+            "ix_ticks_throughput_hour",
+            "deployment_id",
+            text("date_trunc('hour', scheduled_at, 'UTC')"),
+            postgresql_where=text("loop = 'throughput'"),
+        ),
     )
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), index=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"))
     loop: Mapped[str] = mapped_column(String(20))
     scheduled_at: Mapped[dt.datetime]
     recorded_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
@@ -210,8 +220,10 @@ class PlannerStateRow(Base):
     """The planner state after a tick (JSONB); replaying tick N needs only the row of tick N-1."""
 
     __tablename__ = "planner_states"
+    # A deployment's newest state (`latest_state`, every tick) in one index probe; migration 0003.
+    __table_args__ = (Index("ix_planner_states_deployment_id_tick_id", "deployment_id", "tick_id"),)
     tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
-    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), index=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"))
     state: Mapped[dict[str, Any]]
 
 
@@ -322,3 +334,65 @@ class FpmSampleRow(Base):
     queued_num_decode_requests: Mapped[int]
     queued_sum_decode_kv_tokens: Mapped[int] = mapped_column(BigInteger)
     queued_var_decode_kv_tokens: Mapped[float]
+class ReplayMode(enum.StrEnum):
+    """Which state a replayed tick starts from."""
+
+    RECORDED = "recorded"  # the state the original run had before the tick: checks every tick on its own
+    CHAINED = "chained"  # the previous replayed tick's state: a what-if trajectory under another config
+
+
+class ReplayTickOutcome(enum.StrEnum):
+    """How a replayed tick compares with the recorded one."""
+
+    IDENTICAL = "identical"  # same reason, decision, proposals, forecast, steps and next state
+    DIFFERING = "differing"  # at least one of those differs; `differences` lists the fields
+    SKIPPED = "skipped"  # not replayable: a state it needs was pruned (see `detail`)
+
+
+class ReplayRunRow(Base):
+    """One `planner replay` run: what was replayed, under which config and code, and the tallies."""
+
+    __tablename__ = "replay_runs"
+    __table_args__ = (_enum_check("mode", "mode", ReplayMode),)
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"))
+    started_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+    finished_at: Mapped[dt.datetime | None]
+    range_start: Mapped[dt.datetime]
+    range_end: Mapped[dt.datetime]
+    mode: Mapped[str] = mapped_column(String(20))
+    config_source: Mapped[str] = mapped_column(Text)  # "recorded", or the path of the what-if config file
+    config_hash: Mapped[str | None] = mapped_column(String(64))  # the what-if config's hash
+    config_body: Mapped[dict[str, Any] | None]  # the what-if config (never added to planner_configs)
+    profile_dir: Mapped[str | None] = mapped_column(Text)
+    code_version: Mapped[str] = mapped_column(String(120))
+    num_ticks: Mapped[int]
+    num_identical: Mapped[int]
+    num_differing: Mapped[int]
+    num_skipped: Mapped[int]
+    elapsed_s: Mapped[float]
+
+
+class ReplayTickRow(Base):
+    """One replayed tick: the replayed headline and targets, and what differs from the recorded tick."""
+
+    __tablename__ = "replay_ticks"
+    __table_args__ = (_enum_check("outcome", "outcome", ReplayTickOutcome),)
+    run_id: Mapped[int] = mapped_column(ForeignKey("replay_runs.id", ondelete="CASCADE"), primary_key=True)
+    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
+    outcome: Mapped[str] = mapped_column(String(20))
+    reason: Mapped[str | None] = mapped_column(String(60))
+    target_prefill: Mapped[int | None]
+    target_decode: Mapped[int | None]
+    differences: Mapped[list[Any] | None]  # [{"field", "recorded", "replayed"}, ...]; None when identical
+    detail: Mapped[str | None] = mapped_column(Text)
+
+
+class PruneWatermarkRow(Base):
+    """How far `planner db prune` got: ticks of this deployment and loop up to `pruned_through` are pruned."""
+
+    __tablename__ = "prune_watermarks"
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), primary_key=True)
+    loop: Mapped[str] = mapped_column(String(20), primary_key=True)
+    pruned_through: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())

@@ -1,0 +1,228 @@
+# ruff: noqa: T201  (a benchmark script reports on stdout)
+"""Benchmark (not a test): the history views and prune on ~1.8M generated ticks, with and without the 0003 indexes.
+
+Generates, with generate_series in one SQL script, two deployments of 5 s load ticks and 180 s throughput ticks
+(`bench`: 80 days, `other`: 20 days; ~1.78M ticks) with their worker observations, steps (1 per load tick, 14 per
+throughput tick), traffic, predictions, proposals, decisions with executions and acknowledgements, and small
+planner states (the views never read states; their real size matters for replay, see `replay_week.py`). Then it
+runs each query `--repeat` times under EXPLAIN ANALYZE and prints the median execution time and the plan's index
+use, puts the indexes back as they were before migration 0003 and measures again, and finally times `prune_history`.
+
+    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python tests/bench/history_queries.py
+
+Uses `--database-url` (a database it may fill and leave behind) or starts a throw-away pgserver under /tmp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+import statistics
+import tempfile
+import time
+
+import psycopg
+
+from planner_core.store.db import get_engine, to_libpq_uri, to_sqlalchemy_url
+from planner_core.store.migrate import upgrade
+from planner_core.store.prune import prune_history
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+DEPLOYMENTS = {"bench": 80, "other": 20}  # days of history each
+
+GENERATE = """
+INSERT INTO planner_configs (config_hash, body) VALUES ('bench', '{"ttft_ms": 200, "itl_ms": 10,
+  "throughput_adjustment_interval_seconds": 180, "load_adjustment_interval_seconds": 5,
+  "prefill_engine_num_gpu": null, "decode_engine_num_gpu": null}');
+INSERT INTO deployments (id, name, mode, environment, config_hash) VALUES
+  (1, 'bench', 'disagg', 'virtual', 'bench'), (2, 'other', 'disagg', 'virtual', 'bench');
+
+-- ticks in time order (ids follow the recording order, as live ticks' do): a throughput tick every 36th slot
+CREATE TEMP TABLE slots AS
+SELECT d.id AS deployment_id, s.i, %(t0)s::timestamptz + make_interval(secs => 5 * s.i) AS at
+  FROM (VALUES (1, %(bench_days)s), (2, %(other_days)s)) AS d(id, days),
+       generate_series(0, d.days * 17280 - 1) AS s(i);
+INSERT INTO ticks (id, deployment_id, loop, scheduled_at, config_hash, reason, inputs, previous_tick_id, decide_ms)
+SELECT n, deployment_id, loop, at, 'bench',
+       CASE WHEN loop = 'load' THEN 'no_fpm_data' WHEN i %% 360 = 0 THEN 'scale' ELSE 'no_change' END,
+       jsonb_build_object('now_s', extract(epoch FROM at), 'loop', loop,
+                          'workers', jsonb_build_object('ready_prefill', 2, 'ready_decode', 3,
+                                                        'expected_prefill', 2, 'expected_decode', 3),
+                          'traffic', NULL, 'fpm', '[]'::jsonb),
+       CASE WHEN first THEN NULL ELSE n - 1 END, 0.05
+  FROM (SELECT *, row_number() OVER (ORDER BY deployment_id, at, loop) AS n,
+               row_number() OVER (PARTITION BY deployment_id ORDER BY at, loop) = 1 AS first
+          FROM (SELECT deployment_id, i, at, 'load' AS loop FROM slots
+                UNION ALL SELECT deployment_id, i, at, 'throughput' FROM slots WHERE i %% 36 = 0) x) y;
+SELECT setval(pg_get_serial_sequence('ticks', 'id'), (SELECT max(id) FROM ticks));
+
+INSERT INTO worker_observations SELECT id, 2, 3, 2, 3 FROM ticks;
+INSERT INTO planner_states (tick_id, deployment_id, state)
+SELECT id, deployment_id, jsonb_build_object('num_load_ticks', id) FROM ticks;
+INSERT INTO tick_steps (tick_id, seq, step, component, value, reason, detail)
+SELECT id, 0, 'load', NULL, NULL, 'no_fpm_data', 'no forward-pass metrics observed' FROM ticks WHERE loop = 'load';
+INSERT INTO tick_steps (tick_id, seq, step, component, value, reason, detail)
+SELECT t.id, s.seq, 'step' || s.seq, CASE WHEN s.seq %% 2 = 0 THEN 'prefill' ELSE 'decode' END, s.seq * 1.5,
+       CASE WHEN s.seq IN (0, 1, 13) THEN 'observed' ELSE 'within_range' END, 'generated'
+  FROM ticks t, generate_series(0, 13) AS s(seq) WHERE t.loop = 'throughput';
+INSERT INTO traffic_observations (tick_id, window_s, num_req, isl, osl, isl_p90, osl_p90, ttft_ms, itl_ms)
+SELECT id, 180, 3000 + 1500 * sin(extract(epoch FROM scheduled_at) / 86400 * 2 * pi()) + random() * 300,
+       3000 + random() * 500, 300 + random() * 50, 5000, 600, 60 + random() * 300, 6 + random() * 6
+  FROM ticks WHERE loop = 'throughput';
+INSERT INTO predictions (tick_id, predictor, num_req, isl, osl, reason, quantile, isl_quantile, osl_quantile)
+SELECT tick_id, 'kalman', num_req * (0.9 + random() * 0.2), isl, osl, 'predicted', 'p90', isl_p90, osl_p90
+  FROM traffic_observations;
+INSERT INTO proposals (tick_id, component, current, desired, reason)
+SELECT id, c, 2, 2, 'no_change' FROM ticks, unnest(ARRAY['prefill', 'decode']) AS c WHERE loop = 'throughput';
+INSERT INTO decisions (tick_id, deployment_id, target_prefill, target_decode, reason, status, created_at,
+                       status_changed_at)
+SELECT id, deployment_id, 3, 4, 'scale', 'acknowledged', scheduled_at, scheduled_at FROM ticks WHERE reason = 'scale';
+INSERT INTO executions (decision_id, attempt, connector, executed_at, outcome, detail)
+SELECT d.id, a, 'virtual', d.created_at + make_interval(secs => 10 * a),
+       CASE WHEN a = 3 THEN 'applied' ELSE 'blocked_unacknowledged' END, 'generated'
+  FROM decisions d, generate_series(1, 3) AS a;
+INSERT INTO virtual_decisions (deployment_id, decision_id, planner_decision_id, num_prefill_workers,
+                               num_decode_workers, written_at, acknowledged_at)
+SELECT deployment_id, row_number() OVER (PARTITION BY deployment_id ORDER BY id), id, 3, 4,
+       created_at + interval '30 s', created_at + interval '150 s' FROM decisions;
+"""
+
+# (name, SQL with :end = the newest tick's time)
+QUERIES = (
+    (
+        "decision_history, 7 days",
+        "SELECT * FROM decision_history WHERE deployment = 'bench' AND decided_at >= %(end)s - interval '7 days' "
+        "ORDER BY decided_at",
+    ),
+    (
+        "tick_history, last hour",
+        "SELECT * FROM tick_history WHERE deployment = 'bench' AND scheduled_at >= %(end)s - interval '1 hour' "
+        "ORDER BY scheduled_at",
+    ),
+    (
+        "tick_history reasons, 1 day",
+        "SELECT reason, count(*) FROM tick_history WHERE deployment = 'bench' "
+        "AND scheduled_at >= %(end)s - interval '1 day' GROUP BY reason",
+    ),
+    (
+        "scaling_events, 30 days",
+        "SELECT * FROM scaling_events WHERE deployment = 'bench' AND decided_at >= %(end)s - interval '30 days'",
+    ),
+    (
+        "sla_by_hour, 7 days",
+        "SELECT * FROM sla_by_hour WHERE deployment = 'bench' AND hour >= %(end)s - interval '7 days' ORDER BY hour",
+    ),
+    (
+        "predictor_accuracy, 7 days (mean loss)",
+        "SELECT predictor, count(*), avg(loss) FROM predictor_accuracy WHERE deployment = 'bench' "
+        "AND predicted_at >= %(end)s - interval '7 days' GROUP BY predictor",
+    ),
+    (
+        "latest state (every live tick)",
+        "SELECT tick_id FROM planner_states WHERE deployment_id = 1 ORDER BY tick_id DESC LIMIT 1",
+    ),
+    (
+        "prune batch (5000 oldest load ticks)",
+        "SELECT id, scheduled_at FROM ticks WHERE deployment_id = 1 AND loop = 'load' "
+        "AND scheduled_at < %(end)s - interval '30 days' ORDER BY scheduled_at LIMIT 5000",
+    ),
+)
+
+INDEXES_0003 = {
+    "ix_ticks_deployment_id_scheduled_at": "CREATE INDEX ix_ticks_deployment_id_scheduled_at "
+    "ON ticks (deployment_id, scheduled_at)",
+    "ix_ticks_throughput_hour": "CREATE INDEX ix_ticks_throughput_hour ON ticks "
+    "(deployment_id, date_trunc('hour', scheduled_at, 'UTC')) WHERE loop = 'throughput'",
+    "ix_planner_states_deployment_id_tick_id": "CREATE INDEX ix_planner_states_deployment_id_tick_id "
+    "ON planner_states (deployment_id, tick_id)",
+}
+# The single-column indexes 0003 replaced, restored for the "without" measurement.
+INDEXES_0002 = {
+    "ix_ticks_deployment_id": "CREATE INDEX ix_ticks_deployment_id ON ticks (deployment_id)",
+    "ix_planner_states_deployment_id": "CREATE INDEX ix_planner_states_deployment_id ON planner_states (deployment_id)",
+}
+
+
+def measure(conn: psycopg.Connection, sql: str, params: dict, repeat: int) -> tuple[float, float, str]:
+    """Median and max execution time (ms) of `repeat` EXPLAIN ANALYZE runs, and the indexes the plan used."""
+    times, plan = [], ""
+    for _ in range(repeat):
+        rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()
+        plan = "\n".join(r[0] for r in rows)
+        times.append(float(re.search(r"Execution Time: ([\d.]+) ms", plan).group(1)))
+    indexes = sorted(set(re.findall(r"(?:Index|Index Only) Scan(?: Backward)? using (\w+)", plan)))
+    scans = sorted(set(re.findall(r"Seq Scan on (\w+)", plan)))
+    used = ", ".join(indexes) + (f"; seq scan: {', '.join(scans)}" if scans else "")
+    return statistics.median(times), max(times), used
+
+
+def report(conn: psycopg.Connection, params: dict, repeat: int, label: str) -> None:
+    print(f"\n{label}: median (max) of {repeat} EXPLAIN ANALYZE runs")
+    for name, sql in QUERIES:
+        median, worst, used = measure(conn, sql, params, repeat)
+        print(f"  {name:<40} {median:9.2f} ms ({worst:8.2f})   {used}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database-url", default=None, help="a database to fill (default: a throw-away pgserver)")
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    server = None
+    if args.database_url is None:
+        import pgserver
+
+        server = pgserver.get_server(tempfile.mkdtemp(prefix="pgb", dir="/tmp"), cleanup_mode="delete")
+        url = to_sqlalchemy_url(server.get_uri())
+    else:
+        url = to_sqlalchemy_url(args.database_url)
+    try:
+        upgrade(url)
+        started = time.perf_counter()
+        with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
+            params = {"t0": f"'{T0.isoformat()}'", **{f"{name}_days": d for name, d in DEPLOYMENTS.items()}}
+            with conn.transaction():
+                conn.execute(GENERATE % params)  # one multi-statement script (simple protocol: no parameters)
+            conn.execute("VACUUM ANALYZE")
+            print(f"generated in {time.perf_counter() - started:.1f} s:")
+            for table in ("ticks", "tick_steps", "worker_observations", "planner_states", "decisions", "executions"):
+                count, size = conn.execute(
+                    f"SELECT count(*), pg_size_pretty(pg_total_relation_size('{table}')) FROM {table}"
+                ).fetchone()
+                print(f"  {table:<22} {count:>10,} rows {size:>10}")
+            end = conn.execute("SELECT max(scheduled_at) FROM ticks WHERE deployment_id = 1").fetchone()[0]
+            report(conn, {"end": end}, args.repeat, "with the 0003 indexes")
+            for name in INDEXES_0003:
+                conn.execute(f"DROP INDEX {name}")
+            for ddl in INDEXES_0002.values():
+                conn.execute(ddl)
+            conn.execute("ANALYZE ticks")
+            conn.execute("ANALYZE planner_states")
+            report(conn, {"end": end}, args.repeat, "without them (0002 indexes only)")
+            for name in INDEXES_0002:
+                conn.execute(f"DROP INDEX {name}")
+            for name, ddl in INDEXES_0003.items():
+                started = time.perf_counter()
+                conn.execute(ddl)
+                print(f"  CREATE INDEX {name}: {time.perf_counter() - started:.1f} s")
+            conn.execute("ANALYZE ticks")
+        for days in (60, 30):
+            started = time.perf_counter()
+            summary = prune_history(url, older_than_days=days, now=end + dt.timedelta(seconds=1), batch_size=5000)
+            elapsed = time.perf_counter() - started
+            print(
+                f"\nprune --older-than {days} (from {end:%Y-%m-%d}): {summary.total.to_json()} in "
+                f"{summary.num_batches} batches, {elapsed:.1f} s ({summary.total.num_ticks / elapsed:,.0f} ticks/s)"
+            )
+        started = time.perf_counter()
+        again = prune_history(url, older_than_days=30, now=end + dt.timedelta(seconds=1))
+        print(f"prune again (nothing new): {again.total.num_ticks} ticks in {time.perf_counter() - started:.2f} s")
+    finally:
+        get_engine(url).dispose()
+        if server is not None:
+            server.cleanup()
+
+
+if __name__ == "__main__":
+    main()

@@ -71,12 +71,16 @@ class LoadRuntime:
         accept_length: speculative-decoding mean accepted tokens per step; None = 1.
         avg_isl, avg_osl: mean input/output lengths (tokens) of recent requests; the "next request" every estimate
             adds. 0 = unknown: no next request is added.
+        next_decode_context: KV tokens the next decode request holds, when the request lengths are unknown (no
+            traffic window observed) but the engines' moving average of KV tokens per decode request is; None =
+            `avg_isl + avg_osl / 2`.
     """
 
     kv_hit_rate: float | None = None
     accept_length: float | None = None
     avg_isl: float = 0.0
     avg_osl: float = 0.0
+    next_decode_context: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,6 +162,13 @@ def estimate_prefill_ttft_s(
     return _chunked_s(tokens, max_num_batched_tokens, model.prefill_wall_s)
 
 
+def _next_decode_context(avg_isl: float, avg_osl: float, next_context: float | None) -> float:
+    """KV tokens of the next decode request: `next_context` when given, else `ISL + OSL/2` (0 = unknown)."""
+    if next_context is not None:
+        return max(next_context, 0.0)
+    return max(avg_isl, 0.0) + max(avg_osl, 0.0) / 2.0
+
+
 def estimate_decode_itl_s(
     model: ForwardPassModel,
     fpm: ForwardPassMetrics,
@@ -166,15 +177,17 @@ def estimate_decode_itl_s(
     avg_osl: float,
     accept_length: float,
     decode_scale: float = 1.0,
+    next_context: float | None = None,
 ) -> float:
     """ITL (s) of the next request on one decode engine rank.
 
-    `decode_wall_s((scheduled + queued requests) * scale + 1, (scheduled + queued KV) * scale + ISL + OSL/2)
-    / accept_length`; the next request (the `+ 1` and its context) only when ISL or OSL is known.
+    `decode_wall_s((scheduled + queued requests) * scale + 1, (scheduled + queued KV) * scale + context)
+    / accept_length`, with the next request's context `next_context` if given, else ISL + OSL/2; the next
+    request (the `+ 1` and its context) only when that context is known (> 0).
     """
     num_requests = (fpm.scheduled.num_decode_requests + fpm.queued.num_decode_requests) * decode_scale
     kv_tokens = (fpm.scheduled.sum_decode_kv_tokens + fpm.queued.sum_decode_kv_tokens) * decode_scale
-    next_context = max(avg_isl, 0.0) + max(avg_osl, 0.0) / 2.0
+    next_context = _next_decode_context(avg_isl, avg_osl, next_context)
     if next_context > 0:
         num_requests += 1
         kv_tokens += next_context
@@ -221,6 +234,7 @@ def estimate_agg_itl_s(
     accept_length: float,
     decode_scale: float = 1.0,
     include_queued_prefill: bool = False,
+    next_context: float | None = None,
 ) -> float:
     """ITL (s) of the next request on one aggregated engine rank.
 
@@ -234,7 +248,7 @@ def estimate_agg_itl_s(
         kv_tokens += fpm.queued.sum_prefill_tokens
     num_requests *= decode_scale
     kv_tokens *= decode_scale
-    next_context = max(avg_isl, 0.0) + max(avg_osl, 0.0) / 2.0
+    next_context = _next_decode_context(avg_isl, avg_osl, next_context)
     if next_context > 0:
         num_requests += 1
         kv_tokens += next_context
@@ -423,9 +437,16 @@ def _decode_signal(
                 accept_length=accept,
                 decode_scale=scale,
                 include_queued_prefill=consolidated,  # queued prompts become decode KV once served
+                next_context=runtime.next_decode_context,
             )
         return 1000.0 * estimate_decode_itl_s(
-            model, fpm, avg_isl=runtime.avg_isl, avg_osl=runtime.avg_osl, accept_length=accept, decode_scale=scale
+            model,
+            fpm,
+            avg_isl=runtime.avg_isl,
+            avg_osl=runtime.avg_osl,
+            accept_length=accept,
+            decode_scale=scale,
+            next_context=runtime.next_decode_context,
         )
 
     def kv_tokens(fpm: ForwardPassMetrics) -> int:
@@ -435,13 +456,18 @@ def _decode_signal(
     estimates: list[float] = []
     can_scale_down, refused = n > 1, False
     itl_budget_ms = targets.itl_ms * targets.down_sensitivity
+    next_context = _next_decode_context(runtime.avg_isl, runtime.avg_osl, runtime.next_decode_context)
     for engine in fleet.engines:
         estimate = max(itl_ms(fpm, consolidated=False) for fpm in engine.ranks)
         estimates.append(estimate)
         kv_now = max(kv_tokens(fpm) for fpm in engine.ranks)
         steps.append(
             _estimate_step(
-                inputs.component, "ITL", engine.worker_id, estimate, f"{kv_now} KV tokens, accept length {accept:g}"
+                inputs.component,
+                "ITL",
+                engine.worker_id,
+                estimate,
+                f"{kv_now} KV tokens + next {next_context:.0f}, accept length {accept:g}",
             )
         )
         if not can_scale_down:

@@ -339,6 +339,7 @@ class LoadProposePlugin:
                             runtime=_load_runtime(state, online),
                             throughput_lower_bound=lower_bounds[component],
                             min_endpoint=floors[component],
+                            managed=components,
                         ),
                         model,
                     )
@@ -352,6 +353,7 @@ class LoadProposePlugin:
                             rule=threshold_rule(config, component),
                             throughput_lower_bound=lower_bounds[component],
                             min_endpoint=floors[component],
+                            managed=components,
                         )
                     )
                 steps.extend(pool_steps)

@@ -38,7 +38,7 @@ from planner_core.domain import (
     StepRecord,
     WorkerCounts,
 )
-from planner_core.policy.fleet import Fleet, finalize_load_proposal, observe_fleet
+from planner_core.policy.fleet import BOTH_POOLS, Fleet, finalize_load_proposal, observe_fleet
 
 if TYPE_CHECKING:  # the protocol only types the argument; importing planner_core.perf would load numpy/scipy
     from planner_core.perf.forward import ForwardPassModel
@@ -97,6 +97,7 @@ class SlaLoadInputs:
         runtime: KV hit rate, accept length and average request lengths.
         throughput_lower_bound: the throughput loop's floor for the pool; None when that loop is off.
         min_endpoint: the pool's minimum replicas.
+        managed: the pools the planner scales; a scale in flight in any of them holds this one.
     """
 
     component: Component
@@ -108,6 +109,7 @@ class SlaLoadInputs:
     runtime: LoadRuntime = field(default_factory=LoadRuntime)
     throughput_lower_bound: int | None = None
     min_endpoint: int = 1
+    managed: tuple[Component, ...] = BOTH_POOLS
 
 
 # --- per-engine estimates ------------------------------------------------------------------------------------
@@ -557,7 +559,8 @@ def _hold_at(inputs: SlaLoadInputs) -> int:
 def calculate_load_replicas(inputs: SlaLoadInputs, model: ForwardPassModel) -> tuple[int, tuple[StepRecord, ...]]:
     """One pool's replicas from the latest per-engine forward-pass metrics under the SLA (one load tick).
 
-    Preconditions, in order (each holds the pool and says why): a scale in flight -> `scaling_in_progress`; no
+    Preconditions, in order (each holds the pool and says why): a scale in flight in a managed pool ->
+    `scaling_in_progress`; no
     metrics -> `no_fpm_data`; reporting workers != ready workers -> `worker_count_mismatch` (these three return the
     pool's expected count); the model not ready or no batch token budget -> `insufficient_data` (the current count,
     still raised to the throughput floor and the minimum endpoint).
@@ -573,7 +576,7 @@ def calculate_load_replicas(inputs: SlaLoadInputs, model: ForwardPassModel) -> t
         `scale_down_refused_consolidation`, `insufficient_data`, `no_change`); a hold ends with the `fleet` step.
     """
     component = inputs.component
-    fleet, fleet_step = observe_fleet(component, inputs.fpm, inputs.workers)
+    fleet, fleet_step = observe_fleet(component, inputs.fpm, inputs.workers, managed=inputs.managed)
     steps: list[StepRecord] = [fleet_step]
     if fleet is None:
         return _hold_at(inputs), tuple(steps)

@@ -276,3 +276,30 @@ def test_aggregated_load_loop_is_not_held_by_the_unmanaged_pool(database_url: st
     assert second.inputs.workers.expected_prefill == -1  # the unmanaged pool, as the connector reports it
     assert second.outcome.reason is not ReasonCode.SCALING_IN_PROGRESS
     assert second.outcome.decision.num_decode == 3
+
+
+def test_idle_engines_heartbeats_let_the_load_loop_scale_down(database_url: str, tmp_path: Path) -> None:
+    """Engines with nothing to do only send idle heartbeats (wall time 0); stored like any sample, they are the
+    reports that let the load loop see a quiet pool and remove an engine."""
+    from planner_core.connectors.virtual import VirtualConnectorClient
+
+    ctx = context(
+        database_url,
+        tmp_path,
+        "idle",
+        enable_throughput_scaling=False,
+        enable_load_scaling=True,
+        load_adjustment_interval_seconds=5,
+    )
+    with VirtualConnectorClient(database_url, "idle") as orchestrator:
+        orchestrator.report_workers(ready_prefill=2, ready_decode=1)
+    heartbeats = [
+        ForwardPassMetrics(component=c, worker_id=w, counter_id=7) for c, w in ((P, "p-0"), (P, "p-1"), (D, "d-0"))
+    ]
+    publish(ctx, T0, *heartbeats)
+    result = run_tick(ctx, Loop.LOAD, T0, None)
+    assert result.outcome is not None
+    assert result.outcome.decision.num_prefill == 1
+    steps = stored_steps(ctx, result.tick_id)
+    assert ("fleet", "prefill", ReasonCode.OBSERVED.value, 2.0) in steps
+    assert ("load_decision", "prefill", ReasonCode.SCALE_DOWN.value, 1.0) in steps

@@ -361,27 +361,6 @@ def test_scale_in_flight_holds_whatever_the_load() -> None:
         ]
 
 
-@pytest.mark.parametrize(
-    ("policy", "want"),
-    [
-        # the prompt burst scales the pool; only its own scale holds the tick after
-        ("per_engine", [ReasonCode.SCALE, ReasonCode.SCALING_IN_PROGRESS, ReasonCode.SCALE]),
-        # the 2025 planner samples on (KV 0.02 < 0.5 would scale down, but 1 is the minimum)
-        ("threshold_2025", [ReasonCode.INTERVAL_COLLECTING, ReasonCode.NO_CHANGE, ReasonCode.NO_CHANGE]),
-    ],
-)
-def test_a_pool_the_planner_does_not_manage_never_holds_it(policy: str, want: list[ReasonCode]) -> None:
-    """An aggregated (or single-pool) planner is held only by its own pool's scale: the prefill counts it sees
-    belong to someone else (the virtual connector reports -1 expected for a pool no decision ever named)."""
-    config = make_config(mode="agg", load_policy=policy, threshold_2025_adjustment_interval_seconds=LOAD_INTERVAL_S)
-    cluster = Cluster(expected={P: -1, D: 1}, ready={P: 1, D: 1}, truth=AGG_ENGINE, aggregated=True)
-    loads = [agg_load(200_000, 20, 40_000)] * 3
-    records, _ = run_load_ticks(cluster, loads, config, perf=LoadPerf(forward=AGG_ENGINE))
-    assert reasons_of(records) == want
-    for step in (s for r in records for s in steps_named(r.outcome, "fleet")):
-        assert "prefill" not in step.detail  # only the managed pool is looked at
-
-
 # --- idle: scale down only when consolidation is safe -----------------------------------------------------------
 
 
@@ -632,6 +611,27 @@ def test_aggregated_pool_combines_the_ttft_and_itl_signals() -> None:
     assert state.perf_models.agg.readiness is ModelReadiness.READY
     assert state.perf_models.agg.coefficients == pytest.approx((0.002 * MS, 0.0001 * MS))
     assert steps_named(records[-1].outcome, "perf_model_agg", D)[0].reason is ReasonCode.PERF_MODEL_READY
+
+
+@pytest.mark.parametrize(
+    ("policy", "want"),
+    [
+        # the prompt burst scales the pool; only its own scale holds the tick after
+        ("per_engine", [ReasonCode.SCALE, ReasonCode.SCALING_IN_PROGRESS, ReasonCode.SCALE]),
+        # the 2025 planner samples on (KV 0.02 < 0.5 would scale down, but 1 is the minimum)
+        ("threshold_2025", [ReasonCode.INTERVAL_COLLECTING, ReasonCode.NO_CHANGE, ReasonCode.NO_CHANGE]),
+    ],
+)
+def test_a_pool_the_planner_does_not_manage_never_holds_it(policy: str, want: list[ReasonCode]) -> None:
+    """An aggregated (or single-pool) planner is held only by its own pool's scale: the prefill counts it sees
+    belong to someone else (the virtual connector reports -1 expected for a pool no decision ever named)."""
+    config = make_config(mode="agg", load_policy=policy, threshold_2025_adjustment_interval_seconds=LOAD_INTERVAL_S)
+    cluster = Cluster(expected={P: -1, D: 1}, ready={P: 1, D: 1}, truth=AGG_ENGINE, aggregated=True)
+    loads = [agg_load(200_000, 20, 40_000)] * 3
+    records, _ = run_load_ticks(cluster, loads, config, perf=LoadPerf(forward=AGG_ENGINE))
+    assert reasons_of(records) == want
+    for step in (s for r in records for s in steps_named(r.outcome, "fleet")):
+        assert "prefill" not in step.detail  # only the managed pool is looked at
 
 
 # --- threshold targets and the 2025 threshold planner ------------------------------------------------------------

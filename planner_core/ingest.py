@@ -14,10 +14,12 @@ Engines (or a relay in front of them) publish on ZMQ PUB sockets that connect to
 Decoding is strict: a missing field takes Dynamo's default, but `worker_id` must be a non-empty string, counts
 and token sums non-negative integers (not booleans, not floats), times and variances finite and non-negative;
 unknown keys are ignored so a newer engine that adds fields is still read. Idle heartbeats (`wall_time` 0) are
-counted and skipped. A message that is oversized, not two frames with a known topic, not msgpack, or not the
-schema is counted under its `DropReason`, logged (rate-limited) and dropped; nothing a publisher sends stops the
-ingest. Decoded samples are inserted in batches (every `batch_size` samples or `flush_interval_s`); while
-Postgres is unreachable they wait in memory up to `max_pending` (then the oldest are dropped and counted).
+counted and stored like any sample: they are an idle engine's only report, and the load loop needs every ready
+engine's report to scale an idle pool down (the online perf models skip them). A message that is oversized, not
+two frames with a known topic, not msgpack, or not the schema is counted under its `DropReason`, logged
+(rate-limited) and dropped; nothing a publisher sends stops the ingest. Decoded samples are inserted in batches
+(every `batch_size` samples or `flush_interval_s`); while Postgres is unreachable they wait in memory up to
+`max_pending` (then the oldest are dropped and counted).
 Samples older than the retention period are deleted in batches of short transactions.
 """
 
@@ -278,7 +280,7 @@ class IngestStats:
 
     received: int = 0  # messages taken off the socket
     stored: int = 0  # samples committed to Postgres
-    heartbeats: int = 0  # idle heartbeats (wall_time 0): counted, not stored
+    heartbeats: int = 0  # idle heartbeats (wall_time 0), stored too (an idle engine's only report)
     dropped: dict[DropReason, int] = field(default_factory=dict)  # messages dropped, by reason
     db_errors: int = 0  # failed flushes (the batch is kept and retried)
     lost_pending: int = 0  # decoded samples discarded because the database stayed unreachable too long
@@ -382,7 +384,7 @@ class FpmIngest:
     # -- receiving --
 
     def handle(self, frames: Sequence[bytes], received_at: dt.datetime) -> None:
-        """Decode one message and queue it for the next flush (or count it as a heartbeat or a drop)."""
+        """Decode one message and queue it for the next flush (counted as a heartbeat when idle), or count a drop."""
         self.stats.received += 1
         try:
             fpm, version = decode_fpm_message(frames, max_bytes=self.max_message_bytes)
@@ -391,8 +393,9 @@ class FpmIngest:
             self._limiter.warning(f"drop-{exc.reason}", "dropped a forward-pass metrics message: %s", exc)
             return
         if fpm.is_idle_heartbeat:
+            # Stored all the same: without it an idle engine would vanish from the load ticks (no report in the
+            # last load intervals), and a pool whose engines went quiet could never be scaled down.
             self.stats.heartbeats += 1
-            return
         self._pending.append(FpmSample(fpm=fpm, received_at=received_at, version=version))
 
     def _drain(self) -> None:

@@ -2,6 +2,11 @@
 
 The Prefect flows in `flows/` are thin wrappers over these functions (so is the demo), which keeps the
 orchestration layer free of business logic and lets tests call the same code without Prefect.
+
+User plugins (`plugins.enabled`, found through the `llm_planner.plugins` entry-point group) are loaded once per
+context (`load_context`) and run in every tick beside the builtin ones; an entry point that failed to load is
+recorded as a `plugin_load_failed` step of every tick of that context. The live path hands `tick()` a monotonic
+clock, so plugin timeouts and the tick deadline are enforced.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +25,8 @@ from planner_core.config import EnvironmentKind, PlannerConfig, load_config
 from planner_core.connectors.virtual import VirtualConnector
 from planner_core.domain import Loop, PlannerState, TickInputs, TickOutcome, TrafficObservation, WorkerCounts
 from planner_core.perf.model import ProfilePerfModel
+from planner_core.pipeline import Plugin, PluginLoadError, load_entry_point_plugins, resolve_plugins
+from planner_core.pipeline.builtin import builtin_plugins
 from planner_core.store import repository as repo
 from planner_core.store.db import session_factory
 from planner_core.store.execution import ExecutionSummary, execute_pending
@@ -41,6 +49,8 @@ class PlannerContext:
     perf: ProfilePerfModel | None
     warmup_trace: Path | None = None  # `load_predictor_warmup_trace`, relative paths taken from the config's folder
     kubernetes: KubernetesConnector | None = None  # `environment: kubernetes`: built and validated by load_context
+    plugins: tuple[Plugin, ...] = ()  # the user's plugins, loaded and resolved against the config (`load_plugins`)
+    plugin_load_errors: tuple[PluginLoadError, ...] = ()  # enabled entry points that failed to load (skipped)
 
     @property
     def sessions(self) -> sessionmaker[Session]:
@@ -86,13 +96,36 @@ def connect_kubernetes(config: PlannerConfig) -> tuple[KubernetesConnector, Plan
     return connector, effective_config(config, connector.info)
 
 
+def load_plugins(
+    config: PlannerConfig, perf: ProfilePerfModel | None, *, source: str = "config"
+) -> tuple[tuple[Plugin, ...], tuple[PluginLoadError, ...]]:
+    """The user's plugins of `config.plugins.enabled`, with `plugins.overrides` applied, and the entry points that
+    failed to load.
+
+    The list is checked together with the builtin plugins of both loops, so a user plugin can never take a builtin
+    plugin's id (which would stop every tick) and an override naming a builtin id is not mistaken for a typo.
+
+    Raises:
+        PluginConfigError: an enabled name is not installed, an override names no plugin, or ids collide (one line).
+    """
+    loaded, errors = load_entry_point_plugins(config, source=source)
+    if not loaded and not config.plugins.overrides:
+        return (), errors
+    builtins = (*builtin_plugins(Loop.THROUGHPUT, perf), *builtin_plugins(Loop.LOAD, perf))
+    builtin_ids = {plugin.spec.plugin_id for plugin in builtins}
+    resolved = resolve_plugins((*builtins, *loaded), config, source=source)
+    return tuple(plugin for plugin in resolved if plugin.spec.plugin_id not in builtin_ids), errors
+
+
 def load_context(database_url: str, deployment: str, config_path: str | Path) -> PlannerContext:
-    """Load the config and its profile. A missing profile leaves `perf` None (the tick says model_not_ready).
+    """Load the config, its profile and the user's plugins. A missing profile leaves `perf` None (the tick says
+    model_not_ready).
 
     With `environment: kubernetes` the parent DGD is read and validated here (see `connect_kubernetes`).
 
     Raises:
         ConfigError: the config file is bad (one line naming file, field and value).
+        PluginConfigError: the config's `plugins` section names a plugin that is not installed or does not fit.
         SchemaOutOfDate: the database needs `planner db upgrade`.
         KubernetesConnectorError: the DGD cannot be scaled as configured (one line).
     """
@@ -126,10 +159,11 @@ def context_for_config(
         kubernetes: the connected Kubernetes connector (live ticks with `environment: kubernetes` only).
     """
     profile_dir = profile_dir if profile_dir is not None else resolve_profile_dir(config, config_path)
-    perf_table = (
-        resolve_config_relative(config.perf_table, config_path) if config.perf_table is not None else None
-    )
+    perf_table = resolve_config_relative(config.perf_table, config_path) if config.perf_table is not None else None
     perf = ProfilePerfModel.load(profile_dir, perf_table=perf_table) if profile_dir.exists() else None
+    plugins, plugin_load_errors = load_plugins(
+        config, perf, source=config_path.name if config_path is not None else "config"
+    )
     warmup = config.load_predictor_warmup_trace
     return PlannerContext(
         database_url=database_url,
@@ -139,17 +173,22 @@ def context_for_config(
         # relative paths and globs are anchored at the config file's folder
         warmup_trace=resolve_config_relative(warmup, config_path) if warmup else None,
         kubernetes=kubernetes,
+        plugins=plugins,
+        plugin_load_errors=plugin_load_errors,
     )
 
 
-def decide(ctx: PlannerContext, inputs: TickInputs, state: PlannerState) -> TickOutcome:
+def decide(
+    ctx: PlannerContext, inputs: TickInputs, state: PlannerState, *, clock: Callable[[], float] | None = None
+) -> TickOutcome:
     """The planner's decision for one tick: the only function live ticks and replay call to decide.
 
-    Pure given the context (no clock, no I/O): `run_tick` records its outcome, `planner replay` compares it with
+    Pure given the context (no I/O; `clock`, passed by live ticks only, just enforces plugin and tick deadlines):
+    `run_tick` records its outcome, `planner replay` compares it with
     what was recorded. Whatever the decision grows to use (more inputs, more models in the context, a pipeline
     of plugins) belongs here or in `context_for_config`, never in one caller only.
     """
-    return tick(inputs, state, ctx.config, ctx.perf)
+    return tick(inputs, state, ctx.config, ctx.perf, ctx.plugins, clock=clock)
 
 
 def initial_state(ctx: PlannerContext) -> PlannerState:
@@ -219,8 +258,13 @@ def run_tick(
         if previous_tick_id is None and ctx.warmup_trace is not None:
             state = _warm_started(session, deployment.id, ctx)
         started = time.perf_counter()
-        outcome = decide(ctx, inputs, state)
+        # The monotonic clock only enforces plugin timeouts and the tick deadline; the tick's time is `now_s`.
+        outcome = decide(ctx, inputs, state, clock=time.monotonic)
         decide_ms = (time.perf_counter() - started) * 1000.0
+        if ctx.plugin_load_errors:
+            # A plugin that could not be loaded did not run in this tick either: say so first in its explanation.
+            load_steps = tuple(error.as_step() for error in ctx.plugin_load_errors)
+            outcome = dataclasses.replace(outcome, steps=(*load_steps, *outcome.steps))
         tick_id = repo.record_tick(
             session,
             repo.TickRecord(

@@ -8,6 +8,7 @@ see each other's rows and nothing has to be cleaned up with DELETE.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -101,6 +102,21 @@ def azure_conv_trace() -> Path:
     if not AZURE_CONV.exists():
         pytest.skip(f"trace not found at {AZURE_CONV}")
     return AZURE_CONV
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A directory on `sys.path` for installed test distributions (plugin packages, see
+    tests/test_plugin_packages.py); modules imported from it are forgotten after the test."""
+    directory = tmp_path / "site-packages"
+    directory.mkdir()
+    monkeypatch.syspath_prepend(str(directory))
+    before = set(sys.modules)
+    yield directory
+    for name in set(sys.modules) - before:
+        module_file = getattr(sys.modules[name], "__file__", None) or ""
+        if module_file.startswith(str(directory)):
+            del sys.modules[name]
 
 
 def write_config(directory: Path, **overrides: object) -> Path:

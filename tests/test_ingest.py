@@ -91,7 +91,7 @@ def test_missing_fields_take_dynamos_defaults_and_unknown_keys_are_ignored() -> 
 
 
 def test_idle_heartbeat_decodes_as_such() -> None:
-    """wall_time 0 is Dynamo's idle heartbeat: valid, and flagged so the ingest skips it."""
+    """wall_time 0 is Dynamo's idle heartbeat: valid, and flagged (stored, never a perf-model sample)."""
     fpm, _ = decode_fpm_message([b"fpm.decode", _payload(wall_time=0.0)])
     assert fpm.is_idle_heartbeat
 
@@ -270,8 +270,9 @@ def test_stream_with_garbage_is_counted_dropped_and_good_messages_land(
         DropReason.OVERSIZED: 1,
         DropReason.BAD_FRAMES: 2,
     }
-    assert (stats.received, stats.heartbeats, stats.stored, stats.db_errors) == (18, 1, 12, 0)  # 12 = 3 x 4 busy
-    assert _rows(url, deployment_id) == 12
+    # 13 = 3 x 4 busy + the heartbeat (an idle engine's only report is kept)
+    assert (stats.received, stats.heartbeats, stats.stored, stats.db_errors) == (18, 1, 13, 0)
+    assert _rows(url, deployment_id) == 13
     assert "dropped a forward-pass metrics message: not_msgpack" in caplog.text
     with session_factory(url).begin() as session:
         latest = latest_fpm(session, deployment_id, since=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))

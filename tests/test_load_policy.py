@@ -214,6 +214,10 @@ def test_decode_itl_estimate_counts_queue_next_request_and_accept_length() -> No
     assert scaled * 1000 == pytest.approx(23.11)
     # lengths unknown: no next request, 120000 -> 17 ms
     assert estimate_decode_itl_s(MODEL, fpm, avg_isl=0, avg_osl=0, accept_length=1.0) * 1000 == pytest.approx(17.0)
+    # the next request's context given (the engines' moving average, 2000 KV tokens) wins over ISL + OSL/2:
+    # 120000 + 2000 = 122000 -> 5 + 12.2 = 17.2 ms
+    given = estimate_decode_itl_s(MODEL, fpm, avg_isl=1000, avg_osl=200, accept_length=1.0, next_context=2000)
+    assert given * 1000 == pytest.approx(17.2)
 
 
 def test_agg_ttft_chunks_ride_on_the_decode_batch() -> None:
@@ -346,6 +350,22 @@ def test_model_not_ready_holds_but_keeps_the_floors() -> None:
     desired, steps = calculate_load_replicas(inputs(Component.PREFILL, IDLE2, throughput_lower_bound=4), not_ready)
     assert desired == 4 and headline(steps) is ReasonCode.SCALE_UP  # the floor, not the load signal, lifts it
     assert by_step(steps, "throughput_floor")[0].reason is ReasonCode.RAISED_TO_THROUGHPUT_FLOOR
+
+
+@pytest.mark.parametrize(
+    ("managed", "want_reason"),
+    [
+        ((Component.PREFILL, Component.DECODE), ReasonCode.SCALING_IN_PROGRESS),  # disagg: either pool holds both
+        ((Component.DECODE,), ReasonCode.SCALE_DOWN),  # decode-only or aggregated: the prefill pool is someone else's
+    ],
+)
+def test_only_managed_pools_hold_the_loop(managed: tuple[Component, ...], want_reason: ReasonCode) -> None:
+    """A prefill scale in flight (1 of 2 ready) holds the decode pool only when this planner manages prefill too."""
+    workers = WorkerCounts(ready_prefill=1, ready_decode=2, expected_prefill=2, expected_decode=2)
+    fleet = decode_fleet([0, 0])
+    desired, steps = calculate_load_replicas(inputs(Component.DECODE, fleet, workers=workers, managed=managed), MODEL)
+    assert steps[-1].reason is want_reason
+    assert desired == (2 if want_reason is ReasonCode.SCALING_IN_PROGRESS else 1)
 
 
 def test_idle_heartbeats_count_as_reports() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import sys
 import tomllib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,20 +55,6 @@ def install_distribution(site: Path, name: str, modules: dict[str, str], entry_p
     (dist_info / "entry_points.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     for filename, text in modules.items():
         (site / filename).write_text(text, encoding="utf-8")
-
-
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A directory on `sys.path` for installed test distributions; modules imported from it are forgotten after."""
-    directory = tmp_path / "site-packages"
-    directory.mkdir()
-    monkeypatch.syspath_prepend(str(directory))
-    before = set(sys.modules)
-    yield directory
-    for name in set(sys.modules) - before:
-        module_file = getattr(sys.modules[name], "__file__", None) or ""
-        if module_file.startswith(str(directory)):
-            del sys.modules[name]
 
 
 def install_example(site: Path) -> None:

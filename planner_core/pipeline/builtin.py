@@ -64,6 +64,7 @@ from planner_core.predict import observe_window, predict_next
 
 if TYPE_CHECKING:
     from planner_core.perf.forward import ForwardPassModel
+    from planner_core.perf.online import OnlineForwardPassModel
 
 PREDICT_ID = "builtin_load_predict"
 THROUGHPUT_ID = "builtin_throughput_propose"
@@ -336,6 +337,60 @@ def forward_model_for(
 
 
 _ROLE_OF_POOL = {Component.PREFILL: PerfModelRole.PREFILL, Component.DECODE: PerfModelRole.DECODE}
+MODEL_STEP = "forward_pass_model"
+
+
+def _choose_model(
+    component: Component, online: OnlineForwardPassModel, bootstrap: ForwardPassModel | None
+) -> tuple[ForwardPassModel, StepRecord]:
+    """The model that answers this pool's TTFT/ITL questions, and a step saying which: the online regression once
+    it is ready, the bootstrap model (profile or perf table) before (recorded, so the audit trail shows when the
+    engines' own metrics were not used yet)."""
+    role = online.role.value
+    if online.is_ready():
+        return online, StepRecord(
+            step=MODEL_STEP,
+            component=component,
+            reason=ReasonCode.PERF_MODEL_READY,
+            detail=f"the online {role} regression answers",
+        )
+    if bootstrap is not None:
+        return bootstrap, StepRecord(
+            step=MODEL_STEP,
+            component=component,
+            reason=ReasonCode.PERF_MODEL_BOOTSTRAP,
+            detail=f"the online {role} model is {online.state.readiness.value}: the bootstrap model answers",
+        )
+    return online, StepRecord(
+        step=MODEL_STEP,
+        component=component,
+        reason=ReasonCode.INSUFFICIENT_DATA,
+        detail=f"the online {role} model is {online.state.readiness.value} and there is no bootstrap model",
+    )
+
+
+def _load_runtime(state: PlannerState, online: OnlineForwardPassModel) -> LoadRuntime:
+    """What the SLA load proposer assumes of the next request.
+
+    With a traffic window observed (the throughput loop runs), the last window's mean ISL and OSL. With the load
+    loop alone, the engines' own moving averages: the prompt length the prefill (or aggregated) engines computed
+    and, for the next decode request, the KV tokens per decode request the decode engines held (Dynamo's average
+    decode length); without either, the next decode request would silently be left out of every ITL estimate.
+    """
+    history = state.load_history
+    if history.isl:
+        return LoadRuntime(
+            kv_hit_rate=state.last_kv_hit_rate,
+            accept_length=state.last_accept_length,
+            avg_isl=history.isl[-1],
+            avg_osl=history.osl[-1] if history.osl else 0.0,
+        )
+    return LoadRuntime(
+        kv_hit_rate=state.last_kv_hit_rate,
+        accept_length=state.last_accept_length,
+        avg_isl=online.avg_isl,
+        next_decode_context=online.avg_decode_context if online.avg_decode_context > 0 else None,
+    )
 
 
 # --- load loop -------------------------------------------------------------------------------------------------
@@ -387,8 +442,8 @@ class LoadProposePlugin:
                     online_state = getattr(state.perf_models, role.value)
                     online = OnlineForwardPassModel(online_state)
                     steps.append(readiness_step(online_state, component))
-                    model = online if online.is_ready() or self.bootstrap is None else self.bootstrap
-                    history = state.load_history
+                    model, model_step = _choose_model(component, online, self.bootstrap)
+                    steps.append(model_step)
                     value, pool_steps = calculate_load_replicas(
                         SlaLoadInputs(
                             component=component,
@@ -401,14 +456,10 @@ class LoadProposePlugin:
                                 itl_ms=config.itl_ms,
                                 down_sensitivity=config.load_scaling_down_sensitivity / 100.0,
                             ),
-                            runtime=LoadRuntime(
-                                kv_hit_rate=state.last_kv_hit_rate,
-                                accept_length=state.last_accept_length,
-                                avg_isl=history.isl[-1] if history.isl else online.avg_isl,
-                                avg_osl=history.osl[-1] if history.osl else 0.0,
-                            ),
+                            runtime=_load_runtime(state, online),
                             throughput_lower_bound=lower_bounds[component],
                             min_endpoint=floors[component],
+                            managed=components,
                         ),
                         model,
                     )
@@ -422,6 +473,7 @@ class LoadProposePlugin:
                             rule=threshold_rule(config, component),
                             throughput_lower_bound=lower_bounds[component],
                             min_endpoint=floors[component],
+                            managed=components,
                         )
                     )
                 steps.extend(pool_steps)

@@ -3,8 +3,10 @@
 A load policy proposes one pool's replicas from the latest forward-pass metrics (FPM) of each engine. Before a
 policy looks at the numbers, the fleet must be stable and fully reporting (`observe_fleet`), checked in this order:
 
-1. a scale in flight (expected != ready in any pool; as Dynamo does for disaggregated deployments, a scale of one
-   pool holds both) -> hold, `scaling_in_progress`;
+1. a scale in flight (expected != ready in any pool the planner manages; as Dynamo does for disaggregated
+   deployments, a scale of one pool holds both) -> hold, `scaling_in_progress`. A pool the planner does not manage
+   (the prefill pool of a decode-only or aggregated planner) never holds it: its counts belong to someone else
+   and may never settle as far as this planner can see;
 2. no metrics from the pool -> hold, `no_fpm_data`;
 3. the workers reporting metrics are not as many as the ready workers, or they report different attention-DP
    ranks -> hold, `worker_count_mismatch`.
@@ -69,8 +71,27 @@ def latest_per_engine(component: Component, fpm: tuple[ForwardPassMetrics, ...])
     )
 
 
+BOTH_POOLS = (Component.PREFILL, Component.DECODE)
+
+
+def scale_in_flight(workers: WorkerCounts, managed: tuple[Component, ...] = BOTH_POOLS) -> str | None:
+    """Why a scale is in flight in one of the `managed` pools (expected != ready), or None when all are settled.
+
+    Returns:
+        e.g. "expected != ready: prefill 1/2, decode 3/3 ready" (managed pools only).
+    """
+    if all(workers.ready(c) == workers.expected(c) for c in managed):
+        return None
+    shown = ", ".join(f"{c.value} {workers.ready(c)}/{workers.expected(c)}" for c in managed)
+    return f"expected != ready: {shown} ready"
+
+
 def observe_fleet(
-    component: Component, fpm: tuple[ForwardPassMetrics, ...], workers: WorkerCounts
+    component: Component,
+    fpm: tuple[ForwardPassMetrics, ...],
+    workers: WorkerCounts,
+    *,
+    managed: tuple[Component, ...] = BOTH_POOLS,
 ) -> tuple[Fleet | None, StepRecord]:
     """Check the load loop's preconditions for one pool.
 
@@ -78,21 +99,21 @@ def observe_fleet(
         component: the pool (DECODE for aggregated mode's single pool).
         fpm: forward-pass metrics of the tick, the latest per (worker, DP rank); other pools' reports are ignored.
         workers: ready and expected workers of every pool.
+        managed: the pools the planner scales (`config.managed_components`); a scale in flight in any of them
+            holds `component`, one in another pool does not.
 
     Returns:
         The fleet and an `observed` step, or None and a step whose reason says why the pool is held
         (`scaling_in_progress`, `no_fpm_data`, `worker_count_mismatch`).
     """
-    if workers.scaling_in_progress:
+    in_flight = scale_in_flight(workers, managed)
+    if in_flight is not None:
         return None, StepRecord(
             step="fleet",
             component=component,
             value=workers.expected(component),
             reason=ReasonCode.SCALING_IN_PROGRESS,
-            detail=(
-                f"expected != ready: prefill {workers.ready_prefill}/{workers.expected_prefill}, "
-                f"decode {workers.ready_decode}/{workers.expected_decode} ready"
-            ),
+            detail=in_flight,
         )
     engines = latest_per_engine(component, fpm)
     ready = workers.ready(component)

@@ -38,7 +38,7 @@ from planner_core.domain import (
     StepRecord,
     WorkerCounts,
 )
-from planner_core.policy.fleet import Fleet, finalize_load_proposal, observe_fleet
+from planner_core.policy.fleet import BOTH_POOLS, Fleet, finalize_load_proposal, observe_fleet
 
 if TYPE_CHECKING:  # the protocol only types the argument; importing planner_core.perf would load numpy/scipy
     from planner_core.perf.forward import ForwardPassModel
@@ -71,12 +71,16 @@ class LoadRuntime:
         accept_length: speculative-decoding mean accepted tokens per step; None = 1.
         avg_isl, avg_osl: mean input/output lengths (tokens) of recent requests; the "next request" every estimate
             adds. 0 = unknown: no next request is added.
+        next_decode_context: KV tokens the next decode request holds, when the request lengths are unknown (no
+            traffic window observed) but the engines' moving average of KV tokens per decode request is; None =
+            `avg_isl + avg_osl / 2`.
     """
 
     kv_hit_rate: float | None = None
     accept_length: float | None = None
     avg_isl: float = 0.0
     avg_osl: float = 0.0
+    next_decode_context: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,6 +97,7 @@ class SlaLoadInputs:
         runtime: KV hit rate, accept length and average request lengths.
         throughput_lower_bound: the throughput loop's floor for the pool; None when that loop is off.
         min_endpoint: the pool's minimum replicas.
+        managed: the pools the planner scales; a scale in flight in any of them holds this one.
     """
 
     component: Component
@@ -104,6 +109,7 @@ class SlaLoadInputs:
     runtime: LoadRuntime = field(default_factory=LoadRuntime)
     throughput_lower_bound: int | None = None
     min_endpoint: int = 1
+    managed: tuple[Component, ...] = BOTH_POOLS
 
 
 # --- per-engine estimates ------------------------------------------------------------------------------------
@@ -158,6 +164,13 @@ def estimate_prefill_ttft_s(
     return _chunked_s(tokens, max_num_batched_tokens, model.prefill_wall_s)
 
 
+def _next_decode_context(avg_isl: float, avg_osl: float, next_context: float | None) -> float:
+    """KV tokens of the next decode request: `next_context` when given, else `ISL + OSL/2` (0 = unknown)."""
+    if next_context is not None:
+        return max(next_context, 0.0)
+    return max(avg_isl, 0.0) + max(avg_osl, 0.0) / 2.0
+
+
 def estimate_decode_itl_s(
     model: ForwardPassModel,
     fpm: ForwardPassMetrics,
@@ -166,15 +179,17 @@ def estimate_decode_itl_s(
     avg_osl: float,
     accept_length: float,
     decode_scale: float = 1.0,
+    next_context: float | None = None,
 ) -> float:
     """ITL (s) of the next request on one decode engine rank.
 
-    `decode_wall_s((scheduled + queued requests) * scale + 1, (scheduled + queued KV) * scale + ISL + OSL/2)
-    / accept_length`; the next request (the `+ 1` and its context) only when ISL or OSL is known.
+    `decode_wall_s((scheduled + queued requests) * scale + 1, (scheduled + queued KV) * scale + context)
+    / accept_length`, with the next request's context `next_context` if given, else ISL + OSL/2; the next
+    request (the `+ 1` and its context) only when that context is known (> 0).
     """
     num_requests = (fpm.scheduled.num_decode_requests + fpm.queued.num_decode_requests) * decode_scale
     kv_tokens = (fpm.scheduled.sum_decode_kv_tokens + fpm.queued.sum_decode_kv_tokens) * decode_scale
-    next_context = max(avg_isl, 0.0) + max(avg_osl, 0.0) / 2.0
+    next_context = _next_decode_context(avg_isl, avg_osl, next_context)
     if next_context > 0:
         num_requests += 1
         kv_tokens += next_context
@@ -221,6 +236,7 @@ def estimate_agg_itl_s(
     accept_length: float,
     decode_scale: float = 1.0,
     include_queued_prefill: bool = False,
+    next_context: float | None = None,
 ) -> float:
     """ITL (s) of the next request on one aggregated engine rank.
 
@@ -234,7 +250,7 @@ def estimate_agg_itl_s(
         kv_tokens += fpm.queued.sum_prefill_tokens
     num_requests *= decode_scale
     kv_tokens *= decode_scale
-    next_context = max(avg_isl, 0.0) + max(avg_osl, 0.0) / 2.0
+    next_context = _next_decode_context(avg_isl, avg_osl, next_context)
     if next_context > 0:
         num_requests += 1
         kv_tokens += next_context
@@ -423,9 +439,16 @@ def _decode_signal(
                 accept_length=accept,
                 decode_scale=scale,
                 include_queued_prefill=consolidated,  # queued prompts become decode KV once served
+                next_context=runtime.next_decode_context,
             )
         return 1000.0 * estimate_decode_itl_s(
-            model, fpm, avg_isl=runtime.avg_isl, avg_osl=runtime.avg_osl, accept_length=accept, decode_scale=scale
+            model,
+            fpm,
+            avg_isl=runtime.avg_isl,
+            avg_osl=runtime.avg_osl,
+            accept_length=accept,
+            decode_scale=scale,
+            next_context=runtime.next_decode_context,
         )
 
     def kv_tokens(fpm: ForwardPassMetrics) -> int:
@@ -435,13 +458,18 @@ def _decode_signal(
     estimates: list[float] = []
     can_scale_down, refused = n > 1, False
     itl_budget_ms = targets.itl_ms * targets.down_sensitivity
+    next_context = _next_decode_context(runtime.avg_isl, runtime.avg_osl, runtime.next_decode_context)
     for engine in fleet.engines:
         estimate = max(itl_ms(fpm, consolidated=False) for fpm in engine.ranks)
         estimates.append(estimate)
         kv_now = max(kv_tokens(fpm) for fpm in engine.ranks)
         steps.append(
             _estimate_step(
-                inputs.component, "ITL", engine.worker_id, estimate, f"{kv_now} KV tokens, accept length {accept:g}"
+                inputs.component,
+                "ITL",
+                engine.worker_id,
+                estimate,
+                f"{kv_now} KV tokens + next {next_context:.0f}, accept length {accept:g}",
             )
         )
         if not can_scale_down:
@@ -531,7 +559,8 @@ def _hold_at(inputs: SlaLoadInputs) -> int:
 def calculate_load_replicas(inputs: SlaLoadInputs, model: ForwardPassModel) -> tuple[int, tuple[StepRecord, ...]]:
     """One pool's replicas from the latest per-engine forward-pass metrics under the SLA (one load tick).
 
-    Preconditions, in order (each holds the pool and says why): a scale in flight -> `scaling_in_progress`; no
+    Preconditions, in order (each holds the pool and says why): a scale in flight in a managed pool ->
+    `scaling_in_progress`; no
     metrics -> `no_fpm_data`; reporting workers != ready workers -> `worker_count_mismatch` (these three return the
     pool's expected count); the model not ready or no batch token budget -> `insufficient_data` (the current count,
     still raised to the throughput floor and the minimum endpoint).
@@ -547,7 +576,7 @@ def calculate_load_replicas(inputs: SlaLoadInputs, model: ForwardPassModel) -> t
         `scale_down_refused_consolidation`, `insufficient_data`, `no_change`); a hold ends with the `fleet` step.
     """
     component = inputs.component
-    fleet, fleet_step = observe_fleet(component, inputs.fpm, inputs.workers)
+    fleet, fleet_step = observe_fleet(component, inputs.fpm, inputs.workers, managed=inputs.managed)
     steps: list[StepRecord] = [fleet_step]
     if fleet is None:
         return _hold_at(inputs), tuple(steps)

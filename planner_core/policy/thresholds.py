@@ -50,7 +50,14 @@ from planner_core.domain import (
     ThresholdPlannerState,
     WorkerCounts,
 )
-from planner_core.policy.fleet import Fleet, combine_headlines, finalize_load_proposal, observe_fleet
+from planner_core.policy.fleet import (
+    BOTH_POOLS,
+    Fleet,
+    combine_headlines,
+    finalize_load_proposal,
+    observe_fleet,
+    scale_in_flight,
+)
 
 # Dynamo's static thresholds of the `throughput` and `latency` targets.
 PREFILL_THROUGHPUT_UP, PREFILL_THROUGHPUT_DOWN = 1.0, 0.1  # queued prompt tokens / context_length
@@ -190,6 +197,7 @@ class ThresholdInputs:
         rule: the target's thresholds for the pool (`threshold_rule`); None = thresholds missing.
         throughput_lower_bound: the throughput loop's floor for the pool; None when that loop is off.
         min_endpoint: the pool's minimum replicas.
+        managed: the pools the planner scales; a scale in flight in any of them holds this one.
     """
 
     component: Component
@@ -199,6 +207,7 @@ class ThresholdInputs:
     rule: ThresholdRule | None
     throughput_lower_bound: int | None = None
     min_endpoint: int = 1
+    managed: tuple[Component, ...] = BOTH_POOLS
 
 
 def _threshold_signal(
@@ -266,7 +275,7 @@ def calculate_threshold_replicas(inputs: ThresholdInputs) -> tuple[int, tuple[St
         lift it) and the steps; the last, `load_decision`, carries the headline reason.
     """
     component = inputs.component
-    fleet, fleet_step = observe_fleet(component, inputs.fpm, inputs.workers)
+    fleet, fleet_step = observe_fleet(component, inputs.fpm, inputs.workers, managed=inputs.managed)
     steps: list[StepRecord] = [fleet_step]
     if fleet is None:
         return inputs.workers.expected(component), tuple(steps)
@@ -415,21 +424,15 @@ def calculate_threshold_2025(
         (`scaling_in_progress`, `interval_collecting`, `workers_changed_in_interval`, or the decision's).
     """
     steps: list[StepRecord] = []
-    if workers.scaling_in_progress:
+    in_flight = scale_in_flight(workers, settings.components)
+    if in_flight is not None:
         # The 2025 planner blocked sampling while workers were being added or removed and started a fresh interval
         # afterwards: samples of a fleet in transition describe neither size. The grace counter carries over.
         next_state = dataclasses.replace(
             ThresholdPlannerState(), decode_grace_intervals_left=state.decode_grace_intervals_left
         )
         steps.append(
-            StepRecord(
-                step="fleet",
-                reason=ReasonCode.SCALING_IN_PROGRESS,
-                detail=(
-                    f"expected != ready: prefill {workers.ready_prefill}/{workers.expected_prefill}, "
-                    f"decode {workers.ready_decode}/{workers.expected_decode} ready; sampling paused"
-                ),
-            )
+            StepRecord(step="fleet", reason=ReasonCode.SCALING_IN_PROGRESS, detail=f"{in_flight}; sampling paused")
         )
         return Threshold2025Outcome(
             num_prefill=None,
@@ -448,7 +451,7 @@ def calculate_threshold_2025(
             decode_grace_intervals_left=state.decode_grace_intervals_left,
         )
     for component in settings.components:
-        fleet, fleet_step = observe_fleet(component, fpm, workers)
+        fleet, fleet_step = observe_fleet(component, fpm, workers, managed=settings.components)
         if fleet is None:
             steps.append(fleet_step)  # no sample from this pool this tick
             continue
@@ -485,7 +488,8 @@ def calculate_threshold_2025(
         interval_num_decode=workers.ready_decode,
         decode_grace_intervals_left=state.decode_grace_intervals_left,
     )
-    if (workers.ready_prefill, workers.ready_decode) != (state.interval_num_prefill, state.interval_num_decode):
+    at_start = {Component.PREFILL: state.interval_num_prefill, Component.DECODE: state.interval_num_decode}
+    if any(workers.ready(c) != at_start[c] for c in settings.components):  # another planner's pool may move
         steps.append(
             StepRecord(
                 step="interval",

@@ -123,8 +123,6 @@ class ReasonCode(enum.StrEnum):
     WORKERS_CHANGED_IN_INTERVAL = "workers_changed_in_interval"  # 2025: counts changed mid-interval, no adjustment
     DECODE_GRACE_PERIOD = "decode_grace_period"  # 2025: no decode scale-down shortly after adding a decode worker
     PREFILL_QUEUE_TREND = "prefill_queue_trend"  # 2025: the queue trend falls below the up threshold; no scale-up
-    # the online perf model is not ready yet: the bootstrap forward-pass model (profile or perf table) answers
-    PERF_MODEL_BOOTSTRAP = "perf_model_bootstrap"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -28,6 +28,7 @@ from planner_core.domain import (
     TickOutcome,
 )
 from planner_core.pipeline.builtin import builtin_plugins, headline_of
+from planner_core.pipeline.loader import configured
 from planner_core.pipeline.run import run_pipeline
 from planner_core.pipeline.types import Plugin
 from planner_core.policy.throughput import ThroughputPerfModel
@@ -67,7 +68,9 @@ def tick(
         step = StepRecord(step=inputs.loop.value, reason=ReasonCode.DISABLED)
         return TickOutcome(decision=ScalingDecision(), next_state=state, steps=(step,), reason=ReasonCode.DISABLED)
 
-    outcome = run_pipeline((*builtin_plugins(inputs.loop, perf), *plugins), inputs, state, config, clock=clock)
+    # The config's `plugins.overrides` apply to builtin plugins as to user ones (validated at load time).
+    builtins = tuple(configured(plugin, config) for plugin in builtin_plugins(inputs.loop, perf))
+    outcome = run_pipeline((*builtins, *plugins), inputs, state, config, clock=clock)
     builtin_headline = headline_of(outcome.steps)
     if outcome.action in (ExecuteAction.APPLY, ExecuteAction.ADVISORY):
         headline = ReasonCode.SCALE

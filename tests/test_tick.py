@@ -1221,7 +1221,7 @@ def test_engine_capacity_sizing_with_the_profile_model(profile_perf: ProfilePerf
     }
     assert want == {Component.PREFILL: 6, Component.DECODE: 7}
     assert desired(outcome) == want
-    assert {s.reason for s in steps_named(outcome, "perf_model")} == {ReasonCode.PERF_MODEL_BOOTSTRAP}
+    assert {s.reason for s in steps_named(outcome, "forward_pass_model")} == {ReasonCode.PERF_MODEL_BOOTSTRAP}
     assert [s.value for s in steps_named(outcome, "demand")] == [6, 7]
 
 
@@ -1237,7 +1237,7 @@ def test_engine_capacity_sizes_aggregated_mode(profile_perf: ProfilePerfModel) -
 def test_engine_capacity_without_any_model_holds_both_pools() -> None:
     outcome = tick(throughput_inputs(traffic(6000)), PlannerState(), _engine_capacity_config(), None)
     assert outcome.reason is ReasonCode.MODEL_NOT_READY
-    assert {s.reason for s in steps_named(outcome, "perf_model")} == {ReasonCode.MODEL_NOT_READY}
+    assert {s.reason for s in steps_named(outcome, "forward_pass_model")} == {ReasonCode.INSUFFICIENT_DATA}
     assert outcome.decision.is_empty
 
 
@@ -1250,5 +1250,28 @@ def test_engine_capacity_prefers_the_online_model_once_ready(profile_perf: Profi
     models = observe_fpm(PlannerState().perf_models, bootstrap_fpms(profile_perf.profile), config)
     state = PlannerState(perf_models=models)
     outcome = tick(throughput_inputs(traffic(6000, 3000, 300)), state, config, profile_perf)
-    assert {s.reason for s in steps_named(outcome, "perf_model")} == {ReasonCode.PERF_MODEL_READY}
+    assert {s.reason for s in steps_named(outcome, "forward_pass_model")} == {ReasonCode.PERF_MODEL_READY}
     assert all(v >= 1 for v in desired(outcome).values())
+
+
+def test_config_overrides_reach_builtin_plugins_and_schedules_survive_the_other_loop() -> None:
+    """`plugins.overrides` on a builtin id changes its schedule; a throughput tick in between keeps the load
+    plugin's schedule (the pipeline carries absent plugins' schedules forward)."""
+    config = make_config(
+        enable_load_scaling=True,
+        load_adjustment_interval_seconds=5,
+        plugins={"overrides": {"builtin_load_propose": {"interval_seconds": 10}}},
+    )
+    state = PlannerState()
+    reasons = {}
+    for now_s, loop in ((5.0, Loop.LOAD), (10.0, Loop.LOAD), (12.0, Loop.THROUGHPUT), (15.0, Loop.LOAD)):
+        obs = traffic(600) if loop is Loop.THROUGHPUT else None
+        outcome = tick(TickInputs(now_s=now_s, loop=loop, workers=workers(), traffic=obs), state, config, FAKE)
+        state = outcome.next_state
+        reasons[now_s] = [s.reason for s in outcome.steps if s.step == "propose:builtin_load_propose"]
+    # registered at 5 s: not due at 10 s, due again at 5 + 10 = 15 s even after the throughput tick at 12 s
+    assert reasons[10.0] == [ReasonCode.PLUGIN_NOT_DUE]
+    assert reasons[12.0] == []
+    assert reasons[15.0] and ReasonCode.PLUGIN_NOT_DUE not in reasons[15.0]
+    assert state.pipeline.schedule("builtin_load_propose") is not None
+    assert state.pipeline.schedule("builtin_throughput_propose") is not None

@@ -311,62 +311,36 @@ class ThroughputProposePlugin:
 def forward_model_for(
     state: PlannerState, mode: PlannerMode, component: Component, bootstrap: ForwardPassModel | None
 ) -> tuple[ForwardPassModel | None, StepRecord]:
-    """The bootstrap chain for one pool: the online model once its fit is ready, else the bootstrap model (perf
-    table or profile), else none."""
+    """The bootstrap chain for one pool, and a step saying which model answers: the online regression once its
+    fit is ready, else the bootstrap model (perf table or profile), else none (recorded, so the audit trail shows
+    when the engines' own metrics were not used yet)."""
     from planner_core.perf.online import OnlineForwardPassModel
 
     role = PerfModelRole.AGG if mode is PlannerMode.AGG else _ROLE_OF_POOL[component]
     online_state = getattr(state.perf_models, role.value)
     online = OnlineForwardPassModel(online_state)
+    samples = f"{len(online_state.samples)} samples"
     if online.is_ready():
-        detail = f"online {role.value} regression on {len(online_state.samples)} forward-pass samples"
+        detail = f"the online {role.value} regression answers ({samples})"
         return online, StepRecord(
-            step="perf_model", component=component, reason=ReasonCode.PERF_MODEL_READY, detail=detail
+            step=MODEL_STEP, component=component, reason=ReasonCode.PERF_MODEL_READY, detail=detail
         )
-    why = f"online {role.value} model {online_state.readiness.value} ({len(online_state.samples)} samples)"
+    why = f"the online {role.value} model is {online_state.readiness.value} ({samples})"
     if bootstrap is None:
+        detail = f"{why} and there is no bootstrap model"
         return None, StepRecord(
-            step="perf_model", component=component, reason=ReasonCode.MODEL_NOT_READY, detail=f"{why}, no profile"
+            step=MODEL_STEP, component=component, reason=ReasonCode.INSUFFICIENT_DATA, detail=detail
         )
     return bootstrap, StepRecord(
-        step="perf_model",
+        step=MODEL_STEP,
         component=component,
         reason=ReasonCode.PERF_MODEL_BOOTSTRAP,
-        detail=f"{why}: {type(bootstrap).__name__}",
+        detail=f"{why}: {type(bootstrap).__name__} answers",
     )
 
 
 _ROLE_OF_POOL = {Component.PREFILL: PerfModelRole.PREFILL, Component.DECODE: PerfModelRole.DECODE}
 MODEL_STEP = "forward_pass_model"
-
-
-def _choose_model(
-    component: Component, online: OnlineForwardPassModel, bootstrap: ForwardPassModel | None
-) -> tuple[ForwardPassModel, StepRecord]:
-    """The model that answers this pool's TTFT/ITL questions, and a step saying which: the online regression once
-    it is ready, the bootstrap model (profile or perf table) before (recorded, so the audit trail shows when the
-    engines' own metrics were not used yet)."""
-    role = online.role.value
-    if online.is_ready():
-        return online, StepRecord(
-            step=MODEL_STEP,
-            component=component,
-            reason=ReasonCode.PERF_MODEL_READY,
-            detail=f"the online {role} regression answers",
-        )
-    if bootstrap is not None:
-        return bootstrap, StepRecord(
-            step=MODEL_STEP,
-            component=component,
-            reason=ReasonCode.PERF_MODEL_BOOTSTRAP,
-            detail=f"the online {role} model is {online.state.readiness.value}: the bootstrap model answers",
-        )
-    return online, StepRecord(
-        step=MODEL_STEP,
-        component=component,
-        reason=ReasonCode.INSUFFICIENT_DATA,
-        detail=f"the online {role} model is {online.state.readiness.value} and there is no bootstrap model",
-    )
 
 
 def _load_runtime(state: PlannerState, online: OnlineForwardPassModel) -> LoadRuntime:
@@ -442,8 +416,9 @@ class LoadProposePlugin:
                     online_state = getattr(state.perf_models, role.value)
                     online = OnlineForwardPassModel(online_state)
                     steps.append(readiness_step(online_state, component))
-                    model, model_step = _choose_model(component, online, self.bootstrap)
+                    chosen, model_step = forward_model_for(state, config.mode, component, self.bootstrap)
                     steps.append(model_step)
+                    model = online if chosen is None else chosen  # not ready: the policy says insufficient_data
                     value, pool_steps = calculate_load_replicas(
                         SlaLoadInputs(
                             component=component,

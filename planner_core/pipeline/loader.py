@@ -150,6 +150,28 @@ def _multiple_of(value: float, base: float) -> bool:
     return round(ratio) >= 1 and math.isclose(ratio, round(ratio), rel_tol=1e-9, abs_tol=1e-9)
 
 
+def configured(plugin: Plugin, config: PlannerConfig, *, source: str = "config") -> Plugin:
+    """`plugin` with its `plugins.overrides` entry applied (wrapped in `ConfiguredPlugin`), or as it is."""
+    plugin_id = plugin.spec.plugin_id
+    override = config.plugins.overrides.get(plugin_id)
+    if override is None:
+        return plugin
+    changes: dict[str, object] = {}
+    if override.priority is not None:
+        changes["priority"] = override.priority
+    if override.interval_seconds is not None:
+        changes["interval_s"] = override.interval_seconds
+    if override.hold_policy is not None:
+        changes["hold_policy"] = override.hold_policy
+    if override.timeout_seconds is not None:
+        changes["timeout_s"] = override.timeout_seconds
+    try:
+        spec = dataclasses.replace(plugin.spec, **changes)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise PluginConfigError(f"{source}: field 'plugins.overrides.{plugin_id}': {exc}") from exc
+    return ConfiguredPlugin(spec, plugin)
+
+
 def resolve_plugins(plugins: Sequence[Plugin], config: PlannerConfig, *, source: str = "config") -> tuple[Plugin, ...]:
     """Apply `config.plugins.overrides` to the pipeline's full plugin list and check it.
 
@@ -180,25 +202,7 @@ def resolve_plugins(plugins: Sequence[Plugin], config: PlannerConfig, *, source:
                 f"(plugins: {known})"
             )
 
-    resolved: list[Plugin] = []
-    for plugin_id, plugin in by_id.items():
-        override = config.plugins.overrides.get(plugin_id)
-        if override is not None:
-            changes: dict[str, object] = {}
-            if override.priority is not None:
-                changes["priority"] = override.priority
-            if override.interval_seconds is not None:
-                changes["interval_s"] = override.interval_seconds
-            if override.hold_policy is not None:
-                changes["hold_policy"] = override.hold_policy
-            if override.timeout_seconds is not None:
-                changes["timeout_s"] = override.timeout_seconds
-            try:
-                spec = dataclasses.replace(plugin.spec, **changes)  # type: ignore[arg-type]
-            except ValueError as exc:
-                raise PluginConfigError(f"{source}: field 'plugins.overrides.{plugin_id}': {exc}") from exc
-            plugin = ConfiguredPlugin(spec, plugin)
-        resolved.append(plugin)
+    resolved = [configured(plugin, config, source=source) for plugin in by_id.values()]
 
     base = config.scheduling.scale_interval_seconds
     if base is not None:

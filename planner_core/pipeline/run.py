@@ -180,7 +180,8 @@ class _Tick:
         self.predictions = PartialPrediction()
         self.produced: set[str] = set()
         self.entries = self._entries(plugins)
-        self.schedules: dict[str, PluginSchedule] = {}
+        # Schedules of plugins absent from this tick (the other loop's builtin plugins) are carried forward untouched.
+        self.schedules: dict[str, PluginSchedule] = {known.plugin_id: known for known in state.pipeline.plugins}
         for spec, _ in self.entries:
             known = state.pipeline.schedule(spec.plugin_id)
             self.schedules[spec.plugin_id] = known or PluginSchedule(

@@ -230,8 +230,16 @@ class _Tick:
         ran: bool = False,
         elapsed_s: float | None = None,
     ) -> None:
+        # Run times vary from run to run, so only an overrun (where the time is the reason) enters the explanation:
+        # a replayed tick must explain itself exactly as the recorded one did.
+        overran = reason in (ReasonCode.PLUGIN_TIMEOUT, ReasonCode.SKIP_TICK_TIMEOUT)
         self.steps.append(
-            StepRecord(step=f"{spec.phase.value}:{spec.plugin_id}", reason=reason, value=elapsed_s, detail=detail)
+            StepRecord(
+                step=f"{spec.phase.value}:{spec.plugin_id}",
+                reason=reason,
+                value=elapsed_s if overran else None,
+                detail=detail,
+            )
         )
         self.runs.append(
             PluginRun(plugin_id=spec.plugin_id, phase=spec.phase, reason=reason, ran=ran, elapsed_s=elapsed_s)

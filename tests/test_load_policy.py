@@ -38,7 +38,6 @@ from planner_core.policy.load import (
     LoadSlaTargets,
     SlaLoadInputs,
     calculate_load_replicas,
-    effective_accept_length,
     estimate_agg_ttft_s,
     estimate_decode_itl_s,
     estimate_prefill_ttft_s,
@@ -227,15 +226,6 @@ def test_agg_ttft_chunks_ride_on_the_decode_batch() -> None:
     # decode): 2 x 15 + 0.01 x 8100 = 111 ms
     got = estimate_agg_ttft_s(MODEL, fpm, max_num_batched_tokens=8192, avg_isl=1000, kv_hit_rate=None)
     assert got * 1000 == pytest.approx(111.0)
-
-
-@pytest.mark.parametrize(
-    ("accept", "nextn", "want"),
-    [(None, 2, 1.0), (2.5, 0, 1.0), (2.5, 2, 2.5), (5.0, 2, 3.0), (0.5, 2, 1.0), (float("nan"), 1, 1.0)],
-)
-def test_effective_accept_length(accept: float | None, nextn: int, want: float) -> None:
-    """Accept length is clamped to [1, nextn + 1]; without speculation (nextn 0) or unknown it is 1."""
-    assert effective_accept_length(accept, nextn) == want
 
 
 def test_prefill_compute_fraction() -> None:

@@ -16,10 +16,7 @@ from hypothesis import strategies as st
 from planner_core.domain import (
     Component,
     EngineLimits,
-    ForwardPassMetrics,
-    QueuedRequests,
     ReasonCode,
-    ScheduledRequests,
 )
 from planner_core.perf.capacity import (
     BatchLimit,
@@ -31,8 +28,6 @@ from planner_core.perf.capacity import (
     decode_capacity,
     effective_accept_length,
     effective_kv_hit_rate,
-    estimate_decode_itl_s,
-    estimate_prefill_ttft_s,
     prefill_capacity,
 )
 
@@ -497,67 +492,3 @@ def test_decode_relaxed_itl_never_gives_less(
     tight_capacity = decode_capacity(model, limits, isl=isl, osl=osl, itl_ms=tight)
     loose_capacity = decode_capacity(model, limits, isl=isl, osl=osl, itl_ms=tight + slack)
     assert loose_capacity.requests_per_s >= tight_capacity.requests_per_s
-
-
-# --------------------------------------------------------------------------------------------------------
-# Load-loop estimates
-# --------------------------------------------------------------------------------------------------------
-
-BUSY_FPM = ForwardPassMetrics(
-    component=Component.DECODE,
-    worker_id="w0",
-    wall_time_s=0.01,
-    scheduled=ScheduledRequests(num_decode_requests=10, sum_decode_kv_tokens=11_000),
-    queued=QueuedRequests(sum_prefill_tokens=20_000, num_decode_requests=2, sum_decode_kv_tokens=2_200),
-)
-
-
-def test_prefill_ttft_estimate_drains_queue_in_chunks() -> None:
-    """(20000 queued * 1.5 + 1000 next) * (1 - 0.5) = 15500 tokens = 8192 + 7308:
-    (10 + 81.92) + (10 + 73.08) = 175 ms."""
-    ttft_s = estimate_prefill_ttft_s(
-        PREFILL_MODEL, BUSY_FPM, limits=EngineLimits(), next_isl=1000, kv_hit_rate=0.5, queue_scale=1.5
-    )
-    assert ttft_s == pytest.approx(0.175)
-
-
-def test_prefill_ttft_estimate_with_decode_batch_on_board() -> None:
-    """Aggregated: each of the 2 chunks also carries the 10 scheduled decodes' 11000 KV tokens (+0.55 ms each)."""
-    model = LinearModel(base_s=0.010, per_token_s=1e-5, per_kv_s=5e-8)
-    ttft_s = estimate_prefill_ttft_s(
-        model,
-        BUSY_FPM,
-        limits=EngineLimits(),
-        next_isl=1000,
-        kv_hit_rate=0.5,
-        queue_scale=1.5,
-        with_decode_batch=True,
-    )
-    assert ttft_s == pytest.approx(0.175 + 2 * 0.00055)
-
-
-def test_prefill_ttft_estimate_clamps_hit_rate_and_handles_empty_queue() -> None:
-    """Empty queue, next 1000 tokens, hit 0.99 -> 0.95: 50 tokens = 10.5 ms; unknown hit: 1000 tokens = 20 ms."""
-    idle = ForwardPassMetrics(component=Component.PREFILL, worker_id="w1")
-    kwargs = {"limits": EngineLimits(), "next_isl": 1000}
-    assert estimate_prefill_ttft_s(PREFILL_MODEL, idle, kv_hit_rate=0.99, **kwargs) == pytest.approx(0.0105)
-    assert estimate_prefill_ttft_s(PREFILL_MODEL, idle, kv_hit_rate=None, **kwargs) == pytest.approx(0.020)
-
-
-def test_decode_itl_estimate_counts_scheduled_queued_and_next() -> None:
-    """Requests (10 + 2) * 2 + 1 = 25, KV (11000 + 2200) * 2 + 1100 = 27500:
-    (5 ms + 25 * 0.02 ms + 27500 * 5e-5 ms) / accept 2 = (5 + 0.5 + 1.375) / 2 = 3.4375 ms."""
-    model = LinearModel(base_s=0.005, per_request_s=2e-5, per_kv_s=5e-8)
-    itl_s = estimate_decode_itl_s(model, BUSY_FPM, next_context=1100, accept_length=2.0, decode_scale=2.0)
-    assert itl_s == pytest.approx(0.0034375)
-
-
-def test_estimates_refuse_an_unready_model_and_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="not ready"):
-        estimate_decode_itl_s(LinearModel(ready=False), BUSY_FPM, next_context=1, accept_length=1)
-    with pytest.raises(ValueError, match="not ready"):
-        estimate_prefill_ttft_s(LinearModel(ready=False), BUSY_FPM, limits=EngineLimits(), next_isl=1, kv_hit_rate=None)
-    with pytest.raises(ValueError, match="accept_length"):
-        estimate_decode_itl_s(DECODE_MODEL, BUSY_FPM, next_context=1, accept_length=0.5)
-    with pytest.raises(ValueError):
-        estimate_prefill_ttft_s(DECODE_MODEL, BUSY_FPM, limits=EngineLimits(), next_isl=-1, kv_hit_rate=None)

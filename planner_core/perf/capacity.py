@@ -1,9 +1,10 @@
-"""Engine capacity under the SLA, per role, from any `ForwardPassModel`; and the load loop's latency estimates.
+"""Engine capacity under the SLA, per role, from any `ForwardPassModel`.
 
 Role in the planner: the throughput loop sizes each pool as `ceil(demand requests/s / engine requests/s)`; this
 module answers the denominator. It asks a `ForwardPassModel` (profile-backed, or an online regression) how long
 one iteration takes at each candidate batch size, within the engine's limits (`EngineLimits`), and keeps the best
-operating point. The load loop's per-engine TTFT/ITL estimates from an engine's latest FPM are here too.
+operating point. (The load loop's per-engine TTFT/ITL estimates are in `planner_core.policy.load`; they share
+`chunked_prefill_s`, `MAX_KV_HIT_RATE` and `effective_accept_length` with this module.)
 
 Capacity search (Dynamo 1.6.1's engine query):
 
@@ -42,7 +43,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner_core.domain import Component, EngineLimits, ForwardPassMetrics, ReasonCode, StepRecord
+from planner_core.domain import Component, EngineLimits, ReasonCode, StepRecord
 from planner_core.perf.forward import ForwardPassModel
 
 __all__ = [
@@ -57,8 +58,6 @@ __all__ = [
     "decode_capacity",
     "effective_accept_length",
     "effective_kv_hit_rate",
-    "estimate_decode_itl_s",
-    "estimate_prefill_ttft_s",
     "prefill_capacity",
 ]
 
@@ -524,90 +523,3 @@ def agg_capacity(
             f"TTFT {ttft_ms:g} ms and ITL {itl_ms:g} ms (ISL {isl_eff} computed, context {context}, accept {accept:g})"
         ),
     )
-
-
-# --------------------------------------------------------------------------------------------------------
-# Load loop: per-engine latency estimates from the latest FPM
-# --------------------------------------------------------------------------------------------------------
-
-
-def _require_ready(model: ForwardPassModel) -> None:
-    if not model.is_ready():
-        raise ValueError("perf model not ready: check is_ready() before estimating latencies")
-
-
-def estimate_prefill_ttft_s(
-    model: ForwardPassModel,
-    fpm: ForwardPassMetrics,
-    *,
-    limits: EngineLimits,
-    next_isl: float,
-    kv_hit_rate: float | None,
-    queue_scale: float = 1.0,
-    with_decode_batch: bool = False,
-) -> float:
-    """TTFT (s) a request arriving now at this engine would see: the time to drain the queue ahead of it and
-    compute its own prompt.
-
-    Tokens to compute: `(queued prefill tokens * queue_scale + next_isl) * (1 - clamp(hit, 0, 0.95))`, drained in
-    iterations of `max_num_batched_tokens` (full chunks + tail), each costed by `model.prefill_wall_s`. With
-    `with_decode_batch` (aggregated engines) each chunk carries the FPM's scheduled decode batch and is costed by
-    `model.mixed_wall_s`.
-
-    Args:
-        model: a ready model.
-        fpm: the engine's latest forward-pass metrics (its queue is read).
-        limits: the engine's limits (`max_num_batched_tokens`).
-        next_isl: prompt length of the request to estimate for (tokens), e.g. the model's recent mean ISL.
-        kv_hit_rate: router KV hit rate (raw, clamped here), None = no discount.
-        queue_scale: multiplier of the queue, e.g. `N / (N - 1)` to ask "what if one engine of N were removed".
-        with_decode_batch: cost chunks as mixed iterations with the scheduled decode batch (aggregated).
-
-    Raises:
-        ValueError: the model is not ready, or a negative `next_isl`/`queue_scale`.
-    """
-    _require_ready(model)
-    if next_isl < 0 or queue_scale < 0:
-        raise ValueError(f"next_isl and queue_scale must be >= 0, got {next_isl!r} and {queue_scale!r}")
-    hit, _ = effective_kv_hit_rate(kv_hit_rate)
-    tokens = (fpm.queued.sum_prefill_tokens * queue_scale + next_isl) * (1.0 - hit)
-    if with_decode_batch:
-        requests, kv_tokens = fpm.scheduled.num_decode_requests, fpm.scheduled.sum_decode_kv_tokens
-        return chunked_prefill_s(
-            tokens, limits.max_num_batched_tokens, lambda chunk: model.mixed_wall_s(chunk, requests, kv_tokens)
-        )
-    return chunked_prefill_s(tokens, limits.max_num_batched_tokens, model.prefill_wall_s)
-
-
-def estimate_decode_itl_s(
-    model: ForwardPassModel,
-    fpm: ForwardPassMetrics,
-    *,
-    next_context: float,
-    accept_length: float,
-    decode_scale: float = 1.0,
-) -> float:
-    """ITL (s) of this engine's next decode iteration if one more request joined it.
-
-    Batch `(scheduled + queued decode requests) * decode_scale + 1`, KV tokens
-    `(scheduled + queued decode KV tokens) * decode_scale + next_context`; time `model.decode_wall_s(...)` divided
-    by the accept length.
-
-    Args:
-        model: a ready model.
-        fpm: the engine's latest forward-pass metrics.
-        next_context: KV tokens of the joining request, e.g. the model's recent mean decode context.
-        accept_length: the effective accept length (from `effective_accept_length`), >= 1.
-        decode_scale: multiplier of the engine's decode load, e.g. `N / (N - 1)` for a scale-down check.
-
-    Raises:
-        ValueError: the model is not ready, `accept_length` < 1, or a negative `next_context`/`decode_scale`.
-    """
-    _require_ready(model)
-    if not accept_length >= 1:
-        raise ValueError(f"accept_length must be >= 1 (see effective_accept_length), got {accept_length!r}")
-    if next_context < 0 or decode_scale < 0:
-        raise ValueError(f"next_context and decode_scale must be >= 0, got {next_context!r} and {decode_scale!r}")
-    requests = (fpm.scheduled.num_decode_requests + fpm.queued.num_decode_requests) * decode_scale + 1
-    kv_tokens = (fpm.scheduled.sum_decode_kv_tokens + fpm.queued.sum_decode_kv_tokens) * decode_scale + next_context
-    return model.decode_wall_s(requests, kv_tokens) / accept_length

@@ -26,7 +26,6 @@ answers every timing question; no clock, no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,13 +37,13 @@ from planner_core.domain import (
     StepRecord,
     WorkerCounts,
 )
+from planner_core.perf.capacity import MAX_KV_HIT_RATE, chunked_prefill_s, effective_accept_length
 from planner_core.policy.fleet import BOTH_POOLS, Fleet, finalize_load_proposal, observe_fleet
 
 if TYPE_CHECKING:  # the protocol only types the argument; importing planner_core.perf would load numpy/scipy
     from planner_core.perf.forward import ForwardPassModel
 
 # The KV hit rate never discounts more than 95% of a prompt: some prompt is always computed (Dynamo's clamp).
-MAX_KV_HIT_RATE = 0.95
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,27 +121,12 @@ def prefill_compute_fraction(kv_hit_rate: float | None) -> float:
     return 1.0 - min(max(kv_hit_rate, 0.0), MAX_KV_HIT_RATE)
 
 
-def effective_accept_length(accept_length: float | None, speculative_nextn: int) -> float:
-    """Tokens per decode step: the observed accept length clamped to [1, nextn + 1]; 1 without speculation."""
-    if speculative_nextn <= 0 or accept_length is None or math.isnan(accept_length):
-        return 1.0
-    return min(max(accept_length, 1.0), speculative_nextn + 1.0)
-
-
 def _ceil(value: float) -> int:
     """Token and request counts are whole: round a scaled count up (never below 0).
 
     Float noise is dropped first (`21000 * (1 - 0.95)` is 1050.0000000000002, which is 1050 tokens, not 1051).
     """
     return math.ceil(round(value, 6)) if value > 0 else 0
-
-
-def _chunked_s(tokens: int, chunk_tokens: int, wall_s: Callable[[float], float]) -> float:
-    """Time to compute `tokens` prompt tokens in iterations of at most `chunk_tokens`: full chunks, then the rest."""
-    if tokens <= 0:
-        return 0.0
-    full, rest = divmod(tokens, chunk_tokens)
-    return full * wall_s(chunk_tokens) + (wall_s(rest) if rest > 0 else 0.0)
 
 
 def estimate_prefill_ttft_s(
@@ -161,7 +145,7 @@ def estimate_prefill_ttft_s(
     """
     queued = fpm.queued.sum_prefill_tokens * queue_scale
     tokens = _ceil((queued + max(avg_isl, 0.0)) * prefill_compute_fraction(kv_hit_rate))
-    return _chunked_s(tokens, max_num_batched_tokens, model.prefill_wall_s)
+    return chunked_prefill_s(tokens, max_num_batched_tokens, model.prefill_wall_s)
 
 
 def _next_decode_context(avg_isl: float, avg_osl: float, next_context: float | None) -> float:
@@ -224,7 +208,7 @@ def estimate_agg_ttft_s(
     num_decode = _ceil(decode_requests * decode_scale)
     kv_tokens = _ceil(decode_kv * decode_scale)
     chunk_tokens = max(1, max_num_batched_tokens - num_decode)
-    return _chunked_s(tokens, chunk_tokens, lambda chunk: model.mixed_wall_s(chunk, num_decode, kv_tokens))
+    return chunked_prefill_s(tokens, chunk_tokens, lambda chunk: model.mixed_wall_s(chunk, num_decode, kv_tokens))
 
 
 def estimate_agg_itl_s(
@@ -426,7 +410,7 @@ def _decode_signal(
     runtime, targets, limits = inputs.runtime, inputs.targets, inputs.limits
     n = fleet.num_workers
     factor = _consolidation_factor(n)
-    accept = effective_accept_length(runtime.accept_length, limits.speculative_nextn)
+    accept, _ = effective_accept_length(runtime.accept_length, limits.speculative_nextn)
 
     def itl_ms(fpm: ForwardPassMetrics, *, consolidated: bool) -> float:
         scale = factor if consolidated else 1.0

@@ -1,9 +1,9 @@
 """`planner demo`: the real loop on a real trace, in accelerated (simulated) time.
 
-A Prefect flow walks the trace window by window. The simulated cluster serves the window; the throughput tick
-(the same task the served deployment runs) decides and records in Postgres; the execution task applies the
-decision through the virtual connector; the simulated cluster, acting as the orchestrator, wakes on the
-connector's NOTIFY, scales and acknowledges. Everything is in Postgres, so an interrupted demo resumes where
+A Prefect flow walks the trace window by window. The discrete-event simulator (`planner_core.sim.des`) serves
+the window; the throughput tick (the same task the served deployment runs) decides and records in Postgres; the
+execution task applies the decision through the virtual connector; the simulated cluster, acting as the
+orchestrator, wakes on the connector's NOTIFY, scales and acknowledges. Everything is in Postgres, so an interrupted demo resumes where
 it stopped: recorded ticks are skipped (never recorded twice) and the cluster is rebuilt from the
 acknowledged decisions. At the end it writes the deployment's diagnostics report and links it as an artifact.
 """
@@ -14,6 +14,7 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from prefect import flow
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import select
@@ -21,10 +22,10 @@ from sqlalchemy import select
 from flows.report import publish_report, write_report
 from flows.ticks import apply_decisions, decide_and_record
 from planner_core.connectors.virtual import VirtualConnectorClient
-from planner_core.domain import Component, Loop
+from planner_core.domain import EngineLimits, Loop
 from planner_core.report import periodic_report_path
 from planner_core.service import PlannerContext, load_context, prepare_database, resolve_config_relative
-from planner_core.sim.cluster import ClusterSpec, RunSummary, SimulatedCluster, summarise
+from planner_core.sim.des import ClusterSimulator, SimSpec
 from planner_core.store import repository as repo
 from planner_core.store.models import Tick, VirtualDecisionRow
 from planner_core.traces import RequestTrace, load_trace
@@ -43,24 +44,55 @@ def _epoch(trace: RequestTrace, offset_s: float) -> dt.datetime:
     return repo.epoch_to_datetime(trace.start_epoch_s + offset_s)
 
 
-def _cluster_spec(ctx: PlannerContext, startup_s: float) -> ClusterSpec:
-    return ClusterSpec(
-        ttft_ms=ctx.config.ttft_ms,
-        itl_ms=ctx.config.itl_ms,
+def _new_cluster(ctx: PlannerContext, trace: RequestTrace, startup_s: float) -> ClusterSimulator:
+    """The discrete-event cluster, timed by the profile's forward-pass model, at the minimum endpoints."""
+    assert ctx.perf is not None
+    fwd = ctx.perf.forward_pass_model()
+    assert fwd is not None
+    spec = SimSpec(
+        prefill_limits=EngineLimits(num_gpu=ctx.config.prefill_gpus_per_engine),
+        decode_limits=EngineLimits(
+            num_gpu=ctx.config.decode_gpus_per_engine,
+            max_kv_tokens=ctx.perf.profiled_max_kv_tokens() or EngineLimits().max_kv_tokens,
+        ),
         startup_s=startup_s,
-        prefill_gpus_per_engine=ctx.config.prefill_gpus_per_engine,
-        decode_gpus_per_engine=ctx.config.decode_gpus_per_engine,
+    )
+    return ClusterSimulator(
+        trace,
+        fwd,
+        spec,
+        num_prefill=ctx.config.prefill_min_endpoint_effective,
+        num_decode=ctx.config.decode_min_endpoint_effective,
     )
 
 
-def _new_cluster(ctx: PlannerContext, trace: RequestTrace, startup_s: float) -> SimulatedCluster:
-    assert ctx.perf is not None
-    return SimulatedCluster.start(
-        trace,
-        ctx.perf,
-        _cluster_spec(ctx, startup_s),
-        num_prefill=ctx.config.prefill_min_endpoint_effective,
-        num_decode=ctx.config.decode_min_endpoint_effective,
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSummary:
+    """What the requests that arrived during the demo's windows got, and what the cluster cost until then."""
+
+    num_req: int
+    sla_attainment: float
+    gpu_hours: float
+    mean_ttft_ms: float
+    mean_itl_ms: float
+
+
+def summarise_run(cluster: ClusterSimulator, end_s: float, ttft_ms: float, itl_ms: float) -> RunSummary:
+    """Serve every request that arrived before `end_s` to completion and score them; GPU-hours up to `end_s`."""
+    cluster.run_until(end_s)
+    gpu_hours = cluster.result().gpu_s / 3600.0
+    cluster.run_to_completion()
+    result = cluster.result()
+    arrived = cluster.trace.arrival_s < end_s
+    ttft, itl = result.ttft_s[arrived] * 1000.0, result.itl_s[arrived] * 1000.0
+    finished = np.isfinite(result.finish_s[arrived])
+    met = np.isfinite(ttft) & (ttft <= ttft_ms) & finished & (~np.isfinite(itl) | (itl <= itl_ms))
+    return RunSummary(
+        num_req=int(arrived.sum()),
+        sla_attainment=float(met.mean()) if arrived.any() else 1.0,
+        gpu_hours=gpu_hours,
+        mean_ttft_ms=float(np.nanmean(ttft)) if np.isfinite(ttft).any() else 0.0,
+        mean_itl_ms=float(np.nanmean(itl)) if np.isfinite(itl).any() else 0.0,
     )
 
 
@@ -87,15 +119,15 @@ def recorded_scale_events(ctx: PlannerContext, trace: RequestTrace) -> list[Scal
 
 def simulate_timeline(
     ctx: PlannerContext, trace: RequestTrace, events: list[ScaleEvent], end_s: float, startup_s: float
-) -> SimulatedCluster:
+) -> ClusterSimulator:
     """Re-run the cluster from the start of the trace, applying each scale event at its time."""
     cluster = _new_cluster(ctx, trace, startup_s)
     for event in events:
         if event.at_s > end_s:
             break
-        cluster.advance(event.at_s)
-        cluster.apply_targets(event.num_prefill, event.num_decode)
-    cluster.advance(end_s)
+        cluster.run_until(event.at_s)
+        cluster.set_targets(event.num_prefill, event.num_decode)
+    cluster.run_until(end_s)
     return cluster
 
 
@@ -111,11 +143,11 @@ def _recorded_tick_times(ctx: PlannerContext) -> set[dt.datetime]:
         )
 
 
-def _follow_decisions(client: VirtualConnectorClient, cluster: SimulatedCluster, now: dt.datetime) -> None:
+def _follow_decisions(client: VirtualConnectorClient, cluster: ClusterSimulator, now: dt.datetime) -> None:
     """The simulated orchestrator: take a new decision if one was written, scale, acknowledge."""
     decision = client.wait(timeout_s=0.0)
     if decision is not None and decision.decision_id >= 0:
-        cluster.apply_targets(decision.num_prefill_workers, decision.num_decode_workers)
+        cluster.set_targets(decision.num_prefill_workers, decision.num_decode_workers)
         client.complete(decision, at=now)
 
 
@@ -175,11 +207,9 @@ def demo(
                 if end_s <= resume_s:
                     continue
                 now = _epoch(trace, end_s)
-                cluster.advance(end_s)
-                client.report_workers(
-                    ready_prefill=cluster.ready[Component.PREFILL],
-                    ready_decode=cluster.ready[Component.DECODE],
-                )
+                cluster.run_until(end_s)
+                counts = cluster.worker_counts()
+                client.report_workers(ready_prefill=counts.ready_prefill, ready_decode=counts.ready_decode)
                 decide_and_record(ctx, Loop.THROUGHPUT, now, cluster.observe(end_s - window_s, end_s))
                 apply_decisions(ctx, now)
                 _follow_decisions(client, cluster, now)
@@ -187,7 +217,7 @@ def demo(
     end_s = num_windows * window_s
     events = recorded_scale_events(ctx, trace)
     final = simulate_timeline(ctx, trace, events, end_s, startup_s)
-    summary = summarise(final.slices)
+    summary = summarise_run(final, end_s, ctx.config.ttft_ms, ctx.config.itl_ms)
     config_dir = resolve_config_relative(ctx.config.report_output_dir, Path(config_path)).resolve()
     out_dir = Path(report_dir) if report_dir else config_dir
     report = write_report(

@@ -162,7 +162,7 @@ def test_demo_finishes_a_tick_recorded_but_not_executed(
     from flows.demo import _epoch, recorded_scale_events, simulate_timeline
     from flows.ticks import decide_and_record
     from planner_core.connectors.virtual import VirtualConnectorClient
-    from planner_core.domain import Component, Loop
+    from planner_core.domain import Loop
     from planner_core.service import load_context
     from planner_core.traces import load_trace
 
@@ -173,9 +173,8 @@ def test_demo_finishes_a_tick_recorded_but_not_executed(
     trace = load_trace(azure_conv_trace).scaled(12.0)
     cluster = simulate_timeline(ctx, trace, recorded_scale_events(ctx, trace), 240.0, 120.0)
     with VirtualConnectorClient(database_url, "crashed") as client:
-        client.report_workers(
-            ready_prefill=cluster.ready[Component.PREFILL], ready_decode=cluster.ready[Component.DECODE]
-        )
+        counts = cluster.worker_counts()
+        client.report_workers(ready_prefill=counts.ready_prefill, ready_decode=counts.ready_decode)
     decide_and_record.fn(ctx, Loop.THROUGHPUT, _epoch(trace, 240.0), cluster.observe(180.0, 240.0))
     assert [status for *_, status in _decisions(database_url, "crashed")][-1] == "pending"
 

@@ -55,10 +55,12 @@ from planner_core.policy.throughput import (
     RequestShape,
     ThroughputPerfModel,
     ThroughputTargets,
+    burst_prefill_replicas,
     calculate_replicas,
     correction_factors,
     replicas_for_engine_rps,
     sizing_shape,
+    with_headroom,
 )
 from planner_core.predict import observe_window, predict_next
 
@@ -151,6 +153,10 @@ class ThroughputProposePlugin:
         if sized is None:
             steps.append(_decide(ReasonCode.MODEL_NOT_READY, "hold"))
             return PluginResult(steps=tuple(steps))
+        if config.throughput_prefill_burst_sizing and Component.PREFILL in sized and config.mode is not PlannerMode.AGG:
+            sized[Component.PREFILL] = self._size_for_bursts(
+                context, prediction, window_s, sized[Component.PREFILL], steps
+            )
         desired: dict[Component, int] = {}
         for component in components:
             value, step = bound_min_endpoint(component, sized[component], floors[component])
@@ -201,6 +207,42 @@ class ThroughputProposePlugin:
         steps.append(_decide(ReasonCode.SET_LOWER_BOUND, floors_detail))
         return PluginResult(steps=tuple(steps), state=next_state)
 
+    def _size_for_bursts(
+        self,
+        context: PipelineContext,
+        prediction: Prediction,
+        window_s: float,
+        mean_rate_replicas: int,
+        steps: list[StepRecord],
+    ) -> int:
+        """Ours: raise prefill so the observed prompt bursts drain within the TTFT target (`burst_prefill_replicas`);
+        the engine rate is a full chunk of the prefill model in force (online, else bootstrap), times the prefill
+        target utilisation."""
+        from planner_core.perf.capacity import effective_kv_hit_rate
+
+        config, state, traffic = context.config, context.state, context.inputs.traffic
+        assert traffic is not None
+        bootstrap = self.perf.forward_pass_model() if self.perf is not None else None
+        model, _ = forward_model_for(state, config.mode, Component.PREFILL, bootstrap)
+        engine_tokens_per_s, iteration_s = 0.0, 0.0
+        if model is not None:
+            chunk = config.engine_limits(Component.PREFILL).max_num_batched_tokens
+            hit, _ = effective_kv_hit_rate(state.last_kv_hit_rate, Component.PREFILL)
+            iteration_s = model.prefill_wall_s(float(chunk))
+            if iteration_s > 0:
+                # the target utilisation derates the engine for bursts as for the mean rate
+                engine_tokens_per_s = chunk / iteration_s / (1.0 - hit) * config.throughput_prefill_target_utilization
+        replicas, step = burst_prefill_replicas(
+            traffic,
+            prediction.num_req * prediction.isl / window_s,
+            mean_rate_replicas=mean_rate_replicas,
+            ttft_ms=config.ttft_ms,
+            engine_prompt_tokens_per_s=engine_tokens_per_s,
+            iteration_s=iteration_s,
+        )
+        steps.append(step)
+        return replicas
+
     def _size_on_interpolation(
         self,
         context: PipelineContext,
@@ -236,7 +278,13 @@ class ThroughputProposePlugin:
         sized: dict[Component, int] = {}
         for component in managed_components(config.mode):
             sized[component], sizing_steps = calculate_replicas(
-                component, prediction, targets, self.perf, shape=shape, correction=correction
+                component,
+                prediction,
+                targets,
+                self.perf,
+                shape=shape,
+                correction=correction,
+                target_utilization=_target_utilization(config, component),
             )
             steps.extend(sizing_steps)
         return sized
@@ -288,8 +336,13 @@ class ThroughputProposePlugin:
             if not capacity.usable:
                 not_ready.append(component)
                 continue
+            pool_demand_rps, headroom_step = with_headroom(
+                component, demand_rps, _target_utilization(config, component)
+            )
+            if headroom_step is not None:
+                steps.append(headroom_step)
             sized[component], step = replicas_for_engine_rps(
-                component, demand_rps, capacity.requests_per_s, capacity.detail
+                component, pool_demand_rps, capacity.requests_per_s, capacity.detail
             )
             steps.append(step)
         if not_ready:
@@ -305,6 +358,13 @@ class ThroughputProposePlugin:
                     )
             return None
         return sized
+
+
+def _target_utilization(config: PlannerConfig, component: Component) -> float:
+    """The pool's throughput-sizing target utilisation (the aggregated pool is sized as decode)."""
+    if component is Component.PREFILL:
+        return config.throughput_prefill_target_utilization
+    return config.throughput_decode_target_utilization
 
 
 def forward_model_for(

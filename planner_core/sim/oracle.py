@@ -196,6 +196,43 @@ def _decode_itl_s(
     return itl_s
 
 
+class _WindowSearch:
+    """One window's simulations, each size simulated at most once (see steps 3 and 4 of the module docstring)."""
+
+    def __init__(
+        self, sub: RequestTrace, scored: slice, fwd: ForwardPassModel, spec: SimSpec, *, ttft_s: float, itl_s: float
+    ) -> None:
+        self.sub, self.scored, self.fwd, self.spec = sub, scored, fwd, spec
+        self.ttft_limit_s, self.itl_limit_s = ttft_s, itl_s
+        self.multi_token = np.asarray(sub.osl[scored]) > 1
+        self.prefill_runs: dict[int, np.ndarray] = {}
+        self.decode_runs: dict[tuple[int, int], int] = {}
+
+    @property
+    def num_simulations(self) -> int:
+        return len(self.prefill_runs) + len(self.decode_runs)
+
+    def _ttft_s(self, num_prefill: int) -> np.ndarray:
+        if num_prefill not in self.prefill_runs:
+            self.prefill_runs[num_prefill] = _prefill_ttft_s(self.sub, self.fwd, self.spec, num_prefill)
+        return self.prefill_runs[num_prefill]
+
+    def ttft_met(self, num_prefill: int) -> np.ndarray:
+        """Per request of the window: within the TTFT target with `num_prefill` prefill workers."""
+        values = self._ttft_s(num_prefill)[self.scored]
+        return np.isfinite(values) & (values <= self.ttft_limit_s)
+
+    def both_met(self, num_prefill: int, num_decode: int) -> int:
+        """Requests of the window within both targets with that many prefill and decode workers."""
+        key = (num_prefill, num_decode)
+        if key not in self.decode_runs:
+            first_token_s = self.sub.arrival_s + self._ttft_s(num_prefill)
+            itl = _decode_itl_s(self.sub, first_token_s, self.fwd, self.spec, num_decode)[self.scored]
+            itl_ok = ~self.multi_token | (np.isfinite(itl) & (itl <= self.itl_limit_s))
+            self.decode_runs[key] = int((self.ttft_met(num_prefill) & itl_ok).sum())
+        return self.decode_runs[key]
+
+
 def oracle_windows(
     trace: RequestTrace,
     fwd: ForwardPassModel,
@@ -218,105 +255,80 @@ def oracle_windows(
     if not 0 < settings.target_attainment <= 1:
         raise ValueError(f"oracle target_attainment must be in (0, 1], got {settings.target_attainment!r}")
     attainable = attainable_mask(trace, fwd, spec, ttft_ms=ttft_ms, itl_ms=itl_ms)
-    ttft_s, itl_s = ttft_ms / 1000.0, itl_ms / 1000.0
     num_windows = int(trace.duration_s // window_s) + 1 if trace.num_requests else 0
+    gpus = (spec.prefill_limits.num_gpu, spec.decode_limits.num_gpu)
     windows: list[OracleWindow] = []
-    guess_prefill, guess_decode = settings.min_prefill, settings.min_decode
+    guess = (settings.min_prefill, settings.min_decode)
     for index in range(num_windows):
         start_s, end_s = index * window_s, (index + 1) * window_s
         own = trace.window(start_s, end_s)
-        num_requests = own.stop - own.start
         num_attainable = int(attainable[own].sum())
         required = math.ceil(settings.target_attainment * num_attainable - 1e-9)
-        if num_requests == 0 or required == 0:
-            windows.append(
-                OracleWindow(
-                    index=index,
-                    start_s=start_s,
-                    num_requests=num_requests,
-                    num_attainable=num_attainable,
-                    num_required=required,
-                    num_prefill=settings.min_prefill,
-                    num_decode=settings.min_decode,
-                    num_ttft_met=0,
-                    num_met=0,
-                    feasible=True,
-                    num_simulations=0,
-                )
-            )
-            continue
-        span = trace.window(start_s - settings.context_s, end_s + settings.context_s)
-        sub = RequestTrace(
-            source=trace.source,
-            start_epoch_s=trace.start_epoch_s,
-            arrival_s=np.asarray(trace.arrival_s[span], dtype=float),
-            isl=np.asarray(trace.isl[span]),
-            osl=np.asarray(trace.osl[span]),
+        window = OracleWindow(
+            index=index,
+            start_s=start_s,
+            num_requests=own.stop - own.start,
+            num_attainable=num_attainable,
+            num_required=required,
+            num_prefill=settings.min_prefill,
+            num_decode=settings.min_decode,
+            num_ttft_met=0,
+            num_met=0,
+            feasible=True,
+            num_simulations=0,
         )
-        scored = slice(own.start - span.start, own.stop - span.start)
-        arrival = sub.arrival_s
-        osl_multi = np.asarray(sub.osl[scored]) > 1
-        prefill_runs: dict[int, np.ndarray] = {}
-        decode_runs: dict[tuple[int, int], int] = {}
-
-        def ttft_of(num_prefill: int) -> np.ndarray:
-            if num_prefill not in prefill_runs:
-                prefill_runs[num_prefill] = _prefill_ttft_s(sub, fwd, spec, num_prefill)  # noqa: B023
-            return prefill_runs[num_prefill]
-
-        def ttft_met(num_prefill: int) -> np.ndarray:
-            values = ttft_of(num_prefill)[scored]  # noqa: B023
-            return np.isfinite(values) & (values <= ttft_s)  # noqa: B023
-
-        def both_met(num_prefill: int, num_decode: int) -> int:
-            key = (num_prefill, num_decode)
-            if key not in decode_runs:
-                first_token_s = arrival + ttft_of(num_prefill)  # noqa: B023
-                itl = _decode_itl_s(sub, first_token_s, fwd, spec, num_decode)[scored]  # noqa: B023
-                itl_ok = ~osl_multi | (np.isfinite(itl) & (itl <= itl_s))  # noqa: B023
-                decode_runs[key] = int((ttft_met(num_prefill) & itl_ok).sum())
-            return decode_runs[key]
-
-        feasible = True
-        num_prefill = smallest_meeting(
-            lambda n: int(ttft_met(n).sum()) >= required,  # noqa: B023
-            guess=guess_prefill,
-            floor=settings.min_prefill,
-            cap=settings.max_replicas,
-        )
-        if num_prefill is None:
-            feasible, num_prefill = False, settings.max_replicas
-        candidates: list[tuple[int, int]] = []
-        for prefill in (num_prefill, num_prefill + 1) if feasible else (num_prefill,):
-            if prefill > settings.max_replicas:
-                continue
-            decode = smallest_meeting(
-                lambda n: both_met(prefill, n) >= required,  # noqa: B023
-                guess=candidates[0][1] if candidates else guess_decode,
-                floor=settings.min_decode,
-                cap=settings.max_replicas,
+        if required > 0:
+            span = trace.window(start_s - settings.context_s, end_s + settings.context_s)
+            sub = RequestTrace(
+                source=trace.source,
+                start_epoch_s=trace.start_epoch_s,
+                arrival_s=np.asarray(trace.arrival_s[span], dtype=float),
+                isl=np.asarray(trace.isl[span]),
+                osl=np.asarray(trace.osl[span]),
             )
-            if decode is not None:
-                candidates.append((prefill, decode))
-        if candidates:
-            limits = (spec.prefill_limits.num_gpu, spec.decode_limits.num_gpu)
-            num_prefill, num_decode = min(candidates, key=lambda c: (c[0] * limits[0] + c[1] * limits[1], c[0]))
-        else:
-            feasible, num_decode = False, settings.max_replicas
-        windows.append(
-            OracleWindow(
-                index=index,
-                start_s=start_s,
-                num_requests=num_requests,
-                num_attainable=num_attainable,
-                num_required=required,
-                num_prefill=num_prefill,
-                num_decode=num_decode,
-                num_ttft_met=int(ttft_met(num_prefill).sum()),
-                num_met=both_met(num_prefill, num_decode),
-                feasible=feasible,
-                num_simulations=len(prefill_runs) + len(decode_runs),
-            )
-        )
-        guess_prefill, guess_decode = num_prefill, num_decode
+            scored = slice(own.start - span.start, own.stop - span.start)
+            search = _WindowSearch(sub, scored, fwd, spec, ttft_s=ttft_ms / 1000.0, itl_s=itl_ms / 1000.0)
+            window = _size_window(window, search, settings, guess, gpus)
+            guess = (window.num_prefill, window.num_decode)
+        windows.append(window)
     return windows
+
+
+def _size_window(
+    window: OracleWindow,
+    search: _WindowSearch,
+    settings: OracleSettings,
+    guess: tuple[int, int],
+    gpus: tuple[int, int],
+) -> OracleWindow:
+    """Step 4 of the module docstring for one window."""
+    required, cap = window.num_required, settings.max_replicas
+    feasible = True
+    num_prefill = smallest_meeting(
+        lambda n: int(search.ttft_met(n).sum()) >= required, guess=guess[0], floor=settings.min_prefill, cap=cap
+    )
+    if num_prefill is None:
+        feasible, num_prefill = False, cap
+    candidates: list[tuple[int, int]] = []
+    for prefill in (num_prefill, num_prefill + 1) if feasible and num_prefill < cap else (num_prefill,):
+        decode = smallest_meeting(
+            lambda n, p=prefill: search.both_met(p, n) >= required,
+            guess=candidates[0][1] if candidates else guess[1],
+            floor=settings.min_decode,
+            cap=cap,
+        )
+        if decode is not None:
+            candidates.append((prefill, decode))
+    if candidates:
+        num_prefill, num_decode = min(candidates, key=lambda c: (c[0] * gpus[0] + c[1] * gpus[1], c[0]))
+    else:
+        feasible, num_decode = False, cap
+    return dataclasses.replace(
+        window,
+        num_prefill=num_prefill,
+        num_decode=num_decode,
+        num_ttft_met=int(search.ttft_met(num_prefill).sum()),
+        num_met=search.both_met(num_prefill, num_decode),
+        feasible=feasible,
+        num_simulations=search.num_simulations,
+    )

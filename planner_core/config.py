@@ -480,6 +480,10 @@ class PlannerConfig(BaseModel):
     # curve (TrafficObservation.prompt_tokens_p99_*), prefill is also sized so that a p99 burst of every length,
     # scaled by the forecast's growth, drains within the TTFT target (planner_core.policy.throughput).
     throughput_prefill_burst_sizing: bool = False
+    # Scale-down hold (ours; 0 = Dynamo): each pool is sized for the largest need the throughput loop found over
+    # the last this many seconds, so capacity removed in a lull is not missing when the traffic returns before a
+    # new worker could start (start-up takes minutes; removing one is instant).
+    throughput_scale_down_hold_seconds: float = Field(default=0.0, ge=0)
 
     # ------------------------------------------------------------------------------------------------
     # Validation (never mutates; raises the first violation and counts the rest)

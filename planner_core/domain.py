@@ -128,6 +128,7 @@ class ReasonCode(enum.StrEnum):
     BURST_SIZED = "burst_sized"  # prefill raised so the observed prompt bursts drain within the TTFT target
     BURST_COVERED = "burst_covered"  # the mean-rate sizing already absorbs the observed prompt bursts
     BURST_UNAVAILABLE = "burst_unavailable"  # burst sizing asked for, no arrival curve observed: mean rate only
+    SCALE_DOWN_HELD = "scale_down_held"  # kept at the largest need of the hold time: a smaller need must last first
 
 
 # TrafficObservation's arrival-curve fields and the interval (s) each one covers.
@@ -750,6 +751,15 @@ class ThresholdPlannerState:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SizedNeed:
+    """What the throughput loop sized each pool for at one tick, before bounds (kept for the scale-down hold)."""
+
+    at_s: float
+    num_prefill: int
+    num_decode: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlannerState:
     """Cross-tick state of one managed deployment; stored as JSONB after every tick."""
 
@@ -764,6 +774,8 @@ class PlannerState:
     perf_models: OnlinePerfState = field(default_factory=OnlinePerfState)  # online FPM regressions per role
     pipeline: PipelineState = field(default_factory=PipelineState)  # plugin schedules (planner_core.pipeline)
     threshold_planner: ThresholdPlannerState = field(default_factory=ThresholdPlannerState)
+    # Ours: the throughput loop's needs over the last `throughput_scale_down_hold_seconds`, oldest first.
+    recent_throughput_needs: tuple[SizedNeed, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -883,6 +895,7 @@ _DATACLASSES: dict[str, type] = {
         PluginSchedule,
         PipelineState,
         ThresholdPlannerState,
+        SizedNeed,
         PlannerState,
         StepRecord,
         ReplicaProposal,

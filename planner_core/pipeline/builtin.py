@@ -37,6 +37,7 @@ from planner_core.domain import (
     Prediction,
     ReasonCode,
     ReplicaOverride,
+    SizedNeed,
     StepRecord,
 )
 from planner_core.pipeline.types import Phase, PipelineContext, PluginResult, PluginSpec
@@ -157,6 +158,10 @@ class ThroughputProposePlugin:
             sized[Component.PREFILL] = self._size_for_bursts(
                 context, prediction, window_s, sized[Component.PREFILL], steps
             )
+        if config.throughput_scale_down_hold_seconds > 0:
+            sized, state = _hold_scale_down(
+                sized, state, inputs.now_s, config.throughput_scale_down_hold_seconds, steps
+            )
         desired: dict[Component, int] = {}
         for component in components:
             value, step = bound_min_endpoint(component, sized[component], floors[component])
@@ -177,7 +182,7 @@ class ThroughputProposePlugin:
             )
             changed = any(desired[c] != inputs.workers.expected(c) for c in components)
             steps.append(_decide(ReasonCode.SCALE if changed else ReasonCode.NO_CHANGE, summary))
-            return PluginResult(overrides=overrides, steps=tuple(steps))
+            return PluginResult(overrides=overrides, steps=tuple(steps), state=state)
 
         # Both loops on: the throughput loop only sets the floor the load loop may not go below, fitted into the
         # GPU budget here because no pipeline invariant sees a floor that is not proposed.
@@ -358,6 +363,34 @@ class ThroughputProposePlugin:
                     )
             return None
         return sized
+
+
+def _hold_scale_down(
+    sized: dict[Component, int], state: PlannerState, now_s: float, hold_s: float, steps: list[StepRecord]
+) -> tuple[dict[Component, int], PlannerState]:
+    """Ours: each pool at the largest need sized over the last `hold_s` seconds (this tick's included); the needs
+    older than that are forgotten. Needs are recorded before this hold, so a held size never holds itself."""
+    need = SizedNeed(
+        at_s=now_s,
+        num_prefill=sized.get(Component.PREFILL, 0),
+        num_decode=sized.get(Component.DECODE, 0),
+    )
+    recent = (*(n for n in state.recent_throughput_needs if now_s - n.at_s < hold_s and n.at_s <= now_s), need)
+    held: dict[Component, int] = {}
+    for component, value in sized.items():
+        field_name = "num_prefill" if component is Component.PREFILL else "num_decode"
+        largest = max(getattr(n, field_name) for n in recent)
+        held[component] = max(value, largest)
+        steps.append(
+            StepRecord(
+                step="scale_down_hold",
+                component=component,
+                value=held[component],
+                reason=ReasonCode.SCALE_DOWN_HELD if largest > value else ReasonCode.WITHIN_RANGE,
+                detail=f"need {value}; largest need of the last {hold_s:g} s: {largest} ({len(recent)} ticks)",
+            )
+        )
+    return held, dataclasses.replace(state, recent_throughput_needs=recent)
 
 
 def _target_utilization(config: PlannerConfig, component: Component) -> float:

@@ -39,6 +39,7 @@ from planner_core.domain import (
     ReplicaOverride,
     SizedNeed,
     StepRecord,
+    TickInputs,
 )
 from planner_core.pipeline.types import Phase, PipelineContext, PluginResult, PluginSpec
 from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, guard_gpu_budget
@@ -160,7 +161,7 @@ class ThroughputProposePlugin:
             )
         if config.throughput_scale_down_hold_seconds > 0:
             sized, state = _hold_scale_down(
-                sized, state, inputs.now_s, config.throughput_scale_down_hold_seconds, steps
+                sized, state, inputs, config.throughput_scale_down_hold_seconds, components, steps
             )
         desired: dict[Component, int] = {}
         for component in components:
@@ -366,16 +367,28 @@ class ThroughputProposePlugin:
 
 
 def _hold_scale_down(
-    sized: dict[Component, int], state: PlannerState, now_s: float, hold_s: float, steps: list[StepRecord]
+    sized: dict[Component, int],
+    state: PlannerState,
+    inputs: TickInputs,
+    hold_s: float,
+    components: tuple[Component, ...],
+    steps: list[StepRecord],
 ) -> tuple[dict[Component, int], PlannerState]:
-    """Ours: each pool at the largest need sized over the last `hold_s` seconds (this tick's included); the needs
-    older than that are forgotten. Needs are recorded before this hold, so a held size never holds itself."""
-    need = SizedNeed(
-        at_s=now_s,
-        num_prefill=sized.get(Component.PREFILL, 0),
-        num_decode=sized.get(Component.DECODE, 0),
-    )
-    recent = (*(n for n in state.recent_throughput_needs if now_s - n.at_s < hold_s and n.at_s <= now_s), need)
+    """Ours: each pool at the largest need sized over the last `hold_s` seconds (this tick's included); needs older
+    than that are forgotten. Needs are recorded before this hold, so a held size never holds itself. With no need
+    recorded yet (the planner's first sizing), the pools' current sizes count as a need of this tick too: the
+    deployment was sized for its traffic, and the planner has seen only one window of it."""
+    now_s = inputs.now_s
+    need = SizedNeed(at_s=now_s, num_prefill=sized.get(Component.PREFILL, 0), num_decode=sized.get(Component.DECODE, 0))
+    recent = tuple(n for n in state.recent_throughput_needs if now_s - n.at_s < hold_s and n.at_s <= now_s)
+    if not state.recent_throughput_needs:
+        current = SizedNeed(
+            at_s=now_s,
+            num_prefill=inputs.workers.expected_prefill if Component.PREFILL in components else 0,
+            num_decode=inputs.workers.expected_decode if Component.DECODE in components else 0,
+        )
+        recent = (current,)
+    recent = (*recent, need)
     held: dict[Component, int] = {}
     for component, value in sized.items():
         field_name = "num_prefill" if component is Component.PREFILL else "num_decode"

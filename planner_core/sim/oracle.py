@@ -15,8 +15,11 @@ How it is computed, exactly:
    must have at least `required = ceil(target_attainment * n_a)` requests meeting both targets (counting every
    request of the window, attainable or not).
 3. Each window is simulated on its own, with `context_s` of the trace before it (warm-up: the backlog it
-   inherits) and after it (tail: the traffic its last requests share the engines with), all at the candidate
-   size; only the window's own requests are scored.
+   inherits) and after it (tail: the traffic its last requests share the engines with); only the window's own
+   requests are scored. The warm-up runs at the size the oracle chose for the previous window (the candidate
+   size for the first window), which switches to the candidate size at the window's start as in the oracle's
+   own run: added workers are ready at once, removed ones stop taking requests and drain their queues. The
+   tail runs at the candidate size.
 4. Disaggregation makes the pools separable, so the size is searched one pool at a time:
    - prefill: TTFT depends only on the prefill pool (decode never delays a first token), so the prefill pool is
      simulated alone (every request given one output token). P is the fewest prefill workers with which at least
@@ -165,18 +168,30 @@ def smallest_meeting(meets: Callable[[int], bool], *, guess: int, floor: int, ca
     return high  # low == high - 1 was simulated and failed, or is floor - 1
 
 
-def _prefill_ttft_s(sub: RequestTrace, fwd: ForwardPassModel, spec: SimSpec, num_prefill: int) -> np.ndarray:
-    """TTFT (s) of every request of `sub` with `num_prefill` prefill workers and no decode (one output token)."""
+def _prefill_ttft_s(
+    sub: RequestTrace, fwd: ForwardPassModel, spec: SimSpec, num_prefill: int, previous: int, switch_s: float
+) -> np.ndarray:
+    """TTFT (s) of every request of `sub` with no decode (one output token each): `previous` prefill workers until
+    `switch_s`, then `num_prefill` (instantly; removed workers drain their queues)."""
     alone = dataclasses.replace(sub, osl=np.ones(sub.num_requests))
-    sim = ClusterSimulator(alone, fwd, dataclasses.replace(spec, startup_s=0.0), num_prefill=num_prefill, num_decode=0)
+    sim = ClusterSimulator(alone, fwd, dataclasses.replace(spec, startup_s=0.0), num_prefill=previous, num_decode=0)
+    sim.run_until(switch_s)
+    sim.set_targets(num_prefill, None)
     sim.run_to_completion()
     return sim.result().ttft_s
 
 
 def _decode_itl_s(
-    sub: RequestTrace, first_token_s: np.ndarray, fwd: ForwardPassModel, spec: SimSpec, num_decode: int
+    sub: RequestTrace,
+    first_token_s: np.ndarray,
+    fwd: ForwardPassModel,
+    spec: SimSpec,
+    num_decode: int,
+    previous: int,
+    switch_s: float,
 ) -> np.ndarray:
-    """ITL (s) of every request of `sub` reaching `num_decode` decode workers at `first_token_s` (NaN: no ITL)."""
+    """ITL (s) of every request of `sub` reaching the decode pool at `first_token_s` (NaN: no ITL): `previous`
+    decode workers until `switch_s`, then `num_decode`."""
     itl_s = np.full(sub.num_requests, np.nan)
     keep = np.flatnonzero(np.isfinite(first_token_s) & (np.asarray(sub.osl) > 1))
     if len(keep) == 0:
@@ -190,7 +205,9 @@ def _decode_itl_s(
         osl=np.asarray(sub.osl)[keep],
     )
     decode_spec = dataclasses.replace(spec, startup_s=0.0, kv_transfer_s_per_token=0.0)
-    sim = ClusterSimulator(fed, _InstantPrefill(fwd), decode_spec, num_prefill=1, num_decode=num_decode)
+    sim = ClusterSimulator(fed, _InstantPrefill(fwd), decode_spec, num_prefill=1, num_decode=previous)
+    sim.run_until(switch_s)
+    sim.set_targets(None, num_decode)
     sim.run_to_completion()
     itl_s[keep] = sim.result().itl_s
     return itl_s
@@ -200,10 +217,20 @@ class _WindowSearch:
     """One window's simulations, each size simulated at most once (see steps 3 and 4 of the module docstring)."""
 
     def __init__(
-        self, sub: RequestTrace, scored: slice, fwd: ForwardPassModel, spec: SimSpec, *, ttft_s: float, itl_s: float
+        self,
+        sub: RequestTrace,
+        scored: slice,
+        fwd: ForwardPassModel,
+        spec: SimSpec,
+        *,
+        ttft_s: float,
+        itl_s: float,
+        previous: tuple[int, int] | None,
+        switch_s: float,
     ) -> None:
         self.sub, self.scored, self.fwd, self.spec = sub, scored, fwd, spec
         self.ttft_limit_s, self.itl_limit_s = ttft_s, itl_s
+        self.previous, self.switch_s = previous, switch_s
         self.multi_token = np.asarray(sub.osl[scored]) > 1
         self.prefill_runs: dict[int, np.ndarray] = {}
         self.decode_runs: dict[tuple[int, int], int] = {}
@@ -214,7 +241,10 @@ class _WindowSearch:
 
     def _ttft_s(self, num_prefill: int) -> np.ndarray:
         if num_prefill not in self.prefill_runs:
-            self.prefill_runs[num_prefill] = _prefill_ttft_s(self.sub, self.fwd, self.spec, num_prefill)
+            before = num_prefill if self.previous is None else self.previous[0]
+            self.prefill_runs[num_prefill] = _prefill_ttft_s(
+                self.sub, self.fwd, self.spec, num_prefill, before, self.switch_s
+            )
         return self.prefill_runs[num_prefill]
 
     def ttft_met(self, num_prefill: int) -> np.ndarray:
@@ -227,7 +257,9 @@ class _WindowSearch:
         key = (num_prefill, num_decode)
         if key not in self.decode_runs:
             first_token_s = self.sub.arrival_s + self._ttft_s(num_prefill)
-            itl = _decode_itl_s(self.sub, first_token_s, self.fwd, self.spec, num_decode)[self.scored]
+            before = num_decode if self.previous is None else self.previous[1]
+            itl = _decode_itl_s(self.sub, first_token_s, self.fwd, self.spec, num_decode, before, self.switch_s)
+            itl = itl[self.scored]
             itl_ok = ~self.multi_token | (np.isfinite(itl) & (itl <= self.itl_limit_s))
             self.decode_runs[key] = int((self.ttft_met(num_prefill) & itl_ok).sum())
         return self.decode_runs[key]
@@ -259,6 +291,7 @@ def oracle_windows(
     gpus = (spec.prefill_limits.num_gpu, spec.decode_limits.num_gpu)
     windows: list[OracleWindow] = []
     guess = (settings.min_prefill, settings.min_decode)
+    previous: tuple[int, int] | None = None  # the size the oracle holds before the window (none before the first)
     for index in range(num_windows):
         start_s, end_s = index * window_s, (index + 1) * window_s
         own = trace.window(start_s, end_s)
@@ -287,9 +320,19 @@ def oracle_windows(
                 osl=np.asarray(trace.osl[span]),
             )
             scored = slice(own.start - span.start, own.stop - span.start)
-            search = _WindowSearch(sub, scored, fwd, spec, ttft_s=ttft_ms / 1000.0, itl_s=itl_ms / 1000.0)
+            search = _WindowSearch(
+                sub,
+                scored,
+                fwd,
+                spec,
+                ttft_s=ttft_ms / 1000.0,
+                itl_s=itl_ms / 1000.0,
+                previous=previous,
+                switch_s=start_s,
+            )
             window = _size_window(window, search, settings, guess, gpus)
             guess = (window.num_prefill, window.num_decode)
+        previous = (window.num_prefill, window.num_decode)
         windows.append(window)
     return windows
 

@@ -143,6 +143,17 @@ BURST_CASES = [
         want=7,
         reason=ReasonCode.BURST_SIZED,
     ),
+    # a 200,000-token p99 prompt: one engine computes 89,121.0 x 1.10808 = 98,753 tokens in 1 s + T', so
+    # 101,247 of the 300,000 are not a burst: 198,753 / 98,753 = 2.01 -> 3 (at 250 ms: one engine's share is
+    # 31,912, the excess 168,088 > 50,000 -> nothing left)
+    BurstCase(
+        id="a-giant-prompt-counts-one-engine-share",
+        traffic=burst_traffic(prompt_tokens_p99_250ms=50_000, prompt_tokens_p99_1s=300_000, isl_p99=200_000),
+        forecast_tokens_per_s=10_000,
+        mean_rate=1,
+        want=3,
+        reason=ReasonCode.BURST_SIZED,
+    ),
     # the mean rate already sizes 5 >= 4
     BurstCase(
         id="mean-rate-covers-the-burst",

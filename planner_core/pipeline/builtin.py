@@ -2,8 +2,10 @@
 
 `tick()` runs these through the same pipeline as user plugins (`builtin_plugins(loop, perf)`):
 - throughput tick: `builtin_load_predict` (PREDICT, priority 0) observes the window and forecasts the next one;
-  `builtin_throughput_propose` (PROPOSE, priority 20) sizes each pool on the forecast (min endpoints, change cap),
-  and either proposes SET targets or, when the load loop is on too, only stores them as the load loop's floor;
+  `builtin_throughput_propose` (PROPOSE, priority 20) sizes each pool on the forecast (optionally with our target
+  utilisation, burst-aware prefill sizing and scale-down hold, each off by default), applies the min endpoints and
+  the change cap, and either proposes SET targets or, when the load loop is on too, only stores them as the load
+  loop's floor;
 - load tick: `builtin_load_propose` (PROPOSE, priority 10) feeds the engines' forward-pass metrics to the online
   perf models and proposes +/-1 per pool with the configured load policy (SLA per engine, threshold targets, or
   the 2025 threshold planner).

@@ -3,9 +3,10 @@
 A Prefect flow walks the trace window by window. The discrete-event simulator (`planner_core.sim.des`) serves
 the window; the throughput tick (the same task the served deployment runs) decides and records in Postgres; the
 execution task applies the decision through the virtual connector; the simulated cluster, acting as the
-orchestrator, wakes on the connector's NOTIFY, scales and acknowledges. Everything is in Postgres, so an interrupted demo resumes where
-it stopped: recorded ticks are skipped (never recorded twice) and the cluster is rebuilt from the
-acknowledged decisions. At the end it writes the deployment's diagnostics report and links it as an artifact.
+orchestrator, wakes on the connector's NOTIFY, scales and acknowledges. Everything is in Postgres, so an
+interrupted demo resumes where it stopped: recorded ticks are skipped (never recorded twice) and the cluster is
+rebuilt from the acknowledged decisions. At the end it writes the deployment's diagnostics report and links it as
+an artifact.
 """
 
 from __future__ import annotations

@@ -197,8 +197,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from planner_core.domain import EngineLimits
     from planner_core.perf.model import ProfilePerfModel
-    from planner_core.sim.bench import bench_figure, build_policies, run_bench
+    from planner_core.sim.bench import OraclePolicy, bench_figure, build_policies, run_bench
     from planner_core.sim.des import SimSpec
+    from planner_core.sim.oracle import OracleSettings
     from planner_core.traces import load_trace
 
     trace = load_trace(args.trace)
@@ -215,10 +216,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "max_throughput_scaling_replicas": 8,
     }
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
-    policies = build_policies(names, base, trace, perf, window_s=args.throughput_interval_s)
     spec = SimSpec(
         decode_limits=EngineLimits(max_kv_tokens=perf.profiled_max_kv_tokens() or 2_000_000),
         startup_s=args.startup_s,
+    )
+    oracle = OracleSettings(target_attainment=args.oracle_target, context_s=args.oracle_context_s)
+    print("bench: sizing the policies (the oracle simulates every window at several sizes)...", file=sys.stderr)
+    policies = build_policies(
+        names, base, trace, perf, fwd, spec, window_s=args.throughput_interval_s, oracle=oracle, initial=args.initial
     )
     with Progress(
         TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
@@ -244,8 +249,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json is None or str(args.json) != "-":
         print(
             f"{trace.source}: {trace.num_requests} requests, {trace.duration_s / 3600:.2f} h; "
-            f"SLA TTFT {args.ttft_ms:g} ms / ITL {args.itl_ms:g} ms; start-up {args.startup_s:g} s"
+            f"SLA TTFT {args.ttft_ms:g} ms / ITL {args.itl_ms:g} ms; start-up {args.startup_s:g} s; "
+            f"{runs[0].row.attainable:.1%} of requests can meet both alone"
+            if runs
+            else ""
         )
+        for policy in policies:
+            if isinstance(policy, OraclePolicy):
+                sizes = " ".join(f"{p}/{d}" for p, d in policy.sizes)
+                infeasible = sum(not w.feasible for w in policy.windows)
+                print(
+                    f"  oracle (prefill/decode per {policy.interval_s:g} s window, >= {args.oracle_target:.1%} of "
+                    f"attainable requests; search {policy.search_s:.1f} s"
+                    + (f"; {infeasible} windows infeasible" if infeasible else "")
+                    + f"): {sizes}"
+                )
         print(
             f"  {'policy':<14}{'SLA ok':>8}{'TTFT ok':>9}{'ITL ok':>8}{'GPU-h':>8}{'x oracle':>9}{'events':>8}"
             f"{'TTFT p90':>10}{'ITL p90':>9}{'wall s':>8}"
@@ -839,6 +857,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--startup-s", type=float, default=120.0, help="worker start-up time (s)")
     bench.add_argument("--max-gpu-budget", type=int, default=-1, help="GPU ceiling for the planners (-1: none)")
     bench.add_argument("--throughput-interval-s", type=int, default=180, help="throughput window / oracle window")
+    bench.add_argument(
+        "--oracle-target",
+        type=float,
+        default=0.99,
+        help="fraction of a window's attainable requests the oracle serves within both targets",
+    )
+    bench.add_argument(
+        "--oracle-context-s", type=float, default=60.0, help="traffic simulated before and after each oracle window (s)"
+    )
+    bench.add_argument(
+        "--initial", choices=("oracle", "min"), default="oracle",
+        help="planners start at the oracle's first-window size, or at their minimum endpoints",
+    )  # fmt: skip
     bench.add_argument("--json", type=Path, default=None, help="write the rows as JSON to FILE ('-': stdout)")
     bench.add_argument("--html", type=Path, default=None, help="write a Plotly page of replicas, load and latency")
     bench.set_defaults(func=cmd_bench)

@@ -472,6 +472,18 @@ class PlannerConfig(BaseModel):
     # added / below which one is removed. 5.0 is the 2025 planner's code default (its docs said 0.5).
     prefill_queue_scale_up_threshold: float = Field(default=5.0, ge=0)
     prefill_queue_scale_down_threshold: float = Field(default=0.2, ge=0)
+    # Throughput-loop headroom (ours; 1.0 = Dynamo: size each pool to run at its searched capacity). Demand is
+    # divided by this fraction before `ceil(demand / capacity)`, leaving room for queueing around the mean rate.
+    throughput_prefill_target_utilization: float = Field(default=1.0, gt=0, le=1)
+    throughput_decode_target_utilization: float = Field(default=1.0, gt=0, le=1)
+    # Burst-aware prefill sizing (ours; off = Dynamo). When the observed window carries its prompt-token arrival
+    # curve (TrafficObservation.prompt_tokens_p99_*), prefill is also sized so that a p99 burst of every length,
+    # scaled by the forecast's growth, drains within the TTFT target (planner_core.policy.throughput).
+    throughput_prefill_burst_sizing: bool = False
+    # Scale-down hold (ours; 0 = Dynamo): each pool is sized for the largest need the throughput loop found over
+    # the last this many seconds, so capacity removed in a lull is not missing when the traffic returns before a
+    # new worker could start (start-up takes minutes; removing one is instant).
+    throughput_scale_down_hold_seconds: float = Field(default=0.0, ge=0)
 
     # ------------------------------------------------------------------------------------------------
     # Validation (never mutates; raises the first violation and counts the rest)

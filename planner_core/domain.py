@@ -123,6 +123,24 @@ class ReasonCode(enum.StrEnum):
     WORKERS_CHANGED_IN_INTERVAL = "workers_changed_in_interval"  # 2025: counts changed mid-interval, no adjustment
     DECODE_GRACE_PERIOD = "decode_grace_period"  # 2025: no decode scale-down shortly after adding a decode worker
     PREFILL_QUEUE_TREND = "prefill_queue_trend"  # 2025: the queue trend falls below the up threshold; no scale-up
+    # Throughput loop: our headroom and burst sizing (planner_core.policy.throughput)
+    HEADROOM_APPLIED = "headroom_applied"  # demand divided by the pool's target utilisation before sizing
+    BURST_SIZED = "burst_sized"  # prefill raised so the observed prompt bursts drain within the TTFT target
+    BURST_COVERED = "burst_covered"  # the mean-rate sizing already absorbs the observed prompt bursts
+    BURST_UNAVAILABLE = "burst_unavailable"  # burst sizing asked for, no arrival curve observed: mean rate only
+    SCALE_DOWN_HELD = "scale_down_held"  # kept at the largest need of the hold time: a smaller need must last first
+
+
+# TrafficObservation's arrival-curve fields and the interval (s) each one covers.
+PROMPT_ARRIVAL_INTERVALS_S: dict[str, float] = {
+    "prompt_tokens_p99_250ms": 0.25,
+    "prompt_tokens_p99_500ms": 0.5,
+    "prompt_tokens_p99_1s": 1.0,
+    "prompt_tokens_p99_2s": 2.0,
+    "prompt_tokens_p99_5s": 5.0,
+    "prompt_tokens_p99_10s": 10.0,
+    "prompt_tokens_p99_30s": 30.0,
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,6 +156,9 @@ class TrafficObservation:
         ttft_ms, itl_ms: observed mean latencies where the source knows them.
         kv_hit_rate: fraction of prompt tokens served from the KV cache (router metric), if known.
         accept_length: speculative-decoding mean accepted tokens per decode step, if known.
+        prompt_tokens_p99_250ms .. prompt_tokens_p99_30s: the window's prompt-token arrival curve (ours): for each
+            request of the window, the prompt tokens (its own included) that arrived in the 250 ms .. 30 s up to
+            its arrival; the 99th percentile over the window's requests. Where the source timestamps requests.
     """
 
     duration_s: float
@@ -154,6 +175,18 @@ class TrafficObservation:
     itl_ms: float | None = None
     kv_hit_rate: float | None = None  # router KV-cache hit rate over the window, 0..1
     accept_length: float | None = None  # speculative-decoding mean accepted tokens per step, >= 1
+    prompt_tokens_p99_250ms: float | None = None
+    prompt_tokens_p99_500ms: float | None = None
+    prompt_tokens_p99_1s: float | None = None
+    prompt_tokens_p99_2s: float | None = None
+    prompt_tokens_p99_5s: float | None = None
+    prompt_tokens_p99_10s: float | None = None
+    prompt_tokens_p99_30s: float | None = None
+
+    def prompt_arrival_curve(self) -> tuple[tuple[float, float], ...]:
+        """The observed points of the prompt-token arrival curve as (interval s, p99 tokens), shortest first."""
+        points = ((interval_s, getattr(self, name)) for name, interval_s in PROMPT_ARRIVAL_INTERVALS_S.items())
+        return tuple((interval_s, tokens) for interval_s, tokens in points if tokens is not None)
 
     def length_quantile(self, which: str, quantile: str) -> float | None:
         """`which` in {"isl", "osl"}, `quantile` in {"p50", "p90", "p99"}: that percentile, if observed."""
@@ -718,6 +751,15 @@ class ThresholdPlannerState:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SizedNeed:
+    """What the throughput loop sized each pool for at one tick, before bounds (kept for the scale-down hold)."""
+
+    at_s: float
+    num_prefill: int
+    num_decode: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlannerState:
     """Cross-tick state of one managed deployment; stored as JSONB after every tick."""
 
@@ -732,6 +774,8 @@ class PlannerState:
     perf_models: OnlinePerfState = field(default_factory=OnlinePerfState)  # online FPM regressions per role
     pipeline: PipelineState = field(default_factory=PipelineState)  # plugin schedules (planner_core.pipeline)
     threshold_planner: ThresholdPlannerState = field(default_factory=ThresholdPlannerState)
+    # Ours: the throughput loop's needs over the last `throughput_scale_down_hold_seconds`, oldest first.
+    recent_throughput_needs: tuple[SizedNeed, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -851,6 +895,7 @@ _DATACLASSES: dict[str, type] = {
         PluginSchedule,
         PipelineState,
         ThresholdPlannerState,
+        SizedNeed,
         PlannerState,
         StepRecord,
         ReplicaProposal,

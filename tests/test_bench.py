@@ -10,15 +10,16 @@ import sys
 import numpy as np
 import pytest
 
-from planner_core.config import parse_config
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.sim.bench import (
     DEFAULT_POLICIES,
     FixedPolicy,
+    OraclePolicy,
+    PlannerPolicy,
     build_policies,
+    prompt_arrival_curve,
     run_bench,
     score,
-    window_sizes,
 )
 from planner_core.sim.des import SimResult, SimSpec
 from tests.conftest import PROFILE_DIR, REPO_ROOT
@@ -58,12 +59,12 @@ def test_score_counts_unfinished_requests_as_misses() -> None:
 
 
 def test_oracle_is_the_cheapest_sizing_and_baselines_share_the_requests(profile_perf: ProfilePerfModel) -> None:
-    """On the same requests: the oracle (instant, per-window need) spends no more GPU-hours than static provisioning
-    for the peak, and every row counts every request."""
+    """On the same requests: the oracle (instant, per-window need found in the simulator) spends no more GPU-hours
+    than static provisioning for its peak, and every row counts every request."""
     trace = busy_trace()
     base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 60}
     policies = build_policies(
-        ["static-peak", "static-mean", "oracle", "fixed:1:1"], base, trace, profile_perf, window_s=60
+        ["static-peak", "static-mean", "oracle", "fixed:1:1"], base, trace, profile_perf, FWD, SimSpec(), window_s=60
     )
     runs = run_bench(policies, trace, FWD, SimSpec(), ttft_ms=500, itl_ms=50)
     rows = {run.row.policy: run.row for run in runs}
@@ -71,9 +72,34 @@ def test_oracle_is_the_cheapest_sizing_and_baselines_share_the_requests(profile_
     assert rows["oracle"].gpu_hours_vs_oracle == 1.0
     assert rows["oracle"].gpu_hours <= rows["static-peak"].gpu_hours
     assert rows["static-mean"].gpu_hours <= rows["static-peak"].gpu_hours
-    # the oracle scales at the window edges where the need changes, and instantly
-    sizes = window_sizes(trace, parse_config({**base, "optimization_target": "sla"}), profile_perf, 60.0)
+    assert rows["oracle"].sla_attainment >= 0.99
+    # the oracle scales at the window edges where its size changes, and instantly
+    oracle = next(p for p in policies if isinstance(p, OraclePolicy))
+    sizes = list(oracle.sizes)
     assert rows["oracle"].scaling_events == sum(1 for a, b in zip(sizes, sizes[1:], strict=False) if a != b)
+
+
+def test_planners_start_at_the_oracle_first_size_unless_asked(profile_perf: ProfilePerfModel) -> None:
+    trace = busy_trace(600, 600.0)
+    base = {"throughput_adjustment_interval_seconds": 60}
+    (oracle, planner) = build_policies(["oracle", "planner"], base, trace, profile_perf, FWD, SimSpec(), window_s=60)
+    assert isinstance(oracle, OraclePolicy) and isinstance(planner, PlannerPolicy)
+    assert planner.initial() == oracle.sizes[0]
+    (cold,) = build_policies(["planner"], base, trace, profile_perf, FWD, SimSpec(), window_s=60, initial="min")
+    assert cold.initial() == (1, 1)
+    with pytest.raises(ValueError, match="initial size"):
+        build_policies(["planner"], base, trace, profile_perf, FWD, SimSpec(), window_s=60, initial="max")
+
+
+def test_prompt_arrival_curve_is_the_p99_of_tokens_in_each_lookback() -> None:
+    """Requests at 0, 0.1, 0.2 and 5 s of 100, 200, 300 and 400 tokens. Over [0, 10): tokens in the 250 ms up to
+    each arrival are 100, 300, 600 and 400; their p99 (numpy's linear percentile) is 400 + 0.97 x 200 = 594.
+    Over 30 s every request sees all earlier ones: 100, 300, 600, 1000 -> p99 = 600 + 0.97 x 400 = 988."""
+    trace = make_trace([0.0, 0.1, 0.2, 5.0], [100, 200, 300, 400], [2, 2, 2, 2])
+    curve = prompt_arrival_curve(trace, 0.0, 10.0)
+    assert curve["prompt_tokens_p99_250ms"] == pytest.approx(594.0)
+    assert curve["prompt_tokens_p99_30s"] == pytest.approx(988.0)
+    assert prompt_arrival_curve(trace, 20.0, 30.0) == {}  # idle window: no curve
 
 
 def test_planner_presets_run_in_the_loop(profile_perf: ProfilePerfModel) -> None:
@@ -81,8 +107,8 @@ def test_planner_presets_run_in_the_loop(profile_perf: ProfilePerfModel) -> None
     trace = busy_trace(30_000)
     base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 60}
     names = [n for n in DEFAULT_POLICIES if n not in ("static-peak", "static-mean", "oracle")]
-    runs = run_bench(build_policies(names, base, trace, profile_perf, window_s=60), trace, FWD, SimSpec(startup_s=30),
-                     ttft_ms=500, itl_ms=50)  # fmt: skip
+    policies = build_policies(names, base, trace, profile_perf, FWD, SimSpec(), window_s=60, initial="min")
+    runs = run_bench(policies, trace, FWD, SimSpec(startup_s=30), ttft_ms=500, itl_ms=50)
     for run in runs:
         assert run.row.requests == trace.num_requests
         assert math.isfinite(run.row.gpu_hours) and run.row.gpu_hours > 0
@@ -93,9 +119,9 @@ def test_planner_presets_run_in_the_loop(profile_perf: ProfilePerfModel) -> None
 def test_unknown_policy_is_refused(profile_perf: ProfilePerfModel) -> None:
     trace = busy_trace(60, 60.0)
     with pytest.raises(ValueError, match="unknown policy 'magic'"):
-        build_policies(["magic"], {}, trace, profile_perf, window_s=60)
+        build_policies(["magic"], {}, trace, profile_perf, FWD, SimSpec(), window_s=60)
     with pytest.raises(ValueError, match="fixed:P:D"):
-        build_policies(["fixed:2"], {}, trace, profile_perf, window_s=60)
+        build_policies(["fixed:2"], {}, trace, profile_perf, FWD, SimSpec(), window_s=60)
 
 
 def test_fixed_policy_never_scales() -> None:
@@ -127,7 +153,8 @@ def test_cli_writes_json_and_html(tmp_path) -> None:
     rows = json.loads(out_json.read_text())
     assert [row["policy"] for row in rows] == ["oracle", "static-peak", "fixed:1:1"]
     assert set(rows[0]) == {
-        "policy", "requests", "ttft_attainment", "itl_attainment", "sla_attainment", "goodput_rps", "gpu_hours",
+        "policy", "requests", "ttft_attainment", "itl_attainment", "sla_attainment", "attainable", "goodput_rps",
+        "gpu_hours",
         "gpu_hours_vs_oracle", "scaling_events", "ttft_ms_mean", "ttft_ms_p90", "itl_ms_mean", "itl_ms_p90", "wall_s",
     }  # fmt: skip
     assert rows[0]["requests"] == 400

@@ -56,6 +56,7 @@ from planner_core.domain import (
     ScalingDecision,
     ScheduledRequests,
     SeriesModel,
+    SizedNeed,
     StepRecord,
     ThresholdPlannerState,
     TickInputs,
@@ -88,6 +89,8 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         itl_ms=opt_floats,
         kv_hit_rate=opt_floats,
         accept_length=opt_floats,
+        prompt_tokens_p99_250ms=opt_floats,
+        prompt_tokens_p99_30s=opt_floats,
     )
     scheduled = st.builds(
         ScheduledRequests,
@@ -271,6 +274,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         decode_kv_samples=float_tuples,
         decode_grace_intervals_left=counts,
     )
+    sized_need = st.builds(SizedNeed, at_s=floats, num_prefill=counts, num_decode=counts)
     state = st.builds(
         PlannerState,
         load_history=history,
@@ -283,6 +287,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         threshold_planner=threshold_planner,
         last_kv_hit_rate=opt_floats,
         last_accept_length=opt_floats,
+        recent_throughput_needs=st.lists(sized_need, max_size=3).map(tuple),
     )
     step = st.builds(
         StepRecord,
@@ -339,6 +344,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         PluginSchedule: plugin_schedule,
         PipelineState: pipeline_state,
         ThresholdPlannerState: threshold_planner,
+        SizedNeed: sized_need,
         PlannerState: state,
         StepRecord: step,
         ReplicaProposal: proposal,
@@ -474,6 +480,7 @@ def test_non_finite_floats_become_strings() -> None:
         "itl_ms": 1.5,
         "kv_hit_rate": None,
         "accept_length": None,
+        **dict.fromkeys(domain.PROMPT_ARRIVAL_INTERVALS_S),
     }
     json.dumps(to_jsonable(obs), allow_nan=False)  # strict JSON: no bare NaN/Infinity tokens
     restored = from_jsonable(TrafficObservation, to_jsonable(obs))

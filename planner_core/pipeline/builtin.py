@@ -2,8 +2,10 @@
 
 `tick()` runs these through the same pipeline as user plugins (`builtin_plugins(loop, perf)`):
 - throughput tick: `builtin_load_predict` (PREDICT, priority 0) observes the window and forecasts the next one;
-  `builtin_throughput_propose` (PROPOSE, priority 20) sizes each pool on the forecast (min endpoints, change cap),
-  and either proposes SET targets or, when the load loop is on too, only stores them as the load loop's floor;
+  `builtin_throughput_propose` (PROPOSE, priority 20) sizes each pool on the forecast (optionally with our target
+  utilisation, burst-aware prefill sizing and scale-down hold, each off by default), applies the min endpoints and
+  the change cap, and either proposes SET targets or, when the load loop is on too, only stores them as the load
+  loop's floor;
 - load tick: `builtin_load_propose` (PROPOSE, priority 10) feeds the engines' forward-pass metrics to the online
   perf models and proposes +/-1 per pool with the configured load policy (SLA per engine, threshold targets, or
   the 2025 threshold planner).
@@ -37,7 +39,9 @@ from planner_core.domain import (
     Prediction,
     ReasonCode,
     ReplicaOverride,
+    SizedNeed,
     StepRecord,
+    TickInputs,
 )
 from planner_core.pipeline.types import Phase, PipelineContext, PluginResult, PluginSpec
 from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, guard_gpu_budget
@@ -55,10 +59,12 @@ from planner_core.policy.throughput import (
     RequestShape,
     ThroughputPerfModel,
     ThroughputTargets,
+    burst_prefill_replicas,
     calculate_replicas,
     correction_factors,
     replicas_for_engine_rps,
     sizing_shape,
+    with_headroom,
 )
 from planner_core.predict import observe_window, predict_next
 
@@ -152,6 +158,14 @@ class ThroughputProposePlugin:
         if sized is None:
             steps.append(_decide(ReasonCode.MODEL_NOT_READY, "hold"))
             return PluginResult(steps=tuple(steps))
+        if config.throughput_prefill_burst_sizing and Component.PREFILL in sized and config.mode is not PlannerMode.AGG:
+            sized[Component.PREFILL] = self._size_for_bursts(
+                context, prediction, window_s, sized[Component.PREFILL], steps
+            )
+        if config.throughput_scale_down_hold_seconds > 0:
+            sized, state = _hold_scale_down(
+                sized, state, inputs, config.throughput_scale_down_hold_seconds, components, steps
+            )
         desired: dict[Component, int] = {}
         for component in components:
             value, step = bound_min_endpoint(component, sized[component], floors[component])
@@ -172,7 +186,7 @@ class ThroughputProposePlugin:
             )
             changed = any(desired[c] != inputs.workers.expected(c) for c in components)
             steps.append(_decide(ReasonCode.SCALE if changed else ReasonCode.NO_CHANGE, summary))
-            return PluginResult(overrides=overrides, steps=tuple(steps))
+            return PluginResult(overrides=overrides, steps=tuple(steps), state=state)
 
         # Both loops on: the throughput loop only sets the floor the load loop may not go below, fitted into the
         # GPU budget here because no pipeline invariant sees a floor that is not proposed.
@@ -201,6 +215,42 @@ class ThroughputProposePlugin:
         floors_detail = ", ".join(f"{c.value} floor {bounded[c]}" for c in components)
         steps.append(_decide(ReasonCode.SET_LOWER_BOUND, floors_detail))
         return PluginResult(steps=tuple(steps), state=next_state)
+
+    def _size_for_bursts(
+        self,
+        context: PipelineContext,
+        prediction: Prediction,
+        window_s: float,
+        mean_rate_replicas: int,
+        steps: list[StepRecord],
+    ) -> int:
+        """Ours: raise prefill so the observed prompt bursts drain within the TTFT target (`burst_prefill_replicas`);
+        the engine rate is a full chunk of the prefill model in force (online, else bootstrap), times the prefill
+        target utilisation."""
+        from planner_core.perf.capacity import effective_kv_hit_rate
+
+        config, state, traffic = context.config, context.state, context.inputs.traffic
+        assert traffic is not None
+        bootstrap = self.perf.forward_pass_model() if self.perf is not None else None
+        model, _ = forward_model_for(state, config.mode, Component.PREFILL, bootstrap)
+        engine_tokens_per_s, iteration_s = 0.0, 0.0
+        if model is not None:
+            chunk = config.engine_limits(Component.PREFILL).max_num_batched_tokens
+            hit, _ = effective_kv_hit_rate(state.last_kv_hit_rate, Component.PREFILL)
+            iteration_s = model.prefill_wall_s(float(chunk))
+            if iteration_s > 0:
+                # the target utilisation derates the engine for bursts as for the mean rate
+                engine_tokens_per_s = chunk / iteration_s / (1.0 - hit) * config.throughput_prefill_target_utilization
+        replicas, step = burst_prefill_replicas(
+            traffic,
+            prediction.num_req * prediction.isl / window_s,
+            mean_rate_replicas=mean_rate_replicas,
+            ttft_ms=config.ttft_ms,
+            engine_prompt_tokens_per_s=engine_tokens_per_s,
+            iteration_s=iteration_s,
+        )
+        steps.append(step)
+        return replicas
 
     def _size_on_interpolation(
         self,
@@ -237,7 +287,13 @@ class ThroughputProposePlugin:
         sized: dict[Component, int] = {}
         for component in managed_components(config.mode):
             sized[component], sizing_steps = calculate_replicas(
-                component, prediction, targets, self.perf, shape=shape, correction=correction
+                component,
+                prediction,
+                targets,
+                self.perf,
+                shape=shape,
+                correction=correction,
+                target_utilization=_target_utilization(config, component),
             )
             steps.extend(sizing_steps)
         return sized
@@ -289,8 +345,13 @@ class ThroughputProposePlugin:
             if not capacity.usable:
                 not_ready.append(component)
                 continue
+            pool_demand_rps, headroom_step = with_headroom(
+                component, demand_rps, _target_utilization(config, component)
+            )
+            if headroom_step is not None:
+                steps.append(headroom_step)
             sized[component], step = replicas_for_engine_rps(
-                component, demand_rps, capacity.requests_per_s, capacity.detail
+                component, pool_demand_rps, capacity.requests_per_s, capacity.detail
             )
             steps.append(step)
         if not_ready:
@@ -306,6 +367,53 @@ class ThroughputProposePlugin:
                     )
             return None
         return sized
+
+
+def _hold_scale_down(
+    sized: dict[Component, int],
+    state: PlannerState,
+    inputs: TickInputs,
+    hold_s: float,
+    components: tuple[Component, ...],
+    steps: list[StepRecord],
+) -> tuple[dict[Component, int], PlannerState]:
+    """Ours: each pool at the largest need sized over the last `hold_s` seconds (this tick's included); needs older
+    than that are forgotten. Needs are recorded before this hold, so a held size never holds itself. With no need
+    recorded yet (the planner's first sizing), the pools' current sizes count as a need of this tick too: the
+    deployment was sized for its traffic, and the planner has seen only one window of it."""
+    now_s = inputs.now_s
+    need = SizedNeed(at_s=now_s, num_prefill=sized.get(Component.PREFILL, 0), num_decode=sized.get(Component.DECODE, 0))
+    recent = tuple(n for n in state.recent_throughput_needs if now_s - n.at_s < hold_s and n.at_s <= now_s)
+    if not state.recent_throughput_needs:
+        current = SizedNeed(
+            at_s=now_s,
+            num_prefill=inputs.workers.expected_prefill if Component.PREFILL in components else 0,
+            num_decode=inputs.workers.expected_decode if Component.DECODE in components else 0,
+        )
+        recent = (current,)
+    recent = (*recent, need)
+    held: dict[Component, int] = {}
+    for component, value in sized.items():
+        field_name = "num_prefill" if component is Component.PREFILL else "num_decode"
+        largest = max(getattr(n, field_name) for n in recent)
+        held[component] = max(value, largest)
+        steps.append(
+            StepRecord(
+                step="scale_down_hold",
+                component=component,
+                value=held[component],
+                reason=ReasonCode.SCALE_DOWN_HELD if largest > value else ReasonCode.WITHIN_RANGE,
+                detail=f"need {value}; largest need of the last {hold_s:g} s: {largest} ({len(recent)} ticks)",
+            )
+        )
+    return held, dataclasses.replace(state, recent_throughput_needs=recent)
+
+
+def _target_utilization(config: PlannerConfig, component: Component) -> float:
+    """The pool's throughput-sizing target utilisation (the aggregated pool is sized as decode)."""
+    if component is Component.PREFILL:
+        return config.throughput_prefill_target_utilization
+    return config.throughput_decode_target_utilization
 
 
 def forward_model_for(

@@ -9,6 +9,20 @@ then the minimum endpoints, the per-tick change cap and the GPU budget are appli
 The request shape (ISL, OSL) is the forecast mean, or with `LengthSizing.QUANTILE` the forecast length quantile
 (`sizing_shape`). With `ThroughputAlgorithm.INTERPOLATION_CORRECTED`, Dynamo 0.x's correction factors
 (`correction_factors`) rescale the prefill load and the decode ITL target.
+
+Ours, off by default (Dynamo runs each pool at its searched capacity):
+- headroom (`with_headroom`): the demand is divided by the pool's target utilisation before sizing;
+- burst sizing (`burst_prefill_replicas`): sizing on the mean rate ignores how requests bunch up. A prefill pool
+  of P engines, each computing `mu` prompt tokens/s at full chunks, behaves like one queue drained at `P * mu`;
+  a request meets the TTFT target T when the tokens that arrived in any interval L before it (its own included)
+  are computed within `L + T'`, where `T' = T - one full-chunk iteration` (it may arrive just after an
+  iteration started). With `A(L)` the window's p99 of those tokens (the observed arrival curve), scaled by the
+  forecast's growth `g` (forecast / observed prompt-token rate), the pool needs
+  `max over L of ceil(g * A(L) / (mu * (L + T')))` engines. Long intervals give back the mean-rate sizing;
+  short ones the bursts. One prompt is computed by one engine, so a prompt longer than one engine's share of the
+  interval, `mu * (L + T')`, cannot delay the others by more than that share (the router sends them elsewhere):
+  the excess of the window's p99 prompt over that share is taken off `A(L)` (a p99 burst is assumed to hold at
+  most one such prompt).
 """
 
 from __future__ import annotations
@@ -182,6 +196,7 @@ def calculate_replicas(
     *,
     shape: RequestShape | None = None,
     correction: CorrectionFactors | None = None,
+    target_utilization: float = 1.0,
 ) -> tuple[int, list[StepRecord]]:
     """Replicas one pool needs for the forecast demand, before any bound.
 
@@ -193,6 +208,7 @@ def calculate_replicas(
         shape: the request lengths to size for (default: the forecast means).
         correction: 0.x correction factors (default: none). Prefill load is scaled by `min(1, prefill)`,
             the decode ITL target divided by `decode`.
+        target_utilization: the demand is divided by it first (`with_headroom`); 1 = none.
 
     Returns:
         `ceil(demand_tokens_per_s / (tokens_per_s_per_gpu * gpus_per_engine))` and the steps explaining it.
@@ -209,6 +225,9 @@ def calculate_replicas(
         target_ms = targets.itl_ms / correction.decode if correction.decode > 0 else targets.itl_ms
         capacity = perf.decode_capacity(isl=shape.isl, osl=shape.osl, itl_ms=target_ms)
         gpus, latency_name = targets.decode_gpus_per_engine, "ITL"
+    demand_tokens_per_s, headroom_step = with_headroom(component, demand_tokens_per_s, target_utilization)
+    if headroom_step is not None:
+        steps.append(headroom_step)
     engine_tokens_per_s = capacity.tokens_per_s_per_gpu * gpus
     steps.append(
         StepRecord(
@@ -247,3 +266,90 @@ def replicas_for_engine_rps(
         reason=ReasonCode.DEMAND_SIZED,
         detail=f"ceil({demand_rps:.3f} req/s / {engine_rps:.3f} req/s per engine) = {desired} ({detail_capacity})",
     )
+
+
+def with_headroom(component: Component, demand: float, target_utilization: float) -> tuple[float, StepRecord | None]:
+    """`demand / target_utilization` and its step; no step when the utilisation is 1 (Dynamo's sizing)."""
+    if target_utilization >= 1.0:
+        return demand, None
+    raised = demand / target_utilization
+    return raised, StepRecord(
+        step="headroom",
+        component=component,
+        value=target_utilization,
+        reason=ReasonCode.HEADROOM_APPLIED,
+        detail=f"demand {demand:.3g} / target utilisation {target_utilization:g} = {raised:.3g}",
+    )
+
+
+def burst_prefill_replicas(
+    traffic: TrafficObservation,
+    forecast_prompt_tokens_per_s: float,
+    *,
+    mean_rate_replicas: int,
+    ttft_ms: float,
+    engine_prompt_tokens_per_s: float,
+    iteration_s: float,
+) -> tuple[int, StepRecord]:
+    """Prefill engines that also drain the observed prompt bursts, grown to the forecast, within the TTFT target.
+
+    Args:
+        traffic: the window just observed; its `prompt_arrival_curve()` and mean prompt-token rate are read.
+        forecast_prompt_tokens_per_s: forecast requests/s times forecast mean ISL for the next window.
+        mean_rate_replicas: the pool's size from the mean-rate sizing.
+        ttft_ms: the TTFT target.
+        engine_prompt_tokens_per_s: prompt tokens/s one engine computes at full chunks (KV hits discounted).
+        iteration_s: wall time of one full-chunk iteration (s).
+
+    Returns:
+        The larger of `mean_rate_replicas` and `max over L of ceil(g * A'(L) / (mu * (L + T')))` with
+        `A'(L) = A(L) - max(0, ISL p99 - mu * (L + T'))` (module docstring), and its step: `burst_sized`
+        (raised), `burst_covered` (not), or `burst_unavailable` (the window has no arrival curve or no prompt
+        tokens, or the engine rate is unknown: `mean_rate_replicas` kept).
+    """
+    curve = traffic.prompt_arrival_curve()
+    observed_tokens_per_s = traffic.num_req * traffic.isl / traffic.duration_s if traffic.duration_s > 0 else 0.0
+    if not curve or observed_tokens_per_s <= 0 or engine_prompt_tokens_per_s <= 0:
+        why = (
+            "no prompt-token arrival curve observed"
+            if not curve
+            else "no prompt tokens observed"
+            if observed_tokens_per_s <= 0
+            else "no prefill engine rate"
+        )
+        step = StepRecord(
+            step="burst", component=Component.PREFILL, reason=ReasonCode.BURST_UNAVAILABLE, detail=f"{why}: mean rate"
+        )
+        return mean_rate_replicas, step
+    growth = forecast_prompt_tokens_per_s / observed_tokens_per_s
+    slack_s = max(0.0, ttft_ms / 1000.0 - iteration_s)
+    largest_prompt = traffic.isl_p99 or 0.0
+
+    def counted(interval_s: float, tokens: float) -> float:
+        # One prompt is computed by one engine: beyond what one engine does in the interval, its tokens cannot
+        # delay the other requests (the router sends them elsewhere), so that excess is not a burst to absorb.
+        one_engine = engine_prompt_tokens_per_s * (interval_s + slack_s)
+        return max(tokens - max(0.0, largest_prompt - one_engine), 0.0)
+
+    needs = [
+        (
+            growth * counted(interval_s, tokens) / (engine_prompt_tokens_per_s * (interval_s + slack_s)),
+            interval_s,
+            tokens,
+        )
+        for interval_s, tokens in curve
+    ]
+    need, interval_s, tokens = max(needs)
+    burst = math.ceil(need - 1e-9)
+    replicas = max(burst, mean_rate_replicas)
+    step = StepRecord(
+        step="burst",
+        component=Component.PREFILL,
+        value=replicas,
+        reason=ReasonCode.BURST_SIZED if burst > mean_rate_replicas else ReasonCode.BURST_COVERED,
+        detail=(
+            f"ceil({growth:.3g} x {tokens:.0f} p99 tokens in {interval_s:g} s / ({engine_prompt_tokens_per_s:.0f} "
+            f"tokens/s x ({interval_s:g} + {slack_s:.3f}) s)) = {burst}; mean rate {mean_rate_replicas}"
+        ),
+    )
+    return replicas, step

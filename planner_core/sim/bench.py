@@ -4,15 +4,20 @@ Every policy serves the same trace on the same simulated cluster (`planner_core.
 are SLA attainment (TTFT, ITL, both), goodput, GPU-hours and scaling events, with GPU-hours relative to the oracle.
 
 Policies:
-- `static-peak` / `static-mean`: a fixed size, enough for the busiest window / for the mean window (sized with the
-  planner's own capacity model on the windows' actual traffic).
-- `oracle`: knows the future and scales instantly (start-up 0): at the start of each window it sets, per pool, the
-  replicas the capacity model says that window's actual traffic needs (`required_replicas` on the window's own
-  request count and mean lengths), never below the minimum endpoints. Its GPU-hours are the lower bound that the
-  other policies are compared with, under the same capacity model.
+- `oracle`: knows the future and scales instantly (start-up 0): at the start of each window it sets the fewest
+  prefill and decode workers with which that window's requests meet the SLA attainment target in the simulator
+  itself (`planner_core.sim.oracle`, where the search is defined exactly). Its GPU-hours are the lower bound the
+  other policies are compared with.
+- `static-peak` / `static-mean`: a fixed size: per pool, the largest / the time-mean (rounded up) of the oracle's
+  per-window sizes, i.e. provisioning for the busiest window's actual need or for the average need.
 - `planner:<name>`: the planner's decision core (`tick`) in the loop, with a config: each throughput interval it
   sees the window that just ended, each load interval the engines' forward-pass snapshots; its decisions apply
   at once (start-up delays still apply). `fixed:P:D` is a fixed size given on the command line.
+
+Every scaling policy starts at the oracle's size for the first window (a deployment already serving this traffic
+when the trace begins; `initial="min"` starts the planners at their minimum endpoints instead); the planners'
+predictors start cold. A request that cannot meet both targets even alone on an idle cluster (its prompt alone
+takes longer than the TTFT target) is counted as a miss for every policy; `attainable` is the fraction that can.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ from typing import Protocol
 import numpy as np
 
 from planner_core.config import PlannerConfig
-from planner_core.domain import Component, Loop, PlannerState, Prediction, TickInputs, TrafficObservation
+from planner_core.domain import PROMPT_ARRIVAL_INTERVALS_S, Component, Loop, PlannerState, TickInputs
 from planner_core.perf.forward import ForwardPassModel
-from planner_core.policy.throughput import ThroughputPerfModel, ThroughputTargets, calculate_replicas
+from planner_core.policy.throughput import ThroughputPerfModel
 from planner_core.sim.des import ClusterSimulator, SimResult, SimSpec
+from planner_core.sim.oracle import OracleSettings, OracleWindow, attainable_mask, oracle_windows
 from planner_core.tick import tick
 from planner_core.traces import RequestTrace, bucket_windows
 
@@ -45,23 +51,6 @@ class ScalingPolicy(Protocol):
     def initial(self) -> tuple[int, int]: ...
 
     def decide(self, now_s: float, sim: ClusterSimulator) -> tuple[int | None, int | None] | None: ...
-
-
-def required_replicas(obs: TrafficObservation, config: PlannerConfig, perf: ThroughputPerfModel) -> tuple[int, int]:
-    """(prefill, decode) replicas the capacity model says a window of traffic needs, at least the minimums."""
-    if obs.num_req <= 0:
-        return config.prefill_min_endpoint_effective, config.decode_min_endpoint_effective
-    targets = ThroughputTargets(
-        ttft_ms=config.ttft_ms,
-        itl_ms=config.itl_ms,
-        window_s=obs.duration_s,
-        prefill_gpus_per_engine=config.prefill_gpus_per_engine,
-        decode_gpus_per_engine=config.decode_gpus_per_engine,
-    )
-    prediction = Prediction(num_req=obs.num_req, isl=obs.isl, osl=obs.osl)
-    prefill, _ = calculate_replicas(Component.PREFILL, prediction, targets, perf)
-    decode, _ = calculate_replicas(Component.DECODE, prediction, targets, perf)
-    return max(prefill, config.prefill_min_endpoint_effective), max(decode, config.decode_min_endpoint_effective)
 
 
 @dataclass(slots=True)
@@ -81,12 +70,14 @@ class FixedPolicy:
 
 @dataclass(slots=True)
 class OraclePolicy:
-    """Instant scaling to each window's actual need (see the module docstring)."""
+    """Instant scaling to each window's actual need (`planner_core.sim.oracle`)."""
 
     sizes: Sequence[tuple[int, int]]  # per window, from the window starting at 0
     interval_s: float
     name: str = "oracle"
     startup_s: float | None = 0.0
+    windows: Sequence[OracleWindow] = ()  # the search's answer per window, for reports
+    search_s: float = 0.0  # wall time of the search (added to the oracle row's wall time)
 
     def initial(self) -> tuple[int, int]:
         return self.sizes[0]
@@ -105,12 +96,15 @@ class PlannerPolicy:
     perf: ThroughputPerfModel | None
     startup_s: float | None = None
     state: PlannerState = dataclasses.field(default_factory=PlannerState)
+    initial_size: tuple[int, int] | None = None  # None: the minimum endpoints
 
     @property
     def interval_s(self) -> float:
         return self.config.scale_interval_seconds_effective
 
     def initial(self) -> tuple[int, int]:
+        if self.initial_size is not None:
+            return self.initial_size
         return self.config.prefill_min_endpoint_effective, self.config.decode_min_endpoint_effective
 
     def decide(self, now_s: float, sim: ClusterSimulator) -> tuple[int | None, int | None] | None:
@@ -122,11 +116,17 @@ class PlannerPolicy:
         if self.config.load_scaling_active and _on_interval(now_s, float(self.config.load_adjustment_interval_seconds)):
             loops.append(Loop.LOAD)
         for loop in loops:
+            traffic = None
+            if loop is Loop.THROUGHPUT:
+                start_s = max(0.0, now_s - throughput_s)
+                traffic = dataclasses.replace(
+                    sim.observe(start_s, now_s), **prompt_arrival_curve(sim.trace, start_s, now_s)
+                )
             inputs = TickInputs(
                 now_s=now_s,
                 loop=loop,
                 workers=sim.worker_counts(),
-                traffic=sim.observe(max(0.0, now_s - throughput_s), now_s) if loop is Loop.THROUGHPUT else None,
+                traffic=traffic,
                 fpm=sim.latest_fpm() if loop is Loop.LOAD else (),
             )
             outcome = tick(inputs, self.state, self.config, self.perf)
@@ -136,6 +136,23 @@ class PlannerPolicy:
                 targets = (decision.num_prefill, decision.num_decode)
                 sim.set_targets(*targets)
         return None  # applied above, per loop, so a load tick sees the throughput tick's targets
+
+
+def prompt_arrival_curve(trace: RequestTrace, start_s: float, end_s: float) -> dict[str, float]:
+    """The window's prompt-token arrival curve as `TrafficObservation` fields (`PROMPT_ARRIVAL_INTERVALS_S`): per
+    interval L, the p99 over the requests arriving in [start_s, end_s) of the prompt tokens that arrived in
+    (t - L, t], t the request's arrival (earlier windows' requests count). Empty for an idle window."""
+    own = trace.window(start_s, end_s)
+    if own.stop <= own.start:
+        return {}
+    arrival = np.asarray(trace.arrival_s)
+    cumulative = np.concatenate([[0.0], np.cumsum(np.asarray(trace.isl, dtype=float))])
+    upto = np.arange(own.start, own.stop) + 1  # cumulative[upto] counts every request up to and including each one
+    curve = {}
+    for name, interval_s in PROMPT_ARRIVAL_INTERVALS_S.items():
+        since = np.searchsorted(arrival, arrival[own] - interval_s, side="right")
+        curve[name] = float(np.percentile(cumulative[upto] - cumulative[since], 99))
+    return curve
 
 
 def _on_interval(now_s: float, interval_s: float) -> bool:
@@ -152,6 +169,7 @@ class BenchRow:
     ttft_attainment: float
     itl_attainment: float
     sla_attainment: float
+    attainable: float  # fraction of requests that meet both targets alone on an idle cluster (the ceiling)
     goodput_rps: float
     gpu_hours: float
     gpu_hours_vs_oracle: float | None
@@ -170,9 +188,17 @@ class PolicyRun:
 
 
 def score(
-    name: str, trace: RequestTrace, result: SimResult, *, ttft_ms: float, itl_ms: float, wall_s: float
+    name: str,
+    trace: RequestTrace,
+    result: SimResult,
+    *,
+    ttft_ms: float,
+    itl_ms: float,
+    wall_s: float,
+    attainable: float = 1.0,
 ) -> BenchRow:
-    """Attainment and cost of one run. Unfinished requests count as misses; ITL of 1-token requests is met."""
+    """Attainment and cost of one run. Unfinished requests count as misses; ITL of 1-token requests is met.
+    `attainable` is reported as is (the fraction of requests that could meet both targets at all)."""
     ttft = result.ttft_s * 1000.0
     itl = result.itl_s * 1000.0
     finished = np.isfinite(result.finish_s)
@@ -186,6 +212,7 @@ def score(
         ttft_attainment=float(ttft_met.mean()) if len(ttft) else 1.0,
         itl_attainment=float(itl_met.mean()) if len(itl) else 1.0,
         sla_attainment=float(both.mean()) if len(ttft) else 1.0,
+        attainable=attainable,
         goodput_rps=float(both.sum() / duration_s),
         gpu_hours=result.gpu_s / 3600.0,
         gpu_hours_vs_oracle=None,
@@ -199,9 +226,16 @@ def score(
 
 
 def run_policy(
-    policy: ScalingPolicy, trace: RequestTrace, fwd: ForwardPassModel, spec: SimSpec, *, ttft_ms: float, itl_ms: float
+    policy: ScalingPolicy,
+    trace: RequestTrace,
+    fwd: ForwardPassModel,
+    spec: SimSpec,
+    *,
+    ttft_ms: float,
+    itl_ms: float,
+    attainable: float = 1.0,
 ) -> PolicyRun:
-    """Serve the trace under one policy and score it."""
+    """Serve the trace under one policy and score it. The oracle's wall time includes its search."""
     started = time.perf_counter()
     if policy.startup_s is not None:
         spec = dataclasses.replace(spec, startup_s=policy.startup_s)
@@ -217,36 +251,32 @@ def run_policy(
                 sim.set_targets(*targets)
     sim.run_to_completion()
     result = sim.result()
-    row = score(policy.name, trace, result, ttft_ms=ttft_ms, itl_ms=itl_ms, wall_s=time.perf_counter() - started)
+    wall_s = time.perf_counter() - started + (policy.search_s if isinstance(policy, OraclePolicy) else 0.0)
+    row = score(policy.name, trace, result, ttft_ms=ttft_ms, itl_ms=itl_ms, wall_s=wall_s, attainable=attainable)
     return PolicyRun(row=row, result=result)
 
 
-def window_sizes(
-    trace: RequestTrace, config: PlannerConfig, perf: ThroughputPerfModel, window_s: float
-) -> list[tuple[int, int]]:
-    """The capacity model's (prefill, decode) need of each window of the trace, from the window at offset 0."""
-    return [required_replicas(obs, config, perf) for obs in bucket_windows(trace, window_s)]
-
-
 def baseline_policies(
-    trace: RequestTrace, config: PlannerConfig, perf: ThroughputPerfModel, *, window_s: float
+    trace: RequestTrace,
+    fwd: ForwardPassModel,
+    spec: SimSpec,
+    *,
+    ttft_ms: float,
+    itl_ms: float,
+    window_s: float,
+    settings: OracleSettings = OracleSettings(),  # noqa: B008 - frozen value
 ) -> list[ScalingPolicy]:
-    """Static for the peak and for the mean, and the oracle, all sized with the same capacity model."""
-    sizes = window_sizes(trace, config, perf, window_s)
+    """The oracle (searched in the simulator), and static provisioning for its peak and for its mean, per pool."""
+    started = time.perf_counter()
+    windows = oracle_windows(trace, fwd, spec, ttft_ms=ttft_ms, itl_ms=itl_ms, window_s=window_s, settings=settings)
+    search_s = time.perf_counter() - started
+    sizes = [(w.num_prefill, w.num_decode) for w in windows] or [(settings.min_prefill, settings.min_decode)]
     peak = (max(p for p, _ in sizes), max(d for _, d in sizes))
-    windows = bucket_windows(trace, window_s)
-    busy = [w for w in windows if w.num_req > 0]
-    mean_obs = TrafficObservation(
-        duration_s=window_s,
-        num_req=float(np.mean([w.num_req for w in windows])),
-        isl=float(np.average([w.isl for w in busy], weights=[w.num_req for w in busy])) if busy else 0.0,
-        osl=float(np.average([w.osl for w in busy], weights=[w.num_req for w in busy])) if busy else 0.0,
-    )
-    mean = required_replicas(mean_obs, config, perf)
+    mean = tuple(math.ceil(float(np.mean([size[i] for size in sizes])) - 1e-9) for i in (0, 1))
     return [
         FixedPolicy(name="static-peak", num_prefill=peak[0], num_decode=peak[1]),
         FixedPolicy(name="static-mean", num_prefill=mean[0], num_decode=mean[1]),
-        OraclePolicy(sizes=sizes, interval_s=window_s),
+        OraclePolicy(sizes=sizes, interval_s=window_s, windows=tuple(windows), search_s=search_s),
     ]
 
 
@@ -261,9 +291,10 @@ def run_bench(
     on_policy_done: Callable[[BenchRow], None] | None = None,
 ) -> list[PolicyRun]:
     """Run every policy on the same trace; fill `gpu_hours_vs_oracle` when an `oracle` policy is among them."""
+    attainable = float(attainable_mask(trace, fwd, spec, ttft_ms=ttft_ms, itl_ms=itl_ms).mean())
     runs = []
     for policy in policies:
-        run = run_policy(policy, trace, fwd, spec, ttft_ms=ttft_ms, itl_ms=itl_ms)
+        run = run_policy(policy, trace, fwd, spec, ttft_ms=ttft_ms, itl_ms=itl_ms, attainable=attainable)
         runs.append(run)
         if on_policy_done is not None:
             on_policy_done(run.row)
@@ -415,12 +446,22 @@ PLANNER_PRESETS: dict[str, dict[str, object]] = {
         "enable_load_scaling": True,
         "load_policy": "threshold_2025",
     },
-    # Ours: engine capacity sized on the p90 request shape, the ensemble forecast, and the SLA load loop.
+    # Ours: engine capacity at the mean request shape (throughput adds up over requests; sizing as if every
+    # request had the p90 lengths provisioned decode 2-4x over what the traffic needs), the ensemble forecast, a
+    # 60 s throughput loop, prefill also sized for the observed prompt bursts, decode run at 70 % of its searched
+    # capacity, and no scale-down until the smaller need has lasted 450 s. The SLA load loop is off: in this
+    # simulator it scales prefill down to one engine before the first throughput floor exists (bursty traffic
+    # leaves the queues empty most of the time) and its +1 steps arrive a start-up time late for bursts.
     "planner": {
         "throughput_algorithm": "engine_capacity",
-        "throughput_length_sizing": "quantile",
+        "throughput_length_sizing": "mean",
         "load_predictor": "ensemble",
-        "enable_load_scaling": True,
+        "enable_load_scaling": False,
+        "throughput_adjustment_interval_seconds": 60,
+        "throughput_prefill_burst_sizing": True,
+        "throughput_prefill_target_utilization": 1.0,
+        "throughput_decode_target_utilization": 0.7,
+        "throughput_scale_down_hold_seconds": 450,
     },
 }
 BASELINE_NAMES = ("static-peak", "static-mean", "oracle")
@@ -432,21 +473,47 @@ def build_policies(
     base: dict[str, object],
     trace: RequestTrace,
     perf: ThroughputPerfModel,
+    fwd: ForwardPassModel,
+    spec: SimSpec,
     *,
     window_s: float,
+    oracle: OracleSettings = OracleSettings(),  # noqa: B008 - frozen value
+    initial: str = "oracle",
 ) -> list[ScalingPolicy]:
-    """Policies by name: the baselines, `PLANNER_PRESETS`, or `fixed:P:D`. Raises ValueError on an unknown name."""
+    """Policies by name: the baselines, `PLANNER_PRESETS`, or `fixed:P:D`. Raises ValueError on an unknown name.
+
+    `base` holds the config fields every planner shares (SLA targets in `ttft_ms` / `itl_ms`, budget, intervals).
+    `initial` is where the planners start: "oracle" (the oracle's first-window size) or "min" (minimum
+    endpoints). The oracle is searched once, only when a baseline or `initial="oracle"` needs it.
+    """
     from planner_core.config import parse_config
 
+    if initial not in ("oracle", "min"):
+        raise ValueError(f"initial size: {initial!r} is neither 'oracle' nor 'min'")
     base_config = parse_config({**base, "optimization_target": "sla"}, "bench base config")
-    baselines = {p.name: p for p in baseline_policies(trace, base_config, perf, window_s=window_s)}
+    cache: dict[str, ScalingPolicy] = {}
+
+    def baselines() -> dict[str, ScalingPolicy]:
+        if not cache:
+            policies = baseline_policies(
+                trace, fwd, spec, ttft_ms=base_config.ttft_ms, itl_ms=base_config.itl_ms, window_s=window_s,
+                settings=oracle,
+            )  # fmt: skip
+            cache.update({p.name: p for p in policies})
+        return cache
+
     policies: list[ScalingPolicy] = []
     for name in names:
-        if name in baselines:
-            policies.append(baselines[name])
+        if name in BASELINE_NAMES:
+            policies.append(baselines()[name])
         elif name in PLANNER_PRESETS:
             config = parse_config({**base, "optimization_target": "sla", **PLANNER_PRESETS[name]}, f"policy {name}")
-            policies.append(PlannerPolicy(name=name, config=config, perf=perf))
+            start = None
+            if initial == "oracle":
+                first = baselines()["oracle"]
+                assert isinstance(first, OraclePolicy)
+                start = first.sizes[0]
+            policies.append(PlannerPolicy(name=name, config=config, perf=perf, initial_size=start))
         elif name.startswith("fixed:"):
             parts = name.split(":")
             if len(parts) != 3 or not all(p.isdigit() for p in parts[1:]):

@@ -9,8 +9,9 @@ How it is computed, exactly:
 1. Windows are `[k * window_s, (k + 1) * window_s)` in offsets from the first request, k = 0, 1, ...; the oracle
    holds one size (P prefill, D decode workers) per window and changes it at the window edges, instantly.
 2. Attainable requests: a request is attainable when it meets both targets alone on an idle cluster: its prompt,
-   computed in chunks of `max_num_batched_tokens` (`chunked_prefill_s`), plus its KV transfer, within the TTFT
-   target; and (if it has more than one output token) one decode iteration of a batch of 1 at its mid-decode
+   computed in chunks of `max_num_batched_tokens` (`chunked_prefill_s`), plus its KV transfer, plus (when the
+   first token comes from the decode engine, `SimSpec.first_token_from_decode`) one decode iteration of a batch
+   of 1 over the prompt, within the TTFT target; and (if it has more than one output token) one decode iteration of a batch of 1 at its mid-decode
    context, `decode_wall_s(1, ISL + (OSL - 1) / 2)`, within the ITL target. A window of n_a attainable requests
    must have at least `required = ceil(target_attainment * n_a)` requests meeting both targets (counting every
    request of the window, attainable or not).
@@ -21,13 +22,15 @@ How it is computed, exactly:
    own run: added workers are ready at once, removed ones stop taking requests and drain their queues. The
    tail runs at the candidate size.
 4. Disaggregation makes the pools separable, so the size is searched one pool at a time:
-   - prefill: TTFT depends only on the prefill pool (decode never delays a first token), so the prefill pool is
-     simulated alone (every request given one output token). P is the fewest prefill workers with which at least
-     `required` of the window's requests meet the TTFT target;
+   - prefill: the prefill part of TTFT (to the end of prefill and KV transfer) depends only on the prefill pool,
+     so the prefill pool is simulated alone (every request given one output token, first token at prefill end).
+     P is the fewest prefill workers with which at least `required` of the window's requests meet the TTFT
+     target with that part alone (a necessary condition);
    - decode: ITL depends only on the decode pool and on when requests reach it (their first-token times), so the
      decode pool is simulated alone, fed each request at its first-token time from the prefill run (an instant
      prefill stands in for the prefill pool). D is the fewest decode workers with which at least `required` of
-     the window's requests meet both targets (TTFT from the prefill run, ITL from this run);
+     the window's requests meet both targets (TTFT = the prefill run's part + this run's wait for and time of the
+     first decode iteration, ITL from this run);
    - the same decode search is repeated with P + 1 prefill workers, and the cheaper of (P, D(P)) and
      (P + 1, D(P + 1)) in GPUs is kept (fewer prefill workers on a tie): one more prefill worker can leave a
      bigger ITL-miss budget and so save a decode worker.
@@ -119,13 +122,19 @@ def attainable_mask(
     mbt = spec.prefill_limits.max_num_batched_tokens
     unique_isl, inverse = np.unique(isl, return_inverse=True)
     prefill_s = np.array([chunked_prefill_s(float(t), mbt, fwd.prefill_wall_s) for t in unique_isl])[inverse]
-    ttft_ok = prefill_s + spec.kv_transfer_s_per_token * isl <= ttft_ms / 1000.0
+    # With the first token from the decode engine, TTFT also holds one decode iteration at batch 1 over the prompt.
+    first_decode_s = (
+        np.array([fwd.decode_wall_s(1, float(t)) for t in unique_isl])[inverse]
+        if spec.first_token_from_decode
+        else np.zeros(len(isl))
+    )
+    ttft_ok = prefill_s + spec.kv_transfer_s_per_token * isl + first_decode_s <= ttft_ms / 1000.0
     decode_s = np.zeros(len(isl))
     multi = np.flatnonzero(osl > 1)
-    shapes, inverse = np.unique(np.stack([isl[multi], osl[multi]]), axis=1, return_inverse=True)
+    shapes, shape_of = np.unique(np.stack([isl[multi], osl[multi]]), axis=1, return_inverse=True)
     if len(multi):
         alone = np.array([fwd.decode_wall_s(1, float(i) + (float(o) - 1.0) / 2.0) for i, o in shapes.T])
-        decode_s[multi] = alone[np.ravel(inverse)]
+        decode_s[multi] = alone[np.ravel(shape_of)]
     return ttft_ok & (decode_s <= itl_ms / 1000.0)
 
 
@@ -171,10 +180,12 @@ def smallest_meeting(meets: Callable[[int], bool], *, guess: int, floor: int, ca
 def _prefill_ttft_s(
     sub: RequestTrace, fwd: ForwardPassModel, spec: SimSpec, num_prefill: int, previous: int, switch_s: float
 ) -> np.ndarray:
-    """TTFT (s) of every request of `sub` with no decode (one output token each): `previous` prefill workers until
-    `switch_s`, then `num_prefill` (instantly; removed workers drain their queues)."""
+    """Time (s) from arrival to the end of prefill plus KV transfer, per request of `sub`, with no decode pool:
+    `previous` prefill workers until `switch_s`, then `num_prefill` (instantly; removed workers drain their
+    queues). The decode part of TTFT (when the first token comes from decode) is added by the decode run."""
     alone = dataclasses.replace(sub, osl=np.ones(sub.num_requests))
-    sim = ClusterSimulator(alone, fwd, dataclasses.replace(spec, startup_s=0.0), num_prefill=previous, num_decode=0)
+    prefill_spec = dataclasses.replace(spec, startup_s=0.0, first_token_from_decode=False)
+    sim = ClusterSimulator(alone, fwd, prefill_spec, num_prefill=previous, num_decode=0)
     sim.run_until(switch_s)
     sim.set_targets(num_prefill, None)
     sim.run_to_completion()
@@ -189,13 +200,16 @@ def _decode_itl_s(
     num_decode: int,
     previous: int,
     switch_s: float,
-) -> np.ndarray:
-    """ITL (s) of every request of `sub` reaching the decode pool at `first_token_s` (NaN: no ITL): `previous`
-    decode workers until `switch_s`, then `num_decode`."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per request of `sub` reaching the decode pool at `first_token_s` (its prefill end): the ITL (s; NaN: none)
+    and the decode part of its TTFT (s; 0 unless the first token comes from decode), with `previous` decode
+    workers until `switch_s`, then `num_decode`."""
     itl_s = np.full(sub.num_requests, np.nan)
-    keep = np.flatnonzero(np.isfinite(first_token_s) & (np.asarray(sub.osl) > 1))
+    decode_ttft_s = np.zeros(sub.num_requests)
+    reaches_decode = np.asarray(sub.osl) > 1 if not spec.first_token_from_decode else np.ones(sub.num_requests, bool)
+    keep = np.flatnonzero(np.isfinite(first_token_s) & reaches_decode)
     if len(keep) == 0:
-        return itl_s
+        return itl_s, decode_ttft_s
     keep = keep[np.argsort(first_token_s[keep], kind="stable")]
     fed = RequestTrace(
         source=sub.source,
@@ -209,8 +223,11 @@ def _decode_itl_s(
     sim.run_until(switch_s)
     sim.set_targets(None, num_decode)
     sim.run_to_completion()
-    itl_s[keep] = sim.result().itl_s
-    return itl_s
+    result = sim.result()
+    itl_s[keep] = result.itl_s
+    if spec.first_token_from_decode:
+        decode_ttft_s[keep] = result.ttft_s  # from reaching decode (its arrival here) to its first decode token
+    return itl_s, decode_ttft_s
 
 
 class _WindowSearch:
@@ -258,10 +275,14 @@ class _WindowSearch:
         if key not in self.decode_runs:
             first_token_s = self.sub.arrival_s + self._ttft_s(num_prefill)
             before = num_decode if self.previous is None else self.previous[1]
-            itl = _decode_itl_s(self.sub, first_token_s, self.fwd, self.spec, num_decode, before, self.switch_s)
-            itl = itl[self.scored]
+            itl, decode_ttft = _decode_itl_s(
+                self.sub, first_token_s, self.fwd, self.spec, num_decode, before, self.switch_s
+            )
+            itl, decode_ttft = itl[self.scored], decode_ttft[self.scored]
             itl_ok = ~self.multi_token | (np.isfinite(itl) & (itl <= self.itl_limit_s))
-            self.decode_runs[key] = int((self.ttft_met(num_prefill) & itl_ok).sum())
+            ttft = self._ttft_s(num_prefill)[self.scored] + decode_ttft
+            ttft_ok = np.isfinite(ttft) & (ttft <= self.ttft_limit_s)
+            self.decode_runs[key] = int((ttft_ok & itl_ok).sum())
         return self.decode_runs[key]
 
 

@@ -9,12 +9,12 @@ How it is computed, exactly:
 1. Windows are `[k * window_s, (k + 1) * window_s)` in offsets from the first request, k = 0, 1, ...; the oracle
    holds one size (P prefill, D decode workers) per window and changes it at the window edges, instantly.
 2. Attainable requests: a request is attainable when it meets both targets alone on an idle cluster: its prompt,
-   computed in chunks of `max_num_batched_tokens` (`chunked_prefill_s`), plus its KV transfer, plus (when the
-   first token comes from the decode engine, `SimSpec.first_token_from_decode`) one decode iteration of a batch
-   of 1 over the prompt, within the TTFT target; and (if it has more than one output token) one decode iteration
-   of a batch of 1 at its mid-decode context, `decode_wall_s(1, ISL + (OSL - 1) / 2)`, within the ITL target. A window of n_a attainable requests
-   must have at least `required = ceil(target_attainment * n_a)` requests meeting both targets (counting every
-   request of the window, attainable or not).
+   computed in chunks of `max_num_batched_tokens` (`chunked_prefill_s`), plus its KV transfer, plus (when the first
+   token comes from the decode engine, `SimSpec.first_token_from_decode`) one decode iteration of a batch of 1 over
+   the prompt, within the TTFT target; and (if it has more than one output token) one decode iteration of a batch of
+   1 at its mid-decode context, `decode_wall_s(1, ISL + (OSL - 1) / 2)`, within the ITL target. A window of n_a
+   attainable requests must have at least `required = ceil(target_attainment * n_a)` requests meeting both targets
+   (counting every request of the window, attainable or not).
 3. Each window is simulated on its own, with `context_s` of the trace before it (warm-up: the backlog it
    inherits) and after it (tail: the traffic its last requests share the engines with); only the window's own
    requests are scored. The warm-up runs at the size the oracle chose for the previous window (the candidate

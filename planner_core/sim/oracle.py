@@ -37,7 +37,8 @@ How it is computed, exactly:
 5. Each search assumes attainment grows with the pool's size: it starts from the previous window's answer, gallops
    (steps 1, 2, 4, ...) to bracket the target and bisects; the answer X always has X - 1 simulated and failing
    (or X at the minimum endpoint). At least `min_prefill` / `min_decode` workers; a pool that cannot reach the
-   target with `max_replicas` workers is set to `max_replicas` and the window is marked infeasible.
+   target with `max_replicas` workers is marked infeasible and gets the fewest workers, among the minimum times
+   1, 2, 4, ... and `max_replicas`, that reach the most requests met (more would buy nothing).
 
 The oracle policy then runs these sizes in the full simulator like any other policy (draining workers still cost
 GPU-seconds there). Its GPU-hours are the lower bound for policies that hold one size per window; a policy that
@@ -358,6 +359,19 @@ def oracle_windows(
     return windows
 
 
+def _best_effort(met: Callable[[int], int], *, floor: int, cap: int) -> int:
+    """For a window no size up to `cap` brings to the target: the fewest workers, among floor, 2 * floor, 4 * floor,
+    ..., cap, that reach the most requests met (more workers than that buy nothing)."""
+    sizes, n = [], max(floor, 1)
+    while n < cap:
+        sizes.append(n)
+        n *= 2
+    sizes.append(cap)
+    scores = {size: met(size) for size in sizes}
+    best = max(scores.values())
+    return min(size for size, score in scores.items() if score == best)
+
+
 def _size_window(
     window: OracleWindow,
     search: _WindowSearch,
@@ -372,7 +386,8 @@ def _size_window(
         lambda n: int(search.ttft_met(n).sum()) >= required, guess=guess[0], floor=settings.min_prefill, cap=cap
     )
     if num_prefill is None:
-        feasible, num_prefill = False, cap
+        feasible = False
+        num_prefill = _best_effort(lambda n: int(search.ttft_met(n).sum()), floor=settings.min_prefill, cap=cap)
     candidates: list[tuple[int, int]] = []
     for prefill in (num_prefill, num_prefill + 1) if feasible and num_prefill < cap else (num_prefill,):
         decode = smallest_meeting(
@@ -386,7 +401,8 @@ def _size_window(
     if candidates:
         num_prefill, num_decode = min(candidates, key=lambda c: (c[0] * gpus[0] + c[1] * gpus[1], c[0]))
     else:
-        feasible, num_decode = False, cap
+        feasible = False
+        num_decode = _best_effort(lambda n: search.both_met(num_prefill, n), floor=settings.min_decode, cap=cap)
     return dataclasses.replace(
         window,
         num_prefill=num_prefill,

@@ -225,3 +225,19 @@ def test_arima_forecasts_replay_exactly(database_url, tmp_path, azure_conv_trace
     assert fitted >= 1  # at least one window forecast by a fitted ARIMA, not the warm-up fallback
     summary = replay(database_url, "arima", times[0] - ONE_HOUR, times[-1] + dt.timedelta(seconds=1))
     assert (summary.num_ticks, summary.num_identical) == (14, 14)
+
+
+def test_a_state_recorded_before_a_field_was_added_still_replays_exactly(database_url, tmp_path, azure_conv_trace):
+    """States stored by an older version lack newer `PlannerState` fields: read back with the fields' defaults,
+    they are no difference; a stored value that really differs still is."""
+    config = write_config(tmp_path)
+    times = record_simulated_run(database_url, config, azure_conv_trace, "older", num_windows=4, load_every_s=None)
+    start, end = times[0] - ONE_HOUR, times[-1] + dt.timedelta(seconds=1)
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        conn.execute("UPDATE planner_states SET state = state - 'recent_throughput_needs' - 'last_kv_hit_rate'")
+    summary = replay(database_url, "older", start, end)
+    assert (summary.num_ticks, summary.num_identical) == (4, 4)
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        conn.execute("UPDATE planner_states SET state = jsonb_set(state, '{num_throughput_ticks}', '99')")
+    summary = replay(database_url, "older", start, end)
+    assert summary.num_differing == 4

@@ -44,7 +44,7 @@ from planner_core.domain import (
     TickInputs,
 )
 from planner_core.pipeline.types import Phase, PipelineContext, PluginResult, PluginSpec
-from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, guard_gpu_budget
+from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, guard_config_budget, min_endpoints
 from planner_core.policy.fleet import combine_headlines
 from planner_core.policy.load import LoadRuntime, LoadSlaTargets, SlaLoadInputs, calculate_load_replicas
 from planner_core.policy.thresholds import (
@@ -80,13 +80,6 @@ DECIDE_STEP = "decide"
 
 def _decide(reason: ReasonCode, detail: str) -> StepRecord:
     return StepRecord(step=DECIDE_STEP, reason=reason, detail=detail)
-
-
-def _floors(config: PlannerConfig) -> dict[Component, int]:
-    return {
-        Component.PREFILL: config.prefill_min_endpoint_effective,
-        Component.DECODE: config.decode_min_endpoint_effective,
-    }
 
 
 # --- throughput loop -------------------------------------------------------------------------------------------
@@ -146,7 +139,7 @@ class ThroughputProposePlugin:
         assert traffic is not None  # a forecast exists only when the window was observed
         # The observed window's own length: a late or short collection must not distort the request rate.
         window_s = traffic.duration_s if traffic.duration_s > 0 else config.throughput_adjustment_interval_seconds
-        floors = _floors(config)
+        floors = min_endpoints(config)
         components = managed_components(config.mode)
         steps: list[StepRecord] = []
         shape, shape_step = sizing_shape(prediction, config.throughput_length_sizing)
@@ -190,19 +183,9 @@ class ThroughputProposePlugin:
 
         # Both loops on: the throughput loop only sets the floor the load loop may not go below, fitted into the
         # GPU budget here because no pipeline invariant sees a floor that is not proposed.
-        current = {c: inputs.workers.expected(c) if c in components else 0 for c in Component}
-        (num_prefill, num_decode), budget_step = guard_gpu_budget(
-            (current[Component.PREFILL], current[Component.DECODE]),
-            (desired.get(Component.PREFILL, 0), desired.get(Component.DECODE, 0)),
-            prefill_gpus=config.prefill_gpus_per_engine,
-            decode_gpus=config.decode_gpus_per_engine,
-            min_gpu_budget=config.min_gpu_budget,
-            max_gpu_budget=config.max_gpu_budget,
-            prefill_floor=floors[Component.PREFILL] if Component.PREFILL in components else 0,
-            decode_floor=floors[Component.DECODE] if Component.DECODE in components else 0,
-        )
+        current = {c: inputs.workers.expected(c) for c in components}
+        bounded, budget_step = guard_config_budget(config, current, desired)
         steps.append(budget_step)
-        bounded = {Component.PREFILL: num_prefill, Component.DECODE: num_decode}
         next_state = dataclasses.replace(
             state,
             throughput_lower_bound_prefill=(
@@ -498,7 +481,7 @@ class LoadProposePlugin:
             Component.PREFILL: state.throughput_lower_bound_prefill if config.throughput_scaling_active else None,
             Component.DECODE: state.throughput_lower_bound_decode if config.throughput_scaling_active else None,
         }
-        floors = _floors(config)
+        floors = min_endpoints(config)
         steps: list[StepRecord] = []
         desired: dict[Component, int | None] = {}
         headlines: list[ReasonCode] = []

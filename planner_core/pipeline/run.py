@@ -69,7 +69,7 @@ from planner_core.pipeline.types import (
     PluginRun,
     PluginSpec,
 )
-from planner_core.policy.bounds import bound_min_endpoint, guard_gpu_budget
+from planner_core.policy.bounds import bound_min_endpoint, guard_config_budget, min_endpoints
 
 Clock = Callable[[], float]
 _MAX_ERROR_CHARS = 300
@@ -517,26 +517,11 @@ class _Tick:
     def _final_invariants(self, targets: MappingProxyType[Component, int]) -> dict[Component, int]:
         """Minimum endpoints, then the GPU budget guard (against the expected counts): hard limits whichever plugin
         proposed the targets."""
-        config = self.config
-        floors = {
-            Component.PREFILL: config.prefill_min_endpoint_effective,
-            Component.DECODE: config.decode_min_endpoint_effective,
-        }
+        floors = min_endpoints(self.config)
         final: dict[Component, int] = {}
         for component in self.components:
             final[component], step = bound_min_endpoint(component, targets[component], floors[component])
             self.steps.append(step)
-        expected = {c: self.expected[c] if c in self.components else 0 for c in Component}
-        (num_prefill, num_decode), step = guard_gpu_budget(
-            (expected[Component.PREFILL], expected[Component.DECODE]),
-            (final.get(Component.PREFILL, 0), final.get(Component.DECODE, 0)),
-            prefill_gpus=config.prefill_gpus_per_engine,
-            decode_gpus=config.decode_gpus_per_engine,
-            min_gpu_budget=config.min_gpu_budget,
-            max_gpu_budget=config.max_gpu_budget,
-            prefill_floor=floors[Component.PREFILL] if Component.PREFILL in self.components else 0,
-            decode_floor=floors[Component.DECODE] if Component.DECODE in self.components else 0,
-        )
+        guarded, step = guard_config_budget(self.config, self.expected, final)
         self.steps.append(step)
-        budgeted = {Component.PREFILL: num_prefill, Component.DECODE: num_decode}
-        return {component: budgeted[component] for component in self.components}
+        return guarded

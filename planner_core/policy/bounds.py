@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
+from planner_core.config import PlannerConfig, managed_components
 from planner_core.domain import Component, ReasonCode, StepRecord
 
 
@@ -80,6 +82,40 @@ def bound_gpu_budget(
             ),
         ),
     )
+
+
+def min_endpoints(config: PlannerConfig) -> dict[Component, int]:
+    """Each pool's minimum replicas under `config`."""
+    return {
+        Component.PREFILL: config.prefill_min_endpoint_effective,
+        Component.DECODE: config.decode_min_endpoint_effective,
+    }
+
+
+def guard_config_budget(
+    config: PlannerConfig, current: Mapping[Component, int], proposed: Mapping[Component, int]
+) -> tuple[dict[Component, int], StepRecord]:
+    """`guard_gpu_budget` with the config's GPU widths, budget band and minimums, for the pools the mode manages
+    (an unmanaged pool counts as empty). Returns the guarded targets of the managed pools and the step."""
+    components = managed_components(config.mode)
+    floors = min_endpoints(config)
+
+    def pair(counts: Mapping[Component, int]) -> tuple[int, int]:
+        prefill, decode = (counts[c] if c in components else 0 for c in (Component.PREFILL, Component.DECODE))
+        return prefill, decode
+
+    (num_prefill, num_decode), step = guard_gpu_budget(
+        pair(current),
+        pair(proposed),
+        prefill_gpus=config.prefill_gpus_per_engine,
+        decode_gpus=config.decode_gpus_per_engine,
+        min_gpu_budget=config.min_gpu_budget,
+        max_gpu_budget=config.max_gpu_budget,
+        prefill_floor=floors[Component.PREFILL] if Component.PREFILL in components else 0,
+        decode_floor=floors[Component.DECODE] if Component.DECODE in components else 0,
+    )
+    guarded = {Component.PREFILL: num_prefill, Component.DECODE: num_decode}
+    return {c: guarded[c] for c in components}, step
 
 
 def _gpus(pair: tuple[int, int], prefill_gpus: int, decode_gpus: int) -> int:

@@ -159,6 +159,8 @@ class TrafficObservation:
         prompt_tokens_p99_250ms .. prompt_tokens_p99_30s: the window's prompt-token arrival curve (ours): for each
             request of the window, the prompt tokens (its own included) that arrived in the 250 ms .. 30 s up to
             its arrival; the 99th percentile over the window's requests. Where the source timestamps requests.
+            A source that knows the prefill engines' rate counts each prompt up to what one engine computes in the
+            interval plus the TTFT target (one prompt occupies one engine, so it delays the others by no more).
     """
 
     duration_s: float

@@ -99,7 +99,26 @@ def test_prompt_arrival_curve_is_the_p99_of_tokens_in_each_lookback() -> None:
     curve = prompt_arrival_curve(trace, 0.0, 10.0)
     assert curve["prompt_tokens_p99_250ms"] == pytest.approx(594.0)
     assert curve["prompt_tokens_p99_30s"] == pytest.approx(988.0)
+
+
+def test_prompt_arrival_curve_is_read_by_the_requests_that_can_meet_the_target() -> None:
+    """At 4,000 tokens/s and 50 ms of slack only prompts up to 200 tokens can meet the target: the first two
+    requests. Nothing is capped (one engine's share at 250 ms is 1,200); the tokens in the 250 ms up to those two
+    are 100 and 300 -> p99 = 100 + 0.99 x 200 = 298 (the 600 seen by the third request no longer counts)."""
+    trace = make_trace([0.0, 0.1, 0.2, 5.0], [100, 200, 300, 400], [2, 2, 2, 2])
+    curve = prompt_arrival_curve(trace, 0.0, 10.0, engine_prompt_tokens_per_s=4000.0, slack_s=0.05)
+    assert curve["prompt_tokens_p99_250ms"] == pytest.approx(298.0)
     assert prompt_arrival_curve(trace, 20.0, 30.0) == {}  # idle window: no curve
+
+
+def test_prompt_arrival_curve_counts_each_prompt_up_to_one_engine_share() -> None:
+    """The same requests, with an engine of 400 tokens/s and 50 ms of slack: at 250 ms one engine computes
+    400 x 0.3 = 120 tokens, so the prompts count 100, 120, 120, 120: tokens in the 250 ms up to each arrival are
+    100, 220, 340 and 120 -> p99 = 220 + 0.97 x 120 = 336.4. At 30 s the share (12,020) caps nothing: 988."""
+    trace = make_trace([0.0, 0.1, 0.2, 5.0], [100, 200, 300, 400], [2, 2, 2, 2])
+    curve = prompt_arrival_curve(trace, 0.0, 10.0, engine_prompt_tokens_per_s=400.0, slack_s=0.05)
+    assert curve["prompt_tokens_p99_250ms"] == pytest.approx(336.4)
+    assert curve["prompt_tokens_p99_30s"] == pytest.approx(988.0)
 
 
 def test_planner_presets_run_in_the_loop(profile_perf: ProfilePerfModel) -> None:

@@ -186,6 +186,15 @@ def chunked_prefill_s(tokens: float, max_num_batched_tokens: int, chunk_wall_s: 
     return total + (chunk_wall_s(tail) if tail > 0 else 0.0)
 
 
+def full_chunk_prefill_rate(model: ForwardPassModel, max_num_batched_tokens: int) -> tuple[float, float]:
+    """Prompt tokens/s one engine computes at full chunks, and the wall time (s) of one full-chunk iteration;
+    (0, 0) when the model gives a non-positive iteration time."""
+    iteration_s = model.prefill_wall_s(float(max_num_batched_tokens))
+    if iteration_s <= 0:
+        return 0.0, 0.0
+    return max_num_batched_tokens / iteration_s, iteration_s
+
+
 def _effective_isl(isl: float, hit: float) -> int:
     """Prompt tokens computed per request: `max(1, ceil(ISL * (1 - hit)))`. The ceiling forgives float noise
     (1000 * (1 - 0.95) is 50.00000000000004, which must count as 50 tokens, not 51)."""

@@ -210,7 +210,7 @@ class ThroughputProposePlugin:
         """Ours: raise prefill so the observed prompt bursts drain within the TTFT target (`burst_prefill_replicas`);
         the engine rate is a full chunk of the prefill model in force (online, else bootstrap), times the prefill
         target utilisation."""
-        from planner_core.perf.capacity import effective_kv_hit_rate
+        from planner_core.perf.capacity import effective_kv_hit_rate, full_chunk_prefill_rate
 
         config, state, traffic = context.config, context.state, context.inputs.traffic
         assert traffic is not None
@@ -220,10 +220,9 @@ class ThroughputProposePlugin:
         if model is not None:
             chunk = config.engine_limits(Component.PREFILL).max_num_batched_tokens
             hit, _ = effective_kv_hit_rate(state.last_kv_hit_rate, Component.PREFILL)
-            iteration_s = model.prefill_wall_s(float(chunk))
-            if iteration_s > 0:
-                # the target utilisation derates the engine for bursts as for the mean rate
-                engine_tokens_per_s = chunk / iteration_s / (1.0 - hit) * config.throughput_prefill_target_utilization
+            full_chunk_tokens_per_s, iteration_s = full_chunk_prefill_rate(model, chunk)
+            # the target utilisation derates the engine for bursts as for the mean rate
+            engine_tokens_per_s = full_chunk_tokens_per_s / (1.0 - hit) * config.throughput_prefill_target_utilization
         replicas, step = burst_prefill_replicas(
             traffic,
             prediction.num_req * prediction.isl / window_s,

@@ -19,10 +19,10 @@ Ours, off by default (Dynamo runs each pool at its searched capacity):
   iteration started). With `A(L)` the window's p99 of those tokens (the observed arrival curve), scaled by the
   forecast's growth `g` (forecast / observed prompt-token rate), the pool needs
   `max over L of ceil(g * A(L) / (mu * (L + T')))` engines. Long intervals give back the mean-rate sizing;
-  short ones the bursts. One prompt is computed by one engine, so a prompt longer than one engine's share of the
-  interval, `mu * (L + T')`, cannot delay the others by more than that share (the router sends them elsewhere):
-  the excess of the window's p99 prompt over that share is taken off `A(L)` (a p99 burst is assumed to hold at
-  most one such prompt).
+  short ones the bursts. One prompt is computed by one engine, so a prompt can delay the others by at most one
+  engine's share of the interval: the arrival curve counts each prompt up to what one engine computes in
+  `L + T` (`TrafficObservation`, where the source knows the engine rate), so a clump of long prompts raises the
+  pool by about one engine each, not by their whole length.
 """
 
 from __future__ import annotations
@@ -302,10 +302,9 @@ def burst_prefill_replicas(
         iteration_s: wall time of one full-chunk iteration (s).
 
     Returns:
-        The larger of `mean_rate_replicas` and `max over L of ceil(g * A'(L) / (mu * (L + T')))` with
-        `A'(L) = A(L) - max(0, ISL p99 - mu * (L + T'))` (module docstring), and its step: `burst_sized`
-        (raised), `burst_covered` (not), or `burst_unavailable` (the window has no arrival curve or no prompt
-        tokens, or the engine rate is unknown: `mean_rate_replicas` kept).
+        The larger of `mean_rate_replicas` and `max over L of ceil(g * A(L) / (mu * (L + T')))` (module
+        docstring), and its step: `burst_sized` (raised), `burst_covered` (not), or `burst_unavailable` (the
+        window has no arrival curve or no prompt tokens, or the engine rate is unknown: `mean_rate_replicas` kept).
     """
     curve = traffic.prompt_arrival_curve()
     observed_tokens_per_s = traffic.num_req * traffic.isl / traffic.duration_s if traffic.duration_s > 0 else 0.0
@@ -323,20 +322,8 @@ def burst_prefill_replicas(
         return mean_rate_replicas, step
     growth = forecast_prompt_tokens_per_s / observed_tokens_per_s
     slack_s = max(0.0, ttft_ms / 1000.0 - iteration_s)
-    largest_prompt = traffic.isl_p99 or 0.0
-
-    def counted(interval_s: float, tokens: float) -> float:
-        # One prompt is computed by one engine: beyond what one engine does in the interval, its tokens cannot
-        # delay the other requests (the router sends them elsewhere), so that excess is not a burst to absorb.
-        one_engine = engine_prompt_tokens_per_s * (interval_s + slack_s)
-        return max(tokens - max(0.0, largest_prompt - one_engine), 0.0)
-
     needs = [
-        (
-            growth * counted(interval_s, tokens) / (engine_prompt_tokens_per_s * (interval_s + slack_s)),
-            interval_s,
-            tokens,
-        )
+        (growth * tokens / (engine_prompt_tokens_per_s * (interval_s + slack_s)), interval_s, tokens)
         for interval_s, tokens in curve
     ]
     need, interval_s, tokens = max(needs)

@@ -33,6 +33,7 @@ import numpy as np
 
 from planner_core.config import PlannerConfig
 from planner_core.domain import PROMPT_ARRIVAL_INTERVALS_S, Component, Loop, PlannerState, TickInputs
+from planner_core.perf.capacity import full_chunk_prefill_rate
 from planner_core.perf.forward import ForwardPassModel
 from planner_core.policy.throughput import ThroughputPerfModel
 from planner_core.sim.des import ClusterSimulator, SimResult, SimSpec
@@ -97,6 +98,9 @@ class PlannerPolicy:
     startup_s: float | None = None
     state: PlannerState = dataclasses.field(default_factory=PlannerState)
     initial_size: tuple[int, int] | None = None  # None: the minimum endpoints
+    # the simulated frontend's engine rate for capping prompts in the arrival curve (`prompt_arrival_curve`)
+    engine_prompt_tokens_per_s: float | None = None
+    full_chunk_iteration_s: float = 0.0
 
     @property
     def interval_s(self) -> float:
@@ -120,7 +124,14 @@ class PlannerPolicy:
             if loop is Loop.THROUGHPUT:
                 start_s = max(0.0, now_s - throughput_s)
                 traffic = dataclasses.replace(
-                    sim.observe(start_s, now_s), **prompt_arrival_curve(sim.trace, start_s, now_s)
+                    sim.observe(start_s, now_s),
+                    **prompt_arrival_curve(
+                        sim.trace,
+                        start_s,
+                        now_s,
+                        engine_prompt_tokens_per_s=self.engine_prompt_tokens_per_s,
+                        slack_s=max(0.0, self.config.ttft_ms / 1000.0 - self.full_chunk_iteration_s),
+                    ),
                 )
             inputs = TickInputs(
                 now_s=now_s,
@@ -138,19 +149,40 @@ class PlannerPolicy:
         return None  # applied above, per loop, so a load tick sees the throughput tick's targets
 
 
-def prompt_arrival_curve(trace: RequestTrace, start_s: float, end_s: float) -> dict[str, float]:
+def prompt_arrival_curve(
+    trace: RequestTrace,
+    start_s: float,
+    end_s: float,
+    *,
+    engine_prompt_tokens_per_s: float | None = None,
+    slack_s: float = 0.0,
+) -> dict[str, float]:
     """The window's prompt-token arrival curve as `TrafficObservation` fields (`PROMPT_ARRIVAL_INTERVALS_S`): per
     interval L, the p99 over the requests arriving in [start_s, end_s) of the prompt tokens that arrived in
-    (t - L, t], t the request's arrival (earlier windows' requests count). Empty for an idle window."""
+    (t - L, t], t the request's arrival (earlier windows' requests count). With `engine_prompt_tokens_per_s`,
+    each prompt counts up to what one engine computes in `L + slack_s` (one prompt occupies one engine, so it
+    delays the others by at most that share; `slack_s` is the TTFT target less one full-chunk iteration, as in
+    `burst_prefill_replicas`), and the p99 is over the requests whose own prompt fits in `slack_s` at that rate
+    (the others miss the target on an idle engine, so they set no need; all requests when none fits); without,
+    whole prompts over every request. Empty for an idle window."""
     own = trace.window(start_s, end_s)
     if own.stop <= own.start:
         return {}
     arrival = np.asarray(trace.arrival_s)
-    cumulative = np.concatenate([[0.0], np.cumsum(np.asarray(trace.isl, dtype=float))])
-    upto = np.arange(own.start, own.stop) + 1  # cumulative[upto] counts every request up to and including each one
+    isl = np.asarray(trace.isl, dtype=float)
+    observers = np.arange(own.start, own.stop)
+    if engine_prompt_tokens_per_s is not None:
+        # a request whose prompt alone outlasts the slack misses the target whatever the pool: it sets no need
+        fits = observers[isl[observers] <= engine_prompt_tokens_per_s * slack_s]
+        observers = fits if len(fits) else observers
+    upto = observers + 1  # cumulative[upto] counts every request up to and including each one
     curve = {}
     for name, interval_s in PROMPT_ARRIVAL_INTERVALS_S.items():
-        since = np.searchsorted(arrival, arrival[own] - interval_s, side="right")
+        counted = isl if engine_prompt_tokens_per_s is None else np.minimum(
+            isl, engine_prompt_tokens_per_s * (interval_s + slack_s)
+        )  # fmt: skip
+        cumulative = np.concatenate([[0.0], np.cumsum(counted)])
+        since = np.searchsorted(arrival, arrival[observers] - interval_s, side="right")
         curve[name] = float(np.percentile(cumulative[upto] - cumulative[since], 99))
     return curve
 
@@ -513,7 +545,17 @@ def build_policies(
                 first = baselines()["oracle"]
                 assert isinstance(first, OraclePolicy)
                 start = first.sizes[0]
-            policies.append(PlannerPolicy(name=name, config=config, perf=perf, initial_size=start))
+            chunk_tokens_per_s, iteration_s = full_chunk_prefill_rate(fwd, spec.prefill_limits.max_num_batched_tokens)
+            policies.append(
+                PlannerPolicy(
+                    name=name,
+                    config=config,
+                    perf=perf,
+                    initial_size=start,
+                    engine_prompt_tokens_per_s=chunk_tokens_per_s or None,
+                    full_chunk_iteration_s=iteration_s,
+                )
+            )
         elif name.startswith("fixed:"):
             parts = name.split(":")
             if len(parts) != 3 or not all(p.isdigit() for p in parts[1:]):

@@ -334,6 +334,8 @@ class FpmSampleRow(Base):
     queued_num_decode_requests: Mapped[int]
     queued_sum_decode_kv_tokens: Mapped[int] = mapped_column(BigInteger)
     queued_var_decode_kv_tokens: Mapped[float]
+
+
 class ReplayMode(enum.StrEnum):
     """Which state a replayed tick starts from."""
 

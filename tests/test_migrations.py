@@ -37,7 +37,15 @@ TABLES = {
     "replay_ticks",
     "prune_watermarks",
 }
-VIEWS = {"decision_history", "tick_history", "scaling_events", "sla_by_hour", "predictor_accuracy", "replay_comparison"}
+VIEWS = {
+    "decision_history",
+    "tick_history",
+    "scaling_events",
+    "sla_by_hour",
+    "predictor_accuracy",
+    "replay_comparison",
+    "tick_summary",
+}
 
 
 def _tables(url: str) -> set[str]:

@@ -3,9 +3,9 @@
 `planner serve` runs every tick in a Prefect flow-run subprocess, so an in-memory registry updated after each
 tick would live and die with that subprocess. Postgres already holds every recorded tick outcome, so the
 exporter is a custom collector instead: each scrape reads the deployment's latest recorded ticks (from the
-`tick_summary` view, as the report does) in one short read-only transaction (`load_metrics_snapshot`) and `metric_families(snapshot)` (pure) turns that snapshot into
-metric families. Nothing is kept between scrapes, the decision core is untouched, and a restarted exporter shows
-the same values.
+`tick_summary` view, as the report does) in one short read-only transaction (`load_metrics_snapshot`) and
+`metric_families(snapshot)` (pure) turns that snapshot into metric families. Nothing is kept between scrapes, the
+decision core is untouched, and a restarted exporter shows the same values.
 
 Exported (all gauges unless said): `num_prefill_replicas`, `num_decode_replicas` (ready workers the newest tick
 saw); `observed_{ttft_ms,itl_ms,requests_per_second,input_sequence_tokens,output_sequence_tokens}` (the newest

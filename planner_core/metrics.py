@@ -2,10 +2,10 @@
 
 `planner serve` runs every tick in a Prefect flow-run subprocess, so an in-memory registry updated after each
 tick would live and die with that subprocess. Postgres already holds every recorded tick outcome, so the
-exporter is a custom collector instead: each scrape reads the deployment's latest recorded ticks in one short
-read-only transaction (`load_metrics_snapshot`) and `metric_families(snapshot)` (pure) turns that snapshot into
-metric families. Nothing is kept between scrapes, the decision core is untouched, and a restarted exporter shows
-the same values.
+exporter is a custom collector instead: each scrape reads the deployment's latest recorded ticks (from the
+`tick_summary` view, as the report does) in one short read-only transaction (`load_metrics_snapshot`) and
+`metric_families(snapshot)` (pure) turns that snapshot into metric families. Nothing is kept between scrapes, the
+decision core is untouched, and a restarted exporter shows the same values.
 
 Exported (all gauges unless said): `num_prefill_replicas`, `num_decode_replicas` (ready workers the newest tick
 saw); `observed_{ttft_ms,itl_ms,requests_per_second,input_sequence_tokens,output_sequence_tokens}` (the newest
@@ -203,42 +203,27 @@ def exported_metric_names() -> frozenset[str]:
 
 # --- loading (the database edge) --------------------------------------------------------------------------------
 
+# The newest tick per loop, from the `tick_summary` view (migration 0006; the report reads the same view).
 _LATEST_SQL = """
-SELECT DISTINCT ON (t.loop)
-       t.loop, t.reason, c.body AS config, extract(epoch FROM t.recorded_at - t.scheduled_at) AS lag_s,
-       o.window_s, o.num_req, o.isl, o.osl, o.ttft_ms, o.itl_ms,
-       p.num_req AS p_num_req, p.isl AS p_isl, p.osl AS p_osl,
-       w.ready_prefill, w.ready_decode,
-       pp.desired AS proposed_prefill, pd.desired AS proposed_decode,
-       (SELECT s.value FROM tick_steps s WHERE s.tick_id = t.id AND s.step = 'capacity' AND s.component = 'prefill'
-         ORDER BY s.seq LIMIT 1) AS prefill_tokens_per_s,
-       (SELECT s.value FROM tick_steps s WHERE s.tick_id = t.id AND s.step = 'capacity' AND s.component = 'decode'
-         ORDER BY s.seq LIMIT 1) AS decode_tokens_per_s,
-       t.scheduled_at, t.id
-  FROM ticks t
-  JOIN deployments dep ON dep.id = t.deployment_id
-  JOIN planner_configs c ON c.config_hash = t.config_hash
-  LEFT JOIN traffic_observations o ON o.tick_id = t.id
-  LEFT JOIN predictions p ON p.tick_id = t.id
-  LEFT JOIN worker_observations w ON w.tick_id = t.id
-  LEFT JOIN proposals pp ON pp.tick_id = t.id AND pp.component = 'prefill'
-  LEFT JOIN proposals pd ON pd.tick_id = t.id AND pd.component = 'decode'
- WHERE dep.name = :deployment
- ORDER BY t.loop, t.scheduled_at DESC, t.id DESC
+SELECT DISTINCT ON (loop)
+       loop, reason, lag_s, window_s,
+       observed_num_req, observed_isl, observed_osl, observed_ttft_ms, observed_itl_ms,
+       predicted_num_req, predicted_isl, predicted_osl, ready_prefill, ready_decode,
+       proposed_prefill, proposed_decode, prefill_engine_requests_per_s, decode_engine_requests_per_s,
+       ttft_target_ms, itl_target_ms, throughput_interval_s, scheduled_at, tick_id
+  FROM tick_summary
+ WHERE deployment = :deployment
+ ORDER BY loop, scheduled_at DESC, tick_id DESC
 """
 
 # Ready workers are taken to run from one tick to the next (of either loop); as `planner_core.report`.
 _GPU_HOURS_SQL = """
 SELECT coalesce(sum(gpus * extract(epoch FROM next_at - scheduled_at)), 0) / 3600.0 AS gpu_hours
-  FROM (SELECT t.scheduled_at,
-               lead(t.scheduled_at) OVER (ORDER BY t.scheduled_at, t.id) AS next_at,
-               w.ready_prefill * coalesce((c.body ->> 'prefill_engine_num_gpu')::int, 1)
-                 + w.ready_decode * coalesce((c.body ->> 'decode_engine_num_gpu')::int, 1) AS gpus
-          FROM ticks t
-          JOIN deployments dep ON dep.id = t.deployment_id
-          JOIN planner_configs c ON c.config_hash = t.config_hash
-          JOIN worker_observations w ON w.tick_id = t.id
-         WHERE dep.name = :deployment) intervals
+  FROM (SELECT scheduled_at,
+               lead(scheduled_at) OVER (ORDER BY scheduled_at, tick_id) AS next_at,
+               ready_prefill * prefill_gpus_per_engine + ready_decode * decode_gpus_per_engine AS gpus
+          FROM tick_summary
+         WHERE deployment = :deployment AND ready_prefill IS NOT NULL) intervals
  WHERE next_at IS NOT NULL
 """
 
@@ -281,12 +266,11 @@ def load_metrics_snapshot(session: Session, deployment: str) -> MetricsSnapshot:
     throughput, load = latest.get("throughput"), latest.get("load")
     newest = max(
         (row for row in (throughput, load) if row is not None),
-        key=lambda row: (row["scheduled_at"], row["id"]),
+        key=lambda row: (row["scheduled_at"], row["tick_id"]),
         default=None,
     )
     with_workers = [row for row in (throughput, load) if row is not None and row["ready_prefill"] is not None]
-    workers = max(with_workers, key=lambda row: (row["scheduled_at"], row["id"]), default=None)
-    config = newest["config"] if newest else {}
+    workers = max(with_workers, key=lambda row: (row["scheduled_at"], row["tick_id"]), default=None)
     gpu_hours = session.execute(text(_GPU_HOURS_SQL), params).scalar_one()
     durations = session.execute(text(_durations_sql()), params).mappings().one()
     engines = tuple(
@@ -302,26 +286,27 @@ def load_metrics_snapshot(session: Session, deployment: str) -> MetricsSnapshot:
         for row in session.execute(text(_ENGINES_SQL), params).mappings()
     )
     t = throughput or {}
-    interval_s = config.get("throughput_adjustment_interval_seconds") or t.get("window_s")
+    n = newest or {}  # the config in force is the newest tick's (of either loop)
+    interval_s = n.get("throughput_interval_s") or t.get("window_s")
     return MetricsSnapshot(
         num_prefill_replicas=workers["ready_prefill"] if workers else None,
         num_decode_replicas=workers["ready_decode"] if workers else None,
-        observed_ttft_ms=t.get("ttft_ms"),
-        observed_itl_ms=t.get("itl_ms"),
-        observed_requests_per_second=_ratio(t.get("num_req"), t.get("window_s")),
-        observed_input_sequence_tokens=t.get("isl"),
-        observed_output_sequence_tokens=t.get("osl"),
-        predicted_requests_per_second=_ratio(t.get("p_num_req"), interval_s),
-        predicted_input_sequence_tokens=t.get("p_isl"),
-        predicted_output_sequence_tokens=t.get("p_osl"),
+        observed_ttft_ms=t.get("observed_ttft_ms"),
+        observed_itl_ms=t.get("observed_itl_ms"),
+        observed_requests_per_second=_ratio(t.get("observed_num_req"), t.get("window_s")),
+        observed_input_sequence_tokens=t.get("observed_isl"),
+        observed_output_sequence_tokens=t.get("observed_osl"),
+        predicted_requests_per_second=_ratio(t.get("predicted_num_req"), interval_s),
+        predicted_input_sequence_tokens=t.get("predicted_isl"),
+        predicted_output_sequence_tokens=t.get("predicted_osl"),
         predicted_num_prefill_replicas=t.get("proposed_prefill"),
         predicted_num_decode_replicas=t.get("proposed_decode"),
         gpu_hours=float(gpu_hours),
-        sla_target_ttft_ms=config.get("ttft_ms"),
-        sla_target_itl_ms=config.get("itl_ms"),
-        # one engine's tokens/s under the SLA over the forecast length: requests/s per engine
-        engine_prefill_capacity_requests_per_second=_ratio(t.get("prefill_tokens_per_s"), t.get("p_isl")),
-        engine_decode_capacity_requests_per_second=_ratio(t.get("decode_tokens_per_s"), t.get("p_osl")),
+        sla_target_ttft_ms=n.get("ttft_target_ms"),
+        sla_target_itl_ms=n.get("itl_target_ms"),
+        # whichever capacity step sized the tick, in requests/s per engine (the view converts tokens/s)
+        engine_prefill_capacity_requests_per_second=t.get("prefill_engine_requests_per_s"),
+        engine_decode_capacity_requests_per_second=t.get("decode_engine_requests_per_s"),
         load_scaling_decision=load["reason"] if load else "unset",
         throughput_scaling_decision=throughput["reason"] if throughput else "unset",
         engine_queues=engines,

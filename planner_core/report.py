@@ -4,7 +4,7 @@ The page has Dynamo's 13 diagnostics charts plus "forecast vs actual" and a time
 header of headline figures and a table of the decisions. Three layers:
 
 - `load_report_data(session, ...)` reads the recorded ticks of one deployment over a time window (the only
-  database code; base tables, so it does not depend on the views);
+  database code; the tick rows come from the `tick_summary` view, which the metrics exporter reads too);
 - `build_charts(data)`, `summarise(data)` and `render_html(data, generated_at)` are pure: the same data give the
   same page (no clock, deterministic element ids);
 - `generate_report(...)` ties them together and writes the page (and an optional JSONL.gz log of the tick rows)
@@ -62,7 +62,8 @@ class TickRow:
         lag_s: recorded_at - scheduled_at (s).
         window_s: length of the observed traffic window (s).
         prefill_engine_tokens_per_s, decode_engine_tokens_per_s: one engine's capacity under the SLA at the
-            forecast shape (the `capacity` steps).
+            forecast shape (the `capacity` step, or the `engine_capacity` step's requests/s times the forecast
+            ISL / OSL; see the `tick_summary` view).
         ttft_target_ms .. throughput_interval_s: from the config the tick ran under.
     """
 
@@ -172,30 +173,20 @@ _WINDOW = """dep.name = :deployment
       AND (CAST(:since AS timestamptz) IS NULL OR t.scheduled_at >= :since)
       AND (CAST(:until AS timestamptz) IS NULL OR t.scheduled_at < :until)"""
 
-_TICKS_SQL = f"""
-SELECT t.id AS tick_id, t.loop, t.scheduled_at, t.recorded_at, t.reason, t.decide_ms, c.body AS config,
-       o.window_s, o.num_req AS observed_num_req, o.isl AS observed_isl, o.osl AS observed_osl,
-       o.ttft_ms AS observed_ttft_ms, o.itl_ms AS observed_itl_ms,
-       p.predictor, p.num_req AS predicted_num_req, p.isl AS predicted_isl, p.osl AS predicted_osl,
-       p.reason AS prediction_reason,
-       w.ready_prefill, w.ready_decode, w.expected_prefill, w.expected_decode,
-       pp.desired AS proposed_prefill, pd.desired AS proposed_decode,
-       (SELECT s.value FROM tick_steps s WHERE s.tick_id = t.id AND s.step = 'capacity' AND s.component = 'prefill'
-         ORDER BY s.seq LIMIT 1) AS prefill_engine_tokens_per_s,
-       (SELECT s.value FROM tick_steps s WHERE s.tick_id = t.id AND s.step = 'capacity' AND s.component = 'decode'
-         ORDER BY s.seq LIMIT 1) AS decode_engine_tokens_per_s,
-       d.id AS decision_id, d.target_prefill, d.target_decode, d.status AS decision_status
-  FROM ticks t
-  JOIN deployments dep ON dep.id = t.deployment_id
-  JOIN planner_configs c ON c.config_hash = t.config_hash
-  LEFT JOIN traffic_observations o ON o.tick_id = t.id
-  LEFT JOIN predictions p ON p.tick_id = t.id
-  LEFT JOIN worker_observations w ON w.tick_id = t.id
-  LEFT JOIN proposals pp ON pp.tick_id = t.id AND pp.component = 'prefill'
-  LEFT JOIN proposals pd ON pd.tick_id = t.id AND pd.component = 'decode'
-  LEFT JOIN decisions d ON d.tick_id = t.id
- WHERE {_WINDOW}
- ORDER BY t.scheduled_at, t.id
+# The per-tick rows come from the `tick_summary` view (migration 0006), which the metrics exporter reads too.
+_TICKS_SQL = """
+SELECT tick_id, loop, scheduled_at, lag_s, reason, decide_ms,
+       window_s, observed_num_req, observed_isl, observed_osl, observed_ttft_ms, observed_itl_ms,
+       predictor, predicted_num_req, predicted_isl, predicted_osl, prediction_reason,
+       ready_prefill, ready_decode, expected_prefill, expected_decode, proposed_prefill, proposed_decode,
+       prefill_engine_tokens_per_s, decode_engine_tokens_per_s,
+       decision_id, target_prefill, target_decode, decision_status,
+       ttft_target_ms, itl_target_ms, prefill_gpus_per_engine, decode_gpus_per_engine, throughput_interval_s
+  FROM tick_summary
+ WHERE deployment = :deployment
+   AND (CAST(:since AS timestamptz) IS NULL OR scheduled_at >= :since)
+   AND (CAST(:until AS timestamptz) IS NULL OR scheduled_at < :until)
+ ORDER BY scheduled_at, tick_id
 """
 
 _STEPS_SQL = f"""
@@ -244,17 +235,6 @@ def _query(session: Session, sql: str, params: dict[str, Any], *extra: Any) -> l
     return [dict(row._mapping) for row in session.execute(statement, params)]
 
 
-def _config_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """What the report needs from a stored config body (its JSON dump); absent fields fall back to defaults."""
-    return {
-        "ttft_target_ms": body.get("ttft_ms"),
-        "itl_target_ms": body.get("itl_ms"),
-        "prefill_gpus_per_engine": body.get("prefill_engine_num_gpu") or 1,
-        "decode_gpus_per_engine": body.get("decode_engine_num_gpu") or 1,
-        "throughput_interval_s": body.get("throughput_adjustment_interval_seconds"),
-    }
-
-
 def _nested_number(metrics: dict[str, Any], section: str, key: str) -> float | None:
     value = (metrics.get(section) or {}).get(key)
     return float(value) if isinstance(value, int | float) else None
@@ -275,16 +255,8 @@ def load_report_data(
     params = {"deployment": deployment, "since": since, "until": until}
     ticks = []
     for row in _query(session, _TICKS_SQL, params):
-        config = _config_fields(row.pop("config"))
-        scheduled_at, recorded_at = row.pop("scheduled_at"), row.pop("recorded_at")
-        ticks.append(
-            TickRow(
-                **row | {"loop": Loop(row["loop"])},
-                **config,
-                at_s=scheduled_at.timestamp(),
-                lag_s=(recorded_at - scheduled_at).total_seconds(),
-            )
-        )
+        scheduled_at = row.pop("scheduled_at")
+        ticks.append(TickRow(**row | {"loop": Loop(row["loop"])}, at_s=scheduled_at.timestamp()))
     steps = tuple(
         StepRow(
             tick_id=row["tick_id"],

@@ -21,7 +21,15 @@ from tests.conftest import create_database, write_config
 from tests.recording import record_simulated_run
 from tests.test_cli import planner
 
-VIEWS = ("decision_history", "tick_history", "scaling_events", "sla_by_hour", "predictor_accuracy", "replay_comparison")
+VIEWS = (
+    "decision_history",
+    "tick_history",
+    "scaling_events",
+    "sla_by_hour",
+    "predictor_accuracy",
+    "replay_comparison",
+    "tick_summary",
+)
 
 
 def _rows(url: str, sql: str, *params):

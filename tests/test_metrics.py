@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import socket
@@ -10,6 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from planner_core.domain import Loop, TrafficObservation
 from planner_core.metrics import (
     LOAD_DECISION_REASONS,
     PREFIX,
@@ -17,12 +19,14 @@ from planner_core.metrics import (
     EngineQueues,
     MetricsSnapshot,
     exported_metric_names,
+    load_metrics_snapshot,
     metric_families,
     start_metrics_server,
 )
 from planner_core.report import load_report_data, summarise
-from planner_core.store.db import session_factory
-from tests.conftest import REPO_ROOT
+from planner_core.service import load_context, run_tick
+from planner_core.store.db import get_engine, session_factory
+from tests.conftest import REPO_ROOT, write_config
 from tests.recorded import BUSY, SCENARIO_GPU_HOURS, record_scenario
 
 DASHBOARD = REPO_ROOT / "infra" / "grafana" / "planner-dashboard.json"
@@ -155,6 +159,31 @@ def test_scrape_before_and_after_ticks_are_recorded(database_url, tmp_path, prof
     assert _value(families, "tick_duration_seconds_bucket", le="2.5") == 4
     assert families[PREFIX + "engine_queued_prefill_tokens"].samples == []  # no forward-pass metrics recorded
     assert _value(families, "tick_lag_seconds") > 0  # recorded (wall clock, now) long after T0 (2026-03-01)
+
+
+def test_a_tick_sized_by_engine_capacity_shows_its_capacity(database_url, tmp_path, profile_dir) -> None:
+    """`throughput_algorithm: engine_capacity` records `engine_capacity` steps (requests/s per engine), not
+    `capacity` (tokens/s); the exporter and the report both read it through `tick_summary`."""
+    config = write_config(tmp_path, throughput_algorithm="engine_capacity")
+    ctx = load_context(database_url, "ecap", config)
+    traffic = TrafficObservation(duration_s=60, num_req=3000, isl=3000, osl=300)
+    result = run_tick(ctx, Loop.THROUGHPUT, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), traffic)
+    assert result.outcome is not None and result.outcome.prediction is not None
+    steps = result.outcome.steps
+    engine_rps = {s.component.value: s.value for s in steps if s.step == "engine_capacity"}
+    assert set(engine_rps) == {"prefill", "decode"} and min(engine_rps.values()) > 0
+    assert not [s for s in steps if s.step == "capacity" and s.value is not None]  # the old query found nothing
+    prediction = result.outcome.prediction
+    with ctx.sessions.begin() as session:
+        snapshot = load_metrics_snapshot(session, "ecap")
+        [row] = load_report_data(session, "ecap").ticks
+    # the exporter shows the searched requests/s per engine as recorded
+    assert snapshot.engine_prefill_capacity_requests_per_second == engine_rps["prefill"]
+    assert snapshot.engine_decode_capacity_requests_per_second == engine_rps["decode"]
+    # the report's tokens/s per engine: requests/s times the forecast ISL (prefill) or OSL (decode)
+    assert row.prefill_engine_tokens_per_s == pytest.approx(engine_rps["prefill"] * prediction.isl, rel=1e-12)
+    assert row.decode_engine_tokens_per_s == pytest.approx(engine_rps["decode"] * prediction.osl, rel=1e-12)
+    get_engine(database_url).dispose()
 
 
 # --- the Grafana dashboard -----------------------------------------------------------------------------------------

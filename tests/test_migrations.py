@@ -37,7 +37,15 @@ TABLES = {
     "replay_ticks",
     "prune_watermarks",
 }
-VIEWS = {"decision_history", "tick_history", "scaling_events", "sla_by_hour", "predictor_accuracy", "replay_comparison"}
+VIEWS = {
+    "decision_history",
+    "tick_history",
+    "scaling_events",
+    "sla_by_hour",
+    "predictor_accuracy",
+    "replay_comparison",
+    "tick_summary",
+}
 
 
 def _tables(url: str) -> set[str]:
@@ -124,3 +132,42 @@ def test_an_out_of_date_schema_is_reported_with_the_fix(empty_database_url: str,
     upgrade(empty_database_url)
     assert load_context(empty_database_url, "old", config).config.ttft_ms == 200
     get_engine(empty_database_url).dispose()
+
+
+def _relation(url: str, sql: str) -> tuple[list[str], list[tuple]]:
+    with psycopg.connect(to_libpq_uri(url)) as conn:
+        cursor = conn.execute(sql)
+        return [c.name for c in cursor.description], cursor.fetchall()
+
+
+def test_migration_0006_tick_summary_downgrades_and_upgrades_again(empty_database_url, tmp_path, profile_dir) -> None:
+    """0006 -> 0005 drops `tick_summary` and gives `tick_history` back its own join, with the same columns and rows;
+    upgrading again restores the view, its analyst grant, and `tick_history` as its projection."""
+    url = empty_database_url
+    upgrade(url)
+    ctx = load_context(url, "views", write_config(tmp_path))
+    traffic = TrafficObservation(duration_s=60, num_req=3000, isl=3000, osl=300)
+    for minute in (0, 1):
+        at = dt.datetime(2026, 1, 1, 0, minute, tzinfo=dt.UTC)
+        assert run_tick(ctx, Loop.THROUGHPUT, at, traffic).tick_id is not None
+    get_engine(url).dispose()
+    history_sql = "SELECT * FROM tick_history ORDER BY tick_id"
+    columns, rows = _relation(url, history_sql)
+    assert len(rows) == 2 and "decision_id" in columns
+    summary_columns, summary_rows = _relation(url, f"SELECT {', '.join(columns)} FROM tick_summary ORDER BY tick_id")
+    assert (summary_columns, summary_rows) == (columns, rows)
+    uses_summary = "SELECT pg_get_viewdef('tick_history') LIKE '%tick_summary%'"
+    assert _relation(url, uses_summary)[1] == [(True,)]
+    grant = "SELECT has_table_privilege('planner_analyst', 'tick_summary', 'SELECT')"
+    assert _relation(url, grant)[1] == [(True,)]
+
+    downgrade(url, "0005")
+    assert _views(url) == VIEWS - {"tick_summary"}
+    assert _relation(url, history_sql) == (columns, rows)
+    assert _relation(url, uses_summary)[1] == [(False,)]
+
+    upgrade(url)
+    assert _views(url) == VIEWS
+    assert _relation(url, history_sql) == (columns, rows)
+    assert _relation(url, uses_summary)[1] == [(True,)]
+    assert _relation(url, grant)[1] == [(True,)]

@@ -116,14 +116,14 @@ def install_perf_model_shim() -> None:
 
         @classmethod
         def from_legacy_engine_config(
-            cls, legacy: dict, worker_type: str, options: dict
+            cls, _legacy: dict, worker_type: str, options: dict
         ) -> ForwardPassPerfModelConfig:
+            # Dynamo passes the engine's legacy description too; the regression needs only the options.
             return cls(worker_type=worker_type, estimator_config=dict(options))
 
     class RustForwardPassPerfModel:
         def __init__(self, ais_config: dict) -> None:
             import msgspec
-
             from dynamo.common.forward_pass_metrics import ForwardPassMetrics
             from dynamo.planner.core.perf_model.decode import DecodeRegressionModel
             from dynamo.planner.core.perf_model.prefill import PrefillRegressionModel
@@ -295,7 +295,9 @@ class PlannerServer:
             "num_prefill": decision["target_prefill"],
             "num_decode": decision["target_decode"],
             "scale_to": None if effects is None or effects.scale_to is None else asdict(effects.scale_to),
-            "diagnostics": {k: _finite(diagnostics[k]) for k in DIAGNOSTIC_FIELDS if diagnostics.get(k) not in (None, "", {})},
+            "diagnostics": {
+                k: _finite(diagnostics[k]) for k in DIAGNOSTIC_FIELDS if diagnostics.get(k) not in (None, "", {})
+            },
             "next_tick": _tick_json(effects.next_tick if effects is not None else None),
         }
 

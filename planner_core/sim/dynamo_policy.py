@@ -262,8 +262,7 @@ class DynamoPlannerPolicy:
     profile_dir: Path | None = None  # None: the script's default (the H200 test profile)
     startup_s: float | None = None
     script: Path = RUN_PLANNER_SCRIPT
-    decisions: list[tuple[float, DynamoTick]] = dataclasses.field(default_factory=list)  # ticks that scaled
-    num_ticks: int = 0
+    ticks: list[tuple[float, DynamoTick]] = dataclasses.field(default_factory=list)  # every answer of the run
     _process: subprocess.Popen | None = None
     _stderr: IO[bytes] | None = None
     _pending: DynamoTick | None = None
@@ -274,7 +273,7 @@ class DynamoPlannerPolicy:
 
     def initial(self) -> tuple[int, int]:
         self.close()
-        self.decisions, self.num_ticks = [], 0
+        self.ticks = []
         self._start()
         return self.initial_size
 
@@ -292,10 +291,9 @@ class DynamoPlannerPolicy:
         request = tick_request(now_s, sim.latest_fpm(), sim.worker_counts(), traffic)
         answer = self._exchange(request)
         self._pending = answer
-        self.num_ticks += 1
+        self.ticks.append((now_s, answer))
         if answer.num_prefill is None and answer.num_decode is None:
             return None
-        self.decisions.append((now_s, answer))
         return answer.num_prefill, answer.num_decode
 
     def close(self) -> None:

@@ -215,3 +215,16 @@ def test_dynamo_planner_decides_in_the_simulator_and_follows_a_load_step() -> No
     scale_ups = [now for now, t in with_load.ticks if (t.num_prefill or 0) > 1]
     assert scale_ups and min(scale_ups) >= 300.0
     assert max(p for _, p, _ in runs[1].result.worker_timeline) >= 2
+
+
+def test_bench_takes_the_dynamo_interpreter_from_the_option_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from planner_core.cli import build_parser
+
+    monkeypatch.setenv("DYNAMO_PYTHON", "/opt/dynamo/bin/python")
+    assert build_parser().parse_args(["bench", "--trace", "t.csv"]).dynamo_python == "/opt/dynamo/bin/python"
+    args = build_parser().parse_args(["bench", "--trace", "t.csv", "--dynamo-python", "/other/python"])
+    assert args.dynamo_python == "/other/python"
+    monkeypatch.delenv("DYNAMO_PYTHON")
+    assert build_parser().parse_args(["bench", "--trace", "t.csv"]).dynamo_python is None

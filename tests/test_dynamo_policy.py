@@ -206,6 +206,7 @@ def test_dynamo_planner_decides_in_the_simulator_and_follows_a_load_step() -> No
     throughput_only, with_load = policies
     assert isinstance(throughput_only, DynamoPlannerPolicy) and isinstance(with_load, DynamoPlannerPolicy)
     assert throughput_only._process is None and with_load._process is None  # closed at the end of the run
+    assert with_load.profile_dir == Path(PROFILE_DIR)  # Dynamo's perf data: the bench's own profile
     for policy in policies:
         # one tick per 5 s scale interval, a throughput tick every 60 s, up to the last arrival (just before 600 s)
         assert len(policy.ticks) == int(trace.duration_s // 5) == 119

@@ -223,8 +223,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     oracle = OracleSettings(target_attainment=args.oracle_target, context_s=args.oracle_context_s)
     print("bench: sizing the policies (the oracle simulates every window at several sizes)...", file=sys.stderr)
     policies = build_policies(
-        names, base, trace, perf, fwd, spec, window_s=args.throughput_interval_s, oracle=oracle, initial=args.initial
-    )
+        names, base, trace, perf, fwd, spec, window_s=args.throughput_interval_s, oracle=oracle, initial=args.initial,
+        dynamo_python=args.dynamo_python,
+    )  # fmt: skip
     with Progress(
         TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
         TimeElapsedColumn(), transient=True, disable=args.json is not None and str(args.json) == "-",
@@ -850,7 +851,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--policies",
         default="static-peak,static-mean,oracle,threshold,dynamo-0x,dynamo-1x,planner",
-        help="comma-separated: static-peak, static-mean, oracle, threshold, dynamo-0x, dynamo-1x, planner, fixed:P:D",
+        help="comma-separated: static-peak, static-mean, oracle, threshold, dynamo-0x, dynamo-1x, planner, fixed:P:D, "
+        "dynamo-1.6.1, dynamo-1.6.1-load (Dynamo's own planner; needs --dynamo-python)",
     )
     bench.add_argument("--ttft-ms", type=float, default=500.0, help="TTFT target (ms)")
     bench.add_argument("--itl-ms", type=float, default=50.0, help="ITL target (ms)")
@@ -872,6 +874,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     bench.add_argument("--json", type=Path, default=None, help="write the rows as JSON to FILE ('-': stdout)")
     bench.add_argument("--html", type=Path, default=None, help="write a Plotly page of replicas, load and latency")
+    bench.add_argument(
+        "--dynamo-python", default=os.environ.get("DYNAMO_PYTHON"), metavar="PATH",
+        help="Python of a virtualenv with ai-dynamo 1.6.1, for the dynamo-1.6.1 policies (default: $DYNAMO_PYTHON)",
+    )  # fmt: skip
     bench.set_defaults(func=cmd_bench)
 
     history = sub.add_parser("history", help="the decision history (decision_history view) as a table, CSV or JSON")

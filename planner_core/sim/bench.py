@@ -10,6 +10,8 @@ Policies:
   other policies are compared with.
 - `static-peak` / `static-mean`: a fixed size: per pool, the largest / the time-mean (rounded up) of the oracle's
   per-window sizes, i.e. provisioning for the busiest window's actual need or for the average need.
+- `dynamo-1.6.1` / `dynamo-1.6.1-load`: Dynamo 1.6.1's own planner (throughput scaling, and throughput plus
+  load scaling) deciding in a subprocess run with Dynamo's virtualenv (`planner_core.sim.dynamo_policy`).
 - `planner:<name>`: the planner's decision core (`tick`) in the loop, with a config: each throughput interval it
   sees the window that just ended, each load interval the engines' forward-pass snapshots; its decisions apply
   at once (start-up delays still apply). `fixed:P:D` is a fixed size given on the command line.
@@ -24,9 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -37,6 +41,14 @@ from planner_core.perf.capacity import full_chunk_prefill_rate
 from planner_core.perf.forward import ForwardPassModel
 from planner_core.policy.throughput import ThroughputPerfModel
 from planner_core.sim.des import ClusterSimulator, SimResult, SimSpec
+from planner_core.sim.dynamo_policy import (
+    DYNAMO_PRESETS,
+    DYNAMO_PYTHON_ENV,
+    DynamoPlannerPolicy,
+    check_dynamo_python,
+    dynamo_config,
+    engine_capabilities,
+)
 from planner_core.sim.oracle import OracleSettings, OracleWindow, attainable_mask, oracle_windows
 from planner_core.tick import tick
 from planner_core.traces import RequestTrace, bucket_windows
@@ -273,14 +285,19 @@ def run_policy(
         spec = dataclasses.replace(spec, startup_s=policy.startup_s)
     num_prefill, num_decode = policy.initial()
     sim = ClusterSimulator(trace, fwd, spec, num_prefill=num_prefill, num_decode=num_decode)
-    if math.isfinite(policy.interval_s):
-        num_ticks = int(trace.duration_s // policy.interval_s)
-        for index in range(1, num_ticks + 1):
-            now_s = index * policy.interval_s
-            sim.run_until(now_s)
-            targets = policy.decide(now_s, sim)
-            if targets is not None:
-                sim.set_targets(*targets)
+    try:
+        if math.isfinite(policy.interval_s):
+            num_ticks = int(trace.duration_s // policy.interval_s)
+            for index in range(1, num_ticks + 1):
+                now_s = index * policy.interval_s
+                sim.run_until(now_s)
+                targets = policy.decide(now_s, sim)
+                if targets is not None:
+                    sim.set_targets(*targets)
+    finally:
+        close = getattr(policy, "close", None)  # a policy holding a resource (a subprocess) releases it
+        if close is not None:
+            close()
     sim.run_to_completion()
     result = sim.result()
     wall_s = time.perf_counter() - started + (policy.search_s if isinstance(policy, OraclePolicy) else 0.0)
@@ -511,8 +528,11 @@ def build_policies(
     window_s: float,
     oracle: OracleSettings = OracleSettings(),  # noqa: B008 - frozen value
     initial: str = "oracle",
+    dynamo_python: str | None = None,
 ) -> list[ScalingPolicy]:
-    """Policies by name: the baselines, `PLANNER_PRESETS`, or `fixed:P:D`. Raises ValueError on an unknown name.
+    """Policies by name: the baselines, `PLANNER_PRESETS`, `DYNAMO_PRESETS` or `fixed:P:D`. Raises ValueError on
+    an unknown name, and when a Dynamo policy has no working Dynamo interpreter (`dynamo_python`, else
+    $DYNAMO_PYTHON).
 
     `base` holds the config fields every planner shares (SLA targets in `ttft_ms` / `itl_ms`, budget, intervals).
     `initial` is where the planners start: "oracle" (the oracle's first-window size) or "min" (minimum
@@ -524,6 +544,7 @@ def build_policies(
         raise ValueError(f"initial size: {initial!r} is neither 'oracle' nor 'min'")
     base_config = parse_config({**base, "optimization_target": "sla"}, "bench base config")
     cache: dict[str, ScalingPolicy] = {}
+    dynamo_checked: set[str | None] = set()
 
     def baselines() -> dict[str, ScalingPolicy]:
         if not cache:
@@ -556,12 +577,36 @@ def build_policies(
                     full_chunk_iteration_s=iteration_s,
                 )
             )
+        elif name in DYNAMO_PRESETS:
+            python = dynamo_python or os.environ.get(DYNAMO_PYTHON_ENV)
+            if python not in dynamo_checked:  # one import check (~3 s) for both Dynamo presets
+                check_dynamo_python(python)
+                dynamo_checked.add(python)
+            assert python is not None
+            # Dynamo reads the same profile directory (its perf-data fallback) as the bench's engines.
+            source = getattr(getattr(perf, "profile", None), "source_dir", None)
+            if initial == "oracle":
+                first = baselines()["oracle"]
+                assert isinstance(first, OraclePolicy)
+                start = first.sizes[0]
+            else:
+                start = (1, 1)  # Dynamo's default min_endpoint per pool
+            policies.append(
+                DynamoPlannerPolicy(
+                    name=name,
+                    python=python,
+                    config=dynamo_config(base, name),
+                    capabilities=engine_capabilities(spec),
+                    initial_size=start,
+                    profile_dir=Path(source) if source and Path(source).is_dir() else None,
+                )
+            )
         elif name.startswith("fixed:"):
             parts = name.split(":")
             if len(parts) != 3 or not all(p.isdigit() for p in parts[1:]):
                 raise ValueError(f"--policies: {name!r}: a fixed size is written fixed:P:D, e.g. fixed:2:4")
             policies.append(FixedPolicy(name=name, num_prefill=int(parts[1]), num_decode=int(parts[2])))
         else:
-            known = ", ".join([*BASELINE_NAMES, *PLANNER_PRESETS, "fixed:P:D"])
+            known = ", ".join([*BASELINE_NAMES, *PLANNER_PRESETS, *DYNAMO_PRESETS, "fixed:P:D"])
             raise ValueError(f"--policies: unknown policy {name!r} (known: {known})")
     return policies

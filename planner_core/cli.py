@@ -265,15 +265,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     + (f"; {infeasible} windows infeasible" if infeasible else "")
                     + f"): {sizes}"
                 )
+        width = max([14, *(len(run.row.policy) + 2 for run in runs)])  # long names (fixed:P:D, dynamo-...) fit
         print(
-            f"  {'policy':<14}{'SLA ok':>8}{'TTFT ok':>9}{'ITL ok':>8}{'GPU-h':>8}{'x oracle':>9}{'events':>8}"
+            f"  {'policy':<{width}}{'SLA ok':>8}{'TTFT ok':>9}{'ITL ok':>8}{'GPU-h':>8}{'x oracle':>9}{'events':>8}"
             f"{'TTFT p90':>10}{'ITL p90':>9}{'wall s':>8}"
         )
         for run in runs:
             r = run.row
             ratio = "-" if r.gpu_hours_vs_oracle is None else f"{r.gpu_hours_vs_oracle:.2f}"
             print(
-                f"  {r.policy:<14}{r.sla_attainment:>8.1%}{r.ttft_attainment:>9.1%}{r.itl_attainment:>8.1%}"
+                f"  {r.policy:<{width}}{r.sla_attainment:>8.1%}{r.ttft_attainment:>9.1%}{r.itl_attainment:>8.1%}"
                 f"{r.gpu_hours:>8.2f}{ratio:>9}{r.scaling_events:>8}{r.ttft_ms_p90:>10.1f}{r.itl_ms_p90:>9.2f}"
                 f"{r.wall_s:>8.1f}"
             )

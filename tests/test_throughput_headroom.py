@@ -134,13 +134,22 @@ BURST_CASES = [
         want=4,
         reason=ReasonCode.BURST_SIZED,
     ),
-    # forecast twice the observed rate: 2 x 3.04 = 6.08 -> 7
+    # forecast twice the observed rate: g = min(1, 2) = 1, still 3.04 -> 4 (the mean rate carries a rise)
     BurstCase(
-        id="growth-scales-the-burst",
+        id="a-forecast-rise-does-not-grow-the-burst",
         traffic=burst_traffic(prompt_tokens_p99_250ms=50_000, prompt_tokens_p99_1s=300_000),
         forecast_tokens_per_s=20_000,
         mean_rate=1,
-        want=7,
+        want=4,
+        reason=ReasonCode.BURST_SIZED,
+    ),
+    # forecast half the observed rate: 0.5 x 3.04 = 1.52 -> 2
+    BurstCase(
+        id="a-forecast-fall-shrinks-the-burst",
+        traffic=burst_traffic(prompt_tokens_p99_250ms=50_000, prompt_tokens_p99_1s=300_000),
+        forecast_tokens_per_s=5_000,
+        mean_rate=1,
+        want=2,
         reason=ReasonCode.BURST_SIZED,
     ),
     # a 200,000-token p99 prompt changes nothing: capping each prompt at one engine's share of the interval is the

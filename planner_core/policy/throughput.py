@@ -16,13 +16,15 @@ Ours, off by default (Dynamo runs each pool at its searched capacity):
   of P engines, each computing `mu` prompt tokens/s at full chunks, behaves like one queue drained at `P * mu`;
   a request meets the TTFT target T when the tokens that arrived in any interval L before it (its own included)
   are computed within `L + T'`, where `T' = T - one full-chunk iteration` (it may arrive just after an
-  iteration started). With `A(L)` the window's p99 of those tokens (the observed arrival curve), scaled by the
-  forecast's growth `g` (forecast / observed prompt-token rate), the pool needs
+  iteration started). With `A(L)` the window's p99 of those tokens (the observed arrival curve), scaled by
+  `g = min(1, forecast / observed prompt-token rate)`, the pool needs
   `max over L of ceil(g * A(L) / (mu * (L + T')))` engines. Long intervals give back the mean-rate sizing;
-  short ones the bursts. One prompt is computed by one engine, so a prompt can delay the others by at most one
-  engine's share of the interval: the arrival curve counts each prompt up to what one engine computes in
-  `L + T` (`TrafficObservation`, where the source knows the engine rate), so a clump of long prompts raises the
-  pool by about one engine each, not by their whole length.
+  short ones the bursts. `g` only ever shrinks the curve: the mean-rate sizing carries a forecast rise, and the
+  curve of a quiet window says nothing about the size of the next burst (scaling it up by the forecast turned
+  80 requests seen into 11 engines on the Azure code trace). One prompt is computed by one engine, so it delays
+  the others by at most one engine's share of the interval: the arrival curve counts each prompt up to what one
+  engine computes in `L + T'` (`TrafficObservation`, where the source knows the engine rate), so a clump of long
+  prompts raises the pool by about one engine each, not by their whole length.
 """
 
 from __future__ import annotations
@@ -291,7 +293,7 @@ def burst_prefill_replicas(
     engine_prompt_tokens_per_s: float,
     iteration_s: float,
 ) -> tuple[int, StepRecord]:
-    """Prefill engines that also drain the observed prompt bursts, grown to the forecast, within the TTFT target.
+    """Prefill engines that also drain the observed prompt bursts, shrunk to a lower forecast, within the TTFT target.
 
     Args:
         traffic: the window just observed; its `prompt_arrival_curve()` and mean prompt-token rate are read.
@@ -320,7 +322,7 @@ def burst_prefill_replicas(
             step="burst", component=Component.PREFILL, reason=ReasonCode.BURST_UNAVAILABLE, detail=f"{why}: mean rate"
         )
         return mean_rate_replicas, step
-    growth = forecast_prompt_tokens_per_s / observed_tokens_per_s
+    growth = min(1.0, forecast_prompt_tokens_per_s / observed_tokens_per_s)
     slack_s = max(0.0, ttft_ms / 1000.0 - iteration_s)
     needs = [
         (growth * tokens / (engine_prompt_tokens_per_s * (interval_s + slack_s)), interval_s, tokens)

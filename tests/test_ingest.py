@@ -359,11 +359,16 @@ def test_sigint_stops_the_ingest_cleanly(deployment) -> None:
                 time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=publish_then_interrupt, daemon=True).start()
-    stats = serve_until_signalled(ingest)  # handlers only work in the main thread: pytest runs tests there
-    assert (stats.received, stats.stored) == (5, 5)
-    assert _rows(url, deployment_id) == 5
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the previous handler is back
+    # a shell's background job starts with SIGINT ignored; install Python's handler so the signal reaches the loop
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=publish_then_interrupt, daemon=True).start()
+        stats = serve_until_signalled(ingest)  # handlers only work in the main thread: pytest runs tests there
+        assert (stats.received, stats.stored) == (5, 5)
+        assert _rows(url, deployment_id) == 5
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the previous handler is back
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_planner_ingest_command_stops_on_sigterm(deployment, tmp_path: Path) -> None:

@@ -188,6 +188,27 @@ def _db_prune(url: str, args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_trace(args: argparse.Namespace):  # noqa: ANN202 - RequestTrace, imported lazily
+    """The bench's requests: the trace, rate-scaled or shaped by a ServeGen daily cycle, then time-compressed."""
+    from planner_core.traces import load_servegen_shape, load_trace, shape_trace
+
+    trace = load_trace(args.trace)
+    if args.shape is not None:
+        shape = load_servegen_shape(args.shape).daily()
+        trace = shape_trace(
+            trace,
+            shape,
+            duration_s=args.shape_hours * 3600.0,
+            rate_factor=args.rate_scale,
+            start_s=args.shape_start_h * 3600.0,
+        )
+    elif args.rate_scale != 1.0:
+        trace = trace.scaled(args.rate_scale)
+    if args.compress != 1.0:
+        trace = trace.compressed(args.compress)
+    return trace
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run scaling policies side by side on one trace in the discrete-event simulator."""
     import dataclasses
@@ -195,36 +216,60 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from planner_core.config import load_config
     from planner_core.domain import EngineLimits
     from planner_core.perf.model import ProfilePerfModel
-    from planner_core.sim.bench import OraclePolicy, bench_figure, build_policies, run_bench
+    from planner_core.perf.table import TablePerfModel
+    from planner_core.service import load_plugins
+    from planner_core.sim.bench import OraclePolicy, UserPlannerConfig, bench_figure, build_policies, run_bench
     from planner_core.sim.des import SimSpec
     from planner_core.sim.oracle import OracleSettings
-    from planner_core.traces import load_trace
 
-    trace = load_trace(args.trace)
-    if args.rate_scale != 1.0:
-        trace = trace.scaled(args.rate_scale)
-    perf = ProfilePerfModel.load(args.profile)
+    trace = _bench_trace(args)
+    perf = ProfilePerfModel.load(args.profile, perf_table=args.perf_table)
     fwd = perf.forward_pass_model()
     assert fwd is not None
+    # a perf table describes engines of `tp` GPUs: the simulator's engines and the planners' sizing both use it
+    gpus_per_engine = fwd.table.header.tp if isinstance(fwd, TablePerfModel) else 1
     base = {
         "ttft_ms": args.ttft_ms,
         "itl_ms": args.itl_ms,
         "max_gpu_budget": args.max_gpu_budget,
         "throughput_adjustment_interval_seconds": args.throughput_interval_s,
         "max_throughput_scaling_replicas": 8,
+        "prefill_engine_num_gpu": gpus_per_engine,
+        "decode_engine_num_gpu": gpus_per_engine,
     }
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    max_kv_tokens = args.max_kv_tokens or perf.profiled_max_kv_tokens() or 2_000_000
     spec = SimSpec(
-        decode_limits=EngineLimits(max_kv_tokens=perf.profiled_max_kv_tokens() or 2_000_000),
+        prefill_limits=EngineLimits(num_gpu=gpus_per_engine),
+        decode_limits=EngineLimits(num_gpu=gpus_per_engine, max_kv_tokens=max_kv_tokens),
         startup_s=args.startup_s,
     )
+    user_configs = []
+    for path in args.config or ():
+        config = load_config(path)
+        plugins, broken = load_plugins(config, perf, source=str(path))
+        for error in broken:
+            print(
+                f"bench: {path}: plugin {error.entry_point} ({error.target}) not loaded: {error.message}",
+                file=sys.stderr,
+            )
+        if (config.ttft_ms, config.itl_ms) != (args.ttft_ms, args.itl_ms):
+            print(
+                f"bench: {path} plans for TTFT {config.ttft_ms:g} ms / ITL {config.itl_ms:g} ms; requests are scored "
+                f"against --ttft-ms {args.ttft_ms:g} / --itl-ms {args.itl_ms:g}",
+                file=sys.stderr,
+            )
+        taken = {*names, *(user.name for user in user_configs)}
+        name = f"config:{path.stem}" if f"config:{path.stem}" not in taken else f"config:{path}"
+        user_configs.append(UserPlannerConfig(name=name, config=config, plugins=plugins))
     oracle = OracleSettings(target_attainment=args.oracle_target, context_s=args.oracle_context_s)
     print("bench: sizing the policies (the oracle simulates every window at several sizes)...", file=sys.stderr)
     policies = build_policies(
         names, base, trace, perf, fwd, spec, window_s=args.throughput_interval_s, oracle=oracle, initial=args.initial,
-        dynamo_python=args.dynamo_python,
+        dynamo_python=args.dynamo_python, user_configs=user_configs,
     )  # fmt: skip
     with Progress(
         TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
@@ -849,6 +894,27 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--trace", type=Path, required=True, help="Azure CSV, Mooncake or Dynamo v1 trace")
     bench.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="engine profile (timing and sizing)")
     bench.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
+    bench.add_argument(
+        "--compress", type=float, default=1.0, help="serve the same requests in 1/X of the time (after scaling)"
+    )
+    bench.add_argument(
+        "--shape", type=Path, default=None,
+        help="ServeGen rate CSV or folder: the trace's requests follow its mean daily cycle (multi-hour load)",
+    )  # fmt: skip
+    bench.add_argument("--shape-hours", type=float, default=24.0, help="with --shape: hours of load to make")
+    bench.add_argument("--shape-start-h", type=float, default=0.0, help="with --shape: hour of the day to start at")
+    bench.add_argument(
+        "--perf-table", type=Path, default=None,
+        help="aiconfigurator perf table (`planner perf-table`): the simulated engines' timing and the planners' "
+        "engine model (engines of its tp GPUs); the 0.x interpolation presets still read --profile",
+    )  # fmt: skip
+    bench.add_argument(
+        "--max-kv-tokens", type=int, default=None, help="decode engine KV-cache tokens (default: the profile's)"
+    )
+    bench.add_argument(
+        "--config", type=Path, action="append", default=None, metavar="FILE",
+        help="a planner config to bench as policy config:<file stem> (its own settings and plugins); repeatable",
+    )  # fmt: skip
     bench.add_argument(
         "--policies",
         default="static-peak,static-mean,oracle,threshold,dynamo-0x,dynamo-1x,planner",

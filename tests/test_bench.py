@@ -6,24 +6,29 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from planner_core.config import parse_config
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.sim.bench import (
     DEFAULT_POLICIES,
     FixedPolicy,
     OraclePolicy,
     PlannerPolicy,
+    UserPlannerConfig,
     build_policies,
     prompt_arrival_curve,
     run_bench,
     score,
 )
 from planner_core.sim.des import SimResult, SimSpec
-from tests.conftest import PROFILE_DIR, REPO_ROOT
+from tests.conftest import PROFILE_DIR, REPO_ROOT, SHARED_DIR
 from tests.test_sim_des import FWD, make_trace
+
+SERVEGEN_DIR = SHARED_DIR / "traces" / "servegen" / "language" / "m-large"
 
 
 @pytest.fixture(scope="module")
@@ -150,17 +155,32 @@ def test_fixed_policy_never_scales() -> None:
     assert run.result.worker_timeline[0][1:] == (2, 3)
 
 
-def test_cli_writes_json_and_html(tmp_path) -> None:
-    """`planner bench` on a small Azure-format trace: the JSON rows have the documented keys, the page is written."""
+def write_small_azure_trace(path: Path, num_requests: int = 400, duration_s: float = 600.0) -> Path:
+    """An Azure-format CSV of `num_requests` uniform arrivals over `duration_s` (< 1 h), ISL 100-2000, OSL 10-200."""
     rng = np.random.default_rng(5)
     lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
     for offset_s, isl, osl in zip(
-        np.sort(rng.uniform(0, 600, 400)), rng.integers(100, 2000, 400), rng.integers(10, 200, 400), strict=True
+        np.sort(rng.uniform(0, duration_s, num_requests)),
+        rng.integers(100, 2000, num_requests),
+        rng.integers(10, 200, num_requests),
+        strict=True,
     ):
         minutes, seconds = divmod(offset_s, 60)
         lines.append(f"2023-11-16 18:{int(minutes):02d}:{seconds:010.7f},{isl},{osl}")
-    trace_path = tmp_path / "small.csv"
-    trace_path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_bench_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "planner_core.cli", "bench", *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_cli_writes_json_and_html(tmp_path) -> None:
+    """`planner bench` on a small Azure-format trace: the JSON rows have the documented keys, the page is written."""
+    trace_path = write_small_azure_trace(tmp_path / "small.csv")
     out_json, out_html = tmp_path / "rows.json", tmp_path / "bench.html"
     result = subprocess.run(
         [sys.executable, "-m", "planner_core.cli", "bench", "--trace", str(trace_path), "--policies",
@@ -179,3 +199,73 @@ def test_cli_writes_json_and_html(tmp_path) -> None:
     assert rows[0]["requests"] == 400
     assert out_html.stat().st_size > 1_000_000 and "plotly" in out_html.read_text()[:200_000].lower()
     assert "oracle" in result.stdout
+
+
+def test_a_user_config_is_benched_with_its_own_settings(profile_perf: ProfilePerfModel) -> None:
+    """A config file's settings drive its policy: with both loops off it never scales, and it starts (min
+    endpoints, `initial="min"`) at its own minimums 3 and 2, where the same bench's `planner` preset starts at 1/1."""
+    trace = busy_trace(600, 600.0)
+    frozen = parse_config(
+        {"ttft_ms": 500, "itl_ms": 50, "enable_throughput_scaling": False, "enable_load_scaling": False,
+         "prefill_min_endpoint": 3, "decode_min_endpoint": 2},
+        "frozen.yaml",
+    )  # fmt: skip
+    base = {"ttft_ms": 500.0, "itl_ms": 50.0, "throughput_adjustment_interval_seconds": 60}
+    preset, user = build_policies(
+        ["planner"], base, trace, profile_perf, FWD, SimSpec(), window_s=60, initial="min",
+        user_configs=[UserPlannerConfig(name="config:frozen", config=frozen)],
+    )  # fmt: skip
+    assert (preset.name, preset.initial()) == ("planner", (1, 1))
+    assert (user.name, user.initial()) == ("config:frozen", (3, 2))
+    (run,) = run_bench([user], trace, FWD, SimSpec(), ttft_ms=500, itl_ms=50)
+    assert run.row.scaling_events == 0
+
+
+def test_cli_benches_config_files_and_shapes_the_trace(tmp_path) -> None:
+    """`--config FILE` adds a `config:<stem>` row (and says when its SLA targets differ from the bench's);
+    `--compress 2` serves the 400 requests of 600 s in 300 s; `--shape` makes `--shape-hours` of load from the
+    trace's requests under ServeGen's daily cycle at `--rate-scale` times the base rate: 0.5 h of a 400-per-600 s
+    trace at x2 is about 2 x 1,200 = 2,400 requests (the shape moves requests in time, not their mean count)."""
+    trace_path = write_small_azure_trace(tmp_path / "small.csv")
+    config_path = tmp_path / "mine.yaml"
+    config_path.write_text("ttft_ms: 300\nitl_ms: 40\nenable_load_scaling: false\n")
+    out_json = tmp_path / "rows.json"
+    result = run_bench_cli(
+        "--trace", str(trace_path), "--policies", "fixed:1:1", "--config", str(config_path), "--initial", "min",
+        "--compress", "2", "--throughput-interval-s", "60", "--json", str(out_json),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out_json.read_text())
+    assert [row["policy"] for row in rows] == ["fixed:1:1", "config:mine"]
+    assert "plans for TTFT 300 ms / ITL 40 ms" in result.stderr
+    fixed = rows[0]
+    # one prefill and one decode GPU for the compressed trace's span (just under 300 s) and its drain
+    assert 2 * 290 / 3600 < fixed["gpu_hours"] < 2 * 400 / 3600
+    shaped = run_bench_cli(
+        "--trace", str(trace_path), "--policies", "fixed:2:2", "--shape", str(SERVEGEN_DIR), "--shape-hours", "0.5",
+        "--rate-scale", "2", "--json", "-",
+    )  # fmt: skip
+    assert shaped.returncode == 0, shaped.stderr
+    (row,) = json.loads(shaped.stdout)
+    assert 2_000 < row["requests"] < 2_800
+
+
+def test_cli_perf_table_sets_the_engines_gpus(tmp_path) -> None:
+    """With `--perf-table` the simulated engines take the table's timing and its `tp` GPUs each: a table of tp 2
+    doubles the GPU-hours of fixed:1:1 on the same trace."""
+    from tests.test_perf_table import small_table_body
+
+    trace_path = write_small_azure_trace(tmp_path / "small.csv", num_requests=100)
+    hours = {}
+    for tp in (1, 2):
+        body = small_table_body()
+        body["header"]["tp"] = tp
+        table_path = tmp_path / f"tp{tp}.json"
+        table_path.write_text(json.dumps(body))
+        result = run_bench_cli(
+            "--trace", str(trace_path), "--policies", "fixed:1:1", "--perf-table", str(table_path), "--json", "-"
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        (row,) = json.loads(result.stdout)
+        hours[tp] = row["gpu_hours"]
+    assert hours[2] == pytest.approx(2 * hours[1])

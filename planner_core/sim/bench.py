@@ -14,7 +14,8 @@ Policies:
   load scaling) deciding in a subprocess run with Dynamo's virtualenv (`planner_core.sim.dynamo_policy`).
 - `planner:<name>`: the planner's decision core (`tick`) in the loop, with a config: each throughput interval it
   sees the window that just ended, each load interval the engines' forward-pass snapshots; its decisions apply
-  at once (start-up delays still apply). `fixed:P:D` is a fixed size given on the command line.
+  at once (start-up delays still apply). `config:<name>` (`UserPlannerConfig`) is the same with a user's config
+  file and plugins. `fixed:P:D` is a fixed size given on the command line.
 
 Every scaling policy starts at the oracle's size for the first window (a deployment already serving this traffic
 when the trace begins; `initial="min"` starts the planners at their minimum endpoints instead); the planners'
@@ -39,6 +40,7 @@ from planner_core.config import PlannerConfig
 from planner_core.domain import PROMPT_ARRIVAL_INTERVALS_S, Component, Loop, PlannerState, TickInputs
 from planner_core.perf.capacity import full_chunk_prefill_rate
 from planner_core.perf.forward import ForwardPassModel
+from planner_core.pipeline.types import Plugin
 from planner_core.policy.throughput import ThroughputPerfModel
 from planner_core.sim.des import ClusterSimulator, SimResult, SimSpec
 from planner_core.sim.dynamo_policy import (
@@ -113,6 +115,7 @@ class PlannerPolicy:
     # the simulated frontend's engine rate for capping prompts in the arrival curve (`prompt_arrival_curve`)
     engine_prompt_tokens_per_s: float | None = None
     full_chunk_iteration_s: float = 0.0
+    plugins: Sequence[Plugin] = ()  # the config's user plugins (`planner bench --config FILE`)
 
     @property
     def interval_s(self) -> float:
@@ -152,7 +155,7 @@ class PlannerPolicy:
                 traffic=traffic,
                 fpm=sim.latest_fpm() if loop is Loop.LOAD else (),
             )
-            outcome = tick(inputs, self.state, self.config, self.perf)
+            outcome = tick(inputs, self.state, self.config, self.perf, self.plugins)
             self.state = outcome.next_state
             decision = outcome.decision
             if not decision.is_empty and not decision.advisory:
@@ -517,6 +520,16 @@ BASELINE_NAMES = ("static-peak", "static-mean", "oracle")
 DEFAULT_POLICIES = (*BASELINE_NAMES, "threshold", "dynamo-0x", "dynamo-1x", "planner")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UserPlannerConfig:
+    """A planner config file benched as a policy (`planner bench --config FILE`): the decision core with the
+    file's settings and its user plugins, sizing for the simulated engines."""
+
+    name: str
+    config: PlannerConfig
+    plugins: tuple[Plugin, ...] = ()
+
+
 def build_policies(
     names: Sequence[str],
     base: dict[str, object],
@@ -529,14 +542,16 @@ def build_policies(
     oracle: OracleSettings = OracleSettings(),  # noqa: B008 - frozen value
     initial: str = "oracle",
     dynamo_python: str | None = None,
+    user_configs: Sequence[UserPlannerConfig] = (),
 ) -> list[ScalingPolicy]:
     """Policies by name: the baselines, `PLANNER_PRESETS`, `DYNAMO_PRESETS` or `fixed:P:D`. Raises ValueError on
     an unknown name, and when a Dynamo policy has no working Dynamo interpreter (`dynamo_python`, else
     $DYNAMO_PYTHON).
 
     `base` holds the config fields every planner shares (SLA targets in `ttft_ms` / `itl_ms`, budget, intervals).
-    `initial` is where the planners start: "oracle" (the oracle's first-window size) or "min" (minimum
-    endpoints). The oracle is searched once, only when a baseline or `initial="oracle"` needs it.
+    `user_configs` are run after the named policies, each with its own settings as they are. `initial` is where
+    the planners start: "oracle" (the oracle's first-window size) or "min" (minimum endpoints). The oracle is
+    searched once, only when a baseline or `initial="oracle"` needs it.
     """
     from planner_core.config import parse_config
 
@@ -555,28 +570,33 @@ def build_policies(
             cache.update({p.name: p for p in policies})
         return cache
 
+    chunk_tokens_per_s, iteration_s = full_chunk_prefill_rate(fwd, spec.prefill_limits.max_num_batched_tokens)
+
+    def starting_size(otherwise: tuple[int, int] | None) -> tuple[int, int] | None:
+        if initial != "oracle":
+            return otherwise
+        first = baselines()["oracle"]
+        assert isinstance(first, OraclePolicy)
+        return first.sizes[0]
+
+    def planner_policy(name: str, config: PlannerConfig, plugins: Sequence[Plugin]) -> PlannerPolicy:
+        return PlannerPolicy(
+            name=name,
+            config=config,
+            perf=perf,
+            initial_size=starting_size(None),  # None: the minimum endpoints
+            engine_prompt_tokens_per_s=chunk_tokens_per_s or None,
+            full_chunk_iteration_s=iteration_s,
+            plugins=plugins,
+        )
+
     policies: list[ScalingPolicy] = []
     for name in names:
         if name in BASELINE_NAMES:
             policies.append(baselines()[name])
         elif name in PLANNER_PRESETS:
             config = parse_config({**base, "optimization_target": "sla", **PLANNER_PRESETS[name]}, f"policy {name}")
-            start = None
-            if initial == "oracle":
-                first = baselines()["oracle"]
-                assert isinstance(first, OraclePolicy)
-                start = first.sizes[0]
-            chunk_tokens_per_s, iteration_s = full_chunk_prefill_rate(fwd, spec.prefill_limits.max_num_batched_tokens)
-            policies.append(
-                PlannerPolicy(
-                    name=name,
-                    config=config,
-                    perf=perf,
-                    initial_size=start,
-                    engine_prompt_tokens_per_s=chunk_tokens_per_s or None,
-                    full_chunk_iteration_s=iteration_s,
-                )
-            )
+            policies.append(planner_policy(name, config, ()))
         elif name in DYNAMO_PRESETS:
             python = dynamo_python or os.environ.get(DYNAMO_PYTHON_ENV)
             if python not in dynamo_checked:  # one import check (~3 s) for both Dynamo presets
@@ -585,12 +605,8 @@ def build_policies(
             assert python is not None
             # Dynamo reads the same profile directory (its perf-data fallback) as the bench's engines.
             source = getattr(getattr(perf, "profile", None), "source_dir", None)
-            if initial == "oracle":
-                first = baselines()["oracle"]
-                assert isinstance(first, OraclePolicy)
-                start = first.sizes[0]
-            else:
-                start = (1, 1)  # Dynamo's default min_endpoint per pool
+            start = starting_size((1, 1))  # else Dynamo's default min_endpoint per pool
+            assert start is not None
             policies.append(
                 DynamoPlannerPolicy(
                     name=name,
@@ -609,4 +625,5 @@ def build_policies(
         else:
             known = ", ".join([*BASELINE_NAMES, *PLANNER_PRESETS, *DYNAMO_PRESETS, "fixed:P:D"])
             raise ValueError(f"--policies: unknown policy {name!r} (known: {known})")
+    policies.extend(planner_policy(user.name, user.config, user.plugins) for user in user_configs)
     return policies

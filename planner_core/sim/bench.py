@@ -12,10 +12,11 @@ Policies:
   per-window sizes, i.e. provisioning for the busiest window's actual need or for the average need.
 - `dynamo-1.6.1` / `dynamo-1.6.1-load`: Dynamo 1.6.1's own planner (throughput scaling, and throughput plus
   load scaling) deciding in a subprocess run with Dynamo's virtualenv (`planner_core.sim.dynamo_policy`).
-- `planner:<name>`: the planner's decision core (`tick`) in the loop, with a config: each throughput interval it
-  sees the window that just ended, each load interval the engines' forward-pass snapshots; its decisions apply
-  at once (start-up delays still apply). `config:<name>` (`UserPlannerConfig`) is the same with a user's config
-  file and plugins. `fixed:P:D` is a fixed size given on the command line.
+- the planner presets (`PLANNER_PRESETS`: `threshold`, `dynamo-0x`, `dynamo-1x`, `planner`): the planner's
+  decision core (`tick`) in the loop, with a config: each throughput interval it sees the window that just
+  ended, each load interval the engines' forward-pass snapshots; its decisions apply at once (start-up delays
+  still apply). `config:<name>` (`UserPlannerConfig`) is the same with a user's config file and plugins.
+- `fixed:P:D`: a fixed size given on the command line.
 
 Every scaling policy starts at the oracle's size for the first window (a deployment already serving this traffic
 when the trace begins; `initial="min"` starts the planners at their minimum endpoints instead); the planners'

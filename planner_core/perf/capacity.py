@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from planner_core.domain import Component, EngineLimits, ReasonCode, StepRecord
@@ -233,6 +233,16 @@ def _better(current: _Candidate | None, candidate: _Candidate) -> bool:
     return candidate.closeness < current.closeness
 
 
+def _best_candidate(batches: Iterable[int], evaluate: Callable[[int], _Candidate | None]) -> _Candidate | None:
+    """The best of the batches' candidates (`_better`); a batch the model cannot rate (None) is skipped."""
+    best: _Candidate | None = None
+    for batch in batches:
+        candidate = evaluate(batch)
+        if candidate is not None and _better(best, candidate):
+            best = candidate
+    return best
+
+
 def _no_capacity(
     role: CapacityRole, component: Component, reason: ReasonCode, detail: str, steps: list[StepRecord]
 ) -> RoleCapacity:
@@ -348,14 +358,14 @@ def prefill_capacity(
     else:
         max_batch, limit = mbt // isl_eff, BatchLimit.MAX_NUM_BATCHED_TOKENS
     target_s = ttft_ms / 1000.0
-    best: _Candidate | None = None
-    for batch in batch_candidates(max_batch):
+
+    def evaluate(batch: int) -> _Candidate | None:
         ttft_s = chunked_prefill_s(batch * isl_eff, mbt, model.prefill_wall_s)
         if not ttft_s > 0:  # a model predicting no time cannot rate a batch (Dynamo skips it too)
-            continue
-        candidate = _Candidate(batch, batch / ttft_s, ttft_s, None, ttft_s <= target_s, ttft_s / target_s)
-        if _better(best, candidate):
-            best = candidate
+            return None
+        return _Candidate(batch, batch / ttft_s, ttft_s, None, ttft_s <= target_s, ttft_s / target_s)
+
+    best = _best_candidate(batch_candidates(max_batch), evaluate)
     if best is None:
         return _non_positive(CapacityRole.PREFILL, component, steps)
     return _result(
@@ -412,14 +422,14 @@ def decode_capacity(
         detail = f"decode: one request of context {context} tokens exceeds max_kv_tokens {limits.max_kv_tokens}"
         return _no_capacity(CapacityRole.DECODE, component, ReasonCode.REQUEST_EXCEEDS_ENGINE, detail, steps)
     target_s = itl_ms / 1000.0
-    best: _Candidate | None = None
-    for batch in batch_candidates(max_batch):
+
+    def evaluate(batch: int) -> _Candidate | None:
         itl_s = model.decode_wall_s(batch, batch * context) / accept
         if not itl_s > 0:
-            continue
-        candidate = _Candidate(batch, batch / (osl * itl_s), None, itl_s, itl_s <= target_s, itl_s / target_s)
-        if _better(best, candidate):
-            best = candidate
+            return None
+        return _Candidate(batch, batch / (osl * itl_s), None, itl_s, itl_s <= target_s, itl_s / target_s)
+
+    best = _best_candidate(batch_candidates(max_batch), evaluate)
     if best is None:
         return _non_positive(CapacityRole.DECODE, component, steps)
     return _result(
@@ -500,16 +510,13 @@ def agg_capacity(
         closeness = max(ttft_s / ttft_target_s, itl_s / itl_target_s)
         return _Candidate(batch, rps, ttft_s, itl_s, eligible, closeness)
 
-    best: _Candidate | None = None
-    largest_feasible = 0
-    for batch in batch_candidates(hard_cap):
-        prefill_per_iter = math.ceil(batch * accept * isl_eff / osl)
-        if prefill_per_iter > mbt - batch:
-            continue
-        largest_feasible = batch
-        candidate = evaluate(batch, prefill_per_iter)
-        if candidate is not None and _better(best, candidate):
-            best = candidate
+    def prefill_per_iter(batch: int) -> int:
+        """Prompt tokens per iteration that keep up with `batch` requests decoding (accepted tokens per step)."""
+        return math.ceil(batch * accept * isl_eff / osl)
+
+    feasible = [batch for batch in batch_candidates(hard_cap) if prefill_per_iter(batch) <= mbt - batch]
+    best = _best_candidate(feasible, lambda batch: evaluate(batch, prefill_per_iter(batch)))
+    largest_feasible = max(feasible, default=0)
     if largest_feasible == 0:  # even batch 1 needs more prefill per iteration than fits: prefill-bound
         best = evaluate(1, mbt - 1)
         max_batch, limit = 1, BatchLimit.PREFILL_DECODE_BALANCE

@@ -221,7 +221,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from planner_core.perf.model import ProfilePerfModel
     from planner_core.perf.table import TablePerfModel
     from planner_core.service import load_plugins
-    from planner_core.sim.bench import OraclePolicy, UserPlannerConfig, bench_figure, build_policies, run_bench
+    from planner_core.sim.bench import (
+        DEFAULT_AGG_POLICIES,
+        DEFAULT_POLICIES,
+        OraclePolicy,
+        UserPlannerConfig,
+        bench_figure,
+        build_policies,
+        run_bench,
+    )
     from planner_core.sim.des import SimSpec
     from planner_core.sim.oracle import OracleSettings
 
@@ -240,12 +248,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "prefill_engine_num_gpu": gpus_per_engine,
         "decode_engine_num_gpu": gpus_per_engine,
     }
+    aggregated = args.mode == "agg"
+    if args.policies is None:
+        args.policies = ",".join(DEFAULT_AGG_POLICIES if aggregated else DEFAULT_POLICIES)
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     max_kv_tokens = args.max_kv_tokens or perf.profiled_max_kv_tokens() or 2_000_000
     spec = SimSpec(
         prefill_limits=EngineLimits(num_gpu=gpus_per_engine),
         decode_limits=EngineLimits(num_gpu=gpus_per_engine, max_kv_tokens=max_kv_tokens),
         startup_s=args.startup_s,
+        aggregated=aggregated,  # the aggregated engines are the decode pool: `decode_limits`, GPUs per engine
     )
     user_configs = []
     for path in args.config or ():
@@ -295,6 +307,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json is None or str(args.json) != "-":
         print(
             f"{trace.source}: {trace.num_requests} requests, {trace.duration_s / 3600:.2f} h; "
+            f"{'aggregated engines; ' if aggregated else ''}"
             f"SLA TTFT {args.ttft_ms:g} ms / ITL {args.itl_ms:g} ms; start-up {args.startup_s:g} s; "
             f"{runs[0].row.attainable:.1%} of requests can meet both alone"
             if runs
@@ -302,10 +315,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
         for policy in policies:
             if isinstance(policy, OraclePolicy):
-                sizes = " ".join(f"{p}/{d}" for p, d in policy.sizes)
+                sizes = " ".join(f"{d}" if aggregated else f"{p}/{d}" for p, d in policy.sizes)
                 infeasible = sum(not w.feasible for w in policy.windows)
+                pools = "aggregated engines" if aggregated else "prefill/decode"
                 print(
-                    f"  oracle (prefill/decode per {policy.interval_s:g} s window, >= {args.oracle_target:.1%} of "
+                    f"  oracle ({pools} per {policy.interval_s:g} s window, >= {args.oracle_target:.1%} of "
                     f"attainable requests; search {policy.search_s:.1f} s"
                     + (f"; {infeasible} windows infeasible" if infeasible else "")
                     + f"): {sizes}"
@@ -917,10 +931,16 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     bench.add_argument(
         "--policies",
-        default="static-peak,static-mean,oracle,threshold,dynamo-0x,dynamo-1x,planner",
+        default=None,
         help="comma-separated: static-peak, static-mean, oracle, threshold, dynamo-0x, dynamo-1x, planner, fixed:P:D, "
-        "dynamo-1.6.1, dynamo-1.6.1-load (Dynamo's own planner; needs --dynamo-python)",
+        "dynamo-1.6.1, dynamo-1.6.1-load (Dynamo's own planner; needs --dynamo-python). Default: "
+        "static-peak,static-mean,oracle,threshold,dynamo-0x,dynamo-1x,planner; with --mode agg the same without "
+        "dynamo-0x, and fixed:N (N aggregated engines)",
     )
+    bench.add_argument(
+        "--mode", choices=("disagg", "agg"), default="disagg",
+        help="disaggregated prefill/decode pools, or one pool of aggregated engines (chunked prefill on decode)",
+    )  # fmt: skip
     bench.add_argument("--ttft-ms", type=float, default=500.0, help="TTFT target (ms)")
     bench.add_argument("--itl-ms", type=float, default=50.0, help="ITL target (ms)")
     bench.add_argument("--startup-s", type=float, default=120.0, help="worker start-up time (s)")

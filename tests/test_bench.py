@@ -269,3 +269,54 @@ def test_cli_perf_table_sets_the_engines_gpus(tmp_path) -> None:
         (row,) = json.loads(result.stdout)
         hours[tp] = row["gpu_hours"]
     assert hours[2] == pytest.approx(2 * hours[1])
+
+
+def test_cli_mode_agg_runs_aggregated_engines(tmp_path) -> None:
+    """`--mode agg`: the oracle, static-peak, the planner preset and fixed:N on aggregated engines. The 400
+    requests over ~600 s fit one engine, so the oracle holds one engine per window and fixed:2 pays twice its
+    GPU-hours (two engines, one GPU each, until the last request finishes: within 0.1 %, as the last finish
+    differs by milliseconds with one engine or two)."""
+    trace_path = write_small_azure_trace(tmp_path / "small.csv")
+    out_json = tmp_path / "rows.json"
+    result = run_bench_cli(
+        "--trace", str(trace_path), "--mode", "agg", "--policies", "oracle,static-peak,planner,fixed:2",
+        "--throughput-interval-s", "60", "--json", str(out_json),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = {row["policy"]: row for row in json.loads(out_json.read_text())}
+    assert list(rows) == ["oracle", "static-peak", "planner", "fixed:2"]
+    assert "aggregated engines per 60 s window" in result.stdout
+    assert rows["oracle"]["sla_attainment"] >= 0.99 and rows["oracle"]["gpu_hours_vs_oracle"] == 1.0
+    assert rows["static-peak"]["gpu_hours"] == pytest.approx(600 / 3600, rel=0.05)  # one engine, ~600 s
+    assert rows["fixed:2"]["gpu_hours"] == pytest.approx(2 * rows["static-peak"]["gpu_hours"], rel=1e-3)
+    assert rows["planner"]["requests"] == 400 and rows["planner"]["gpu_hours"] > 0
+
+
+def test_agg_presets_run_in_mode_agg_and_the_others_are_refused(profile_perf: ProfilePerfModel) -> None:
+    """With aggregated engines the presets that can size them get `mode: agg` and start (minimum endpoints) with
+    no prefill pool; `fixed:N` and `fixed:0:N` are N engines; dynamo-0x (interpolation), Dynamo 1.6.1's planner,
+    a fixed prefill pool and a disaggregated user config are refused in one line each."""
+    from planner_core.config import PlannerMode
+
+    trace = busy_trace(60, 60.0)
+    agg = SimSpec(aggregated=True)
+    base = {"throughput_adjustment_interval_seconds": 60}
+    names = ["planner", "dynamo-1x", "threshold", "fixed:3", "fixed:0:2"]
+    policies = build_policies(names, base, trace, profile_perf, FWD, agg, window_s=60, initial="min")
+    planners = [p for p in policies if isinstance(p, PlannerPolicy)]
+    assert [p.config.mode for p in planners] == [PlannerMode.AGG] * 3
+    assert not planners[0].config.throughput_prefill_burst_sizing  # a prefill-pool rule: off in agg
+    assert [p.initial() for p in policies] == [(0, 1), (0, 1), (0, 1), (0, 3), (0, 2)]
+    refusals = {
+        "dynamo-0x": "dynamo-0x cannot run with --mode agg: its profile interpolation",
+        "dynamo-1.6.1": "dynamo-1.6.1 cannot run with --mode agg",
+        "fixed:1:2": "--mode agg has no prefill pool; write fixed:N",
+        "fixed:2:x": "written fixed:N with --mode agg",
+    }
+    for name, message in refusals.items():
+        with pytest.raises(ValueError, match=message) as caught:
+            build_policies(["oracle", name], base, trace, profile_perf, FWD, agg, window_s=60)
+        assert "\n" not in str(caught.value)
+    disagg = UserPlannerConfig(name="config:d", config=parse_config({"ttft_ms": 500}, "d.yaml"))
+    with pytest.raises(ValueError, match="--config config:d: mode 'disagg' cannot run with --mode agg"):
+        build_policies([], base, trace, profile_perf, FWD, agg, window_s=60, user_configs=[disagg])

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner_core.domain import EngineLimits
 from planner_core.sim.bench import OraclePolicy, baseline_policies, run_policy
 from planner_core.sim.des import ClusterSimulator, SimSpec
 from planner_core.sim.oracle import OracleSettings, attainable_mask, oracle_windows, smallest_meeting
@@ -179,3 +180,86 @@ def test_oracle_settings_are_checked(trace: RequestTrace) -> None:
         )
     with pytest.raises(ValueError, match="oracle window"):
         oracle_windows(trace, FWD, SimSpec(), ttft_ms=200, itl_ms=20, window_s=0)
+
+
+# --- aggregated mode ---------------------------------------------------------------------------------------------
+
+AGG = SimSpec(aggregated=True)
+AGG_4K = dataclasses.replace(AGG, decode_limits=EngineLimits(max_num_batched_tokens=4096))
+
+
+@pytest.mark.parametrize(
+    ("isl", "spec", "ttft_ms", "want"),
+    [
+        # 16,000 tokens in chunks 8192 + 7808: 2 x 0.010 + 0.16 = 180 ms; the iteration ending the prompt yields
+        # the first token, so agg meets 183 ms where disagg adds a decode iteration 0.005 + 1e-4 + 16,000e-8
+        # = 5.26 ms -> 185.26 ms and misses
+        (16_000, AGG, 183.0, True),
+        (16_000, SimSpec(), 183.0, False),
+        # the aggregated engine chunks by its own (decode_limits) budget: 4096 x 3 + 3712 -> 4 x 0.010 + 0.16
+        # = 200 ms > 183 ms, whatever the prefill pool's budget
+        (16_000, AGG_4K, 183.0, False),
+        (1_000, AGG, 19.9, False),  # one chunk: 0.010 + 0.01 = 20 ms > 19.9 ms
+    ],
+)  # fmt: skip
+def test_attainable_in_aggregated_mode(isl: int, spec: SimSpec, ttft_ms: float, want: bool) -> None:
+    trace = make_trace([0.0], [isl], [3])  # ITL: 0.0051 + (isl + 1) x 1e-8 <= 5.3 ms for every isl here
+    assert attainable_mask(trace, FWD, spec, ttft_ms=ttft_ms, itl_ms=5.3).tolist() == [want]
+    if spec.aggregated:
+        # the definition matches the simulator: the request alone on an idle aggregated engine
+        sim = ClusterSimulator(trace, FWD, spec, num_prefill=0, num_decode=1)
+        sim.run_to_completion()
+        assert bool(sim.result().ttft_s[0] * 1000.0 <= ttft_ms) == want
+
+
+def agg_met(trace: RequestTrace, index: int, num_engines: int, previous: int | None) -> int:
+    """Requests of window `index` within both targets on `num_engines` aggregated engines, re-simulated here with
+    the context rules (warm-up at the previous window's count, instant switch at the window's start)."""
+    start_s, end_s = index * WINDOW_S, (index + 1) * WINDOW_S
+    span = trace.window(start_s - SETTINGS.context_s, end_s + SETTINGS.context_s)
+    own = trace.window(start_s, end_s)
+    sub = dataclasses.replace(trace, arrival_s=trace.arrival_s[span], isl=trace.isl[span], osl=trace.osl[span])
+    spec = dataclasses.replace(AGG, startup_s=0.0)
+    sim = ClusterSimulator(sub, FWD, spec, num_prefill=0, num_decode=previous or num_engines)
+    sim.run_until(start_s)
+    sim.set_targets(None, num_engines)
+    sim.run_to_completion()
+    result = sim.result()
+    scored = slice(own.start - span.start, own.stop - span.start)
+    ttft, itl = result.ttft_s[scored] * 1000, result.itl_s[scored] * 1000
+    both = (
+        np.isfinite(ttft)
+        & (ttft <= TTFT_MS)
+        & (~np.isfinite(itl) | (itl <= ITL_MS))
+        & np.isfinite(result.finish_s[scored])
+    )
+    return int(both.sum())
+
+
+def test_agg_oracle_meets_the_target_in_every_window_and_one_engine_less_would_not(trace: RequestTrace) -> None:
+    """Aggregated mode: per window, A aggregated engines (no prefill pool) let at least ceil(0.99 x attainable)
+    of its requests meet both targets, and A - 1 would not; the busy window (60 requests/s of ~2,000-token
+    prompts: ~1.2 s of prefill per second at 1e-5 s per token) needs more than one engine. static-peak and
+    static-mean follow from these sizes."""
+    windows = oracle_windows(trace, FWD, AGG, ttft_ms=TTFT_MS, itl_ms=ITL_MS, window_s=WINDOW_S, settings=SETTINGS)
+    assert [w.index for w in windows] == [0, 1, 2]
+    assert windows[1].num_decode > max(windows[0].num_decode, windows[2].num_decode, 1)
+    previous = None
+    for window in windows:
+        engines, required = window.num_decode, window.num_required
+        assert window.feasible and window.num_prefill == 0
+        assert required == math.ceil(0.99 * window.num_attainable - 1e-9) > 0
+        assert window.num_met == agg_met(trace, window.index, engines, previous) >= required
+        if engines > SETTINGS.min_decode:
+            assert agg_met(trace, window.index, engines - 1, previous) < required
+        previous = engines
+    policies = {
+        p.name: p
+        for p in baseline_policies(
+            trace, FWD, AGG, ttft_ms=TTFT_MS, itl_ms=ITL_MS, window_s=WINDOW_S, settings=SETTINGS
+        )
+    }
+    engines = [w.num_decode for w in windows]
+    assert list(policies["oracle"].sizes) == [(0, a) for a in engines]
+    assert policies["static-peak"].initial() == (0, max(engines))
+    assert policies["static-mean"].initial() == (0, math.ceil(np.mean(engines)))

@@ -18,6 +18,13 @@ Policies:
   still apply). `config:<name>` (`UserPlannerConfig`) is the same with a user's config file and plugins.
 - `fixed:P:D`: a fixed size given on the command line.
 
+Aggregated mode (`SimSpec.aggregated`, `planner bench --mode agg`): one pool of aggregated engines, counted as
+the decode pool (sizes are (0, A)). The oracle searches A per window (`planner_core.sim.oracle`); the planner
+presets run with `mode: agg` except `dynamo-0x` (profile interpolation sizes prefill and decode pools only, so it
+would hold every tick) and the Dynamo 1.6.1 policies (disaggregated only), which are refused; `fixed:N` is N
+aggregated engines. The prompt-arrival curve is not computed: burst sizing is a prefill-pool rule the planner
+applies in disaggregated mode only.
+
 Every scaling policy starts at the oracle's size for the first window (a deployment already serving this traffic
 when the trace begins; `initial="min"` starts the planners at their minimum endpoints instead); the planners'
 predictors start cold. A request that cannot meet both targets even alone on an idle cluster (its prompt alone
@@ -37,7 +44,7 @@ from typing import Protocol
 
 import numpy as np
 
-from planner_core.config import PlannerConfig
+from planner_core.config import PlannerConfig, PlannerMode
 from planner_core.domain import PROMPT_ARRIVAL_INTERVALS_S, Component, Loop, PlannerState, TickInputs
 from planner_core.perf.capacity import full_chunk_prefill_rate
 from planner_core.perf.forward import ForwardPassModel
@@ -125,6 +132,8 @@ class PlannerPolicy:
     def initial(self) -> tuple[int, int]:
         if self.initial_size is not None:
             return self.initial_size
+        if self.config.mode is PlannerMode.AGG:  # one aggregated pool, counted as decode
+            return 0, self.config.decode_min_endpoint_effective
         return self.config.prefill_min_endpoint_effective, self.config.decode_min_endpoint_effective
 
     def decide(self, now_s: float, sim: ClusterSimulator) -> tuple[int | None, int | None] | None:
@@ -139,16 +148,18 @@ class PlannerPolicy:
             traffic = None
             if loop is Loop.THROUGHPUT:
                 start_s = max(0.0, now_s - throughput_s)
-                traffic = dataclasses.replace(
-                    sim.observe(start_s, now_s),
-                    **prompt_arrival_curve(
-                        sim.trace,
-                        start_s,
-                        now_s,
-                        engine_prompt_tokens_per_s=self.engine_prompt_tokens_per_s,
-                        slack_s=max(0.0, self.config.ttft_ms / 1000.0 - self.full_chunk_iteration_s),
-                    ),
-                )
+                traffic = sim.observe(start_s, now_s)
+                if self.config.mode is not PlannerMode.AGG:  # burst sizing is a prefill-pool rule only
+                    traffic = dataclasses.replace(
+                        traffic,
+                        **prompt_arrival_curve(
+                            sim.trace,
+                            start_s,
+                            now_s,
+                            engine_prompt_tokens_per_s=self.engine_prompt_tokens_per_s,
+                            slack_s=max(0.0, self.config.ttft_ms / 1000.0 - self.full_chunk_iteration_s),
+                        ),
+                    )
             inputs = TickInputs(
                 now_s=now_s,
                 loop=loop,
@@ -160,7 +171,9 @@ class PlannerPolicy:
             self.state = outcome.next_state
             decision = outcome.decision
             if not decision.is_empty and not decision.advisory:
-                targets = (decision.num_prefill, decision.num_decode)
+                # an aggregated planner has no prefill pool: leave the simulator's (empty) one alone
+                prefill = None if self.config.mode is PlannerMode.AGG else decision.num_prefill
+                targets = (prefill, decision.num_decode)
                 sim.set_targets(*targets)
         return None  # applied above, per loop, so a load tick sees the throughput tick's targets
 
@@ -323,7 +336,8 @@ def baseline_policies(
     started = time.perf_counter()
     windows = oracle_windows(trace, fwd, spec, ttft_ms=ttft_ms, itl_ms=itl_ms, window_s=window_s, settings=settings)
     search_s = time.perf_counter() - started
-    sizes = [(w.num_prefill, w.num_decode) for w in windows] or [(settings.min_prefill, settings.min_decode)]
+    floor = (0 if spec.aggregated else settings.min_prefill, settings.min_decode)
+    sizes = [(w.num_prefill, w.num_decode) for w in windows] or [floor]
     peak = (max(p for p, _ in sizes), max(d for _, d in sizes))
     mean = tuple(math.ceil(float(np.mean([size[i] for size in sizes])) - 1e-9) for i in (0, 1))
     return [
@@ -519,6 +533,18 @@ PLANNER_PRESETS: dict[str, dict[str, object]] = {
 }
 BASELINE_NAMES = ("static-peak", "static-mean", "oracle")
 DEFAULT_POLICIES = (*BASELINE_NAMES, "threshold", "dynamo-0x", "dynamo-1x", "planner")
+# Aggregated mode (`SimSpec.aggregated`): every preset runs with `mode: agg` plus these overrides, except the refused.
+AGG_PRESET_OVERRIDES: dict[str, dict[str, object]] = {
+    # burst sizing sizes a prefill pool from the prompt-arrival curve; the pipeline skips it in agg mode, so the
+    # preset says so rather than carrying a setting that does nothing
+    "planner": {"throughput_prefill_burst_sizing": False},
+}
+AGG_REFUSED: dict[str, str] = {
+    "dynamo-0x": "its profile interpolation sizes separate prefill and decode pools; aggregated engines need "
+    "throughput_algorithm engine_capacity (it would hold every tick)",
+    **dict.fromkeys(DYNAMO_PRESETS, "Dynamo 1.6.1's own planner is benched on disaggregated pools only"),
+}
+DEFAULT_AGG_POLICIES = tuple(name for name in DEFAULT_POLICIES if name not in AGG_REFUSED)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -553,6 +579,10 @@ def build_policies(
     `user_configs` are run after the named policies, each with its own settings as they are. `initial` is where
     the planners start: "oracle" (the oracle's first-window size) or "min" (minimum endpoints). The oracle is
     searched once, only when a baseline or `initial="oracle"` needs it.
+
+    With `spec.aggregated` the presets run with `mode: agg` (`AGG_PRESET_OVERRIDES`), `AGG_REFUSED` names and a
+    fixed size with a prefill pool raise ValueError, `fixed:N` is N aggregated engines, and a user config must be
+    in agg mode (and outside it, must not be).
     """
     from planner_core.config import parse_config
 
@@ -591,12 +621,27 @@ def build_policies(
             plugins=plugins,
         )
 
+    aggregated = spec.aggregated
+    # Refusals first, before the oracle's search spends minutes.
+    for name in names if aggregated else ():
+        if name in AGG_REFUSED:
+            raise ValueError(f"--policies: {name} cannot run with --mode agg: {AGG_REFUSED[name]}")
+        if name.startswith("fixed:"):
+            _fixed_agg(name)
+    for user in user_configs:
+        if (user.config.mode is PlannerMode.AGG) != aggregated:
+            bench_mode = "agg" if aggregated else "disagg"
+            mode = user.config.mode.value
+            raise ValueError(f"--config {user.name}: mode {mode!r} cannot run with --mode {bench_mode}")
     policies: list[ScalingPolicy] = []
     for name in names:
         if name in BASELINE_NAMES:
             policies.append(baselines()[name])
         elif name in PLANNER_PRESETS:
-            config = parse_config({**base, "optimization_target": "sla", **PLANNER_PRESETS[name]}, f"policy {name}")
+            agg = {"mode": PlannerMode.AGG.value, **AGG_PRESET_OVERRIDES.get(name, {})} if aggregated else {}
+            config = parse_config(
+                {**base, "optimization_target": "sla", **PLANNER_PRESETS[name], **agg}, f"policy {name}"
+            )
             policies.append(planner_policy(name, config, ()))
         elif name in DYNAMO_PRESETS:
             python = dynamo_python or os.environ.get(DYNAMO_PYTHON_ENV)
@@ -618,13 +663,31 @@ def build_policies(
                     profile_dir=Path(source) if source and Path(source).is_dir() else None,
                 )
             )
+        elif name.startswith("fixed:") and aggregated:
+            policies.append(_fixed_agg(name))
         elif name.startswith("fixed:"):
             parts = name.split(":")
             if len(parts) != 3 or not all(p.isdigit() for p in parts[1:]):
                 raise ValueError(f"--policies: {name!r}: a fixed size is written fixed:P:D, e.g. fixed:2:4")
             policies.append(FixedPolicy(name=name, num_prefill=int(parts[1]), num_decode=int(parts[2])))
         else:
-            known = ", ".join([*BASELINE_NAMES, *PLANNER_PRESETS, *DYNAMO_PRESETS, "fixed:P:D"])
+            if aggregated:
+                presets = [n for n in PLANNER_PRESETS if n not in AGG_REFUSED]
+                known = ", ".join([*BASELINE_NAMES, *presets, "fixed:N"])
+            else:
+                known = ", ".join([*BASELINE_NAMES, *PLANNER_PRESETS, *DYNAMO_PRESETS, "fixed:P:D"])
             raise ValueError(f"--policies: unknown policy {name!r} (known: {known})")
     policies.extend(planner_policy(user.name, user.config, user.plugins) for user in user_configs)
     return policies
+
+
+def _fixed_agg(name: str) -> FixedPolicy:
+    """`fixed:N` in aggregated mode: N aggregated engines (`fixed:0:N` says the same; a prefill pool is refused)."""
+    parts = name.split(":")
+    if not all(p.isdigit() for p in parts[1:]) or len(parts) not in (2, 3):
+        raise ValueError(f"--policies: {name!r}: a fixed size is written fixed:N with --mode agg, e.g. fixed:4")
+    if len(parts) == 3 and int(parts[1]) > 0:
+        raise ValueError(
+            f"--policies: {name!r}: --mode agg has no prefill pool; write fixed:N for N aggregated engines"
+        )
+    return FixedPolicy(name=name, num_prefill=0, num_decode=int(parts[-1]))

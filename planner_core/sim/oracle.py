@@ -40,6 +40,20 @@ How it is computed, exactly:
    target with `max_replicas` workers is marked infeasible and gets the fewest workers, among the minimum times
    1, 2, 4, ... and `max_replicas`, that reach the most requests met (more would buy nothing).
 
+Aggregated mode (`SimSpec.aggregated`: one pool of aggregated engines, chunked prefill piggybacked on decode):
+
+- attainable: a request is attainable when, alone on an idle aggregated engine, its prompt computed in chunks
+  of the engine's `max_num_batched_tokens` (`chunked_prefill_s` with `prefill_wall_s`, the mixed iteration with
+  nothing decoding) is within the TTFT target (the iteration that ends the prompt yields the first token: no KV
+  transfer, no extra decode iteration), and (if it has more than one output token) one decode iteration of a batch
+  of 1 at its mid-decode context, `decode_wall_s(1, ISL + (OSL - 1) / 2)`, is within the ITL target; `required`
+  as in step 2;
+- the size is the number A of aggregated engines (no prefill pool: P = 0). Prefill and decode share the engines,
+  so nothing is separable: each candidate A simulates the window with its context (step 3's rules: warm-up at the
+  previous window's A, instant switch at the window's start, tail at A) on aggregated engines, and A is the
+  fewest engines with which at least `required` of the window's requests meet both targets, searched with step
+  5's gallop and bisection (at least `min_decode`; beyond `max_replicas` infeasible, with step 5's fallback).
+
 The oracle policy then runs these sizes in the full simulator like any other policy (draining workers still cost
 GPU-seconds there). Its GPU-hours are the lower bound for policies that hold one size per window; a policy that
 resizes faster than the window could in principle spend less.
@@ -85,9 +99,9 @@ class OracleWindow:
     num_requests: int
     num_attainable: int  # requests that meet both targets alone on an idle cluster
     num_required: int  # ceil(target_attainment * num_attainable)
-    num_prefill: int
-    num_decode: int
-    num_ttft_met: int  # requests of the window within the TTFT target at num_prefill
+    num_prefill: int  # 0 in aggregated mode
+    num_decode: int  # aggregated engines in aggregated mode
+    num_ttft_met: int  # requests of the window within the TTFT target at num_prefill (aggregated: at num_decode)
     num_met: int  # requests of the window within both targets at (num_prefill, num_decode)
     feasible: bool
     num_simulations: int
@@ -120,16 +134,23 @@ def attainable_mask(
     """Per request: whether it meets both targets alone on an idle cluster (step 2 of the module docstring)."""
     isl = np.asarray(trace.isl, dtype=np.int64)
     osl = np.maximum(np.asarray(trace.osl, dtype=np.int64), 1)
-    mbt = spec.prefill_limits.max_num_batched_tokens
+    # An aggregated engine chunks the prompt by its own (the decode pool's) batch budget.
+    limits = spec.decode_limits if spec.aggregated else spec.prefill_limits
+    mbt = limits.max_num_batched_tokens
     unique_isl, inverse = np.unique(isl, return_inverse=True)
     prefill_s = np.array([chunked_prefill_s(float(t), mbt, fwd.prefill_wall_s) for t in unique_isl])[inverse]
-    # With the first token from the decode engine, TTFT also holds one decode iteration at batch 1 over the prompt.
-    first_decode_s = (
-        np.array([fwd.decode_wall_s(1, float(t)) for t in unique_isl])[inverse]
-        if spec.first_token_from_decode
-        else np.zeros(len(isl))
-    )
-    ttft_ok = prefill_s + spec.kv_transfer_s_per_token * isl + first_decode_s <= ttft_ms / 1000.0
+    if spec.aggregated:
+        # The iteration that ends the prompt yields the first token: no KV transfer, no decode iteration.
+        ttft_ok = prefill_s <= ttft_ms / 1000.0
+    else:
+        # With the first token from the decode engine, TTFT also holds one decode iteration at batch 1 over the
+        # prompt.
+        first_decode_s = (
+            np.array([fwd.decode_wall_s(1, float(t)) for t in unique_isl])[inverse]
+            if spec.first_token_from_decode
+            else np.zeros(len(isl))
+        )
+        ttft_ok = prefill_s + spec.kv_transfer_s_per_token * isl + first_decode_s <= ttft_ms / 1000.0
     decode_s = np.zeros(len(isl))
     multi = np.flatnonzero(osl > 1)
     shapes, shape_of = np.unique(np.stack([isl[multi], osl[multi]]), axis=1, return_inverse=True)
@@ -252,10 +273,29 @@ class _WindowSearch:
         self.multi_token = np.asarray(sub.osl[scored]) > 1
         self.prefill_runs: dict[int, np.ndarray] = {}
         self.decode_runs: dict[tuple[int, int], int] = {}
+        self.agg_runs: dict[int, tuple[int, int]] = {}  # aggregated engines -> (TTFT met, both met)
 
     @property
     def num_simulations(self) -> int:
-        return len(self.prefill_runs) + len(self.decode_runs)
+        return len(self.prefill_runs) + len(self.decode_runs) + len(self.agg_runs)
+
+    def agg_met(self, num_engines: int) -> tuple[int, int]:
+        """Aggregated mode: requests of the window within the TTFT target, and within both targets, with
+        `num_engines` aggregated engines (the previous window's count until the window's start)."""
+        if num_engines not in self.agg_runs:
+            before = num_engines if self.previous is None else self.previous[1]
+            spec = dataclasses.replace(self.spec, startup_s=0.0)
+            sim = ClusterSimulator(self.sub, self.fwd, spec, num_prefill=0, num_decode=before)
+            sim.run_until(self.switch_s)
+            sim.set_targets(None, num_engines)
+            sim.run_to_completion()
+            result = sim.result()
+            ttft, itl = result.ttft_s[self.scored], result.itl_s[self.scored]
+            ttft_ok = np.isfinite(ttft) & (ttft <= self.ttft_limit_s)
+            finished = np.isfinite(result.finish_s[self.scored])
+            itl_ok = finished & (~self.multi_token | (np.isfinite(itl) & (itl <= self.itl_limit_s)))
+            self.agg_runs[num_engines] = (int(ttft_ok.sum()), int((ttft_ok & itl_ok).sum()))
+        return self.agg_runs[num_engines]
 
     def _ttft_s(self, num_prefill: int) -> np.ndarray:
         if num_prefill not in self.prefill_runs:
@@ -312,7 +352,8 @@ def oracle_windows(
     num_windows = int(trace.duration_s // window_s) + 1 if trace.num_requests else 0
     gpus = (spec.prefill_limits.num_gpu, spec.decode_limits.num_gpu)
     windows: list[OracleWindow] = []
-    guess = (settings.min_prefill, settings.min_decode)
+    min_prefill = 0 if spec.aggregated else settings.min_prefill  # aggregated mode has no prefill pool
+    guess = (min_prefill, settings.min_decode)
     previous: tuple[int, int] | None = None  # the size the oracle holds before the window (none before the first)
     for index in range(num_windows):
         start_s, end_s = index * window_s, (index + 1) * window_s
@@ -325,7 +366,7 @@ def oracle_windows(
             num_requests=own.stop - own.start,
             num_attainable=num_attainable,
             num_required=required,
-            num_prefill=settings.min_prefill,
+            num_prefill=min_prefill,
             num_decode=settings.min_decode,
             num_ttft_met=0,
             num_met=0,
@@ -352,7 +393,10 @@ def oracle_windows(
                 previous=previous,
                 switch_s=start_s,
             )
-            window = _size_window(window, search, settings, guess, gpus)
+            if spec.aggregated:
+                window = _size_agg_window(window, search, settings, guess[1])
+            else:
+                window = _size_window(window, search, settings, guess, gpus)
             guess = (window.num_prefill, window.num_decode)
         previous = (window.num_prefill, window.num_decode)
         windows.append(window)
@@ -409,6 +453,28 @@ def _size_window(
         num_decode=num_decode,
         num_ttft_met=int(search.ttft_met(num_prefill).sum()),
         num_met=search.both_met(num_prefill, num_decode),
+        feasible=feasible,
+        num_simulations=search.num_simulations,
+    )
+
+
+def _size_agg_window(window: OracleWindow, search: _WindowSearch, settings: OracleSettings, guess: int) -> OracleWindow:
+    """Aggregated mode for one window (module docstring): the fewest aggregated engines meeting the target."""
+    required, cap = window.num_required, settings.max_replicas
+    feasible = True
+    num_engines = smallest_meeting(
+        lambda n: search.agg_met(n)[1] >= required, guess=guess, floor=settings.min_decode, cap=cap
+    )
+    if num_engines is None:
+        feasible = False
+        num_engines = _best_effort(lambda n: search.agg_met(n)[1], floor=settings.min_decode, cap=cap)
+    num_ttft_met, num_met = search.agg_met(num_engines)
+    return dataclasses.replace(
+        window,
+        num_prefill=0,
+        num_decode=num_engines,
+        num_ttft_met=num_ttft_met,
+        num_met=num_met,
         feasible=feasible,
         num_simulations=search.num_simulations,
     )

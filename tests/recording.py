@@ -3,7 +3,8 @@
 The cluster is the discrete-event simulator (`planner_core.sim.des`) with the config's engine limits, timed by
 the profile's forward-pass model, starting at 1 prefill + 1 decode worker. Every `window_s` it serves the window
 and a throughput tick decides through `planner_core.service.run_tick`; the execution step applies the decision
-and the simulated orchestrator acknowledges it. Load ticks run every `load_every_s` in between (either loop's state chains into the other's).
+and the simulated orchestrator acknowledges it. Load ticks run every `load_every_s` in between (either loop's
+state chains into the other's).
 """
 
 from __future__ import annotations

@@ -28,9 +28,8 @@ ROUTER = {"dynamo_namespace": "ns_1"}
 def _varied_trace() -> RequestTrace:
     """30 requests over 15 s with varied lengths (some of OSL 1: no token gaps)."""
     rng = np.random.default_rng(7)
-    return make_trace(
-        np.sort(rng.uniform(0, 15, 30)).tolist(), rng.integers(100, 8000, 30).tolist(), rng.integers(1, 600, 30).tolist()
-    )
+    arrival_s = np.sort(rng.uniform(0, 15, 30)).tolist()
+    return make_trace(arrival_s, rng.integers(100, 8000, 30).tolist(), rng.integers(1, 600, 30).tolist())
 
 
 class Clock:

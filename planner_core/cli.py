@@ -757,17 +757,22 @@ def cmd_sim_exporter(args: argparse.Namespace) -> int:
     from planner_core.config import load_config
     from planner_core.perf.model import ProfilePerfModel
     from planner_core.service import resolve_profile_dir
-    from planner_core.sim.cluster import ClusterSpec, SimulatedCluster
+    from planner_core.sim.des import ClusterSimulator, spec_for_config
     from planner_core.sim.exporter import TraceMetricsExporter
     from planner_core.traces import load_trace
 
     config = load_config(args.config)
-    perf = ProfilePerfModel.load(resolve_profile_dir(config, args.config))
+    profile_dir = resolve_profile_dir(config, args.config)
+    perf = ProfilePerfModel.load(profile_dir)
+    fwd = perf.forward_pass_model()
+    if fwd is None:
+        raise ValueError(f"{profile_dir}: the profile gives no forward-pass model to time the simulator with")
     trace = load_trace(args.trace).scaled(args.rate_scale)
-    spec = ClusterSpec(ttft_ms=config.ttft_ms, itl_ms=config.itl_ms, slice_s=args.slice_s)
-    cluster = SimulatedCluster.start(trace, perf, spec, num_prefill=args.prefill, num_decode=args.decode)
+    spec = spec_for_config(config, profiled_max_kv_tokens=perf.profiled_max_kv_tokens())
+    num_prefill = 0 if spec.aggregated else args.prefill
+    sim = ClusterSimulator(trace, fwd, spec, num_prefill=num_prefill, num_decode=args.decode)
     exporter = TraceMetricsExporter(
-        cluster,
+        sim,
         model=config.model_name or "model",
         namespace=config.namespace,
         speedup=args.speedup,
@@ -1042,9 +1047,10 @@ def build_parser() -> argparse.ArgumentParser:
     exporter.add_argument("--speedup", type=float, default=1.0, help="trace seconds per wall-clock second")
     exporter.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
     exporter.add_argument("--prefill", type=int, default=1, help="simulated prefill workers")
-    exporter.add_argument("--decode", type=int, default=1, help="simulated decode workers")
-    exporter.add_argument("--slice-s", type=float, default=1.0, help="simulator time step (trace seconds)")
-    exporter.add_argument("--kv-hit-rate", type=float, default=None, help="export this router KV hit rate")
+    exporter.add_argument("--decode", type=int, default=1, help="simulated decode (or aggregated) workers")
+    exporter.add_argument(
+        "--kv-hit-rate", type=float, default=None, help="export this router KV hit rate (default: the simulated one)"
+    )
     exporter.add_argument("--accept-length", type=float, default=None, help="export vLLM spec-decode counters")
     exporter.set_defaults(func=cmd_sim_exporter)
 

@@ -1,8 +1,10 @@
 """Record a realistic history for tests: the demo's loop (simulated cluster, virtual connector) without Prefect.
 
-Every `window_s` the simulated cluster serves the window and a throughput tick decides through
-`planner_core.service.run_tick`; the execution step applies the decision and the simulated orchestrator
-acknowledges it. Load ticks run every `load_every_s` in between (either loop's state chains into the other's).
+The cluster is the discrete-event simulator (`planner_core.sim.des`) with the config's engine limits, timed by
+the profile's forward-pass model, starting at 1 prefill + 1 decode worker. Every `window_s` it serves the window
+and a throughput tick decides through `planner_core.service.run_tick`; the execution step applies the decision
+and the simulated orchestrator acknowledges it. Load ticks run every `load_every_s` in between (either loop's
+state chains into the other's).
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ import datetime as dt
 from pathlib import Path
 
 from planner_core.connectors.virtual import VirtualConnectorClient
-from planner_core.domain import Component, Loop
+from planner_core.domain import Loop
 from planner_core.service import load_context, run_execution, run_tick
-from planner_core.sim.cluster import ClusterSpec, SimulatedCluster
+from planner_core.sim.des import ClusterSimulator, spec_for_config
 from planner_core.store import repository as repo
 from planner_core.traces import load_trace
 
@@ -35,8 +37,10 @@ def record_simulated_run(
     with ctx.sessions.begin() as session:
         repo.ensure_deployment(session, deployment, ctx.config)
     window_s = float(ctx.config.throughput_adjustment_interval_seconds)
-    spec = ClusterSpec(ttft_ms=ctx.config.ttft_ms, itl_ms=ctx.config.itl_ms, startup_s=120.0)
-    cluster = SimulatedCluster.start(trace, ctx.perf, spec, num_prefill=1, num_decode=1)
+    fwd = ctx.perf.forward_pass_model()
+    assert fwd is not None
+    spec = spec_for_config(ctx.config, profiled_max_kv_tokens=ctx.perf.profiled_max_kv_tokens(), startup_s=120.0)
+    cluster = ClusterSimulator(trace, fwd, spec, num_prefill=1, num_decode=1)
     times = []
     with VirtualConnectorClient(database_url, deployment) as client:
         for k in range(1, num_windows + 1):
@@ -44,22 +48,23 @@ def record_simulated_run(
             if load_every_s:
                 at_s = end_s - window_s + load_every_s
                 while at_s < end_s:
-                    cluster.advance(at_s)
+                    cluster.run_until(at_s)
                     _report(client, cluster)
                     run_tick(ctx, Loop.LOAD, repo.epoch_to_datetime(trace.start_epoch_s + at_s), None)
                     at_s += load_every_s
             now = repo.epoch_to_datetime(trace.start_epoch_s + end_s)
-            cluster.advance(end_s)
+            cluster.run_until(end_s)
             _report(client, cluster)
             run_tick(ctx, Loop.THROUGHPUT, now, cluster.observe(end_s - window_s, end_s))
             run_execution(ctx, now)
             decision = client.wait(timeout_s=0.0)
             if decision is not None and decision.decision_id >= 0:
-                cluster.apply_targets(decision.num_prefill_workers, decision.num_decode_workers)
+                cluster.set_targets(decision.num_prefill_workers, decision.num_decode_workers)
                 client.complete(decision, at=now)
             times.append(now)
     return times
 
 
-def _report(client: VirtualConnectorClient, cluster: SimulatedCluster) -> None:
-    client.report_workers(ready_prefill=cluster.ready[Component.PREFILL], ready_decode=cluster.ready[Component.DECODE])
+def _report(client: VirtualConnectorClient, cluster: ClusterSimulator) -> None:
+    counts = cluster.worker_counts()
+    client.report_workers(ready_prefill=counts.ready_prefill, ready_decode=counts.ready_decode)

@@ -190,3 +190,24 @@ def test_deterministic() -> None:
     first, second = run(trace, num_prefill=2, num_decode=2)[1], run(trace, num_prefill=2, num_decode=2)[1]
     assert np.array_equal(first.finish_s, second.finish_s)
     assert np.all(np.isfinite(first.finish_s))
+
+
+@pytest.mark.parametrize(
+    ("until_s", "first_known"),
+    [
+        (0.022, False),  # prefill done at 0.020 s; the first decode iteration ends at 0.0251105 s
+        (0.026, True),  # that iteration is over: its end is the first token, though the segment runs on
+    ],
+)
+def test_request_times_give_a_first_token_once_its_iteration_is_over(until_s: float, first_known: bool) -> None:
+    # As in test_single_request_latencies: one segment of 100 iterations of 0.0051105 s from 0.020 s. The segment
+    # stamps its first token when it ends (0.53105 s), so `result()` has none yet; `request_times` fills it in.
+    sim = ClusterSimulator(make_trace([0.0], [1000], [100]), FWD, SimSpec(), num_prefill=1, num_decode=1)
+    sim.run_until(until_s)
+    assert np.isnan(sim.result().ttft_s[0])
+    first_s, finish_s, cached = sim.request_times(np.array([0]))
+    assert np.isnan(finish_s[0]) and cached[0] == 0
+    if first_known:
+        assert first_s[0] == pytest.approx(0.020 + 0.005 + 1e-4 + 1050e-8)
+    else:
+        assert np.isnan(first_s[0])

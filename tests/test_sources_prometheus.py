@@ -33,11 +33,11 @@ from sqlalchemy import select
 
 from flows.ticks import collect_traffic
 from planner_core.config import Backend, ThroughputMetricsSource, load_config
-from planner_core.domain import Loop, ReasonCode, TrafficObservation
+from planner_core.domain import EngineLimits, Loop, ReasonCode, TrafficObservation
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.service import load_context, run_tick
 from planner_core.settings import RuntimeSettings
-from planner_core.sim.cluster import ClusterSpec, SimulatedCluster
+from planner_core.sim.des import ClusterSimulator, SimResult, SimSpec
 from planner_core.sim.exporter import TraceMetricsExporter
 from planner_core.sources import NoTrafficDataKind, TrafficUnavailable
 from planner_core.sources import collect_traffic as collect_from_source
@@ -577,11 +577,13 @@ class PrometheusServer:
 
 @dataclass(frozen=True)
 class LiveSetup:
-    """A simulated frontend replaying a trace since `started_at_s`, scraped by `prometheus`."""
+    """A simulated frontend replaying a trace since `started_at_s`, scraped by `prometheus`; `served` is what the
+    simulator serves every request (the same simulation run to completion on its own: it is deterministic)."""
 
     prometheus: PrometheusServer
     exporter: TraceMetricsExporter
     started_at_s: float
+    served: SimResult
 
     def at(self, offset_s: float) -> dt.datetime:
         return dt.datetime.fromtimestamp(self.started_at_s + offset_s, tz=dt.UTC)
@@ -605,22 +607,22 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSetup]:
     if not PROFILE_DIR.exists():
         pytest.skip(f"profile data not found at {PROFILE_DIR}")
     binary = prometheus_binary()
-    cluster = SimulatedCluster.start(
-        _steady_trace(),
-        ProfilePerfModel.load(PROFILE_DIR),
-        ClusterSpec(ttft_ms=200, itl_ms=10, slice_s=1.0),
-        num_prefill=1,
-        num_decode=1,
-    )
+    perf = ProfilePerfModel.load(PROFILE_DIR)
+    fwd = perf.forward_pass_model()
+    assert fwd is not None
+    spec = SimSpec(decode_limits=EngineLimits(max_kv_tokens=perf.profiled_max_kv_tokens() or 2_000_000))
+    reference = ClusterSimulator(_steady_trace(), fwd, spec, num_prefill=1, num_decode=1)
+    reference.run_to_completion()
+    sim = ClusterSimulator(_steady_trace(), fwd, spec, num_prefill=1, num_decode=1)
     started_at_s = time.time()
     exporter = TraceMetricsExporter(
-        cluster, model=MODEL, started_at_s=started_at_s, kv_hit_rate=KV_HIT_RATE, accept_length=ACCEPT_LENGTH
+        sim, model=MODEL, started_at_s=started_at_s, kv_hit_rate=KV_HIT_RATE, accept_length=ACCEPT_LENGTH
     )
     port = exporter.serve()
     prometheus = PrometheusServer(binary, tmp_path_factory.mktemp("prometheus"), f"127.0.0.1:{port}")
     prometheus.start()
     try:
-        yield LiveSetup(prometheus=prometheus, exporter=exporter, started_at_s=started_at_s)
+        yield LiveSetup(prometheus=prometheus, exporter=exporter, started_at_s=started_at_s, served=reference.result())
     finally:
         prometheus.stop()
         exporter.stop()
@@ -643,8 +645,11 @@ def _live_config(tmp_path: Path, live: LiveSetup, **overrides: object) -> Path:
     return write_config(tmp_path, **body)
 
 
-BUSY_WINDOW = (7.0, 11.0)  # scrapes start ~5 s after Prometheus; the trace stops sending at 12 s
-IDLE_WINDOW = (13.5, 17.5)
+# Scrapes start ~5 s after Prometheus. The trace stops sending at 12 s; on 1 prefill + 1 decode engine of the
+# profile a request has its first token ~60 ms after arrival and then decodes 200 tokens ~10 ms apart (~2 s), so
+# the last one is done at ~13.6 s (`LiveSetup.served`; checked below): the idle window starts after it.
+BUSY_WINDOW = (7.0, 11.0)
+IDLE_WINDOW = (14.5, 18.5)
 
 
 @pytest.mark.parametrize("source", ["frontend", "router"])
@@ -661,15 +666,23 @@ def test_real_prometheus_busy_window(live_prometheus: LiveSetup, tmp_path: Path,
     assert (obs.isl, obs.osl) == pytest.approx((ISL, OSL))  # sum/count: the extrapolation cancels
     assert obs.kv_hit_rate == pytest.approx(KV_HIT_RATE)
     assert obs.accept_length == pytest.approx(ACCEPT_LENGTH)  # 1 + (OSL - OSL/2) / (OSL/2)
-    ttft_ms, itl_ms = live.exporter._ttft_ms, live.exporter._itl_ms  # what the simulator served
-    assert obs.ttft_ms == pytest.approx(float(np.mean(ttft_ms)), rel=0.1)
-    assert obs.itl_ms == pytest.approx(float(np.mean(itl_ms)), rel=0.1)
+    # What the simulator served: TTFT of the requests whose first token came in the window, ITL of those whose last
+    # token did (every request has 199 gaps, so the token-weighted mean is the plain mean). Only scrapes inside
+    # the window count, so allow 10%; the means sit far from what a wrong timeline gives (TTFT 0, or ~2 s if the
+    # whole request were counted).
+    served, arrival = live.served, live.exporter.trace.arrival_s
+    first_s = arrival + served.ttft_s
+    first = (first_s >= BUSY_WINDOW[0]) & (first_s < BUSY_WINDOW[1])
+    done = (served.finish_s >= BUSY_WINDOW[0]) & (served.finish_s < BUSY_WINDOW[1])
+    assert obs.ttft_ms == pytest.approx(1000 * float(np.mean(served.ttft_s[first])), rel=0.1)
+    assert obs.itl_ms == pytest.approx(1000 * float(np.mean(served.itl_s[done])), rel=0.1)
     assert obs.invalid_field() is None
 
 
 def test_real_prometheus_idle_window_is_zero_traffic(live_prometheus: LiveSetup, tmp_path: Path) -> None:
     """After the trace stops, a window is zero traffic (0 requests, lengths 0), not a missing observation."""
     live = live_prometheus
+    assert float(np.max(live.served.finish_s)) < IDLE_WINDOW[0]  # every request is done before the window
     config = load_config(_live_config(tmp_path, live))
     live.wait_until(IDLE_WINDOW[1] + 0.5)
     collected = collect_from_source(config, live.at(IDLE_WINDOW[0]), live.at(IDLE_WINDOW[1]))

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner_core.config import PlannerConfig, PlannerMode
 from planner_core.domain import (
     Component,
     EngineLimits,
@@ -94,6 +95,17 @@ class SimSpec:
     aggregated: bool = False
     first_token_from_decode: bool = True
     prefix_caching: bool = True
+
+
+def spec_for_config(config: PlannerConfig, *, profiled_max_kv_tokens: int | None, startup_s: float = 120.0) -> SimSpec:
+    """The cluster a planner config describes: its engines' limits (the profile's KV capacity where the config
+    leaves it unset) and its mode (`agg`: one pool of aggregated engines, `decode_limits`)."""
+    return SimSpec(
+        prefill_limits=config.engine_limits(Component.PREFILL, profiled_max_kv_tokens=profiled_max_kv_tokens),
+        decode_limits=config.engine_limits(Component.DECODE, profiled_max_kv_tokens=profiled_max_kv_tokens),
+        startup_s=startup_s,
+        aggregated=config.mode is PlannerMode.AGG,
+    )
 
 
 class _WorkerState(enum.Enum):
@@ -370,6 +382,15 @@ class ClusterSimulator:
             )
         return tuple(snapshots)
 
+    def request_times(self, requests: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """First-token time, finish time (offsets, s; NaN until simulated) and prompt tokens found in a prefix cache
+        of the requests indexed by `requests`, without copying every request's state (the live exporter asks for
+        the requests in flight only). A time can lie past `now_s` by up to one iteration or a KV transfer: an
+        event is stamped when it is scheduled, so readers compare it with their clock."""
+        first_token_s = self._first_token_s[requests]
+        self._fill_certain_first_tokens(requests, first_token_s)
+        return first_token_s, self._finish_s[requests], self._cached[requests]
+
     def result(self) -> SimResult:
         return SimResult(
             ttft_s=self._ttft_s.copy(),
@@ -382,6 +403,24 @@ class ClusterSimulator:
         )
 
     # --- internals -----------------------------------------------------------------------------------------
+
+    def _fill_certain_first_tokens(self, requests: np.ndarray, first_token_s: np.ndarray) -> None:
+        """Fill in first tokens that have come by `now_s` but are not stamped yet: a decode segment stamps its
+        joiners' first token only when it ends or is interrupted, yet once its first iteration is over (by
+        `now_s`) that time is certain."""
+        pending: dict[int, float] = {}
+        for worker in self._workers[Component.DECODE]:
+            if worker.first_pending and worker.segment_iters > 0:
+                first_s = worker.segment_start_s + worker.segment_iter_s
+                if first_s <= self.now_s:
+                    pending.update(dict.fromkeys(worker.first_pending, first_s))
+        if not pending:
+            return
+        keys = np.fromiter(pending, dtype=np.int64, count=len(pending))
+        values = np.fromiter(pending.values(), dtype=float, count=len(pending))
+        positions = np.flatnonzero(np.isin(requests, keys))
+        order = np.argsort(keys)
+        first_token_s[positions] = values[order[np.searchsorted(keys, requests[positions], sorter=order)]]
 
     def _itl_s(self) -> np.ndarray:
         decode_tokens = self._osl - 1

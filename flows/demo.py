@@ -23,10 +23,10 @@ from sqlalchemy import select
 from flows.report import publish_report, write_report
 from flows.ticks import apply_decisions, decide_and_record
 from planner_core.connectors.virtual import VirtualConnectorClient
-from planner_core.domain import EngineLimits, Loop
+from planner_core.domain import Loop
 from planner_core.report import periodic_report_path
 from planner_core.service import PlannerContext, load_context, prepare_database, resolve_config_relative
-from planner_core.sim.des import ClusterSimulator, SimSpec
+from planner_core.sim.des import ClusterSimulator, spec_for_config
 from planner_core.store import repository as repo
 from planner_core.store.models import Tick, VirtualDecisionRow
 from planner_core.traces import RequestTrace, load_trace
@@ -46,23 +46,17 @@ def _epoch(trace: RequestTrace, offset_s: float) -> dt.datetime:
 
 
 def _new_cluster(ctx: PlannerContext, trace: RequestTrace, startup_s: float) -> ClusterSimulator:
-    """The discrete-event cluster, timed by the profile's forward-pass model, at the minimum endpoints."""
+    """The discrete-event cluster the config describes (`spec_for_config`), timed by the profile's forward-pass
+    model, at the minimum endpoints."""
     assert ctx.perf is not None
     fwd = ctx.perf.forward_pass_model()
     assert fwd is not None
-    spec = SimSpec(
-        prefill_limits=EngineLimits(num_gpu=ctx.config.prefill_gpus_per_engine),
-        decode_limits=EngineLimits(
-            num_gpu=ctx.config.decode_gpus_per_engine,
-            max_kv_tokens=ctx.perf.profiled_max_kv_tokens() or EngineLimits().max_kv_tokens,
-        ),
-        startup_s=startup_s,
-    )
+    spec = spec_for_config(ctx.config, profiled_max_kv_tokens=ctx.perf.profiled_max_kv_tokens(), startup_s=startup_s)
     return ClusterSimulator(
         trace,
         fwd,
         spec,
-        num_prefill=ctx.config.prefill_min_endpoint_effective,
+        num_prefill=0 if spec.aggregated else ctx.config.prefill_min_endpoint_effective,
         num_decode=ctx.config.decode_min_endpoint_effective,
     )
 

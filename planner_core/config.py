@@ -40,6 +40,7 @@ __all__ = [
     "EnvironmentKind",
     "LengthQuantile",
     "LengthSizing",
+    "LoadNextRequest",
     "LoadPolicy",
     "LoadPredictorName",
     "OptimizationTarget",
@@ -141,6 +142,19 @@ class ThroughputAlgorithm(enum.StrEnum):
     # (planner_core.perf.capacity): the online model fitted on live forward-pass metrics once it is ready, before
     # that the precomputed perf table if one is configured, else the profile. Also sizes aggregated mode.
     ENGINE_CAPACITY = "engine_capacity"
+
+
+class LoadNextRequest(enum.StrEnum):
+    """What the SLA load loop assumes of the "next request" every TTFT/ITL estimate adds."""
+
+    # Dynamo 1.x (1.0 to 1.6.1): the engines' own moving averages over the last `max_num_fpm_samples` reports,
+    # whether or not the throughput loop runs: prompt tokens computed per prefill request in an iteration (a
+    # chunk of a long prompt counts as its chunk; an iteration without prefill counts 0) and KV tokens per
+    # decode request.
+    ENGINE_AVERAGE = "engine_average"
+    # Ours: the last traffic window's mean ISL and OSL (ISL + OSL/2 of KV for decode) when the throughput loop
+    # observed one, else the engines' moving averages. The whole prompt, not its chunks or the idle iterations.
+    TRAFFIC_WINDOW = "traffic_window"
 
 
 class LengthSizing(enum.StrEnum):
@@ -461,6 +475,8 @@ class PlannerConfig(BaseModel):
     # Which algorithm the load loop runs: `per_engine` (Dynamo 1.x) or `threshold_2025` (Dynamo's 2025 load
     # planner). The fields below are read only by `threshold_2025`; their defaults are that planner's.
     load_policy: LoadPolicy = LoadPolicy.PER_ENGINE
+    # The SLA load loop's "next request" (`LoadNextRequest`): Dynamo's engine averages by default.
+    load_next_request: LoadNextRequest = LoadNextRequest.ENGINE_AVERAGE
     # Seconds between two decisions of `threshold_2025`; every load tick in between is one metrics sample (the
     # load interval plays the 2025 planner's `metric-pulling-interval`). 30 s is its documented default.
     threshold_2025_adjustment_interval_seconds: int = Field(default=30, gt=0)

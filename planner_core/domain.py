@@ -129,6 +129,10 @@ class ReasonCode(enum.StrEnum):
     BURST_COVERED = "burst_covered"  # the mean-rate sizing already absorbs the observed prompt bursts
     BURST_UNAVAILABLE = "burst_unavailable"  # burst sizing asked for, no arrival curve observed: mean rate only
     SCALE_DOWN_HELD = "scale_down_held"  # kept at the largest need of the hold time: a smaller need must last first
+    # SLA load loop: where the "next request" of every estimate comes from (config.LoadNextRequest)
+    NEXT_REQUEST_ENGINE_AVERAGE = "next_request_engine_average"  # the engines' moving averages (Dynamo's)
+    NEXT_REQUEST_TRAFFIC_WINDOW = "next_request_traffic_window"  # the last traffic window's mean lengths (ours)
+    NEXT_REQUEST_UNKNOWN = "next_request_unknown"  # nothing reported yet: no next request is added
 
 
 # TrafficObservation's arrival-curve fields and the interval (s) each one covers.
@@ -333,7 +337,8 @@ class OnlineModelState:
         num_idle_skipped: idle heartbeats (wall time 0) seen and skipped.
         num_invalid_skipped: observations skipped because a feature or the wall time was not a finite number.
         num_retired: samples dropped to keep the retained set bounded.
-        recent_isl: per-iteration mean prefill length (tokens) of recent iterations that had prefill requests.
+        recent_isl: per-iteration mean prefill length (tokens) of recent iterations, 0 for one without prefill
+            requests (leading zeros skipped).
         recent_decode_context: per-iteration mean KV tokens per decode request, recent iterations with decode.
         recent_num_decode: decode requests per recent iteration (leading zeros skipped).
     """

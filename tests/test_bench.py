@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -320,3 +321,21 @@ def test_agg_presets_run_in_mode_agg_and_the_others_are_refused(profile_perf: Pr
     disagg = UserPlannerConfig(name="config:d", config=parse_config({"ttft_ms": 500}, "d.yaml"))
     with pytest.raises(ValueError, match="--config config:d: mode 'disagg' cannot run with --mode agg"):
         build_policies([], base, trace, profile_perf, FWD, agg, window_s=60, user_configs=[disagg])
+def test_planner_policies_see_the_router_kv_hit_rate_of_the_window(profile_perf: ProfilePerfModel) -> None:
+    """On a trace with prefix blocks the planners' throughput window carries the prefix-cache hit rate, as the
+    Dynamo policies' does; without blocks it stays unknown."""
+    # 59 prompts of 1024 tokens, one a second, all the same two 512-token blocks, then one at 61 s (so the trace
+    # reaches the 60 s tick). One prefill engine: the first prompt misses, the 58 others find both blocks (capped
+    # at isl - 1 = 1023 tokens): hit rate over [0, 60) = 58 x 1023 / (59 x 1024) = 59,334 / 60,416.
+    arrivals = [*map(float, range(59)), 61.0]
+    plain = make_trace(arrivals, [1024] * 60, [20] * 60)
+    blocks = dataclasses.replace(
+        plain, hash_ids=np.array([1, 2] * 60, dtype=np.int64), hash_offsets=np.arange(0, 121, 2, dtype=np.int64)
+    )
+    base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 60}
+    for trace, expected in ((blocks, 59_334 / 60_416), (plain, None)):
+        [policy] = build_policies(["dynamo-1x"], base, trace, profile_perf, FWD, SimSpec(), window_s=60, initial="min")
+        assert isinstance(policy, PlannerPolicy)
+        run_bench([policy], trace, FWD, SimSpec(), ttft_ms=500, itl_ms=50)
+        assert policy.state.num_throughput_ticks == 1
+        assert policy.state.last_kv_hit_rate == (pytest.approx(expected) if expected is not None else None)

@@ -472,10 +472,11 @@ def test_steady_load_never_flaps(queued: int, decode_kv: int, start_prefill: int
 # --- the throughput floor ----------------------------------------------------------------------------------------
 
 
-def test_throughput_floor_blocks_the_scale_down() -> None:
+@pytest.mark.parametrize("next_request", ["engine_average", "traffic_window"])
+def test_throughput_floor_blocks_the_scale_down(next_request: str) -> None:
     """With both loops on, the load loop scales an idle fleet down to the throughput loop's floor and no further
-    (`scale_down_capped_by_throughput`)."""
-    config = make_config(enable_throughput_scaling=True)
+    (`scale_down_capped_by_throughput`), whichever next request the estimates add."""
+    config = make_config(enable_throughput_scaling=True, load_next_request=next_request)
     # the throughput tick: 1200 req / 60 s = 20 req/s; prefill 20 x 1000 = 20,000 tok/s / 10,000 = 2; decode
     # 20 x 100 = 2,000 tok/s / 1,000 = 2: floors 2 and 2, nothing decided (`set_lower_bound`).
     window = TrafficObservation(duration_s=THROUGHPUT_INTERVAL_S, num_req=1200, isl=1000, osl=100)
@@ -501,8 +502,14 @@ def test_throughput_floor_blocks_the_scale_down() -> None:
             [floor] = steps_named(record.outcome, "throughput_floor", component)
             assert (floor.reason, floor.value) == (capped, 2)
             assert load_decision(record.outcome, component).value == 2
-    # the load ticks used the window's request shape: the next decode request holds 1000 + 100/2 = 1050 tokens
-    assert "+ next 1050" in steps_named(records[0].outcome, "itl_estimate", D)[0].detail
+    [next_decode] = steps_named(records[0].outcome, "next_request", D)
+    if next_request == "traffic_window":
+        # the window's request shape: the next decode request holds 1000 + 100/2 = 1050 tokens
+        assert next_decode.reason is ReasonCode.NEXT_REQUEST_TRAFFIC_WINDOW and next_decode.value == 1050
+    else:
+        # Dynamo's: the decode engines' own KV tokens per decode request, not the window's shape
+        assert next_decode.reason is ReasonCode.NEXT_REQUEST_ENGINE_AVERAGE and next_decode.value != 1050
+    assert f"+ next {next_decode.value:.0f}," in steps_named(records[0].outcome, "itl_estimate", D)[0].detail
 
 
 # --- online models warm up from the engines' metrics -------------------------------------------------------------

@@ -26,7 +26,9 @@ intercept may be negative (Dynamo does not check it); predictions are floored at
 
 Moving averages Dynamo keeps for the load loop's "next request" (mean ISL, mean KV tokens per decode request,
 mean decode batch) are kept over the last `max_num_fpm_samples` iterations, idle heartbeats included, leading
-zeros skipped.
+zeros skipped. The ISL is prompt tokens per prefill request of one iteration (a chunk of a long prompt counts as
+the chunk), an iteration without prefill requests counting 0; the decode context counts only iterations with
+decode requests.
 
 Everything is a value: `observe_fpm(state, fpms, config)` returns a new `OnlinePerfState` (stored with every tick
 in `PlannerState.perf_models`); `OnlineForwardPassModel(state)` only reads one role's `OnlineModelState`.
@@ -182,9 +184,15 @@ def observe_role(
     for fpm in fpms:
         scheduled = fpm.scheduled
         # Moving averages see every iteration, idle heartbeats included (a quiet engine lowers the mean batch).
-        if role is not PerfModelRole.DECODE and scheduled.num_prefill_requests > 0:
-            isl = scheduled.sum_prefill_tokens / scheduled.num_prefill_requests
-            recent_isl = _push_window(recent_isl, isl, max_num_fpm_samples, skip_leading_zero=False)
+        # The prompt length counts an iteration without prefill as 0 once a prompt has been seen, as Dynamo does:
+        # a mostly idle prefill pool assumes a short next request.
+        if role is not PerfModelRole.DECODE:
+            isl = (
+                scheduled.sum_prefill_tokens / scheduled.num_prefill_requests
+                if scheduled.num_prefill_requests > 0
+                else 0.0
+            )
+            recent_isl = _push_window(recent_isl, isl, max_num_fpm_samples, skip_leading_zero=True)
         if role is not PerfModelRole.PREFILL:
             if scheduled.num_decode_requests > 0:
                 context = scheduled.sum_decode_kv_tokens / scheduled.num_decode_requests

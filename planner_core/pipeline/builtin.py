@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from planner_core.config import (
+    LoadNextRequest,
     LoadPolicy,
     OptimizationTarget,
     PlannerConfig,
@@ -433,28 +434,58 @@ _ROLE_OF_POOL = {Component.PREFILL: PerfModelRole.PREFILL, Component.DECODE: Per
 MODEL_STEP = "forward_pass_model"
 
 
-def _load_runtime(state: PlannerState, online: OnlineForwardPassModel) -> LoadRuntime:
-    """What the SLA load proposer assumes of the next request.
+NEXT_REQUEST_STEP = "next_request"
 
-    With a traffic window observed (the throughput loop runs), the last window's mean ISL and OSL. With the load
-    loop alone, the engines' own moving averages: the prompt length the prefill (or aggregated) engines computed
-    and, for the next decode request, the KV tokens per decode request the decode engines held (Dynamo's average
-    decode length); without either, the next decode request would silently be left out of every ITL estimate.
+
+def load_runtime(
+    state: PlannerState, online: OnlineForwardPassModel, *, source: LoadNextRequest, component: Component
+) -> tuple[LoadRuntime, StepRecord]:
+    """What the SLA load proposer assumes of the next request, and a `next_request` step saying where it came from.
+
+    `LoadNextRequest.ENGINE_AVERAGE` (Dynamo's): the moving averages of `online`, the pool's role model: prompt
+    tokens per prefill request of recent iterations (a chunk counts as its chunk, an idle iteration as 0) and
+    KV tokens per decode request. `TRAFFIC_WINDOW` (ours): the last traffic window's mean ISL and OSL when the
+    throughput loop observed one, else the engine averages. Without either, no next request is added
+    (`next_request_unknown`); the decode estimate would then leave out the request it is sizing for.
+
+    The step's value is what the pool's estimate adds: prompt tokens for prefill (and aggregated) pools, KV
+    tokens of the next decode request for decode pools.
     """
     history = state.load_history
-    if history.isl:
-        return LoadRuntime(
+    if source is LoadNextRequest.TRAFFIC_WINDOW and history.isl:
+        runtime = LoadRuntime(
             kv_hit_rate=state.last_kv_hit_rate,
             accept_length=state.last_accept_length,
             avg_isl=history.isl[-1],
             avg_osl=history.osl[-1] if history.osl else 0.0,
         )
-    return LoadRuntime(
-        kv_hit_rate=state.last_kv_hit_rate,
-        accept_length=state.last_accept_length,
-        avg_isl=online.avg_isl,
-        next_decode_context=online.avg_decode_context if online.avg_decode_context > 0 else None,
-    )
+        reason = ReasonCode.NEXT_REQUEST_TRAFFIC_WINDOW
+        detail = f"last traffic window: mean ISL {runtime.avg_isl:.0f}, OSL {runtime.avg_osl:.0f}"
+    else:
+        context = online.avg_decode_context
+        runtime = LoadRuntime(
+            kv_hit_rate=state.last_kv_hit_rate,
+            accept_length=state.last_accept_length,
+            avg_isl=online.avg_isl,
+            next_decode_context=context if context > 0 else None,
+        )
+        known = runtime.avg_isl > 0 or runtime.next_decode_context is not None
+        reason = ReasonCode.NEXT_REQUEST_ENGINE_AVERAGE if known else ReasonCode.NEXT_REQUEST_UNKNOWN
+        detail = (
+            f"engine averages ({online.role.value}, last {len(online.state.recent_isl)} prefill iterations): "
+            f"{runtime.avg_isl:.0f} prompt tokens per prefill request, {context:.0f} KV tokens per decode request"
+        )
+        if source is LoadNextRequest.TRAFFIC_WINDOW:
+            detail = "no traffic window observed yet; " + detail
+    if component is Component.DECODE and online.role is not PerfModelRole.AGG:
+        value = (
+            runtime.next_decode_context
+            if runtime.next_decode_context is not None
+            else max(runtime.avg_isl, 0.0) + max(runtime.avg_osl, 0.0) / 2.0
+        )
+    else:
+        value = runtime.avg_isl
+    return runtime, StepRecord(step=NEXT_REQUEST_STEP, reason=reason, component=component, value=value, detail=detail)
 
 
 # --- load loop -------------------------------------------------------------------------------------------------
@@ -509,6 +540,10 @@ class LoadProposePlugin:
                     chosen, model_step = forward_model_for(state, config.mode, component, self.bootstrap)
                     steps.append(model_step)
                     model = online if chosen is None else chosen  # not ready: the policy says insufficient_data
+                    runtime, runtime_step = load_runtime(
+                        state, online, source=config.load_next_request, component=component
+                    )
+                    steps.append(runtime_step)
                     value, pool_steps = calculate_load_replicas(
                         SlaLoadInputs(
                             component=component,
@@ -521,7 +556,7 @@ class LoadProposePlugin:
                                 itl_ms=config.itl_ms,
                                 down_sensitivity=config.load_scaling_down_sensitivity / 100.0,
                             ),
-                            runtime=_load_runtime(state, online),
+                            runtime=runtime,
                             throughput_lower_bound=lower_bounds[component],
                             min_endpoint=floors[component],
                             managed=components,

@@ -58,6 +58,7 @@ from planner_core.sim.dynamo_policy import (
     check_dynamo_python,
     dynamo_config,
     engine_capabilities,
+    observed_kv_hit_rate,
 )
 from planner_core.sim.oracle import OracleSettings, OracleWindow, attainable_mask, oracle_windows
 from planner_core.tick import tick
@@ -148,7 +149,9 @@ class PlannerPolicy:
             traffic = None
             if loop is Loop.THROUGHPUT:
                 start_s = max(0.0, now_s - throughput_s)
-                traffic = sim.observe(start_s, now_s)
+                # the router's hit rate, as Dynamo's planner gets it (`dynamo-1.6.1*` policies see the same)
+                kv_hit_rate, _ = observed_kv_hit_rate(sim, start_s, now_s)
+                traffic = dataclasses.replace(sim.observe(start_s, now_s), kv_hit_rate=kv_hit_rate)
                 if self.config.mode is not PlannerMode.AGG:  # burst sizing is a prefill-pool rule only
                     traffic = dataclasses.replace(
                         traffic,

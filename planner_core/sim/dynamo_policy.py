@@ -214,6 +214,20 @@ def window_kv_hit_rate(
     return float(cached_tokens[served].sum()) / tokens, int(served.sum())
 
 
+def observed_kv_hit_rate(sim: ClusterSimulator, start_s: float, end_s: float) -> tuple[float | None, int]:
+    """The router's view of [start_s, end_s): `window_kv_hit_rate` over the simulator's cache hits so far.
+    (None, 0) when the trace has no prefix blocks (no cache is simulated) or no request of the window was served."""
+    if not sim.trace.has_hashes:
+        return None, 0
+    result = sim.result()
+    if result.cached_tokens is None:
+        return None, 0
+    return window_kv_hit_rate(
+        np.asarray(sim.trace.arrival_s), np.asarray(sim.trace.isl), result.cached_tokens, result.ttft_s,
+        start_s, end_s,
+    )  # fmt: skip
+
+
 def check_dynamo_python(python: str | None, *, script: Path = RUN_PLANNER_SCRIPT) -> str:
     """The Dynamo interpreter to use (`python`, else $DYNAMO_PYTHON), checked to import Dynamo's planner.
     Returns the version; raises DynamoPlannerError with a one-line reason."""
@@ -334,16 +348,8 @@ class DynamoPlannerPolicy:
         self._pending = self._read("handshake")
 
     def _traffic(self, sim: ClusterSimulator, start_s: float, end_s: float) -> dict[str, Any]:
-        observed = sim.observe(start_s, end_s)
-        rate, count = None, 0
-        if sim.trace.has_hashes:
-            result = sim.result()
-            if result.cached_tokens is not None:
-                rate, count = window_kv_hit_rate(
-                    np.asarray(sim.trace.arrival_s), np.asarray(sim.trace.isl), result.cached_tokens,
-                    result.ttft_s, start_s, end_s,
-                )  # fmt: skip
-        return traffic_message(observed, kv_hit_rate=rate, kv_hit_count=count)
+        rate, count = observed_kv_hit_rate(sim, start_s, end_s)
+        return traffic_message(sim.observe(start_s, end_s), kv_hit_rate=rate, kv_hit_count=count)
 
     def _exchange(self, request: dict[str, Any]) -> DynamoTick:
         process = self._process

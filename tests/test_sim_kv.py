@@ -171,3 +171,24 @@ def test_a_request_larger_than_the_cache_runs_alone() -> None:
     assert np.all(np.isfinite(result.finish_s))
     assert result.num_preemptions == 0
     assert result.ttft_s[1] + 0.001 > result.finish_s[0]
+
+
+@pytest.mark.parametrize(("after_handoffs", "third_waits"), [(False, True), (True, False)])
+def test_preempted_request_blocks_the_queue_unless_handoffs_go_first(after_handoffs: bool, third_waits: bool) -> None:
+    # The disaggregated pair above, plus request 2 (1000 / 200) arriving at 0.85 s: its prompt reaches the decode
+    # engine at 0.87 s, while request 1 (preempted at OD_PREEMPT_S = 0.813 s) waits to recompute 1148 tokens beside
+    # request 0, which holds 1152 + (0.87 - 0.813) / 0.0051 = ~1163 tokens. 1163 + 1 + 1148 > 2300, so vLLM's single
+    # queue (preempted request at its head) keeps request 2 waiting until request 0 is done (1.06 s); with
+    # `recompute_after_handoffs` request 2 (1163 + 1 + 1000 <= 2300) joins at once and request 1 waits.
+    trace = make_trace([0.0, 0.0, 0.85], [1000, 1000, 1000], [200, 200, 200])
+    sim_spec = SimSpec(
+        decode_limits=EngineLimits(max_kv_tokens=2300),
+        kv_allocation=KvAllocation.ON_DEMAND,
+        kv_watermark=0.0,
+        recompute_after_handoffs=after_handoffs,
+    )
+    result = run(trace, sim_spec)
+    assert bool(result.ttft_s[2] > OD_R0_END - 0.85) is third_waits
+    assert bool(result.ttft_s[2] < 0.05) is not third_waits
+    assert np.all(np.isfinite(result.finish_s))
+    assert result.num_preemptions >= 1

@@ -95,6 +95,10 @@ class SimSpec:
             generated, with recompute preemption of the newest request when the cache is full).
         kv_watermark: ON_DEMAND only: the fraction of `max_kv_tokens` an admission must leave free (headroom for
             the running requests' growth, as an engine's KV watermark).
+        recompute_after_handoffs: ON_DEMAND, disaggregated decode engines only: requests arriving from a prefill
+            engine are admitted before preempted requests waiting to be recomputed, which wait until no transferred
+            request is waiting (Dynamo's mocker does so); False (default): one FIFO queue with the preempted
+            requests at its head, as vLLM's scheduler.
     """
 
     prefill_limits: EngineLimits = field(default_factory=EngineLimits)
@@ -107,6 +111,7 @@ class SimSpec:
     prefix_caching: bool = True
     kv_allocation: KvAllocation = KvAllocation.RESERVE
     kv_watermark: float = 0.01
+    recompute_after_handoffs: bool = False
 
 
 class _WorkerState(enum.Enum):
@@ -149,6 +154,7 @@ class _Worker:
     sum_joined_running: int = 0
     reserved_kv: int = 0
     prefill_kv: int = 0  # ON_DEMAND: KV tokens allocated to the admitted prompts still prefilling
+    preempted: deque = field(default_factory=deque)  # ON_DEMAND with `recompute_after_handoffs`: decode recomputes
     segment_version: int = 0
     segment_start_s: float = 0.0
     segment_iter_s: float = 0.0
@@ -162,7 +168,7 @@ class _Worker:
 
     @property
     def idle(self) -> bool:
-        return not self.queue and not self.running and not self.busy and not self.prefilling
+        return not self.queue and not self.running and not self.busy and not self.prefilling and not self.preempted
 
 
 _ARRIVAL, _READY, _PREFILL_DONE, _DECODE_HANDOFF, _SEGMENT_END, _AGG_ITER_END, _OD_ITER_END = range(7)
@@ -923,7 +929,10 @@ class ClusterSimulator:
             if worker.kind is _Kind.AGG:
                 # the prompt's progress is lost: its tokens are to compute again
                 worker.queued_tokens += (recompute or self._prefill_tokens[request]) - tokens_left
-        worker.queue.appendleft(request)
+        if self.spec.recompute_after_handoffs and worker.kind is _Kind.DECODE:
+            worker.preempted.appendleft(request)
+        else:
+            worker.queue.appendleft(request)
         worker.reserved_kv -= self._footprint_l[request]
         worker.queued_footprint += self._footprint_l[request]
 
@@ -934,14 +943,18 @@ class ClusterSimulator:
         limits = self.spec.decode_limits
         free_after = limits.max_kv_tokens - int(self.spec.kv_watermark * limits.max_kv_tokens)
         extra = self._decode_iters_extra
-        while worker.queue and len(worker.running) + len(worker.prefilling) < limits.max_num_seqs:
-            request = worker.queue[0]
+        while len(worker.running) + len(worker.prefilling) < limits.max_num_seqs:
+            # preempted requests kept apart (`recompute_after_handoffs`) come only when no transfer waits
+            waiting = worker.queue or worker.preempted
+            if not waiting:
+                break
+            request = waiting[0]
             recompute = self._recompute[request]
             need = recompute or self._isl_l[request]
             busy = worker.running or worker.prefilling
             if busy and self._od_kv_used(worker) + len(worker.running) + need > free_after:
                 break
-            worker.queue.popleft()
+            waiting.popleft()
             footprint = self._footprint_l[request]
             worker.queued_footprint -= footprint
             worker.reserved_kv += footprint

@@ -928,7 +928,7 @@ class ClusterSimulator:
             worker.prefill_kv -= allocated
             if worker.kind is _Kind.AGG:
                 # the prompt's progress is lost: its tokens are to compute again
-                worker.queued_tokens += (recompute or self._prefill_tokens[request]) - tokens_left
+                worker.queued_tokens += (recompute or self._prefill_tokens[request]) - tokens_left  # hits count again
         if self.spec.recompute_after_handoffs and worker.kind is _Kind.DECODE:
             worker.preempted.appendleft(request)
         else:
@@ -960,7 +960,11 @@ class ClusterSimulator:
             worker.reserved_kv += footprint
             self._admitted_seq[request] = next(self._admissions)
             if recompute:
-                worker.prefilling.append([request, recompute])
+                # The KV of the whole prefix is allocated again; the leading prompt blocks still in the engine's
+                # prefix cache are not computed again (an aggregated engine's freed blocks stay cached).
+                hit_tokens = self._recompute_hit(worker, request, recompute)
+                worker.queued_tokens -= hit_tokens
+                worker.prefilling.append([request, recompute - hit_tokens])
                 worker.prefill_kv += recompute
             elif worker.kind is _Kind.DECODE:
                 self._join(worker, request, self._osl_l[request] - 1 + extra)
@@ -972,6 +976,20 @@ class ClusterSimulator:
                 worker.queued_tokens -= before - tokens
                 worker.prefilling.append([request, tokens])
                 worker.prefill_kv += need
+
+    def _recompute_hit(self, worker: _Worker, request: int, recompute: int) -> int:
+        """Tokens of a recompute found in the engine's prefix cache: its leading prompt blocks (at least one token
+        is computed)."""
+        cache = worker.cache
+        if cache is None:
+            return 0
+        hit_blocks = 0
+        for block in self.trace.request_hashes(request).tolist():
+            if block not in cache:
+                break
+            cache.move_to_end(block)
+            hit_blocks += 1
+        return max(0, min(hit_blocks * self.trace.block_tokens, self._isl_l[request], recompute - 1))
 
     def _od_end_iteration(self, worker: _Worker, chunk: tuple[tuple[int, int], ...]) -> None:
         worker.busy = False

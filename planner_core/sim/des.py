@@ -12,10 +12,11 @@ Model:
   (`kv_transfer_s_per_token * ISL`).
 - Decode engines run continuous batching: every iteration advances each running request by one token and lasts
   `decode_wall_s(num_running, kv_tokens)`. A request is admitted when a sequence slot is free and its whole
-  footprint (ISL + OSL tokens) fits the free KV cache (reserved at admission, so no preemption), otherwise it
-  waits in the engine's queue. To stay fast, iterations are not events: between membership changes a decode
-  engine runs a segment of identical-length iterations (the KV size at the segment's midpoint); an admission
-  interrupts the segment at the next iteration boundary.
+  footprint (ISL + OSL tokens) fits the free KV cache (reserved at admission, so no preemption; see
+  `kv_allocation` below for allocation as tokens are generated), otherwise it waits in the engine's queue. To
+  stay fast, iterations are not events: between membership changes a decode engine runs a segment of
+  identical-length iterations (the KV size at the segment's midpoint); an admission interrupts the segment at the
+  next iteration boundary.
 - First token: with `first_token_from_decode` (default) the client's first token is the decode engine's first
   iteration after admission, as in a disaggregated deployment where the decode worker streams every token (the
   prefill worker's sampled token is not returned); the request then decodes OSL iterations. Otherwise the first
@@ -27,6 +28,19 @@ Model:
   iteration that finishes a prompt yields its first token. A prompt is admitted (its ISL + OSL KV reserved)
   when a sequence slot (running + prefilling < `max_num_seqs`) and the KV fit. Pure-decode stretches run as
   segments, as above; an arriving request interrupts a segment at the next iteration boundary.
+- KV allocation (`kv_allocation`): RESERVE (default) as above. ON_DEMAND, as vLLM's scheduler: a decode or
+  aggregated engine holds a request's prompt from admission and one more token per iteration. At every iteration
+  boundary the running requests' next tokens are allocated first: while they do not fit `max_kv_tokens`, the most
+  recently admitted request (running or prefilling) is preempted (its KV freed, it goes back to the head of the
+  engine's queue, counted in `SimResult.num_preemptions`); one request alone is never preempted. Only at a boundary
+  without preemption are waiting requests admitted, in FIFO order, when a sequence slot is free and their KV (the
+  prompt, or for a preempted request its prompt plus the tokens generated so far) fits beside the running
+  requests' next tokens and `kv_watermark * max_kv_tokens` of headroom. A preempted request is recomputed on its
+  engine: its prompt and generated tokens are prefilled again (chunked, in mixed iterations with the running
+  batch, `mixed_wall_s`, or `prefill_wall_s` alone; on an aggregated engine the leading prompt blocks still in its
+  prefix cache are skipped), the iteration that completes it yields its next token, and it then decodes the rest.
+  KV is counted in tokens, not blocks. Pure-decode segments end before the iteration whose growth would not fit.
+  `recompute_after_handoffs` has a disaggregated decode engine admit transferred requests before preempted ones.
 - Prefix caching (`prefix_caching`, when the trace has prefix block ids): every prefill or aggregated engine keeps
   an LRU cache of `max_kv_tokens // block_tokens` blocks. When the engine first schedules a request, the
   leading blocks of its prompt found there are skipped (at least one token is always computed); its blocks enter

@@ -6,6 +6,8 @@ midpoint KV); a mixed iteration is the sum of both."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from planner_core.domain import EngineLimits
 from planner_core.sim.des import ClusterSimulator, KvAllocation, SimSpec
 from planner_core.traces import RequestTrace
 from tests.test_sim_des import FWD, make_trace
+from tests.test_sim_engines import hashed_trace
 
 
 def prefill_s(tokens: float) -> float:
@@ -66,8 +69,9 @@ OD_R1_END = OD_R0_END + prefill_s(1148) + 51 * decode_s(1, 1148 + 25.5)
 AGG_RESERVE_R0_END = 0.020 + 199 * decode_s(1, 1099.5)
 AGG_RESERVE_R1_END = AGG_RESERVE_R0_END + prefill_s(1000) + 199 * decode_s(1, 1099.5)
 # ON_DEMAND: request 1's prompt rides one mixed iteration with request 0's 2nd token (prefill_s(1000) +
-# decode_s(1, 1000)), its first token at A. The batch then holds 1001 + 1000 = 2001 tokens; (2300 - 2001) // 2 = 149 iterations fit at
-# decode_s(2, 2001 + 149); request 1 is then preempted holding 1000 + 149 tokens and owing 200 - 1 - 149 = 50.
+# decode_s(1, 1000)), its first token at A. The batch then holds 1001 + 1000 = 2001 tokens; (2300 - 2001) // 2 =
+# 149 iterations fit at decode_s(2, 2001 + 149); request 1 is then preempted holding 1000 + 149 tokens and owing
+# 200 - 1 - 149 = 50.
 # Request 0 does its last 199 - 150 = 49 tokens alone at decode_s(1, 1150 + 24.5); request 1 recomputes 1149 tokens
 # (one token) and decodes 49 more at decode_s(1, 1149 + 24.5).
 AGG_A = 0.020 + prefill_s(1000) + decode_s(1, 1000)
@@ -192,3 +196,17 @@ def test_preempted_request_blocks_the_queue_unless_handoffs_go_first(after_hando
     assert bool(result.ttft_s[2] < 0.05) is not third_waits
     assert np.all(np.isfinite(result.finish_s))
     assert result.num_preemptions >= 1
+
+
+def test_aggregated_recompute_skips_prompt_blocks_still_cached() -> None:
+    # The aggregated pair above with prefix blocks (two 512-token blocks per 1000-token prompt, none shared).
+    # Request 1 is preempted holding 1149 tokens; its two prompt blocks are still in the engine's prefix cache, so
+    # its recompute computes 1149 - 1000 = 149 tokens instead of 1149: prefill_s(149) is 1000 * 1e-5 = 0.010 s
+    # shorter, and everything after it moves 0.010 s earlier.
+    trace = hashed_trace([0.0, 0.0], [1000, 1000], [[0, 1], [2, 3]], osl=200)
+    cached = run(trace, spec(KvAllocation.ON_DEMAND, aggregated=True))
+    uncached = run(trace, dataclasses.replace(spec(KvAllocation.ON_DEMAND, aggregated=True), prefix_caching=False))
+    assert cached.num_preemptions == uncached.num_preemptions == 1
+    assert uncached.finish_s[1] == pytest.approx(AGG_OD_R1_END, abs=1e-9)
+    assert cached.finish_s[1] == pytest.approx(AGG_OD_R1_END - 0.010, abs=1e-9)
+    assert cached.finish_s[0] == pytest.approx(uncached.finish_s[0], abs=1e-12)

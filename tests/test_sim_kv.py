@@ -152,12 +152,20 @@ def _busy_trace() -> RequestTrace:
     return make_trace(arrival.tolist(), rng.integers(200, 3000, count).tolist(), rng.integers(1, 400, count).tolist())
 
 
-@pytest.mark.parametrize("aggregated", [False, True])
-def test_on_demand_under_pressure_finishes_everything_deterministically(aggregated: bool) -> None:
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"aggregated": False},
+        {"aggregated": True},
+        {"aggregated": False, "first_token_from_decode": False},
+        {"aggregated": False, "recompute_after_handoffs": True},
+    ],
+)
+def test_on_demand_under_pressure_finishes_everything_deterministically(variant: dict) -> None:
     # 60 requests on one engine with a 6000-token cache: many preemptions; every request still produces all its
     # tokens (finite finish, first token before it), and a second run is identical.
     trace = _busy_trace()
-    sim_spec = spec(KvAllocation.ON_DEMAND, aggregated=aggregated, max_kv=6000)
+    sim_spec = dataclasses.replace(spec(KvAllocation.ON_DEMAND, max_kv=6000), **variant)
     first, second = run(trace, sim_spec), run(trace, sim_spec)
     assert first.num_preemptions > 5
     assert np.all(np.isfinite(first.finish_s))

@@ -386,7 +386,7 @@ class ClusterSimulator:
             if worker.state is not _WorkerState.READY:
                 continue
             kv = self._kv_now(worker)
-            queued_kv = sum(self._isl_l[i] for i in worker.queue)
+            queued_kv = sum(self._isl_l[i] for i in worker.queue) + sum(self._recompute[i] for i in worker.preempted)
             computing = worker.busy or bool(worker.running)
             if worker.kind is _Kind.AGG:
                 in_chunk = worker.last_chunk_tokens if worker.busy else 0
@@ -402,7 +402,9 @@ class ClusterSimulator:
                 )
             else:
                 scheduled = ScheduledRequests(num_decode_requests=len(worker.running), sum_decode_kv_tokens=kv)
-                queued = QueuedRequests(num_decode_requests=len(worker.queue), sum_decode_kv_tokens=queued_kv)
+                queued = QueuedRequests(
+                    num_decode_requests=len(worker.queue) + len(worker.preempted), sum_decode_kv_tokens=queued_kv
+                )
             snapshots.append(
                 ForwardPassMetrics(
                     component=Component.DECODE,

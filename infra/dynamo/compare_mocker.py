@@ -3,7 +3,9 @@
 Run with the project's venv (the mocker runs in its own venv, through `run_mocker.py` next to this file):
 
     .venv/bin/python infra/dynamo/compare_mocker.py --dynamo-python /work/dynamo-bench/.venv/bin/python \\
-        [--runner infra/dynamo/run_mocker.py] [--case conv:disagg:1:1:1 ...] [--json OUT.json]
+        [--runner infra/dynamo/run_mocker.py] [--case conv:disagg:1:1:1 ...] [--json OUT.json] \\
+        [--kv-allocation reserve|on_demand|both] [--kv-watermark F] [--recompute-after-handoffs] \\
+        [--timing profile|regression|both] [--num-gpu-blocks N]
 
 Both simulators serve the same requests: the Azure CSV traces are written as Mooncake JSONL with one fresh
 512-token block id per prompt block (no prefix sharing, as the CSV has no content), the Mooncake trace is used as
@@ -14,6 +16,13 @@ no KV transfer cost. Our simulator runs twice: with its own timing model (`Profi
 reproduces every profiled point) and with the mocker's (least-squares lines and planes through the profile's
 points, as the mocker derives its tables from a profile), so a difference can be told apart as timing or
 scheduling. ITL is per request (the mean gap after the first token; the mocker's `tpot`), averaged over requests.
+
+`--kv-allocation` chooses how our decode and aggregated engines hold KV (`SimSpec.kv_allocation`: `reserve`, the
+default, or `on_demand` with recompute preemption, or `both`, one column each); `--kv-watermark` is the headroom
+fraction of `on_demand` admissions, and `--recompute-after-handoffs` has our decode engines admit transferred
+requests before preempted ones (the mocker's order; `SimSpec.recompute_after_handoffs`). `--num-gpu-blocks N`
+gives both simulators a smaller (or larger) cache than the profile's, e.g. to make KV bind; `--timing` keeps only
+one of our two timing models.
 
 A case is `TRACE:MODE:P:D:SPEEDUP` with TRACE one of conv, code, mooncake (or a path to a Mooncake JSONL file),
 MODE disagg or agg (agg: D aggregated workers, P ignored).
@@ -43,7 +52,7 @@ from planner_core.domain import EngineLimits, OnlinePerfState  # noqa: E402
 from planner_core.perf.online import OnlineForwardPassModel, observe_fpm  # noqa: E402
 from planner_core.perf.profile import EngineProfile, load_profile  # noqa: E402
 from planner_core.perf.profile_forward import ProfileForwardPassModel, bootstrap_fpms  # noqa: E402
-from planner_core.sim.des import ClusterSimulator, RouterPolicy, SimSpec  # noqa: E402
+from planner_core.sim.des import ClusterSimulator, KvAllocation, RouterPolicy, SimSpec  # noqa: E402
 from planner_core.traces import RequestTrace, load_trace  # noqa: E402
 
 SHARED_DIR = REPO_ROOT.parent / "shared"
@@ -200,13 +209,24 @@ def our_figures(result_ttft_s: np.ndarray, result_itl_s: np.ndarray) -> dict[str
     }
 
 
-def run_ours(case: Case, trace: RequestTrace, fwd, limits: EngineLimits) -> tuple[dict[str, float], float]:  # noqa: ANN001
+def run_ours(
+    case: Case,
+    trace: RequestTrace,
+    fwd,  # noqa: ANN001
+    limits: EngineLimits,
+    allocation: KvAllocation = KvAllocation.RESERVE,
+    watermark: float = 0.01,
+    recompute_after_handoffs: bool = False,
+) -> tuple[dict[str, float], float]:
     spec = SimSpec(
         prefill_limits=limits,
         decode_limits=limits,
         router=RouterPolicy.ROUND_ROBIN,
         aggregated=case.mode == "agg",
         startup_s=0.0,
+        kv_allocation=allocation,
+        kv_watermark=watermark,
+        recompute_after_handoffs=recompute_after_handoffs,
     )
     started = time.perf_counter()
     num_prefill = 0 if case.mode == "agg" else case.num_prefill
@@ -215,16 +235,22 @@ def run_ours(case: Case, trace: RequestTrace, fwd, limits: EngineLimits) -> tupl
     )
     sim.run_to_completion(grace_s=24 * 3600.0)
     result = sim.result()
-    return our_figures(result.ttft_s, result.itl_s), time.perf_counter() - started
+    figures = our_figures(result.ttft_s, result.itl_s)
+    figures["preemptions"] = float(result.num_preemptions)
+    return figures, time.perf_counter() - started
 
 
 def mocker_figures(summary: dict) -> dict[str, float]:
-    return {
+    figures = {
         "mean TTFT": float(summary["mean_ttft_ms"]),
         "p90 TTFT": float(summary["p90_ttft_ms"]),
         "mean ITL": float(summary["mean_tpot_ms"]),
         "p90 ITL": float(summary["p90_tpot_ms"]),
     }
+    for key in ("preemptions", "num_preemptions", "num_preemptions_total", "preemptions_total"):
+        if key in summary:
+            figures["preemptions"] = float(summary[key])
+    return figures
 
 
 def relative(ours: float, theirs: float) -> float:
@@ -241,13 +267,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", action="append", help="TRACE:MODE:P:D:SPEEDUP (repeatable; default: a matrix)")
     parser.add_argument("--workdir", type=Path, help="where converted traces go (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="write every figure as JSON here")
+    parser.add_argument(
+        "--kv-allocation", choices=("reserve", "on_demand", "both"), default="reserve", help="our engines' KV holding"
+    )
+    parser.add_argument("--kv-watermark", type=float, default=0.01, help="on_demand admission headroom (fraction)")
+    parser.add_argument(
+        "--recompute-after-handoffs",
+        action="store_true",
+        help="on_demand: decode engines admit transferred requests before preempted ones (the mocker's order)",
+    )
+    parser.add_argument("--timing", choices=("profile", "regression", "both"), default="both", help="our timing models")
+    parser.add_argument(
+        "--num-gpu-blocks", type=int, help="KV blocks per engine on both sides (default: the profile's)"
+    )
     args = parser.parse_args(argv)
 
     cases = [Case.parse(text) for text in (args.case or DEFAULT_CASES)]
     profile = load_profile(args.profile)
-    # KV capacity: the profile's, in whole mocker blocks, for both simulators.
-    args.num_gpu_blocks = profile.decode.max_kv_tokens // args.block_size
-    timing = {"profile": ProfileForwardPassModel.from_engine_profile(profile), "regression": RegressionTiming(profile)}
+    if args.num_gpu_blocks is None:
+        # KV capacity: the profile's, in whole mocker blocks, for both simulators.
+        args.num_gpu_blocks = profile.decode.max_kv_tokens // args.block_size
+    elif args.num_gpu_blocks < 1:
+        raise SystemExit(f"--num-gpu-blocks: must be >= 1, got {args.num_gpu_blocks}")
+    models = {"profile": ProfileForwardPassModel.from_engine_profile, "regression": RegressionTiming}
+    timing = {name: build(profile) for name, build in models.items() if args.timing in (name, "both")}
+    allocations = [a for a in KvAllocation if args.kv_allocation in (a.value, "both")]
 
     with tempfile.TemporaryDirectory(prefix="compare-mocker-") as scratch:
         workdir = args.workdir or Path(scratch)
@@ -266,9 +310,20 @@ def main(argv: list[str] | None = None) -> int:
                 max_num_seqs=int(engine["max_num_seqs"]),
                 max_kv_tokens=int(engine["num_gpu_blocks"]) * int(engine["block_size"]),
             )
-            row = {"case": case.label, "mocker": mocker_figures(peer["summary"]), "engine": engine}
+            row = {"case": case.label, "mocker": mocker_figures(peer["summary"]), "engine": engine, "runs": []}
             for name, fwd in timing.items():
-                row[name], row[f"{name}_wall_s"] = run_ours(case, traces[case.trace], fwd, limits)
+                for allocation in allocations:
+                    label = name if allocation is KvAllocation.RESERVE else f"{name} {allocation.value}"
+                    figures, wall_s = run_ours(
+                        case,
+                        traces[case.trace],
+                        fwd,
+                        limits,
+                        allocation,
+                        args.kv_watermark,
+                        args.recompute_after_handoffs,
+                    )
+                    row["runs"].append({"label": label, "figures": figures, "wall_s": wall_s})
             rows.append(row)
             print_row(row)
 
@@ -278,16 +333,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# Column titles of our runs: "profile" is our own timing model, "regression" the mocker's.
+TITLES = {"profile": "ours", "regression": "ours, mocker timing"}
+
+
 def print_row(row: dict) -> None:
-    walls = f"ours: profile model {row['profile_wall_s']:.1f} s, mocker timing {row['regression_wall_s']:.1f} s"
-    print(f"\n{row['case']}   ({walls})")
-    print(f"  {'ms':<10}{'mocker':>9}{'ours':>9}{'diff':>8}{'ours, mocker timing':>22}{'diff':>8}")
-    for metric in METRICS:
-        theirs, ours, same_timing = row["mocker"][metric], row["profile"][metric], row["regression"][metric]
-        print(
-            f"  {metric:<10}{theirs:>9.1f}{ours:>9.1f}{relative(ours, theirs):>+8.0%}"
-            f"{same_timing:>22.1f}{relative(same_timing, theirs):>+8.0%}"
-        )
+    walls = ", ".join(f"{run['label']} {run['wall_s']:.1f} s" for run in row["runs"])
+    print(f"\n{row['case']}   (ours: {walls})")
+    titles = []
+    for run in row["runs"]:
+        name, _, allocation = run["label"].partition(" ")
+        titles.append(TITLES[name] + (f", {allocation}" if allocation else ""))
+    print(f"  {'ms':<12}{'mocker':>9}" + "".join(f"{title:>{max(9, len(title) + 2)}}{'diff':>8}" for title in titles))
+    for metric in (*METRICS, "preemptions"):
+        theirs = row["mocker"].get(metric, math.nan)
+        line = f"  {metric:<12}{theirs:>9.1f}"
+        for title, run in zip(titles, row["runs"], strict=True):
+            ours = run["figures"].get(metric, math.nan)
+            line += f"{ours:>{max(9, len(title) + 2)}.1f}{relative(ours, theirs):>+8.0%}"
+        print(line)
 
 
 if __name__ == "__main__":

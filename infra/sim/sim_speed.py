@@ -1,11 +1,12 @@
 """How fast the cluster simulator replays a trace, alone and with the planner's decision core in the loop.
 
     .venv/bin/python infra/sim/sim_speed.py [--trace FILE] [--rate-scale 10] [--config infra/configs/demo.yaml]
-        [--prefill 4 --decode 4] [--agg N]
+        [--prefill 4 --decode 4] [--agg N] [--kv-allocation reserve|on_demand]
 
 Alone: the trace (rate-scaled) on a fixed cluster of `--prefill` + `--decode` workers. With the planner: the
 benchmark's planner policy (throughput ticks every minute, start-up delays on) from the config's minimum size.
-`--agg N` adds a run of N aggregated engines. Prints the wall time of each run, the requests served, the peak
+`--agg N` adds a run of N aggregated engines. `--kv-allocation` is the engines'
+`SimSpec.kv_allocation`. Prints the wall time of each run, the requests served, the peak
 number of ready workers and mean TTFT / ITL.
 """
 
@@ -30,7 +31,7 @@ from planner_core.perf.profile import load_profile  # noqa: E402
 from planner_core.perf.profile_forward import ProfileForwardPassModel  # noqa: E402
 from planner_core.service import resolve_profile_dir  # noqa: E402
 from planner_core.sim.bench import FixedPolicy, PlannerPolicy, run_policy  # noqa: E402
-from planner_core.sim.des import SimSpec  # noqa: E402
+from planner_core.sim.des import KvAllocation, SimSpec  # noqa: E402
 from planner_core.traces import load_trace  # noqa: E402
 
 DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
@@ -44,6 +45,7 @@ def main() -> int:
     parser.add_argument("--prefill", type=int, default=4)
     parser.add_argument("--decode", type=int, default=4)
     parser.add_argument("--agg", type=int, default=0, help="also run this many aggregated engines")
+    parser.add_argument("--kv-allocation", type=KvAllocation, choices=list(KvAllocation), default=KvAllocation.RESERVE)
     args = parser.parse_args()
 
     config = load_config(args.config)
@@ -51,7 +53,7 @@ def main() -> int:
     fwd = ProfileForwardPassModel.from_engine_profile(load_profile(profile_dir))
     trace = load_trace(args.trace).scaled(args.rate_scale)
     limits = EngineLimits(max_kv_tokens=fwd.max_kv_tokens)
-    spec = SimSpec(prefill_limits=limits, decode_limits=limits)
+    spec = SimSpec(prefill_limits=limits, decode_limits=limits, kv_allocation=args.kv_allocation)
     print(f"{trace.source}: {trace.num_requests} requests over {trace.duration_s / 60:.0f} min")
     policies = [
         FixedPolicy(name=f"fixed {args.prefill}P{args.decode}D", num_prefill=args.prefill, num_decode=args.decode),
@@ -60,7 +62,7 @@ def main() -> int:
     runs = [(policy, spec) for policy in policies]
     if args.agg:
         agg = FixedPolicy(name=f"fixed {args.agg} agg", num_prefill=0, num_decode=args.agg)
-        runs.append((agg, SimSpec(decode_limits=limits, aggregated=True)))
+        runs.append((agg, SimSpec(decode_limits=limits, aggregated=True, kv_allocation=args.kv_allocation)))
     for policy, run_spec in runs:
         started = time.perf_counter()
         run = run_policy(policy, trace, fwd, run_spec, ttft_ms=config.ttft_ms, itl_ms=config.itl_ms)

@@ -12,10 +12,11 @@ Model:
   (`kv_transfer_s_per_token * ISL`).
 - Decode engines run continuous batching: every iteration advances each running request by one token and lasts
   `decode_wall_s(num_running, kv_tokens)`. A request is admitted when a sequence slot is free and its whole
-  footprint (ISL + OSL tokens) fits the free KV cache (reserved at admission, so no preemption), otherwise it
-  waits in the engine's queue. To stay fast, iterations are not events: between membership changes a decode
-  engine runs a segment of identical-length iterations (the KV size at the segment's midpoint); an admission
-  interrupts the segment at the next iteration boundary.
+  footprint (ISL + OSL tokens) fits the free KV cache (reserved at admission, so no preemption; see
+  `kv_allocation` below for allocation as tokens are generated), otherwise it waits in the engine's queue. To
+  stay fast, iterations are not events: between membership changes a decode engine runs a segment of
+  identical-length iterations (the KV size at the segment's midpoint); an admission interrupts the segment at the
+  next iteration boundary.
 - First token: with `first_token_from_decode` (default) the client's first token is the decode engine's first
   iteration after admission, as in a disaggregated deployment where the decode worker streams every token (the
   prefill worker's sampled token is not returned); the request then decodes OSL iterations. Otherwise the first
@@ -27,6 +28,19 @@ Model:
   iteration that finishes a prompt yields its first token. A prompt is admitted (its ISL + OSL KV reserved)
   when a sequence slot (running + prefilling < `max_num_seqs`) and the KV fit. Pure-decode stretches run as
   segments, as above; an arriving request interrupts a segment at the next iteration boundary.
+- KV allocation (`kv_allocation`): RESERVE (default) as above. ON_DEMAND, as vLLM's scheduler: a decode or
+  aggregated engine holds a request's prompt from admission and one more token per iteration. At every iteration
+  boundary the running requests' next tokens are allocated first: while they do not fit `max_kv_tokens`, the most
+  recently admitted request (running or prefilling) is preempted (its KV freed, it goes back to the head of the
+  engine's queue, counted in `SimResult.num_preemptions`); one request alone is never preempted. Only at a boundary
+  without preemption are waiting requests admitted, in FIFO order, when a sequence slot is free and their KV (the
+  prompt, or for a preempted request its prompt plus the tokens generated so far) fits beside the running
+  requests' next tokens and `kv_watermark * max_kv_tokens` of headroom. A preempted request is recomputed on its
+  engine: its prompt and generated tokens are prefilled again (chunked, in mixed iterations with the running
+  batch, `mixed_wall_s`, or `prefill_wall_s` alone; on an aggregated engine the leading prompt blocks still in its
+  prefix cache are skipped), the iteration that completes it yields its next token, and it then decodes the rest.
+  KV is counted in tokens, not blocks. Pure-decode segments end before the iteration whose growth would not fit.
+  `recompute_after_handoffs` has a disaggregated decode engine admit transferred requests before preempted ones.
 - Prefix caching (`prefix_caching`, when the trace has prefix block ids): every prefill or aggregated engine keeps
   an LRU cache of `max_kv_tokens // block_tokens` blocks. When the engine first schedules a request, the
   leading blocks of its prompt found there are skipped (at least one token is always computed); its blocks enter
@@ -72,6 +86,13 @@ class RouterPolicy(enum.StrEnum):
     LEAST_LOADED = "least_loaded"
 
 
+class KvAllocation(enum.StrEnum):
+    """How decode and aggregated engines hold KV cache (see the module docstring)."""
+
+    RESERVE = "reserve"  # a request's whole footprint (ISL + OSL) at admission; never a preemption
+    ON_DEMAND = "on_demand"  # the prompt at admission, one token per iteration; preemption when the cache is full
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimSpec:
     """Static description of the simulated cluster.
@@ -85,6 +106,14 @@ class SimSpec:
         first_token_from_decode: disaggregated TTFT ends with the decode engine's first iteration (see the
             module docstring); False: it ends when the prefill and the KV transfer are done.
         prefix_caching: reuse cached prefix blocks when the trace has block ids (`RequestTrace.hash_ids`).
+        kv_allocation: RESERVE (the whole footprint at admission) or ON_DEMAND (allocation as tokens are
+            generated, with recompute preemption of the newest request when the cache is full).
+        kv_watermark: ON_DEMAND only: the fraction of `max_kv_tokens` an admission must leave free (headroom for
+            the running requests' growth, as an engine's KV watermark).
+        recompute_after_handoffs: ON_DEMAND, disaggregated decode engines only: requests arriving from a prefill
+            engine are admitted before preempted requests waiting to be recomputed, which wait until no transferred
+            request is waiting (Dynamo's mocker does so); False (default): one FIFO queue with the preempted
+            requests at its head, as vLLM's scheduler.
     """
 
     prefill_limits: EngineLimits = field(default_factory=EngineLimits)
@@ -95,6 +124,9 @@ class SimSpec:
     aggregated: bool = False
     first_token_from_decode: bool = True
     prefix_caching: bool = True
+    kv_allocation: KvAllocation = KvAllocation.RESERVE
+    kv_watermark: float = 0.01
+    recompute_after_handoffs: bool = False
 
 
 def spec_for_config(config: PlannerConfig, *, profiled_max_kv_tokens: int | None, startup_s: float = 120.0) -> SimSpec:
@@ -147,6 +179,8 @@ class _Worker:
     sum_isl_running: int = 0
     sum_joined_running: int = 0
     reserved_kv: int = 0
+    prefill_kv: int = 0  # ON_DEMAND: KV tokens allocated to the admitted prompts still prefilling
+    preempted: deque = field(default_factory=deque)  # ON_DEMAND with `recompute_after_handoffs`: decode recomputes
     segment_version: int = 0
     segment_start_s: float = 0.0
     segment_iter_s: float = 0.0
@@ -160,10 +194,10 @@ class _Worker:
 
     @property
     def idle(self) -> bool:
-        return not self.queue and not self.running and not self.busy and not self.prefilling
+        return not self.queue and not self.running and not self.busy and not self.prefilling and not self.preempted
 
 
-_ARRIVAL, _READY, _PREFILL_DONE, _DECODE_HANDOFF, _SEGMENT_END, _AGG_ITER_END = range(6)
+_ARRIVAL, _READY, _PREFILL_DONE, _DECODE_HANDOFF, _SEGMENT_END, _AGG_ITER_END, _OD_ITER_END = range(7)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,6 +211,7 @@ class SimResult:
     num_scaling_events: int
     worker_timeline: tuple[tuple[float, int, int], ...]  # (time, ready prefill, ready decode) at each change
     cached_tokens: np.ndarray | None = None  # prompt tokens found in a prefix cache (0 without block ids)
+    num_preemptions: int = 0  # ON_DEMAND: times a running request was evicted (each one is recomputed later)
 
 
 class ClusterSimulator:
@@ -216,6 +251,15 @@ class ClusterSimulator:
         self._prefill_tokens: list[int] = [max(1, v) for v in self._isl_l]  # prompt tokens left after cache hits
         self._blocks_cached: list[int] = [0] * n  # leading prefix blocks of the request in its engine's cache
         self._cached = np.zeros(n, dtype=np.int64)
+        # KV tokens a decoding request held when it joined its batch: its prompt, or (after a recompute) its prompt
+        # plus the tokens generated before it was preempted
+        self._base_kv: list[int] = list(self._isl_l)
+        self._on_demand = spec.kv_allocation is KvAllocation.ON_DEMAND
+        self._recompute: list[int] = [0] * n  # ON_DEMAND: tokens to prefill again after a preemption (0: none)
+        self._iters_left: list[int] = [0] * n  # ON_DEMAND: decode iterations a preempted request still owes
+        self._admitted_seq: list[int] = [0] * n  # ON_DEMAND: admission order (the newest is preempted first)
+        self._admissions = itertools.count()
+        self._num_preemptions = 0
         self._use_cache = spec.prefix_caching and trace.has_hashes
         self._events: list[tuple[float, int, int, int, object]] = []
         self._horizon_s = 0.0  # the latest time any event was scheduled for
@@ -354,7 +398,7 @@ class ClusterSimulator:
             if worker.state is not _WorkerState.READY:
                 continue
             kv = self._kv_now(worker)
-            queued_kv = sum(self._isl_l[i] for i in worker.queue)
+            queued_kv = sum(self._isl_l[i] for i in worker.queue) + sum(self._recompute[i] for i in worker.preempted)
             computing = worker.busy or bool(worker.running)
             if worker.kind is _Kind.AGG:
                 in_chunk = worker.last_chunk_tokens if worker.busy else 0
@@ -370,7 +414,9 @@ class ClusterSimulator:
                 )
             else:
                 scheduled = ScheduledRequests(num_decode_requests=len(worker.running), sum_decode_kv_tokens=kv)
-                queued = QueuedRequests(num_decode_requests=len(worker.queue), sum_decode_kv_tokens=queued_kv)
+                queued = QueuedRequests(
+                    num_decode_requests=len(worker.queue) + len(worker.preempted), sum_decode_kv_tokens=queued_kv
+                )
             snapshots.append(
                 ForwardPassMetrics(
                     component=Component.DECODE,
@@ -400,6 +446,7 @@ class ClusterSimulator:
             num_scaling_events=self._num_scaling_events,
             worker_timeline=tuple(self._timeline),
             cached_tokens=self._cached.copy(),
+            num_preemptions=self._num_preemptions,
         )
 
     # --- internals -----------------------------------------------------------------------------------------
@@ -518,6 +565,9 @@ class ClusterSimulator:
         elif kind == _AGG_ITER_END:
             assert isinstance(payload, tuple)
             self._end_agg_iteration(*payload)
+        elif kind == _OD_ITER_END:
+            assert isinstance(payload, tuple)
+            self._od_end_iteration(*payload)
 
     def _route(self, component: Component, request: int) -> None:
         worker = self._pick(component)
@@ -532,7 +582,13 @@ class ClusterSimulator:
             self._enqueue(worker, waiting.popleft())
 
     def _enqueue(self, worker: _Worker, request: int) -> None:
-        if worker.kind is _Kind.PREFILL:
+        if self._on_demand and worker.kind is not _Kind.PREFILL:
+            if worker.kind is _Kind.AGG:
+                worker.queued_tokens += self._prefill_tokens[request]
+            worker.queue.append(request)
+            worker.queued_footprint += self._footprint_l[request]
+            self._od_wake(worker)
+        elif worker.kind is _Kind.PREFILL:
             tokens = self._prefill_tokens[request]
             worker.queue.append([request, tokens, False])
             worker.queued_tokens += tokens
@@ -693,7 +749,7 @@ class ClusterSimulator:
     def _join(self, worker: _Worker, request: int, decode_iterations: int) -> None:
         """`request` joins the running batch and is done after `decode_iterations` more iterations."""
         worker.running.add(request)
-        worker.sum_isl_running += self._isl_l[request]
+        worker.sum_isl_running += self._base_kv[request]
         worker.sum_joined_running += worker.iter_count
         self._joined_at[request] = worker.iter_count
         heapq.heappush(worker.finish_heap, (worker.iter_count + decode_iterations, request))
@@ -721,6 +777,10 @@ class ClusterSimulator:
             return
         iterations = max(1, worker.finish_heap[0][0] - worker.iter_count)
         num_running = len(worker.running)
+        if self._on_demand:
+            # The segment ends before the iteration whose growth (one token per running request) would not fit.
+            room = self.spec.decode_limits.max_kv_tokens - self._kv_now(worker) - worker.prefill_kv
+            iterations = min(iterations, max(1, room // num_running))
         mid_kv = self._kv_now(worker) + num_running * iterations / 2.0
         iter_s = self.fwd.decode_wall_s(num_running, mid_kv)
         worker.segment_start_s, worker.segment_iter_s, worker.segment_iters = start_s, iter_s, iterations
@@ -734,7 +794,7 @@ class ClusterSimulator:
             worker.running.discard(request)
             self._finish_s[request] = self.now_s
             worker.reserved_kv -= self._footprint_l[request]
-            worker.sum_isl_running -= self._isl_l[request]
+            worker.sum_isl_running -= self._base_kv[request]
             worker.sum_joined_running -= self._joined_at[request]
 
     def _end_segment(self, payload: object) -> None:
@@ -745,6 +805,9 @@ class ClusterSimulator:
         worker.iter_count += worker.segment_iters
         worker.segment_iters = 0
         self._finish_running(worker)
+        if self._on_demand:
+            self._od_boundary(worker, self.now_s)
+            return
         if worker.kind is _Kind.AGG:
             self._next_agg_iteration(worker, self.now_s)
             return
@@ -829,6 +892,200 @@ class ClusterSimulator:
             else:
                 self._join(worker, request, self._osl_l[request] - 1)
         self._next_agg_iteration(worker, self.now_s)
+
+    # on-demand KV (decode and aggregated engines) ---------------------------------------------------------------
+
+    def _od_wake(self, worker: _Worker) -> None:
+        """A request arrived: schedule at once when idle, at the next iteration boundary when decoding, or leave it
+        to the mixed iteration in flight."""
+        if worker.busy:
+            return
+        if worker.running and worker.segment_iters > 0:
+            boundary_s = self._interrupt_segment(worker)
+            if boundary_s is None:
+                return
+        else:
+            boundary_s = self.now_s
+        self._od_boundary(worker, boundary_s)
+
+    def _od_boundary(self, worker: _Worker, start_s: float) -> None:
+        """An iteration boundary: make room for the running requests' next token (preempting the newest if the
+        cache is full), admit waiting requests only when nothing was preempted (as vLLM's scheduler), then run a
+        mixed iteration if a prompt or a recompute is prefilling, else a pure-decode segment."""
+        worker.segment_version += 1
+        worker.segment_iters = 0
+        if not self._od_preempt(worker):
+            self._od_admit(worker)
+        limits = self.spec.decode_limits
+        budget = limits.max_num_batched_tokens - len(worker.running)
+        chunk = []
+        for entry in worker.prefilling:
+            if budget <= 0:
+                break
+            take = min(entry[1], budget)
+            chunk.append((entry[0], take))
+            budget -= take
+        if not chunk:
+            self._start_segment(worker, start_s)
+            return
+        tokens = sum(take for _, take in chunk)
+        if worker.running:
+            iter_s = self.fwd.mixed_wall_s(tokens, len(worker.running), self._kv_now(worker))
+        else:
+            iter_s = self.fwd.prefill_wall_s(tokens)
+        worker.busy = True
+        worker.last_iter_s = iter_s
+        worker.last_chunk_requests, worker.last_chunk_tokens = len(chunk), tokens
+        self._push(start_s + iter_s, _OD_ITER_END, (worker, tuple(chunk)))
+
+    def _od_kv_used(self, worker: _Worker) -> int:
+        return self._kv_now(worker) + worker.prefill_kv
+
+    def _od_preempt(self, worker: _Worker) -> bool:
+        """Preempt the most recently admitted requests until every running request's next token fits (one request
+        is never preempted: it runs alone even past the cache, as nothing else could free room for it)."""
+        max_kv = self.spec.decode_limits.max_kv_tokens
+        preempted = False
+        while (
+            len(worker.running) + len(worker.prefilling) > 1 and self._od_kv_used(worker) + len(worker.running) > max_kv
+        ):
+            victim = max(
+                itertools.chain(worker.running, (e[0] for e in worker.prefilling)), key=self._admitted_seq.__getitem__
+            )
+            self._od_evict(worker, victim)
+            preempted = True
+        return preempted
+
+    def _od_evict(self, worker: _Worker, request: int) -> None:
+        """Free `request`'s KV and put it back at the head of the engine's queue; it will prefill its prompt and the
+        tokens generated so far again (recompute)."""
+        self._num_preemptions += 1
+        if request in worker.running:
+            held = self._base_kv[request] + worker.iter_count - self._joined_at[request]
+            finish_at = next(at for at, r in worker.finish_heap if r == request)
+            worker.finish_heap = [(at, r) for at, r in worker.finish_heap if r != request]
+            heapq.heapify(worker.finish_heap)
+            worker.running.discard(request)
+            worker.sum_isl_running -= self._base_kv[request]
+            worker.sum_joined_running -= self._joined_at[request]
+            if request in worker.first_pending:
+                worker.first_pending.remove(request)
+            self._recompute[request] = held
+            self._iters_left[request] = finish_at - worker.iter_count
+            if worker.kind is _Kind.AGG:
+                worker.queued_tokens += held
+        else:
+            index = next(i for i, e in enumerate(worker.prefilling) if e[0] == request)
+            tokens_left = worker.prefilling[index][1]
+            del worker.prefilling[index]
+            recompute = self._recompute[request]
+            allocated = recompute or self._isl_l[request]
+            worker.prefill_kv -= allocated
+            if worker.kind is _Kind.AGG:
+                # the prompt's progress is lost: its tokens are to compute again
+                worker.queued_tokens += (recompute or self._prefill_tokens[request]) - tokens_left  # hits count again
+        if self.spec.recompute_after_handoffs and worker.kind is _Kind.DECODE:
+            worker.preempted.appendleft(request)
+        else:
+            worker.queue.appendleft(request)
+        worker.reserved_kv -= self._footprint_l[request]
+        worker.queued_footprint += self._footprint_l[request]
+
+    def _od_admit(self, worker: _Worker) -> None:
+        """Admit waiting requests in FIFO order while a sequence slot is free and the KV they need now (the prompt,
+        or the prompt and generated tokens of a recompute) fits beside the running requests' next tokens and the
+        watermark (an idle engine admits its head request whatever its size)."""
+        limits = self.spec.decode_limits
+        free_after = limits.max_kv_tokens - int(self.spec.kv_watermark * limits.max_kv_tokens)
+        extra = self._decode_iters_extra
+        while len(worker.running) + len(worker.prefilling) < limits.max_num_seqs:
+            # preempted requests kept apart (`recompute_after_handoffs`) come only when no transfer waits
+            waiting = worker.queue or worker.preempted
+            if not waiting:
+                break
+            request = waiting[0]
+            recompute = self._recompute[request]
+            need = recompute or self._isl_l[request]
+            busy = worker.running or worker.prefilling
+            if busy and self._od_kv_used(worker) + len(worker.running) + need > free_after:
+                break
+            waiting.popleft()
+            footprint = self._footprint_l[request]
+            worker.queued_footprint -= footprint
+            worker.reserved_kv += footprint
+            self._admitted_seq[request] = next(self._admissions)
+            if recompute:
+                # The KV of the whole prefix is allocated again; the leading prompt blocks still in the engine's
+                # prefix cache are not computed again (an aggregated engine's freed blocks stay cached).
+                hit_tokens = self._recompute_hit(worker, request, recompute)
+                worker.queued_tokens -= hit_tokens
+                worker.prefilling.append([request, recompute - hit_tokens])
+                worker.prefill_kv += recompute
+            elif worker.kind is _Kind.DECODE:
+                self._join(worker, request, self._osl_l[request] - 1 + extra)
+                if extra:
+                    worker.first_pending.append(request)
+            else:
+                before = self._prefill_tokens[request]
+                tokens = self._lookup_prefix(worker, request)
+                worker.queued_tokens -= before - tokens
+                worker.prefilling.append([request, tokens])
+                worker.prefill_kv += need
+
+    def _recompute_hit(self, worker: _Worker, request: int, recompute: int) -> int:
+        """Tokens of a recompute found in the engine's prefix cache: its leading prompt blocks (at least one token
+        is computed)."""
+        cache = worker.cache
+        if cache is None:
+            return 0
+        hit_blocks = 0
+        for block in self.trace.request_hashes(request).tolist():
+            if block not in cache:
+                break
+            cache.move_to_end(block)
+            hit_blocks += 1
+        return max(0, min(hit_blocks * self.trace.block_tokens, self._isl_l[request], recompute - 1))
+
+    def _od_end_iteration(self, worker: _Worker, chunk: tuple[tuple[int, int], ...]) -> None:
+        worker.busy = False
+        if worker.running:
+            worker.iter_count += 1
+            for request in worker.first_pending:
+                self._first_token(request, self.now_s)
+            worker.first_pending.clear()
+            self._finish_running(worker)
+        is_agg = worker.kind is _Kind.AGG
+        for request, take in chunk:
+            head = worker.prefilling[0]
+            assert head[0] == request
+            head[1] -= take
+            recompute = self._recompute[request]
+            if is_agg:
+                worker.queued_tokens -= take
+                if not recompute:
+                    self._cache_progress(worker, request, head[1])
+            if head[1] > 0:
+                continue
+            worker.prefilling.popleft()
+            # The iteration that ends a prompt (or a recompute) samples the next token.
+            if recompute:
+                worker.prefill_kv -= recompute
+                self._recompute[request] = 0
+                self._base_kv[request] = recompute
+                iterations = self._iters_left[request] - 1
+                if math.isnan(self._first_token_s[request]):
+                    self._first_token(request, self.now_s)
+            else:
+                worker.prefill_kv -= self._isl_l[request]
+                self._first_token(request, self.now_s)
+                iterations = self._osl_l[request] - 1
+            if iterations <= 0:
+                self._finish_s[request] = self.now_s
+                worker.reserved_kv -= self._footprint_l[request]
+                self._base_kv[request] = self._isl_l[request]
+            else:
+                self._join(worker, request, iterations)
+        self._od_boundary(worker, self.now_s)
 
     # draining ------------------------------------------------------------------------------------------------
 

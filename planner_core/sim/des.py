@@ -11,9 +11,9 @@ Model:
   `prefill_wall_s(tokens)`. When a prompt's last chunk is done its KV cache moves to a decode engine
   (`kv_transfer_s_per_token * ISL`).
 - Decode engines run continuous batching: every iteration advances each running request by one token and lasts
-  `decode_wall_s(num_running, kv_tokens)`. A request is admitted when a sequence slot is free and its whole
-  footprint (ISL + OSL tokens) fits the free KV cache (reserved at admission, so no preemption; see
-  `kv_allocation` below for allocation as tokens are generated), otherwise it waits in the engine's queue. To
+  `decode_wall_s(num_running, kv_tokens)`. A request is admitted when a sequence slot is free and its KV fits
+  (`kv_allocation` below: by default its prompt, then one token per iteration, with preemption when the cache
+  is full), otherwise it waits in the engine's queue. To
   stay fast, iterations are not events: between membership changes a decode engine runs a segment of
   identical-length iterations (the KV size at the segment's midpoint); an admission interrupts the segment at the
   next iteration boundary.
@@ -25,10 +25,12 @@ Model:
   on the decode batch. Each iteration every running request decodes one token and takes one token of the
   `max_num_batched_tokens` budget; the rest of the budget goes to admitted prompts in FIFO order. A mixed
   iteration lasts `mixed_wall_s(prefill tokens, num_decode, kv)` (`prefill_wall_s` with nothing decoding); the
-  iteration that finishes a prompt yields its first token. A prompt is admitted (its ISL + OSL KV reserved)
-  when a sequence slot (running + prefilling < `max_num_seqs`) and the KV fit. Pure-decode stretches run as
+  iteration that finishes a prompt yields its first token. A prompt is admitted when a sequence slot
+  (running + prefilling < `max_num_seqs`) and its KV fit (`kv_allocation`). Pure-decode stretches run as
   segments, as above; an arriving request interrupts a segment at the next iteration boundary.
-- KV allocation (`kv_allocation`): RESERVE (default) as above. ON_DEMAND, as vLLM's scheduler: a decode or
+- KV allocation (`kv_allocation`): RESERVE holds a request's whole footprint (ISL + OSL tokens) from admission,
+  so nothing is preempted, but it uses the output length and leaves KV idle. ON_DEMAND (default), as vLLM's
+  scheduler: a decode or
   aggregated engine holds a request's prompt from admission and one more token per iteration. At every iteration
   boundary the running requests' next tokens are allocated first: while they do not fit `max_kv_tokens`, the most
   recently admitted request (running or prefilling) is preempted (its KV freed, it goes back to the head of the
@@ -124,7 +126,7 @@ class SimSpec:
     aggregated: bool = False
     first_token_from_decode: bool = True
     prefix_caching: bool = True
-    kv_allocation: KvAllocation = KvAllocation.RESERVE
+    kv_allocation: KvAllocation = KvAllocation.ON_DEMAND
     kv_watermark: float = 0.01
     recompute_after_handoffs: bool = False
 

@@ -250,7 +250,7 @@ class ThroughputProposePlugin:
     ) -> int:
         """Ours: the burst rule for the aggregated pool (`burst_prefill_replicas` with `component=DECODE`); the engine
         rate is the agg model's prompt rate under the decode batch `agg_capacity` chose at the sizing shape
-        (`agg_operating_prompt_rate`), KV hits discounted, times the pool's target utilisation."""
+        (`agg_operating_prompt_rate`), KV hits discounted, times the prefill target utilisation."""
         from planner_core.perf.capacity import agg_operating_prompt_rate, effective_kv_hit_rate
 
         config, state, traffic = context.config, context.state, context.inputs.traffic
@@ -273,8 +273,9 @@ class ThroughputProposePlugin:
             )
             hit, _ = effective_kv_hit_rate(state.last_kv_hit_rate, component)
             iteration_s = rate.iteration_s
-            # the pool's target utilisation derates the engine for bursts as for its mean rate
-            engine_tokens_per_s = rate.tokens_per_s / (1.0 - hit) * _target_utilization(config, component)
+            # the prefill target utilisation derates the prompt rate, as for a prefill pool; the pool's own (decode)
+            # utilisation is already in the mean-rate size, and the rate is taken at the full operating batch
+            engine_tokens_per_s = rate.tokens_per_s / (1.0 - hit) * config.throughput_prefill_target_utilization
         replicas, step = burst_prefill_replicas(
             traffic,
             prediction.num_req * prediction.isl / window_s,

@@ -28,8 +28,10 @@ Ours, off by default (Dynamo runs each pool at its searched capacity):
 - burst sizing of aggregated engines (the same rule, `component=DECODE`): an aggregated engine computes prompts
   under its decode batch, so `mu` is its prompt rate at the operating point the capacity search chose
   (`planner_core.perf.capacity.agg_operating_prompt_rate`: `MBT - b` prompt tokens per mixed iteration with `b`
-  requests decoding) and `T'` the TTFT target less one such iteration. KV hits and the pool's target utilisation
-  raise and derate `mu` as they do for a prefill pool, and the source caps each prompt at the same engine's share.
+  requests decoding) and `T'` the TTFT target less one such iteration. KV hits and the prefill target utilisation
+  raise and derate `mu` as they do for a prefill pool (the pool's own target utilisation is in its mean-rate size,
+  and `mu` is already taken at the full operating batch, not at the lower batch that utilisation leaves), and the
+  source caps each prompt at the same engine's share.
 """
 
 from __future__ import annotations

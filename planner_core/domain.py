@@ -165,6 +165,8 @@ class TrafficObservation:
             its arrival; the 99th percentile over the window's requests. Where the source timestamps requests.
             A source that knows the prefill engines' rate counts each prompt up to what one engine computes in the
             interval plus the TTFT target (one prompt occupies one engine, so it delays the others by no more).
+            For aggregated engines that rate is their prompt rate under the decode batch
+            (`planner_core.perf.capacity.agg_operating_prompt_rate`).
     """
 
     duration_s: float

@@ -306,7 +306,7 @@ def test_agg_presets_run_in_mode_agg_and_the_others_are_refused(profile_perf: Pr
     policies = build_policies(names, base, trace, profile_perf, FWD, agg, window_s=60, initial="min")
     planners = [p for p in policies if isinstance(p, PlannerPolicy)]
     assert [p.config.mode for p in planners] == [PlannerMode.AGG] * 3
-    assert not planners[0].config.throughput_prefill_burst_sizing  # a prefill-pool rule: off in agg
+    assert planners[0].config.throughput_prefill_burst_sizing  # at the agg engine's prompt rate
     assert [p.initial() for p in policies] == [(0, 1), (0, 1), (0, 1), (0, 3), (0, 2)]
     refusals = {
         "dynamo-0x": "dynamo-0x cannot run with --mode agg: its profile interpolation",
@@ -321,6 +321,8 @@ def test_agg_presets_run_in_mode_agg_and_the_others_are_refused(profile_perf: Pr
     disagg = UserPlannerConfig(name="config:d", config=parse_config({"ttft_ms": 500}, "d.yaml"))
     with pytest.raises(ValueError, match="--config config:d: mode 'disagg' cannot run with --mode agg"):
         build_policies([], base, trace, profile_perf, FWD, agg, window_s=60, user_configs=[disagg])
+
+
 def test_planner_policies_see_the_router_kv_hit_rate_of_the_window(profile_perf: ProfilePerfModel) -> None:
     """On a trace with prefix blocks the planners' throughput window carries the prefix-cache hit rate, as the
     Dynamo policies' does; without blocks it stays unknown."""
@@ -339,3 +341,34 @@ def test_planner_policies_see_the_router_kv_hit_rate_of_the_window(profile_perf:
         run_bench([policy], trace, FWD, SimSpec(), ttft_ms=500, itl_ms=50)
         assert policy.state.num_throughput_ticks == 1
         assert policy.state.last_kv_hit_rate == (pytest.approx(expected) if expected is not None else None)
+
+
+def test_agg_planner_sizes_for_bursts_above_the_mean_rate(profile_perf: ProfilePerfModel) -> None:
+    """A bursty trace on aggregated engines: 2 requests/s of 500 prompt tokens, and every 60 s 40 prompts of 3,000
+    tokens within 0.2 s (120,000 tokens). The mean rate (~2.7 requests/s, ~4,300 prompt tokens/s) fits one engine;
+    a burst does not: at the agg engine's prompt rate under its decode batch (tens of thousands of tokens/s, times
+    the 0.7 target utilisation) it needs several engines to drain within the 500 ms TTFT target. The `planner`
+    preset (burst sizing on) scales above one engine and attains more than the same config with burst sizing off,
+    which stays at the mean-rate size."""
+    rng = np.random.default_rng(5)
+    steady = np.sort(rng.uniform(0.0, 600.0, 1200))
+    bursts = np.concatenate([30.0 + 60.0 * k + np.linspace(0.0, 0.2, 40) for k in range(10)])
+    arrival = np.concatenate([steady, bursts])
+    order = np.argsort(arrival, kind="stable")
+    isl = np.concatenate([np.full(1200, 500), np.full(400, 3000)])[order]
+    osl = np.concatenate([np.full(1200, 50), np.full(400, 50)])[order]
+    trace = make_trace(arrival[order].tolist(), isl.tolist(), osl.tolist())
+    agg = SimSpec(aggregated=True)
+    base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 60}
+    (burst,) = build_policies(["planner"], base, trace, profile_perf, FWD, agg, window_s=60, initial="min")
+    assert isinstance(burst, PlannerPolicy) and burst.config.throughput_prefill_burst_sizing
+    mean_only = UserPlannerConfig(
+        name="config:mean-only", config=burst.config.model_copy(update={"throughput_prefill_burst_sizing": False})
+    )
+    (plain,) = build_policies([], base, trace, profile_perf, FWD, agg, window_s=60, initial="min",
+                              user_configs=[mean_only])  # fmt: skip
+    runs = {run.row.policy: run for run in run_bench([burst, plain], trace, FWD, agg, ttft_ms=500, itl_ms=50)}
+    most = {name: max(ready for _, _, ready in run.result.worker_timeline) for name, run in runs.items()}
+    assert most["config:mean-only"] == 1
+    assert most["planner"] > 1
+    assert runs["planner"].row.sla_attainment > runs["config:mean-only"].row.sla_attainment

@@ -23,6 +23,8 @@ from planner_core.perf.capacity import (
     CapacityRole,
     RoleCapacity,
     agg_capacity,
+    agg_operating_prompt_rate,
+    agg_prompt_rate,
     batch_candidates,
     chunked_prefill_s,
     decode_capacity,
@@ -429,6 +431,87 @@ def test_agg_prefill_bound_fallback() -> None:
     assert capacity.batch_size == 1 and capacity.batch_limit is BatchLimit.PREFILL_DECODE_BALANCE
     assert capacity.requests_per_s == pytest.approx(8191 / (10000 * 0.08741))
     assert capacity.reason is ReasonCode.SLA_UNREACHABLE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AggPromptRateCase:
+    id: str
+    model: LinearModel
+    mbt: int
+    batch: int
+    context: int
+    want_tokens_per_s: float
+    want_iteration_s: float
+
+
+# AGG_MODEL: mixed_wall(p, b, kv) = 5 ms + 0.01 ms per prompt token + 5e-8 s per decode KV token.
+AGG_PROMPT_RATE_CASES = [
+    # nothing decoding: the whole budget: 8192 / (0.005 + 0.08192) = 8192 / 0.08692 = 94,247.6 tokens/s
+    AggPromptRateCase(
+        id="idle-engine-whole-budget", model=AGG_MODEL, mbt=8192, batch=0, context=1100,
+        want_tokens_per_s=8192 / 0.08692, want_iteration_s=0.08692,
+    ),
+    # 47 decoding at context 1100: 8145 prompt tokens / (0.005 + 0.08145 + 47 x 1100 x 5e-8 = 0.089035 s)
+    # = 91,480.9 tokens/s: the batch takes 47 tokens of budget and 2.585 ms of KV reads per iteration
+    AggPromptRateCase(
+        id="decode-batch-shares-the-iteration", model=AGG_MODEL, mbt=8192, batch=47, context=1100,
+        want_tokens_per_s=8145 / 0.089035, want_iteration_s=0.089035,
+    ),
+    # MBT 600, 100 decoding at context 10,000: 500 / (0.005 + 0.005 + 100 x 10,000 x 5e-8 = 0.06 s) = 8,333.3
+    AggPromptRateCase(
+        id="long-contexts-slow-the-prompts", model=AGG_MODEL, mbt=600, batch=100, context=10_000,
+        want_tokens_per_s=500 / 0.06, want_iteration_s=0.06,
+    ),
+    # the batch takes the whole budget: no prompt tokens
+    AggPromptRateCase(
+        id="no-budget-left", model=AGG_MODEL, mbt=600, batch=600, context=1100,
+        want_tokens_per_s=0.0, want_iteration_s=0.0,
+    ),
+    # a model predicting no time cannot rate the engine
+    AggPromptRateCase(
+        id="zero-time-model", model=LinearModel(base_s=0.0, per_token_s=0.0), mbt=8192, batch=10, context=1100,
+        want_tokens_per_s=0.0, want_iteration_s=0.0,
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", AGG_PROMPT_RATE_CASES, ids=lambda c: c.id)
+def test_agg_prompt_rate(case: AggPromptRateCase) -> None:
+    tokens_per_s, iteration_s = agg_prompt_rate(case.model, case.mbt, batch_size=case.batch, context=case.context)
+    assert tokens_per_s == pytest.approx(case.want_tokens_per_s)
+    assert iteration_s == pytest.approx(case.want_iteration_s)
+
+
+@pytest.mark.parametrize(
+    ("kv_hit_rate", "want_batch", "want_tokens_per_s", "want_iteration_s"),
+    [
+        # the operating point of test_agg_capacity_balances_prefill_and_decode: batch 47, context 1100:
+        # 8145 / 0.089035 s (the second rate case)
+        (None, 47, 8145 / 0.089035, 0.089035),
+        # hit 0.5: 500 computed tokens per prompt, p(b) = ceil(2.5 b); itl(b) = 5 + 0.01 ceil(2.5 b) + 0.055 b ms:
+        # b = 62 gives 5 + 1.55 + 3.41 = 9.96 ms, b = 63 gives 10.045 > 10: batch 62. The rate is not discounted
+        # here (the caller divides by 1 - hit): 8130 / (0.005 + 0.0813 + 62 x 1100 x 5e-8 = 0.08971 s)
+        (0.5, 62, 8130 / 0.08971, 0.08971),
+    ],
+)
+def test_agg_operating_prompt_rate_is_taken_at_the_capacity_batch(
+    kv_hit_rate: float | None, want_batch: int, want_tokens_per_s: float, want_iteration_s: float
+) -> None:
+    rate = agg_operating_prompt_rate(
+        AGG_MODEL, EngineLimits(max_num_seqs=128), isl=1000, osl=200, ttft_ms=200, itl_ms=10, kv_hit_rate=kv_hit_rate
+    )
+    assert (rate.batch_size, rate.context) == (want_batch, 1100)
+    assert rate.capacity.batch_size == want_batch
+    assert rate.tokens_per_s == pytest.approx(want_tokens_per_s)
+    assert rate.iteration_s == pytest.approx(want_iteration_s)
+
+
+def test_agg_operating_prompt_rate_without_a_ready_model_is_zero() -> None:
+    rate = agg_operating_prompt_rate(
+        LinearModel(ready=False), EngineLimits(), isl=1000, osl=200, ttft_ms=200, itl_ms=10
+    )
+    assert (rate.tokens_per_s, rate.iteration_s, rate.batch_size) == (0.0, 0.0, 0)
+    assert rate.capacity.reason is ReasonCode.MODEL_NOT_READY
 
 
 # --------------------------------------------------------------------------------------------------------

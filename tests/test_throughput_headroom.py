@@ -223,6 +223,83 @@ def test_burst_sizing_without_a_forward_model_keeps_the_mean_rate() -> None:
     assert steps_named(outcome, "burst")[0].reason is ReasonCode.BURST_UNAVAILABLE
 
 
+# --- burst sizing of aggregated engines ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AggBurstCase:
+    id: str
+    overrides: dict[str, object]
+    kv_hit_rate: float | None
+    want: int
+
+
+# Aggregated engines on the linear model, ITL 50 ms: mixed_wall(p, b, kv) = 0.015 + 1e-5 p + 1e-4 b + 1e-8 kv s.
+# 600 requests of ISL 1000 / OSL 100 per 60 s (10 req/s, 10,000 prompt tokens/s), context 1000 + 50 = 1050.
+# The capacity search: p(b) = 10 b, itl(b) = 0.015 + 2.105e-4 b <= 0.05 -> b <= 166.3; the candidates for
+# max_num_seqs 512 are 1 + i x 511 // 127, the largest within is 165 (itl 49.73 ms, 33.18 req/s: 1 engine on the
+# mean rate). Its prompt rate: 8192 - 165 = 8027 tokens per 0.015 + 0.08027 + 0.0165 + 165 x 1050 x 1e-8
+# = 0.1135025 s: 70,720.9 tokens/s; slack T' = 0.2 - 0.1135025 = 0.0864975 s.
+AGG_BURST_CASES = [
+    # 300,000 tokens within 1 s: 300,000 / (70,720.9 x 1.0864975) = 3.90 -> 4 (a prefill engine would need 4 too,
+    # at 89,121 tokens/s: 3.04)
+    AggBurstCase(id="burst-raises-the-agg-pool", overrides={}, kv_hit_rate=None, want=4),
+    # the prefill target utilisation 0.7 derates the prompt rate: 49,504.6 tokens/s -> 300,000 / 53,786.7
+    # = 5.58 -> 6
+    AggBurstCase(
+        id="prefill-utilisation-derates",
+        overrides={"throughput_prefill_target_utilization": 0.7},
+        kv_hit_rate=None,
+        want=6,
+    ),
+    # the pool's own (decode) utilisation is in the mean-rate size only (10 / 0.7 = 14.3 req/s still fits one
+    # engine of 33.18): the burst still needs 4
+    AggBurstCase(
+        id="decode-utilisation-leaves-the-burst-rate",
+        overrides={"throughput_decode_target_utilization": 0.7},
+        kv_hit_rate=None,
+        want=4,
+    ),
+    # hit 0.5: 500 computed tokens per prompt: p(b) = 5 b, itl(b) = 0.015 + 1.605e-4 b -> b <= 218.07, candidate 218
+    # (1 + 54 x 511 // 127); rate 7974 / (0.015 + 0.07974 + 0.0218 + 0.002289 = 0.118829 s) = 67,105.2 computed,
+    # / (1 - 0.5) = 134,210.4 prompt tokens/s; slack 0.081171 s: 300,000 / 145,104.3 = 2.07 -> 3
+    AggBurstCase(id="kv-hits-discounted", overrides={}, kv_hit_rate=0.5, want=3),
+]
+
+
+@pytest.mark.parametrize("case", AGG_BURST_CASES, ids=lambda c: c.id)
+def test_agg_burst_sizing_in_the_tick(case: AggBurstCase) -> None:
+    obs = dataclasses.replace(burst_traffic(prompt_tokens_p99_1s=300_000), kv_hit_rate=case.kv_hit_rate)
+    agg = {"mode": "agg", "throughput_algorithm": "engine_capacity", "itl_ms": 50, **case.overrides}
+    off = tick(throughput_inputs(obs), PlannerState(), make_config(**agg), PERF)
+    on = tick(throughput_inputs(obs), PlannerState(), make_config(**agg, throughput_prefill_burst_sizing=True), PERF)
+    assert desired(off) == {Component.DECODE: 1} and not steps_named(off, "burst")
+    assert desired(on) == {Component.DECODE: case.want}
+    (step,) = steps_named(on, "burst")
+    assert (step.reason, step.component, step.value) == (ReasonCode.BURST_SIZED, Component.DECODE, case.want)
+
+
+def test_agg_burst_sizing_without_a_forward_model_keeps_the_mean_rate() -> None:
+    """No forward-pass model at all: the capacity search cannot run, so the tick holds before burst sizing."""
+    obs = burst_traffic(prompt_tokens_p99_1s=300_000)
+    config = make_config(
+        mode="agg", throughput_algorithm="engine_capacity", itl_ms=50, throughput_prefill_burst_sizing=True
+    )
+    outcome = tick(throughput_inputs(obs), PlannerState(), config, FixedRatePerf())
+    assert not steps_named(outcome, "burst") and outcome.reason is ReasonCode.MODEL_NOT_READY
+
+
+def test_agg_burst_sizing_without_a_curve_says_so() -> None:
+    obs = burst_traffic()
+    config = make_config(
+        mode="agg", throughput_algorithm="engine_capacity", itl_ms=50, throughput_prefill_burst_sizing=True
+    )
+    outcome = tick(throughput_inputs(obs), PlannerState(), config, PERF)
+    assert desired(outcome) == {Component.DECODE: 1}
+    (step,) = steps_named(outcome, "burst")
+    assert (step.reason, step.component) == (ReasonCode.BURST_UNAVAILABLE, Component.DECODE)
+
+
 # --- scale-down hold ----------------------------------------------------------------------------------------------
 
 

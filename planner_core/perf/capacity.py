@@ -25,6 +25,15 @@ Capacity search (Dynamo 1.6.1's engine query):
   both TTFT and ITL targets apply. If no batch is feasible, batch 1 with the whole remaining budget
   (`MBT - 1` prefill tokens per iteration) is reported, at the rate prefill can sustain.
 
+Prompt rate of an aggregated engine (ours, for burst sizing, `agg_operating_prompt_rate`): a prefill engine
+computes a full chunk of `MBT` prompt tokens per iteration (`full_chunk_prefill_rate`); an aggregated engine shares
+each iteration's budget with one token per running decode request and pays for their KV reads, so with `b`
+requests decoding it computes `(MBT - b) / mixed_wall(MBT - b, b, b * ctx)` prompt tokens/s (`agg_prompt_rate`).
+The rate is taken at the operating point `agg_capacity` chose for the request shape (its batch `b`, context
+`ctx = ISL + OSL // 2`): the pool is sized so each engine carries about that batch, and a burst arrives on
+engines already decoding it. A smaller batch (an idle engine) would overstate the rate; a larger one (the burst's
+own requests joining the batch) is what the burst sizing's slack and the pool's target utilisation cover.
+
 Runtime metadata (Dynamo 1.6.1): the KV hit rate discounts prefill compute only (`1 - clamp(hit, 0, 0.95)`;
 unknown = no discount); decode KV uses the raw ISL. The speculative accept length divides decode time, clamped to
 `[1, speculative_nextn + 1]`; 1 when `speculative_nextn` is 0 or the accept length is unknown. Each clamp is
@@ -52,7 +61,10 @@ __all__ = [
     "BatchLimit",
     "CapacityRole",
     "RoleCapacity",
+    "AggPromptRate",
     "agg_capacity",
+    "agg_operating_prompt_rate",
+    "agg_prompt_rate",
     "batch_candidates",
     "chunked_prefill_s",
     "decode_capacity",
@@ -193,6 +205,26 @@ def full_chunk_prefill_rate(model: ForwardPassModel, max_num_batched_tokens: int
     if iteration_s <= 0:
         return 0.0, 0.0
     return max_num_batched_tokens / iteration_s, iteration_s
+
+
+def agg_prompt_rate(
+    model: ForwardPassModel, max_num_batched_tokens: int, *, batch_size: int, context: int
+) -> tuple[float, float]:
+    """Prompt tokens/s one aggregated engine computes while `batch_size` requests of `context` KV tokens decode, and
+    the wall time (s) of one such iteration: `MBT - b` prompt tokens per `mixed_wall_s(MBT - b, b, b * context)`;
+    (0, 0) when the decode batch leaves no budget or the model gives a non-positive iteration time."""
+    prompt_tokens = max_num_batched_tokens - batch_size
+    if prompt_tokens <= 0:
+        return 0.0, 0.0
+    iteration_s = model.mixed_wall_s(float(prompt_tokens), float(batch_size), float(batch_size * context))
+    if not iteration_s > 0:
+        return 0.0, 0.0
+    return prompt_tokens / iteration_s, iteration_s
+
+
+def _decode_context(isl: float, osl: float) -> int:
+    """KV tokens a decoding request holds on average: `max(1, floor(ISL + OSL // 2))`."""
+    return max(1, math.floor(isl + osl // 2))
 
 
 def _effective_isl(isl: float, hit: float) -> int:
@@ -416,7 +448,7 @@ def decode_capacity(
     steps = [accept_step]
     if not model.is_ready():
         return _not_ready(CapacityRole.DECODE, component, steps)
-    context = max(1, math.floor(isl + osl // 2))
+    context = _decode_context(isl, osl)
     max_batch, limit = _decode_batch_cap(limits, context)
     if max_batch < 1:
         detail = f"decode: one request of context {context} tokens exceeds max_kv_tokens {limits.max_kv_tokens}"
@@ -480,7 +512,7 @@ def agg_capacity(
         return _not_ready(CapacityRole.AGG, component, steps)
     mbt = limits.max_num_batched_tokens
     isl_eff = _effective_isl(isl, hit)
-    context = max(1, math.floor(isl + osl // 2))
+    context = _decode_context(isl, osl)
     decode_cap, limit = _decode_batch_cap(limits, context)
     if decode_cap < 1 or mbt < 2:
         detail = (
@@ -538,4 +570,56 @@ def agg_capacity(
         targets=(
             f"TTFT {ttft_ms:g} ms and ITL {itl_ms:g} ms (ISL {isl_eff} computed, context {context}, accept {accept:g})"
         ),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AggPromptRate:
+    """An aggregated engine's prompt rate at its operating point (module docstring).
+
+    Attributes:
+        tokens_per_s: prompt tokens computed per second (KV hits not discounted; 0 when unknown).
+        iteration_s: wall time of one iteration at that point (s; 0 when unknown).
+        batch_size: the decode batch on board (`agg_capacity`'s choice; 0 when it found none).
+        context: KV tokens per decoding request.
+        capacity: the capacity search the operating point comes from.
+    """
+
+    tokens_per_s: float
+    iteration_s: float
+    batch_size: int
+    context: int
+    capacity: RoleCapacity
+
+
+def agg_operating_prompt_rate(
+    model: ForwardPassModel,
+    limits: EngineLimits,
+    *,
+    isl: float,
+    osl: float,
+    ttft_ms: float,
+    itl_ms: float,
+    kv_hit_rate: float | None = None,
+    accept_length: float | None = None,
+) -> AggPromptRate:
+    """Prompt tokens/s one aggregated engine computes at the batch `agg_capacity` chooses for this shape and these
+    targets (`agg_prompt_rate` at that batch). The burst sizing of the planner and the bench's arrival curve both
+    take the agg engine's rate from here. Arguments and errors as `agg_capacity`."""
+    capacity = agg_capacity(
+        model, limits, isl=isl, osl=osl, ttft_ms=ttft_ms, itl_ms=itl_ms, kv_hit_rate=kv_hit_rate,
+        accept_length=accept_length,
+    )  # fmt: skip
+    context = _decode_context(isl, osl)
+    if not capacity.usable:
+        return AggPromptRate(tokens_per_s=0.0, iteration_s=0.0, batch_size=0, context=context, capacity=capacity)
+    tokens_per_s, iteration_s = agg_prompt_rate(
+        model, limits.max_num_batched_tokens, batch_size=capacity.batch_size, context=context
+    )
+    return AggPromptRate(
+        tokens_per_s=tokens_per_s,
+        iteration_s=iteration_s,
+        batch_size=capacity.batch_size,
+        context=context,
+        capacity=capacity,
     )

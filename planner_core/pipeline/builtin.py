@@ -3,9 +3,9 @@
 `tick()` runs these through the same pipeline as user plugins (`builtin_plugins(loop, perf)`):
 - throughput tick: `builtin_load_predict` (PREDICT, priority 0) observes the window and forecasts the next one;
   `builtin_throughput_propose` (PROPOSE, priority 20) sizes each pool on the forecast (optionally with our target
-  utilisation, burst-aware prefill sizing and scale-down hold, each off by default), applies the min endpoints and
-  the change cap, and either proposes SET targets or, when the load loop is on too, only stores them as the load
-  loop's floor;
+  utilisation, burst-aware prefill or aggregated sizing and scale-down hold, each off by default), applies the min
+  endpoints and the change cap, and either proposes SET targets or, when the load loop is on too, only stores them
+  as the load loop's floor;
 - load tick: `builtin_load_propose` (PROPOSE, priority 10) feeds the engines' forward-pass metrics to the online
   perf models and proposes +/-1 per pool with the configured load policy (SLA per engine, threshold targets, or
   the 2025 threshold planner).
@@ -156,6 +156,10 @@ class ThroughputProposePlugin:
             sized[Component.PREFILL] = self._size_for_bursts(
                 context, prediction, window_s, sized[Component.PREFILL], steps
             )
+        elif config.throughput_prefill_burst_sizing and config.mode is PlannerMode.AGG:
+            sized[Component.DECODE] = self._size_agg_for_bursts(
+                context, prediction, shape, window_s, sized[Component.DECODE], steps
+            )
         if config.throughput_scale_down_hold_seconds > 0:
             sized, state = _hold_scale_down(
                 sized, state, inputs, config.throughput_scale_down_hold_seconds, components, steps
@@ -231,6 +235,55 @@ class ThroughputProposePlugin:
             ttft_ms=config.ttft_ms,
             engine_prompt_tokens_per_s=engine_tokens_per_s,
             iteration_s=iteration_s,
+        )
+        steps.append(step)
+        return replicas
+
+    def _size_agg_for_bursts(
+        self,
+        context: PipelineContext,
+        prediction: Prediction,
+        shape: RequestShape,
+        window_s: float,
+        mean_rate_replicas: int,
+        steps: list[StepRecord],
+    ) -> int:
+        """Ours: the burst rule for the aggregated pool (`burst_prefill_replicas` with `component=DECODE`); the engine
+        rate is the agg model's prompt rate under the decode batch `agg_capacity` chose at the sizing shape
+        (`agg_operating_prompt_rate`), KV hits discounted, times the prefill target utilisation."""
+        from planner_core.perf.capacity import agg_operating_prompt_rate, effective_kv_hit_rate
+
+        config, state, traffic = context.config, context.state, context.inputs.traffic
+        assert traffic is not None
+        component = Component.DECODE  # the aggregated pool
+        bootstrap = self.perf.forward_pass_model() if self.perf is not None else None
+        profiled_kv = self.perf.profiled_max_kv_tokens() if self.perf is not None else None
+        model, _ = forward_model_for(state, config.mode, component, bootstrap)
+        engine_tokens_per_s, iteration_s = 0.0, 0.0
+        if model is not None:
+            rate = agg_operating_prompt_rate(
+                model,
+                config.engine_limits(component, profiled_max_kv_tokens=profiled_kv),
+                isl=shape.isl,
+                osl=max(1.0, shape.osl),
+                ttft_ms=config.ttft_ms,
+                itl_ms=config.itl_ms,
+                kv_hit_rate=state.last_kv_hit_rate,
+                accept_length=state.last_accept_length,
+            )
+            hit, _ = effective_kv_hit_rate(state.last_kv_hit_rate, component)
+            iteration_s = rate.iteration_s
+            # the prefill target utilisation derates the prompt rate, as for a prefill pool; the pool's own (decode)
+            # utilisation is already in the mean-rate size, and the rate is taken at the full operating batch
+            engine_tokens_per_s = rate.tokens_per_s / (1.0 - hit) * config.throughput_prefill_target_utilization
+        replicas, step = burst_prefill_replicas(
+            traffic,
+            prediction.num_req * prediction.isl / window_s,
+            mean_rate_replicas=mean_rate_replicas,
+            ttft_ms=config.ttft_ms,
+            engine_prompt_tokens_per_s=engine_tokens_per_s,
+            iteration_s=iteration_s,
+            component=component,
         )
         steps.append(step)
         return replicas

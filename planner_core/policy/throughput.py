@@ -25,6 +25,13 @@ Ours, off by default (Dynamo runs each pool at its searched capacity):
   the others by at most one engine's share of the interval: the arrival curve counts each prompt up to what one
   engine computes in `L + T'` (`TrafficObservation`, where the source knows the engine rate), so a clump of long
   prompts raises the pool by about one engine each, not by their whole length.
+- burst sizing of aggregated engines (the same rule, `component=DECODE`): an aggregated engine computes prompts
+  under its decode batch, so `mu` is its prompt rate at the operating point the capacity search chose
+  (`planner_core.perf.capacity.agg_operating_prompt_rate`: `MBT - b` prompt tokens per mixed iteration with `b`
+  requests decoding) and `T'` the TTFT target less one such iteration. KV hits and the prefill target utilisation
+  raise and derate `mu` as they do for a prefill pool (the pool's own target utilisation is in its mean-rate size,
+  and `mu` is already taken at the full operating batch, not at the lower batch that utilisation leaves), and the
+  source caps each prompt at the same engine's share.
 """
 
 from __future__ import annotations
@@ -292,6 +299,7 @@ def burst_prefill_replicas(
     ttft_ms: float,
     engine_prompt_tokens_per_s: float,
     iteration_s: float,
+    component: Component = Component.PREFILL,
 ) -> tuple[int, StepRecord]:
     """Prefill engines that also drain the observed prompt bursts, shrunk to a lower forecast, within the TTFT target.
 
@@ -302,6 +310,8 @@ def burst_prefill_replicas(
         ttft_ms: the TTFT target.
         engine_prompt_tokens_per_s: prompt tokens/s one engine computes at full chunks (KV hits discounted).
         iteration_s: wall time of one full-chunk iteration (s).
+        component: the pool sized: PREFILL, or DECODE for aggregated engines (their prompt rate and iteration under
+            the decode batch then stand for `engine_prompt_tokens_per_s` and `iteration_s`).
 
     Returns:
         The larger of `mean_rate_replicas` and `max over L of ceil(g * A(L) / (mu * (L + T')))` (module
@@ -317,9 +327,11 @@ def burst_prefill_replicas(
             else "no prompt tokens observed"
             if observed_tokens_per_s <= 0
             else "no prefill engine rate"
+            if component is Component.PREFILL
+            else "no aggregated engine prompt rate"
         )
         step = StepRecord(
-            step="burst", component=Component.PREFILL, reason=ReasonCode.BURST_UNAVAILABLE, detail=f"{why}: mean rate"
+            step="burst", component=component, reason=ReasonCode.BURST_UNAVAILABLE, detail=f"{why}: mean rate"
         )
         return mean_rate_replicas, step
     growth = min(1.0, forecast_prompt_tokens_per_s / observed_tokens_per_s)
@@ -333,7 +345,7 @@ def burst_prefill_replicas(
     replicas = max(burst, mean_rate_replicas)
     step = StepRecord(
         step="burst",
-        component=Component.PREFILL,
+        component=component,
         value=replicas,
         reason=ReasonCode.BURST_SIZED if burst > mean_rate_replicas else ReasonCode.BURST_COVERED,
         detail=(

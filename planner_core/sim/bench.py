@@ -22,8 +22,9 @@ Aggregated mode (`SimSpec.aggregated`, `planner bench --mode agg`): one pool of 
 the decode pool (sizes are (0, A)). The oracle searches A per window (`planner_core.sim.oracle`); the planner
 presets run with `mode: agg` except `dynamo-0x` (profile interpolation sizes prefill and decode pools only, so it
 would hold every tick) and the Dynamo 1.6.1 policies (disaggregated only), which are refused; `fixed:N` is N
-aggregated engines. The prompt-arrival curve is not computed: burst sizing is a prefill-pool rule the planner
-applies in disaggregated mode only.
+aggregated engines. The prompt-arrival curve counts each prompt up to an aggregated engine's share: its prompt
+rate at the operating point the capacity search chooses for the observed window's shape
+(`planner_core.perf.capacity.agg_operating_prompt_rate`, the rate the planner's agg burst sizing uses).
 
 Every scaling policy starts at the oracle's size for the first window (a deployment already serving this traffic
 when the trace begins; `initial="min"` starts the planners at their minimum endpoints instead); the planners'
@@ -45,8 +46,16 @@ from typing import Protocol
 import numpy as np
 
 from planner_core.config import PlannerConfig, PlannerMode
-from planner_core.domain import PROMPT_ARRIVAL_INTERVALS_S, Component, Loop, PlannerState, TickInputs
-from planner_core.perf.capacity import full_chunk_prefill_rate
+from planner_core.domain import (
+    PROMPT_ARRIVAL_INTERVALS_S,
+    Component,
+    EngineLimits,
+    Loop,
+    PlannerState,
+    TickInputs,
+    TrafficObservation,
+)
+from planner_core.perf.capacity import agg_operating_prompt_rate, full_chunk_prefill_rate
 from planner_core.perf.forward import ForwardPassModel
 from planner_core.pipeline.types import Plugin
 from planner_core.policy.throughput import ThroughputPerfModel
@@ -124,6 +133,8 @@ class PlannerPolicy:
     # the simulated frontend's engine rate for capping prompts in the arrival curve (`prompt_arrival_curve`)
     engine_prompt_tokens_per_s: float | None = None
     full_chunk_iteration_s: float = 0.0
+    # aggregated mode: the simulated agg engines, whose prompt rate depends on the window's shape (per tick)
+    agg_engine: tuple[ForwardPassModel, EngineLimits] | None = None
     plugins: Sequence[Plugin] = ()  # the config's user plugins (`planner bench --config FILE`)
 
     @property
@@ -152,17 +163,19 @@ class PlannerPolicy:
                 # the router's hit rate, as Dynamo's planner gets it (`dynamo-1.6.1*` policies see the same)
                 kv_hit_rate, _ = observed_kv_hit_rate(sim, start_s, now_s)
                 traffic = dataclasses.replace(sim.observe(start_s, now_s), kv_hit_rate=kv_hit_rate)
-                if self.config.mode is not PlannerMode.AGG:  # burst sizing is a prefill-pool rule only
-                    traffic = dataclasses.replace(
-                        traffic,
-                        **prompt_arrival_curve(
-                            sim.trace,
-                            start_s,
-                            now_s,
-                            engine_prompt_tokens_per_s=self.engine_prompt_tokens_per_s,
-                            slack_s=max(0.0, self.config.ttft_ms / 1000.0 - self.full_chunk_iteration_s),
-                        ),
-                    )
+                engine_tokens_per_s, iteration_s = self.engine_prompt_tokens_per_s, self.full_chunk_iteration_s
+                if self.config.mode is PlannerMode.AGG:
+                    engine_tokens_per_s, iteration_s = self._agg_prompt_rate(traffic)
+                traffic = dataclasses.replace(
+                    traffic,
+                    **prompt_arrival_curve(
+                        sim.trace,
+                        start_s,
+                        now_s,
+                        engine_prompt_tokens_per_s=engine_tokens_per_s,
+                        slack_s=max(0.0, self.config.ttft_ms / 1000.0 - iteration_s),
+                    ),
+                )
             inputs = TickInputs(
                 now_s=now_s,
                 loop=loop,
@@ -179,6 +192,25 @@ class PlannerPolicy:
                 targets = (prefill, decision.num_decode)
                 sim.set_targets(*targets)
         return None  # applied above, per loop, so a load tick sees the throughput tick's targets
+
+    def _agg_prompt_rate(self, traffic: TrafficObservation) -> tuple[float | None, float]:
+        """The simulated agg engine's prompt tokens/s and iteration (s) at the operating point for the window's
+        mean shape and hit rate, as the planner computes it (`agg_operating_prompt_rate`; KV hits not discounted,
+        like the prefill engines' full-chunk rate); (None, 0) for an idle window or an unknown rate."""
+        if self.agg_engine is None or traffic.num_req <= 0 or traffic.isl <= 0:
+            return None, 0.0
+        model, limits = self.agg_engine
+        rate = agg_operating_prompt_rate(
+            model,
+            limits,
+            isl=traffic.isl,
+            osl=max(1.0, traffic.osl),
+            ttft_ms=self.config.ttft_ms,
+            itl_ms=self.config.itl_ms,
+            kv_hit_rate=traffic.kv_hit_rate,
+            accept_length=traffic.accept_length,
+        )
+        return (rate.tokens_per_s or None), rate.iteration_s
 
 
 def prompt_arrival_curve(
@@ -537,11 +569,9 @@ PLANNER_PRESETS: dict[str, dict[str, object]] = {
 BASELINE_NAMES = ("static-peak", "static-mean", "oracle")
 DEFAULT_POLICIES = (*BASELINE_NAMES, "threshold", "dynamo-0x", "dynamo-1x", "planner")
 # Aggregated mode (`SimSpec.aggregated`): every preset runs with `mode: agg` plus these overrides, except the refused.
-AGG_PRESET_OVERRIDES: dict[str, dict[str, object]] = {
-    # burst sizing sizes a prefill pool from the prompt-arrival curve; the pipeline skips it in agg mode, so the
-    # preset says so rather than carrying a setting that does nothing
-    "planner": {"throughput_prefill_burst_sizing": False},
-}
+# None today: the `planner` preset's burst sizing applies to aggregated engines too (at their prompt rate under the
+# decode batch).
+AGG_PRESET_OVERRIDES: dict[str, dict[str, object]] = {}
 AGG_REFUSED: dict[str, str] = {
     "dynamo-0x": "its profile interpolation sizes separate prefill and decode pools; aggregated engines need "
     "throughput_algorithm engine_capacity (it would hold every tick)",
@@ -621,6 +651,7 @@ def build_policies(
             initial_size=starting_size(None),  # None: the minimum endpoints
             engine_prompt_tokens_per_s=chunk_tokens_per_s or None,
             full_chunk_iteration_s=iteration_s,
+            agg_engine=(fwd, spec.decode_limits) if spec.aggregated else None,
             plugins=plugins,
         )
 

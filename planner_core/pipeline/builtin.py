@@ -152,14 +152,13 @@ class ThroughputProposePlugin:
         if sized is None:
             steps.append(_decide(ReasonCode.MODEL_NOT_READY, "hold"))
             return PluginResult(steps=tuple(steps))
-        if config.throughput_prefill_burst_sizing and Component.PREFILL in sized and config.mode is not PlannerMode.AGG:
-            sized[Component.PREFILL] = self._size_for_bursts(
-                context, prediction, window_s, sized[Component.PREFILL], steps
-            )
-        elif config.throughput_prefill_burst_sizing and config.mode is PlannerMode.AGG:
-            sized[Component.DECODE] = self._size_agg_for_bursts(
-                context, prediction, shape, window_s, sized[Component.DECODE], steps
-            )
+        if config.throughput_prefill_burst_sizing:
+            # the pool that computes the prompts: prefill, or the aggregated engines (scaled as the decode pool)
+            prompt_pool = Component.DECODE if config.mode is PlannerMode.AGG else Component.PREFILL
+            if prompt_pool in sized:
+                sized[prompt_pool] = self._size_for_bursts(
+                    context, prediction, shape, window_s, sized[prompt_pool], steps
+                )
         if config.throughput_scale_down_hold_seconds > 0:
             sized, state = _hold_scale_down(
                 sized, state, inputs, config.throughput_scale_down_hold_seconds, components, steps
@@ -208,74 +207,17 @@ class ThroughputProposePlugin:
         self,
         context: PipelineContext,
         prediction: Prediction,
-        window_s: float,
-        mean_rate_replicas: int,
-        steps: list[StepRecord],
-    ) -> int:
-        """Ours: raise prefill so the observed prompt bursts drain within the TTFT target (`burst_prefill_replicas`);
-        the engine rate is a full chunk of the prefill model in force (online, else bootstrap), times the prefill
-        target utilisation."""
-        from planner_core.perf.capacity import effective_kv_hit_rate, full_chunk_prefill_rate
-
-        config, state, traffic = context.config, context.state, context.inputs.traffic
-        assert traffic is not None
-        bootstrap = self.perf.forward_pass_model() if self.perf is not None else None
-        model, _ = forward_model_for(state, config.mode, Component.PREFILL, bootstrap)
-        engine_tokens_per_s, iteration_s = 0.0, 0.0
-        if model is not None:
-            chunk = config.engine_limits(Component.PREFILL).max_num_batched_tokens
-            hit, _ = effective_kv_hit_rate(state.last_kv_hit_rate, Component.PREFILL)
-            full_chunk_tokens_per_s, iteration_s = full_chunk_prefill_rate(model, chunk)
-            # the target utilisation derates the engine for bursts as for the mean rate
-            engine_tokens_per_s = full_chunk_tokens_per_s / (1.0 - hit) * config.throughput_prefill_target_utilization
-        replicas, step = burst_prefill_replicas(
-            traffic,
-            prediction.num_req * prediction.isl / window_s,
-            mean_rate_replicas=mean_rate_replicas,
-            ttft_ms=config.ttft_ms,
-            engine_prompt_tokens_per_s=engine_tokens_per_s,
-            iteration_s=iteration_s,
-        )
-        steps.append(step)
-        return replicas
-
-    def _size_agg_for_bursts(
-        self,
-        context: PipelineContext,
-        prediction: Prediction,
         shape: RequestShape,
         window_s: float,
         mean_rate_replicas: int,
         steps: list[StepRecord],
     ) -> int:
-        """Ours: the burst rule for the aggregated pool (`burst_prefill_replicas` with `component=DECODE`); the engine
-        rate is the agg model's prompt rate under the decode batch `agg_capacity` chose at the sizing shape
-        (`agg_operating_prompt_rate`), KV hits discounted, times the prefill target utilisation."""
-        from planner_core.perf.capacity import agg_operating_prompt_rate, effective_kv_hit_rate
-
-        config, state, traffic = context.config, context.state, context.inputs.traffic
+        """Ours: raise the pool that computes prompts (prefill, or the aggregated pool) so the observed prompt bursts
+        drain within the TTFT target (`burst_prefill_replicas`), at the engine rate of `_burst_engine_rate`."""
+        config, traffic = context.config, context.inputs.traffic
         assert traffic is not None
-        component = Component.DECODE  # the aggregated pool
-        bootstrap = self.perf.forward_pass_model() if self.perf is not None else None
-        profiled_kv = self.perf.profiled_max_kv_tokens() if self.perf is not None else None
-        model, _ = forward_model_for(state, config.mode, component, bootstrap)
-        engine_tokens_per_s, iteration_s = 0.0, 0.0
-        if model is not None:
-            rate = agg_operating_prompt_rate(
-                model,
-                config.engine_limits(component, profiled_max_kv_tokens=profiled_kv),
-                isl=shape.isl,
-                osl=max(1.0, shape.osl),
-                ttft_ms=config.ttft_ms,
-                itl_ms=config.itl_ms,
-                kv_hit_rate=state.last_kv_hit_rate,
-                accept_length=state.last_accept_length,
-            )
-            hit, _ = effective_kv_hit_rate(state.last_kv_hit_rate, component)
-            iteration_s = rate.iteration_s
-            # the prefill target utilisation derates the prompt rate, as for a prefill pool; the pool's own (decode)
-            # utilisation is already in the mean-rate size, and the rate is taken at the full operating batch
-            engine_tokens_per_s = rate.tokens_per_s / (1.0 - hit) * config.throughput_prefill_target_utilization
+        component = Component.DECODE if config.mode is PlannerMode.AGG else Component.PREFILL
+        engine_tokens_per_s, iteration_s = self._burst_engine_rate(context, shape, component)
         replicas, step = burst_prefill_replicas(
             traffic,
             prediction.num_req * prediction.isl / window_s,
@@ -287,6 +229,48 @@ class ThroughputProposePlugin:
         )
         steps.append(step)
         return replicas
+
+    def _burst_engine_rate(
+        self, context: PipelineContext, shape: RequestShape, component: Component
+    ) -> tuple[float, float]:
+        """Prompt tokens/s one engine of `component`'s pool computes for the burst rule, KV hits discounted and
+        derated by the prefill target utilisation, and the wall time (s) of one of its prompt iterations; (0, 0)
+        without a forward-pass model.
+
+        A prefill engine: a full chunk of the prefill model in force (online, else bootstrap). An aggregated engine:
+        its prompt rate under the decode batch `agg_capacity` chose at the sizing shape
+        (`agg_operating_prompt_rate`); the pool's own (decode) utilisation is already in the mean-rate size, and the
+        rate is taken at the full operating batch."""
+        from planner_core.perf.capacity import (
+            agg_operating_prompt_rate,
+            effective_kv_hit_rate,
+            full_chunk_prefill_rate,
+        )
+
+        config, state = context.config, context.state
+        bootstrap = self.perf.forward_pass_model() if self.perf is not None else None
+        model, _ = forward_model_for(state, config.mode, component, bootstrap)
+        if model is None:
+            return 0.0, 0.0
+        if config.mode is PlannerMode.AGG:
+            profiled_kv = self.perf.profiled_max_kv_tokens() if self.perf is not None else None
+            rate = agg_operating_prompt_rate(
+                model,
+                config.engine_limits(component, profiled_max_kv_tokens=profiled_kv),
+                isl=shape.isl,
+                osl=max(1.0, shape.osl),
+                ttft_ms=config.ttft_ms,
+                itl_ms=config.itl_ms,
+                kv_hit_rate=state.last_kv_hit_rate,
+                accept_length=state.last_accept_length,
+            )
+            tokens_per_s, iteration_s = rate.tokens_per_s, rate.iteration_s
+        else:
+            chunk = config.engine_limits(component).max_num_batched_tokens
+            tokens_per_s, iteration_s = full_chunk_prefill_rate(model, chunk)
+        hit, _ = effective_kv_hit_rate(state.last_kv_hit_rate, component)
+        # the target utilisation derates the engine for bursts as for the mean rate
+        return tokens_per_s / (1.0 - hit) * config.throughput_prefill_target_utilization, iteration_s
 
     def _size_on_interpolation(
         self,

@@ -850,16 +850,7 @@ class ClusterSimulator:
         worker.segment_version += 1
         worker.segment_iters = 0
         self._admit_agg(worker)
-        limits = self.spec.decode_limits
-        # Every running request decodes one token this iteration, out of the same token budget.
-        budget = limits.max_num_batched_tokens - len(worker.running)
-        chunk = []
-        for entry in worker.prefilling:
-            if budget <= 0:
-                break
-            take = min(entry[1], budget)
-            chunk.append((entry[0], take))
-            budget -= take
+        chunk = self._mixed_chunk(worker)
         if not chunk:
             self._start_segment(worker, start_s)  # nothing to prefill (or no budget left): decode only
             return
@@ -872,6 +863,19 @@ class ClusterSimulator:
         worker.last_iter_s = iter_s
         worker.last_chunk_requests, worker.last_chunk_tokens = len(chunk), tokens
         self._push(start_s + iter_s, _AGG_ITER_END, (worker, tuple(chunk)))
+
+    def _mixed_chunk(self, worker: _Worker) -> list[tuple[int, int]]:
+        """The prompt tokens of a mixed iteration, (request, tokens) in FIFO order: every running request decodes
+        one token this iteration, out of the same `max_num_batched_tokens` budget; the rest goes to the prompts."""
+        budget = self.spec.decode_limits.max_num_batched_tokens - len(worker.running)
+        chunk = []
+        for request, tokens_left in worker.prefilling:
+            if budget <= 0:
+                break
+            take = min(tokens_left, budget)
+            chunk.append((request, take))
+            budget -= take
+        return chunk
 
     def _end_agg_iteration(self, worker: _Worker, chunk: tuple[tuple[int, int], ...]) -> None:
         worker.busy = False
@@ -918,15 +922,7 @@ class ClusterSimulator:
         worker.segment_iters = 0
         if not self._od_preempt(worker):
             self._od_admit(worker)
-        limits = self.spec.decode_limits
-        budget = limits.max_num_batched_tokens - len(worker.running)
-        chunk = []
-        for entry in worker.prefilling:
-            if budget <= 0:
-                break
-            take = min(entry[1], budget)
-            chunk.append((entry[0], take))
-            budget -= take
+        chunk = self._mixed_chunk(worker)
         if not chunk:
             self._start_segment(worker, start_s)
             return

@@ -850,9 +850,22 @@ class ClusterSimulator:
         worker.segment_version += 1
         worker.segment_iters = 0
         self._admit_agg(worker)
-        chunk = self._mixed_chunk(worker)
+        self._start_mixed_iteration(worker, start_s, _AGG_ITER_END)
+
+    def _start_mixed_iteration(self, worker: _Worker, start_s: float, end_event: int) -> None:
+        """Start a mixed iteration at `start_s`, ending with `end_event`: every running request decodes one token
+        out of the `max_num_batched_tokens` budget and the rest goes to the prefilling prompts in FIFO order;
+        with no prompt tokens to compute (or no budget left) a pure-decode segment runs instead."""
+        budget = self.spec.decode_limits.max_num_batched_tokens - len(worker.running)
+        chunk = []
+        for request, tokens_left in worker.prefilling:
+            if budget <= 0:
+                break
+            take = min(tokens_left, budget)
+            chunk.append((request, take))
+            budget -= take
         if not chunk:
-            self._start_segment(worker, start_s)  # nothing to prefill (or no budget left): decode only
+            self._start_segment(worker, start_s)
             return
         tokens = sum(take for _, take in chunk)
         if worker.running:
@@ -862,20 +875,7 @@ class ClusterSimulator:
         worker.busy = True
         worker.last_iter_s = iter_s
         worker.last_chunk_requests, worker.last_chunk_tokens = len(chunk), tokens
-        self._push(start_s + iter_s, _AGG_ITER_END, (worker, tuple(chunk)))
-
-    def _mixed_chunk(self, worker: _Worker) -> list[tuple[int, int]]:
-        """The prompt tokens of a mixed iteration, (request, tokens) in FIFO order: every running request decodes
-        one token this iteration, out of the same `max_num_batched_tokens` budget; the rest goes to the prompts."""
-        budget = self.spec.decode_limits.max_num_batched_tokens - len(worker.running)
-        chunk = []
-        for request, tokens_left in worker.prefilling:
-            if budget <= 0:
-                break
-            take = min(tokens_left, budget)
-            chunk.append((request, take))
-            budget -= take
-        return chunk
+        self._push(start_s + iter_s, end_event, (worker, tuple(chunk)))
 
     def _end_agg_iteration(self, worker: _Worker, chunk: tuple[tuple[int, int], ...]) -> None:
         worker.busy = False
@@ -922,19 +922,7 @@ class ClusterSimulator:
         worker.segment_iters = 0
         if not self._od_preempt(worker):
             self._od_admit(worker)
-        chunk = self._mixed_chunk(worker)
-        if not chunk:
-            self._start_segment(worker, start_s)
-            return
-        tokens = sum(take for _, take in chunk)
-        if worker.running:
-            iter_s = self.fwd.mixed_wall_s(tokens, len(worker.running), self._kv_now(worker))
-        else:
-            iter_s = self.fwd.prefill_wall_s(tokens)
-        worker.busy = True
-        worker.last_iter_s = iter_s
-        worker.last_chunk_requests, worker.last_chunk_tokens = len(chunk), tokens
-        self._push(start_s + iter_s, _OD_ITER_END, (worker, tuple(chunk)))
+        self._start_mixed_iteration(worker, start_s, _OD_ITER_END)
 
     def _od_kv_used(self, worker: _Worker) -> int:
         return self._kv_now(worker) + worker.prefill_kv

@@ -23,7 +23,7 @@ from planner_core.domain import (
 )
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.sim.bench import build_policies, run_bench
-from planner_core.sim.des import SimSpec
+from planner_core.sim.des import SimSpec, window_kv_hit_rate
 from planner_core.sim.dynamo_policy import (
     DYNAMO_PRESETS,
     RUN_PLANNER_SCRIPT,
@@ -37,7 +37,6 @@ from planner_core.sim.dynamo_policy import (
     scale_interval_s,
     tick_request,
     traffic_message,
-    window_kv_hit_rate,
 )
 from tests.conftest import PROFILE_DIR
 from tests.test_bench import busy_trace

@@ -291,6 +291,12 @@ def with_headroom(component: Component, demand: float, target_utilization: float
     )
 
 
+def burst_slack_s(ttft_ms: float, iteration_s: float) -> float:
+    """`T'` of the burst rule: the TTFT target less one prompt iteration (a request may arrive just after one
+    started), at least 0. The arrival curve's source caps prompts with the same slack."""
+    return max(0.0, ttft_ms / 1000.0 - iteration_s)
+
+
 def burst_prefill_replicas(
     traffic: TrafficObservation,
     forecast_prompt_tokens_per_s: float,
@@ -335,7 +341,7 @@ def burst_prefill_replicas(
         )
         return mean_rate_replicas, step
     growth = min(1.0, forecast_prompt_tokens_per_s / observed_tokens_per_s)
-    slack_s = max(0.0, ttft_ms / 1000.0 - iteration_s)
+    slack_s = burst_slack_s(ttft_ms, iteration_s)
     needs = [
         (growth * tokens / (engine_prompt_tokens_per_s * (interval_s + slack_s)), interval_s, tokens)
         for interval_s, tokens in curve

@@ -58,7 +58,7 @@ from planner_core.domain import (
 from planner_core.perf.capacity import agg_operating_prompt_rate, full_chunk_prefill_rate
 from planner_core.perf.forward import ForwardPassModel
 from planner_core.pipeline.types import Plugin
-from planner_core.policy.throughput import ThroughputPerfModel
+from planner_core.policy.throughput import ThroughputPerfModel, burst_slack_s
 from planner_core.sim.des import ClusterSimulator, SimResult, SimSpec
 from planner_core.sim.dynamo_policy import (
     DYNAMO_PRESETS,
@@ -67,7 +67,6 @@ from planner_core.sim.dynamo_policy import (
     check_dynamo_python,
     dynamo_config,
     engine_capabilities,
-    observed_kv_hit_rate,
 )
 from planner_core.sim.oracle import OracleSettings, OracleWindow, attainable_mask, oracle_windows
 from planner_core.tick import tick
@@ -160,9 +159,7 @@ class PlannerPolicy:
             traffic = None
             if loop is Loop.THROUGHPUT:
                 start_s = max(0.0, now_s - throughput_s)
-                # the router's hit rate, as Dynamo's planner gets it (`dynamo-1.6.1*` policies see the same)
-                kv_hit_rate, _ = observed_kv_hit_rate(sim, start_s, now_s)
-                traffic = dataclasses.replace(sim.observe(start_s, now_s), kv_hit_rate=kv_hit_rate)
+                traffic = sim.observe(start_s, now_s)  # with the router's hit rate, as Dynamo's planner gets it
                 engine_tokens_per_s, iteration_s = self.engine_prompt_tokens_per_s, self.full_chunk_iteration_s
                 if self.config.mode is PlannerMode.AGG:
                     engine_tokens_per_s, iteration_s = self._agg_prompt_rate(traffic)
@@ -173,7 +170,7 @@ class PlannerPolicy:
                         start_s,
                         now_s,
                         engine_prompt_tokens_per_s=engine_tokens_per_s,
-                        slack_s=max(0.0, self.config.ttft_ms / 1000.0 - iteration_s),
+                        slack_s=burst_slack_s(self.config.ttft_ms, iteration_s),
                     ),
                 )
             inputs = TickInputs(

@@ -216,6 +216,24 @@ class SimResult:
     num_preemptions: int = 0  # ON_DEMAND: times a running request was evicted (each one is recomputed later)
 
 
+def window_kv_hit_rate(
+    arrival_s: np.ndarray,
+    isl: np.ndarray,
+    cached_tokens: np.ndarray,
+    ttft_s: np.ndarray,
+    start_s: float,
+    end_s: float,
+) -> tuple[float | None, int]:
+    """Prefix-cache hit rate of the window: cached prompt tokens over prompt tokens, over the requests that
+    arrived in [start_s, end_s) and have been served a first token (the others have not been looked up in a
+    cache yet), and how many those are. (None, 0) with no such request."""
+    served = (arrival_s >= start_s) & (arrival_s < end_s) & np.isfinite(ttft_s)
+    tokens = float(isl[served].sum())
+    if tokens <= 0:
+        return None, 0
+    return float(cached_tokens[served].sum()) / tokens, int(served.sum())
+
+
 class ClusterSimulator:
     """A mutable simulation run. Drive it with `run_until(t)`, read `observe()`, change it with `set_targets()`.
 
@@ -360,6 +378,7 @@ class ClusterSimulator:
         ttft_ms = float(np.mean(self._ttft_s[first]) * 1000.0) if first.any() else None
         itl = self._itl_s()
         itl_ms = float(np.nanmean(itl[done]) * 1000.0) if done.any() else None
+        kv_hit_rate, _ = self.kv_hit_rate(start_s, end_s)
         return TrafficObservation(
             duration_s=base.duration_s,
             num_req=base.num_req,
@@ -373,6 +392,17 @@ class ClusterSimulator:
             osl_p99=base.osl_p99,
             ttft_ms=ttft_ms,
             itl_ms=itl_ms,
+            kv_hit_rate=kv_hit_rate,
+        )
+
+    def kv_hit_rate(self, start_s: float, end_s: float) -> tuple[float | None, int]:
+        """The router's prefix-cache hit rate over [start_s, end_s) and the number of requests it covers
+        (`window_kv_hit_rate` over the cache hits so far); (None, 0) when the trace has no prefix blocks (no cache
+        is simulated) or no request of the window has been served."""
+        if not self.trace.has_hashes:
+            return None, 0
+        return window_kv_hit_rate(
+            np.asarray(self.trace.arrival_s), np.asarray(self.trace.isl), self._cached, self._ttft_s, start_s, end_s
         )
 
     def latest_fpm(self) -> tuple[ForwardPassMetrics, ...]:

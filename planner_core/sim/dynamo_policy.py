@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import numpy as np
-
 from planner_core.domain import Component, EngineLimits, ForwardPassMetrics, TrafficObservation, WorkerCounts
 from planner_core.sim.des import ClusterSimulator, SimSpec
 
@@ -196,38 +194,6 @@ def parse_tick(line: str, *, source: str) -> DynamoTick:
     )
 
 
-def window_kv_hit_rate(
-    arrival_s: np.ndarray,
-    isl: np.ndarray,
-    cached_tokens: np.ndarray,
-    ttft_s: np.ndarray,
-    start_s: float,
-    end_s: float,
-) -> tuple[float | None, int]:
-    """Prefix-cache hit rate of the window: cached prompt tokens over prompt tokens, over the requests that
-    arrived in [start_s, end_s) and have been served a first token (the others have not been looked up in a
-    cache yet). None with no such request."""
-    served = (arrival_s >= start_s) & (arrival_s < end_s) & np.isfinite(ttft_s)
-    tokens = float(isl[served].sum())
-    if tokens <= 0:
-        return None, 0
-    return float(cached_tokens[served].sum()) / tokens, int(served.sum())
-
-
-def observed_kv_hit_rate(sim: ClusterSimulator, start_s: float, end_s: float) -> tuple[float | None, int]:
-    """The router's view of [start_s, end_s): `window_kv_hit_rate` over the simulator's cache hits so far.
-    (None, 0) when the trace has no prefix blocks (no cache is simulated) or no request of the window was served."""
-    if not sim.trace.has_hashes:
-        return None, 0
-    result = sim.result()
-    if result.cached_tokens is None:
-        return None, 0
-    return window_kv_hit_rate(
-        np.asarray(sim.trace.arrival_s), np.asarray(sim.trace.isl), result.cached_tokens, result.ttft_s,
-        start_s, end_s,
-    )  # fmt: skip
-
-
 def check_dynamo_python(python: str | None, *, script: Path = RUN_PLANNER_SCRIPT) -> str:
     """The Dynamo interpreter to use (`python`, else $DYNAMO_PYTHON), checked to import Dynamo's planner.
     Returns the version; raises DynamoPlannerError with a one-line reason."""
@@ -348,7 +314,7 @@ class DynamoPlannerPolicy:
         self._pending = self._read("handshake")
 
     def _traffic(self, sim: ClusterSimulator, start_s: float, end_s: float) -> dict[str, Any]:
-        rate, count = observed_kv_hit_rate(sim, start_s, end_s)
+        rate, count = sim.kv_hit_rate(start_s, end_s)
         return traffic_message(sim.observe(start_s, end_s), kv_hit_rate=rate, kv_hit_count=count)
 
     def _exchange(self, request: dict[str, Any]) -> DynamoTick:

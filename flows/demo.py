@@ -25,7 +25,8 @@ from flows.ticks import apply_decisions, decide_and_record
 from planner_core.connectors.virtual import VirtualConnectorClient
 from planner_core.domain import Loop
 from planner_core.report import periodic_report_path
-from planner_core.service import PlannerContext, load_context, prepare_database, resolve_config_relative
+from planner_core.service import PlannerContext, load_context, prepare_database, resolve_report_dir
+from planner_core.settings import RuntimeSettings
 from planner_core.sim.des import ClusterSimulator, spec_for_config
 from planner_core.store import repository as repo
 from planner_core.store.models import Tick, VirtualDecisionRow
@@ -159,8 +160,8 @@ def demo(
 ) -> dict:
     """Replay `trace_path` through the planner in simulated time; returns the run's summary figures.
 
-    The report of all the deployment's ticks goes to `report_dir` (default: the config's `report_output_dir`,
-    relative to the config file).
+    The report of all the deployment's ticks goes to `report_dir` (default: the config's `report_output_dir`
+    relative to the config file, else `reports/` in the planner's data folder).
     """
     from planner_core.store.db import resolve_database_url
 
@@ -213,8 +214,8 @@ def demo(
     events = recorded_scale_events(ctx, trace)
     final = simulate_timeline(ctx, trace, events, end_s, startup_s)
     summary = summarise_run(final, end_s, ctx.config.ttft_ms, ctx.config.itl_ms)
-    config_dir = resolve_config_relative(ctx.config.report_output_dir, Path(config_path)).resolve()
-    out_dir = Path(report_dir) if report_dir else config_dir
+    data_dir = RuntimeSettings().data_dir
+    out_dir = Path(report_dir) if report_dir else resolve_report_dir(ctx.config, Path(config_path), data_dir)
     report = write_report(
         url,
         deployment,

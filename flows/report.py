@@ -19,7 +19,7 @@ from prefect.runtime import flow_run
 from flows.ticks import DEFAULT_CONFIG
 from planner_core.config import load_config
 from planner_core.report import ReportFile, generate_report, parse_report_time, periodic_report_path
-from planner_core.service import resolve_config_relative
+from planner_core.service import resolve_report_dir
 from planner_core.settings import RuntimeSettings
 from planner_core.store.db import resolve_database_url, session_factory
 from planner_core.store.migrate import check_schema_current
@@ -117,7 +117,7 @@ def planner_report(
     start, end = report_window(
         since, until, config.report_interval_hours, dt.datetime.fromtimestamp(scheduled.timestamp(), tz=dt.UTC)
     )
-    out_dir = resolve_config_relative(config.report_output_dir, Path(path)).resolve()
+    out_dir = resolve_report_dir(config, Path(path), settings.data_dir).resolve()
     out_path = periodic_report_path(out_dir, end, config.report_filename)
     written = write_report(database_url, deployment, out_path, start, end, config.report_write_gzip_log)
     publish_report(written)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -19,6 +18,7 @@ from prefect.exceptions import MissingContextError
 from prefect.runtime import flow_run, task_run
 
 from planner_core.config import PlannerConfig
+from planner_core.data import DEFAULT_CONFIG as SHIPPED_DEFAULT_CONFIG
 from planner_core.domain import Loop, TrafficObservation
 from planner_core.service import PlannerContext, load_context, run_execution, run_tick
 from planner_core.settings import RuntimeSettings
@@ -26,7 +26,7 @@ from planner_core.sources import CollectedTraffic
 from planner_core.sources import collect_traffic as collect_from_source
 from planner_core.store.db import resolve_database_url
 
-DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "infra" / "configs" / "demo.yaml")
+DEFAULT_CONFIG = str(SHIPPED_DEFAULT_CONFIG)
 
 
 def _context(deployment: str, config_path: str | None) -> PlannerContext:

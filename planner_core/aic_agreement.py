@@ -40,14 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner_core.data import AIC_SILICON_SAMPLE, H200_PERF_TABLE, H200_PROFILE_DIR
 from planner_core.perf.profile import load_profile
 from planner_core.perf.table import TablePerfModel, load_perf_table
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_PERF = REPO_ROOT.parent / "shared" / "perf"
-DEFAULT_TABLE = REPO_ROOT / "infra" / "perf-tables" / "llama-3.1-8b-instruct-fp8_h200_sxm_vllm_tp1.json"
-DEFAULT_PROFILE = SHARED_PERF / "dynamo-planner-test-profile" / "H200_TP1P_TP1D"
-DEFAULT_SILICON = SHARED_PERF / "aiconfigurator" / "silicon_sample.csv"
+DEFAULT_TABLE = H200_PERF_TABLE
+DEFAULT_PROFILE = H200_PROFILE_DIR
+DEFAULT_SILICON = AIC_SILICON_SAMPLE
 PROFILE_MODEL = "nvidia/Llama-3.1-8B-Instruct-FP8"
 
 # Checkpoints aiconfigurator 0.12 has no offline config for -> the shipped config of the same architecture.

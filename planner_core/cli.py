@@ -12,14 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+from planner_core.data import AZURE_CONV_TRACE, DEFAULT_CONFIG, H200_PROFILE_DIR
 from planner_core.settings import RuntimeSettings
 from planner_core.store.migrate import SchemaOutOfDate
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DIR = REPO_ROOT.parent / "shared"
-DEFAULT_TRACE = SHARED_DIR / "traces" / "AzureLLMInferenceTrace_conv.csv"
-DEFAULT_CONFIG = REPO_ROOT / "infra" / "configs" / "demo.yaml"
-DEFAULT_PROFILE = SHARED_DIR / "perf" / "dynamo-planner-test-profile" / "H200_TP1P_TP1D"
+DEFAULT_TRACE = AZURE_CONV_TRACE
+DEFAULT_PROFILE = H200_PROFILE_DIR
 
 EXAMPLE_QUERIES = (
     (

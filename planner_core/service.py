@@ -82,6 +82,14 @@ def resolve_profile_dir(config: PlannerConfig, config_path: Path | None) -> Path
     return resolve_config_relative(config.profile_results_dir, config_path)
 
 
+def resolve_report_dir(config: PlannerConfig, config_path: Path | None, data_dir: Path) -> Path:
+    """Where reports go: `report_output_dir` when the config sets it (relative to the config file's folder),
+    else `reports/` under the planner's data folder (`PLANNER_DATA_DIR`), never beside a shipped config file."""
+    if "report_output_dir" in config.model_fields_set:
+        return resolve_config_relative(config.report_output_dir, config_path)
+    return data_dir / "reports"
+
+
 def connect_kubernetes(config: PlannerConfig) -> tuple[KubernetesConnector, PlannerConfig]:
     """The Kubernetes connector for the DGD the environment names, validated, and the effective config.
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from planner_core.data import AZURE_CONV_TRACE, H200_PROFILE_DIR
 from planner_core.store.db import to_libpq_uri, to_sqlalchemy_url
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DIR = REPO_ROOT.parent / "shared"
-PROFILE_DIR = SHARED_DIR / "perf" / "dynamo-planner-test-profile" / "H200_TP1P_TP1D"
-AZURE_CONV = SHARED_DIR / "traces" / "AzureLLMInferenceTrace_conv.csv"
+PROFILE_DIR = H200_PROFILE_DIR
+AZURE_CONV = AZURE_CONV_TRACE
 TEMPLATE_DB = "planner_template"
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -92,15 +92,11 @@ def empty_database_url(postgres_server_url: str) -> str:
 
 @pytest.fixture(scope="session")
 def profile_dir() -> Path:
-    if not PROFILE_DIR.exists():
-        pytest.skip(f"profile data not found at {PROFILE_DIR}")
     return PROFILE_DIR
 
 
 @pytest.fixture(scope="session")
 def azure_conv_trace() -> Path:
-    if not AZURE_CONV.exists():
-        pytest.skip(f"trace not found at {AZURE_CONV}")
     return AZURE_CONV
 
 
@@ -120,7 +116,7 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def write_config(directory: Path, **overrides: object) -> Path:
-    """Write a PlannerConfig YAML for tests: SLA throughput scaling on the shared profile, plus overrides."""
+    """Write a PlannerConfig YAML for tests: SLA throughput scaling on the shipped profile, plus overrides."""
     import yaml
 
     body: dict[str, object] = {

@@ -20,7 +20,7 @@ from planner_core.perf.table import load_perf_table
 from tests.conftest import REPO_ROOT
 
 HAS_AIC = importlib.util.find_spec("aiconfigurator") is not None
-needs_aic = pytest.mark.skipif(not HAS_AIC, reason="aiconfigurator not installed (pip install '.[aic]')")
+needs_aic = pytest.mark.skipif(not HAS_AIC, reason="aiconfigurator not installed: run `make venv` (it installs the aic extra)")
 
 TINY = ("--isl-grid", "256,1024", "--prefill-batch-grid", "1", "--batch-grid", "1,8", "--ctx-grid", "512,2048")
 LLAMA = ("--model", "nvidia/Llama-3.1-8B-Instruct-FP8", "--aic-model", "meta-llama/Meta-Llama-3.1-8B")
@@ -240,8 +240,6 @@ def test_silicon_row_to_estimate_call(row: dict[str, str], expected: dict | None
 
 
 def test_table_vs_profile_uses_every_profile_point() -> None:
-    if not DEFAULT_PROFILE.is_dir():
-        pytest.skip(f"shared profile missing: {DEFAULT_PROFILE}")
     report = table_vs_profile(DEFAULT_TABLE, DEFAULT_PROFILE)
     assert len(report["prefill"]) == 17 and len(report["decode"]) == 41
     # first decode sample: kv usage 0.0974044183 x 945029 = 92051 tokens at context 350 -> batch 263

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from planner_core.config import parse_config
+from planner_core.data import SERVEGEN_SHAPE
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.sim.bench import (
     DEFAULT_POLICIES,
@@ -26,10 +27,8 @@ from planner_core.sim.bench import (
     score,
 )
 from planner_core.sim.des import SimResult, SimSpec
-from tests.conftest import PROFILE_DIR, REPO_ROOT, SHARED_DIR
+from tests.conftest import PROFILE_DIR, REPO_ROOT
 from tests.test_sim_des import FWD, make_trace
-
-SERVEGEN_DIR = SHARED_DIR / "traces" / "servegen" / "language" / "m-large"
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +242,7 @@ def test_cli_benches_config_files_and_shapes_the_trace(tmp_path) -> None:
     # one prefill and one decode GPU for the compressed trace's span (just under 300 s) and its drain
     assert 2 * 290 / 3600 < fixed["gpu_hours"] < 2 * 400 / 3600
     shaped = run_bench_cli(
-        "--trace", str(trace_path), "--policies", "fixed:2:2", "--shape", str(SERVEGEN_DIR), "--shape-hours", "0.5",
+        "--trace", str(trace_path), "--policies", "fixed:2:2", "--shape", str(SERVEGEN_SHAPE), "--shape-hours", "0.5",
         "--rate-scale", "2", "--json", "-",
     )  # fmt: skip
     assert shaped.returncode == 0, shaped.stderr

@@ -72,7 +72,7 @@ def test_demo_flow_records_ticks_as_prefect_task_runs(
     prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
 ) -> None:
     """Each demo tick is a Prefect task run; the tick rows carry the flow and task run ids."""
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, report_output_dir="planner_reports")
     summary = _run_demo(database_url, config, azure_conv_trace, "flow-demo", max_windows=6)
     assert summary["num_ticks"] == 6 and summary["num_windows"] == 6
     ticks = _rows(database_url, "SELECT flow_run_id, task_run_id FROM ticks ORDER BY id")

@@ -1,5 +1,5 @@
 """Tests of Dynamo-exact windowing (`bucket_windows`), the forecast evaluation (`planner_core.forecast_eval`), the
-`planner forecast` command and the warm start (`planner_core.warmup`). Reads the shared traces, writes to tmp_path."""
+`planner forecast` command and the warm start (`planner_core.warmup`). Reads the shipped traces, writes to tmp_path."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 from planner_core.cli import main
 from planner_core.config import parse_config
+from planner_core.data import MOONCAKE_TRACE
 from planner_core.domain import LoadHistory, Prediction, TrafficObservation
 from planner_core.forecast_eval import (
     PREDICTOR_NAMES,
@@ -28,10 +29,7 @@ from planner_core.predict import observe_window
 from planner_core.traces import bucket_window_starts, bucket_windows, load_trace, load_traces
 from planner_core.warmup import history_from_windows, warm_history
 
-SHARED_DIR = Path(__file__).resolve().parents[2] / "shared"
-TRACES_DIR = SHARED_DIR / "traces"
-MOONCAKE = TRACES_DIR / "synthetic_trace.jsonl"
-needs_traces = pytest.mark.skipif(not TRACES_DIR.is_dir(), reason=f"shared trace files missing: {TRACES_DIR}")
+MOONCAKE = MOONCAKE_TRACE
 
 JSON_KEYS = {"predictor", "loss", "mape_requests", "mape_isl", "mape_osl", "ms_per_step_p50", "ms_per_step_p99"}
 
@@ -167,7 +165,6 @@ def dynamo_mooncake_metrics(path: Path, interval_s: int) -> list[dict]:
     return metrics
 
 
-@needs_traces
 @pytest.mark.parametrize("interval_s", [7, 60, 180])
 def test_mooncake_windows_equal_dynamos_on_the_shared_trace(interval_s: int) -> None:
     """On the shared Mooncake trace the windows equal Dynamo's extraction exactly (counts and float means)."""
@@ -292,7 +289,6 @@ def test_cli_json_scores_every_predictor(tmp_path: Path, capsys: pytest.CaptureF
         assert (row["num_windows"], row["num_scored"]) == (8, 3)  # one common set of scored windows
 
 
-@needs_traces
 def test_cli_dump_windows_writes_the_bucketed_windows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--dump-windows` writes one JSON line per window, the same windows the evaluation used."""
     dump = tmp_path / "windows.jsonl"
@@ -383,7 +379,6 @@ def test_warm_start_only_for_the_sla_target(gappy_path: Path) -> None:
     assert warm_history(sla_config()) == LoadHistory()
 
 
-@needs_traces
 def test_warm_start_from_the_shared_mooncake_trace() -> None:
     """The shared Mooncake trace at 60 s warms one history point per window, holding every request."""
     config = sla_config(

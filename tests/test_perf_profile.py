@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner_core.data import H200_PROFILE_DIR
 from planner_core.perf import (
     DecodeInterpolator,
     DecodeProfile,
@@ -25,12 +26,10 @@ from planner_core.perf import (
     load_profile,
 )
 
-PROFILE_ROOT = Path("/work/shared/perf/dynamo-planner-test-profile")
-PROFILE_DIR = PROFILE_ROOT / "H200_TP1P_TP1D"
+PROFILE_DIR = H200_PROFILE_DIR
+PROFILE_ROOT = PROFILE_DIR.parent
 PREFILL_NPZ = PROFILE_DIR / "selected_prefill_interpolation" / "raw_data.npz"
 DECODE_NPZ = PROFILE_DIR / "selected_decode_interpolation" / "raw_data.npz"
-
-pytestmark = pytest.mark.skipif(not PROFILE_DIR.is_dir(), reason=f"shared profile data missing: {PROFILE_DIR}")
 
 
 def _npz_dict(path: Path) -> dict[str, np.ndarray]:

@@ -1,5 +1,5 @@
 """Tests of the profile-backed forward-pass model, the bootstrap FPMs and the accuracy figures, on the shared
-H200 profile (Llama-3.1-8B-FP8, TP1; `SHARED_DIR`). Interpolation of `PrefillInterpolator`/`DecodeInterpolator`
+H200 profile (Llama-3.1-8B-FP8, TP1; `planner_core.data`). Interpolation of `PrefillInterpolator`/`DecodeInterpolator`
 is covered by tests/test_perf_profile.py; here: what the forward-pass models built on the profile answer."""
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from planner_core.perf.online import OnlineForwardPassModel, observe_fpm
 from planner_core.perf.profile import EngineProfile, estimate_engine_capacity, load_profile
 from planner_core.perf.profile_forward import BOOTSTRAP_WORKER_ID, ProfileForwardPassModel, bootstrap_fpms
 from tests.conftest import PROFILE_DIR
-
-pytestmark = pytest.mark.skipif(not PROFILE_DIR.is_dir(), reason=f"shared profile data missing: {PROFILE_DIR}")
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner_core.aic import perf_table_text, write_perf_table
+from planner_core.data import H200_PERF_TABLE
 from planner_core.perf.forward import ForwardPassModel
 from planner_core.perf.table import (
     PERF_TABLE_FORMAT,
@@ -27,9 +28,8 @@ from planner_core.perf.table import (
     monotone_envelope,
     parse_perf_table,
 )
-from tests.conftest import REPO_ROOT
 
-COMMITTED_TABLE = REPO_ROOT / "infra" / "perf-tables" / "llama-3.1-8b-instruct-fp8_h200_sxm_vllm_tp1.json"
+COMMITTED_TABLE = H200_PERF_TABLE
 
 
 def small_table_body() -> dict[str, Any]:
@@ -87,7 +87,6 @@ def test_write_failure_names_the_file_and_leaves_nothing(tmp_path: Path) -> None
     assert blocker.read_text() == "x"
 
 
-@pytest.mark.skipif(not COMMITTED_TABLE.is_file(), reason="committed table missing")
 def test_committed_h200_table_loads_and_describes_the_h200_profile_model() -> None:
     table = load_perf_table(COMMITTED_TABLE)
     header = table.header
@@ -112,7 +111,6 @@ def test_committed_h200_table_loads_and_describes_the_h200_profile_model() -> No
 # ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not COMMITTED_TABLE.is_file(), reason="committed table missing")
 def test_grid_points_are_reproduced_exactly_where_the_table_is_monotone() -> None:
     table = load_perf_table(COMMITTED_TABLE)
     model = TablePerfModel(table)
@@ -219,8 +217,6 @@ def test_never_faster_with_more_work_on_the_committed_table(
 
 
 def _committed_model() -> TablePerfModel:
-    if not COMMITTED_TABLE.is_file():
-        pytest.skip("committed table missing")
     return _load_committed()
 
 

@@ -16,7 +16,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from planner_core.sim.des import ClusterSimulator, SimSpec
 from planner_core.sim.exporter import TraceMetricsExporter
 from planner_core.traces import RequestTrace
-from tests.conftest import PROFILE_DIR
 from tests.test_sim_des import FWD, make_trace
 from tests.test_sim_engines import hashed_trace
 
@@ -257,7 +256,6 @@ def test_needs_a_simulator_at_the_start() -> None:
         TraceMetricsExporter(sim, model="m")
 
 
-@pytest.mark.skipif(not PROFILE_DIR.is_dir(), reason=f"shared H200 profile missing: {PROFILE_DIR}")
 def test_sim_exporter_command_serves_until_sigterm(azure_conv_trace: Path) -> None:
     """`planner sim-exporter` serves the replay on the port it announces and exits 0 on SIGTERM."""
     import os

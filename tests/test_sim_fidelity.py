@@ -1,7 +1,7 @@
 """Simulator fidelity: TTFT and ITL at fixed batch shapes against measured profile points the simulator's timing
 model never saw, and the fast triangle interpolation behind the profile model's decode time.
 
-Held-out points of the H200 Llama-3.1-8B-FP8 profile (`../shared/perf/dynamo-planner-test-profile/H200_TP1P_TP1D`),
+Held-out points of the H200 Llama-3.1-8B-FP8 profile (`planner_core/data/profiles/H200_TP1P_TP1D`),
 left out of the `ProfileForwardPassModel` the simulator runs with (all at once):
 - prefill: ISL 2134, 6202, 10270, 14338 (every fourth sampled ISL, none at the ends of the sampled range);
 - decode: the middle of the batch sweep of each context length inside the sampled range: context 2997 at batch

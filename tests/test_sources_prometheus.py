@@ -604,8 +604,6 @@ def _steady_trace() -> RequestTrace:
 @pytest.fixture(scope="session")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSetup]:
     """One exporter and one Prometheus for the session; the trace starts when the exporter does."""
-    if not PROFILE_DIR.exists():
-        pytest.skip(f"profile data not found at {PROFILE_DIR}")
     binary = prometheus_binary()
     perf = ProfilePerfModel.load(PROFILE_DIR)
     fwd = perf.forward_pass_model()

@@ -72,11 +72,8 @@ def test_decode_target_utilisation_adds_replicas() -> None:
 
 def test_engine_capacity_sizing_applies_the_target_utilisation() -> None:
     """On the engine-capacity path the request rate is divided by the utilisation before `ceil(rate / engine)`."""
-    from tests.test_tick import PROFILE_DIR
-
-    if not PROFILE_DIR.is_dir():
-        pytest.skip("shared profile missing")
     from planner_core.perf.model import ProfilePerfModel
+    from tests.test_tick import PROFILE_DIR
 
     perf = ProfilePerfModel.load(PROFILE_DIR)
     config = make_config(throughput_algorithm="engine_capacity")

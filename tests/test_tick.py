@@ -17,7 +17,6 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from planner_core.config import LengthSizing, LoadPredictorName, PlannerConfig, parse_config
+from planner_core.data import H200_PROFILE_DIR
 from planner_core.domain import (
     Component,
     LoadHistory,
@@ -43,7 +43,7 @@ from planner_core.perf.model import ProfilePerfModel
 from planner_core.policy.throughput import PhaseCapacity, ThroughputPerfModel, sizing_shape
 from planner_core.tick import tick
 
-PROFILE_DIR = Path("/work/shared/perf/dynamo-planner-test-profile/H200_TP1P_TP1D")
+PROFILE_DIR = H200_PROFILE_DIR
 WINDOW_S = 60
 PREFILL_RATE = 10_000.0  # FixedRatePerf prefill tokens/s/GPU
 DECODE_RATE = 1_000.0  # FixedRatePerf decode tokens/s/GPU
@@ -100,8 +100,6 @@ FAKE: ThroughputPerfModel = FixedRatePerf()
 @pytest.fixture(scope="module")
 def profile_perf() -> ProfilePerfModel:
     """The shipped H200 TP1 profile (Llama-3.1-8B-Instruct-FP8), loaded once per module."""
-    if not PROFILE_DIR.is_dir():
-        pytest.skip(f"shared profile data missing: {PROFILE_DIR}")
     return ProfilePerfModel.load(PROFILE_DIR)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from planner_core.data import TRACES_DIR
 from planner_core.traces import (
     MOONCAKE_EPOCH_S,
     TraceError,
@@ -19,10 +20,6 @@ from planner_core.traces import (
     load_traces,
     resolve_trace_paths,
 )
-
-SHARED_DIR = Path(__file__).resolve().parents[2] / "shared"
-TRACES_DIR = SHARED_DIR / "traces"
-needs_traces = pytest.mark.skipif(not TRACES_DIR.is_dir(), reason=f"shared trace files missing: {TRACES_DIR}")
 
 T0_MS = 1_777_312_800_000  # 2026-04-27T18:00:00Z, a Unix-ms instant like those Dynamo writes
 
@@ -215,7 +212,6 @@ def test_a_single_file_spec_equals_load_trace(tmp_path: Path) -> None:
     assert single.source == spec.source == str(path)
 
 
-@needs_traces
 def test_glob_over_the_two_azure_traces_merges_by_wall_clock() -> None:
     """The Azure code and conv traces (same afternoon) merge into one trace starting at the earlier first request."""
     code = load_trace(TRACES_DIR / "AzureLLMInferenceTrace_code.csv")

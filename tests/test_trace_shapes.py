@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner_core.data import AZURE_CONV_TRACE, MOONCAKE_TRACE, SERVEGEN_SHAPE
 from planner_core.traces import (
     RateShape,
     RequestTrace,
@@ -19,10 +20,9 @@ from planner_core.traces import (
     load_trace,
     shape_trace,
 )
-from tests.conftest import SHARED_DIR
 
-MOONCAKE = SHARED_DIR / "traces" / "synthetic_trace.jsonl"
-SERVEGEN = SHARED_DIR / "traces" / "servegen" / "language" / "m-large"
+MOONCAKE = MOONCAKE_TRACE
+SERVEGEN = SERVEGEN_SHAPE
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
@@ -145,7 +145,7 @@ def test_servegen_bad_rows_are_named(tmp_path: Path, row: str, message: str) -> 
         load_servegen_shape(path)
 
 
-def test_shared_servegen_shape_is_fourteen_days() -> None:
+def test_shipped_servegen_shape_is_fourteen_days() -> None:
     shape = load_servegen_shape(SERVEGEN)
     assert (shape.window_s, len(shape.rates)) == (600.0, 14 * 144)
     assert len(shape.daily().rates) == 144
@@ -186,7 +186,7 @@ def test_shape_trace_makes_days_of_load_from_an_hour() -> None:
     # The conversation trace's hour (5.5 req/s) under ServeGen's mean day, for two days: each day holds a day of the
     # base rate, and the hourly counts follow the shape's hourly means up to the base trace's own minute-to-minute
     # swings (which the warp keeps: within 10 % here).
-    base = load_trace(SHARED_DIR / "traces" / "AzureLLMInferenceTrace_conv.csv")
+    base = load_trace(AZURE_CONV_TRACE)
     daily = load_servegen_shape(SERVEGEN).daily()
     trace = shape_trace(base, daily, duration_s=2 * 86_400.0)
     base_rate = base.num_requests / base.duration_s

@@ -13,18 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner_core.data import TRACES_DIR
 from planner_core.traces import MOONCAKE_EPOCH_S, RequestTrace, TraceError, load_trace
 
-SHARED_DIR = Path(__file__).resolve().parents[2] / "shared"
-TRACES_DIR = SHARED_DIR / "traces"
 AZURE_CONV = "AzureLLMInferenceTrace_conv.csv"
 AZURE_CODE = "AzureLLMInferenceTrace_code.csv"
 MOONCAKE = "synthetic_trace.jsonl"
 TRACE_NAMES = [AZURE_CONV, AZURE_CODE, MOONCAKE]
 
-needs_traces = pytest.mark.skipif(
-    not TRACES_DIR.is_dir(), reason=f"shared trace files missing: {TRACES_DIR} (expected next to the repo)"
-)
 
 # The conv file has 19,367 lines: the header and 19,366 requests. It has CRLF line ends and no newline after the
 # last row, so `wc -l` prints 19,366 and "19,365 requests" (wc -l minus the header) is one short.
@@ -66,9 +62,7 @@ def _raw_requests(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @pytest.fixture(scope="module", params=TRACE_NAMES, ids=["azure-conv", "azure-code", "mooncake"])
 def trace_path(request: pytest.FixtureRequest) -> Path:
-    """Path of one shared trace file (skips when the shared folder is missing)."""
-    if not TRACES_DIR.is_dir():
-        pytest.skip(f"shared trace files missing: {TRACES_DIR}")
+    """Path of one shipped trace file."""
     return TRACES_DIR / request.param
 
 
@@ -81,8 +75,6 @@ def trace(trace_path: Path) -> RequestTrace:
 @pytest.fixture(scope="module")
 def conv() -> RequestTrace:
     """The Azure 2023 conversation trace."""
-    if not TRACES_DIR.is_dir():
-        pytest.skip(f"shared trace files missing: {TRACES_DIR}")
     return load_trace(TRACES_DIR / AZURE_CONV)
 
 
@@ -107,7 +99,6 @@ def test_request_count_equals_data_lines(trace_path: Path, trace: RequestTrace) 
     assert trace.source == str(trace_path)
 
 
-@needs_traces
 def test_azure_conv_has_19366_requests(conv: RequestTrace) -> None:
     """The conv trace holds 19,366 requests (counted by hand: 19,367 lines including the header)."""
     assert conv.num_requests == AZURE_CONV_REQUESTS
@@ -134,13 +125,11 @@ def test_start_epoch_is_the_first_timestamp_or_the_mooncake_anchor(trace_path: P
         assert trace.start_epoch_s == MOONCAKE_EPOCH_S
 
 
-@needs_traces
 def test_azure_conv_starts_at_its_first_timestamp(conv: RequestTrace) -> None:
     """The conv trace starts at 2023-11-16 18:15:46.68059 UTC."""
     assert conv.start_epoch_s == pytest.approx(AZURE_CONV_FIRST, abs=1e-6)
 
 
-@needs_traces
 @pytest.mark.parametrize(
     ("name", "low_min", "high_min"),
     [(AZURE_CONV, 58.0, 58.5), (AZURE_CODE, 57.0, 57.5), (MOONCAKE, 17.0, 17.1)],
@@ -151,7 +140,6 @@ def test_durations(name: str, low_min: float, high_min: float) -> None:
     assert low_min <= load_trace(TRACES_DIR / name).duration_s / 60.0 <= high_min
 
 
-@needs_traces
 def test_load_trace_accepts_str_and_path() -> None:
     """`load_trace` takes a str or a Path and gives equal arrays."""
     by_str, by_path = load_trace(str(TRACES_DIR / MOONCAKE)), load_trace(TRACES_DIR / MOONCAKE)
@@ -169,7 +157,6 @@ def _expected_observation(trace: RequestTrace, start_s: float, end_s: float) -> 
     return int(mask.sum()), trace.isl[mask], trace.osl[mask]
 
 
-@needs_traces
 @settings(max_examples=60, deadline=None)
 @given(start_frac=st.floats(min_value=-0.05, max_value=1.0), length_s=st.floats(min_value=0.0, max_value=900.0))
 def test_observe_matches_numpy_on_the_same_slice(conv: RequestTrace, start_frac: float, length_s: float) -> None:
@@ -190,7 +177,6 @@ def test_observe_matches_numpy_on_the_same_slice(conv: RequestTrace, start_frac:
     assert observed.ttft_ms is None and observed.itl_ms is None
 
 
-@needs_traces
 def test_observe_window_is_half_open(conv: RequestTrace) -> None:
     """A request at `start` is counted, one at `end` is not; moving either bound by epsilon flips that."""
     eps = 1e-6
@@ -204,7 +190,6 @@ def test_observe_window_is_half_open(conv: RequestTrace) -> None:
     assert conv.window(start_s, end_s) == slice(a, b)
 
 
-@needs_traces
 @pytest.mark.parametrize(
     "where", ["before-start", "after-end", "zero-length", "between-arrivals"], ids=lambda where: where
 )
@@ -269,7 +254,6 @@ def test_scaled_is_deterministic(trace: RequestTrace, factor: float) -> None:
     assert first.start_epoch_s == second.start_epoch_s
 
 
-@needs_traces
 @pytest.mark.parametrize(
     ("name", "factor"),
     [
@@ -283,13 +267,11 @@ def test_scaled_count_within_one_request_for_any_fraction(name: str, factor: flo
     assert abs(original.scaled(factor).num_requests - factor * original.num_requests) <= 1
 
 
-@needs_traces
 def test_scaled_down_keeps_duration(conv: RequestTrace) -> None:
     """A factor below 1 keeps the duration within one mean inter-arrival gap."""
     assert abs(conv.scaled(0.1).duration_s - conv.duration_s) <= _mean_gap_s(conv)
 
 
-@needs_traces
 @pytest.mark.parametrize("factor", [0.0, -1.0, -0.5, math.nan], ids=["zero", "minus-one", "minus-half", "nan"])
 def test_scaled_rejects_non_positive_factor(conv: RequestTrace, factor: float) -> None:
     """A factor that is not > 0 raises ValueError naming the trace."""

@@ -25,6 +25,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from planner_core.config import load_config  # noqa: E402
+from planner_core.data import AZURE_CONV_TRACE, DEFAULT_CONFIG  # noqa: E402
 from planner_core.domain import EngineLimits  # noqa: E402
 from planner_core.perf.model import ProfilePerfModel  # noqa: E402
 from planner_core.perf.profile import load_profile  # noqa: E402
@@ -34,14 +35,14 @@ from planner_core.sim.bench import FixedPolicy, PlannerPolicy, run_policy  # noq
 from planner_core.sim.des import KvAllocation, SimSpec  # noqa: E402
 from planner_core.traces import load_trace  # noqa: E402
 
-DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+DEFAULT_TRACE = AZURE_CONV_TRACE
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     parser.add_argument("--rate-scale", type=float, default=10.0)
-    parser.add_argument("--config", type=Path, default=REPO_ROOT / "infra" / "configs" / "demo.yaml")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--prefill", type=int, default=4)
     parser.add_argument("--decode", type=int, default=4)
     parser.add_argument("--agg", type=int, default=0, help="also run this many aggregated engines")

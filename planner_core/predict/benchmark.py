@@ -23,10 +23,11 @@ from collections import Counter
 from pathlib import Path
 
 from planner_core.config import LoadPredictorName, parse_config
+from planner_core.data import AZURE_CONV_TRACE
 from planner_core.domain import LoadHistory
 from planner_core.predict import observe_window, predict_next
 
-DEFAULT_TRACE = Path("/work/shared/traces/AzureLLMInferenceTrace_conv.csv")
+DEFAULT_TRACE = AZURE_CONV_TRACE
 
 
 def _percentile(values: list[float], fraction: float) -> float:

@@ -1,4 +1,5 @@
-"""Run the Alembic migrations in `migrations/` against a database URL (used by the CLI, flows and tests)."""
+"""Run the Alembic migrations in `migrations/` (beside this module, shipped with the package) against a database
+URL (used by the CLI, flows and tests)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 
 def alembic_config(database_url: str) -> Config:

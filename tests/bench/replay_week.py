@@ -27,6 +27,7 @@ import numpy as np
 import psycopg
 import yaml
 
+from planner_core.data import H200_PROFILE_DIR
 from planner_core.domain import Loop, TickInputs, TrafficObservation, WorkerCounts
 from planner_core.replay import replay
 from planner_core.service import context_for_config, decide, initial_state
@@ -35,7 +36,7 @@ from planner_core.store.db import get_engine, session_factory, to_libpq_uri, to_
 from planner_core.store.migrate import upgrade
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PROFILE_DIR = REPO_ROOT.parent / "shared" / "perf" / "dynamo-planner-test-profile" / "H200_TP1P_TP1D"
+PROFILE_DIR = H200_PROFILE_DIR
 T0 = dt.datetime(2026, 3, 2, tzinfo=dt.UTC)
 THROUGHPUT_S, LOAD_S = 180, 5
 

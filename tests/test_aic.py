@@ -20,7 +20,9 @@ from planner_core.perf.table import load_perf_table
 from tests.conftest import REPO_ROOT
 
 HAS_AIC = importlib.util.find_spec("aiconfigurator") is not None
-needs_aic = pytest.mark.skipif(not HAS_AIC, reason="aiconfigurator not installed: run `make venv` (it installs the aic extra)")
+needs_aic = pytest.mark.skipif(
+    not HAS_AIC, reason="aiconfigurator not installed: run `make venv` (it installs the aic extra)"
+)
 
 TINY = ("--isl-grid", "256,1024", "--prefill-batch-grid", "1", "--batch-grid", "1,8", "--ctx-grid", "512,2048")
 LLAMA = ("--model", "nvidia/Llama-3.1-8B-Instruct-FP8", "--aic-model", "meta-llama/Meta-Llama-3.1-8B")

@@ -3,8 +3,8 @@
 Observation, prediction, proposal, step and audit tables are insert-only and keyed by `tick_id`; decisions carry
 a status lifecycle; the audit log is protected by a trigger (see the initial migration) so the database itself
 refuses to update or delete it. Explanations, inputs and state are JSONB built from the domain dataclasses,
-never pickled. The migrations in `migrations/versions/` (beside this module) are the source of truth for the schema; these models
-mirror them (a test compares the two).
+never pickled. The migrations in `migrations/versions/` (beside this module) are the source of truth for the
+schema; these models mirror them (a test compares the two).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(VENV)/bin/planner demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check planner_core flows tests infra
+	$(VENV)/bin/ruff check planner_core planner_cli flows tests infra
 	$(VENV)/bin/lint-imports
 
 test: lint

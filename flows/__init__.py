@@ -1,1 +1,1 @@
-"""Prefect flows of the planner: thin orchestration over `planner_core.service`; no business logic here."""
+"""Prefect flows of the planner: thin orchestration over `planner_core.runtime.service`; no business logic here."""

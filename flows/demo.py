@@ -1,6 +1,6 @@
 """`planner demo`: the real loop on a real trace, in accelerated (simulated) time.
 
-A Prefect flow walks the trace window by window. The discrete-event simulator (`planner_core.sim.des`) serves
+A Prefect flow walks the trace window by window. The discrete-event simulator (`planner_core.lab.sim.des`) serves
 the window; the throughput tick (the same task the served deployment runs) decides and records in Postgres; the
 execution task applies the decision through the virtual connector; the simulated cluster, acting as the
 orchestrator, wakes on the connector's NOTIFY, scales and acknowledges. Everything is in Postgres, so an
@@ -22,14 +22,14 @@ from sqlalchemy import select
 
 from flows.report import publish_report, write_report
 from flows.ticks import apply_decisions, decide_and_record
-from planner_core.connectors.virtual import VirtualConnectorClient
 from planner_core.domain import Loop
-from planner_core.report import periodic_report_path
-from planner_core.service import PlannerContext, load_context, prepare_database, resolve_report_dir
-from planner_core.settings import RuntimeSettings
-from planner_core.sim.des import ClusterSimulator, spec_for_config
-from planner_core.store import repository as repo
-from planner_core.store.models import Tick, VirtualDecisionRow
+from planner_core.lab.sim.des import ClusterSimulator, spec_for_config
+from planner_core.runtime.connectors.virtual import VirtualConnectorClient
+from planner_core.runtime.report import periodic_report_path
+from planner_core.runtime.service import PlannerContext, load_context, prepare_database, resolve_report_dir
+from planner_core.runtime.settings import RuntimeSettings
+from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.models import Tick, VirtualDecisionRow
 from planner_core.traces import RequestTrace, load_trace
 
 
@@ -163,7 +163,7 @@ def demo(
     The report of all the deployment's ticks goes to `report_dir` (default: the config's `report_output_dir`
     relative to the config file, else `reports/` in the planner's data folder).
     """
-    from planner_core.store.db import resolve_database_url
+    from planner_core.runtime.store.db import resolve_database_url
 
     url = database_url or resolve_database_url()
     prepare_database(url)

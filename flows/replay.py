@@ -1,6 +1,6 @@
 """The `replay-ticks` flow: `planner replay` as a Prefect deployment, run with parameters from the UI.
 
-One task replays the range (`planner_core.replay.replay`) and keeps a progress artifact up to date, so the UI
+One task replays the range (`planner_core.runtime.replay.replay`) and keeps a progress artifact up to date, so the UI
 shows how far it got; the result (counts and the first differences) is the flow's return value and a table
 artifact. Results are also in `replay_runs` / `replay_ticks` (the run id is in the result).
 """
@@ -14,10 +14,10 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from planner_core.replay import replay
-from planner_core.store.db import resolve_database_url
-from planner_core.store.history import parse_time
-from planner_core.store.models import ReplayMode
+from planner_core.runtime.replay import replay
+from planner_core.runtime.store.db import resolve_database_url
+from planner_core.runtime.store.history import parse_time
+from planner_core.runtime.store.models import ReplayMode
 
 MAX_DIFFERENCES_RETURNED = 100  # the full list is in replay_ticks
 

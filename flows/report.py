@@ -1,7 +1,7 @@
 """The `planner-report` flow: write the diagnostics report of the last period and link it as a Prefect artifact.
 
 Served every `report_interval_hours` (see `flows/serve.py`) and runnable on demand from the UI; the demo flow
-uses the same task and artifact at its end. The report itself is built by `planner_core.report`.
+uses the same task and artifact at its end. The report itself is built by `planner_core.runtime.report`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from prefect.runtime import flow_run
 
 from flows.ticks import DEFAULT_CONFIG
 from planner_core.config import load_config
-from planner_core.report import ReportFile, generate_report, parse_report_time, periodic_report_path
-from planner_core.service import resolve_report_dir
-from planner_core.settings import RuntimeSettings
-from planner_core.store.db import resolve_database_url, session_factory
-from planner_core.store.migrate import check_schema_current
+from planner_core.runtime.report import ReportFile, generate_report, parse_report_time, periodic_report_path
+from planner_core.runtime.service import resolve_report_dir
+from planner_core.runtime.settings import RuntimeSettings
+from planner_core.runtime.store.db import resolve_database_url, session_factory
+from planner_core.runtime.store.migrate import check_schema_current
 
 
 @task(name="write-report", cache_policy=NO_CACHE)

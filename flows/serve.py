@@ -21,10 +21,10 @@ from flows.replay import replay_ticks
 from flows.report import planner_report
 from flows.ticks import DEFAULT_CONFIG, execute_decisions, load_tick, throughput_tick
 from planner_core.config import EnvironmentKind, PlannerConfig, load_config
-from planner_core.service import connect_kubernetes
-from planner_core.settings import RuntimeSettings
-from planner_core.store.db import resolve_database_url
-from planner_core.store.migrate import upgrade
+from planner_core.runtime.service import connect_kubernetes
+from planner_core.runtime.settings import RuntimeSettings
+from planner_core.runtime.store.db import resolve_database_url
+from planner_core.runtime.store.migrate import upgrade
 
 NO_OVERLAP = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 
@@ -92,7 +92,7 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
     upgrade(database_url)
     name = deployment or settings.deployment
     if config.metric_reporting_prometheus_port:
-        from planner_core.metrics import start_metrics_server
+        from planner_core.runtime.metrics import start_metrics_server
 
         # Flow runs execute in subprocesses, so the exporter reads what they recorded from Postgres at each scrape.
         start_metrics_server(config.metric_reporting_prometheus_port, database_url, name)

@@ -20,11 +20,11 @@ from prefect.runtime import flow_run, task_run
 from planner_core.config import PlannerConfig
 from planner_core.data import DEFAULT_CONFIG as SHIPPED_DEFAULT_CONFIG
 from planner_core.domain import Loop, TrafficObservation
-from planner_core.service import PlannerContext, load_context, run_execution, run_tick
-from planner_core.settings import RuntimeSettings
-from planner_core.sources import CollectedTraffic
-from planner_core.sources import collect_traffic as collect_from_source
-from planner_core.store.db import resolve_database_url
+from planner_core.runtime.service import PlannerContext, load_context, run_execution, run_tick
+from planner_core.runtime.settings import RuntimeSettings
+from planner_core.runtime.sources import CollectedTraffic
+from planner_core.runtime.sources import collect_traffic as collect_from_source
+from planner_core.runtime.store.db import resolve_database_url
 
 DEFAULT_CONFIG = str(SHIPPED_DEFAULT_CONFIG)
 

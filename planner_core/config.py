@@ -930,6 +930,19 @@ def _parse_text(text: str, suffix: str, source: str) -> Any:
 _SUFFIXES = (".yaml", ".yml", ".json")
 
 
+def resolve_config_relative(path_value: str | Path, config_path: Path | None) -> Path:
+    """A path from the config as written; relative paths are taken from the config file's folder."""
+    path = Path(path_value)
+    if not path.is_absolute() and config_path is not None:
+        path = config_path.parent / path
+    return path
+
+
+def resolve_profile_dir(config: PlannerConfig, config_path: Path | None) -> Path:
+    """`profile_results_dir`, relative to the config file's folder."""
+    return resolve_config_relative(config.profile_results_dir, config_path)
+
+
 def load_config(path: str | Path) -> PlannerConfig:
     """Read and validate a planner configuration file.
 

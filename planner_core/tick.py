@@ -27,11 +27,11 @@ from planner_core.domain import (
     TickInputs,
     TickOutcome,
 )
+from planner_core.perf.protocol import ThroughputPerfModel
 from planner_core.pipeline.builtin import builtin_plugins, headline_of
 from planner_core.pipeline.loader import configured
 from planner_core.pipeline.run import run_pipeline
 from planner_core.pipeline.types import Plugin
-from planner_core.policy.throughput import ThroughputPerfModel
 
 __all__ = ["tick"]
 

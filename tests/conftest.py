@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from planner_core.data import AZURE_CONV_TRACE, H200_PROFILE_DIR
-from planner_core.store.db import to_libpq_uri, to_sqlalchemy_url
+from planner_core.runtime.store.db import to_libpq_uri, to_sqlalchemy_url
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROFILE_DIR = H200_PROFILE_DIR
@@ -57,14 +57,14 @@ def postgres_server_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def template_database(postgres_server_url: str) -> str:
     """A database migrated to head, used as the template of every test database."""
-    from planner_core.store.migrate import upgrade
+    from planner_core.runtime.store.migrate import upgrade
 
     with psycopg.connect(postgres_server_url, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE_DB}")
         conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
     template_url = _with_database(postgres_server_url, TEMPLATE_DB)
     upgrade(to_sqlalchemy_url(template_url))
-    from planner_core.store.db import get_engine
+    from planner_core.runtime.store.db import get_engine
 
     get_engine(to_sqlalchemy_url(template_url)).dispose()  # a template must have no open connections
     return TEMPLATE_DB
@@ -143,7 +143,7 @@ def record_outcome(session, deployment_name: str, inputs, outcome, *, previous_t
     """Record a hand-made tick outcome for `deployment_name` at `inputs.now_s` with the real repository."""
     import datetime as dt
 
-    from planner_core.store import repository as repo
+    from planner_core.runtime.store import repository as repo
 
     deployment = repo.find_deployment(session, deployment_name)
     record = repo.TickRecord(

@@ -6,9 +6,9 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner_core.connectors.virtual import VirtualConnectorClient
 from planner_core.domain import Loop, TrafficObservation
-from planner_core.service import TickResult, load_context, run_execution, run_tick
+from planner_core.runtime.connectors.virtual import VirtualConnectorClient
+from planner_core.runtime.service import TickResult, load_context, run_execution, run_tick
 from tests.conftest import write_config
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)

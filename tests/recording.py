@@ -1,8 +1,8 @@
 """Record a realistic history for tests: the demo's loop (simulated cluster, virtual connector) without Prefect.
 
-The cluster is the discrete-event simulator (`planner_core.sim.des`) with the config's engine limits, timed by
+The cluster is the discrete-event simulator (`planner_core.lab.sim.des`) with the config's engine limits, timed by
 the profile's forward-pass model, starting at 1 prefill + 1 decode worker. Every `window_s` it serves the window
-and a throughput tick decides through `planner_core.service.run_tick`; the execution step applies the decision
+and a throughput tick decides through `planner_core.runtime.service.run_tick`; the execution step applies the decision
 and the simulated orchestrator acknowledges it. Load ticks run every `load_every_s` in between (either loop's
 state chains into the other's).
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from planner_core.connectors.virtual import VirtualConnectorClient
 from planner_core.domain import Loop
-from planner_core.service import load_context, run_execution, run_tick
-from planner_core.sim.des import ClusterSimulator, spec_for_config
-from planner_core.store import repository as repo
+from planner_core.lab.sim.des import ClusterSimulator, spec_for_config
+from planner_core.runtime.connectors.virtual import VirtualConnectorClient
+from planner_core.runtime.service import load_context, run_execution, run_tick
+from planner_core.runtime.store import repository as repo
 from planner_core.traces import load_trace
 
 

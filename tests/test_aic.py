@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from planner_core.aic import PerfTableSpec, parse_grid
-from planner_core.aic_agreement import DEFAULT_PROFILE, DEFAULT_TABLE, estimate_call, table_vs_profile
+from planner_core.lab.aic import PerfTableSpec, parse_grid
+from planner_core.lab.aic_agreement import DEFAULT_PROFILE, DEFAULT_TABLE, estimate_call, table_vs_profile
 from planner_core.perf.table import load_perf_table
 from tests.conftest import REPO_ROOT
 
@@ -30,7 +30,7 @@ LLAMA = ("--model", "nvidia/Llama-3.1-8B-Instruct-FP8", "--aic-model", "meta-lla
 
 def planner(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "planner_core.cli", *args],
+        [sys.executable, "-m", "planner_cli.main", *args],
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         capture_output=True,

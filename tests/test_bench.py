@@ -14,8 +14,7 @@ import pytest
 
 from planner_core.config import parse_config
 from planner_core.data import SERVEGEN_SHAPE
-from planner_core.perf.model import ProfilePerfModel
-from planner_core.sim.bench import (
+from planner_core.lab.sim.bench import (
     DEFAULT_POLICIES,
     FixedPolicy,
     OraclePolicy,
@@ -26,7 +25,8 @@ from planner_core.sim.bench import (
     run_bench,
     score,
 )
-from planner_core.sim.des import SimResult, SimSpec
+from planner_core.lab.sim.des import SimResult, SimSpec
+from planner_core.perf.model import ProfilePerfModel
 from tests.conftest import PROFILE_DIR, REPO_ROOT
 from tests.test_sim_des import FWD, make_trace
 
@@ -173,7 +173,7 @@ def write_small_azure_trace(path: Path, num_requests: int = 400, duration_s: flo
 
 def run_bench_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "planner_core.cli", "bench", *args],
+        [sys.executable, "-m", "planner_cli.main", "bench", *args],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
@@ -183,7 +183,7 @@ def test_cli_writes_json_and_html(tmp_path) -> None:
     trace_path = write_small_azure_trace(tmp_path / "small.csv")
     out_json, out_html = tmp_path / "rows.json", tmp_path / "bench.html"
     result = subprocess.run(
-        [sys.executable, "-m", "planner_core.cli", "bench", "--trace", str(trace_path), "--policies",
+        [sys.executable, "-m", "planner_cli.main", "bench", "--trace", str(trace_path), "--policies",
          "oracle,static-peak,fixed:1:1", "--throughput-interval-s", "60", "--json", str(out_json), "--html",
          str(out_html)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,

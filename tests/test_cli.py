@@ -9,13 +9,13 @@ import sys
 import psycopg
 import pytest
 
-from planner_core.store.db import to_libpq_uri
+from planner_core.runtime.store.db import to_libpq_uri
 from tests.conftest import REPO_ROOT, write_config
 
 
 def planner(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "planner_core.cli", *args],
+        [sys.executable, "-m", "planner_cli.main", *args],
         cwd=REPO_ROOT,
         env={**os.environ, **(env or {})},
         capture_output=True,

@@ -1,5 +1,5 @@
-"""Dynamo 1.6.1's own planner as a bench policy: the mapping to `infra/dynamo/run_planner.py`'s protocol (pure,
-no Dynamo needed) and, where Dynamo's virtualenv exists, Dynamo's planner deciding in the simulator."""
+"""Dynamo 1.6.1's own planner as a bench policy: the mapping to `planner_core/lab/dynamo/run_planner.py`'s protocol
+(pure, no Dynamo needed) and, where Dynamo's virtualenv exists, Dynamo's planner deciding in the simulator."""
 
 from __future__ import annotations
 
@@ -21,10 +21,9 @@ from planner_core.domain import (
     TrafficObservation,
     WorkerCounts,
 )
-from planner_core.perf.model import ProfilePerfModel
-from planner_core.sim.bench import build_policies, run_bench
-from planner_core.sim.des import SimSpec, window_kv_hit_rate
-from planner_core.sim.dynamo_policy import (
+from planner_core.lab.sim.bench import build_policies, run_bench
+from planner_core.lab.sim.des import SimSpec, window_kv_hit_rate
+from planner_core.lab.sim.dynamo_policy import (
     DYNAMO_PRESETS,
     RUN_PLANNER_SCRIPT,
     DynamoPlannerError,
@@ -38,6 +37,7 @@ from planner_core.sim.dynamo_policy import (
     tick_request,
     traffic_message,
 )
+from planner_core.perf.model import ProfilePerfModel
 from tests.conftest import PROFILE_DIR
 from tests.test_bench import busy_trace
 
@@ -220,7 +220,7 @@ def test_dynamo_planner_decides_in_the_simulator_and_follows_a_load_step() -> No
 def test_bench_takes_the_dynamo_interpreter_from_the_option_or_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from planner_core.cli import build_parser
+    from planner_cli.main import build_parser
 
     monkeypatch.setenv("DYNAMO_PYTHON", "/opt/dynamo/bin/python")
     assert build_parser().parse_args(["bench", "--trace", "t.csv"]).dynamo_python == "/opt/dynamo/bin/python"

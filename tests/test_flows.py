@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from planner_core.store.db import to_libpq_uri
+from planner_core.runtime.store.db import to_libpq_uri
 from tests.conftest import REPO_ROOT, write_config
 
 pytestmark = pytest.mark.prefect
@@ -161,9 +161,9 @@ def test_demo_finishes_a_tick_recorded_but_not_executed(
     """A stop between recording a tick and executing its decision: the resumed run executes it at its own time."""
     from flows.demo import _epoch, recorded_scale_events, simulate_timeline
     from flows.ticks import decide_and_record
-    from planner_core.connectors.virtual import VirtualConnectorClient
     from planner_core.domain import Loop
-    from planner_core.service import load_context
+    from planner_core.runtime.connectors.virtual import VirtualConnectorClient
+    from planner_core.runtime.service import load_context
     from planner_core.traces import load_trace
 
     config = write_config(tmp_path)
@@ -190,7 +190,7 @@ def test_killed_demo_process_resumes_without_loss_or_duplicates(
     config = write_config(tmp_path)
     env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PLANNER_DATABASE_URL=database_url)
     command = [
-        sys.executable, "-m", "planner_core.cli", "demo", "--trace", str(azure_conv_trace), "--config", str(config),
+        sys.executable, "-m", "planner_cli.main", "demo", "--trace", str(azure_conv_trace), "--config", str(config),
         "--deployment", "killed", "--max-windows", "14",
     ]  # fmt: skip
     process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,5 +1,6 @@
-"""Tests of Dynamo-exact windowing (`bucket_windows`), the forecast evaluation (`planner_core.forecast_eval`), the
-`planner forecast` command and the warm start (`planner_core.warmup`). Reads the shipped traces, writes to tmp_path."""
+"""Tests of Dynamo-exact windowing (`bucket_windows`), the forecast evaluation (`planner_core.lab.forecast_eval`),
+the `planner forecast` command and the warm start (`planner_core.runtime.warmup`). Reads the shipped traces, writes
+to tmp_path."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner_core.cli import main
+from planner_cli.main import main
 from planner_core.config import parse_config
 from planner_core.data import MOONCAKE_TRACE
 from planner_core.domain import LoadHistory, Prediction, TrafficObservation
-from planner_core.forecast_eval import (
+from planner_core.lab.forecast_eval import (
     PREDICTOR_NAMES,
     evaluate,
     forecast_windows,
@@ -26,8 +27,8 @@ from planner_core.forecast_eval import (
     window_records,
 )
 from planner_core.predict import observe_window
+from planner_core.runtime.warmup import history_from_windows, warm_history
 from planner_core.traces import bucket_window_starts, bucket_windows, load_trace, load_traces
-from planner_core.warmup import history_from_windows, warm_history
 
 MOONCAKE = MOONCAKE_TRACE
 

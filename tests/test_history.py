@@ -11,12 +11,12 @@ import uuid
 import psycopg
 import pytest
 
-from planner_core.replay import replay
-from planner_core.store.db import to_libpq_uri
-from planner_core.store.history import HISTORY_COLUMNS, history_frame, history_rows, parse_time
-from planner_core.store.migrate import downgrade, upgrade
-from planner_core.store.models import ReplayMode
-from planner_core.store.prune import prune_history
+from planner_core.runtime.replay import replay
+from planner_core.runtime.store.db import to_libpq_uri
+from planner_core.runtime.store.history import HISTORY_COLUMNS, history_frame, history_rows, parse_time
+from planner_core.runtime.store.migrate import downgrade, upgrade
+from planner_core.runtime.store.models import ReplayMode
+from planner_core.runtime.store.prune import prune_history
 from tests.conftest import create_database, write_config
 from tests.recording import record_simulated_run
 from tests.test_cli import planner
@@ -182,7 +182,7 @@ def test_migration_0003_downgrades_and_upgrades_again(empty_database_url) -> Non
     upgrade(url)
     assert _rows(url, "SELECT has_table_privilege('planner_analyst', 'sla_by_hour', 'SELECT')") == [(True,)]
     assert _rows(url, "SELECT has_table_privilege('planner_analyst', 'ticks', 'INSERT')") == [(False,)]
-    from planner_core.store.db import get_engine
+    from planner_core.runtime.store.db import get_engine
 
     get_engine(url).dispose()
 

@@ -24,7 +24,7 @@ from sqlalchemy import func, select
 
 from planner_core.config import load_config
 from planner_core.domain import Component, ForwardPassMetrics, Loop, QueuedRequests, ScheduledRequests
-from planner_core.ingest import (
+from planner_core.runtime.ingest import (
     DropReason,
     FpmDecodeError,
     FpmIngest,
@@ -33,11 +33,11 @@ from planner_core.ingest import (
     encode_fpm_message,
     serve_until_signalled,
 )
-from planner_core.service import fpm_max_age_s, load_context, run_tick
-from planner_core.store import repository as repo
-from planner_core.store.db import session_factory
-from planner_core.store.fpm import FpmSample, insert_fpm_samples, latest_fpm
-from planner_core.store.models import FpmSampleRow, FpmSnapshotRow
+from planner_core.runtime.service import fpm_max_age_s, load_context, run_tick
+from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.db import session_factory
+from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples, latest_fpm
+from planner_core.runtime.store.models import FpmSampleRow, FpmSnapshotRow
 from tests.conftest import REPO_ROOT, write_config
 
 P, D = Component.PREFILL, Component.DECODE
@@ -326,7 +326,7 @@ def test_retention_deletes_old_samples_in_batches(deployment) -> None:
 def test_database_outage_keeps_the_batch_and_never_crashes(postgres_server_url: str, deployment) -> None:
     """A flush into an unreachable database fails, is counted, keeps the samples up to max_pending, and the
     ingest goes on; the oldest are dropped (and counted) beyond that."""
-    from planner_core.store.db import to_sqlalchemy_url
+    from planner_core.runtime.store.db import to_sqlalchemy_url
     from tests.conftest import _with_database
 
     _, deployment_id, _ = deployment
@@ -380,7 +380,7 @@ def test_planner_ingest_command_stops_on_sigterm(deployment, tmp_path: Path) -> 
         sock.bind(("127.0.0.1", 0))
         endpoint = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
     env = {**os.environ, "PLANNER_DATABASE_URL": url, "PYTHONPATH": str(REPO_ROOT)}
-    command = [sys.executable, "-m", "planner_core.cli", "ingest", "--bind", endpoint, "--deployment", "ingest"]
+    command = [sys.executable, "-m", "planner_cli.main", "ingest", "--bind", endpoint, "--deployment", "ingest"]
     process = subprocess.Popen(
         [*command, "--config", str(config_path)], env=env, stderr=subprocess.PIPE, text=True, cwd=tmp_path
     )

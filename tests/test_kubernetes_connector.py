@@ -16,7 +16,18 @@ from kubernetes import client as k8s_client
 from sqlalchemy import select
 
 from planner_core.config import PlannerMode, load_config, parse_config
-from planner_core.connectors.kubernetes import (
+from planner_core.domain import (
+    Component,
+    Loop,
+    PlannerState,
+    ReasonCode,
+    ScalingDecision,
+    TickInputs,
+    TickOutcome,
+    TrafficObservation,
+    WorkerCounts,
+)
+from planner_core.runtime.connectors.kubernetes import (
     DgdComponent,
     KubernetesApiError,
     KubernetesConnector,
@@ -33,21 +44,10 @@ from planner_core.connectors.kubernetes import (
     resolve_namespace,
     resolve_roles,
 )
-from planner_core.domain import (
-    Component,
-    Loop,
-    PlannerState,
-    ReasonCode,
-    ScalingDecision,
-    TickInputs,
-    TickOutcome,
-    TrafficObservation,
-    WorkerCounts,
-)
-from planner_core.service import PlannerContext, default_workers, load_context, run_execution, run_tick
-from planner_core.store import repository as repo
-from planner_core.store.execution import MAX_ATTEMPTS
-from planner_core.store.models import DecisionRow, ExecutionRow, WorkerObservationRow
+from planner_core.runtime.service import PlannerContext, default_workers, load_context, run_execution, run_tick
+from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.execution import MAX_ATTEMPTS
+from planner_core.runtime.store.models import DecisionRow, ExecutionRow, WorkerObservationRow
 from tests.conftest import REPO_ROOT, record_outcome, write_config
 from tests.kube_api import DGD, DGDSA, KubeApiServer
 
@@ -332,7 +332,7 @@ def test_retry_backoff_is_exponential_and_capped(num_failures: int, delay_s: flo
 
 def test_effective_config_fills_gpus_and_model_and_refuses_a_mismatch(tmp_path: Path) -> None:
     """Unset engine GPU widths and model name come from the DGD; a width that disagrees is an error."""
-    from planner_core.connectors.kubernetes import DeploymentInfo
+    from planner_core.runtime.connectors.kubernetes import DeploymentInfo
 
     roles = resolve_roles(
         components_of(worker("P", "prefill", gpus="1"), worker("D", "decode", gpus="2")), PlannerMode.DISAGG, LABEL
@@ -880,7 +880,7 @@ def test_rbac_grants_exactly_what_the_connector_uses() -> None:
 
 def test_k8s_check_command(tmp_path: Path, kube_env: KubeApiServer, capsys: pytest.CaptureFixture[str]) -> None:
     """`planner k8s-check` prints the roles, GPUs and counts, or the start-up error in one line (exit 2)."""
-    from planner_core.cli import main
+    from planner_cli.main import main
 
     config = write_config(tmp_path, environment="kubernetes")
     assert main(["k8s-check", "--config", str(config)]) == 0

@@ -54,8 +54,8 @@ from planner_core.domain import (
     TrafficObservation,
     WorkerCounts,
 )
+from planner_core.perf.protocol import PhaseCapacity
 from planner_core.pipeline import FunctionPlugin, Phase, PluginResult, PluginSpec
-from planner_core.policy.throughput import PhaseCapacity
 from planner_core.tick import tick
 
 P, D = Component.PREFILL, Component.DECODE

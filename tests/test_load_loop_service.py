@@ -25,10 +25,10 @@ from planner_core.domain import (
     TrafficObservation,
 )
 from planner_core.pipeline import PluginConfigError
-from planner_core.service import PlannerContext, load_context, run_execution, run_tick
-from planner_core.store import repository as repo
-from planner_core.store.fpm import FpmSample, insert_fpm_samples
-from planner_core.store.models import DecisionRow, ExecutionRow, TickStepRow, VirtualConnectorStateRow
+from planner_core.runtime.service import PlannerContext, load_context, run_execution, run_tick
+from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
+from planner_core.runtime.store.models import DecisionRow, ExecutionRow, TickStepRow, VirtualConnectorStateRow
 from tests.conftest import write_config
 from tests.test_plugin_packages import install_distribution, install_example
 
@@ -246,7 +246,7 @@ def test_advisory_load_decision_is_recorded_and_never_applied(database_url: str,
 def test_aggregated_load_loop_is_not_held_by_the_unmanaged_pool(database_url: str, tmp_path: Path) -> None:
     """An aggregated planner's decisions never name the prefill pool, so the virtual connector reports -1 expected
     prefill workers for ever; the load loop must still decide again once its own scale is done."""
-    from planner_core.connectors.virtual import VirtualConnectorClient
+    from planner_core.runtime.connectors.virtual import VirtualConnectorClient
 
     ctx = context(
         database_url,
@@ -281,7 +281,7 @@ def test_aggregated_load_loop_is_not_held_by_the_unmanaged_pool(database_url: st
 def test_idle_engines_heartbeats_let_the_load_loop_scale_down(database_url: str, tmp_path: Path) -> None:
     """Engines with nothing to do only send idle heartbeats (wall time 0); stored like any sample, they are the
     reports that let the load loop see a quiet pool and remove an engine."""
-    from planner_core.connectors.virtual import VirtualConnectorClient
+    from planner_core.runtime.connectors.virtual import VirtualConnectorClient
 
     ctx = context(
         database_url,

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from planner_core.domain import Loop, TrafficObservation
-from planner_core.metrics import (
+from planner_core.runtime.metrics import (
     LOAD_DECISION_REASONS,
     PREFIX,
     THROUGHPUT_DECISION_REASONS,
@@ -23,9 +23,9 @@ from planner_core.metrics import (
     metric_families,
     start_metrics_server,
 )
-from planner_core.report import load_report_data, summarise
-from planner_core.service import load_context, run_tick
-from planner_core.store.db import get_engine, session_factory
+from planner_core.runtime.report import load_report_data, summarise
+from planner_core.runtime.service import load_context, run_tick
+from planner_core.runtime.store.db import get_engine, session_factory
 from tests.conftest import REPO_ROOT, write_config
 from tests.recorded import BUSY, SCENARIO_GPU_HOURS, record_scenario
 

@@ -10,10 +10,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from planner_core.domain import Loop, TrafficObservation
-from planner_core.service import load_context, run_tick
-from planner_core.store.db import get_engine, to_libpq_uri
-from planner_core.store.migrate import MIGRATIONS_DIR, downgrade, heads, upgrade
-from planner_core.store.models import Base
+from planner_core.runtime.service import load_context, run_tick
+from planner_core.runtime.store.db import get_engine, to_libpq_uri
+from planner_core.runtime.store.migrate import MIGRATIONS_DIR, downgrade, heads, upgrade
+from planner_core.runtime.store.models import Base
 from tests.conftest import write_config
 
 TABLES = {
@@ -121,7 +121,7 @@ def test_audit_log_is_append_only(database_url: str, tmp_path, profile_dir, stat
 
 def test_an_out_of_date_schema_is_reported_with_the_fix(empty_database_url: str, tmp_path, profile_dir) -> None:
     """Ticks refuse to run on a database below the newest migration, saying how to fix it in one line."""
-    from planner_core.store.migrate import SchemaOutOfDate
+    from planner_core.runtime.store.migrate import SchemaOutOfDate
 
     config = write_config(tmp_path)
     with pytest.raises(SchemaOutOfDate, match=r"at no schema, .* run `planner db upgrade`"):

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from planner_core import cli
+from planner_cli import main as cli
 from planner_core.domain import Component, EngineLimits, ModelReadiness, OnlinePerfState, ReasonCode
-from planner_core.perf.accuracy import (
+from planner_core.lab.perf_accuracy import (
     AccuracyReport,
     CapacityRow,
     ErrorSummary,

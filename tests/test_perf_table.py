@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner_core.aic import perf_table_text, write_perf_table
 from planner_core.data import H200_PERF_TABLE
+from planner_core.lab.aic import perf_table_text, write_perf_table
 from planner_core.perf.forward import ForwardPassModel
 from planner_core.perf.table import (
     PERF_TABLE_FORMAT,

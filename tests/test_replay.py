@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner_core.domain import LoadHistory, to_jsonable
-from planner_core.replay import _history_jsonable, replay
-from planner_core.store.db import to_libpq_uri
-from planner_core.store.models import ReplayMode
+from planner_core.runtime.replay import _history_jsonable, replay
+from planner_core.runtime.store.db import to_libpq_uri
+from planner_core.runtime.store.models import ReplayMode
 from tests.conftest import write_config
 from tests.recording import record_simulated_run
 from tests.test_cli import planner
@@ -201,7 +201,7 @@ def test_history_fast_path_serialises_like_to_jsonable(finite: bool, data: st.Da
 )
 def test_diff_lists_the_differing_leaves(recorded, replayed, expected) -> None:
     """Differences are reported at the deepest differing path, recorded value first."""
-    from planner_core.replay import _diff
+    from planner_core.runtime.replay import _diff
 
     out: list[dict] = []
     _diff("x", recorded, replayed, out, limit=10)
@@ -210,7 +210,7 @@ def test_diff_lists_the_differing_leaves(recorded, replayed, expected) -> None:
 
 def test_diff_stops_listing_a_section_at_its_limit() -> None:
     """Past the limit one entry says more differences were left out, from which field on."""
-    from planner_core.replay import _diff
+    from planner_core.runtime.replay import _diff
 
     out: list[dict] = []
     _diff("steps", list(range(10)), list(range(1, 11)), out, limit=3)

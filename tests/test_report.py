@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from planner_core.domain import Loop
-from planner_core.report import (
+from planner_core.runtime.report import (
     EngineLoadRow,
     ReportData,
     TickRow,
@@ -31,7 +31,7 @@ from planner_core.report import (
     render_html,
     summarise,
 )
-from planner_core.store.db import session_factory
+from planner_core.runtime.store.db import session_factory
 from tests.conftest import REPO_ROOT
 from tests.recorded import BUSY, CALM, SCENARIO_GPU_HOURS, T0, record_scenario
 
@@ -406,7 +406,7 @@ def test_report_renders_in_headless_chromium(database_url, scenario, chromium, t
 
 def planner(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "planner_core.cli", *args],
+        [sys.executable, "-m", "planner_cli.main", *args],
         cwd=REPO_ROOT,
         env={**os.environ, **env},
         capture_output=True,
@@ -440,7 +440,7 @@ def test_report_command(database_url, scenario, tmp_path) -> None:
 )
 def test_report_command_bad_input(database_url, scenario, tmp_path, monkeypatch, capsys, args, message) -> None:
     """Bad input: exit 2 with one line naming the option or deployment, and no file written."""
-    from planner_core.cli import main
+    from planner_cli.main import main
 
     monkeypatch.setenv("PLANNER_DATABASE_URL", database_url)
     bad = tmp_path / "bad.html"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from planner_core.domain import Component, EngineLimits
-from planner_core.sim.des import ClusterSimulator, RouterPolicy, SimSpec
+from planner_core.lab.sim.des import ClusterSimulator, RouterPolicy, SimSpec
 from planner_core.traces import RequestTrace
 
 

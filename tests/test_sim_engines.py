@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from planner_core.domain import Component, EngineLimits
-from planner_core.sim.des import ClusterSimulator, SimSpec
+from planner_core.lab.sim.des import ClusterSimulator, SimSpec
 from planner_core.traces import RequestTrace
 from tests.test_sim_des import FWD, PREFILL_END, make_trace
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from planner_core.sim.des import ClusterSimulator, SimSpec
-from planner_core.sim.exporter import TraceMetricsExporter
+from planner_core.lab.sim.des import ClusterSimulator, SimSpec
+from planner_core.lab.sim.exporter import TraceMetricsExporter
 from planner_core.traces import RequestTrace
 from tests.test_sim_des import FWD, make_trace
 from tests.test_sim_engines import hashed_trace
@@ -267,7 +267,7 @@ def test_sim_exporter_command_serves_until_sigterm(azure_conv_trace: Path) -> No
     from tests.conftest import REPO_ROOT
 
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    command = [sys.executable, "-m", "planner_core.cli", "sim-exporter", "--trace", str(azure_conv_trace)]
+    command = [sys.executable, "-m", "planner_cli.main", "sim-exporter", "--trace", str(azure_conv_trace)]
     process = subprocess.Popen([*command, "--port", "0", "--speedup", "60"], env=env, stderr=subprocess.PIPE, text=True)
     try:
         banner = process.stderr.readline()

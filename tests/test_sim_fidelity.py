@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner_core.domain import EngineLimits
-from planner_core.perf.accuracy import holdout_model
+from planner_core.lab.perf_accuracy import holdout_model
+from planner_core.lab.sim.des import ClusterSimulator, RouterPolicy, SimSpec
 from planner_core.perf.profile import load_profile
-from planner_core.sim.des import ClusterSimulator, RouterPolicy, SimSpec
 from planner_core.traces import RequestTrace
 from tests.conftest import PROFILE_DIR
 

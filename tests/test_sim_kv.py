@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from planner_core.domain import EngineLimits
-from planner_core.sim.des import ClusterSimulator, KvAllocation, SimSpec
+from planner_core.lab.sim.des import ClusterSimulator, KvAllocation, SimSpec
 from planner_core.traces import RequestTrace
 from tests.test_sim_des import FWD, make_trace
 from tests.test_sim_engines import hashed_trace

@@ -1,4 +1,4 @@
-"""The benchmark's oracle (`planner_core.sim.oracle`): its search and its definition, checked in the simulator.
+"""The benchmark's oracle (`planner_core.lab.sim.oracle`): its search and its definition, checked in the simulator.
 
 The simulator runs the linear forward-pass model of `tests/test_sim_des.py` (prefill iteration 0.010 s + 1e-5 s
 per token; decode iteration 0.005 s + 1e-4 s per request + 1e-8 s per KV token), so the traces stay small.
@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner_core.domain import EngineLimits
-from planner_core.sim.bench import OraclePolicy, baseline_policies, run_policy
-from planner_core.sim.des import ClusterSimulator, SimSpec
-from planner_core.sim.oracle import OracleSettings, attainable_mask, oracle_windows, smallest_meeting
+from planner_core.lab.sim.bench import OraclePolicy, baseline_policies, run_policy
+from planner_core.lab.sim.des import ClusterSimulator, SimSpec
+from planner_core.lab.sim.oracle import OracleSettings, attainable_mask, oracle_windows, smallest_meeting
 from planner_core.traces import RequestTrace
 from tests.test_sim_des import FWD, make_trace
 

@@ -34,14 +34,14 @@ from sqlalchemy import select
 from flows.ticks import collect_traffic
 from planner_core.config import Backend, ThroughputMetricsSource, load_config
 from planner_core.domain import EngineLimits, Loop, ReasonCode, TrafficObservation
+from planner_core.lab.sim.des import ClusterSimulator, SimResult, SimSpec
+from planner_core.lab.sim.exporter import TraceMetricsExporter
 from planner_core.perf.model import ProfilePerfModel
-from planner_core.service import load_context, run_tick
-from planner_core.settings import RuntimeSettings
-from planner_core.sim.des import ClusterSimulator, SimResult, SimSpec
-from planner_core.sim.exporter import TraceMetricsExporter
-from planner_core.sources import NoTrafficDataKind, TrafficUnavailable
-from planner_core.sources import collect_traffic as collect_from_source
-from planner_core.sources.prometheus import (
+from planner_core.runtime.service import load_context, run_tick
+from planner_core.runtime.settings import RuntimeSettings
+from planner_core.runtime.sources import NoTrafficDataKind, TrafficUnavailable
+from planner_core.runtime.sources import collect_traffic as collect_from_source
+from planner_core.runtime.sources.prometheus import (
     MAX_ANSWER_BYTES,
     PrometheusOptions,
     PrometheusTrafficSource,
@@ -52,7 +52,7 @@ from planner_core.sources.prometheus import (
     parse_instant_answer,
     range_of,
 )
-from planner_core.store.models import AuditLogRow, DecisionRow
+from planner_core.runtime.store.models import AuditLogRow, DecisionRow
 from planner_core.traces import RequestTrace
 from tests.conftest import PROFILE_DIR, write_config
 

@@ -22,10 +22,17 @@ from planner_core.domain import (
     from_jsonable,
 )
 from planner_core.perf.model import ProfilePerfModel
-from planner_core.service import load_context, run_tick
-from planner_core.store import repository as repo
-from planner_core.store.db import to_libpq_uri
-from planner_core.store.models import AuditLogRow, DecisionRow, PlannerConfigRow, PlannerStateRow, Tick, TickStepRow
+from planner_core.runtime.service import load_context, run_tick
+from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.db import to_libpq_uri
+from planner_core.runtime.store.models import (
+    AuditLogRow,
+    DecisionRow,
+    PlannerConfigRow,
+    PlannerStateRow,
+    Tick,
+    TickStepRow,
+)
 from planner_core.tick import tick
 from tests.conftest import record_outcome, write_config
 

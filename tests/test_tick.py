@@ -40,7 +40,8 @@ from planner_core.domain import (
     WorkerCounts,
 )
 from planner_core.perf.model import ProfilePerfModel
-from planner_core.policy.throughput import PhaseCapacity, ThroughputPerfModel, sizing_shape
+from planner_core.perf.protocol import PhaseCapacity, ThroughputPerfModel
+from planner_core.policy.throughput import sizing_shape
 from planner_core.tick import tick
 
 PROFILE_DIR = H200_PROFILE_DIR

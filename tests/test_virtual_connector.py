@@ -9,11 +9,11 @@ import time
 import pytest
 from sqlalchemy import select
 
-from planner_core.connectors.virtual import VirtualConnector, VirtualConnectorClient
 from planner_core.domain import Loop, PlannerState, ReasonCode, ScalingDecision, TickInputs, TickOutcome, WorkerCounts
-from planner_core.service import default_workers, load_context, run_execution
-from planner_core.store import repository as repo
-from planner_core.store.models import DecisionRow, ExecutionRow, VirtualConnectorStateRow
+from planner_core.runtime.connectors.virtual import VirtualConnector, VirtualConnectorClient
+from planner_core.runtime.service import default_workers, load_context, run_execution
+from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.models import DecisionRow, ExecutionRow, VirtualConnectorStateRow
 from tests.conftest import record_outcome, write_config
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
@@ -208,7 +208,7 @@ def test_execution_failure_is_recorded_and_retried(ctx, client) -> None:
         def apply(self, session, decision, now):  # noqa: ARG002 - same signature as a real connector
             raise ConnectionError("orchestrator unreachable")
 
-    from planner_core.store.execution import MAX_ATTEMPTS, execute_pending
+    from planner_core.runtime.store.execution import MAX_ATTEMPTS, execute_pending
 
     decision_id = decide(ctx, 0, 2, 2)
     for attempt in range(1, MAX_ATTEMPTS + 1):

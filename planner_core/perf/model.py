@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from planner_core.perf.forward import ForwardPassModel
 from planner_core.perf.profile import EngineProfile, load_profile
 from planner_core.perf.profile_forward import ProfileForwardPassModel
-from planner_core.policy.throughput import PhaseCapacity
+from planner_core.perf.protocol import PhaseCapacity
 
 
 @dataclass(frozen=True, slots=True)

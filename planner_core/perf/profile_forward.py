@@ -8,7 +8,7 @@ to use it, both built from the same NPZ/JSON profile (`planner_core.perf.profile
   FPMs. Prefill: one iteration computing one request of ISL tokens, wall time = TTFT. Decode: KV tokens
   `kv = round(kv_usage * max_kv_tokens)`, batch `round(kv / context_length)`, wall time = ITL.
 - `ProfileForwardPassModel`: answers the `ForwardPassModel` question by interpolating the profile itself, and
-  reproduces every profiled point exactly (`planner_core.perf.accuracy` measures how well it predicts points
+  reproduces every profiled point exactly (`planner_core.lab.perf_accuracy` measures how well it predicts points
   it did not see):
   - prefill iteration of `t` tokens: the TTFT spline over ISL (Dynamo 0.x's cubic interpolation, the same
     spline as `PrefillInterpolator`); below the smallest profiled ISL the smallest ISL's TTFT (the iteration's

@@ -38,42 +38,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
 from planner_core.config import LengthSizing
 from planner_core.domain import Component, Prediction, ReasonCode, StepRecord, TrafficObservation
-
-if TYPE_CHECKING:  # the perf package loads numpy; the policy only needs the protocol's name
-    from planner_core.perf.forward import ForwardPassModel
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PhaseCapacity:
-    """What one GPU of a pool serves under the SLA at the forecast shape."""
-
-    tokens_per_s_per_gpu: float
-    latency_ms: float  # TTFT for prefill, ITL for decode, at that operating point
-    sla_met: bool
-
-
-class ThroughputPerfModel(Protocol):
-    """Engine capacity queries the throughput loop needs. Queries never change the model."""
-
-    def prefill_capacity(self, *, isl: float, ttft_ms: float) -> PhaseCapacity: ...
-
-    def decode_capacity(self, *, isl: float, osl: float, itl_ms: float) -> PhaseCapacity: ...
-
-    def prefill_ttft_ms(self, isl: float) -> float: ...
-
-    def decode_itl_ms(self, concurrency: float, context_length: float) -> float: ...
-
-    def forward_pass_model(self) -> ForwardPassModel | None:
-        """The forward-pass model the loops start from before their online models are ready, if any."""
-        ...
-
-    def profiled_max_kv_tokens(self) -> int | None:
-        """The decode engine's KV-cache capacity (tokens) the profile measured, if known."""
-        ...
+from planner_core.perf.protocol import ThroughputPerfModel
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

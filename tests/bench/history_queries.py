@@ -24,9 +24,9 @@ import time
 
 import psycopg
 
-from planner_core.store.db import get_engine, to_libpq_uri, to_sqlalchemy_url
-from planner_core.store.migrate import upgrade
-from planner_core.store.prune import prune_history
+from planner_core.runtime.store.db import get_engine, to_libpq_uri, to_sqlalchemy_url
+from planner_core.runtime.store.migrate import upgrade
+from planner_core.runtime.store.prune import prune_history
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 DEPLOYMENTS = {"bench": 80, "other": 20}  # days of history each

@@ -1,7 +1,7 @@
 # ruff: noqa: T201  (a benchmark script reports on stdout)
 """Benchmark (not a test): record a week of 5 s load ticks and 180 s throughput ticks, then time `planner replay`.
 
-The history is recorded by the production code path: `planner_core.service.decide` on each tick and
+The history is recorded by the production code path: `planner_core.runtime.service.decide` on each tick and
 `repository.record_tick` to write it (many ticks per transaction, the state carried in memory instead of read
 back, which is what makes recording ~124k ticks take minutes rather than an hour). Traffic is a seeded diurnal
 pattern with noise and length percentiles; load scaling is on, so every 5 s load tick stores the whole planner
@@ -29,11 +29,11 @@ import yaml
 
 from planner_core.data import H200_PROFILE_DIR
 from planner_core.domain import Loop, TickInputs, TrafficObservation, WorkerCounts
-from planner_core.replay import replay
-from planner_core.service import context_for_config, decide, initial_state
-from planner_core.store import repository as repo
-from planner_core.store.db import get_engine, session_factory, to_libpq_uri, to_sqlalchemy_url
-from planner_core.store.migrate import upgrade
+from planner_core.runtime.replay import replay
+from planner_core.runtime.service import context_for_config, decide, initial_state
+from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.db import get_engine, session_factory, to_libpq_uri, to_sqlalchemy_url
+from planner_core.runtime.store.migrate import upgrade
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILE_DIR = H200_PROFILE_DIR

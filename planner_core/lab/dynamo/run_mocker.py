@@ -1,0 +1,137 @@
+"""Run Dynamo's mocker (its offline trace replay) on traces at fixed pool sizes; print the summaries as JSON.
+
+Runs with the Python of a separate virtualenv holding `ai-dynamo` (never the project's own: see README,
+"Simulator fidelity"). Its only job is to drive the peer simulator for `planner_core/lab/compare_mocker.py`, which
+runs with the project's venv and compares the figures with our simulator's.
+
+Usage:
+    DYNAMO_PY run_mocker.py TRACE.jsonl P D SPEEDUP TTFT_MS ITL_MS       one disaggregated case, summary on stdout
+    DYNAMO_PY run_mocker.py --cases CASES.json [--out OUT.json]          several cases (below), one engine set-up
+
+CASES.json is a list of objects: `trace` (Mooncake JSONL with `hash_ids`), `mode` ("disagg" or "agg"),
+`num_prefill`, `num_decode` (agg: the number of aggregated workers), `speedup` (arrival compression),
+optionally `per_request` (a path: per-request records are written there as JSONL). The output is a list of
+`{"case": ..., "summary": ..., "engine": {...}}`, `engine` being the engine limits the mocker ran with.
+
+Options: `--profile DIR` (a Dynamo profile directory; default the H200 Llama-3.1-8B-FP8 one), `--stubs DIR` (a
+folder holding a stub `aisimulate_core` package, which the `ai-dynamo` wheel imports but which cannot be
+installed here), `--num-gpu-blocks N` (KV blocks per engine; default: the mocker's own default),
+`--block-size N`, `--max-num-seqs N`, `--max-num-batched-tokens N`, `--router round_robin|kv_router`.
+"""
+
+# ruff: noqa: T201 - a command-line script: printing is its output
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEFAULT_PROFILE = "/work/shared/perf/dynamo-planner-test-profile/H200_TP1P_TP1D"
+DEFAULT_STUBS = "/work/dynamo-bench/stubs"
+MODEL = "nvidia/Llama-3.1-8B-Instruct-FP8"
+TRACE_BLOCK_TOKENS = 512  # Mooncake `hash_ids` blocks
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("legacy", nargs="*", help="TRACE P D SPEEDUP TTFT_MS ITL_MS (one disaggregated case)")
+    parser.add_argument("--cases", type=Path)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--profile", default=DEFAULT_PROFILE)
+    parser.add_argument("--stubs", default=DEFAULT_STUBS)
+    parser.add_argument("--num-gpu-blocks", type=int)
+    parser.add_argument("--block-size", type=int)
+    parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--max-num-batched-tokens", type=int)
+    parser.add_argument("--router", default="round_robin", choices=("round_robin", "kv_router"))
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(argv)
+    sys.path.insert(0, args.stubs)
+    import aisimulate_core  # noqa: F401 - the stub must be importable before dynamo is
+    from dynamo.mocker.args import parse_args, resolve_planner_profile_data
+    from dynamo.mocker.config import build_mocker_engine_args
+    from dynamo.replay.api import run_trace_replay
+
+    keep_alive = []  # the converted profile lives in a temporary directory owned by these objects
+
+    def engine_args(mode: str) -> dict:
+        flags = ["--model-path", MODEL, "--disaggregation-mode", mode, "--planner-profile-data", args.profile]
+        for flag, value in (
+            ("--num-gpu-blocks-override", args.num_gpu_blocks),
+            ("--block-size", args.block_size),
+            ("--max-num-seqs", args.max_num_seqs),
+            ("--max-num-batched-tokens", args.max_num_batched_tokens),
+        ):
+            if value is not None:
+                flags += [flag, str(value)]
+        namespace = parse_args(flags)
+        resolved = resolve_planner_profile_data(namespace.planner_profile_data)
+        keep_alive.append(resolved)
+        namespace.planner_profile_data = resolved.npz_path
+        return build_mocker_engine_args(namespace)
+
+    if args.cases is not None:
+        cases = json.loads(args.cases.read_text())
+    else:
+        if len(args.legacy) != 6:
+            print("usage: run_mocker.py TRACE P D SPEEDUP TTFT_MS ITL_MS | --cases FILE", file=sys.stderr)
+            return 2
+        trace, p, d, speed, _ttft, _itl = args.legacy
+        cases = [
+            {"trace": trace, "mode": "disagg", "num_prefill": int(p), "num_decode": int(d), "speedup": float(speed)}
+        ]
+
+    roles = {}
+    if any(case["mode"] == "disagg" for case in cases):
+        roles["prefill"], roles["decode"] = engine_args("prefill"), engine_args("decode")
+    if any(case["mode"] == "agg" for case in cases):
+        roles["agg"] = engine_args("agg")
+
+    results = []
+    for case in cases:
+        common = {
+            "arrival_speedup_ratio": float(case["speedup"]),
+            "trace_block_size": TRACE_BLOCK_TOKENS,
+            "router_mode": args.router,
+            "capture_per_request": bool(case.get("per_request")),
+        }
+        if case["mode"] == "disagg":
+            report = run_trace_replay(
+                [case["trace"]],
+                num_prefill_workers=int(case["num_prefill"]),
+                num_decode_workers=int(case["num_decode"]),
+                prefill_engine_args=roles["prefill"],
+                decode_engine_args=roles["decode"],
+                **common,
+            )
+            engine = roles["decode"]["engine"]
+        else:
+            report = run_trace_replay(
+                [case["trace"]], num_workers=int(case["num_decode"]), extra_engine_args=roles["agg"], **common
+            )
+            engine = roles["agg"]["engine"]
+        summary = dict(report.summary)
+        if case.get("per_request"):
+            with open(case["per_request"], "w", encoding="utf-8") as handle:
+                for record in report.per_request:
+                    keys = ("arrival_time_ms", "input_length", "output_length", "ttft_ms", "itl_ms", "e2e_latency_ms")
+                    extra = ("reused_input_tokens", "prefill_worker_idx", "decode_worker_idx", "decode_admit_ms")
+                    handle.write(json.dumps({k: record.get(k) for k in keys + extra}) + "\n")
+        limits = ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching")
+        results.append({"case": case, "summary": summary, "engine": {k: engine.get(k) for k in limits}})
+
+    text = json.dumps(results if args.cases is not None else results[0]["summary"], default=str)
+    if args.out is not None:
+        args.out.write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,725 @@
+"""The planning benchmark: scaling policies side by side on the same requests, in the discrete-event simulator.
+
+Every policy serves the same trace on the same simulated cluster (`planner_core.lab.sim.des`); the figures per policy
+are SLA attainment (TTFT, ITL, both), goodput, GPU-hours and scaling events, with GPU-hours relative to the oracle.
+
+Policies:
+- `oracle`: knows the future and scales instantly (start-up 0): at the start of each window it sets the fewest
+  prefill and decode workers with which that window's requests meet the SLA attainment target in the simulator
+  itself (`planner_core.lab.sim.oracle`, where the search is defined exactly). Its GPU-hours are the lower bound the
+  other policies are compared with.
+- `static-peak` / `static-mean`: a fixed size: per pool, the largest / the time-mean (rounded up) of the oracle's
+  per-window sizes, i.e. provisioning for the busiest window's actual need or for the average need.
+- `dynamo-1.6.1` / `dynamo-1.6.1-load`: Dynamo 1.6.1's own planner (throughput scaling, and throughput plus
+  load scaling) deciding in a subprocess run with Dynamo's virtualenv (`planner_core.lab.sim.dynamo_policy`).
+- the planner presets (`PLANNER_PRESETS`: `threshold`, `dynamo-0x`, `dynamo-1x`, `planner`): the planner's
+  decision core (`tick`) in the loop, with a config: each throughput interval it sees the window that just
+  ended, each load interval the engines' forward-pass snapshots; its decisions apply at once (start-up delays
+  still apply). `config:<name>` (`UserPlannerConfig`) is the same with a user's config file and plugins.
+- `fixed:P:D`: a fixed size given on the command line.
+
+Aggregated mode (`SimSpec.aggregated`, `planner bench --mode agg`): one pool of aggregated engines, counted as
+the decode pool (sizes are (0, A)). The oracle searches A per window (`planner_core.lab.sim.oracle`); the planner
+presets run with `mode: agg` except `dynamo-0x` (profile interpolation sizes prefill and decode pools only, so it
+would hold every tick) and the Dynamo 1.6.1 policies (disaggregated only), which are refused; `fixed:N` is N
+aggregated engines. The prompt-arrival curve counts each prompt up to an aggregated engine's share: its prompt
+rate at the operating point the capacity search chooses for the observed window's shape
+(`planner_core.perf.capacity.agg_operating_prompt_rate`, the rate the planner's agg burst sizing uses).
+
+Every scaling policy starts at the oracle's size for the first window (a deployment already serving this traffic
+when the trace begins; `initial="min"` starts the planners at their minimum endpoints instead); the planners'
+predictors start cold. A request that cannot meet both targets even alone on an idle cluster (its prompt alone
+takes longer than the TTFT target) is counted as a miss for every policy; `attainable` is the fraction that can.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from planner_core.config import PlannerConfig, PlannerMode
+from planner_core.domain import (
+    PROMPT_ARRIVAL_INTERVALS_S,
+    Component,
+    EngineLimits,
+    Loop,
+    PlannerState,
+    TickInputs,
+    TrafficObservation,
+)
+from planner_core.lab.sim.des import ClusterSimulator, SimResult, SimSpec
+from planner_core.lab.sim.dynamo_policy import (
+    DYNAMO_PRESETS,
+    DYNAMO_PYTHON_ENV,
+    DynamoPlannerPolicy,
+    check_dynamo_python,
+    dynamo_config,
+    engine_capabilities,
+)
+from planner_core.lab.sim.oracle import OracleSettings, OracleWindow, attainable_mask, oracle_windows
+from planner_core.perf.capacity import agg_operating_prompt_rate, full_chunk_prefill_rate
+from planner_core.perf.forward import ForwardPassModel
+from planner_core.perf.protocol import ThroughputPerfModel
+from planner_core.pipeline.types import Plugin
+from planner_core.policy.throughput import burst_slack_s
+from planner_core.tick import tick
+from planner_core.traces import RequestTrace, bucket_windows
+
+
+class ScalingPolicy(Protocol):
+    """A policy the benchmark can run: an initial size, a cadence, and a decision at each of its ticks."""
+
+    name: str
+    interval_s: float
+    startup_s: float | None  # None: the benchmark's start-up time; the oracle scales instantly
+
+    def initial(self) -> tuple[int, int]: ...
+
+    def decide(self, now_s: float, sim: ClusterSimulator) -> tuple[int | None, int | None] | None: ...
+
+
+@dataclass(slots=True)
+class FixedPolicy:
+    name: str
+    num_prefill: int
+    num_decode: int
+    interval_s: float = math.inf
+    startup_s: float | None = None
+
+    def initial(self) -> tuple[int, int]:
+        return self.num_prefill, self.num_decode
+
+    def decide(self, now_s: float, sim: ClusterSimulator) -> None:  # noqa: ARG002
+        return None
+
+
+@dataclass(slots=True)
+class OraclePolicy:
+    """Instant scaling to each window's actual need (`planner_core.lab.sim.oracle`)."""
+
+    sizes: Sequence[tuple[int, int]]  # per window, from the window starting at 0
+    interval_s: float
+    name: str = "oracle"
+    startup_s: float | None = 0.0
+    windows: Sequence[OracleWindow] = ()  # the search's answer per window, for reports
+    search_s: float = 0.0  # wall time of the search (added to the oracle row's wall time)
+
+    def initial(self) -> tuple[int, int]:
+        return self.sizes[0]
+
+    def decide(self, now_s: float, sim: ClusterSimulator) -> tuple[int, int] | None:  # noqa: ARG002
+        index = int(round(now_s / self.interval_s))
+        return self.sizes[index] if index < len(self.sizes) else None
+
+
+@dataclass(slots=True)
+class PlannerPolicy:
+    """The planner's decision core in the loop, ticking both loops on their intervals."""
+
+    name: str
+    config: PlannerConfig
+    perf: ThroughputPerfModel | None
+    startup_s: float | None = None
+    state: PlannerState = dataclasses.field(default_factory=PlannerState)
+    initial_size: tuple[int, int] | None = None  # None: the minimum endpoints
+    # the simulated frontend's engine rate for capping prompts in the arrival curve (`prompt_arrival_curve`)
+    engine_prompt_tokens_per_s: float | None = None
+    full_chunk_iteration_s: float = 0.0
+    # aggregated mode: the simulated agg engines, whose prompt rate depends on the window's shape (per tick)
+    agg_engine: tuple[ForwardPassModel, EngineLimits] | None = None
+    plugins: Sequence[Plugin] = ()  # the config's user plugins (`planner bench --config FILE`)
+
+    @property
+    def interval_s(self) -> float:
+        return self.config.scale_interval_seconds_effective
+
+    def initial(self) -> tuple[int, int]:
+        if self.initial_size is not None:
+            return self.initial_size
+        if self.config.mode is PlannerMode.AGG:  # one aggregated pool, counted as decode
+            return 0, self.config.decode_min_endpoint_effective
+        return self.config.prefill_min_endpoint_effective, self.config.decode_min_endpoint_effective
+
+    def decide(self, now_s: float, sim: ClusterSimulator) -> tuple[int | None, int | None] | None:
+        targets: tuple[int | None, int | None] | None = None
+        loops = []
+        throughput_s = float(self.config.throughput_adjustment_interval_seconds)
+        if self.config.throughput_scaling_active and _on_interval(now_s, throughput_s):
+            loops.append(Loop.THROUGHPUT)
+        if self.config.load_scaling_active and _on_interval(now_s, float(self.config.load_adjustment_interval_seconds)):
+            loops.append(Loop.LOAD)
+        for loop in loops:
+            traffic = None
+            if loop is Loop.THROUGHPUT:
+                start_s = max(0.0, now_s - throughput_s)
+                traffic = sim.observe(start_s, now_s)  # with the router's hit rate, as Dynamo's planner gets it
+                engine_tokens_per_s, iteration_s = self.engine_prompt_tokens_per_s, self.full_chunk_iteration_s
+                if self.config.mode is PlannerMode.AGG:
+                    engine_tokens_per_s, iteration_s = self._agg_prompt_rate(traffic)
+                traffic = dataclasses.replace(
+                    traffic,
+                    **prompt_arrival_curve(
+                        sim.trace,
+                        start_s,
+                        now_s,
+                        engine_prompt_tokens_per_s=engine_tokens_per_s,
+                        slack_s=burst_slack_s(self.config.ttft_ms, iteration_s),
+                    ),
+                )
+            inputs = TickInputs(
+                now_s=now_s,
+                loop=loop,
+                workers=sim.worker_counts(),
+                traffic=traffic,
+                fpm=sim.latest_fpm() if loop is Loop.LOAD else (),
+            )
+            outcome = tick(inputs, self.state, self.config, self.perf, self.plugins)
+            self.state = outcome.next_state
+            decision = outcome.decision
+            if not decision.is_empty and not decision.advisory:
+                # an aggregated planner has no prefill pool: leave the simulator's (empty) one alone
+                prefill = None if self.config.mode is PlannerMode.AGG else decision.num_prefill
+                targets = (prefill, decision.num_decode)
+                sim.set_targets(*targets)
+        return None  # applied above, per loop, so a load tick sees the throughput tick's targets
+
+    def _agg_prompt_rate(self, traffic: TrafficObservation) -> tuple[float | None, float]:
+        """The simulated agg engine's prompt tokens/s and iteration (s) at the operating point for the window's
+        mean shape and hit rate, as the planner computes it (`agg_operating_prompt_rate`; KV hits not discounted,
+        like the prefill engines' full-chunk rate); (None, 0) for an idle window or an unknown rate."""
+        if self.agg_engine is None or traffic.num_req <= 0 or traffic.isl <= 0:
+            return None, 0.0
+        model, limits = self.agg_engine
+        rate = agg_operating_prompt_rate(
+            model,
+            limits,
+            isl=traffic.isl,
+            osl=max(1.0, traffic.osl),
+            ttft_ms=self.config.ttft_ms,
+            itl_ms=self.config.itl_ms,
+            kv_hit_rate=traffic.kv_hit_rate,
+            accept_length=traffic.accept_length,
+        )
+        return (rate.tokens_per_s or None), rate.iteration_s
+
+
+def prompt_arrival_curve(
+    trace: RequestTrace,
+    start_s: float,
+    end_s: float,
+    *,
+    engine_prompt_tokens_per_s: float | None = None,
+    slack_s: float = 0.0,
+) -> dict[str, float]:
+    """The window's prompt-token arrival curve as `TrafficObservation` fields (`PROMPT_ARRIVAL_INTERVALS_S`): per
+    interval L, the p99 over the requests arriving in [start_s, end_s) of the prompt tokens that arrived in
+    (t - L, t], t the request's arrival (earlier windows' requests count). With `engine_prompt_tokens_per_s`,
+    each prompt counts up to what one engine computes in `L + slack_s` (one prompt occupies one engine, so it
+    delays the others by at most that share; `slack_s` is the TTFT target less one full-chunk iteration, as in
+    `burst_prefill_replicas`), and the p99 is over the requests whose own prompt fits in `slack_s` at that rate
+    (the others miss the target on an idle engine, so they set no need; all requests when none fits); without,
+    whole prompts over every request. Empty for an idle window."""
+    own = trace.window(start_s, end_s)
+    if own.stop <= own.start:
+        return {}
+    arrival = np.asarray(trace.arrival_s)
+    isl = np.asarray(trace.isl, dtype=float)
+    observers = np.arange(own.start, own.stop)
+    if engine_prompt_tokens_per_s is not None:
+        # a request whose prompt alone outlasts the slack misses the target whatever the pool: it sets no need
+        fits = observers[isl[observers] <= engine_prompt_tokens_per_s * slack_s]
+        observers = fits if len(fits) else observers
+    upto = observers + 1  # cumulative[upto] counts every request up to and including each one
+    curve = {}
+    for name, interval_s in PROMPT_ARRIVAL_INTERVALS_S.items():
+        counted = isl if engine_prompt_tokens_per_s is None else np.minimum(
+            isl, engine_prompt_tokens_per_s * (interval_s + slack_s)
+        )  # fmt: skip
+        cumulative = np.concatenate([[0.0], np.cumsum(counted)])
+        since = np.searchsorted(arrival, arrival[observers] - interval_s, side="right")
+        curve[name] = float(np.percentile(cumulative[upto] - cumulative[since], 99))
+    return curve
+
+
+def _on_interval(now_s: float, interval_s: float) -> bool:
+    ratio = now_s / interval_s
+    return now_s > 0 and abs(ratio - round(ratio)) < 1e-9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchRow:
+    """One policy's figures (the `--json` row)."""
+
+    policy: str
+    requests: int
+    ttft_attainment: float
+    itl_attainment: float
+    sla_attainment: float
+    attainable: float  # fraction of requests that meet both targets alone on an idle cluster (the ceiling)
+    goodput_rps: float
+    gpu_hours: float
+    gpu_hours_vs_oracle: float | None
+    scaling_events: int
+    ttft_ms_mean: float
+    ttft_ms_p90: float
+    itl_ms_mean: float
+    itl_ms_p90: float
+    wall_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyRun:
+    row: BenchRow
+    result: SimResult
+
+
+def score(
+    name: str,
+    trace: RequestTrace,
+    result: SimResult,
+    *,
+    ttft_ms: float,
+    itl_ms: float,
+    wall_s: float,
+    attainable: float = 1.0,
+) -> BenchRow:
+    """Attainment and cost of one run. Unfinished requests count as misses; ITL of 1-token requests is met.
+    `attainable` is reported as is (the fraction of requests that could meet both targets at all)."""
+    ttft = result.ttft_s * 1000.0
+    itl = result.itl_s * 1000.0
+    finished = np.isfinite(result.finish_s)
+    ttft_met = np.isfinite(ttft) & (ttft <= ttft_ms)
+    itl_met = finished & (~np.isfinite(itl) | (itl <= itl_ms))
+    both = ttft_met & itl_met
+    duration_s = max(trace.duration_s, 1e-9)
+    return BenchRow(
+        policy=name,
+        requests=trace.num_requests,
+        ttft_attainment=float(ttft_met.mean()) if len(ttft) else 1.0,
+        itl_attainment=float(itl_met.mean()) if len(itl) else 1.0,
+        sla_attainment=float(both.mean()) if len(ttft) else 1.0,
+        attainable=attainable,
+        goodput_rps=float(both.sum() / duration_s),
+        gpu_hours=result.gpu_s / 3600.0,
+        gpu_hours_vs_oracle=None,
+        scaling_events=result.num_scaling_events,
+        ttft_ms_mean=float(np.nanmean(ttft)) if np.isfinite(ttft).any() else math.nan,
+        ttft_ms_p90=float(np.nanpercentile(ttft, 90)) if np.isfinite(ttft).any() else math.nan,
+        itl_ms_mean=float(np.nanmean(itl)) if np.isfinite(itl).any() else math.nan,
+        itl_ms_p90=float(np.nanpercentile(itl, 90)) if np.isfinite(itl).any() else math.nan,
+        wall_s=wall_s,
+    )
+
+
+def run_policy(
+    policy: ScalingPolicy,
+    trace: RequestTrace,
+    fwd: ForwardPassModel,
+    spec: SimSpec,
+    *,
+    ttft_ms: float,
+    itl_ms: float,
+    attainable: float = 1.0,
+) -> PolicyRun:
+    """Serve the trace under one policy and score it. The oracle's wall time includes its search."""
+    started = time.perf_counter()
+    if policy.startup_s is not None:
+        spec = dataclasses.replace(spec, startup_s=policy.startup_s)
+    num_prefill, num_decode = policy.initial()
+    sim = ClusterSimulator(trace, fwd, spec, num_prefill=num_prefill, num_decode=num_decode)
+    try:
+        if math.isfinite(policy.interval_s):
+            num_ticks = int(trace.duration_s // policy.interval_s)
+            for index in range(1, num_ticks + 1):
+                now_s = index * policy.interval_s
+                sim.run_until(now_s)
+                targets = policy.decide(now_s, sim)
+                if targets is not None:
+                    sim.set_targets(*targets)
+    finally:
+        close = getattr(policy, "close", None)  # a policy holding a resource (a subprocess) releases it
+        if close is not None:
+            close()
+    sim.run_to_completion()
+    result = sim.result()
+    wall_s = time.perf_counter() - started + (policy.search_s if isinstance(policy, OraclePolicy) else 0.0)
+    row = score(policy.name, trace, result, ttft_ms=ttft_ms, itl_ms=itl_ms, wall_s=wall_s, attainable=attainable)
+    return PolicyRun(row=row, result=result)
+
+
+def baseline_policies(
+    trace: RequestTrace,
+    fwd: ForwardPassModel,
+    spec: SimSpec,
+    *,
+    ttft_ms: float,
+    itl_ms: float,
+    window_s: float,
+    settings: OracleSettings = OracleSettings(),  # noqa: B008 - frozen value
+) -> list[ScalingPolicy]:
+    """The oracle (searched in the simulator), and static provisioning for its peak and for its mean, per pool."""
+    started = time.perf_counter()
+    windows = oracle_windows(trace, fwd, spec, ttft_ms=ttft_ms, itl_ms=itl_ms, window_s=window_s, settings=settings)
+    search_s = time.perf_counter() - started
+    floor = (0 if spec.aggregated else settings.min_prefill, settings.min_decode)
+    sizes = [(w.num_prefill, w.num_decode) for w in windows] or [floor]
+    peak = (max(p for p, _ in sizes), max(d for _, d in sizes))
+    mean = tuple(math.ceil(float(np.mean([size[i] for size in sizes])) - 1e-9) for i in (0, 1))
+    return [
+        FixedPolicy(name="static-peak", num_prefill=peak[0], num_decode=peak[1]),
+        FixedPolicy(name="static-mean", num_prefill=mean[0], num_decode=mean[1]),
+        OraclePolicy(sizes=sizes, interval_s=window_s, windows=tuple(windows), search_s=search_s),
+    ]
+
+
+def run_bench(
+    policies: Sequence[ScalingPolicy],
+    trace: RequestTrace,
+    fwd: ForwardPassModel,
+    spec: SimSpec,
+    *,
+    ttft_ms: float,
+    itl_ms: float,
+    on_policy_done: Callable[[BenchRow], None] | None = None,
+) -> list[PolicyRun]:
+    """Run every policy on the same trace; fill `gpu_hours_vs_oracle` when an `oracle` policy is among them."""
+    attainable = float(attainable_mask(trace, fwd, spec, ttft_ms=ttft_ms, itl_ms=itl_ms).mean())
+    runs = []
+    for policy in policies:
+        run = run_policy(policy, trace, fwd, spec, ttft_ms=ttft_ms, itl_ms=itl_ms, attainable=attainable)
+        runs.append(run)
+        if on_policy_done is not None:
+            on_policy_done(run.row)
+    oracle = next((r for r in runs if r.row.policy == "oracle"), None)
+    if oracle is not None and oracle.row.gpu_hours > 0:
+        runs = [
+            dataclasses.replace(
+                r, row=dataclasses.replace(r.row, gpu_hours_vs_oracle=r.row.gpu_hours / oracle.row.gpu_hours)
+            )
+            for r in runs
+        ]
+    return runs
+
+
+def bench_figure(runs: Sequence[PolicyRun], trace: RequestTrace, *, window_s: float = 60.0):  # noqa: ANN201
+    """A Plotly figure: load, ready replicas and per-window mean TTFT / ITL over time, one line per policy."""
+    from plotly.subplots import make_subplots  # plotting is only needed for the HTML page
+
+    figure = make_subplots(
+        rows=4,
+        cols=1,
+        shared_xaxes=True,
+        subplot_titles=("requests/s", "ready GPUs (prefill + decode workers)", "mean TTFT (ms)", "mean ITL (ms)"),
+    )
+    windows = bucket_windows(trace, window_s)
+    starts_min = [i * window_s / 60.0 for i in range(len(windows))]
+    figure.add_scatter(x=starts_min, y=[w.num_req / window_s for w in windows], name="load", row=1, col=1)
+    edges = np.arange(len(windows) + 1) * window_s
+    window_of = np.clip(np.searchsorted(edges, trace.arrival_s, side="right") - 1, 0, max(0, len(windows) - 1))
+    for run in runs:
+        timeline = run.result.worker_timeline
+        times = [t / 60.0 for t, _, _ in timeline] + [trace.duration_s / 60.0]
+        workers = [p + d for _, p, d in timeline] + [timeline[-1][1] + timeline[-1][2]]
+        figure.add_scatter(x=times, y=workers, name=run.row.policy, line_shape="hv", row=2, col=1)
+        for row, values in ((3, run.result.ttft_s * 1000.0), (4, run.result.itl_s * 1000.0)):
+            sums = np.bincount(window_of, weights=np.nan_to_num(values), minlength=len(windows))
+            counts = np.bincount(window_of, weights=np.isfinite(values), minlength=len(windows))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                means = np.where(counts > 0, sums / counts, np.nan)
+            figure.add_scatter(x=starts_min, y=means, name=run.row.policy, showlegend=False, row=row, col=1)
+    figure.update_xaxes(title_text="minutes into the trace", row=4, col=1)
+    figure.update_layout(height=1100, title=f"planner bench: {trace.source}")
+    return figure
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceSizingRow:
+    """What a trace needs under one sizing choice: per-engine capacity and replicas at its mean and peak window."""
+
+    sizing: str  # "mean" or the length quantile, e.g. "p90"
+    algorithm: str  # "interpolation" (Dynamo 0.x) or "engine_capacity" (Dynamo 1.x)
+    isl: float
+    osl: float
+    prefill_rps_per_engine: float
+    decode_rps_per_engine: float
+    mean_rps: float
+    peak_rps: float
+    prefill_replicas_mean: int
+    decode_replicas_mean: int
+    prefill_replicas_peak: int
+    decode_replicas_peak: int
+
+
+def trace_sizing(
+    trace: RequestTrace, config: PlannerConfig, perf: ThroughputPerfModel, *, window_s: float, quantile: float = 90.0
+) -> list[TraceSizingRow]:
+    """Capacity and replicas for a trace at its mean lengths and at a length quantile, under both algorithms.
+
+    The request rate is the trace's mean and its busiest `window_s` window; lengths are the whole trace's mean or
+    its `quantile` percentile of ISL and OSL (sizing as if every request were that long).
+    """
+    from planner_core.perf.capacity import decode_capacity, prefill_capacity
+
+    windows = bucket_windows(trace, window_s)
+    mean_rps = trace.num_requests / max(trace.duration_s, 1e-9)
+    peak_rps = max(w.num_req for w in windows) / window_s
+    shapes = {
+        "mean": (float(np.mean(trace.isl)), float(np.mean(trace.osl))),
+        f"p{quantile:g}": (float(np.percentile(trace.isl, quantile)), float(np.percentile(trace.osl, quantile))),
+    }
+    fwd = perf.forward_pass_model()
+    rows = []
+    for sizing, (isl, osl) in shapes.items():
+        prefill_interp = perf.prefill_capacity(isl=isl, ttft_ms=config.ttft_ms)
+        decode_interp = perf.decode_capacity(isl=isl, osl=osl, itl_ms=config.itl_ms)
+        per_engine = {
+            "interpolation": (
+                prefill_interp.tokens_per_s_per_gpu * config.prefill_gpus_per_engine / isl,
+                decode_interp.tokens_per_s_per_gpu * config.decode_gpus_per_engine / osl,
+            )
+        }
+        if fwd is not None:
+            kv = perf.profiled_max_kv_tokens()
+            prefill = prefill_capacity(
+                fwd,
+                config.engine_limits(Component.PREFILL, profiled_max_kv_tokens=kv),
+                isl=isl,
+                ttft_ms=config.ttft_ms,
+            )
+            decode = decode_capacity(
+                fwd,
+                config.engine_limits(Component.DECODE, profiled_max_kv_tokens=kv),
+                isl=isl,
+                osl=max(1.0, osl),
+                itl_ms=config.itl_ms,
+            )
+            per_engine["engine_capacity"] = (prefill.requests_per_s, decode.requests_per_s)
+        for algorithm, (prefill_rps, decode_rps) in per_engine.items():
+
+            def need(rate: float, capacity: float) -> int:
+                return math.ceil(rate / capacity - 1e-9) if capacity > 0 else 0
+
+            rows.append(
+                TraceSizingRow(
+                    sizing=sizing,
+                    algorithm=algorithm,
+                    isl=isl,
+                    osl=osl,
+                    prefill_rps_per_engine=prefill_rps,
+                    decode_rps_per_engine=decode_rps,
+                    mean_rps=mean_rps,
+                    peak_rps=peak_rps,
+                    prefill_replicas_mean=need(mean_rps, prefill_rps),
+                    decode_replicas_mean=need(mean_rps, decode_rps),
+                    prefill_replicas_peak=need(peak_rps, prefill_rps),
+                    decode_replicas_peak=need(peak_rps, decode_rps),
+                )
+            )
+    return rows
+
+
+# The planners the benchmark compares, as config overrides on top of the run's base config (SLA, budget).
+PLANNER_PRESETS: dict[str, dict[str, object]] = {
+    # Dynamo 0.x: profile interpolation with correction factors, ARIMA forecast, no load loop.
+    "dynamo-0x": {
+        "throughput_algorithm": "interpolation_corrected",
+        "load_predictor": "arima",
+        "enable_load_scaling": False,
+    },
+    # Dynamo 1.x: engine capacity on forward-pass models (bootstrapped from the profile), ARIMA, load loop on.
+    "dynamo-1x": {
+        "throughput_algorithm": "engine_capacity",
+        "load_predictor": "arima",
+        "enable_load_scaling": True,
+    },
+    # Dynamo's 2025 threshold planner: load loop only, prefill-queue and KV-utilisation thresholds.
+    "threshold": {
+        "enable_throughput_scaling": False,
+        "enable_load_scaling": True,
+        "load_policy": "threshold_2025",
+    },
+    # Ours: engine capacity at the mean request shape (throughput adds up over requests; sizing as if every
+    # request had the p90 lengths provisioned decode 2-4x over what the traffic needs), the ensemble forecast, a
+    # 60 s throughput loop, prefill also sized for the observed prompt bursts, decode run at 70 % of its searched
+    # capacity, and no scale-down until the smaller need has lasted 450 s. The SLA load loop is off: in this
+    # simulator it scales prefill down to one engine before the first throughput floor exists (bursty traffic
+    # leaves the queues empty most of the time) and its +1 steps arrive a start-up time late for bursts.
+    "planner": {
+        "throughput_algorithm": "engine_capacity",
+        "throughput_length_sizing": "mean",
+        "load_predictor": "ensemble",
+        "enable_load_scaling": False,
+        "throughput_adjustment_interval_seconds": 60,
+        "throughput_prefill_burst_sizing": True,
+        "throughput_prefill_target_utilization": 1.0,
+        "throughput_decode_target_utilization": 0.7,
+        "throughput_scale_down_hold_seconds": 450,
+    },
+}
+BASELINE_NAMES = ("static-peak", "static-mean", "oracle")
+DEFAULT_POLICIES = (*BASELINE_NAMES, "threshold", "dynamo-0x", "dynamo-1x", "planner")
+# Aggregated mode (`SimSpec.aggregated`): every preset runs with `mode: agg` plus these overrides, except the refused.
+# None today: the `planner` preset's burst sizing applies to aggregated engines too (at their prompt rate under the
+# decode batch).
+AGG_PRESET_OVERRIDES: dict[str, dict[str, object]] = {}
+AGG_REFUSED: dict[str, str] = {
+    "dynamo-0x": "its profile interpolation sizes separate prefill and decode pools; aggregated engines need "
+    "throughput_algorithm engine_capacity (it would hold every tick)",
+    **dict.fromkeys(DYNAMO_PRESETS, "Dynamo 1.6.1's own planner is benched on disaggregated pools only"),
+}
+DEFAULT_AGG_POLICIES = tuple(name for name in DEFAULT_POLICIES if name not in AGG_REFUSED)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UserPlannerConfig:
+    """A planner config file benched as a policy (`planner bench --config FILE`): the decision core with the
+    file's settings and its user plugins, sizing for the simulated engines."""
+
+    name: str
+    config: PlannerConfig
+    plugins: tuple[Plugin, ...] = ()
+
+
+def build_policies(
+    names: Sequence[str],
+    base: dict[str, object],
+    trace: RequestTrace,
+    perf: ThroughputPerfModel,
+    fwd: ForwardPassModel,
+    spec: SimSpec,
+    *,
+    window_s: float,
+    oracle: OracleSettings = OracleSettings(),  # noqa: B008 - frozen value
+    initial: str = "oracle",
+    dynamo_python: str | None = None,
+    user_configs: Sequence[UserPlannerConfig] = (),
+) -> list[ScalingPolicy]:
+    """Policies by name: the baselines, `PLANNER_PRESETS`, `DYNAMO_PRESETS` or `fixed:P:D`. Raises ValueError on
+    an unknown name, and when a Dynamo policy has no working Dynamo interpreter (`dynamo_python`, else
+    $DYNAMO_PYTHON).
+
+    `base` holds the config fields every planner shares (SLA targets in `ttft_ms` / `itl_ms`, budget, intervals).
+    `user_configs` are run after the named policies, each with its own settings as they are. `initial` is where
+    the planners start: "oracle" (the oracle's first-window size) or "min" (minimum endpoints). The oracle is
+    searched once, only when a baseline or `initial="oracle"` needs it.
+
+    With `spec.aggregated` the presets run with `mode: agg` (`AGG_PRESET_OVERRIDES`), `AGG_REFUSED` names and a
+    fixed size with a prefill pool raise ValueError, `fixed:N` is N aggregated engines, and a user config must be
+    in agg mode (and outside it, must not be).
+    """
+    from planner_core.config import parse_config
+
+    if initial not in ("oracle", "min"):
+        raise ValueError(f"initial size: {initial!r} is neither 'oracle' nor 'min'")
+    base_config = parse_config({**base, "optimization_target": "sla"}, "bench base config")
+    cache: dict[str, ScalingPolicy] = {}
+    dynamo_checked: set[str | None] = set()
+
+    def baselines() -> dict[str, ScalingPolicy]:
+        if not cache:
+            policies = baseline_policies(
+                trace, fwd, spec, ttft_ms=base_config.ttft_ms, itl_ms=base_config.itl_ms, window_s=window_s,
+                settings=oracle,
+            )  # fmt: skip
+            cache.update({p.name: p for p in policies})
+        return cache
+
+    chunk_tokens_per_s, iteration_s = full_chunk_prefill_rate(fwd, spec.prefill_limits.max_num_batched_tokens)
+
+    def starting_size(otherwise: tuple[int, int] | None) -> tuple[int, int] | None:
+        if initial != "oracle":
+            return otherwise
+        first = baselines()["oracle"]
+        assert isinstance(first, OraclePolicy)
+        return first.sizes[0]
+
+    def planner_policy(name: str, config: PlannerConfig, plugins: Sequence[Plugin]) -> PlannerPolicy:
+        return PlannerPolicy(
+            name=name,
+            config=config,
+            perf=perf,
+            initial_size=starting_size(None),  # None: the minimum endpoints
+            engine_prompt_tokens_per_s=chunk_tokens_per_s or None,
+            full_chunk_iteration_s=iteration_s,
+            agg_engine=(fwd, spec.decode_limits) if spec.aggregated else None,
+            plugins=plugins,
+        )
+
+    aggregated = spec.aggregated
+    # Refusals first, before the oracle's search spends minutes.
+    for name in names if aggregated else ():
+        if name in AGG_REFUSED:
+            raise ValueError(f"--policies: {name} cannot run with --mode agg: {AGG_REFUSED[name]}")
+        if name.startswith("fixed:"):
+            _fixed_agg(name)
+    for user in user_configs:
+        if (user.config.mode is PlannerMode.AGG) != aggregated:
+            bench_mode = "agg" if aggregated else "disagg"
+            mode = user.config.mode.value
+            raise ValueError(f"--config {user.name}: mode {mode!r} cannot run with --mode {bench_mode}")
+    policies: list[ScalingPolicy] = []
+    for name in names:
+        if name in BASELINE_NAMES:
+            policies.append(baselines()[name])
+        elif name in PLANNER_PRESETS:
+            agg = {"mode": PlannerMode.AGG.value, **AGG_PRESET_OVERRIDES.get(name, {})} if aggregated else {}
+            config = parse_config(
+                {**base, "optimization_target": "sla", **PLANNER_PRESETS[name], **agg}, f"policy {name}"
+            )
+            policies.append(planner_policy(name, config, ()))
+        elif name in DYNAMO_PRESETS:
+            python = dynamo_python or os.environ.get(DYNAMO_PYTHON_ENV)
+            if python not in dynamo_checked:  # one import check (~3 s) for both Dynamo presets
+                check_dynamo_python(python)
+                dynamo_checked.add(python)
+            assert python is not None
+            # Dynamo reads the same profile directory (its perf-data fallback) as the bench's engines.
+            source = getattr(getattr(perf, "profile", None), "source_dir", None)
+            start = starting_size((1, 1))  # else Dynamo's default min_endpoint per pool
+            assert start is not None
+            policies.append(
+                DynamoPlannerPolicy(
+                    name=name,
+                    python=python,
+                    config=dynamo_config(base, name),
+                    capabilities=engine_capabilities(spec),
+                    initial_size=start,
+                    profile_dir=Path(source) if source and Path(source).is_dir() else None,
+                )
+            )
+        elif name.startswith("fixed:") and aggregated:
+            policies.append(_fixed_agg(name))
+        elif name.startswith("fixed:"):
+            parts = name.split(":")
+            if len(parts) != 3 or not all(p.isdigit() for p in parts[1:]):
+                raise ValueError(f"--policies: {name!r}: a fixed size is written fixed:P:D, e.g. fixed:2:4")
+            policies.append(FixedPolicy(name=name, num_prefill=int(parts[1]), num_decode=int(parts[2])))
+        else:
+            if aggregated:
+                presets = [n for n in PLANNER_PRESETS if n not in AGG_REFUSED]
+                known = ", ".join([*BASELINE_NAMES, *presets, "fixed:N"])
+            else:
+                known = ", ".join([*BASELINE_NAMES, *PLANNER_PRESETS, *DYNAMO_PRESETS, "fixed:P:D"])
+            raise ValueError(f"--policies: unknown policy {name!r} (known: {known})")
+    policies.extend(planner_policy(user.name, user.config, user.plugins) for user in user_configs)
+    return policies
+
+
+def _fixed_agg(name: str) -> FixedPolicy:
+    """`fixed:N` in aggregated mode: N aggregated engines (`fixed:0:N` says the same; a prefill pool is refused)."""
+    parts = name.split(":")
+    if not all(p.isdigit() for p in parts[1:]) or len(parts) not in (2, 3):
+        raise ValueError(f"--policies: {name!r}: a fixed size is written fixed:N with --mode agg, e.g. fixed:4")
+    if len(parts) == 3 and int(parts[1]) > 0:
+        raise ValueError(
+            f"--policies: {name!r}: --mode agg has no prefill pool; write fixed:N for N aggregated engines"
+        )
+    return FixedPolicy(name=name, num_prefill=0, num_decode=int(parts[-1]))

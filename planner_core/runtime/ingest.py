@@ -1,0 +1,534 @@
+"""Forward-pass metrics ingest: engines' per-iteration metrics, from ZMQ into Postgres.
+
+Engines (or a relay in front of them) publish on ZMQ PUB sockets that connect to the ingest's SUB socket
+(`planner ingest` binds it; it can also connect out to publishers that bind). Each message is two frames:
+
+- topic: `fpm.prefill` or `fpm.decode`, the pool the engine serves (the single pool of aggregated mode is
+  `decode`), since the payload does not say;
+- payload: one msgpack map with Dynamo's `ForwardPassMetrics` field names: `version`, `worker_id`, `dp_rank`,
+  `counter_id`, `wall_time` (seconds), `scheduled_requests{num_prefill_requests, sum_prefill_tokens,
+  var_prefill_length, sum_prefill_kv_tokens, num_decode_requests, sum_decode_kv_tokens, var_decode_kv_tokens}`,
+  `queued_requests{num_prefill_requests, sum_prefill_tokens, var_prefill_length, num_decode_requests,
+  sum_decode_kv_tokens, var_decode_kv_tokens}` (how Dynamo's msgspec structs encode).
+
+Decoding is strict: a missing field takes Dynamo's default, but `worker_id` must be a non-empty string, counts
+and token sums non-negative integers (not booleans, not floats), times and variances finite and non-negative;
+unknown keys are ignored so a newer engine that adds fields is still read. Idle heartbeats (`wall_time` 0) are
+counted and stored like any sample: they are an idle engine's only report, and the load loop needs every ready
+engine's report to scale an idle pool down (the online perf models skip them). A message that is oversized, not
+two frames with a known topic, not msgpack, or not the schema is counted under its `DropReason`, logged
+(rate-limited) and dropped; nothing a publisher sends stops the ingest. Decoded samples are inserted in batches
+(every `batch_size` samples or `flush_interval_s`); while Postgres is unreachable they wait in memory up to
+`max_pending` (then the oldest are dropped and counted).
+Samples older than the retention period are deleted in batches of short transactions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import logging
+import math
+import random
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import psycopg
+import zmq
+from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
+
+from planner_core.domain import Component, ForwardPassMetrics, QueuedRequests, ScheduledRequests
+from planner_core.runtime.store.db import session_factory
+from planner_core.runtime.store.fpm import FpmSample, delete_fpm_samples_before, insert_fpm_samples
+
+log = logging.getLogger("planner.ingest")
+
+TOPIC_PREFIX = b"fpm."
+MAX_MESSAGE_BYTES = 64 * 1024  # a real message is ~250 bytes; anything near this is not forward-pass metrics
+# ZMQ's own cap: a peer that sends more is disconnected by ZMQ before we see it (a memory guard, not counted).
+ZMQ_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+SCHEMA_VERSION = 1  # the version this code writes in `encode_fpm_message`
+# Errors that retrying the same rows cannot fix (as opposed to a lost connection).
+_PERMANENT_DB_ERRORS = (DataError, IntegrityError, psycopg.DataError, psycopg.IntegrityError)
+
+_MAX_INT32 = 2**31 - 1  # columns stored as INTEGER
+_MAX_INT64 = 2**63 - 1  # columns stored as BIGINT
+_MAX_WORKER_ID_CHARS = 200  # fpm_samples.worker_id
+
+_SCHEDULED_INTS = {
+    "num_prefill_requests": _MAX_INT32,
+    "sum_prefill_tokens": _MAX_INT64,
+    "sum_prefill_kv_tokens": _MAX_INT64,
+    "num_decode_requests": _MAX_INT32,
+    "sum_decode_kv_tokens": _MAX_INT64,
+}
+_SCHEDULED_FLOATS = ("var_prefill_length", "var_decode_kv_tokens")
+_QUEUED_INTS = {
+    "num_prefill_requests": _MAX_INT32,
+    "sum_prefill_tokens": _MAX_INT64,
+    "num_decode_requests": _MAX_INT32,
+    "sum_decode_kv_tokens": _MAX_INT64,
+}
+_QUEUED_FLOATS = ("var_prefill_length", "var_decode_kv_tokens")
+
+
+class DropReason(enum.StrEnum):
+    """Why a message was dropped instead of stored."""
+
+    OVERSIZED = "oversized"  # payload larger than the ingest's max_message_bytes
+    BAD_FRAMES = "bad_frames"  # not [topic, payload], or a topic other than fpm.prefill / fpm.decode
+    NOT_MSGPACK = "not_msgpack"  # the payload is not exactly one msgpack value
+    BAD_SCHEMA = "bad_schema"  # msgpack, but not a ForwardPassMetrics (field missing, mistyped or out of range)
+
+
+class FpmDecodeError(ValueError):
+    """A message that is not a forward-pass metrics message; `reason` classifies it, the text says where."""
+
+    def __init__(self, reason: DropReason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+# --- wire format ---------------------------------------------------------------------------------------------
+
+
+def _schema_error(where: str, value: Any, expected: str) -> FpmDecodeError:
+    shown = repr(value)
+    return FpmDecodeError(DropReason.BAD_SCHEMA, f"{where} = {shown[:60]}: expected {expected}")
+
+
+def _int_field(obj: Mapping[str, Any], key: str, where: str, high: int, default: int = 0) -> int:
+    value = obj.get(key, default)
+    if type(value) is not int or not 0 <= value <= high:  # bool is an int subclass: refused on purpose
+        raise _schema_error(f"{where}{key}", value, f"an integer in [0, {high}]")
+    return value
+
+
+def _float_field(obj: Mapping[str, Any], key: str, where: str) -> float:
+    value = obj.get(key, 0.0)
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        raise _schema_error(f"{where}{key}", value, "a finite number >= 0")
+    return float(value)
+
+
+def _map_field(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = obj.get(key, {})
+    if not isinstance(value, dict):
+        raise _schema_error(key, value, "a map")
+    return value
+
+
+def decode_fpm_message(
+    frames: Sequence[bytes], *, max_bytes: int = MAX_MESSAGE_BYTES
+) -> tuple[ForwardPassMetrics, int | None]:
+    """Decode one ZMQ message (topic and payload frames) strictly.
+
+    Returns:
+        The metrics (idle heartbeats included: `is_idle_heartbeat`) and the schema version the engine wrote
+        (None when absent).
+
+    Raises:
+        FpmDecodeError: with the `DropReason` and where the message is wrong.
+    """
+    if len(frames) != 2:
+        raise FpmDecodeError(DropReason.BAD_FRAMES, f"{len(frames)} frames, expected 2 (topic, payload)")
+    topic, payload = frames
+    if len(payload) > max_bytes:
+        raise FpmDecodeError(DropReason.OVERSIZED, f"payload of {len(payload)} bytes, limit {max_bytes}")
+    if not topic.startswith(TOPIC_PREFIX):
+        raise FpmDecodeError(DropReason.BAD_FRAMES, f"topic {topic[:40]!r} does not start with {TOPIC_PREFIX!r}")
+    try:
+        component = Component(topic[len(TOPIC_PREFIX) :].decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise FpmDecodeError(DropReason.BAD_FRAMES, f"unknown pool in topic {topic[:40]!r}") from None
+    try:
+        body = msgpack.unpackb(payload, raw=False, strict_map_key=True)  # size already bounded above
+    except Exception as exc:  # msgpack raises many types (ExtraData, FormatError, StackError, ...): all mean garbage
+        raise FpmDecodeError(DropReason.NOT_MSGPACK, f"{type(exc).__name__}: {str(exc)[:80]}") from None
+    if not isinstance(body, dict):
+        raise _schema_error("message", body, "a map")
+    worker_id = body.get("worker_id", "")
+    if not isinstance(worker_id, str) or not 0 < len(worker_id) <= _MAX_WORKER_ID_CHARS or "\x00" in worker_id:
+        # An empty worker id cannot be told apart from other engines' samples (Dynamo saw it after restores);
+        # Postgres text cannot hold NUL, and one such row would make every flush of its batch fail.
+        raise _schema_error("worker_id", worker_id, f"a string of 1..{_MAX_WORKER_ID_CHARS} characters, no NUL")
+    version = body.get("version")
+    if version is not None and (type(version) is not int or not 0 <= version <= _MAX_INT32):
+        raise _schema_error("version", version, "an integer >= 0")
+    scheduled = _map_field(body, "scheduled_requests")
+    queued = _map_field(body, "queued_requests")
+    fpm = ForwardPassMetrics(
+        component=component,
+        worker_id=worker_id,
+        dp_rank=_int_field(body, "dp_rank", "", _MAX_INT32),
+        counter_id=_int_field(body, "counter_id", "", _MAX_INT64),
+        wall_time_s=_float_field(body, "wall_time", ""),
+        scheduled=ScheduledRequests(
+            **{k: _int_field(scheduled, k, "scheduled_requests.", high) for k, high in _SCHEDULED_INTS.items()},
+            **{k: _float_field(scheduled, k, "scheduled_requests.") for k in _SCHEDULED_FLOATS},
+        ),
+        queued=QueuedRequests(
+            **{k: _int_field(queued, k, "queued_requests.", high) for k, high in _QUEUED_INTS.items()},
+            **{k: _float_field(queued, k, "queued_requests.") for k in _QUEUED_FLOATS},
+        ),
+    )
+    return fpm, version
+
+
+def encode_fpm_message(fpm: ForwardPassMetrics, *, version: int | None = SCHEMA_VERSION) -> list[bytes]:
+    """The two frames an engine publishes for `fpm` (the inverse of `decode_fpm_message`)."""
+    body: dict[str, Any] = {
+        "worker_id": fpm.worker_id,
+        "dp_rank": fpm.dp_rank,
+        "counter_id": fpm.counter_id,
+        "wall_time": fpm.wall_time_s,
+        "scheduled_requests": dataclasses.asdict(fpm.scheduled),
+        "queued_requests": dataclasses.asdict(fpm.queued),
+    }
+    if version is not None:
+        body["version"] = version
+    return [TOPIC_PREFIX + fpm.component.value.encode("ascii"), msgpack.packb(body, use_bin_type=True)]
+
+
+def synthetic_fpm(
+    component: Component, worker_id: str, counter_id: int, rng: random.Random, *, dp_rank: int = 0
+) -> ForwardPassMetrics:
+    """A plausible busy iteration of one engine (for the publisher helper and trials, not a performance model)."""
+    num_decode = rng.randint(1, 64)
+    num_prefill = rng.randint(0, 4) if component is Component.PREFILL else 0
+    prefill_tokens = num_prefill * rng.randint(256, 4096)
+    decode_kv = num_decode * rng.randint(500, 4000)
+    wall_time_s = 0.004 + prefill_tokens * 2e-6 + decode_kv * 1e-8
+    return ForwardPassMetrics(
+        component=component,
+        worker_id=worker_id,
+        dp_rank=dp_rank,
+        counter_id=counter_id,
+        wall_time_s=wall_time_s,
+        scheduled=ScheduledRequests(
+            num_prefill_requests=num_prefill,
+            sum_prefill_tokens=prefill_tokens,
+            num_decode_requests=num_decode if component is Component.DECODE else 0,
+            sum_decode_kv_tokens=decode_kv if component is Component.DECODE else 0,
+        ),
+        queued=QueuedRequests(num_prefill_requests=rng.randint(0, 3), sum_prefill_tokens=rng.randint(0, 8000)),
+    )
+
+
+# --- publisher (tests and trials) -----------------------------------------------------------------------------
+
+
+class FpmPublisher:
+    """Publishes forward-pass metrics the way an engine does: a PUB socket connected to the ingest.
+
+    It is an XPUB socket, so `wait_for_subscriber` can block until the ingest's subscription has arrived
+    (a PUB socket silently drops everything sent before that).
+    """
+
+    def __init__(self, endpoint: str, *, context: zmq.Context | None = None) -> None:
+        self._context = context or zmq.Context.instance()
+        self._socket = self._context.socket(zmq.XPUB)
+        self._socket.setsockopt(zmq.LINGER, 2000)
+        self._socket.setsockopt(zmq.SNDHWM, 1_000_000)
+        self._socket.connect(endpoint)
+        self.num_sent = 0
+
+    def wait_for_subscriber(self, timeout_s: float = 10.0) -> bool:
+        """True once a subscriber has subscribed (the ingest subscribes to the `fpm.` prefix).
+
+        ZMQ sends a SUB socket's subscription to a new peer only when its owner next uses the socket, so the
+        ingest must be running (polling) for this to return True.
+        """
+        if self._socket.poll(int(timeout_s * 1000), zmq.POLLIN):
+            self._socket.recv()  # the subscription message itself
+            return True
+        return False
+
+    def publish(self, fpm: ForwardPassMetrics, *, version: int | None = SCHEMA_VERSION) -> None:
+        self.send_frames(encode_fpm_message(fpm, version=version))
+
+    def send_frames(self, frames: Sequence[bytes]) -> None:
+        """Send arbitrary frames (tests send garbage this way)."""
+        self._socket.send_multipart(list(frames))
+        self.num_sent += 1
+
+    def close(self) -> None:
+        self._socket.close()
+
+    def __enter__(self) -> FpmPublisher:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+# --- the ingest -----------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class IngestStats:
+    """Counters of one ingest run."""
+
+    received: int = 0  # messages taken off the socket
+    stored: int = 0  # samples committed to Postgres
+    heartbeats: int = 0  # idle heartbeats (wall_time 0), stored too (an idle engine's only report)
+    dropped: dict[DropReason, int] = field(default_factory=dict)  # messages dropped, by reason
+    db_errors: int = 0  # failed flushes (the batch is kept and retried)
+    lost_pending: int = 0  # decoded samples discarded because the database stayed unreachable too long
+    expired: int = 0  # samples deleted by retention
+
+    @property
+    def num_dropped(self) -> int:
+        return sum(self.dropped.values())
+
+    def summary(self) -> str:
+        dropped = ", ".join(f"{reason.value} {n}" for reason, n in sorted(self.dropped.items())) or "none"
+        return (
+            f"received {self.received}, stored {self.stored}, heartbeats {self.heartbeats}, dropped {dropped}, "
+            f"database errors {self.db_errors}, lost {self.lost_pending}, expired {self.expired}"
+        )
+
+
+class _LogLimiter:
+    """At most one log line per key per `interval_s`, saying how many were suppressed in between."""
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warning(self, key: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._last.get(key, -math.inf) < self.interval_s:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return
+        suppressed = self._suppressed.pop(key, 0)
+        self._last[key] = now
+        suffix = f" ({suppressed} more since the last report)" if suppressed else ""
+        log.warning(message + suffix, *args)
+
+
+class FpmIngest:
+    """Receives forward-pass metrics on a ZMQ SUB socket and stores them for one deployment.
+
+    Args:
+        database_url: SQLAlchemy URL of the planner database (at the newest migration).
+        deployment_id: the deployment the samples belong to.
+        bind: endpoints to bind the SUB socket to (`tcp://127.0.0.1:*` picks a free port; see `endpoints`).
+        connect: endpoints of publishers that bind, to connect to.
+        batch_size: insert once this many samples are waiting ...
+        flush_interval_s: ... or this long after the previous flush.
+        retention_s: samples received longer ago than this are deleted ...
+        retention_every_s: ... checked this often, in batches of `retention_batch` rows.
+        max_pending: samples kept in memory while Postgres is unreachable; beyond it the oldest are dropped.
+        max_message_bytes: larger payloads are dropped as `oversized`.
+    """
+
+    def __init__(
+        self,
+        database_url: str,
+        deployment_id: int,
+        *,
+        bind: Sequence[str] = (),
+        connect: Sequence[str] = (),
+        batch_size: int = 1000,
+        flush_interval_s: float = 0.5,
+        retention_s: float = 1800.0,
+        retention_every_s: float = 60.0,
+        retention_batch: int = 10_000,
+        max_pending: int = 100_000,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        context: zmq.Context | None = None,
+    ) -> None:
+        if not bind and not connect:
+            raise ValueError("the ingest needs at least one endpoint to bind or connect to")
+        self.deployment_id = deployment_id
+        self.batch_size = batch_size
+        self.flush_interval_s = flush_interval_s
+        self.retention_s = retention_s
+        self.retention_every_s = retention_every_s
+        self.retention_batch = retention_batch
+        self.max_pending = max_pending
+        self.max_message_bytes = max_message_bytes
+        self.stats = IngestStats()
+        self._sessions = session_factory(database_url)
+        self._pending: deque[FpmSample] = deque()
+        self._limiter = _LogLimiter()
+        self._flush_backoff_s = 0.0
+        self._socket = (context or zmq.Context.instance()).socket(zmq.SUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.RCVHWM, 1_000_000)  # ZMQ drops silently beyond its high-water mark
+        self._socket.setsockopt(zmq.MAXMSGSIZE, ZMQ_MAX_MESSAGE_BYTES)
+        self._socket.setsockopt(zmq.SUBSCRIBE, TOPIC_PREFIX)
+        self.endpoints: list[str] = []
+        try:
+            for endpoint in bind:
+                self._socket.bind(endpoint)
+                self.endpoints.append(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
+            for endpoint in connect:
+                self._socket.connect(endpoint)
+                self.endpoints.append(endpoint)
+        except zmq.ZMQError as exc:
+            self._socket.close()
+            raise ValueError(f"ZMQ endpoint {endpoint}: {exc}") from exc
+
+    # -- receiving --
+
+    def handle(self, frames: Sequence[bytes], received_at: dt.datetime) -> None:
+        """Decode one message and queue it for the next flush (counted as a heartbeat when idle), or count a drop."""
+        self.stats.received += 1
+        try:
+            fpm, version = decode_fpm_message(frames, max_bytes=self.max_message_bytes)
+        except FpmDecodeError as exc:
+            self.stats.dropped[exc.reason] = self.stats.dropped.get(exc.reason, 0) + 1
+            self._limiter.warning(f"drop-{exc.reason}", "dropped a forward-pass metrics message: %s", exc)
+            return
+        if fpm.is_idle_heartbeat:
+            # Stored all the same: without it an idle engine would vanish from the load ticks (no report in the
+            # last load intervals), and a pool whose engines went quiet could never be scaled down.
+            self.stats.heartbeats += 1
+        self._pending.append(FpmSample(fpm=fpm, received_at=received_at, version=version))
+
+    def _drain(self) -> None:
+        """Take what the socket holds now, up to one batch, without blocking."""
+        for _ in range(self.batch_size):
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.handle(frames, dt.datetime.now(dt.UTC))
+
+    # -- storing --
+
+    def flush(self) -> bool:
+        """Insert the waiting samples in one transaction. False (batch kept) when the database refused."""
+        if not self._pending:
+            return True
+        batch = list(self._pending)
+        try:
+            with self._sessions.begin() as session:
+                insert_fpm_samples(session, self.deployment_id, batch)
+        except (SQLAlchemyError, psycopg.Error) as exc:  # COPY runs on the driver connection: psycopg's own errors
+            self.stats.db_errors += 1
+            if isinstance(exc, _PERMANENT_DB_ERRORS):
+                # Postgres refuses these rows and always will: retrying would block every later sample.
+                for _ in range(len(batch)):
+                    self._pending.popleft()
+                self.stats.lost_pending += len(batch)
+                log.error("dropped %d forward-pass samples Postgres refused: %s", len(batch), str(exc).splitlines()[0])
+                return False
+            overflow = len(self._pending) - self.max_pending
+            for _ in range(max(0, overflow)):
+                self._pending.popleft()
+            self.stats.lost_pending += max(0, overflow)
+            self._flush_backoff_s = min(30.0, max(1.0, 2 * self._flush_backoff_s))
+            self._limiter.warning(
+                "db", "cannot store %d forward-pass samples (retrying): %s", len(batch), str(exc).splitlines()[0]
+            )
+            return False
+        self._flush_backoff_s = 0.0
+        for _ in range(len(batch)):
+            self._pending.popleft()
+        self.stats.stored += len(batch)
+        return True
+
+    def expire(self, now: dt.datetime) -> int:
+        """Delete samples older than the retention period, one short transaction per batch; returns how many."""
+        cutoff = now - dt.timedelta(seconds=self.retention_s)
+        deleted = 0
+        try:
+            while True:
+                with self._sessions.begin() as session:
+                    num = delete_fpm_samples_before(
+                        session, self.deployment_id, cutoff, batch_size=self.retention_batch
+                    )
+                deleted += num
+                if num < self.retention_batch:
+                    break
+        except (SQLAlchemyError, psycopg.Error) as exc:
+            self.stats.db_errors += 1
+            self._limiter.warning("retention", "retention of forward-pass samples failed: %s", str(exc).splitlines()[0])
+        self.stats.expired += deleted
+        return deleted
+
+    # -- the loop --
+
+    def run(self, stop: threading.Event, *, stats_every_s: float = 60.0) -> IngestStats:
+        """Receive, flush and expire until `stop` is set; then flush what is left and close the socket."""
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        now = time.monotonic()
+        next_flush, next_expire, next_stats = now + self.flush_interval_s, now, now + stats_every_s
+        try:
+            while not stop.is_set():
+                if poller.poll(timeout=100):  # wake at least every 100 ms to notice `stop`
+                    self._drain()
+                now = time.monotonic()
+                if len(self._pending) >= self.batch_size or now >= next_flush:
+                    self.flush()
+                    next_flush = now + self.flush_interval_s + self._flush_backoff_s
+                if now >= next_expire:
+                    self.expire(dt.datetime.now(dt.UTC))
+                    next_expire = now + self.retention_every_s
+                if now >= next_stats:
+                    log.info("forward-pass metrics: %s", self.stats.summary())
+                    next_stats = now + stats_every_s
+            self._drain()
+            if not self.flush():
+                self.stats.lost_pending += len(self._pending)
+                log.warning("stopping with %d forward-pass samples not stored", len(self._pending))
+                self._pending.clear()
+        finally:
+            self.close()
+        return self.stats
+
+    def close(self) -> None:
+        self._socket.close()
+
+    def pending(self) -> Iterator[FpmSample]:
+        """Samples decoded but not stored yet (oldest first)."""
+        return iter(self._pending)
+
+
+def resolve_deployment_id(database_url: str, name: str, config_path: str | Path) -> int:
+    """The id of deployment `name`, creating it from the config file when no tick has created it yet.
+
+    Raises:
+        SchemaOutOfDate: the database needs `planner db upgrade`.
+        ConfigError: the deployment is new and the config file is bad.
+    """
+    from planner_core.config import load_config
+    from planner_core.runtime.store import repository as repo
+    from planner_core.runtime.store.migrate import check_schema_current
+
+    check_schema_current(database_url)
+    with session_factory(database_url).begin() as session:
+        deployment = repo.find_deployment(session, name)
+        if deployment is None:  # never overwrite the config of an existing deployment from here
+            deployment = repo.ensure_deployment(session, name, load_config(config_path))
+        return deployment.id
+
+
+def serve_until_signalled(ingest: FpmIngest, *, stats_every_s: float = 60.0) -> IngestStats:
+    """Run the ingest until SIGINT or SIGTERM, then flush, close and return the counters."""
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: object) -> None:
+        log.info("received %s: flushing and stopping", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return ingest.run(stop, stats_every_s=stats_every_s)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

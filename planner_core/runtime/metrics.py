@@ -1,0 +1,352 @@
+"""The planner's own Prometheus metrics, under Dynamo's `dynamo_planner_*` names, read from Postgres at each scrape.
+
+`planner serve` runs every tick in a Prefect flow-run subprocess, so an in-memory registry updated after each
+tick would live and die with that subprocess. Postgres already holds every recorded tick outcome, so the
+exporter is a custom collector instead: each scrape reads the deployment's latest recorded ticks (from the
+`tick_summary` view, as the report does) in one short read-only transaction (`load_metrics_snapshot`) and
+`metric_families(snapshot)` (pure) turns that snapshot into metric families. Nothing is kept between scrapes, the
+decision core is untouched, and a restarted exporter shows the same values.
+
+Exported (all gauges unless said): `num_prefill_replicas`, `num_decode_replicas` (ready workers the newest tick
+saw); `observed_{ttft_ms,itl_ms,requests_per_second,input_sequence_tokens,output_sequence_tokens}` (the newest
+throughput window); `predicted_{requests_per_second,input_sequence_tokens,output_sequence_tokens,
+num_prefill_replicas,num_decode_replicas}` (its forecast and proposals); `gpu_hours` (since the deployment's first
+tick); `sla_target_{ttft,itl}_ms`; `engine_{prefill,decode}_capacity_requests_per_second`; the state sets (Dynamo's
+enums) `load_scaling_decision` and `throughput_scaling_decision`; per engine (`worker_id`, `dp_rank`)
+`engine_queued_prefill_tokens`, `engine_queued_decode_kv_tokens`, `engine_inflight_decode_kv_tokens` (from the
+newest recorded forward-pass metrics); `tick_lag_seconds`; and the histogram `tick_duration_seconds` (the pure
+decision time of every recorded tick). A value the planner did not record (e.g. TTFT from a source without it) has
+no sample rather than an invented one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+PREFIX = "dynamo_planner_"
+
+# Dynamo's decision enums, in their (append-only) order: the states of the two state-set metrics.
+LOAD_DECISION_REASONS: tuple[str, ...] = (
+    "unset",
+    "disabled",
+    "no_fpm_data",
+    "scaling_in_progress",
+    "worker_count_mismatch",
+    "insufficient_data",
+    "no_change",
+    "scale_up",
+    "scale_down",
+    "scale_down_capped_by_throughput",
+    "scale_down_refused_consolidation",
+    "override_by_user_plugin",
+    "reconcile_clamped_to_floor",
+    "reconcile_clamped_to_ceiling",
+    "held_over",
+    "rejected_by_plugin",
+    "gpu_budget_guard_hold",
+    "gpu_budget_reconcile",
+)
+THROUGHPUT_DECISION_REASONS: tuple[str, ...] = (
+    "unset",
+    "disabled",
+    "no_traffic_data",
+    "predict_failed",
+    "model_not_ready",
+    "set_lower_bound",
+    "scale",
+    "override_by_user_plugin",
+    "held_over",
+    "circuit_open",
+    "rejected_by_plugin",
+    "gpu_budget_guard_hold",
+    "no_change",
+    "gpu_budget_reconcile",
+    "partner_not_ready",
+)
+# Upper bounds (s) of the tick-duration histogram: the pure decision takes ~0.1-10 ms; ARIMA refits take longer.
+TICK_DURATION_BUCKETS_S: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineQueues:
+    """One engine's queues in the newest recorded forward-pass metrics (tokens)."""
+
+    component: str
+    worker_id: str
+    dp_rank: int
+    queued_prefill_tokens: float | None = None
+    queued_decode_kv_tokens: float | None = None
+    inflight_decode_kv_tokens: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsSnapshot:
+    """What the metrics show: the newest recorded ticks of one deployment (None = not recorded).
+
+    Attributes:
+        tick_duration_buckets: cumulative counts of ticks with decision time <= each bound of
+            `TICK_DURATION_BUCKETS_S`, then the total (+Inf).
+        tick_duration_sum_s: sum of all ticks' decision times (s).
+    """
+
+    num_prefill_replicas: int | None = None
+    num_decode_replicas: int | None = None
+    observed_ttft_ms: float | None = None
+    observed_itl_ms: float | None = None
+    observed_requests_per_second: float | None = None
+    observed_input_sequence_tokens: float | None = None
+    observed_output_sequence_tokens: float | None = None
+    predicted_requests_per_second: float | None = None
+    predicted_input_sequence_tokens: float | None = None
+    predicted_output_sequence_tokens: float | None = None
+    predicted_num_prefill_replicas: int | None = None
+    predicted_num_decode_replicas: int | None = None
+    gpu_hours: float = 0.0
+    sla_target_ttft_ms: float | None = None
+    sla_target_itl_ms: float | None = None
+    engine_prefill_capacity_requests_per_second: float | None = None
+    engine_decode_capacity_requests_per_second: float | None = None
+    load_scaling_decision: str = "unset"
+    throughput_scaling_decision: str = "unset"
+    engine_queues: tuple[EngineQueues, ...] = ()
+    tick_lag_seconds: float | None = None
+    tick_duration_buckets: tuple[int, ...] = (0,) * (len(TICK_DURATION_BUCKETS_S) + 1)
+    tick_duration_sum_s: float = 0.0
+
+
+# --- metric families (pure) -------------------------------------------------------------------------------------
+
+_GAUGES: tuple[tuple[str, str], ...] = (
+    ("num_prefill_replicas", "Ready prefill workers the newest tick saw"),
+    ("num_decode_replicas", "Ready decode workers the newest tick saw"),
+    ("observed_ttft_ms", "Mean TTFT over the newest throughput window (ms)"),
+    ("observed_itl_ms", "Mean ITL over the newest throughput window (ms)"),
+    ("observed_requests_per_second", "Request rate over the newest throughput window"),
+    ("observed_input_sequence_tokens", "Mean ISL over the newest throughput window (tokens)"),
+    ("observed_output_sequence_tokens", "Mean OSL over the newest throughput window (tokens)"),
+    ("predicted_requests_per_second", "Forecast request rate of the next throughput window"),
+    ("predicted_input_sequence_tokens", "Forecast mean ISL of the next throughput window (tokens)"),
+    ("predicted_output_sequence_tokens", "Forecast mean OSL of the next throughput window (tokens)"),
+    ("predicted_num_prefill_replicas", "Prefill replicas the newest throughput tick proposed"),
+    ("predicted_num_decode_replicas", "Decode replicas the newest throughput tick proposed"),
+    ("gpu_hours", "GPU-hours of ready workers since the deployment's first tick"),
+    ("sla_target_ttft_ms", "TTFT target of the config in force (ms)"),
+    ("sla_target_itl_ms", "ITL target of the config in force (ms)"),
+    (
+        "engine_prefill_capacity_requests_per_second",
+        "Requests/s one prefill engine serves under the TTFT target at the forecast ISL",
+    ),
+    (
+        "engine_decode_capacity_requests_per_second",
+        "Requests/s one decode engine serves under the ITL target at the forecast shape",
+    ),
+    ("tick_lag_seconds", "How long after its scheduled time the newest tick was recorded (s)"),
+)
+_ENGINE_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("engine_queued_prefill_tokens", "queued_prefill_tokens", "Prompt tokens waiting in the engine's queue"),
+    ("engine_queued_decode_kv_tokens", "queued_decode_kv_tokens", "KV tokens of decode requests waiting in queue"),
+    ("engine_inflight_decode_kv_tokens", "inflight_decode_kv_tokens", "KV tokens of decode requests running"),
+)
+
+
+def _known(value: float | None) -> bool:
+    return value is not None and not math.isnan(value)
+
+
+def metric_families(snapshot: MetricsSnapshot) -> Iterator[Any]:
+    """The snapshot as Prometheus metric families (every family is always declared; unknown values have no sample)."""
+    from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, StateSetMetricFamily
+
+    for name, doc in _GAUGES:
+        family = GaugeMetricFamily(PREFIX + name, doc)
+        value = getattr(snapshot, name)
+        if _known(value):
+            family.add_metric([], float(value))
+        yield family
+    for name, current, states in (
+        ("load_scaling_decision", snapshot.load_scaling_decision, LOAD_DECISION_REASONS),
+        ("throughput_scaling_decision", snapshot.throughput_scaling_decision, THROUGHPUT_DECISION_REASONS),
+    ):
+        # A reason newer than Dynamo's list is added as a state rather than hidden.
+        all_states = states if current in states else (*states, current)
+        yield StateSetMetricFamily(
+            PREFIX + name,
+            f"Reason of the newest {name.split('_')[0]} tick (Dynamo's decision enum)",
+            {state: state == current for state in all_states},
+        )
+    for name, attribute, doc in _ENGINE_GAUGES:
+        family = GaugeMetricFamily(PREFIX + name, doc, labels=["worker_id", "dp_rank"])
+        for engine in snapshot.engine_queues:
+            value = getattr(engine, attribute)
+            if _known(value):
+                family.add_metric([engine.worker_id, str(engine.dp_rank)], float(value))
+        yield family
+    bounds = [*(repr(float(b)) for b in TICK_DURATION_BUCKETS_S), "+Inf"]
+    yield HistogramMetricFamily(
+        PREFIX + "tick_duration_seconds",
+        "Decision time of the recorded ticks (the pure tick; s)",
+        buckets=list(zip(bounds, (float(c) for c in snapshot.tick_duration_buckets), strict=True)),
+        sum_value=snapshot.tick_duration_sum_s,
+    )
+
+
+def exported_metric_names() -> frozenset[str]:
+    """Names of every metric family the exporter declares (histograms add `_bucket`, `_sum`, `_count` samples)."""
+    return frozenset(family.name for family in metric_families(MetricsSnapshot()))
+
+
+# --- loading (the database edge) --------------------------------------------------------------------------------
+
+# The newest tick per loop, from the `tick_summary` view (migration 0006; the report reads the same view).
+_LATEST_SQL = """
+SELECT DISTINCT ON (loop)
+       loop, reason, lag_s, window_s,
+       observed_num_req, observed_isl, observed_osl, observed_ttft_ms, observed_itl_ms,
+       predicted_num_req, predicted_isl, predicted_osl, ready_prefill, ready_decode,
+       proposed_prefill, proposed_decode, prefill_engine_requests_per_s, decode_engine_requests_per_s,
+       ttft_target_ms, itl_target_ms, throughput_interval_s, scheduled_at, tick_id
+  FROM tick_summary
+ WHERE deployment = :deployment
+ ORDER BY loop, scheduled_at DESC, tick_id DESC
+"""
+
+# Ready workers are taken to run from one tick to the next (of either loop); as `planner_core.runtime.report`.
+_GPU_HOURS_SQL = """
+SELECT coalesce(sum(gpus * extract(epoch FROM next_at - scheduled_at)), 0) / 3600.0 AS gpu_hours
+  FROM (SELECT scheduled_at,
+               lead(scheduled_at) OVER (ORDER BY scheduled_at, tick_id) AS next_at,
+               ready_prefill * prefill_gpus_per_engine + ready_decode * decode_gpus_per_engine AS gpus
+          FROM tick_summary
+         WHERE deployment = :deployment AND ready_prefill IS NOT NULL) intervals
+ WHERE next_at IS NOT NULL
+"""
+
+_ENGINES_SQL = """
+SELECT f.component, f.worker_id, f.dp_rank, f.metrics
+  FROM fpm_snapshots f
+ WHERE f.tick_id = (SELECT max(f2.tick_id) FROM fpm_snapshots f2
+                      JOIN ticks t ON t.id = f2.tick_id
+                      JOIN deployments dep ON dep.id = t.deployment_id
+                     WHERE dep.name = :deployment)
+ ORDER BY f.component, f.worker_id, f.dp_rank
+"""
+
+
+def _durations_sql() -> str:
+    counts = ", ".join(
+        f"count(*) FILTER (WHERE t.decide_ms <= {1000.0 * bound!r}) AS b{i}"
+        for i, bound in enumerate(TICK_DURATION_BUCKETS_S)
+    )
+    return f"""
+SELECT {counts}, count(*) AS total, coalesce(sum(t.decide_ms), 0) / 1000.0 AS sum_s
+  FROM ticks t JOIN deployments dep ON dep.id = t.deployment_id
+ WHERE dep.name = :deployment
+"""
+
+
+def _nested(metrics: dict[str, Any], section: str, key: str) -> float | None:
+    value = (metrics.get(section) or {}).get(key)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return numerator / denominator if numerator is not None and denominator else None
+
+
+def load_metrics_snapshot(session: Session, deployment: str) -> MetricsSnapshot:
+    """The newest recorded state of `deployment` (an empty snapshot when it has recorded nothing yet)."""
+    params = {"deployment": deployment}
+    latest = {row["loop"]: dict(row) for row in session.execute(text(_LATEST_SQL), params).mappings()}
+    throughput, load = latest.get("throughput"), latest.get("load")
+    newest = max(
+        (row for row in (throughput, load) if row is not None),
+        key=lambda row: (row["scheduled_at"], row["tick_id"]),
+        default=None,
+    )
+    with_workers = [row for row in (throughput, load) if row is not None and row["ready_prefill"] is not None]
+    workers = max(with_workers, key=lambda row: (row["scheduled_at"], row["tick_id"]), default=None)
+    gpu_hours = session.execute(text(_GPU_HOURS_SQL), params).scalar_one()
+    durations = session.execute(text(_durations_sql()), params).mappings().one()
+    engines = tuple(
+        EngineQueues(
+            component=row["component"],
+            worker_id=row["worker_id"],
+            dp_rank=row["dp_rank"],
+            # the JSON form of `ForwardPassMetrics` (planner_core.domain)
+            queued_prefill_tokens=_nested(row["metrics"], "queued", "sum_prefill_tokens"),
+            queued_decode_kv_tokens=_nested(row["metrics"], "queued", "sum_decode_kv_tokens"),
+            inflight_decode_kv_tokens=_nested(row["metrics"], "scheduled", "sum_decode_kv_tokens"),
+        )
+        for row in session.execute(text(_ENGINES_SQL), params).mappings()
+    )
+    t = throughput or {}
+    n = newest or {}  # the config in force is the newest tick's (of either loop)
+    interval_s = n.get("throughput_interval_s") or t.get("window_s")
+    return MetricsSnapshot(
+        num_prefill_replicas=workers["ready_prefill"] if workers else None,
+        num_decode_replicas=workers["ready_decode"] if workers else None,
+        observed_ttft_ms=t.get("observed_ttft_ms"),
+        observed_itl_ms=t.get("observed_itl_ms"),
+        observed_requests_per_second=_ratio(t.get("observed_num_req"), t.get("window_s")),
+        observed_input_sequence_tokens=t.get("observed_isl"),
+        observed_output_sequence_tokens=t.get("observed_osl"),
+        predicted_requests_per_second=_ratio(t.get("predicted_num_req"), interval_s),
+        predicted_input_sequence_tokens=t.get("predicted_isl"),
+        predicted_output_sequence_tokens=t.get("predicted_osl"),
+        predicted_num_prefill_replicas=t.get("proposed_prefill"),
+        predicted_num_decode_replicas=t.get("proposed_decode"),
+        gpu_hours=float(gpu_hours),
+        sla_target_ttft_ms=n.get("ttft_target_ms"),
+        sla_target_itl_ms=n.get("itl_target_ms"),
+        # whichever capacity step sized the tick, in requests/s per engine (the view converts tokens/s)
+        engine_prefill_capacity_requests_per_second=t.get("prefill_engine_requests_per_s"),
+        engine_decode_capacity_requests_per_second=t.get("decode_engine_requests_per_s"),
+        load_scaling_decision=load["reason"] if load else "unset",
+        throughput_scaling_decision=throughput["reason"] if throughput else "unset",
+        engine_queues=engines,
+        tick_lag_seconds=float(newest["lag_s"]) if newest else None,
+        tick_duration_buckets=(
+            *(int(durations[f"b{i}"]) for i in range(len(TICK_DURATION_BUCKETS_S))),
+            int(durations["total"]),
+        ),
+        tick_duration_sum_s=float(durations["sum_s"]),
+    )
+
+
+# --- the exporter -------------------------------------------------------------------------------------------------
+
+
+class PlannerCollector:
+    """A prometheus_client collector that reads one deployment's newest recorded ticks at every scrape."""
+
+    def __init__(self, sessions: sessionmaker[Session], deployment: str) -> None:
+        self._sessions = sessions
+        self._deployment = deployment
+
+    def collect(self) -> Iterator[Any]:
+        with self._sessions.begin() as session:
+            snapshot = load_metrics_snapshot(session, self._deployment)
+        yield from metric_families(snapshot)
+
+    def describe(self) -> list[Any]:
+        return []  # no database read when the collector is registered
+
+
+def start_metrics_server(port: int, database_url: str, deployment: str, addr: str = "0.0.0.0") -> tuple[Any, Any]:
+    """Serve `/metrics` for `deployment` on `addr:port` in a daemon thread; returns (server, thread).
+
+    The registry is private to this server (not prometheus_client's global one), so two exporters never mix.
+    """
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from planner_core.runtime.store.db import session_factory
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PlannerCollector(session_factory(database_url), deployment))
+    return start_http_server(port, addr=addr, registry=registry)

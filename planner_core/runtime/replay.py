@@ -1,0 +1,643 @@
+"""Replay: re-run recorded ticks from their stored inputs and states, and say tick by tick what differs.
+
+`replay()` reads a deployment's ticks over a time range (inputs from `ticks.inputs`, the state before each tick
+from `planner_states` of the tick it chained from), calls `planner_core.runtime.service.decide` — the very function live
+ticks call — and compares the outcome with what was recorded: headline reason, decision, proposals, forecast,
+explanation steps and next state. Results go to `replay_runs` and `replay_ticks` only, in one transaction; the
+production history is read in one consistent snapshot and never written.
+
+Configs: by default each tick runs under the config it was recorded with (`planner_configs`, by the tick's
+`config_hash`): with the same code every tick must come out identical. With a what-if config file every tick
+runs under that config instead, and the differences are what that config would have changed.
+
+States (`ReplayMode`):
+- `recorded` (default without a what-if config): every tick starts from the state the original run had before
+  it, so each tick is checked on its own and one difference does not spread to the ticks after it (where
+  `planner db prune` removed that state, from the replayed state of the tick before, if it was replayed);
+- `chained` (default with a what-if config): each tick starts from the previous replayed tick's state (the
+  first from the recorded state before it), so the forecast history follows the what-if decisions' own path.
+Either way the inputs are the recorded ones: worker counts and traffic are what the real cluster showed under
+the original decisions (replay does not simulate how the cluster would have reacted).
+
+Exactness: states and inputs are JSON built from the frozen domain dataclasses; floats round-trip exactly
+through JSONB and Postgres' shortest-exact float output, so the comparison is `==` (NaN equal to NaN).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import math
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+from planner_core.config import PlannerConfig, config_hash, load_config, parse_config
+from planner_core.domain import LoadHistory, PlannerState, TickInputs, TickOutcome, from_jsonable, to_jsonable
+from planner_core.runtime.service import PlannerContext, context_for_config, decide, initial_state
+from planner_core.runtime.store.db import get_engine
+from planner_core.runtime.store.models import ReplayMode, ReplayTickOutcome
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when running from one (for `git describe`)
+MAX_FIELDS_PER_SECTION = 12  # differing fields listed per section (reason, decision, ..., next_state)
+_COPY_BATCH = 10_000
+
+# One row per tick: the recorded tick, its outcome in comparable form, and its state after. The state's load
+# history (the bulk of it) is sent only when it differs from the previous row's: load ticks leave it unchanged,
+# so a week of 5 s ticks transfers a few thousand histories instead of ~120k.
+_TICKS_SQL = """
+SELECT t.id, t.loop, t.scheduled_at, t.config_hash, t.reason, t.inputs, t.previous_tick_id,
+       s.tick_id IS NOT NULL AS has_state,
+       s.state - 'load_history' AS state_rest,
+       CASE WHEN s.state -> 'load_history' IS NOT DISTINCT FROM lag(s.state -> 'load_history') OVER (ORDER BY t.id)
+            THEN NULL ELSE s.state -> 'load_history' END AS load_history,
+       d.target_prefill, d.target_decode, d.status AS decision_status,
+       (SELECT json_agg(json_build_object('step', x.step, 'component', x.component, 'value', x.value,
+                                          'reason', x.reason, 'detail', x.detail) ORDER BY x.seq)
+          FROM tick_steps x WHERE x.tick_id = t.id) AS steps,
+       (SELECT json_agg(json_build_object('component', p.component, 'current', p.current, 'desired', p.desired,
+                                          'reason', p.reason) ORDER BY p.id)
+          FROM proposals p WHERE p.tick_id = t.id) AS proposals,
+       CASE WHEN pr.tick_id IS NOT NULL THEN
+           json_build_object('num_req', pr.num_req, 'isl', pr.isl, 'osl', pr.osl, 'reason', pr.reason,
+                             'quantile', pr.quantile, 'isl_quantile', pr.isl_quantile,
+                             'osl_quantile', pr.osl_quantile)
+       END AS prediction
+  FROM ticks t
+  LEFT JOIN planner_states s ON s.tick_id = t.id
+  LEFT JOIN decisions d ON d.tick_id = t.id
+  LEFT JOIN predictions pr ON pr.tick_id = t.id
+ WHERE t.deployment_id = :deployment_id AND t.scheduled_at >= :start AND t.scheduled_at < :end
+   AND t.id BETWEEN :first_id AND :last_id  -- bounds the primary-key scan to the range
+ ORDER BY t.id
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TickDifference:
+    """One replayed tick that differs from the recorded one (or could not be replayed)."""
+
+    tick_id: int
+    scheduled_at: dt.datetime
+    loop: str
+    outcome: ReplayTickOutcome
+    fields: tuple[dict[str, Any], ...]  # {"field": "steps[3].value", "recorded": ..., "replayed": ...}
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tick_id": self.tick_id,
+            "scheduled_at": self.scheduled_at.isoformat(),
+            "loop": self.loop,
+            "outcome": self.outcome.value,
+            "fields": list(self.fields),
+            **({"detail": self.detail} if self.detail else {}),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplaySummary:
+    """What a replay found; `run_id` is its row in `replay_runs`."""
+
+    run_id: int
+    deployment: str
+    mode: ReplayMode
+    config_source: str
+    num_ticks: int
+    num_identical: int
+    num_differing: int
+    num_skipped: int
+    elapsed_s: float
+    differences: tuple[TickDifference, ...]  # differing and skipped ticks, in tick order
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ticks": self.num_ticks,
+            "identical": self.num_identical,
+            "differing": self.num_differing,
+            "skipped": self.num_skipped,
+            "run_id": self.run_id,
+            "deployment": self.deployment,
+            "mode": self.mode.value,
+            "config": self.config_source,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "differences": [d.to_json() for d in self.differences],
+        }
+
+
+def code_version() -> str:
+    """The planner's version and, in a git checkout, its commit (`+dirty` when the tree has changes)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("llm-planner")
+    except PackageNotFoundError:
+        release = "unknown"
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return release
+    return f"{release}+{commit}" if commit else release
+
+
+def replay(
+    database_url: str,
+    deployment: str,
+    start: dt.datetime,
+    end: dt.datetime,
+    *,
+    config_path: Path | None = None,
+    recorded_config_dir: Path | None = None,
+    profile_dir: Path | None = None,
+    mode: ReplayMode | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> ReplaySummary:
+    """Replay the deployment's ticks scheduled in [start, end) and record the comparison in the replay tables.
+
+    Args:
+        database_url: the planner database.
+        deployment: the managed deployment whose ticks are replayed.
+        start, end: the range of scheduled times (aware datetimes), end excluded.
+        config_path: a what-if config file; None replays each tick under its recorded config.
+        recorded_config_dir: where relative paths of recorded configs (`profile_results_dir`, the warm-up trace)
+            are taken from: the folder the original config file was in.
+        profile_dir: use this profile folder instead of the configs' `profile_results_dir`.
+        mode: which state each tick starts from; default `recorded` without a what-if config, else `chained`.
+        on_progress: called with (ticks done, ticks in range) as the replay advances.
+
+    Raises:
+        ValueError: an unknown deployment, an empty or reversed range, a config or profile that cannot be loaded
+            (one line naming it).
+    """
+    if end <= start:
+        raise ValueError(f"--to {end.isoformat()} must be after --from {start.isoformat()}")
+    mode = mode or (ReplayMode.RECORDED if config_path is None else ReplayMode.CHAINED)
+    started = time.perf_counter()
+    engine = get_engine(database_url)
+    contexts = _Contexts(database_url, deployment, config_path, recorded_config_dir, profile_dir)
+    with engine.connect() as reader, engine.connect() as writer:
+        # One consistent snapshot of the history, however long the replay takes; never written.
+        reader.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
+        deployment_id = reader.scalar(text("SELECT id FROM deployments WHERE name = :name"), {"name": deployment})
+        if deployment_id is None:
+            raise ValueError(f"--deployment = {deployment!r}: no such deployment")
+        range_params = {"deployment_id": deployment_id, "start": start, "end": end}
+        total, first_id, last_id = reader.execute(
+            text(
+                "SELECT count(*), min(id), max(id) FROM ticks WHERE deployment_id = :deployment_id "
+                "AND scheduled_at >= :start AND scheduled_at < :end"
+            ),
+            range_params,
+        ).one()
+        run_id = writer.scalar(
+            text(
+                """INSERT INTO replay_runs (deployment_id, range_start, range_end, mode, config_source, config_hash,
+                                            config_body, profile_dir, code_version, num_ticks, num_identical,
+                                            num_differing, num_skipped, elapsed_s)
+                   VALUES (:deployment_id, :start, :end, :mode, :source, :hash, :body, :profile, :code,
+                           0, 0, 0, 0, 0) RETURNING id"""
+            ),
+            {
+                **range_params,
+                "mode": mode.value,
+                "source": contexts.source,
+                "hash": contexts.what_if_hash,
+                "body": json.dumps(contexts.what_if_body) if contexts.what_if_body is not None else None,
+                "profile": str(profile_dir) if profile_dir is not None else None,
+                "code": code_version()[:120],
+            },
+        )
+        comparer = _Comparer(reader, contexts, mode)
+        rows = reader.execution_options(stream_results=True, yield_per=2000).execute(
+            text(_TICKS_SQL), {**range_params, "first_id": first_id or 0, "last_id": last_id or 0}
+        )
+        counts = {outcome: 0 for outcome in ReplayTickOutcome}
+        differences: list[TickDifference] = []
+        pending: list[tuple] = []
+        done = 0
+        for result in comparer.run(rows):
+            counts[result.outcome] += 1
+            if result.outcome is not ReplayTickOutcome.IDENTICAL:
+                differences.append(result.difference)
+            pending.append(result.copy_row(run_id))
+            done += 1
+            if len(pending) >= _COPY_BATCH:
+                _copy_replay_ticks(writer, pending)
+                pending.clear()
+            if on_progress is not None and (done % 500 == 0 or done == total):
+                on_progress(done, total)
+        _copy_replay_ticks(writer, pending)
+        reader.rollback()
+        elapsed_s = time.perf_counter() - started
+        writer.execute(
+            text(
+                """UPDATE replay_runs SET finished_at = now(), num_ticks = :n, num_identical = :same,
+                          num_differing = :diff, num_skipped = :skip, elapsed_s = :elapsed WHERE id = :id"""
+            ),
+            {
+                "id": run_id,
+                "n": done,
+                "same": counts[ReplayTickOutcome.IDENTICAL],
+                "diff": counts[ReplayTickOutcome.DIFFERING],
+                "skip": counts[ReplayTickOutcome.SKIPPED],
+                "elapsed": elapsed_s,
+            },
+        )
+        writer.commit()
+    if on_progress is not None and done != total:
+        on_progress(done, done)
+    return ReplaySummary(
+        run_id=run_id,
+        deployment=deployment,
+        mode=mode,
+        config_source=contexts.source,
+        num_ticks=done,
+        num_identical=counts[ReplayTickOutcome.IDENTICAL],
+        num_differing=counts[ReplayTickOutcome.DIFFERING],
+        num_skipped=counts[ReplayTickOutcome.SKIPPED],
+        elapsed_s=elapsed_s,
+        differences=tuple(differences),
+    )
+
+
+def _copy_replay_ticks(writer: Connection, rows: list[tuple]) -> None:
+    """Append replayed ticks with COPY (a week of 5 s ticks is ~120k rows)."""
+    if not rows:
+        return
+    cursor = writer.connection.dbapi_connection.cursor()
+    columns = "run_id, tick_id, outcome, reason, target_prefill, target_decode, differences, detail"
+    with cursor.copy(f"COPY replay_ticks ({columns}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
+class _Contexts:
+    """The decision context of each config a replay runs under (built once per config, the live way)."""
+
+    def __init__(
+        self,
+        database_url: str,
+        deployment: str,
+        config_path: Path | None,
+        recorded_config_dir: Path | None,
+        profile_dir: Path | None,
+    ) -> None:
+        self._url, self._deployment, self._profile_dir = database_url, deployment, profile_dir
+        # relative paths of recorded configs resolve as if the config file were in `recorded_config_dir`
+        self._anchor = (recorded_config_dir / "recorded.yaml") if recorded_config_dir is not None else None
+        self._by_hash: dict[str, PlannerContext] = {}
+        self.what_if: PlannerContext | None = None
+        self.what_if_hash: str | None = None
+        self.what_if_body: dict[str, Any] | None = None
+        self.source = "recorded"
+        if config_path is not None:
+            config = load_config(config_path)
+            self.what_if = self._build(config, config_path, str(config_path))
+            self.what_if_hash = config_hash(config)
+            self.what_if_body = config.model_dump(mode="json")
+            self.source = str(config_path)
+
+    def for_tick(self, reader: Connection, recorded_hash: str) -> PlannerContext:
+        if self.what_if is not None:
+            return self.what_if
+        ctx = self._by_hash.get(recorded_hash)
+        if ctx is None:
+            body = reader.scalar(
+                text("SELECT body FROM planner_configs WHERE config_hash = :hash"), {"hash": recorded_hash}
+            )
+            source = f"planner_configs[{recorded_hash[:12]}]"
+            ctx = self._build(parse_config(body, source), self._anchor, source)
+            self._by_hash[recorded_hash] = ctx
+        return ctx
+
+    def _build(self, config: PlannerConfig, config_path: Path | None, source: str) -> PlannerContext:
+        ctx = context_for_config(self._url, self._deployment, config, config_path, profile_dir=self._profile_dir)
+        if ctx.perf is None:
+            where = self._profile_dir if self._profile_dir is not None else config.profile_results_dir
+            raise ValueError(
+                f"{source}: field 'profile_results_dir' = {str(where)!r}: profile not found "
+                "(give the folder with --profile-dir, or --config-dir for the folder the config was in)"
+            )
+        return ctx
+
+
+@dataclass(slots=True)
+class _Result:
+    tick_id: int
+    outcome: ReplayTickOutcome
+    difference: TickDifference | None
+    replayed: TickOutcome | None
+
+    def copy_row(self, run_id: int) -> tuple:
+        decision = self.replayed.decision if self.replayed is not None else None
+        fields = self.difference.fields if self.difference is not None else ()
+        return (
+            run_id,
+            self.tick_id,
+            self.outcome.value,
+            self.replayed.reason.value if self.replayed is not None else None,
+            decision.num_prefill if decision is not None else None,
+            decision.num_decode if decision is not None else None,
+            json.dumps(list(fields)) if fields else None,
+            (self.difference.detail or None) if self.difference is not None else None,
+        )
+
+
+class _Comparer:
+    """Walks the recorded ticks in order, replays each and compares; keeps the parsed load histories it can reuse."""
+
+    def __init__(self, reader: Connection, contexts: _Contexts, mode: ReplayMode) -> None:
+        self._reader, self._contexts, self._mode = reader, contexts, mode
+        self._history_version = 0  # bumps whenever a row carries a load history different from the previous row's
+        self._history_json: dict[str, Any] | None = None
+        self._history_obj: LoadHistory | None = None
+        self._history_obj_version = -1
+        self._equal_cache: dict[tuple[int, int], tuple[LoadHistory, bool]] = {}
+        self._json_cache: dict[int, tuple[LoadHistory, Any]] = {}
+
+    def run(self, rows: Iterator[Any]) -> Iterator[_Result]:
+        previous_id: int | None = None
+        previous_state: PlannerState | None = None  # the recorded state after the previous row (recorded mode)
+        chained_state: PlannerState | None = None  # the replayed state after the previous row
+        first = True
+        for row in rows:
+            if row.has_state and row.load_history is not None:
+                self._history_version += 1
+                self._history_json = row.load_history
+            recorded_state = self._recorded_state(row) if row.has_state else None
+            if self._mode is ReplayMode.CHAINED and not first and chained_state is not None:
+                before = chained_state
+            elif row.previous_tick_id is not None and row.previous_tick_id == previous_id:
+                # a state removed by `planner db prune` is bridged with the replayed state of that tick
+                before = previous_state if previous_state is not None else chained_state
+            else:
+                before = self._state_of(row)
+            first = False
+            previous_id, previous_state = row.id, recorded_state
+            ctx = self._contexts.for_tick(self._reader, row.config_hash)
+            if before is None:
+                chained_state = None
+                yield self._skipped(row, f"the state before tick {row.id} (tick {row.previous_tick_id}) was pruned")
+                continue
+            try:
+                inputs = from_jsonable(TickInputs, row.inputs)
+            except (KeyError, TypeError, ValueError) as exc:
+                chained_state = None
+                yield self._skipped(row, f"inputs not readable by this code: {exc}")
+                continue
+            try:
+                outcome = decide(ctx, inputs, before)
+            except Exception as exc:
+                raise RuntimeError(
+                    f"replaying tick {row.id} ({row.loop}, {row.scheduled_at.isoformat()}): {exc}"
+                ) from exc
+            chained_state = outcome.next_state
+            if not row.has_state:
+                yield _Result(
+                    row.id,
+                    ReplayTickOutcome.SKIPPED,
+                    self._difference(row, ReplayTickOutcome.SKIPPED, (), "the recorded state after it was pruned"),
+                    outcome,
+                )
+                continue
+            fields = self._compare(row, outcome)
+            if fields:
+                yield _Result(
+                    row.id,
+                    ReplayTickOutcome.DIFFERING,
+                    self._difference(row, ReplayTickOutcome.DIFFERING, fields),
+                    outcome,
+                )
+            else:
+                yield _Result(row.id, ReplayTickOutcome.IDENTICAL, None, outcome)
+
+    # --- states ---------------------------------------------------------------------------------------------
+
+    def _recorded_history(self) -> LoadHistory:
+        """The current recorded load history, parsed once per distinct history."""
+        if self._history_obj_version != self._history_version:
+            self._history_obj = from_jsonable(LoadHistory, self._history_json or {})
+            self._history_obj_version = self._history_version
+        assert self._history_obj is not None
+        return self._history_obj
+
+    def _recorded_state(self, row: Any) -> PlannerState:
+        rest = from_jsonable(PlannerState, row.state_rest)
+        return dataclasses.replace(rest, load_history=self._recorded_history())
+
+    def _state_of(self, row: Any) -> PlannerState | None:
+        """The state a tick started from when it is not the previous row's: fetched, initial, or None if pruned."""
+        if row.previous_tick_id is None:
+            return initial_state(self._contexts.for_tick(self._reader, row.config_hash))
+        state = self._reader.scalar(
+            text("SELECT state FROM planner_states WHERE tick_id = :id"), {"id": row.previous_tick_id}
+        )
+        return None if state is None else from_jsonable(PlannerState, state)
+
+    # --- comparison -----------------------------------------------------------------------------------------
+
+    def _compare(self, row: Any, outcome: TickOutcome) -> list[dict[str, Any]]:
+        """The differing fields, at most `MAX_FIELDS_PER_SECTION` per section so that none hides another."""
+        fields: list[dict[str, Any]] = []
+        recorded = _recorded_form(row)
+        replayed = _replayed_form(outcome)
+        if recorded != replayed:
+            for section in recorded:
+                _diff(section, recorded[section], replayed[section], fields, limit=len(fields) + MAX_FIELDS_PER_SECTION)
+        state = outcome.next_state
+        rest = {name: to_jsonable(getattr(state, name)) for name in _STATE_REST_FIELDS}
+        if rest != row.state_rest:
+            # A state recorded before a field was added to `PlannerState` lacks it: read it back as the code does
+            # (the field's default) so that a schema addition alone is not a difference.
+            stored = from_jsonable(PlannerState, row.state_rest)
+            recorded_rest = {name: to_jsonable(getattr(stored, name)) for name in _STATE_REST_FIELDS}
+            if rest != recorded_rest:
+                _diff("next_state", recorded_rest, rest, fields, limit=len(fields) + MAX_FIELDS_PER_SECTION)
+        if not self._history_equal(state.load_history):
+            _diff(
+                "next_state.load_history",
+                self._history_json,
+                self._history_to_json(state.load_history),
+                fields,
+                limit=len(fields) + MAX_FIELDS_PER_SECTION,
+            )
+        return fields
+
+    def _history_to_json(self, history: LoadHistory) -> Any:
+        cached = self._json_cache.get(id(history))
+        if cached is None or cached[0] is not history:
+            if len(self._json_cache) > 8:
+                self._json_cache.clear()
+            cached = (history, _history_jsonable(history))
+            self._json_cache[id(history)] = cached
+        return cached[1]
+
+    def _history_equal(self, history: LoadHistory) -> bool:
+        """Whether `history` serialises to the recorded history of the current row (cached per pair)."""
+        key = (id(history), self._history_version)
+        cached = self._equal_cache.get(key)
+        if cached is None or cached[0] is not history:
+            if len(self._equal_cache) > 8:
+                self._equal_cache.clear()
+            cached = (history, _same(self._history_to_json(history), self._history_json))
+            self._equal_cache[key] = cached
+        return cached[1]
+
+    def _skipped(self, row: Any, detail: str) -> _Result:
+        return _Result(
+            row.id, ReplayTickOutcome.SKIPPED, self._difference(row, ReplayTickOutcome.SKIPPED, (), detail), None
+        )
+
+    @staticmethod
+    def _difference(
+        row: Any, outcome: ReplayTickOutcome, fields: list[dict[str, Any]] | tuple, detail: str = ""
+    ) -> TickDifference:
+        return TickDifference(
+            tick_id=row.id,
+            scheduled_at=row.scheduled_at,
+            loop=row.loop,
+            outcome=outcome,
+            fields=tuple(fields),
+            detail=detail,
+        )
+
+
+def _history_jsonable(value: Any) -> Any:
+    """`to_jsonable` of a load history, with a fast path for its series (tuples of finite floats, which
+    `to_jsonable` turns into lists of the same floats one call per element)."""
+    if isinstance(value, tuple) and all(type(v) is float and math.isfinite(v) for v in value):
+        return list(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _history_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return to_jsonable(value)
+
+
+def _recorded_form(row: Any) -> dict[str, Any]:
+    """The recorded outcome of a tick in the comparable form (what `record_tick` wrote, read back)."""
+    decision = None
+    if row.decision_status is not None:
+        decision = {
+            "target_prefill": row.target_prefill,
+            "target_decode": row.target_decode,
+            "advisory": row.decision_status == "advisory",
+        }
+    return {
+        "reason": row.reason,
+        "decision": decision,
+        "proposals": row.proposals or [],
+        "prediction": _finite(row.prediction),
+        "steps": _finite(row.steps or []),
+    }
+
+
+def _replayed_form(outcome: TickOutcome) -> dict[str, Any]:
+    """A replayed outcome in the same form, as `record_tick` would have written it."""
+    decision = outcome.decision
+    prediction = outcome.prediction
+    return {
+        "reason": outcome.reason.value,
+        "decision": None
+        if decision.is_empty
+        else {
+            "target_prefill": decision.num_prefill,
+            "target_decode": decision.num_decode,
+            "advisory": decision.advisory,
+        },
+        "proposals": [
+            {"component": p.component.value, "current": p.current, "desired": p.desired, "reason": p.reason.value}
+            for p in outcome.proposals
+        ],
+        "prediction": None
+        if prediction is None
+        else {
+            "num_req": prediction.num_req,
+            "isl": prediction.isl,
+            "osl": prediction.osl,
+            "reason": (outcome.prediction_reason or outcome.reason).value,
+            "quantile": prediction.quantile,
+            "isl_quantile": prediction.isl_quantile,
+            "osl_quantile": prediction.osl_quantile,
+        },
+        "steps": [
+            {
+                "step": s.step,
+                "component": s.component.value if s.component is not None else None,
+                "value": s.value,
+                "reason": s.reason.value,
+                "detail": s.detail,
+            }
+            for s in outcome.steps
+        ],
+    }
+
+
+# The state's fields other than its load history (compared field by field; the history is compared apart).
+_STATE_REST_FIELDS = tuple(f.name for f in dataclasses.fields(PlannerState) if f.name != "load_history")
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _finite(value: Any) -> Any:
+    """Postgres writes non-finite doubles into JSON as strings ("NaN"); turn them back into floats."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, str) and value in _NON_FINITE:
+        return _NON_FINITE[value]
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Exact equality of JSON-like values, with NaN equal to NaN."""
+    if a == b:
+        return True
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isnan(a) and math.isnan(b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return False
+
+
+def _diff(path: str, recorded: Any, replayed: Any, out: list[dict[str, Any]], *, limit: int) -> None:
+    """Append the leaves where `recorded` and `replayed` differ, as {"field", "recorded", "replayed"}, until `out`
+    holds `limit` entries; then one {"field": "<path>...", "note"} entry says more were left out."""
+    if _same(recorded, replayed):
+        return
+    if len(out) >= limit:
+        if not out[-1].get("note"):
+            out.append({"field": f"{path}...", "note": "more differences in this section not listed"})
+        return
+    if isinstance(recorded, dict) and isinstance(replayed, dict):
+        for key in sorted(recorded.keys() | replayed.keys()):
+            _diff(f"{path}.{key}", recorded.get(key), replayed.get(key), out, limit=limit)
+        return
+    if isinstance(recorded, list) and isinstance(replayed, list) and len(recorded) == len(replayed):
+        for index, (a, b) in enumerate(zip(recorded, replayed, strict=True)):
+            _diff(f"{path}[{index}]", a, b, out, limit=limit)
+        return
+    out.append({"field": path, "recorded": _json_safe(recorded), "replayed": _json_safe(replayed)})
+
+
+def _json_safe(value: Any) -> Any:
+    """JSONB has no NaN or infinity: write them as strings, as the state JSON does."""
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value

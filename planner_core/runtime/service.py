@@ -1,0 +1,313 @@
+"""Planner services at the I/O edge: load what a tick needs, run the pure tick, record it in one transaction.
+
+The Prefect flows in `flows/` are thin wrappers over these functions (so is the demo), which keeps the
+orchestration layer free of business logic and lets tests call the same code without Prefect.
+
+User plugins (`plugins.enabled`, found through the `llm_planner.plugins` entry-point group) are loaded once per
+context (`load_context`) and run in every tick beside the builtin ones; an entry point that failed to load is
+recorded as a `plugin_load_failed` step of every tick of that context. The live path hands `tick()` a monotonic
+clock, so plugin timeouts and the tick deadline are enforced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from planner_core.config import (
+    EnvironmentKind,
+    PlannerConfig,
+    load_config,
+    resolve_config_relative,
+    resolve_profile_dir,
+)
+from planner_core.domain import Loop, PlannerState, TickInputs, TickOutcome, TrafficObservation, WorkerCounts
+from planner_core.perf.model import ProfilePerfModel
+from planner_core.pipeline import Plugin, PluginLoadError, load_entry_point_plugins, resolve_plugins
+from planner_core.pipeline.builtin import builtin_plugins
+from planner_core.runtime.connectors.virtual import VirtualConnector
+from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.db import session_factory
+from planner_core.runtime.store.execution import ExecutionSummary, execute_pending
+from planner_core.runtime.store.fpm import latest_fpm
+from planner_core.runtime.store.migrate import check_schema_current, upgrade
+from planner_core.runtime.warmup import warm_history
+from planner_core.tick import tick
+
+if TYPE_CHECKING:  # the kubernetes client is imported only when the Kubernetes connector is used (~0.4 s)
+    from planner_core.runtime.connectors.kubernetes import KubernetesConnector
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannerContext:
+    """Everything a flow run needs that does not change during the run."""
+
+    database_url: str
+    deployment: str
+    config: PlannerConfig
+    perf: ProfilePerfModel | None
+    warmup_trace: Path | None = None  # `load_predictor_warmup_trace`, relative paths taken from the config's folder
+    kubernetes: KubernetesConnector | None = None  # `environment: kubernetes`: built and validated by load_context
+    plugins: tuple[Plugin, ...] = ()  # the user's plugins, loaded and resolved against the config (`load_plugins`)
+    plugin_load_errors: tuple[PluginLoadError, ...] = ()  # enabled entry points that failed to load (skipped)
+
+    @property
+    def sessions(self) -> sessionmaker[Session]:
+        return session_factory(self.database_url)
+
+    @property
+    def connector(self) -> VirtualConnector | KubernetesConnector:
+        """The connector the config's `environment` names.
+
+        `global-planner` has no connector of its own yet and uses the virtual connector, as before.
+        """
+        if self.config.environment is EnvironmentKind.KUBERNETES:
+            if self.kubernetes is None:
+                raise RuntimeError("environment 'kubernetes' needs the connector load_context builds")
+            return self.kubernetes
+        return VirtualConnector(timeout_s=self.config.virtual_connector_timeout_seconds)
+
+
+def resolve_report_dir(config: PlannerConfig, config_path: Path | None, data_dir: Path) -> Path:
+    """Where reports go: `report_output_dir` when the config sets it (relative to the config file's folder),
+    else `reports/` under the planner's data folder (`PLANNER_DATA_DIR`), never beside a shipped config file."""
+    if "report_output_dir" in config.model_fields_set:
+        return resolve_config_relative(config.report_output_dir, config_path)
+    return data_dir / "reports"
+
+
+def connect_kubernetes(config: PlannerConfig) -> tuple[KubernetesConnector, PlannerConfig]:
+    """The Kubernetes connector for the DGD the environment names, validated, and the effective config.
+
+    The effective config fills what the file leaves unset from the DGD (`model_name`, GPUs per engine).
+
+    Raises:
+        KubernetesConnectorError: one line naming the variable, the DGD field or the value at fault.
+    """
+    from planner_core.runtime.connectors.kubernetes import KubernetesConnector, effective_config
+
+    connector = KubernetesConnector.connect(config)
+    return connector, effective_config(config, connector.info)
+
+
+def load_plugins(
+    config: PlannerConfig, perf: ProfilePerfModel | None, *, source: str = "config"
+) -> tuple[tuple[Plugin, ...], tuple[PluginLoadError, ...]]:
+    """The user's plugins of `config.plugins.enabled`, with `plugins.overrides` applied, and the entry points that
+    failed to load.
+
+    The list is checked together with the builtin plugins of both loops, so a user plugin can never take a builtin
+    plugin's id (which would stop every tick) and an override naming a builtin id is not mistaken for a typo.
+
+    Raises:
+        PluginConfigError: an enabled name is not installed, an override names no plugin, or ids collide (one line).
+    """
+    loaded, errors = load_entry_point_plugins(config, source=source)
+    if not loaded and not config.plugins.overrides:
+        return (), errors
+    builtins = (*builtin_plugins(Loop.THROUGHPUT, perf), *builtin_plugins(Loop.LOAD, perf))
+    builtin_ids = {plugin.spec.plugin_id for plugin in builtins}
+    resolved = resolve_plugins((*builtins, *loaded), config, source=source)
+    return tuple(plugin for plugin in resolved if plugin.spec.plugin_id not in builtin_ids), errors
+
+
+def load_context(database_url: str, deployment: str, config_path: str | Path) -> PlannerContext:
+    """Load the config, its profile and the user's plugins. A missing profile leaves `perf` None (the tick says
+    model_not_ready).
+
+    With `environment: kubernetes` the parent DGD is read and validated here (see `connect_kubernetes`).
+
+    Raises:
+        ConfigError: the config file is bad (one line naming file, field and value).
+        PluginConfigError: the config's `plugins` section names a plugin that is not installed or does not fit.
+        SchemaOutOfDate: the database needs `planner db upgrade`.
+        KubernetesConnectorError: the DGD cannot be scaled as configured (one line).
+    """
+    check_schema_current(database_url)
+    config_path = Path(config_path)
+    config = load_config(config_path)
+    kubernetes = None
+    if config.environment is EnvironmentKind.KUBERNETES:
+        kubernetes, config = connect_kubernetes(config)
+    return context_for_config(database_url, deployment, config, config_path, kubernetes=kubernetes)
+
+
+def context_for_config(
+    database_url: str,
+    deployment: str,
+    config: PlannerConfig,
+    config_path: Path | None,
+    *,
+    profile_dir: Path | None = None,
+    kubernetes: KubernetesConnector | None = None,
+) -> PlannerContext:
+    """Everything `decide` needs besides inputs and state, built from a config: the one place that loads models.
+
+    Live ticks (`load_context`) and replay (`planner_core.runtime.replay`, for a recorded or a what-if config) both
+    build their context here, so a model added to the context later is loaded the same way for both.
+
+    Args:
+        config: the planner config.
+        config_path: the file the config came from; relative paths in it are taken from its folder.
+        profile_dir: use this profile folder instead of the config's `profile_results_dir` (replay only).
+        kubernetes: the connected Kubernetes connector (live ticks with `environment: kubernetes` only).
+    """
+    profile_dir = profile_dir if profile_dir is not None else resolve_profile_dir(config, config_path)
+    perf_table = resolve_config_relative(config.perf_table, config_path) if config.perf_table is not None else None
+    perf = ProfilePerfModel.load(profile_dir, perf_table=perf_table) if profile_dir.exists() else None
+    plugins, plugin_load_errors = load_plugins(
+        config, perf, source=config_path.name if config_path is not None else "config"
+    )
+    warmup = config.load_predictor_warmup_trace
+    return PlannerContext(
+        database_url=database_url,
+        deployment=deployment,
+        config=config,
+        perf=perf,
+        # relative paths and globs are anchored at the config file's folder
+        warmup_trace=resolve_config_relative(warmup, config_path) if warmup else None,
+        kubernetes=kubernetes,
+        plugins=plugins,
+        plugin_load_errors=plugin_load_errors,
+    )
+
+
+def decide(
+    ctx: PlannerContext, inputs: TickInputs, state: PlannerState, *, clock: Callable[[], float] | None = None
+) -> TickOutcome:
+    """The planner's decision for one tick: the only function live ticks and replay call to decide.
+
+    Pure given the context (no I/O; `clock`, passed by live ticks only, just enforces plugin and tick deadlines):
+    `run_tick` records its outcome, `planner replay` compares it with
+    what was recorded. Whatever the decision grows to use (more inputs, more models in the context, a pipeline
+    of plugins) belongs here or in `context_for_config`, never in one caller only.
+    """
+    return tick(inputs, state, ctx.config, ctx.perf, ctx.plugins, clock=clock)
+
+
+def initial_state(ctx: PlannerContext) -> PlannerState:
+    """The state before a deployment's first tick: empty, or predictors warmed on `load_predictor_warmup_trace`."""
+    if ctx.warmup_trace is None:
+        return PlannerState()
+    return dataclasses.replace(PlannerState(), load_history=warm_history(ctx.config, ctx.warmup_trace))
+
+
+def prepare_database(database_url: str) -> None:
+    """Bring the schema to the newest migration (idempotent)."""
+    upgrade(database_url)
+
+
+def default_workers(config: PlannerConfig) -> WorkerCounts:
+    """Worker counts assumed before the orchestrator ever reported any: the minimum endpoints."""
+    prefill, decode = config.prefill_min_endpoint_effective, config.decode_min_endpoint_effective
+    return WorkerCounts(ready_prefill=prefill, ready_decode=decode, expected_prefill=prefill, expected_decode=decode)
+
+
+# An engine publishes forward-pass metrics every iteration while busy; its newest sample older than this many load
+# intervals is stale (the engine went idle or away), so the load tick does not act on it.
+FPM_MAX_AGE_LOAD_INTERVALS = 3
+
+
+def fpm_max_age_s(config: PlannerConfig) -> float:
+    """How far back a load tick looks for each engine's newest forward-pass metrics (s)."""
+    return FPM_MAX_AGE_LOAD_INTERVALS * config.load_adjustment_interval_seconds
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TickResult:
+    """What a tick run did; `tick_id` None means the tick was already recorded and nothing was done."""
+
+    tick_id: int | None
+    outcome: TickOutcome | None
+    inputs: TickInputs | None
+
+
+def run_tick(
+    ctx: PlannerContext,
+    loop: Loop,
+    scheduled_at: dt.datetime,
+    traffic: TrafficObservation | None,
+    *,
+    flow_run_id: str | None = None,
+    task_run_id: str | None = None,
+    traffic_problem: str | None = None,
+) -> TickResult:
+    """Run and record one tick in a single transaction; a tick already recorded is skipped, not redone.
+
+    A load tick reads the newest forward-pass metrics per engine from the ingested samples. `traffic_problem`
+    (why the source had no observation) is written to the audit log with the tick.
+    """
+    with ctx.sessions.begin() as session:
+        deployment = repo.ensure_deployment(session, ctx.deployment, ctx.config)
+        repo.lock_deployment(session, deployment.id)
+        if repo.tick_exists(session, deployment.id, loop.value, scheduled_at):
+            return TickResult(tick_id=None, outcome=None, inputs=None)
+        workers = ctx.connector.worker_counts(session, deployment.id, default=default_workers(ctx.config))
+        fpm = ()
+        if loop is Loop.LOAD:
+            since = scheduled_at - dt.timedelta(seconds=fpm_max_age_s(ctx.config))
+            fpm = latest_fpm(session, deployment.id, since, until=scheduled_at)
+        inputs = TickInputs(now_s=scheduled_at.timestamp(), loop=loop, workers=workers, traffic=traffic, fpm=fpm)
+        previous_tick_id, state = repo.latest_state(session, deployment.id)
+        if previous_tick_id is None and ctx.warmup_trace is not None:
+            state = _warm_started(session, deployment.id, ctx)
+        started = time.perf_counter()
+        # The monotonic clock only enforces plugin timeouts and the tick deadline; the tick's time is `now_s`.
+        outcome = decide(ctx, inputs, state, clock=time.monotonic)
+        decide_ms = (time.perf_counter() - started) * 1000.0
+        if ctx.plugin_load_errors:
+            # A plugin that could not be loaded did not run in this tick either: say so first in its explanation.
+            load_steps = tuple(error.as_step() for error in ctx.plugin_load_errors)
+            outcome = dataclasses.replace(outcome, steps=(*load_steps, *outcome.steps))
+        tick_id = repo.record_tick(
+            session,
+            repo.TickRecord(
+                deployment_id=deployment.id,
+                scheduled_at=scheduled_at,
+                config_hash=deployment.config_hash,
+                predictor=ctx.config.load_predictor.value,
+                previous_tick_id=previous_tick_id,
+                decide_ms=decide_ms,
+                flow_run_id=flow_run_id,
+                task_run_id=task_run_id,
+            ),
+            inputs,
+            outcome,
+        )
+        if traffic_problem is not None and tick_id is not None:
+            repo.audit(
+                session,
+                "traffic_unavailable",
+                {"loop": loop.value, "problem": traffic_problem},
+                deployment_id=deployment.id,
+                tick_id=tick_id,
+            )
+    return TickResult(tick_id=tick_id, outcome=outcome, inputs=inputs)
+
+
+def _warm_started(session: Session, deployment_id: int, ctx: PlannerContext) -> PlannerState:
+    """The first tick of a deployment starts from predictors warmed on `load_predictor_warmup_trace` (audited)."""
+    state = initial_state(ctx)
+    repo.audit(
+        session,
+        "predictor_warm_start",
+        {"trace": str(ctx.warmup_trace), "num_windows": len(state.load_history.num_req)},
+        deployment_id=deployment_id,
+    )
+    return state
+
+
+def run_execution(ctx: PlannerContext, now: dt.datetime) -> list[ExecutionSummary]:
+    """Apply the deployment's newest pending decision through its connector (one transaction)."""
+    with ctx.sessions.begin() as session:
+        deployment = repo.find_deployment(session, ctx.deployment)
+        if deployment is None:
+            return []
+        return execute_pending(session, deployment.id, ctx.connector, now)

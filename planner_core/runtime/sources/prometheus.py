@@ -1,0 +1,421 @@
+"""Traffic from Prometheus: PromQL over the series a Dynamo frontend (or its KV router) exports.
+
+For a window [start, end) of length W the source asks Prometheus, at time `end`, for:
+
+- requests: `sum(increase(<requests_started_total>[W]))`, falling back to `<requests_total>` (completed requests)
+  when the started counter is not exported;
+- means of ISL, OSL, TTFT and ITL: `sum(increase(<histogram>_sum[W])) / sum(increase(<histogram>_count[W]))`,
+  which weighs every request equally whichever frontend served it;
+- the router's predicted KV-cache hit rate (`dynamo_component_router_kv_hit_rate`, same mean);
+- the speculative-decoding accept length from the engines' own series (vLLM `1 + accepted / drafts`, SGLang
+  `spec_accept_length`, TRT-LLM `spec_decode_acceptance_length`).
+
+Series names, labels and formulas are Dynamo's (`throughput_metrics_source: frontend | router`), so a Prometheus
+that serves a Dynamo deployment serves this planner unchanged. Frontend series are selected by
+`dynamo_namespace` and, when the config names a model, by `model` (case-insensitive, as the frontend lowercases
+it); router series by `dynamo_namespace` with dashes turned into underscores (how Dynamo labels them).
+
+Answers are checked strictly: a transport failure, a non-2xx status, an error status, a body that is not a
+Prometheus instant vector, a missing series, or a value that is NaN where a number is needed, negative, infinite
+or implausibly large all raise `TrafficUnavailable`, never a guess. An idle window (the counters exist and did not
+move) is zero traffic, with ISL and OSL 0.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from planner_core.config import Backend, PlannerConfig, ThroughputMetricsSource
+from planner_core.domain import TrafficObservation
+from planner_core.runtime.settings import RuntimeSettings
+from planner_core.runtime.sources.base import NoTrafficDataKind, TrafficUnavailable
+
+# Plausibility limits: beyond these a value is a broken exporter or query, not traffic.
+MAX_REQUESTS_PER_S = 1_000_000.0  # a million requests per second through one deployment's frontends
+MAX_SEQUENCE_TOKENS = 10_000_000.0  # longer than any model's context window
+MAX_LATENCY_S = 3_600.0  # an hour to the first token or between tokens
+MAX_ACCEPT_LENGTH = 64.0  # speculative decoding proposes far fewer tokens per step
+MAX_ANSWER_BYTES = 1 << 20  # one sample per query: a megabyte is already absurd
+KV_HIT_RATE_SLACK = 1e-9  # sum/count of values in [0, 1] may exceed 1 by rounding
+
+KV_HIT_RATE_HISTOGRAM = "dynamo_component_router_kv_hit_rate"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrafficSeries:
+    """Names of the series one metrics source exports (histograms without their `_sum`/`_count` suffix)."""
+
+    requests_started: str  # counter of requests accepted (offered load)
+    requests_total: str  # counter of requests completed (fallback when the started counter is missing)
+    input_sequence_tokens: str  # histogram of ISL (tokens)
+    output_sequence_tokens: str  # histogram of OSL (tokens)
+    time_to_first_token_s: str  # histogram of TTFT (seconds)
+    inter_token_latency_s: str  # histogram of ITL (seconds)
+
+
+FRONTEND_SERIES = TrafficSeries(
+    requests_started="dynamo_frontend_requests_started_total",
+    requests_total="dynamo_frontend_requests_total",
+    input_sequence_tokens="dynamo_frontend_input_sequence_tokens",
+    output_sequence_tokens="dynamo_frontend_output_sequence_tokens",
+    time_to_first_token_s="dynamo_frontend_time_to_first_token_seconds",
+    inter_token_latency_s="dynamo_frontend_inter_token_latency_seconds",
+)
+ROUTER_SERIES = TrafficSeries(
+    requests_started="dynamo_component_router_requests_started_total",
+    requests_total="dynamo_component_router_requests_total",
+    input_sequence_tokens="dynamo_component_router_input_sequence_tokens",
+    output_sequence_tokens="dynamo_component_router_output_sequence_tokens",
+    time_to_first_token_s="dynamo_component_router_time_to_first_token_seconds",
+    inter_token_latency_s="dynamo_component_router_inter_token_latency_seconds",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrometheusOptions:
+    """How to reach Prometheus. `bearer_token_file` is re-read on every collection (rotated tokens)."""
+
+    endpoint: str
+    bearer_token: str | None = None
+    bearer_token_file: Path | None = None
+    ca_bundle: Path | None = None
+    verify_tls: bool = True
+    timeout_s: float = 10.0
+
+    @classmethod
+    def from_settings(cls, endpoint: str, settings: RuntimeSettings) -> PrometheusOptions:
+        token = settings.prometheus_token
+        return cls(
+            endpoint=endpoint,
+            bearer_token=token.get_secret_value() if token is not None else None,
+            bearer_token_file=settings.prometheus_token_file,
+            ca_bundle=settings.prometheus_ca_bundle,
+            verify_tls=settings.prometheus_ssl_verify,
+            timeout_s=settings.prometheus_timeout_s,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrafficQueries:
+    """Which deployment's series to read: source, namespace, model and backend from the planner config."""
+
+    source: ThroughputMetricsSource = ThroughputMetricsSource.FRONTEND
+    namespace: str = "dynamo"
+    model_name: str | None = None
+    backend: Backend | None = None
+
+    @classmethod
+    def from_config(cls, config: PlannerConfig) -> TrafficQueries:
+        return cls(
+            source=config.throughput_metrics_source,
+            namespace=config.namespace,
+            model_name=config.model_name,
+            backend=config.backend,
+        )
+
+    @property
+    def series(self) -> TrafficSeries:
+        return ROUTER_SERIES if self.source is ThroughputMetricsSource.ROUTER else FRONTEND_SERIES
+
+    @property
+    def traffic_selector(self) -> str:
+        """Label matchers of the traffic series."""
+        if self.source is ThroughputMetricsSource.ROUTER:
+            return label_selector(dynamo_namespace=router_namespace(self.namespace))
+        return self.engine_selector
+
+    @property
+    def engine_selector(self) -> str:
+        """Label matchers of frontend and engine series: namespace as written, model case-insensitive."""
+        return label_selector(dynamo_namespace=self.namespace, model_regex=self.model_name)
+
+    def requests(self, window: str, *, started: bool = True) -> str:
+        counter = self.series.requests_started if started else self.series.requests_total
+        return f"sum(increase({counter}{self.traffic_selector}[{window}]))"
+
+    def mean(self, histogram: str, window: str, selector: str | None = None) -> str:
+        selector = self.traffic_selector if selector is None else selector
+        return (
+            f"sum(increase({histogram}_sum{selector}[{window}])) / sum(increase({histogram}_count{selector}[{window}]))"
+        )
+
+    def kv_hit_rate(self, window: str) -> str:
+        """The router's predicted hit rate, whichever source the traffic comes from (Dynamo does the same)."""
+        return self.mean(
+            KV_HIT_RATE_HISTOGRAM, window, label_selector(dynamo_namespace=router_namespace(self.namespace))
+        )
+
+    def accept_length(self, window: str) -> str | None:
+        """Mean tokens per decode step from the engines' speculative-decoding series; None for other backends."""
+        selector = self.engine_selector
+        if self.backend is Backend.VLLM:
+            accepted = f"sum(rate(vllm:spec_decode_num_accepted_tokens_total{selector}[{window}]))"
+            drafts = f"sum(rate(vllm:spec_decode_num_drafts_total{selector}[{window}]))"
+            return f"1 + ({accepted}) / ({drafts})"
+        if self.backend is Backend.SGLANG:
+            return f"avg(avg_over_time(sglang:spec_accept_length{selector}[{window}]))"
+        if self.backend is Backend.TRTLLM:
+            return f"avg(avg_over_time(trtllm_spec_decode_acceptance_length{selector}[{window}]))"
+        return None
+
+
+def router_namespace(namespace: str) -> str:
+    """Router series carry the namespace with dashes turned into underscores."""
+    return namespace.replace("-", "_")
+
+
+def _quote(value: str) -> str:
+    """A PromQL double-quoted string literal."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def label_selector(*, dynamo_namespace: str, model_regex: str | None = None) -> str:
+    """`{dynamo_namespace="ns"[,model=~"(?i)name"]}`; the model matches whole and case-insensitively."""
+    matchers = [f"dynamo_namespace={_quote(dynamo_namespace)}"]
+    if model_regex:
+        matchers.append(f"model=~{_quote('(?i)' + re.escape(model_regex))}")
+    return "{" + ",".join(matchers) + "}"
+
+
+def range_of(duration_s: float) -> str:
+    """A PromQL range covering `duration_s`, in whole milliseconds (at least 1 ms)."""
+    return f"{max(1, round(duration_s * 1000))}ms"
+
+
+def parse_instant_answer(status_code: int, body: bytes, query: str) -> float | None:
+    """The single sample of a Prometheus instant-vector answer, or None when the vector is empty.
+
+    Raises:
+        TrafficUnavailable: non-2xx status (HTTP_ERROR), status "error" (QUERY_ERROR), or anything that is not
+            a JSON instant vector of at most one sample with a numeric string value (MALFORMED).
+    """
+    shown = query if len(query) <= 120 else query[:117] + "..."
+    try:
+        answer = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        answer = None
+    if isinstance(answer, dict) and answer.get("status") == "error":
+        error = str(answer.get("error", ""))[:200]
+        kind = NoTrafficDataKind.QUERY_ERROR
+        raise TrafficUnavailable(kind, f"HTTP {status_code}, {answer.get('errorType', 'error')}: {error} ({shown})")
+    if not 200 <= status_code < 300:
+        raise TrafficUnavailable(NoTrafficDataKind.HTTP_ERROR, f"HTTP {status_code} for {shown}")
+    if answer is None:
+        raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"answer is not JSON: {body[:80]!r} ({shown})")
+    data = answer.get("data") if isinstance(answer, dict) else None
+    if not isinstance(answer, dict) or answer.get("status") != "success" or not isinstance(data, dict):
+        raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"not a Prometheus API answer ({shown})")
+    result = data.get("result")
+    if data.get("resultType") != "vector" or not isinstance(result, list):
+        found = data.get("resultType")
+        raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"expected an instant vector, got {found!r} ({shown})")
+    if not result:
+        return None
+    if len(result) != 1:
+        raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"expected one sample, got {len(result)} ({shown})")
+    sample = result[0]
+    value = sample.get("value") if isinstance(sample, dict) else None
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], str)):
+        raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"sample without a [time, value] pair ({shown})")
+    try:
+        return float(value[1])  # Prometheus writes "NaN", "+Inf", "-Inf" for the special values
+    except ValueError:
+        raise TrafficUnavailable(
+            NoTrafficDataKind.MALFORMED, f"sample value {value[1][:40]!r} is not a number ({shown})"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RawAnswers:
+    """The values Prometheus returned for one window; None = the series does not exist, NaN = 0/0."""
+
+    duration_s: float
+    num_req: float
+    isl: float | None
+    osl: float | None
+    ttft_s: float | None = None
+    itl_s: float | None = None
+    kv_hit_rate: float | None = None
+    accept_length: float | None = None
+
+
+def _invalid(field_name: str, value: float, why: str) -> TrafficUnavailable:
+    return TrafficUnavailable(NoTrafficDataKind.INVALID_VALUE, f"{field_name} = {value!r}: {why}")
+
+
+def _checked(field_name: str, value: float, low: float, high: float) -> float:
+    if math.isnan(value) or math.isinf(value):
+        raise _invalid(field_name, value, "not a finite number")
+    if value < low:
+        raise _invalid(field_name, value, f"below {low:g}")
+    if value > high:
+        raise _invalid(field_name, value, f"above the plausible maximum {high:g}")
+    return value
+
+
+def _optional(field_name: str, value: float | None, low: float, high: float) -> float | None:
+    """An optional figure: absent or 0/0 (no observations in the window) is None, anything else is checked."""
+    if value is None or math.isnan(value):
+        return None
+    return _checked(field_name, value, low, high)
+
+
+def observation_from_answers(answers: RawAnswers) -> TrafficObservation:
+    """Validate the answers of one window and build its observation.
+
+    Idle (num_req 0): ISL and OSL are 0/0 in Prometheus and become 0. Busy: ISL and OSL must be finite; the
+    optional figures (TTFT, ITL, KV hit rate, accept length) are None when absent or 0/0.
+
+    Raises:
+        TrafficUnavailable: NO_SERIES when the ISL/OSL histograms are missing; INVALID_VALUE for a NaN where a
+            number is needed, a negative, infinite or implausibly large value.
+    """
+    duration_s = answers.duration_s
+    num_req = _checked("num_req", answers.num_req, 0.0, MAX_REQUESTS_PER_S * max(duration_s, 1.0))
+    lengths = {}
+    for name, value in (("isl", answers.isl), ("osl", answers.osl)):
+        if value is None:
+            raise TrafficUnavailable(NoTrafficDataKind.NO_SERIES, f"no {name} histogram series")
+        if num_req == 0 and math.isnan(value):
+            lengths[name] = 0.0  # idle window: no requests, so no mean length (Dynamo normalises the same way)
+        elif math.isnan(value):
+            raise _invalid(name, value, f"no observations although {num_req:g} requests started")
+        else:
+            lengths[name] = _checked(name, value, 0.0, MAX_SEQUENCE_TOKENS)
+    ttft_s = _optional("ttft_s", answers.ttft_s, 0.0, MAX_LATENCY_S)
+    itl_s = _optional("itl_s", answers.itl_s, 0.0, MAX_LATENCY_S)
+    return TrafficObservation(
+        duration_s=duration_s,
+        num_req=num_req,
+        isl=lengths["isl"],
+        osl=lengths["osl"],
+        ttft_ms=None if ttft_s is None else ttft_s * 1000.0,
+        itl_ms=None if itl_s is None else itl_s * 1000.0,
+        kv_hit_rate=_optional("kv_hit_rate", answers.kv_hit_rate, 0.0, 1.0 + KV_HIT_RATE_SLACK),
+        accept_length=_optional("accept_length", answers.accept_length, 1.0, MAX_ACCEPT_LENGTH),
+    )
+
+
+def _tls_verify(options: PrometheusOptions) -> ssl.SSLContext | bool:
+    if not options.verify_tls:
+        return False
+    if options.ca_bundle is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=str(options.ca_bundle))
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"Prometheus CA bundle {options.ca_bundle}: cannot be used ({exc})") from exc
+
+
+class PrometheusTrafficSource:
+    """Frontend traffic of a window, read from Prometheus (see the module docstring for the queries).
+
+    One HTTP client (connection pool) per source; close it with `close()` or use the source as a context manager.
+    """
+
+    def __init__(self, options: PrometheusOptions, queries: TrafficQueries) -> None:
+        """Raises ValueError (one line) when the CA bundle cannot be loaded."""
+        self.options = options
+        self.queries = queries
+        self._url = options.endpoint.rstrip("/") + "/api/v1/query"
+        self._client = httpx.Client(
+            verify=_tls_verify(options), timeout=httpx.Timeout(options.timeout_s), follow_redirects=False
+        )
+
+    @classmethod
+    def from_config(
+        cls, config: PlannerConfig, settings: RuntimeSettings | None = None
+    ) -> PrometheusTrafficSource | None:
+        """The source for a config: its `metric_pulling_prometheus_endpoint`, else `PLANNER_PROMETHEUS_ENDPOINT`.
+
+        Returns None when neither names an endpoint.
+        """
+        settings = settings or RuntimeSettings()
+        endpoint = config.metric_pulling_prometheus_endpoint or settings.prometheus_endpoint
+        if not endpoint:
+            return None
+        return cls(PrometheusOptions.from_settings(endpoint, settings), TrafficQueries.from_config(config))
+
+    def __enter__(self) -> PrometheusTrafficSource:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _headers(self) -> dict[str, str]:
+        token = self.options.bearer_token
+        if self.options.bearer_token_file is not None:
+            try:
+                token = self.options.bearer_token_file.read_text().strip()
+            except OSError as exc:
+                raise TrafficUnavailable(
+                    NoTrafficDataKind.UNREACHABLE,
+                    f"bearer token file {self.options.bearer_token_file}: cannot be read ({exc.strerror or exc})",
+                ) from exc
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def query(self, promql: str, at: dt.datetime) -> float | None:
+        """One instant query evaluated at `at`: its single value, or None for an empty vector.
+
+        Raises:
+            TrafficUnavailable: the query could not be answered (see `parse_instant_answer`).
+        """
+        params = {"query": promql, "time": f"{at.timestamp():.3f}"}
+        try:
+            with self._client.stream("GET", self._url, params=params, headers=self._headers()) as response:
+                body = bytearray()
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_ANSWER_BYTES:
+                        raise TrafficUnavailable(
+                            NoTrafficDataKind.MALFORMED, f"answer larger than {MAX_ANSWER_BYTES} bytes"
+                        )
+                status_code = response.status_code
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is not an HTTPError
+            raise TrafficUnavailable(
+                NoTrafficDataKind.UNREACHABLE, f"{self.options.endpoint}: {type(exc).__name__}: {exc}"
+            ) from exc
+        return parse_instant_answer(status_code, bytes(body), promql)
+
+    def collect(self, window_start: dt.datetime, window_end: dt.datetime) -> TrafficObservation:
+        """The traffic of [window_start, window_end) as Prometheus saw it at `window_end`.
+
+        Raises:
+            TrafficUnavailable: no usable answer (unreachable, refused, malformed, missing series, invalid values).
+        """
+        duration_s = (window_end - window_start).total_seconds()
+        if duration_s <= 0:
+            raise ValueError(f"window [{window_start}, {window_end}) is empty")
+        window = range_of(duration_s)
+        queries, series = self.queries, self.queries.series
+        num_req = self.query(queries.requests(window), window_end)
+        if num_req is None:  # no started counter: count completed requests, as Dynamo falls back to
+            num_req = self.query(queries.requests(window, started=False), window_end)
+        if num_req is None:
+            raise TrafficUnavailable(
+                NoTrafficDataKind.NO_SERIES,
+                f"neither {series.requests_started} nor {series.requests_total} exists for {queries.traffic_selector}",
+            )
+        accept_query = queries.accept_length(window)
+        answers = RawAnswers(
+            duration_s=duration_s,
+            num_req=num_req,
+            isl=self.query(queries.mean(series.input_sequence_tokens, window), window_end),
+            osl=self.query(queries.mean(series.output_sequence_tokens, window), window_end),
+            ttft_s=self.query(queries.mean(series.time_to_first_token_s, window), window_end),
+            itl_s=self.query(queries.mean(series.inter_token_latency_s, window), window_end),
+            kv_hit_rate=self.query(queries.kv_hit_rate(window), window_end),
+            accept_length=self.query(accept_query, window_end) if accept_query else None,
+        )
+        return observation_from_answers(answers)

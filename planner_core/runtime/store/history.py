@@ -1,0 +1,99 @@
+"""The decision history as rows: one query behind `planner history` and the pandas helper `history_frame`.
+
+Both read the `decision_history` view with the same SQL and the same filters, so the CLI (table, CSV, JSON) and
+a notebook see the same rows. Times are parsed here too (`parse_time`): an ISO 8601 timestamp (naive means UTC)
+or a span back from now such as `90m`, `12h`, `7d`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import text
+
+from planner_core.runtime.store.db import get_engine
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# The columns `planner history` and `history_frame` return, in order (all from the `decision_history` view).
+HISTORY_COLUMNS = (
+    "deployment",
+    "decided_at",
+    "loop",
+    "prefill_before",
+    "decode_before",
+    "target_prefill",
+    "target_decode",
+    "reason",
+    "why",
+    "predicted_num_req",
+    "status",
+    "num_attempts",
+    "last_outcome",
+    "acknowledged_at",
+    "decision_id",
+    "tick_id",
+)
+
+HISTORY_SQL = f"""
+SELECT {", ".join(HISTORY_COLUMNS)}
+  FROM decision_history
+ WHERE (CAST(:deployment AS text) IS NULL OR deployment = :deployment)
+   AND (CAST(:since AS timestamptz) IS NULL OR decided_at >= :since)
+ ORDER BY decided_at, decision_id
+"""
+
+_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
+_SPAN_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_time(value: str, *, now: dt.datetime, name: str = "--since") -> dt.datetime:
+    """An aware UTC datetime from an ISO 8601 timestamp (naive = UTC) or a span back from `now` (`7d`, `12h`).
+
+    Raises:
+        ValueError: one line naming the option and the value.
+    """
+    span = _SPAN.match(value)
+    if span is not None:
+        return now - dt.timedelta(seconds=float(span.group(1)) * _SPAN_SECONDS[span.group(2)])
+    try:
+        parsed = dt.datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise ValueError(
+            f"{name} = {value!r}: expected an ISO 8601 time (2024-05-01T12:00Z) or a span back from now (90m, 12h, 7d)"
+        ) from None
+    return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
+
+
+def history_rows(database_url: str, deployment: str | None = None, since: dt.datetime | None = None) -> list[dict]:
+    """Decisions from `decision_history` (columns `HISTORY_COLUMNS`), oldest first.
+
+    Args:
+        database_url: SQLAlchemy URL of the planner database.
+        deployment: only this managed deployment; None for all.
+        since: only decisions whose tick was scheduled at or after this time; None for all.
+    """
+    with get_engine(database_url).connect() as conn:
+        result = conn.execute(text(HISTORY_SQL), {"deployment": deployment, "since": since})
+        return [dict(row._mapping) for row in result]
+
+
+def history_frame(database_url: str, deployment: str | None = None, since: dt.datetime | None = None) -> pd.DataFrame:
+    """`history_rows` as a pandas DataFrame (same rows, same columns, same order).
+
+    Example:
+        >>> from planner_core.runtime.store.history import history_frame
+        >>> frame = history_frame(url, "demo")
+        >>> frame.groupby("status").size()
+    """
+    import pandas as pd
+
+    return pd.DataFrame.from_records(history_rows(database_url, deployment, since), columns=list(HISTORY_COLUMNS))
+
+
+def jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A history row with timestamps as ISO 8601 strings (the JSON form `planner history --format json` prints)."""
+    return {key: value.isoformat() if isinstance(value, dt.datetime) else value for key, value in row.items()}

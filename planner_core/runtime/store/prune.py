@@ -1,0 +1,256 @@
+"""Retention: `planner db prune --older-than DAYS` deletes the high-volume detail of old ticks, in batches.
+
+What goes, for ticks scheduled before the cutoff (now - DAYS):
+
+* `fpm_snapshots` of every tick: raw per-engine forward-pass metrics (the tick's own copy of what it saw stays
+  in `ticks.inputs`, so replay does not need them);
+* `tick_steps` of load ticks: one explanation per 5 s tick, re-computable by `planner replay` while the states
+  are kept;
+* `planner_states` of load ticks: the largest rows (each holds the whole load history).
+
+The steps and state of the tick a newer tick starts from (the newest tick before the cutoff, and the tick each
+loop's first tick after the cutoff chained from) are kept, so the live planner and replays from the cutoff on
+are unaffected.
+
+What stays: every `ticks` row with its inputs and headline reason, observations, predictions, proposals,
+throughput-tick steps and states, decisions, executions and the audit log (which the database refuses to
+delete, and which references the ticks). Pruned load ticks can no longer be compared by `planner replay`
+(reported as skipped); the throughput ticks between them still replay exactly, from the replayed state of the
+load tick before them.
+
+Each batch (at most `batch_size` ticks of one deployment and loop, oldest first) is one transaction: it deletes,
+moves the deployment's watermark (`prune_watermarks`, so the next prune starts where this one stopped) and
+appends a `history_pruned` audit event with the counts. An interrupted prune leaves whole batches done.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from planner_core.domain import Loop
+from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.db import session_factory
+from planner_core.runtime.store.models import Deployment, PruneWatermarkRow
+
+
+@dataclass(slots=True, kw_only=True)
+class PruneCounts:
+    """Rows deleted (or, in a dry run, that would be)."""
+
+    num_ticks: int = 0  # ticks examined (their detail pruned)
+    num_fpm_snapshots: int = 0
+    num_tick_steps: int = 0
+    num_planner_states: int = 0
+
+    def add(self, other: PruneCounts) -> None:
+        self.num_ticks += other.num_ticks
+        self.num_fpm_snapshots += other.num_fpm_snapshots
+        self.num_tick_steps += other.num_tick_steps
+        self.num_planner_states += other.num_planner_states
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "ticks": self.num_ticks,
+            "fpm_snapshots": self.num_fpm_snapshots,
+            "tick_steps": self.num_tick_steps,
+            "planner_states": self.num_planner_states,
+        }
+
+
+@dataclass(slots=True, kw_only=True)
+class PruneSummary:
+    """What a prune did, per deployment and in total."""
+
+    cutoff: dt.datetime
+    dry_run: bool
+    num_batches: int = 0
+    total: PruneCounts = field(default_factory=PruneCounts)
+    by_deployment: dict[str, PruneCounts] = field(default_factory=dict)
+
+
+def prune_history(
+    database_url: str,
+    *,
+    older_than_days: float,
+    now: dt.datetime,
+    deployment: str | None = None,
+    batch_size: int = 5000,
+    dry_run: bool = False,
+    on_batch: Callable[[str, PruneCounts], None] | None = None,
+) -> PruneSummary:
+    """Delete the detail of ticks older than `older_than_days` (see the module docstring for what goes).
+
+    Args:
+        database_url: the planner database.
+        older_than_days: ticks scheduled before `now - older_than_days` are pruned; must be >= 0.
+        now: the current time (passed in: the caller owns the clock).
+        deployment: only this managed deployment; None for all.
+        batch_size: ticks per transaction.
+        dry_run: count what would be deleted; delete nothing.
+        on_batch: called after each committed batch with the deployment name and the batch's counts.
+
+    Raises:
+        ValueError: a negative `older_than_days`, a batch size below 1, or an unknown deployment.
+    """
+    if not older_than_days >= 0:
+        raise ValueError(f"--older-than = {older_than_days!r}: must be >= 0 days")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size = {batch_size!r}: must be >= 1")
+    cutoff = now - dt.timedelta(days=older_than_days)
+    summary = PruneSummary(cutoff=cutoff, dry_run=dry_run)
+    sessions = session_factory(database_url)
+    with sessions.begin() as session:
+        query = select(Deployment.id, Deployment.name).order_by(Deployment.id)
+        if deployment is not None:
+            query = query.where(Deployment.name == deployment)
+        targets = [(row.id, row.name) for row in session.execute(query)]
+    if deployment is not None and not targets:
+        raise ValueError(f"--deployment = {deployment!r}: no such deployment")
+    for deployment_id, name in targets:
+        counts = PruneCounts()
+        summary.by_deployment[name] = counts
+        with sessions.begin() as session:
+            keep = _chain_starts(session, deployment_id, cutoff)
+        for loop in Loop:
+            while True:
+                with sessions.begin() as session:
+                    if dry_run:
+                        batch = _count_prunable(session, deployment_id, loop, cutoff, keep)
+                    else:
+                        batch = _prune_batch(session, deployment_id, loop, cutoff, keep, batch_size)
+                if batch is None:
+                    break
+                summary.num_batches += 1
+                counts.add(batch)
+                summary.total.add(batch)
+                if on_batch is not None:
+                    on_batch(name, batch)
+                if dry_run:
+                    break  # a dry run counts the whole range at once
+    return summary
+
+
+# Which child rows of a tick are pruned, by loop: table -> PruneCounts attribute.
+_PRUNED = {
+    Loop.THROUGHPUT: {"fpm_snapshots": "num_fpm_snapshots"},
+    Loop.LOAD: {
+        "fpm_snapshots": "num_fpm_snapshots",
+        "tick_steps": "num_tick_steps",
+        "planner_states": "num_planner_states",
+    },
+}
+
+
+def _watermark(session: Session, deployment_id: int, loop: Loop) -> dt.datetime | None:
+    return session.scalar(
+        select(PruneWatermarkRow.pruned_through).where(
+            PruneWatermarkRow.deployment_id == deployment_id, PruneWatermarkRow.loop == loop.value
+        )
+    )
+
+
+def _prune_batch(
+    session: Session, deployment_id: int, loop: Loop, cutoff: dt.datetime, keep: list[int], batch_size: int
+) -> PruneCounts | None:
+    """Prune the next batch of one deployment's ticks of one loop; None when there is nothing left before `cutoff`."""
+    repo.lock_deployment(session, deployment_id)  # no tick of this deployment is recorded meanwhile
+    rows = session.execute(
+        text(
+            """SELECT id, scheduled_at FROM ticks
+                WHERE deployment_id = :deployment_id AND loop = :loop
+                  AND (CAST(:start AS timestamptz) IS NULL OR scheduled_at > :start) AND scheduled_at < :cutoff
+                ORDER BY scheduled_at
+                LIMIT :limit"""
+        ),
+        {
+            "deployment_id": deployment_id,
+            "loop": loop.value,
+            "start": _watermark(session, deployment_id, loop),
+            "cutoff": cutoff,
+            "limit": batch_size,
+        },
+    ).all()
+    if not rows:
+        return None
+    counts = PruneCounts(num_ticks=len(rows))
+    params = {"ids": [row.id for row in rows], "keep": keep}
+    for table, attribute in _PRUNED[loop].items():
+        kept = " AND NOT tick_id = ANY(:keep)" if table != "fpm_snapshots" else ""
+        deleted = session.scalar(
+            text(
+                f"WITH gone AS (DELETE FROM {table} WHERE tick_id = ANY(:ids){kept} RETURNING 1) "
+                "SELECT count(*) FROM gone"
+            ),
+            params,
+        )
+        setattr(counts, attribute, int(deleted or 0))
+    through = rows[-1].scheduled_at
+    session.execute(
+        pg_insert(PruneWatermarkRow)
+        .values(deployment_id=deployment_id, loop=loop.value, pruned_through=through)
+        .on_conflict_do_update(
+            index_elements=["deployment_id", "loop"], set_={"pruned_through": through, "updated_at": text("now()")}
+        )
+    )
+    repo.audit(
+        session,
+        "history_pruned",
+        {"loop": loop.value, "cutoff": cutoff.isoformat(), "through": through.isoformat(), **counts.to_json()},
+        deployment_id=deployment_id,
+    )
+    return counts
+
+
+def _count_prunable(
+    session: Session, deployment_id: int, loop: Loop, cutoff: dt.datetime, keep: list[int]
+) -> PruneCounts | None:
+    """What `_prune_batch` would delete over the whole remaining range, counted (dry run)."""
+    ticks = """FROM ticks t WHERE t.deployment_id = :deployment_id AND t.loop = :loop
+                 AND (CAST(:start AS timestamptz) IS NULL OR t.scheduled_at > :start) AND t.scheduled_at < :cutoff"""
+    params = {
+        "deployment_id": deployment_id,
+        "loop": loop.value,
+        "start": _watermark(session, deployment_id, loop),
+        "cutoff": cutoff,
+        "keep": keep,
+    }
+    num_ticks = int(session.scalar(text(f"SELECT count(*) {ticks}"), params) or 0)
+    if num_ticks == 0:
+        return None
+    counts = PruneCounts(num_ticks=num_ticks)
+    for table, attribute in _PRUNED[loop].items():
+        kept = " AND NOT c.tick_id = ANY(:keep)" if table != "fpm_snapshots" else ""
+        sql = f"SELECT count(*) FROM {table} c WHERE c.tick_id IN (SELECT t.id {ticks}){kept}"
+        setattr(counts, attribute, int(session.scalar(text(sql), params) or 0))
+    return counts
+
+
+def _chain_starts(session: Session, deployment_id: int, cutoff: dt.datetime) -> list[int]:
+    """Ticks whose state a tick at or after `cutoff` starts from, never pruned: the newest tick before the cutoff,
+    and the previous tick of each loop's first tick after it (they differ only when a tick ran late)."""
+    newest = session.scalar(
+        text(
+            """SELECT id FROM ticks WHERE deployment_id = :deployment_id AND scheduled_at < :cutoff
+                ORDER BY scheduled_at DESC, id DESC LIMIT 1"""
+        ),
+        {"deployment_id": deployment_id, "cutoff": cutoff},
+    )
+    keep = {newest} if newest is not None else set()
+    for loop in Loop:
+        previous = session.scalar(
+            text(
+                """SELECT previous_tick_id FROM ticks
+                    WHERE deployment_id = :deployment_id AND loop = :loop AND scheduled_at >= :cutoff
+                    ORDER BY scheduled_at LIMIT 1"""
+            ),
+            {"deployment_id": deployment_id, "loop": loop.value, "cutoff": cutoff},
+        )
+        if previous is not None:
+            keep.add(previous)
+    return sorted(keep)

@@ -1,0 +1,318 @@
+"""Repositories: read and write the system of record inside a caller-owned transaction.
+
+Every function takes a `Session` and never commits: the Prefect task (or CLI command) that calls them owns
+`with factory.begin():`, so everything one tick records lands in one transaction or not at all.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from planner_core.config import PlannerConfig, config_hash
+from planner_core.domain import (
+    PlannerState,
+    TickInputs,
+    TickOutcome,
+    from_jsonable,
+    to_jsonable,
+)
+from planner_core.runtime.store.models import (
+    AuditLogRow,
+    DecisionRow,
+    DecisionStatus,
+    Deployment,
+    FpmSnapshotRow,
+    PlannerConfigRow,
+    PlannerStateRow,
+    PredictionRow,
+    ProposalRow,
+    Tick,
+    TickStepRow,
+    TrafficObservationRow,
+    WorkerObservationRow,
+)
+
+
+def epoch_to_datetime(epoch_s: float) -> dt.datetime:
+    """Seconds since the epoch -> aware UTC datetime (the form timestamps take in the database)."""
+    return dt.datetime.fromtimestamp(epoch_s, tz=dt.UTC)
+
+
+def datetime_to_epoch(value: dt.datetime) -> float:
+    return value.timestamp()
+
+
+def audit(
+    session: Session,
+    event: str,
+    detail: dict[str, Any],
+    *,
+    deployment_id: int | None = None,
+    tick_id: int | None = None,
+    decision_id: int | None = None,
+) -> None:
+    """Append one row to the audit log (the database refuses to change or delete it later)."""
+    session.add(
+        AuditLogRow(event=event, detail=detail, deployment_id=deployment_id, tick_id=tick_id, decision_id=decision_id)
+    )
+
+
+def register_config(session: Session, config: PlannerConfig) -> str:
+    """Store the config body under its hash (once) and return the hash."""
+    digest = config_hash(config)
+    session.execute(
+        pg_insert(PlannerConfigRow)
+        .values(config_hash=digest, body=config.model_dump(mode="json"))
+        .on_conflict_do_nothing(index_elements=["config_hash"])
+    )
+    return digest
+
+
+def ensure_deployment(session: Session, name: str, config: PlannerConfig) -> Deployment:
+    """Get or create the managed deployment `name`, recording a config change in the audit log."""
+    digest = register_config(session, config)
+    deployment = session.scalar(select(Deployment).where(Deployment.name == name))
+    if deployment is None:
+        deployment = Deployment(
+            name=name, mode=config.mode.value, environment=config.environment.value, config_hash=digest
+        )
+        session.add(deployment)
+        session.flush()
+        audit(session, "deployment_created", {"name": name, "config_hash": digest}, deployment_id=deployment.id)
+    elif deployment.config_hash != digest:
+        audit(
+            session,
+            "config_changed",
+            {"from": deployment.config_hash, "to": digest},
+            deployment_id=deployment.id,
+        )
+        deployment.config_hash = digest
+        deployment.mode = config.mode.value
+        deployment.environment = config.environment.value
+    return deployment
+
+
+def find_deployment(session: Session, name: str) -> Deployment | None:
+    return session.scalar(select(Deployment).where(Deployment.name == name))
+
+
+def lock_deployment(session: Session, deployment_id: int) -> None:
+    """Serialise ticks and executions of one deployment for the rest of the transaction."""
+    session.execute(select(Deployment.id).where(Deployment.id == deployment_id).with_for_update())
+
+
+def tick_exists(session: Session, deployment_id: int, loop: str, scheduled_at: dt.datetime) -> bool:
+    return (
+        session.scalar(
+            select(func.count())
+            .select_from(Tick)
+            .where(Tick.deployment_id == deployment_id, Tick.loop == loop, Tick.scheduled_at == scheduled_at)
+        )
+        > 0
+    )
+
+
+def latest_state(session: Session, deployment_id: int) -> tuple[int | None, PlannerState]:
+    """The state after the most recently recorded tick of the deployment, and that tick's id."""
+    row = session.scalar(
+        select(PlannerStateRow)
+        .where(PlannerStateRow.deployment_id == deployment_id)
+        .order_by(PlannerStateRow.tick_id.desc())
+        .limit(1)
+    )
+    if row is None:
+        return None, PlannerState()
+    return row.tick_id, from_jsonable(PlannerState, row.state)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TickRecord:
+    """Identity and provenance of a tick to record."""
+
+    deployment_id: int
+    scheduled_at: dt.datetime
+    config_hash: str
+    predictor: str
+    previous_tick_id: int | None
+    decide_ms: float
+    flow_run_id: str | None = None
+    task_run_id: str | None = None
+
+
+def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcome: TickOutcome) -> int | None:
+    """Insert a tick and everything it saw and decided. Returns the tick id, or None if already recorded."""
+    tick_id = session.scalar(
+        pg_insert(Tick)
+        .values(
+            deployment_id=record.deployment_id,
+            loop=inputs.loop.value,
+            scheduled_at=record.scheduled_at,
+            config_hash=record.config_hash,
+            reason=outcome.reason.value,
+            inputs=to_jsonable(inputs),
+            previous_tick_id=record.previous_tick_id,
+            decide_ms=record.decide_ms,
+            flow_run_id=record.flow_run_id,
+            task_run_id=record.task_run_id,
+        )
+        .on_conflict_do_nothing(index_elements=["deployment_id", "loop", "scheduled_at"])
+        .returning(Tick.id)
+    )
+    if tick_id is None:
+        return None
+    traffic = inputs.traffic
+    if traffic is not None:
+        session.add(
+            TrafficObservationRow(
+                tick_id=tick_id,
+                window_s=traffic.duration_s,
+                num_req=traffic.num_req,
+                isl=traffic.isl,
+                osl=traffic.osl,
+                isl_p50=traffic.isl_p50,
+                isl_p90=traffic.isl_p90,
+                isl_p99=traffic.isl_p99,
+                osl_p50=traffic.osl_p50,
+                osl_p90=traffic.osl_p90,
+                osl_p99=traffic.osl_p99,
+                ttft_ms=traffic.ttft_ms,
+                itl_ms=traffic.itl_ms,
+            )
+        )
+    workers = inputs.workers
+    session.add(
+        WorkerObservationRow(
+            tick_id=tick_id,
+            ready_prefill=workers.ready_prefill,
+            ready_decode=workers.ready_decode,
+            expected_prefill=workers.expected_prefill,
+            expected_decode=workers.expected_decode,
+        )
+    )
+    for fpm in inputs.fpm:  # the forward-pass metrics the tick saw, one row per engine
+        session.add(
+            FpmSnapshotRow(
+                tick_id=tick_id,
+                component=fpm.component.value,
+                worker_id=fpm.worker_id,
+                dp_rank=fpm.dp_rank,
+                wall_time_s=fpm.wall_time_s,
+                metrics=to_jsonable(fpm),
+            )
+        )
+    if outcome.prediction is not None:
+        session.add(
+            PredictionRow(
+                tick_id=tick_id,
+                predictor=record.predictor,
+                num_req=outcome.prediction.num_req,
+                isl=outcome.prediction.isl,
+                osl=outcome.prediction.osl,
+                reason=(outcome.prediction_reason or outcome.reason).value,
+                quantile=outcome.prediction.quantile,
+                isl_quantile=outcome.prediction.isl_quantile,
+                osl_quantile=outcome.prediction.osl_quantile,
+            )
+        )
+    for proposal in outcome.proposals:
+        session.add(
+            ProposalRow(
+                tick_id=tick_id,
+                component=proposal.component.value,
+                current=proposal.current,
+                desired=proposal.desired,
+                reason=proposal.reason.value,
+            )
+        )
+    for seq, step in enumerate(outcome.steps):
+        session.add(
+            TickStepRow(
+                tick_id=tick_id,
+                seq=seq,
+                step=step.step,
+                component=step.component.value if step.component else None,
+                value=step.value,
+                reason=step.reason.value,
+                detail=step.detail,
+            )
+        )
+    session.add(
+        PlannerStateRow(tick_id=tick_id, deployment_id=record.deployment_id, state=to_jsonable(outcome.next_state))
+    )
+    session.flush()
+    decision_id = None
+    if not outcome.decision.is_empty:
+        status = DecisionStatus.ADVISORY if outcome.decision.advisory else DecisionStatus.PENDING
+        decision = DecisionRow(
+            tick_id=tick_id,
+            deployment_id=record.deployment_id,
+            target_prefill=outcome.decision.num_prefill,
+            target_decode=outcome.decision.num_decode,
+            reason=outcome.reason.value,
+            status=status.value,
+        )
+        session.add(decision)
+        session.flush()
+        decision_id = decision.id
+        audit(
+            session,
+            "decision_created",
+            {
+                "status": status.value,
+                "target_prefill": decision.target_prefill,
+                "target_decode": decision.target_decode,
+                "reason": outcome.reason.value,
+            },
+            deployment_id=record.deployment_id,
+            tick_id=tick_id,
+            decision_id=decision_id,
+        )
+    audit(
+        session,
+        "tick_recorded",
+        {"loop": inputs.loop.value, "reason": outcome.reason.value, "config_hash": record.config_hash},
+        deployment_id=record.deployment_id,
+        tick_id=tick_id,
+        decision_id=decision_id,
+    )
+    return tick_id
+
+
+def set_decision_status(
+    session: Session, decision: DecisionRow, status: DecisionStatus, at: dt.datetime, why: str
+) -> None:
+    """Move a decision along its lifecycle and audit the transition."""
+    previous = decision.status
+    decision.status = status.value
+    decision.status_changed_at = at
+    audit(
+        session,
+        "decision_status",
+        {"from": previous, "to": status.value, "why": why},
+        deployment_id=decision.deployment_id,
+        tick_id=decision.tick_id,
+        decision_id=decision.id,
+    )
+
+
+def pending_decisions(session: Session, deployment_id: int) -> list[DecisionRow]:
+    """Pending decisions of a deployment, oldest first."""
+    return list(
+        session.scalars(
+            select(DecisionRow)
+            .where(DecisionRow.deployment_id == deployment_id, DecisionRow.status == DecisionStatus.PENDING.value)
+            .order_by(DecisionRow.id)
+        )
+    )
+
+
+def query_rows(session: Session, sql: str, **params: Any) -> list[dict[str, Any]]:
+    """Run a read-only SQL query and return the rows as dicts (for reports and the CLI)."""
+    result = session.execute(text(sql), params)
+    return [dict(row._mapping) for row in result]

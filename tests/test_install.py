@@ -61,10 +61,13 @@ def test_the_installed_planner_runs_the_demo_from_any_folder(wheel: Path, tmp_pa
         cwd=cwd, env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert probe.stdout.strip().startswith(str(site)), probe.stdout  # the installed copy, not the checkout
-    demo = subprocess.run(
-        [str(site / "bin" / "planner"), "demo", "--max-windows", "3"],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    planner = str(site / "bin" / "planner")
+    try:
+        demo = subprocess.run(
+            [planner, "demo", "--max-windows", "3"], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        )
+    finally:  # the demo leaves its embedded Postgres running for later commands: stop it
+        subprocess.run([planner, "db", "stop"], cwd=cwd, env=env, capture_output=True, timeout=60, check=False)
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert "ticks recorded 3" in demo.stdout, demo.stdout
     assert (cwd / ".planner" / "reports").is_dir()  # reports beside the database, not inside the package

@@ -3,7 +3,7 @@
 Each test "installs" a distribution the way pip leaves it on disk (a `*.dist-info` directory with `METADATA` and
 `entry_points.txt`, plus the module) into a temporary directory put on `sys.path`, then goes through
 `load_entry_point_plugins` -> `resolve_plugins` -> `run_pipeline`. The business-hours example is installed from
-its one source, `examples/plugins/business_hours/`, which the README shows verbatim.
+its one source, `examples/plugins/business_hours/`, which the docs' plugins page shows verbatim.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def epoch(text: str) -> float:
     return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC).timestamp()
 
 
-# --- the README's example ----------------------------------------------------------------------------------------
+# --- the documented example --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -129,9 +129,9 @@ def test_example_plugin_installed_discovered_and_run(site: Path, case: HoursCase
         assert floor.detail == "business hours 9:00-17:00 UTC"
 
 
-def test_readme_shows_the_example_verbatim() -> None:
-    """The README's plugin section is the example package itself, so the documented plugin is the tested one."""
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+def test_docs_show_the_example_verbatim() -> None:
+    """The plugins page (docs/plugins.md) is the example package itself, so the documented plugin is the tested one."""
+    readme = (REPO_ROOT / "docs" / "plugins.md").read_text(encoding="utf-8")
     assert "```python\n" + EXAMPLE_MODULE.read_text(encoding="utf-8") + "```" in readme
     assert "```toml\n" + (EXAMPLE_DIR / "pyproject.toml").read_text(encoding="utf-8") + "```" in readme
 

@@ -1,0 +1,243 @@
+"""MkDocs hook: the pages that are generated at build time, from the code and from recorded runs.
+
+Two markers in the Markdown sources are replaced while the site builds (nothing is written to `docs/`):
+
+- `<!-- config-reference -->` (configuration.md): one table per pydantic model of `REFERENCE_MODELS` and of the
+  models nested in their fields: name, aliases (or environment variables), type, default, description. A field
+  without a description gets an empty cell.
+- `<!-- bench-records -->` (benchmarks.md): one table per `docs/results/*.json` record that `planner bench --record`
+  wrote, newest first, each under its date, command and commit.
+
+The renderers are plain functions of their inputs (`config_reference`, `render_bench_records`), so tests can call
+them without MkDocs.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import json
+import math
+import types
+import typing
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+# The one list of models the configuration reference documents ("module:Class"); nested models are found by walking.
+REFERENCE_MODELS: tuple[str, ...] = (
+    "planner_core.config:PlannerConfig",
+    "planner_core.runtime.settings:RuntimeSettings",
+)
+
+BENCH_RECORD_FORMAT = "planner-bench-record/v1"
+CONFIG_MARKER = "<!-- config-reference -->"
+BENCH_MARKER = "<!-- bench-records -->"
+
+
+# --- MkDocs entry point --------------------------------------------------------------------------------------------
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:  # noqa: ARG001 (MkDocs' signature)
+    """Replace the markers of generated content in a page's Markdown."""
+    if CONFIG_MARKER in markdown:
+        markdown = markdown.replace(CONFIG_MARKER, config_reference(load_models(REFERENCE_MODELS)))
+    if BENCH_MARKER in markdown:
+        markdown = markdown.replace(BENCH_MARKER, render_bench_records(Path(config["docs_dir"]) / "results"))
+    return markdown
+
+
+# --- configuration reference ---------------------------------------------------------------------------------------
+
+
+def load_models(names: Iterable[str]) -> list[type[BaseModel]]:
+    models = []
+    for name in names:
+        module, _, attr = name.partition(":")
+        models.append(getattr(importlib.import_module(module), attr))
+    return models
+
+
+def walk_models(roots: Iterable[type[BaseModel]]) -> Iterator[type[BaseModel]]:
+    """The roots and every model nested in their fields' types, each once, depth first."""
+    seen: set[type[BaseModel]] = set()
+
+    def visit(model: type[BaseModel]) -> Iterator[type[BaseModel]]:
+        if model in seen:
+            return
+        seen.add(model)
+        yield model
+        for info in model.model_fields.values():
+            for nested in _models_in(info.annotation):
+                yield from visit(nested)
+
+    for root in roots:
+        yield from visit(root)
+
+
+def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+    for arg in typing.get_args(annotation):
+        yield from _models_in(arg)
+
+
+def config_reference(roots: Iterable[type[BaseModel]]) -> str:
+    """Markdown: a section per model with a table of its fields."""
+    sections = []
+    for model in walk_models(roots):
+        doc = (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        env_prefix = model.model_config.get("env_prefix")  # pydantic-settings models: fields come from the environment
+        names_header = "Environment variables" if env_prefix is not None else "Aliases"
+        lines = [
+            f"### `{model.__name__}`",
+            "",
+            f"`{model.__module__}.{model.__name__}`: {doc}",
+            "",
+            f"| Field | {names_header} | Type | Default | Description |",
+            "|---|---|---|---|---|",
+        ]
+        for name, info in model.model_fields.items():
+            names = _env_names(name, info, env_prefix) if env_prefix is not None else _aliases(name, info)
+            cells = [
+                f"`{name}`",
+                ", ".join(f"`{n}`" for n in names),
+                _type_name(info.annotation),
+                _default(info),
+                info.description or "",
+            ]
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        sections.append("\n".join(lines))
+    return "\n\n".join(sections) + "\n"
+
+
+def _alias_choices(info: FieldInfo) -> list[str]:
+    alias = info.validation_alias
+    if isinstance(alias, AliasChoices):
+        return [c for c in alias.choices if isinstance(c, str)]
+    if isinstance(alias, str):
+        return [alias]
+    return [info.alias] if info.alias else []
+
+
+def _aliases(name: str, info: FieldInfo) -> list[str]:
+    return [a for a in _alias_choices(info) if a != name]
+
+
+def _env_names(name: str, info: FieldInfo, prefix: str) -> list[str]:
+    # With a validation alias pydantic-settings reads exactly the alias names; the lower-case field name among them
+    # is only there for keyword construction.
+    choices = [a for a in _alias_choices(info) if a != name]
+    return choices or [f"{prefix}{name}".upper()]
+
+
+def _type_name(annotation: Any) -> str:
+    if annotation is None or annotation is type(None):
+        return "None"
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(annotation))
+    if origin is not None:
+        args = [("..." if a is Ellipsis else _type_name(a)) for a in typing.get_args(annotation)]
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(args)}]"
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        values = " | ".join(str(member.value) for member in annotation)
+        return f"{annotation.__name__} ({values})"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default(info: FieldInfo) -> str:
+    if info.default_factory is not None:
+        value = info.default_factory()  # type: ignore[call-arg]
+    elif info.default is PydanticUndefined:
+        return "required"
+    else:
+        value = info.default
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, BaseModel):
+        return "(defaults below)"
+    return f"`{value!s}`" if not isinstance(value, str) else f"`{value!r}`"
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+# --- benchmark records ---------------------------------------------------------------------------------------------
+
+
+def render_bench_records(results_dir: Path) -> str:
+    """Markdown: every record in `results_dir`, newest first, or a plain sentence when there is none."""
+    records = []
+    for path in sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if record.get("format") != BENCH_RECORD_FORMAT:
+            raise ValueError(f"{path}: format {record.get('format')!r}, expected {BENCH_RECORD_FORMAT!r}")
+        records.append((path.name, record))
+    if not records:
+        return (
+            "No benchmark run has been recorded yet: `docs/results/` holds no record. "
+            "Run `planner bench ... --record docs/results/<name>.json` and rebuild the site.\n"
+        )
+    records.sort(key=lambda item: str(item[1].get("date", "")), reverse=True)
+    return "\n\n".join(render_bench_record(name, record) for name, record in records) + "\n"
+
+
+def render_bench_record(name: str, record: dict[str, Any]) -> str:
+    rows = record.get("rows") or []
+    oracle = next((r for r in rows if r.get("policy") == "oracle"), None)
+    attainable = {r.get("attainable") for r in rows if r.get("attainable") is not None}
+    lines = [
+        f"### {name.removesuffix('.json')}",
+        "",
+        f"- date: {record.get('date') or 'unknown'}",
+        f"- command: `{record.get('command') or 'unknown'}`",
+        f"- commit: `{record['commit']}`" if record.get("commit") else "- commit: not recorded",
+    ]
+    if len(attainable) == 1:
+        ceiling = _pct(attainable.pop())
+        lines.append(f"- attainable (requests that meet both targets alone on an idle cluster): {ceiling}")
+    header = ["policy", "SLA attainment (both)", "TTFT met", "ITL met", "GPU-hours"]
+    if oracle is not None:
+        header.append("× oracle")
+    header += ["scaling events", "TTFT p90 ms", "ITL p90 ms"]
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [
+            f"`{row.get('policy')}`",
+            _pct(row.get("sla_attainment")),
+            _pct(row.get("ttft_attainment")),
+            _pct(row.get("itl_attainment")),
+            _num(row.get("gpu_hours"), 2),
+        ]
+        if oracle is not None:
+            cells.append(_vs_oracle(row, oracle))
+        cells += [str(row.get("scaling_events", "")), _num(row.get("ttft_ms_p90"), 0), _num(row.get("itl_ms_p90"), 1)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _vs_oracle(row: dict[str, Any], oracle: dict[str, Any]) -> str:
+    ratio = row.get("gpu_hours_vs_oracle")
+    if ratio is None and _finite(row.get("gpu_hours")) and _finite(oracle.get("gpu_hours")) and oracle["gpu_hours"]:
+        ratio = row["gpu_hours"] / oracle["gpu_hours"]
+    return f"{ratio:.2f}x" if _finite(ratio) else ""
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _pct(value: Any) -> str:
+    return f"{100 * value:.1f}%" if _finite(value) else ""
+
+
+def _num(value: Any, digits: int) -> str:
+    return f"{value:.{digits}f}" if _finite(value) else ""

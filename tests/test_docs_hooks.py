@@ -1,0 +1,53 @@
+"""The documentation site's generated pages: the benchmark records' tables and the configuration reference."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("docs_hooks_generated", REPO_ROOT / "docs" / "hooks" / "generated.py")
+assert _spec is not None and _spec.loader is not None
+hooks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hooks)
+
+
+def _row(policy: str, sla: float, gpu_hours: float, vs_oracle: float | None) -> dict:
+    return {
+        "policy": policy, "requests": 100, "ttft_attainment": sla, "itl_attainment": 1.0, "sla_attainment": sla,
+        "attainable": 1.0, "goodput_rps": 1.0, "gpu_hours": gpu_hours, "gpu_hours_vs_oracle": vs_oracle,
+        "scaling_events": 3, "ttft_ms_mean": 100.0, "ttft_ms_p90": 250.4, "itl_ms_mean": 9.0, "itl_ms_p90": 12.34,
+        "wall_s": 1.0,
+    }  # fmt: skip
+
+
+def test_bench_record_renders_one_table_under_its_date_command_and_commit(tmp_path: Path) -> None:
+    record = {
+        "format": "planner-bench-record/v1",
+        "date": "2026-01-02T03:04:05Z",
+        "command": "planner bench --trace t.csv --policies oracle,planner",
+        "commit": "v0.1-5-gabc1234",
+        "rows": [_row("oracle", 0.995, 5.95, 1.0), _row("planner", 0.993, 6.8306, None)],
+    }
+    (tmp_path / "conv.json").write_text(json.dumps(record), encoding="utf-8")
+    text = hooks.render_bench_records(tmp_path)
+    assert "### conv" in text
+    assert "- date: 2026-01-02T03:04:05Z" in text
+    assert "- command: `planner bench --trace t.csv --policies oracle,planner`" in text
+    assert "- commit: `v0.1-5-gabc1234`" in text
+    # × oracle: the row's own ratio when recorded, else computed from the oracle row
+    assert "| `oracle` | 99.5% | 99.5% | 100.0% | 5.95 | 1.00x | 3 | 250 | 12.3 |" in text
+    assert "| `planner` | 99.3% | 99.3% | 100.0% | 6.83 | 1.15x | 3 | 250 | 12.3 |" in text
+
+
+def test_no_records_says_so(tmp_path: Path) -> None:
+    assert hooks.render_bench_records(tmp_path / "missing").startswith("No benchmark run has been recorded yet")
+
+
+def test_config_reference_walks_nested_models() -> None:
+    text = hooks.config_reference(hooks.load_models(hooks.REFERENCE_MODELS))
+    for model in ("PlannerConfig", "SchedulingConfig", "EngineLimitsConfig", "PluginsConfig", "RuntimeSettings"):
+        assert f"### `{model}`" in text
+    assert "| `ttft_ms` | `ttft` | float | `500.0` |" in text
+    assert "| `database_url` | `PLANNER_DATABASE_URL` |" in text

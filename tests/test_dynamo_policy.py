@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from planner_core.domain import (
     TrafficObservation,
     WorkerCounts,
 )
+from planner_core.lab.sim import dynamo_policy
 from planner_core.lab.sim.bench import build_policies, run_bench
 from planner_core.lab.sim.des import SimSpec, window_kv_hit_rate
 from planner_core.lab.sim.dynamo_policy import (
@@ -31,6 +31,7 @@ from planner_core.lab.sim.dynamo_policy import (
     check_dynamo_python,
     dynamo_config,
     engine_capabilities,
+    find_dynamo_python,
     fpm_message,
     parse_tick,
     scale_interval_s,
@@ -163,9 +164,13 @@ def test_window_kv_hit_rate_counts_served_requests_of_the_window() -> None:
     assert window_kv_hit_rate(arrival, isl, cached, ttft, 30.0, 60.0) == (None, 0)  # nothing served
 
 
-def test_a_dynamo_policy_needs_an_interpreter_with_dynamo(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dynamo_policy_needs_an_interpreter_with_dynamo(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without --dynamo-python, $DYNAMO_PYTHON or a built comparison environment, the error names the make target
+    (whether or not this checkout has built `.dynamo-venv`: the test hides it)."""
     monkeypatch.delenv("DYNAMO_PYTHON", raising=False)
-    with pytest.raises(DynamoPlannerError, match="no Dynamo interpreter: pass --dynamo-python PATH or set"):
+    monkeypatch.setattr(dynamo_policy, "DYNAMO_ENV_PYTHON", tmp_path / "no-dynamo-venv" / "python")
+    assert find_dynamo_python() is None
+    with pytest.raises(DynamoPlannerError, match="no Dynamo interpreter: run `make dynamo-env`"):
         check_dynamo_python(None)
     with pytest.raises(DynamoPlannerError, match="/no/such/python: No such file"):
         check_dynamo_python("/no/such/python")
@@ -179,15 +184,12 @@ def test_a_dynamo_policy_needs_an_interpreter_with_dynamo(monkeypatch: pytest.Mo
 
 
 def _dynamo_python() -> str | None:
-    for candidate in (os.environ.get("DYNAMO_PYTHON"), "/work/dynamo-bench/.venv/bin/python"):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    return None
+    return find_dynamo_python()
 
 
 @pytest.mark.skipif(
-    _dynamo_python() is None,
-    reason="no Dynamo 1.6.1 virtualenv ($DYNAMO_PYTHON or /work/dynamo-bench/.venv; see README, 'Simulator fidelity')",
+    find_dynamo_python() is None,
+    reason="needs the Dynamo comparison environment: run `make dynamo-env` (or set $DYNAMO_PYTHON)",
 )
 def test_dynamo_planner_decides_in_the_simulator_and_follows_a_load_step() -> None:
     """Dynamo's planner in the loop on 10 minutes whose request rate doubles at 300 s (~17 then ~33 requests/s,

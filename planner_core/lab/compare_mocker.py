@@ -2,7 +2,7 @@
 
 Run with the project's venv (the mocker runs in its own venv, through `dynamo/run_mocker.py` beside this file):
 
-    .venv/bin/python -m planner_core.lab.compare_mocker --dynamo-python /work/dynamo-bench/.venv/bin/python \\
+    .venv/bin/python -m planner_core.lab.compare_mocker [--dynamo-python PATH] \\
         [--runner planner_core/lab/dynamo/run_mocker.py] [--case conv:disagg:1:1:1 ...] [--json OUT.json] \\
         [--kv-allocation reserve|on_demand|both] [--kv-watermark F] [--recompute-after-handoffs] \\
         [--timing profile|regression|both] [--num-gpu-blocks N]
@@ -48,6 +48,7 @@ from planner_core.config import parse_config
 from planner_core.data import AZURE_CODE_TRACE, AZURE_CONV_TRACE, H200_PROFILE_DIR, MOONCAKE_TRACE
 from planner_core.domain import EngineLimits, OnlinePerfState
 from planner_core.lab.sim.des import ClusterSimulator, KvAllocation, RouterPolicy, SimSpec
+from planner_core.lab.sim.dynamo_policy import find_dynamo_python
 from planner_core.perf.online import OnlineForwardPassModel, observe_fpm
 from planner_core.perf.profile import EngineProfile, load_profile
 from planner_core.perf.profile_forward import ProfileForwardPassModel, bootstrap_fpms
@@ -252,7 +253,9 @@ def relative(ours: float, theirs: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dynamo-python", required=True, help="python of the venv holding ai-dynamo")
+    parser.add_argument(
+        "--dynamo-python", help="python of the venv holding ai-dynamo (default: $DYNAMO_PYTHON, else make dynamo-env's)"
+    )
     parser.add_argument("--runner", type=Path, default=Path(__file__).parent / "dynamo" / "run_mocker.py")
     parser.add_argument("--stubs", default=None, help="folder with the aisimulate_core stub (runner default if unset)")
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
@@ -274,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         "--num-gpu-blocks", type=int, help="KV blocks per engine on both sides (default: the profile's)"
     )
     args = parser.parse_args(argv)
+    args.dynamo_python = find_dynamo_python(args.dynamo_python)
+    if args.dynamo_python is None:
+        raise SystemExit("no Dynamo interpreter: run `make dynamo-env`, or pass --dynamo-python PATH")
 
     cases = [Case.parse(text) for text in (args.case or DEFAULT_CASES)]
     profile = load_profile(args.profile)

@@ -46,10 +46,14 @@ import logging
 import math
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
-DEFAULT_PROFILE = "/work/shared/perf/dynamo-planner-test-profile/H200_TP1P_TP1D"
-DEFAULT_STUBS = "/work/dynamo-bench/stubs"
+# Found from this file, not imported: the script runs with the Dynamo environment's interpreter, which does not
+# have this project installed. The shipped H200 profile and the stand-in `aisimulate_core` package.
+_HERE = Path(__file__).resolve().parent
+DEFAULT_PROFILE = str(_HERE.parents[1] / "data" / "profiles" / "H200_TP1P_TP1D")
+DEFAULT_STUBS = str(_HERE / "stubs")
 FPM_FIELDS = (
     "num_prefill_requests",
     "sum_prefill_tokens",

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -58,11 +57,11 @@ from planner_core.domain import (
 from planner_core.lab.sim.des import ClusterSimulator, SimResult, SimSpec
 from planner_core.lab.sim.dynamo_policy import (
     DYNAMO_PRESETS,
-    DYNAMO_PYTHON_ENV,
     DynamoPlannerPolicy,
     check_dynamo_python,
     dynamo_config,
     engine_capabilities,
+    find_dynamo_python,
 )
 from planner_core.lab.sim.oracle import OracleSettings, OracleWindow, attainable_mask, oracle_windows
 from planner_core.perf.capacity import agg_operating_prompt_rate, full_chunk_prefill_rate
@@ -603,8 +602,7 @@ def build_policies(
     user_configs: Sequence[UserPlannerConfig] = (),
 ) -> list[ScalingPolicy]:
     """Policies by name: the baselines, `PLANNER_PRESETS`, `DYNAMO_PRESETS` or `fixed:P:D`. Raises ValueError on
-    an unknown name, and when a Dynamo policy has no working Dynamo interpreter (`dynamo_python`, else
-    $DYNAMO_PYTHON).
+    an unknown name, and when a Dynamo policy has no working Dynamo interpreter (`find_dynamo_python`).
 
     `base` holds the config fields every planner shares (SLA targets in `ttft_ms` / `itl_ms`, budget, intervals).
     `user_configs` are run after the named policies, each with its own settings as they are. `initial` is where
@@ -676,7 +674,7 @@ def build_policies(
             )
             policies.append(planner_policy(name, config, ()))
         elif name in DYNAMO_PRESETS:
-            python = dynamo_python or os.environ.get(DYNAMO_PYTHON_ENV)
+            python = find_dynamo_python(dynamo_python)
             if python not in dynamo_checked:  # one import check (~3 s) for both Dynamo presets
                 check_dynamo_python(python)
                 dynamo_checked.add(python)

@@ -33,6 +33,8 @@ from planner_core.lab.sim.des import ClusterSimulator, SimSpec
 DYNAMO_VERSION = "1.6.1"
 DYNAMO_PYTHON_ENV = "DYNAMO_PYTHON"
 RUN_PLANNER_SCRIPT = Path(__file__).resolve().parents[1] / "dynamo" / "run_planner.py"
+# `make dynamo-env` builds the comparison environment here, in the checkout (absent from an installed package).
+DYNAMO_ENV_PYTHON = Path(__file__).resolve().parents[3] / ".dynamo-venv" / "bin" / "python"
 
 # Dynamo's planner in its two SLA modes; every field not set here or by the bench's base config (SLA targets,
 # GPU budget, throughput interval, per-step replica limit) keeps Dynamo's default (ARIMA predictor, 5 s load
@@ -194,14 +196,22 @@ def parse_tick(line: str, *, source: str) -> DynamoTick:
     )
 
 
+def find_dynamo_python(python: str | None = None) -> str | None:
+    """The Dynamo comparison interpreter: `python` (--dynamo-python), else $DYNAMO_PYTHON, else the checkout's
+    `.dynamo-venv` when `make dynamo-env` has built it; None when there is none."""
+    if python or os.environ.get(DYNAMO_PYTHON_ENV):
+        return python or os.environ.get(DYNAMO_PYTHON_ENV)
+    return str(DYNAMO_ENV_PYTHON) if DYNAMO_ENV_PYTHON.is_file() else None
+
+
 def check_dynamo_python(python: str | None, *, script: Path = RUN_PLANNER_SCRIPT) -> str:
-    """The Dynamo interpreter to use (`python`, else $DYNAMO_PYTHON), checked to import Dynamo's planner.
+    """The Dynamo interpreter to use (`find_dynamo_python`), checked to import Dynamo's planner.
     Returns the version; raises DynamoPlannerError with a one-line reason."""
-    python = python or os.environ.get(DYNAMO_PYTHON_ENV)
+    python = find_dynamo_python(python)
     if not python:
         raise DynamoPlannerError(
-            f"dynamo-{DYNAMO_VERSION}: no Dynamo interpreter: pass --dynamo-python PATH or set {DYNAMO_PYTHON_ENV} "
-            "(a virtualenv with ai-dynamo; see README, 'Simulator fidelity')"
+            f"dynamo-{DYNAMO_VERSION}: no Dynamo interpreter: run `make dynamo-env`, or pass --dynamo-python PATH "
+            f"or set {DYNAMO_PYTHON_ENV} (a virtualenv with ai-dynamo {DYNAMO_VERSION})"
         )
     if not script.is_file():
         raise DynamoPlannerError(f"dynamo-{DYNAMO_VERSION}: {script}: the planner script is missing")

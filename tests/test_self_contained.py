@@ -36,8 +36,11 @@ def _tracked_text_files() -> list[Path]:
 
 
 def test_no_tracked_file_names_a_folder_outside_the_repository() -> None:
+    # The shipped data are byte-for-byte copies of third-party files (their checksums are checked below); what
+    # their rows say (aiconfigurator's sample names its authors' machines) is data, never a path this project uses.
+    copies = {data.DATA_DIR / name for name in _checksums()}
     offenders = []
-    for path in _tracked_text_files():
+    for path in (path for path in _tracked_text_files() if path not in copies):
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:

@@ -38,18 +38,22 @@ test: lint docs
 # `planner bench --policies dynamo-1.6.1,...`, `python -m planner_core.lab.compare_mocker` and the Dynamo tests
 # (found at .dynamo-venv/bin/python; $DYNAMO_PYTHON or --dynamo-python point elsewhere). ai-dynamo cannot go into
 # .venv: it pins kubernetes<33 and pydantic<=2.13.5. Its wheel depends on AISimulate, which installs only from a
-# vendor index, so it goes in without dependencies, followed by the dependencies it really imports; the stand-in
-# for AISimulate's module is in planner_core/lab/dynamo/stubs.
+# vendor index, so it goes in without dependencies, after the pinned dependencies it really imports
+# (planner_core/lab/dynamo/requirements.txt); the stand-in for AISimulate's module is in planner_core/lab/dynamo/stubs.
+# Re-runs only when the version or the requirements change.
 DYNAMO_VENV := .dynamo-venv
-DYNAMO_STAMP := $(DYNAMO_VENV)/.installed-ai-dynamo-1.6.1
+DYNAMO_VERSION := 1.6.1
+DYNAMO_REQUIREMENTS := planner_core/lab/dynamo/requirements.txt
+DYNAMO_STAMP := $(DYNAMO_VENV)/.installed-$(shell echo $(DYNAMO_VERSION) | cat - $(DYNAMO_REQUIREMENTS) | sha256sum | cut -c1-16)
 
-$(DYNAMO_STAMP):
+$(DYNAMO_STAMP): $(DYNAMO_REQUIREMENTS)
 	@test -x $(DYNAMO_VENV)/bin/python || $(PYTHON) -m venv $(DYNAMO_VENV)
 	$(DYNAMO_VENV)/bin/python -m pip install -q --upgrade pip
-	$(DYNAMO_VENV)/bin/python -m pip install -q --no-deps ai-dynamo==1.6.1 ai-dynamo-runtime==1.6.1
-	$(DYNAMO_VENV)/bin/python -m pip install -q aiohttp msgspec 'kubernetes<33' prometheus-client pyzmq tqdm \
-		'pydantic<=2.13.5' uvloop zstandard prometheus-api-client scikit-learn prophet pmdarima filterpy plotly
+	$(DYNAMO_VENV)/bin/python -m pip install -q -r $(DYNAMO_REQUIREMENTS)
+	@# last, so that pip does not list the wheels' requirements left out (aisimulate, ...) as conflicts
+	$(DYNAMO_VENV)/bin/python -m pip install -q --no-deps ai-dynamo==$(DYNAMO_VERSION) ai-dynamo-runtime==$(DYNAMO_VERSION)
 	$(DYNAMO_VENV)/bin/python planner_core/lab/dynamo/run_planner.py --check
+	@rm -f $(DYNAMO_VENV)/.installed-*
 	@touch $@
 
 dynamo-env: $(DYNAMO_STAMP)

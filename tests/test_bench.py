@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import math
 import subprocess
@@ -248,6 +249,25 @@ def test_cli_benches_config_files_and_shapes_the_trace(tmp_path) -> None:
     assert shaped.returncode == 0, shaped.stderr
     (row,) = json.loads(shaped.stdout)
     assert 2_000 < row["requests"] < 2_800
+
+
+def test_cli_record_holds_the_rows_with_date_command_and_commit(tmp_path) -> None:
+    """`--record` writes the `--json` rows inside an envelope naming when, how and from which commit they came."""
+    trace_path = write_small_azure_trace(tmp_path / "small.csv", num_requests=100)
+    rows_path, record_path = tmp_path / "rows.json", tmp_path / "record.json"
+    result = run_bench_cli(
+        "--trace", str(trace_path), "--policies", "fixed:1:1,fixed:2:2", "--throughput-interval-s", "60",
+        "--json", str(rows_path), "--record", str(record_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    record = json.loads(record_path.read_text())
+    assert set(record) == {"format", "date", "command", "commit", "rows"}
+    assert record["format"] == "planner-bench-record/v1"
+    assert record["command"].startswith("planner bench --trace ") and "--record" in record["command"]
+    assert dt.datetime.fromisoformat(record["date"]).tzinfo is not None
+    assert isinstance(record["commit"], str) and record["commit"]  # the tests run in a checkout
+    assert record["rows"] == json.loads(rows_path.read_text())  # the same rows, written once each
+    assert [row["policy"] for row in record["rows"]] == ["fixed:1:1", "fixed:2:2"]
 
 
 def test_cli_perf_table_sets_the_engines_gpus(tmp_path) -> None:

@@ -30,8 +30,8 @@ from planner_core.config import (
 )
 from planner_core.domain import Loop, PlannerState, TickInputs, TickOutcome, TrafficObservation, WorkerCounts
 from planner_core.perf.model import ProfilePerfModel
-from planner_core.pipeline import Plugin, PluginLoadError, load_entry_point_plugins, resolve_plugins
-from planner_core.pipeline.builtin import builtin_plugins
+from planner_core.pipeline import Plugin, PluginLoadError
+from planner_core.pipeline.user_plugins import load_plugins
 from planner_core.runtime.connectors.virtual import VirtualConnector
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import session_factory
@@ -95,27 +95,6 @@ def connect_kubernetes(config: PlannerConfig) -> tuple[KubernetesConnector, Plan
 
     connector = KubernetesConnector.connect(config)
     return connector, effective_config(config, connector.info)
-
-
-def load_plugins(
-    config: PlannerConfig, perf: ProfilePerfModel | None, *, source: str = "config"
-) -> tuple[tuple[Plugin, ...], tuple[PluginLoadError, ...]]:
-    """The user's plugins of `config.plugins.enabled`, with `plugins.overrides` applied, and the entry points that
-    failed to load.
-
-    The list is checked together with the builtin plugins of both loops, so a user plugin can never take a builtin
-    plugin's id (which would stop every tick) and an override naming a builtin id is not mistaken for a typo.
-
-    Raises:
-        PluginConfigError: an enabled name is not installed, an override names no plugin, or ids collide (one line).
-    """
-    loaded, errors = load_entry_point_plugins(config, source=source)
-    if not loaded and not config.plugins.overrides:
-        return (), errors
-    builtins = (*builtin_plugins(Loop.THROUGHPUT, perf), *builtin_plugins(Loop.LOAD, perf))
-    builtin_ids = {plugin.spec.plugin_id for plugin in builtins}
-    resolved = resolve_plugins((*builtins, *loaded), config, source=source)
-    return tuple(plugin for plugin in resolved if plugin.spec.plugin_id not in builtin_ids), errors
 
 
 def load_context(database_url: str, deployment: str, config_path: str | Path) -> PlannerContext:

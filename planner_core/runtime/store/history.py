@@ -97,3 +97,35 @@ def history_frame(database_url: str, deployment: str | None = None, since: dt.da
 def jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
     """A history row with timestamps as ISO 8601 strings (the JSON form `planner history --format json` prints)."""
     return {key: value.isoformat() if isinstance(value, dt.datetime) else value for key, value in row.items()}
+
+
+# The two questions `planner demo` answers at its end and `planner history --examples` shows: plain SQL on the
+# history views, with their answers, so a user sees what to ask the database.
+EXAMPLE_QUERIES = (
+    (
+        "What did the planner decide, when, why, and what happened?",
+        """SELECT decided_at, prefill_before AS p_before, decode_before AS d_before,
+       target_prefill AS p_target, target_decode AS d_target, reason, status,
+       num_attempts AS attempts, acknowledged_at IS NOT NULL AS acked
+  FROM decision_history WHERE deployment = :deployment
+ ORDER BY decided_at LIMIT 10""",
+    ),
+    (
+        "Why did each tick end as it did, and how fast was the decision?",
+        """SELECT reason, count(*) AS ticks, round(avg(observed_num_req)::numeric, 1) AS avg_requests,
+       round(percentile_cont(0.5) WITHIN GROUP (ORDER BY decide_ms)::numeric, 3) AS decide_ms_p50
+  FROM tick_history WHERE deployment = :deployment
+ GROUP BY reason ORDER BY ticks DESC""",
+    ),
+)
+
+
+def example_query_frames(database_url: str, deployment: str) -> list[tuple[str, str, pd.DataFrame]]:
+    """Each example query's title, SQL and answer for one deployment."""
+    import pandas as pd
+
+    with get_engine(database_url).connect() as conn:
+        return [
+            (title, sql, pd.read_sql(text(sql), conn, params={"deployment": deployment}))
+            for title, sql in EXAMPLE_QUERIES
+        ]

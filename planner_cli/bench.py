@@ -1,0 +1,202 @@
+"""`planner bench`: scaling policies side by side in the cluster simulator."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from planner_cli.common import DEFAULT_PROFILE
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run scaling policies side by side on one trace in the discrete-event simulator."""
+    import dataclasses
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from planner_core.lab.sim.bench import bench_figure
+    from planner_core.lab.sim.benchmark import BenchRequest, benchmark
+
+    request = BenchRequest(
+        trace=args.trace, profile=args.profile, rate_scale=args.rate_scale, compress=args.compress, shape=args.shape,
+        shape_hours=args.shape_hours, shape_start_h=args.shape_start_h, perf_table=args.perf_table,
+        max_kv_tokens=args.max_kv_tokens, configs=tuple(args.config or ()),
+        policies=tuple(n.strip() for n in args.policies.split(",") if n.strip()) if args.policies else None,
+        aggregated=args.mode == "agg", ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, startup_s=args.startup_s,
+        max_gpu_budget=args.max_gpu_budget, throughput_interval_s=args.throughput_interval_s,
+        oracle_target=args.oracle_target, oracle_context_s=args.oracle_context_s, initial=args.initial,
+        dynamo_python=args.dynamo_python,
+    )  # fmt: skip
+    to_stdout = args.json is not None and str(args.json) == "-"
+    print("bench: sizing the policies (the oracle simulates every window at several sizes)...", file=sys.stderr)
+    with Progress(
+        TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+        TimeElapsedColumn(), transient=True, disable=to_stdout,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("", total=None)
+        names: list[str] = []
+
+        def built(policies) -> None:  # noqa: ANN001
+            names.extend(policy.name for policy in policies)
+            progress.update(task, total=len(names), description=names[0] if names else "")
+
+        def done(_row) -> None:  # noqa: ANN001
+            progress.advance(task)
+            upcoming = names[int(progress.tasks[0].completed) :]
+            progress.update(task, description=upcoming[0] if upcoming else "")
+
+        outcome = benchmark(request, on_policies_built=built, on_policy_done=done)
+    for warning in outcome.warnings:
+        print(f"bench: {warning}", file=sys.stderr)
+    rows = [dataclasses.asdict(run.row) for run in outcome.runs]
+    if args.json is not None:
+        text = json.dumps(rows, indent=1)
+        if to_stdout:
+            print(text)
+        else:
+            args.json.write_text(text + "\n", encoding="utf-8")
+    if args.record is not None:
+        args.record.write_text(json.dumps(bench_record(rows, args.argv), indent=1) + "\n", encoding="utf-8")
+    if args.html is not None:
+        bench_figure(list(outcome.runs), outcome.trace).write_html(str(args.html), include_plotlyjs=True)
+    if not to_stdout:
+        print_bench_table(outcome, request)
+    return 0
+
+
+def bench_record(rows: list[dict], argv: list[str]) -> dict:
+    """The `--record` file: the rows with the date, the command and the commit that produced them (the docs'
+    benchmark pages are generated from these)."""
+    import datetime as dt
+    import shlex
+    import subprocess
+
+    try:
+        described = subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parent), "describe", "--always", "--dirty"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+        commit = described.stdout.strip() if described.returncode == 0 else None
+    except OSError:  # no git: an installed package
+        commit = None
+    return {
+        "format": "planner-bench-record/v1",
+        "date": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
+        "command": shlex.join(["planner", *argv]),
+        "commit": commit or None,
+        "rows": rows,
+    }
+
+
+def print_bench_table(outcome, request) -> None:  # noqa: ANN001 - BenchOutcome, BenchRequest (imported lazily)
+    """The runs as a table, after a line on the requests and, for the oracle, its sizes per window."""
+    from planner_core.lab.sim.bench import OraclePolicy
+
+    runs, trace, aggregated = outcome.runs, outcome.trace, request.aggregated
+    if runs:
+        print(
+            f"{trace.source}: {trace.num_requests} requests, {trace.duration_s / 3600:.2f} h; "
+            f"{'aggregated engines; ' if aggregated else ''}"
+            f"SLA TTFT {request.ttft_ms:g} ms / ITL {request.itl_ms:g} ms; start-up {request.startup_s:g} s; "
+            f"{runs[0].row.attainable:.1%} of requests can meet both alone"
+        )
+    else:
+        print("")
+    for policy in outcome.policies:
+        if isinstance(policy, OraclePolicy):
+            sizes = " ".join(f"{d}" if aggregated else f"{p}/{d}" for p, d in policy.sizes)
+            infeasible = sum(not w.feasible for w in policy.windows)
+            pools = "aggregated engines" if aggregated else "prefill/decode"
+            print(
+                f"  oracle ({pools} per {policy.interval_s:g} s window, >= {request.oracle_target:.1%} of "
+                f"attainable requests; search {policy.search_s:.1f} s"
+                + (f"; {infeasible} windows infeasible" if infeasible else "")
+                + f"): {sizes}"
+            )
+    width = max([14, *(len(run.row.policy) + 2 for run in runs)])  # long names (fixed:P:D, dynamo-...) fit
+    print(
+        f"  {'policy':<{width}}{'SLA ok':>8}{'TTFT ok':>9}{'ITL ok':>8}{'GPU-h':>8}{'x oracle':>9}{'events':>8}"
+        f"{'TTFT p90':>10}{'ITL p90':>9}{'wall s':>8}"
+    )
+    for run in runs:
+        r = run.row
+        ratio = "-" if r.gpu_hours_vs_oracle is None else f"{r.gpu_hours_vs_oracle:.2f}"
+        print(
+            f"  {r.policy:<{width}}{r.sla_attainment:>8.1%}{r.ttft_attainment:>9.1%}{r.itl_attainment:>8.1%}"
+            f"{r.gpu_hours:>8.2f}{ratio:>9}{r.scaling_events:>8}{r.ttft_ms_p90:>10.1f}{r.itl_ms_p90:>9.2f}"
+            f"{r.wall_s:>8.1f}"
+        )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the bench command group's parsers."""
+    bench = sub.add_parser("bench", help="compare scaling policies on one trace in the cluster simulator")
+    bench.add_argument("--trace", type=Path, required=True, help="Azure CSV, Mooncake or Dynamo v1 trace")
+    bench.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="engine profile (timing and sizing)")
+    bench.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
+    bench.add_argument(
+        "--compress", type=float, default=1.0, help="serve the same requests in 1/X of the time (after scaling)"
+    )
+    bench.add_argument(
+        "--shape", type=Path, default=None,
+        help="ServeGen rate CSV or folder: the trace's requests follow its mean daily cycle (multi-hour load)",
+    )  # fmt: skip
+    bench.add_argument("--shape-hours", type=float, default=24.0, help="with --shape: hours of load to make")
+    bench.add_argument("--shape-start-h", type=float, default=0.0, help="with --shape: hour of the day to start at")
+    bench.add_argument(
+        "--perf-table", type=Path, default=None,
+        help="aiconfigurator perf table (`planner perf-table`): the simulated engines' timing and the planners' "
+        "engine model (engines of its tp GPUs); the 0.x interpolation presets still read --profile",
+    )  # fmt: skip
+    bench.add_argument(
+        "--max-kv-tokens", type=int, default=None, help="decode engine KV-cache tokens (default: the profile's)"
+    )
+    bench.add_argument(
+        "--config", type=Path, action="append", default=None, metavar="FILE",
+        help="a planner config to bench as policy config:<file stem> (its own settings and plugins); repeatable",
+    )  # fmt: skip
+    bench.add_argument(
+        "--policies",
+        default=None,
+        help="comma-separated: static-peak, static-mean, oracle, threshold, dynamo-0x, dynamo-1x, planner, fixed:P:D, "
+        "dynamo-1.6.1, dynamo-1.6.1-load (Dynamo's own planner; needs `make dynamo-env` or --dynamo-python). Default: "
+        "static-peak,static-mean,oracle,threshold,dynamo-0x,dynamo-1x,planner; with --mode agg the same without "
+        "dynamo-0x, and fixed:N (N aggregated engines)",
+    )
+    bench.add_argument(
+        "--mode", choices=("disagg", "agg"), default="disagg",
+        help="disaggregated prefill/decode pools, or one pool of aggregated engines (chunked prefill on decode)",
+    )  # fmt: skip
+    bench.add_argument("--ttft-ms", type=float, default=500.0, help="TTFT target (ms)")
+    bench.add_argument("--itl-ms", type=float, default=50.0, help="ITL target (ms)")
+    bench.add_argument("--startup-s", type=float, default=120.0, help="worker start-up time (s)")
+    bench.add_argument("--max-gpu-budget", type=int, default=-1, help="GPU ceiling for the planners (-1: none)")
+    bench.add_argument("--throughput-interval-s", type=int, default=180, help="throughput window / oracle window")
+    bench.add_argument(
+        "--oracle-target",
+        type=float,
+        default=0.99,
+        help="fraction of a window's attainable requests the oracle serves within both targets",
+    )
+    bench.add_argument(
+        "--oracle-context-s", type=float, default=60.0, help="traffic simulated before and after each oracle window (s)"
+    )
+    bench.add_argument(
+        "--initial", choices=("oracle", "min"), default="oracle",
+        help="planners start at the oracle's first-window size, or at their minimum endpoints",
+    )  # fmt: skip
+    bench.add_argument("--json", type=Path, default=None, help="write the rows as JSON to FILE ('-': stdout)")
+    bench.add_argument("--html", type=Path, default=None, help="write a Plotly page of replicas, load and latency")
+    bench.add_argument(
+        "--record", type=Path, default=None, metavar="FILE",
+        help="also write the rows with the date, the command and the commit (the docs' benchmark pages read these)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--dynamo-python", default=os.environ.get("DYNAMO_PYTHON"), metavar="PATH",
+        help="Python of a virtualenv with ai-dynamo 1.6.1, for the dynamo-1.6.1 policies (default: $DYNAMO_PYTHON, "
+        "else .dynamo-venv from `make dynamo-env`)",
+    )  # fmt: skip
+    bench.set_defaults(func=cmd_bench)

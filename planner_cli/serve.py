@@ -1,0 +1,31 @@
+"""`planner serve`: the Prefect deployments on the config's schedules."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from planner_cli.common import prefect_environment
+from planner_core.runtime.settings import RuntimeSettings
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = RuntimeSettings()
+    prefect_environment(settings)
+    from flows.prefect_server import prefect_api
+
+    with prefect_api(port=args.port) as api_url:
+        print(f"Prefect UI: {api_url.removesuffix('/api')}", file=sys.stderr)
+        from flows.serve import serve_deployments  # import after PREFECT_API_URL is set (settings load at import)
+
+        serve_deployments(config_path=args.config, deployment=args.deployment)
+    return 0
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the serve command group's parsers."""
+    serve = sub.add_parser("serve", help="serve the throughput-tick, load-tick and execute-decisions deployments")
+    serve.add_argument("--config", type=Path, default=None, help="PlannerConfig (default: PLANNER_CONFIG or demo)")
+    serve.add_argument("--deployment", default=None, help="managed-deployment name (default: PLANNER_DEPLOYMENT)")
+    serve.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
+    serve.set_defaults(func=cmd_serve)

@@ -1,0 +1,150 @@
+"""The `planner bench` use case: from a request (trace, engines, SLA targets, policy names, config files) to the
+policies' runs in the simulator. The CLI parses arguments into a `BenchRequest`, calls `benchmark` and prints;
+`planner_core.lab.sim.bench` holds the policies, the runner and the figures this module puts together."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner_core.config import load_config
+from planner_core.domain import EngineLimits
+from planner_core.lab.sim.bench import (
+    DEFAULT_AGG_POLICIES,
+    DEFAULT_POLICIES,
+    BenchRow,
+    PolicyRun,
+    ScalingPolicy,
+    UserPlannerConfig,
+    build_policies,
+    run_bench,
+)
+from planner_core.lab.sim.des import SimSpec
+from planner_core.lab.sim.oracle import OracleSettings
+from planner_core.perf.model import ProfilePerfModel
+from planner_core.perf.table import TablePerfModel
+from planner_core.pipeline.user_plugins import load_plugins
+from planner_core.traces import RequestTrace, load_servegen_shape, load_trace, shape_trace
+
+# Used when neither --max-kv-tokens nor the profile gives a decode engine's KV capacity (Dynamo's fallback).
+FALLBACK_MAX_KV_TOKENS = 2_000_000
+MAX_REPLICAS_PER_STEP = 8
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchRequest:
+    """Everything one `planner bench` run depends on (the command line's options)."""
+
+    trace: Path
+    profile: Path
+    rate_scale: float = 1.0
+    compress: float = 1.0
+    shape: Path | None = None  # a ServeGen rate CSV or folder: the requests follow its mean daily cycle
+    shape_hours: float = 24.0
+    shape_start_h: float = 0.0
+    perf_table: Path | None = None
+    max_kv_tokens: int | None = None
+    configs: tuple[Path, ...] = ()
+    policies: tuple[str, ...] | None = None  # None: the default list of the mode
+    aggregated: bool = False
+    ttft_ms: float = 500.0
+    itl_ms: float = 50.0
+    startup_s: float = 120.0
+    max_gpu_budget: int = -1
+    throughput_interval_s: int = 180
+    oracle_target: float = 0.99
+    oracle_context_s: float = 60.0
+    initial: str = "oracle"
+    dynamo_python: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchOutcome:
+    """The runs of one bench, with what was run and the warnings met on the way (one line each)."""
+
+    trace: RequestTrace
+    policies: tuple[ScalingPolicy, ...]
+    runs: tuple[PolicyRun, ...]
+    warnings: tuple[str, ...]
+
+
+def bench_trace(request: BenchRequest) -> RequestTrace:
+    """The bench's requests: the trace, rate-scaled or shaped by a ServeGen daily cycle, then time-compressed."""
+    trace = load_trace(request.trace)
+    if request.shape is not None:
+        shape = load_servegen_shape(request.shape).daily()
+        trace = shape_trace(
+            trace,
+            shape,
+            duration_s=request.shape_hours * 3600.0,
+            rate_factor=request.rate_scale,
+            start_s=request.shape_start_h * 3600.0,
+        )
+    elif request.rate_scale != 1.0:
+        trace = trace.scaled(request.rate_scale)
+    if request.compress != 1.0:
+        trace = trace.compressed(request.compress)
+    return trace
+
+
+def benchmark(
+    request: BenchRequest,
+    *,
+    on_policies_built: Callable[[Sequence[ScalingPolicy]], None] | None = None,
+    on_policy_done: Callable[[BenchRow], None] | None = None,
+) -> BenchOutcome:
+    """Build the named policies and the config files' planners, run each on the same requests, score them.
+
+    Raises ValueError (one line) on an unknown policy, a config that cannot run in the bench's mode, or a Dynamo
+    policy without a working Dynamo interpreter."""
+    trace = bench_trace(request)
+    perf = ProfilePerfModel.load(request.profile, perf_table=request.perf_table)
+    fwd = perf.forward_pass_model()
+    assert fwd is not None
+    # a perf table describes engines of `tp` GPUs: the simulator's engines and the planners' sizing both use it
+    gpus_per_engine = fwd.table.header.tp if isinstance(fwd, TablePerfModel) else 1
+    base = {
+        "ttft_ms": request.ttft_ms,
+        "itl_ms": request.itl_ms,
+        "max_gpu_budget": request.max_gpu_budget,
+        "throughput_adjustment_interval_seconds": request.throughput_interval_s,
+        "max_throughput_scaling_replicas": MAX_REPLICAS_PER_STEP,
+        "prefill_engine_num_gpu": gpus_per_engine,
+        "decode_engine_num_gpu": gpus_per_engine,
+    }
+    names = list(request.policies or (DEFAULT_AGG_POLICIES if request.aggregated else DEFAULT_POLICIES))
+    max_kv_tokens = request.max_kv_tokens or perf.profiled_max_kv_tokens() or FALLBACK_MAX_KV_TOKENS
+    spec = SimSpec(
+        prefill_limits=EngineLimits(num_gpu=gpus_per_engine),
+        decode_limits=EngineLimits(num_gpu=gpus_per_engine, max_kv_tokens=max_kv_tokens),
+        startup_s=request.startup_s,
+        aggregated=request.aggregated,  # the aggregated engines are the decode pool: `decode_limits`, GPUs per engine
+    )
+    warnings: list[str] = []
+    user_configs: list[UserPlannerConfig] = []
+    for path in request.configs:
+        config = load_config(path)
+        plugins, broken = load_plugins(config, perf, source=str(path))
+        warnings.extend(
+            f"{path}: plugin {error.entry_point} ({error.target}) not loaded: {error.message}" for error in broken
+        )
+        if (config.ttft_ms, config.itl_ms) != (request.ttft_ms, request.itl_ms):
+            warnings.append(
+                f"{path} plans for TTFT {config.ttft_ms:g} ms / ITL {config.itl_ms:g} ms; requests are scored "
+                f"against --ttft-ms {request.ttft_ms:g} / --itl-ms {request.itl_ms:g}"
+            )
+        taken = {*names, *(user.name for user in user_configs)}
+        name = f"config:{path.stem}" if f"config:{path.stem}" not in taken else f"config:{path}"
+        user_configs.append(UserPlannerConfig(name=name, config=config, plugins=plugins))
+    oracle = OracleSettings(target_attainment=request.oracle_target, context_s=request.oracle_context_s)
+    policies = build_policies(
+        names, base, trace, perf, fwd, spec, window_s=request.throughput_interval_s, oracle=oracle,
+        initial=request.initial, dynamo_python=request.dynamo_python, user_configs=user_configs,
+    )  # fmt: skip
+    if on_policies_built is not None:
+        on_policies_built(policies)
+    runs = run_bench(
+        policies, trace, fwd, spec, ttft_ms=request.ttft_ms, itl_ms=request.itl_ms, on_policy_done=on_policy_done
+    )
+    return BenchOutcome(trace=trace, policies=tuple(policies), runs=tuple(runs), warnings=tuple(warnings))

@@ -100,7 +100,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from planner_core.traces import load_trace
 
     # Check the inputs before starting anything: a bad file is one line, not a failed flow run.
-    config = load_config(args.config)
+    config = load_config(args.config).policy
     load_profile(resolve_profile_dir(config, args.config))
     load_trace(args.trace)
     if args.rate_scale <= 0:
@@ -258,7 +258,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     user_configs = []
     for path in args.config or ():
-        config = load_config(path)
+        config = load_config(path).policy
         plugins, broken = load_plugins(config, perf, source=str(path))
         for error in broken:
             print(
@@ -448,7 +448,11 @@ def cmd_forecast(args: argparse.Namespace) -> int:
     interval_s = forecast_eval.parse_interval(args.interval)
     names = forecast_eval.parse_predictors(args.predictor)
     source = str(args.config) if args.config is not None else "<forecast defaults>"
-    base = load_config(args.config) if args.config is not None else parse_config({"optimization_target": "sla"}, source)
+    base = (
+        load_config(args.config).policy
+        if args.config is not None
+        else parse_config({"optimization_target": "sla"}, source).policy
+    )
     log1p = True if args.log1p else None
     configs = {
         name: forecast_eval.predictor_config(base, name, interval_s, log1p=log1p, source=source) for name in names
@@ -581,7 +585,7 @@ def _trace_capacity(args: argparse.Namespace) -> int:
             "decode_engine_num_gpu": args.decode_gpus,
         },
         "--ttft-ms/--itl-ms/--prefill-gpus/--decode-gpus",
-    )
+    ).policy
     rows = trace_sizing(
         trace, config, ProfilePerfModel.load(args.profile), window_s=args.window_s, quantile=args.quantile
     )
@@ -629,7 +633,7 @@ def cmd_k8s_check(args: argparse.Namespace) -> int:
     from planner_core.runtime.connectors.kubernetes import KubernetesApiError, KubernetesConnector, readiness_problem
     from planner_core.runtime.service import default_workers
 
-    config = load_config(args.config)
+    config = load_config(args.config).policy
     connector = KubernetesConnector.connect(config)
     try:
         problem = readiness_problem(connector.read_dgd([]))
@@ -757,7 +761,7 @@ def cmd_sim_exporter(args: argparse.Namespace) -> int:
     from planner_core.perf.model import ProfilePerfModel
     from planner_core.traces import load_trace
 
-    config = load_config(args.config)
+    config = load_config(args.config).policy
     profile_dir = resolve_profile_dir(config, args.config)
     perf = ProfilePerfModel.load(profile_dir)
     fwd = perf.forward_pass_model()

@@ -215,14 +215,14 @@ def demo(
     final = simulate_timeline(ctx, trace, events, end_s, startup_s)
     summary = summarise_run(final, end_s, ctx.config.ttft_ms, ctx.config.itl_ms)
     data_dir = RuntimeSettings().data_dir
-    out_dir = Path(report_dir) if report_dir else resolve_report_dir(ctx.config, Path(config_path), data_dir)
+    out_dir = Path(report_dir) if report_dir else resolve_report_dir(ctx.service, Path(config_path), data_dir)
     report = write_report(
         url,
         deployment,
-        periodic_report_path(out_dir, _epoch(trace, end_s), ctx.config.report_filename),
+        periodic_report_path(out_dir, _epoch(trace, end_s), ctx.service.report_filename),
         None,  # the whole run, resumed parts included
         None,
-        ctx.config.report_write_gzip_log,
+        ctx.service.report_write_gzip_log,
     )
     publish_report(report)
     return _summary_dict(ctx, summary, events, num_windows) | {"report_path": str(report.path)}

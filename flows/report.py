@@ -112,13 +112,13 @@ def planner_report(
     database_url = resolve_database_url(settings)
     check_schema_current(database_url)
     path = config_path or (str(settings.config) if settings.config else DEFAULT_CONFIG)
-    config = load_config(path)
+    service = load_config(path).service
     scheduled = flow_run.scheduled_start_time
     start, end = report_window(
-        since, until, config.report_interval_hours, dt.datetime.fromtimestamp(scheduled.timestamp(), tz=dt.UTC)
+        since, until, service.report_interval_hours, dt.datetime.fromtimestamp(scheduled.timestamp(), tz=dt.UTC)
     )
-    out_dir = resolve_report_dir(config, Path(path), settings.data_dir).resolve()
-    out_path = periodic_report_path(out_dir, end, config.report_filename)
-    written = write_report(database_url, deployment, out_path, start, end, config.report_write_gzip_log)
+    out_dir = resolve_report_dir(service, Path(path), settings.data_dir).resolve()
+    out_path = periodic_report_path(out_dir, end, service.report_filename)
+    written = write_report(database_url, deployment, out_path, start, end, service.report_write_gzip_log)
     publish_report(written)
     return {"path": str(written.path), "num_charts": written.num_charts, "gpu_hours": written.summary.gpu_hours}

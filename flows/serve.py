@@ -20,7 +20,7 @@ from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLi
 from flows.replay import replay_ticks
 from flows.report import planner_report
 from flows.ticks import DEFAULT_CONFIG, execute_decisions, load_tick, throughput_tick
-from planner_core.config import EnvironmentKind, PlannerConfig, load_config
+from planner_core.config import EnvironmentKind, PlannerFile, load_config
 from planner_core.runtime.service import connect_kubernetes
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.store.db import resolve_database_url
@@ -29,9 +29,11 @@ from planner_core.runtime.store.migrate import upgrade
 NO_OVERLAP = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 
 
-def build_deployments(config: PlannerConfig, config_path: str, deployment: str) -> list:
-    """The runner deployments for one managed deployment: three ticks and the report with schedules from `config`,
-    and replay on demand."""
+def build_deployments(loaded: PlannerFile, config_path: str, deployment: str) -> list:
+    """The runner deployments for one managed deployment: three ticks and the report with schedules from the
+    file (the loops' intervals from its policy, execution and reports from its service settings), and replay on
+    demand."""
+    config, service = loaded.policy, loaded.service
     parameters = {"deployment": deployment, "config_path": config_path}
     tags = ["planner", f"deployment:{deployment}"]
     return [
@@ -55,7 +57,7 @@ def build_deployments(config: PlannerConfig, config_path: str, deployment: str) 
         ),
         execute_decisions.to_deployment(
             name="execute-decisions",
-            interval=dt.timedelta(seconds=config.execution_interval_seconds),
+            interval=dt.timedelta(seconds=service.execution_interval_seconds),
             concurrency_limit=NO_OVERLAP,
             parameters=parameters,
             tags=tags,
@@ -64,7 +66,7 @@ def build_deployments(config: PlannerConfig, config_path: str, deployment: str) 
         planner_report.to_deployment(
             name="planner-report",
             interval=(
-                dt.timedelta(hours=config.report_interval_hours) if config.report_interval_hours is not None else None
+                dt.timedelta(hours=service.report_interval_hours) if service.report_interval_hours is not None else None
             ),
             concurrency_limit=NO_OVERLAP,
             parameters=parameters,
@@ -85,15 +87,15 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
     """Migrate the database, then serve the deployments until SIGTERM."""
     settings = RuntimeSettings()
     path = str((config_path or settings.config or Path(DEFAULT_CONFIG)).resolve())
-    config = load_config(path)
-    if config.environment is EnvironmentKind.KUBERNETES:
-        connect_kubernetes(config)  # fail at start-up, in one line, if the DGD cannot be scaled as configured
+    loaded = load_config(path)
+    if loaded.policy.environment is EnvironmentKind.KUBERNETES:
+        connect_kubernetes(loaded.policy)  # fail at start-up, in one line, if the DGD cannot be scaled as configured
     database_url = resolve_database_url(settings)
     upgrade(database_url)
     name = deployment or settings.deployment
-    if config.metric_reporting_prometheus_port:
+    if loaded.service.metric_reporting_prometheus_port:
         from planner_core.runtime.metrics import start_metrics_server
 
         # Flow runs execute in subprocesses, so the exporter reads what they recorded from Postgres at each scrape.
-        start_metrics_server(config.metric_reporting_prometheus_port, database_url, name)
-    serve(*build_deployments(config, path, name))
+        start_metrics_server(loaded.service.metric_reporting_prometheus_port, database_url, name)
+    serve(*build_deployments(loaded, path, name))

@@ -117,7 +117,7 @@ def throughput_tick(deployment: str = "default", config_path: str | None = None)
     ctx = _context(deployment, config_path)
     scheduled_at = _scheduled_at()
     window_start = scheduled_at - dt.timedelta(seconds=ctx.config.throughput_adjustment_interval_seconds)
-    collected = collect_traffic(ctx.config, window_start, scheduled_at)
+    collected = collect_traffic(ctx.config, ctx.service, window_start, scheduled_at)
     if collected is None:
         return decide_and_record(ctx, Loop.THROUGHPUT, scheduled_at, None)
     return decide_and_record(ctx, Loop.THROUGHPUT, scheduled_at, collected.observation, collected.problem)

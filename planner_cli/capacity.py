@@ -70,7 +70,7 @@ def _trace_capacity(args: argparse.Namespace) -> int:
             "decode_engine_num_gpu": args.decode_gpus,
         },
         "--ttft-ms/--itl-ms/--prefill-gpus/--decode-gpus",
-    )
+    ).policy
     rows = trace_sizing(
         trace, config, ProfilePerfModel.load(args.profile), window_s=args.window_s, quantile=args.quantile
     )

@@ -24,7 +24,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from planner_core.traces import load_trace
 
     # Check the inputs before starting anything: a bad file is one line, not a failed flow run.
-    config = load_config(args.config)
+    config = load_config(args.config).policy
     load_profile(resolve_profile_dir(config, args.config))
     load_trace(args.trace)
     if args.rate_scale <= 0:

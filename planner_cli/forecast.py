@@ -20,7 +20,11 @@ def cmd_forecast(args: argparse.Namespace) -> int:
     interval_s = forecast_eval.parse_interval(args.interval)
     names = forecast_eval.parse_predictors(args.predictor)
     source = str(args.config) if args.config is not None else "<forecast defaults>"
-    base = load_config(args.config) if args.config is not None else parse_config({"optimization_target": "sla"}, source)
+    base = (
+        load_config(args.config).policy
+        if args.config is not None
+        else parse_config({"optimization_target": "sla"}, source).policy
+    )
     log1p = True if args.log1p else None
     configs = {
         name: forecast_eval.predictor_config(base, name, interval_s, log1p=log1p, source=source) for name in names

@@ -14,7 +14,7 @@ def cmd_k8s_check(args: argparse.Namespace) -> int:
     from planner_core.runtime.connectors.kubernetes import KubernetesApiError, KubernetesConnector, readiness_problem
     from planner_core.runtime.service import default_workers
 
-    config = load_config(args.config)
+    config = load_config(args.config).policy
     connector = KubernetesConnector.connect(config)
     try:
         problem = readiness_problem(connector.read_dgd([]))

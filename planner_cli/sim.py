@@ -21,7 +21,7 @@ def cmd_sim_exporter(args: argparse.Namespace) -> int:
     from planner_core.perf.model import ProfilePerfModel
     from planner_core.traces import load_trace
 
-    config = load_config(args.config)
+    config = load_config(args.config).policy
     profile_dir = resolve_profile_dir(config, args.config)
     perf = ProfilePerfModel.load(profile_dir)
     fwd = perf.forward_pass_model()

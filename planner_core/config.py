@@ -9,10 +9,25 @@ get a fixed default here, and process/runtime settings (credentials, DSNs, ...) 
 Public entry points:
 
 * `load_config(path)` reads a `.yaml`/`.yml`/`.json` file; `parse_config(data)` validates an in-memory
-  mapping. Both raise `ConfigError` (a `ValueError`) whose text is a single line naming the source, the
+  mapping. Both return a `PlannerFile`: `.policy` (`PlannerConfig`) and `.service` (`ServiceConfig`). Both
+  raise `ConfigError` (a `ValueError`) whose text is a single line naming the source, the
   dotted field, the offending value and what is allowed.
-* `config_hash(config)` fingerprints a configuration (sha256 of its canonical JSON), e.g. to record
-  which configuration produced a decision.
+* `config_hash(policy)` fingerprints a policy (sha256 of its canonical JSON), to record which policy
+  produced a decision.
+
+The split (one flat file, two models). The rule is what the decision reads:
+
+* `PlannerConfig`, the policy: every field `tick()`, the pipeline, the policies, the predictors or the perf
+  models read, the inputs those models are built from (profile folder, perf table, warm-up trace, backend,
+  plugins), the identity of the deployment decided for (mode, environment, namespace, model name, metrics
+  series) and the fields the validation rules tie to them. Frozen, hashed by `config_hash`, handed to `tick`
+  and stored with every tick so replay can rebuild it.
+* `ServiceConfig`, the service settings: how the service runs around the decision and never what it decides:
+  where reports go and how often, ports, the log folder, the Prometheus endpoint, the execution cadence and the
+  virtual connector's timeout. Not hashed, not stored with ticks.
+
+A field's model is chosen by its name alone, so a Dynamo-style file loads unchanged and the error messages
+name the field as written in the file.
 """
 
 from __future__ import annotations
@@ -45,10 +60,12 @@ __all__ = [
     "LoadPredictorName",
     "OptimizationTarget",
     "PlannerConfig",
+    "PlannerFile",
     "PlannerMode",
     "PluginOverrideConfig",
     "PluginsConfig",
     "SchedulingConfig",
+    "ServiceConfig",
     "SweepingMode",
     "ThroughputAlgorithm",
     "ThroughputMetricsSource",
@@ -372,7 +389,6 @@ class PlannerConfig(BaseModel):
     namespace: str = "dynamo"
     global_planner_namespace: str | None = None  # required when environment is global-planner
     model_name: str | None = None  # needed by the virtual connector
-    log_dir: str | None = None  # Dynamo field, kept for compatibility
 
     # --- SLA targets (used by the `sla` target only) -----------------------------------------------
     ttft_ms: float = Field(default=500.0, gt=0, validation_alias=_aliased("ttft_ms"))
@@ -440,36 +456,18 @@ class PlannerConfig(BaseModel):
 
     # --- metrics --------------------------------------------------------------------------------------
     throughput_metrics_source: ThroughputMetricsSource = ThroughputMetricsSource.FRONTEND
-    # Dynamo reads PROMETHEUS_ENDPOINT / PLANNER_PROMETHEUS_PORT for these; here they are plain values.
-    metric_pulling_prometheus_endpoint: str | None = None
-    metric_reporting_prometheus_port: int = Field(default=0, **_PORT)  # 0 = off
 
     # --- operation --------------------------------------------------------------------------------------
     advisory: bool = False  # decide and record, never execute
-    control_api_port: int = Field(default=9086, **_PORT)  # 0 = off
     enable_power_awareness: bool = False
     total_gpu_power_limit: int | None = Field(default=None, ge=1)  # watts
-
-    # --- reports ----------------------------------------------------------------------------------------
-    report_interval_hours: float | None = Field(default=24.0, gt=0)  # None = no periodic report
-    report_output_dir: str = "./planner_reports"
-    report_filename: str | None = None
-    report_write_gzip_log: bool = True
-    live_dashboard_port: int = Field(default=8080, **_PORT)  # 0 = off
 
     # --- not supported yet -------------------------------------------------------------------------
     # Accepted as opaque mappings only so that Dynamo configuration files load; nothing reads them.
     aic_interpolation: dict[str, Any] | None = None
     ais_perf_model: dict[str, Any] | None = None
-    plugin_registration: dict[str, Any] | None = None
 
     # --- our extensions (not in Dynamo) -------------------------------------------------------------
-    # How often the execution flow applies pending decisions (s); 10 s matches the check interval of
-    # Dynamo's virtual connector (SCALING_CHECK_INTERVAL).
-    execution_interval_seconds: float = Field(default=10.0, gt=0)
-    # How long an unacknowledged virtual-connector decision blocks newer ones (s); Dynamo's
-    # SCALING_MAX_WAIT_TIME.
-    virtual_connector_timeout_seconds: float = Field(default=1800.0, gt=0)
     # User plugins of the decision pipeline: which entry points to load, their settings and scheduling overrides.
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
     # Which algorithm the load loop runs: `per_engine` (Dynamo 1.x) or `threshold_2025` (Dynamo's 2025 load
@@ -738,6 +736,66 @@ class PlannerConfig(BaseModel):
         )
 
 
+class ServiceConfig(BaseModel):
+    """How the service runs around the decision: metrics endpoints, ports, reports, execution cadence.
+
+    Read only by `planner_core.runtime` and `flows`; never by `tick`. Not hashed: moving the report folder or a
+    port leaves `config_hash` (the policy identity stored with every tick) unchanged. The fields sit at the top
+    level of the same Dynamo-style file as the policy's (see `PlannerFile`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    # --- Dynamo fields ---------------------------------------------------------------------------------
+    log_dir: str | None = Field(
+        default=None, description="Folder for log files (Dynamo field, kept for compatibility)."
+    )
+    # Dynamo reads PROMETHEUS_ENDPOINT / PLANNER_PROMETHEUS_PORT for these; here they are plain values.
+    metric_pulling_prometheus_endpoint: str | None = Field(
+        default=None, description="Prometheus URL traffic is read from; None = PLANNER_PROMETHEUS_ENDPOINT."
+    )
+    metric_reporting_prometheus_port: int = Field(
+        default=0, **_PORT, description="TCP port the planner's own Prometheus metrics are served on; 0 = off."
+    )
+    control_api_port: int = Field(default=9086, **_PORT, description="TCP port of the control API; 0 = off.")
+    report_interval_hours: float | None = Field(
+        default=24.0, gt=0, description="Hours between two periodic reports; None = no periodic report."
+    )
+    report_output_dir: str = Field(
+        default="./planner_reports",
+        description="Folder reports are written to, relative to the config file; unset = reports/ in the data folder.",
+    )
+    report_filename: str | None = Field(default=None, description="File name of the periodic report; None = dated.")
+    report_write_gzip_log: bool = Field(default=True, description="Write the gzipped tick log beside each report.")
+    live_dashboard_port: int = Field(default=8080, **_PORT, description="TCP port of the live dashboard; 0 = off.")
+    # Not supported yet: accepted as an opaque mapping only so that Dynamo configuration files load.
+    plugin_registration: dict[str, Any] | None = Field(
+        default=None, description="Dynamo's plugin-registration settings; accepted, not used."
+    )
+
+    # --- ours ------------------------------------------------------------------------------------------
+    # 10 s matches the check interval of Dynamo's virtual connector (SCALING_CHECK_INTERVAL).
+    execution_interval_seconds: float = Field(
+        default=10.0, gt=0, description="Seconds between two runs of the execution flow applying pending decisions."
+    )
+    # Dynamo's SCALING_MAX_WAIT_TIME.
+    virtual_connector_timeout_seconds: float = Field(
+        default=1800.0, gt=0, description="Seconds an unacknowledged virtual-connector decision blocks newer ones."
+    )
+
+
+class PlannerFile(BaseModel):
+    """One planner configuration file, split: the hashed `policy` and the unhashed `service` settings.
+
+    Built only by `parse_config` / `load_config` from the flat Dynamo-style mapping; the split is by field name.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policy: PlannerConfig
+    service: ServiceConfig = Field(default_factory=ServiceConfig)
+
+
 def managed_components(mode: PlannerMode) -> tuple[Component, ...]:
     """Pools the planner scales in a mode (aggregated mode's single pool is represented as DECODE)."""
     if mode is PlannerMode.PREFILL:
@@ -766,7 +824,8 @@ def _divides(base: float, value: float) -> bool:
 # Loading
 # --------------------------------------------------------------------------------------------------------
 
-_KNOWN_TOP_LEVEL = sorted(set(PlannerConfig.model_fields) | set(_ALIAS_TO_FIELD))
+_SERVICE_FIELDS = frozenset(ServiceConfig.model_fields)
+_KNOWN_TOP_LEVEL = sorted(set(PlannerConfig.model_fields) | _SERVICE_FIELDS | set(_ALIAS_TO_FIELD))
 _TYPE_REQUIREMENTS = {
     "int_type": "must be an integer",
     "int_parsing": "must be an integer",
@@ -802,6 +861,8 @@ def _describe(error: Mapping[str, Any]) -> tuple[str | None, str, str, str]:
         return ctx["field"], f"'{ctx['field']}'", ctx["shown"], ctx["requirement"]
 
     loc = tuple(error["loc"])
+    if loc and loc[0] in PlannerFile.model_fields:  # the file is flat: `policy.ttft_ms` is written `ttft_ms`
+        loc = loc[1:]
     name = _dotted(loc) or None
     label = f"'{name}'" if name else "(top level)"
     if len(loc) == 1 and loc[0] in _ALIAS_TO_FIELD:
@@ -846,15 +907,15 @@ def _from_validation_error(exc: ValidationError, source: str) -> ConfigError:
     return ConfigError(message, source=source, field=name)
 
 
-def parse_config(data: Mapping[str, Any], source: str = "<config>") -> PlannerConfig:
-    """Validate an in-memory configuration mapping.
+def parse_config(data: Mapping[str, Any], source: str = "<config>") -> PlannerFile:
+    """Validate an in-memory configuration mapping and split it into the policy and the service settings.
 
     Args:
         data: the configuration object (field names or Dynamo aliases as keys).
         source: label used at the start of error messages (normally the file name).
 
     Returns:
-        The validated, frozen configuration.
+        The validated, frozen file: `.policy` (hashed, what `tick` reads) and `.service` (not hashed).
 
     Raises:
         ConfigError: `data` is not a mapping, has an unknown field, a bad value, or breaks a cross-field
@@ -870,7 +931,12 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> PlannerCo
             source=source,
         )
     try:
-        return PlannerConfig.model_validate(dict(data))
+        return PlannerFile.model_validate(
+            {
+                "policy": {key: value for key, value in data.items() if key not in _SERVICE_FIELDS},
+                "service": {key: value for key, value in data.items() if key in _SERVICE_FIELDS},
+            }
+        )
     except ValidationError as exc:
         raise _from_validation_error(exc, source) from exc
 
@@ -943,7 +1009,7 @@ def resolve_profile_dir(config: PlannerConfig, config_path: Path | None) -> Path
     return resolve_config_relative(config.profile_results_dir, config_path)
 
 
-def load_config(path: str | Path) -> PlannerConfig:
+def load_config(path: str | Path) -> PlannerFile:
     """Read and validate a planner configuration file.
 
     The format is chosen by the suffix: `.yaml`/`.yml` (YAML, safe loader) or `.json`. Keys are Dynamo
@@ -953,7 +1019,7 @@ def load_config(path: str | Path) -> PlannerConfig:
         path: the file to read.
 
     Returns:
-        The validated, frozen configuration.
+        The validated, frozen file: `.policy` (hashed, what `tick` reads) and `.service` (not hashed).
 
     Raises:
         ConfigError: the suffix is not supported, the file cannot be read or parsed, the top level is not
@@ -979,10 +1045,14 @@ def load_config(path: str | Path) -> PlannerConfig:
 
 
 def config_hash(config: PlannerConfig) -> str:
-    """Fingerprint a configuration.
+    """Fingerprint a policy: the identity stored with every tick.
+
+    Only the policy is hashed, so service settings (reports, ports, endpoints) can change without changing it.
+    Rows recorded before the split carry the hash of the whole file; they are looked up by that stored hash
+    and their stored body still parses (see `planner_core.runtime.store.repository.ensure_deployment`).
 
     Args:
-        config: the configuration to fingerprint.
+        config: the policy to fingerprint.
 
     Returns:
         The sha256 hex digest of the canonical JSON (sorted keys, no whitespace) of

@@ -210,7 +210,7 @@ def test_a_user_config_is_benched_with_its_own_settings(profile_perf: ProfilePer
         {"ttft_ms": 500, "itl_ms": 50, "enable_throughput_scaling": False, "enable_load_scaling": False,
          "prefill_min_endpoint": 3, "decode_min_endpoint": 2},
         "frozen.yaml",
-    )  # fmt: skip
+    ).policy  # fmt: skip
     base = {"ttft_ms": 500.0, "itl_ms": 50.0, "throughput_adjustment_interval_seconds": 60}
     preset, user = build_policies(
         ["planner"], base, trace, profile_perf, FWD, SimSpec(), window_s=60, initial="min",
@@ -337,7 +337,7 @@ def test_agg_presets_run_in_mode_agg_and_the_others_are_refused(profile_perf: Pr
         with pytest.raises(ValueError, match=message) as caught:
             build_policies(["oracle", name], base, trace, profile_perf, FWD, agg, window_s=60)
         assert "\n" not in str(caught.value)
-    disagg = UserPlannerConfig(name="config:d", config=parse_config({"ttft_ms": 500}, "d.yaml"))
+    disagg = UserPlannerConfig(name="config:d", config=parse_config({"ttft_ms": 500}, "d.yaml").policy)
     with pytest.raises(ValueError, match="--config config:d: mode 'disagg' cannot run with --mode agg"):
         build_policies([], base, trace, profile_perf, FWD, agg, window_s=60, user_configs=[disagg])
 

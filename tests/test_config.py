@@ -27,6 +27,7 @@ from planner_core.config import (
     PlannerConfig,
     PlannerMode,
     SchedulingConfig,
+    ServiceConfig,
     SweepingMode,
     ThroughputMetricsSource,
     config_hash,
@@ -136,7 +137,8 @@ DYNAMO_DEFAULTS = [
 @pytest.mark.parametrize(("field", "expected"), DYNAMO_DEFAULTS, ids=[f for f, _ in DYNAMO_DEFAULTS])
 def test_default_matches_dynamo(field: str, expected: Any) -> None:
     """An empty configuration yields Dynamo 1.6.1's default for every field."""
-    assert attr(parse_config({}), field) == expected
+    loaded = parse_config({})
+    assert attr(loaded.service if field in ServiceConfig.model_fields else loaded.policy, field) == expected
 
 
 @pytest.mark.parametrize("predictor", list(LoadPredictorName), ids=[p.value for p in LoadPredictorName])
@@ -145,7 +147,7 @@ def test_every_predictor_and_length_quantile_is_accepted(
     predictor: LoadPredictorName, quantile: LengthQuantile
 ) -> None:
     """Dynamo's four predictors, our `ensemble`, and each of p50/p90/p99 parse to their enum members."""
-    config = parse_config({"load_predictor": predictor.value, "load_predictor_length_quantile": quantile.value})
+    config = parse_config({"load_predictor": predictor.value, "load_predictor_length_quantile": quantile.value}).policy
     assert config.load_predictor is predictor
     assert config.load_predictor_length_quantile is quantile
 
@@ -155,9 +157,9 @@ def test_defaults_ignore_environment_variables(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("DYN_NAMESPACE", "from-env")
     monkeypatch.setenv("PROMETHEUS_ENDPOINT", "http://from-env:9090")
     monkeypatch.setenv("PLANNER_PROMETHEUS_PORT", "9999")
-    config = PlannerConfig()
-    assert (config.namespace, config.metric_pulling_prometheus_endpoint) == ("dynamo", None)
-    assert config.metric_reporting_prometheus_port == 0
+    config, service = PlannerConfig(), ServiceConfig()
+    assert (config.namespace, service.metric_pulling_prometheus_endpoint) == ("dynamo", None)
+    assert service.metric_reporting_prometheus_port == 0
 
 
 ALIASES = [
@@ -171,7 +173,7 @@ ALIASES = [
 @pytest.mark.parametrize(("alias", "field", "value"), ALIASES, ids=[a for a, _, _ in ALIASES])
 def test_alias_sets_field(alias: str, field: str, value: Any) -> None:
     """Each Dynamo alias sets its canonical field."""
-    assert getattr(parse_config({alias: value}), field) == value
+    assert getattr(parse_config({alias: value}).policy, field) == value
 
 
 @pytest.mark.parametrize(("alias", "field", "value"), ALIASES, ids=[a for a, _, _ in ALIASES])
@@ -183,7 +185,7 @@ def test_alias_and_name_together_rejected(alias: str, field: str, value: Any) ->
 
 def test_dump_uses_canonical_names() -> None:
     """Dumps use field names, never aliases, with enums as plain strings."""
-    dumped = parse_config({"ttft": 100}).model_dump(mode="json")
+    dumped = parse_config({"ttft": 100}).policy.model_dump(mode="json")
     assert dumped["ttft_ms"] == 100.0 and "ttft" not in dumped
     assert dumped["mode"] == "disagg"
 
@@ -205,7 +207,7 @@ FILE_DATA = {
 @pytest.mark.parametrize("suffix", [".yaml", ".yml", ".YAML"])
 def test_yaml_file_loads(tmp_path: Path, suffix: str) -> None:
     """YAML files load by suffix, aliases and nested sections included."""
-    config = load_config(write_yaml(tmp_path, FILE_DATA, name=f"planner{suffix}"))
+    config = load_config(write_yaml(tmp_path, FILE_DATA, name=f"planner{suffix}")).policy
     assert (config.mode, config.ttft_ms, config.load_adjustment_interval_seconds) == (
         PlannerMode.AGG,
         300.0,
@@ -218,12 +220,12 @@ def test_json_file_loads(tmp_path: Path) -> None:
     """JSON files load and equal the same data loaded from YAML."""
     path = tmp_path / "planner.json"
     path.write_text(json.dumps(FILE_DATA), encoding="utf-8")
-    assert load_config(path) == load_config(write_yaml(tmp_path, FILE_DATA))
+    assert load_config(path).policy == load_config(write_yaml(tmp_path, FILE_DATA)).policy
 
 
 def test_load_config_accepts_str_path(tmp_path: Path) -> None:
     """`load_config` takes a plain string as well as a Path."""
-    assert load_config(str(write_yaml(tmp_path, {"mode": "decode"}))).mode is PlannerMode.DECODE
+    assert load_config(str(write_yaml(tmp_path, {"mode": "decode"}))).policy.mode is PlannerMode.DECODE
 
 
 def test_dynamo_file_with_unsupported_sections_loads(tmp_path: Path) -> None:
@@ -237,7 +239,7 @@ def test_dynamo_file_with_unsupported_sections_loads(tmp_path: Path) -> None:
             "external_plugins": [{"plugin_id": "p", "plugin_type": "propose", "priority": 5}],
         },
     }
-    config = load_config(write_yaml(tmp_path, data))
+    config = load_config(write_yaml(tmp_path, data)).policy
     assert config.ais_perf_model == data["ais_perf_model"]
     assert config.scheduling.external_plugins[0]["plugin_id"] == "p"
 
@@ -641,7 +643,7 @@ VALID_CASES = [
 @pytest.mark.parametrize("data", [c[1] for c in VALID_CASES], ids=[c[0] for c in VALID_CASES])
 def test_valid_configuration_accepted(data: dict[str, Any]) -> None:
     """Configurations that satisfy every rule validate."""
-    assert isinstance(parse_config(data), PlannerConfig)
+    assert isinstance(parse_config(data).policy, PlannerConfig)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -660,7 +662,7 @@ def test_frozen(target: str, name: str) -> None:
 
 def test_validation_does_not_rewrite_flags() -> None:
     """Easy targets change the derived activity, never the stored flags."""
-    config = parse_config({"enable_throughput_scaling": True, "enable_load_scaling": False})
+    config = parse_config({"enable_throughput_scaling": True, "enable_load_scaling": False}).policy
     assert (config.enable_throughput_scaling, config.enable_load_scaling) == (True, False)
     assert config.scheduling.scale_interval_seconds is None
 
@@ -681,7 +683,7 @@ def test_hash_ignores_alias_spelling() -> None:
     """Two configs differing only in alias spelling hash the same."""
     by_alias = parse_config(
         {"ttft": 200, "itl": 20, "load_adjustment_interval": 10, "throughput_adjustment_interval": 60}
-    )
+    ).policy
     by_name = parse_config(
         {
             "ttft_ms": 200.0,
@@ -689,7 +691,7 @@ def test_hash_ignores_alias_spelling() -> None:
             "load_adjustment_interval_seconds": 10,
             "throughput_adjustment_interval_seconds": 60,
         }
-    )
+    ).policy
     assert config_hash(by_alias) == config_hash(by_name)
 
 
@@ -697,8 +699,10 @@ def test_hash_stable_across_files(tmp_path: Path) -> None:
     """Loading equal content from YAML and JSON gives the same hash as an explicit default dump."""
     json_path = tmp_path / "p.json"
     json_path.write_text(json.dumps(FILE_DATA), encoding="utf-8")
-    assert config_hash(load_config(json_path)) == config_hash(load_config(write_yaml(tmp_path, FILE_DATA)))
-    assert config_hash(PlannerConfig()) == config_hash(parse_config({}))
+    assert config_hash(load_config(json_path).policy) == config_hash(
+        load_config(write_yaml(tmp_path, FILE_DATA)).policy
+    )
+    assert config_hash(PlannerConfig()) == config_hash(parse_config({}).policy)
 
 
 HASH_CHANGES = [
@@ -707,15 +711,59 @@ HASH_CHANGES = [
     ("namespace", "other"),
     ("advisory", True),
     ("scheduling", {"tick_max_duration_seconds": 31}),
-    ("execution_interval_seconds", 11.0),
-    ("plugin_registration", {"a": 1}),
+    ("load_predictor_warmup_trace", "trace.jsonl"),
 ]
 
 
 @pytest.mark.parametrize(("field", "value"), HASH_CHANGES, ids=[f for f, _ in HASH_CHANGES])
 def test_hash_changes_with_value(field: str, value: Any) -> None:
     """Changing any value changes the hash."""
-    assert config_hash(parse_config({field: value})) != config_hash(PlannerConfig())
+    assert config_hash(parse_config({field: value}).policy) != config_hash(PlannerConfig())
+
+
+SERVICE_CHANGES = [
+    ("report_output_dir", "/elsewhere"),
+    ("report_interval_hours", 1.0),
+    ("report_filename", "r.html"),
+    ("report_write_gzip_log", False),
+    ("live_dashboard_port", 0),
+    ("control_api_port", 1234),
+    ("metric_reporting_prometheus_port", 9100),
+    ("metric_pulling_prometheus_endpoint", "http://prom:9090"),
+    ("log_dir", "/var/log/planner"),
+    ("execution_interval_seconds", 11.0),
+    ("virtual_connector_timeout_seconds", 60.0),
+    ("plugin_registration", {"a": 1}),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), SERVICE_CHANGES, ids=[f for f, _ in SERVICE_CHANGES])
+def test_service_fields_load_flat_and_leave_the_hash_alone(field: str, value: Any) -> None:
+    """A service setting is read from the same flat file, lands in `.service`, and never changes the policy hash."""
+    loaded = parse_config({"ttft_ms": 300, field: value})
+    assert getattr(loaded.service, field) == value
+    assert field not in PlannerConfig.model_fields
+    assert config_hash(loaded.policy) == config_hash(parse_config({"ttft_ms": 300}).policy)
+
+
+def test_service_field_errors_name_the_field_as_written() -> None:
+    """The split is invisible in messages: a bad service value names the flat field, a typo gets a suggestion."""
+    with pytest.raises(ConfigError, match=r"^c.yaml: field 'live_dashboard_port' = 70000: must be <= 65535$"):
+        parse_config({"live_dashboard_port": 70000}, source="c.yaml")
+    with pytest.raises(ConfigError, match=r"did you mean 'report_output_dir'\?$") as info:
+        parse_config({"report_output_dirr": "x"}, source="c.yaml")
+    assert info.value.field == "report_output_dirr"
+
+
+def test_policy_and_service_fields_do_not_overlap() -> None:
+    """Every field of the file belongs to exactly one of the two models."""
+    assert not set(PlannerConfig.model_fields) & set(ServiceConfig.model_fields)
+
+
+def test_every_service_field_is_described() -> None:
+    """The configuration reference is generated from the field descriptions (the policy's are still to write)."""
+    missing = [name for name, info in ServiceConfig.model_fields.items() if not info.description]
+    assert not missing
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -760,7 +808,7 @@ SCALE_INTERVAL_CASES = [
 )
 def test_scale_interval_effective(data: dict[str, Any], expected: float) -> None:
     """The base cadence is the explicit value or the GCD of the active intervals."""
-    assert parse_config(data).scale_interval_seconds_effective == expected
+    assert parse_config(data).policy.scale_interval_seconds_effective == expected
 
 
 @given(load=st.integers(1, 600), extra=st.integers(1, 3600))
@@ -774,7 +822,7 @@ def test_derived_scale_interval_divides_active_intervals(load: int, extra: int) 
             "load_adjustment_interval_seconds": load,
             "throughput_adjustment_interval_seconds": throughput,
         }
-    )
+    ).policy
     base = config.scale_interval_seconds_effective
     assert base == math.gcd(load, throughput)
     assert load % base == 0 and throughput % base == 0
@@ -798,22 +846,22 @@ LOOP_CASES = [
 @pytest.mark.parametrize(("data", "throughput", "load"), [c[1:] for c in LOOP_CASES], ids=[c[0] for c in LOOP_CASES])
 def test_loop_activity(data: dict[str, Any], throughput: bool, load: bool) -> None:
     """Non-sla targets run only the load loop; sla follows the flags."""
-    config = parse_config(data)
+    config = parse_config(data).policy
     assert (config.throughput_scaling_active, config.load_scaling_active) == (throughput, load)
 
 
 def test_min_endpoint_effective() -> None:
     """Role floors override min_endpoint; unset roles fall back to it."""
-    config = parse_config({"min_endpoint": 2, "prefill_min_endpoint": 3})
+    config = parse_config({"min_endpoint": 2, "prefill_min_endpoint": 3}).policy
     assert (config.prefill_min_endpoint_effective, config.decode_min_endpoint_effective) == (3, 2)
-    zero = parse_config({"min_endpoint": 0, "mode": "agg"})
+    zero = parse_config({"min_endpoint": 0, "mode": "agg"}).policy
     assert (zero.prefill_min_endpoint_effective, zero.decode_min_endpoint_effective) == (0, 0)
 
 
 def test_gpus_per_engine() -> None:
     """Engine GPU width is the configured value or 1."""
     assert (PlannerConfig().prefill_gpus_per_engine, PlannerConfig().decode_gpus_per_engine) == (1, 1)
-    config = parse_config({"prefill_engine_num_gpu": 2, "decode_engine_num_gpu": 4})
+    config = parse_config({"prefill_engine_num_gpu": 2, "decode_engine_num_gpu": 4}).policy
     assert (config.prefill_gpus_per_engine, config.decode_gpus_per_engine) == (2, 4)
 
 

@@ -37,7 +37,7 @@ JSON_KEYS = {"predictor", "loss", "mape_requests", "mape_isl", "mape_osl", "ms_p
 
 def sla_config(**fields) -> object:  # noqa: ANN003
     """A validated PlannerConfig with the `sla` target and the given fields."""
-    return parse_config({"optimization_target": "sla", **fields})
+    return parse_config({"optimization_target": "sla", **fields}).policy
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -375,7 +375,7 @@ def test_warm_start_equals_observing_the_windows_one_by_one(gappy_path: Path) ->
 def test_warm_start_only_for_the_sla_target(gappy_path: Path) -> None:
     """Other targets (and no trace) start cold, and the trace is not even read."""
     missing = str(gappy_path.parent / "does-not-exist.jsonl")
-    throughput = parse_config({"optimization_target": "throughput", "load_predictor_warmup_trace": missing})
+    throughput = parse_config({"optimization_target": "throughput", "load_predictor_warmup_trace": missing}).policy
     assert warm_history(throughput) == LoadHistory()
     assert warm_history(sla_config()) == LoadHistory()
 

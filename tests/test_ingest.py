@@ -199,7 +199,7 @@ def deployment(database_url: str, tmp_path: Path) -> tuple[str, int, Path]:
     """A deployment row to ingest for: (database URL, deployment id, its config file)."""
     config_path = write_config(tmp_path, enable_load_scaling=True, load_adjustment_interval_seconds=5)
     with session_factory(database_url).begin() as session:
-        row = repo.ensure_deployment(session, "ingest", load_config(config_path))
+        row = repo.ensure_deployment(session, "ingest", load_config(config_path).policy)
         return database_url, row.id, config_path
 
 

@@ -340,10 +340,10 @@ def test_effective_config_fills_gpus_and_model_and_refuses_a_mismatch(tmp_path: 
     info = DeploymentInfo(
         namespace="ns", dgd_name="llm", api_version="v1beta1", model_name="Qwen/Qwen3-0.6B", roles=roles
     )
-    config = effective_config(parse_config({"environment": "kubernetes"}), info)
+    config = effective_config(parse_config({"environment": "kubernetes"}).policy, info)
     assert (config.prefill_engine_num_gpu, config.decode_engine_num_gpu, config.model_name) == (1, 2, "Qwen/Qwen3-0.6B")
     with pytest.raises(KubernetesConnectorError) as err:
-        effective_config(parse_config({"environment": "kubernetes", "decode_engine_num_gpu": 4}), info)
+        effective_config(parse_config({"environment": "kubernetes", "decode_engine_num_gpu": 4}).policy, info)
     assert str(err.value) == (
         "DynamoGraphDeployment ns/llm: config decode_engine_num_gpu = 4 but component D has 2 GPU(s) per replica"
     )
@@ -411,7 +411,7 @@ def make_connector(kube: KubeApiServer, mode: PlannerMode = PlannerMode.DISAGG, 
         retry=RetryPolicy(max_tries=4, backoff_s=0.5, max_backoff_s=4.0),
         sleep=RecordedSleep(),
     )
-    connector.validate(parse_config({"environment": "kubernetes", "mode": mode.value, **config}))
+    connector.validate(parse_config({"environment": "kubernetes", "mode": mode.value, **config}).policy)
     return connector
 
 
@@ -457,7 +457,7 @@ def test_validate_missing_dgd_is_a_clear_error(kube: KubeApiServer) -> None:
 def test_connect_needs_the_dgd_name() -> None:
     """Without DYN_PARENT_DGD_K8S_NAME the connector says what is missing."""
     with pytest.raises(KubernetesConnectorError, match="^DYN_PARENT_DGD_K8S_NAME is not set"):
-        KubernetesConnector.connect(parse_config({}), KubernetesSettings(parent_dgd_name=None))
+        KubernetesConnector.connect(parse_config({}).policy, KubernetesSettings(parent_dgd_name=None))
 
 
 def test_worker_counts_ready_from_status_expected_from_adapters(disagg: KubeApiServer) -> None:
@@ -578,7 +578,7 @@ def test_apply_v1alpha1_services() -> None:
             api_version="v1alpha1",
             sleep=RecordedSleep(),
         )
-        connector.validate(parse_config({"mode": "decode"}))
+        connector.validate(parse_config({"mode": "decode"}).policy)
         assert connector.apply(None, Decision(None, 5), T0).outcome.value == "applied"
         assert v1alpha1.get(DGD, DGD_NAME)["spec"]["services"]["decode"]["replicas"] == 5
 
@@ -595,7 +595,7 @@ def test_connection_errors_are_retried_then_reported(kube: KubeApiServer) -> Non
         api_client=k8s_client.ApiClient(configuration), namespace="ns", dgd_name=DGD_NAME, sleep=sleep
     )
     with pytest.raises(KubernetesConnectorError) as err:
-        connector.validate(parse_config({}))
+        connector.validate(parse_config({}).policy)
     assert sleep.waits_s == [0.5, 1.0, 2.0]
     assert "gave up after 4 tries" in str(err.value) and str(err.value).count("connection error") == 4
 
@@ -616,7 +616,7 @@ def test_forbidden_is_not_retried_and_points_at_the_rbac(disagg: KubeApiServer) 
 
 @pytest.fixture
 def k8s_ctx(database_url: str, tmp_path: Path, profile_dir: Path, disagg: KubeApiServer) -> PlannerContext:
-    config = load_config(write_config(tmp_path, environment="kubernetes"))
+    config = load_config(write_config(tmp_path, environment="kubernetes")).policy
     ctx = PlannerContext(
         database_url=database_url, deployment=NAME, config=config, perf=None, kubernetes=make_connector(disagg)
     )
@@ -852,7 +852,7 @@ def test_default_workers_fill_pools_the_mode_does_not_manage(disagg: KubeApiServ
     disagg.put(DGD, dgd)
     disagg.settle(DGD_NAME)
     connector = make_connector(disagg, PlannerMode.AGG)
-    config = parse_config({"mode": "agg", "environment": "kubernetes", "min_endpoint": 1})
+    config = parse_config({"mode": "agg", "environment": "kubernetes", "min_endpoint": 1}).policy
     counts = connector.worker_counts(None, 0, default=default_workers(config))
     assert counts == WorkerCounts(ready_prefill=1, ready_decode=2, expected_prefill=1, expected_decode=2)
 

@@ -140,7 +140,7 @@ BASE_CONFIG: dict[str, Any] = {
 
 
 def make_config(**overrides: Any) -> PlannerConfig:
-    return parse_config({**BASE_CONFIG, **overrides})
+    return parse_config({**BASE_CONFIG, **overrides}).policy
 
 
 # --- the simulated cluster -------------------------------------------------------------------------------------

@@ -218,7 +218,7 @@ def test_idle_prefill_pool_after_long_prompts(
             "itl_ms": 20,
             "load_next_request": source.value,
         }
-    )
+    ).policy
     history = [prefill_iteration(t, worker_id="p0") for t in (8192, 0, 3808, 0, 8192, 0, 3808, 0, 8192, 0)]
     engines = observed(PerfModelRole.PREFILL, history)
     state = PlannerState(load_history=SEEN_WINDOW, perf_models=OnlinePerfState(prefill=engines))

@@ -61,7 +61,7 @@ def line(tokens: int) -> float:
 
 
 def config(**overrides: object) -> PlannerConfig:
-    return parse_config({"optimization_target": "sla", **overrides})
+    return parse_config({"optimization_target": "sla", **overrides}).policy
 
 
 def observe(role: PerfModelRole, fpms: list[ForwardPassMetrics], **options: int) -> OnlineModelState:

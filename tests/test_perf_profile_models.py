@@ -78,7 +78,7 @@ def test_bootstrap_warms_the_online_models_to_ready(profile: EngineProfile) -> N
     """The bootstrap chain: profile -> FPMs -> online regressions ready before any live FPM."""
     from planner_core.config import parse_config
 
-    state = observe_fpm(OnlinePerfState(), bootstrap_fpms(profile), parse_config({"optimization_target": "sla"}))
+    state = observe_fpm(OnlinePerfState(), bootstrap_fpms(profile), parse_config({"optimization_target": "sla"}).policy)
     assert state.prefill.readiness is ModelReadiness.READY and len(state.prefill.samples) == 17
     assert state.decode.readiness is ModelReadiness.READY and len(state.decode.samples) == 41
     # Linear fits of the H200 profile: TTFT -1.6 ms + 0.0221 ms/token;
@@ -246,6 +246,6 @@ def test_online_model_from_bootstrap_answers_capacity(profile: EngineProfile) ->
     """The online decode model warm-started from the profile is a ForwardPassModel the search accepts."""
     from planner_core.config import parse_config
 
-    state = observe_fpm(OnlinePerfState(), bootstrap_fpms(profile), parse_config({"optimization_target": "sla"}))
+    state = observe_fpm(OnlinePerfState(), bootstrap_fpms(profile), parse_config({"optimization_target": "sla"}).policy)
     capacity = decode_capacity(OnlineForwardPassModel(state.decode), H200_LIMITS, isl=3000, osl=300, itl_ms=10)
     assert capacity.usable and capacity.sla_met and capacity.batch_size == 33

@@ -56,7 +56,7 @@ from planner_core.pipeline import (
 
 P, D = Component.PREFILL, Component.DECODE
 SET, AT_LEAST, AT_MOST, REJECT = OverrideType.SET, OverrideType.AT_LEAST, OverrideType.AT_MOST, OverrideType.REJECT
-CONFIG = parse_config({"max_gpu_budget": -1})
+CONFIG = parse_config({"max_gpu_budget": -1}).policy
 BASELINE = {P: 2, D: 4}
 TRAFFIC = TrafficObservation(duration_s=60.0, num_req=600.0, isl=1000.0, osl=100.0)
 
@@ -405,7 +405,7 @@ INVARIANT_CASES = [
 @pytest.mark.parametrize("case", INVARIANT_CASES, ids=lambda case: case.id)
 def test_final_invariants_and_execute(case: InvariantCase) -> None:
     """After CONSTRAIN: min endpoints and the GPU budget apply to every proposal; no change means no decision."""
-    config = parse_config({"max_gpu_budget": -1, **case.config})
+    config = parse_config({"max_gpu_budget": -1, **case.config}).policy
     outcome = run([plugin("p", Phase.PROPOSE, *case.overrides)], config=config)
     assert outcome.action is case.want_action
     assert (outcome.decision.num_prefill, outcome.decision.num_decode) == case.want
@@ -419,7 +419,7 @@ def test_advisory_records_everything_and_marks_the_decision() -> None:
     """Advisory mode computes and records the same targets, steps and state, but the decision is advisory."""
     plugins = [plugin("p", Phase.PROPOSE, ov(D, SET, 6))]
     normal = run(plugins)
-    advisory = run(plugins, config=parse_config({"max_gpu_budget": -1, "advisory": True}))
+    advisory = run(plugins, config=parse_config({"max_gpu_budget": -1, "advisory": True}).policy)
     assert advisory.proposals == normal.proposals and advisory.next_state == normal.next_state
     assert advisory.steps[:-1] == normal.steps[:-1]
     assert advisory.steps[-1].detail == "advisory mode, not executed: prefill 2 -> 2, decode 4 -> 6"
@@ -608,7 +608,7 @@ def test_fpm_need_is_checked() -> None:
 )
 def test_base_cadence_is_gcd_of_intervals(config: dict[str, Any], intervals: list[float | None], want: float) -> None:
     specs = [PluginSpec(plugin_id=f"p{i}", phase=Phase.PROPOSE, interval_s=s) for i, s in enumerate(intervals)]
-    assert base_cadence_s(parse_config(config), specs) == want
+    assert base_cadence_s(parse_config(config).policy, specs) == want
 
 
 # --- failures and deadlines ------------------------------------------------------------------------------------
@@ -689,7 +689,7 @@ def test_tick_deadline_discards_the_late_plugin_and_skips_the_tick() -> None:
     """With a 10 s tick deadline, a plugin finishing at 12 s is discarded, later plugins are not run, and EXECUTE is
     skip_tick_timeout (Python cannot preempt a running plugin, so the overrun is seen when it returns)."""
     clock = FakeClock()
-    config = parse_config({"max_gpu_budget": -1, "scheduling": {"tick_max_duration_seconds": 10}})
+    config = parse_config({"max_gpu_budget": -1, "scheduling": {"tick_max_duration_seconds": 10}}).policy
     early = plugin(
         "early", Phase.PREDICT, function=clock.spend(1.0, PluginResult(predictions=PartialPrediction(isl=5.0)))
     )
@@ -745,7 +745,7 @@ def test_duplicate_plugin_ids_are_a_wiring_error() -> None:
 
 
 def config_with(plugins: dict[str, Any], **extra: Any) -> PlannerConfig:
-    return parse_config({"max_gpu_budget": -1, "plugins": plugins, **extra})
+    return parse_config({"max_gpu_budget": -1, "plugins": plugins, **extra}).policy
 
 
 def test_config_overrides_change_priority_and_schedule() -> None:

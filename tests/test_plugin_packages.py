@@ -69,7 +69,7 @@ def install_example(site: Path) -> None:
 
 
 def config_with(plugins: dict[str, Any]) -> PlannerConfig:
-    return parse_config({"max_gpu_budget": -1, "plugins": plugins})
+    return parse_config({"max_gpu_budget": -1, "plugins": plugins}).policy
 
 
 def epoch(text: str) -> float:

@@ -142,7 +142,7 @@ def test_every_registered_predictor_is_in_the_suite() -> None:
 
 
 def make_config(**overrides: Any) -> PlannerConfig:
-    return parse_config({"throughput_adjustment_interval_seconds": WINDOW_S, **overrides})
+    return parse_config({"throughput_adjustment_interval_seconds": WINDOW_S, **overrides}).policy
 
 
 def window(num_req: float, isl: float = 1000.0, osl: float = 100.0, **percentiles: float | None) -> TrafficObservation:
@@ -381,7 +381,7 @@ from planner_core.config import parse_config
 from planner_core.domain import LoadHistory, TrafficObservation
 from planner_core.predict import observe_window, predict_next
 for name in ("constant", "kalman"):
-    config = parse_config({"load_predictor": name, "load_predictor_log1p": name == "kalman"})
+    config = parse_config({"load_predictor": name, "load_predictor_log1p": name == "kalman"}).policy
     history = LoadHistory()
     for n in (10, 20, 15, 30, 25, 40, 35):
         history, _ = observe_window(history, TrafficObservation(duration_s=60, num_req=n, isl=n, osl=n), config)

@@ -241,3 +241,44 @@ def test_a_state_recorded_before_a_field_was_added_still_replays_exactly(databas
         conn.execute("UPDATE planner_states SET state = jsonb_set(state, '{num_throughput_ticks}', '99')")
     summary = replay(database_url, "older", start, end)
     assert summary.num_differing == 4
+
+
+def test_service_settings_are_outside_the_replayed_policy(database_url, tmp_path, azure_conv_trace) -> None:
+    """Ticks recorded under a file with service settings replay identically after only those settings changed, under
+    the same config hash; a policy change changes the hash. Rows stored before the split (the whole file hashed, its
+    body holding service fields) still replay exactly, and re-registering the same policy is a rehash, not a change.
+    """
+    from planner_core.config import config_hash, load_config
+    from planner_core.runtime.service import load_context
+    from planner_core.runtime.store import repository as repo
+
+    service = {"report_output_dir": "reports-a", "live_dashboard_port": 8081, "execution_interval_seconds": 5.0}
+    first = write_config(tmp_path, **service)
+    times = record_simulated_run(database_url, first, azure_conv_trace, "split", num_windows=4, load_every_s=None)
+    start, end = times[0] - ONE_HOUR, times[-1] + dt.timedelta(seconds=1)
+    [(recorded_hash,)] = _rows(database_url, "SELECT DISTINCT config_hash FROM ticks")
+
+    moved = write_config(tmp_path, **{**service, "report_output_dir": "reports-b", "live_dashboard_port": 0})
+    assert config_hash(load_config(moved).policy) == recorded_hash
+    summary = replay(database_url, "split", start, end, config_path=moved, mode=ReplayMode.RECORDED)
+    assert (summary.num_ticks, summary.num_identical, summary.num_differing) == (4, 4, 0)
+    [(what_if_hash,)] = _rows(database_url, "SELECT config_hash FROM replay_runs WHERE id = %s", summary.run_id)
+    assert what_if_hash == recorded_hash
+    assert config_hash(load_config(write_config(tmp_path, **service, ttft_ms=499)).policy) != recorded_hash
+
+    # A row stored before the split: the whole file (policy and service fields) hashed as one.
+    old_body = {**load_config(first).policy.model_dump(mode="json"), **load_config(first).service.model_dump()}
+    old_hash = "0" * 64
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        conn.execute(
+            "INSERT INTO planner_configs (config_hash, body) VALUES (%s, %s)", (old_hash, json.dumps(old_body))
+        )
+        conn.execute("UPDATE ticks SET config_hash = %s", (old_hash,))
+        conn.execute("UPDATE deployments SET config_hash = %s", (old_hash,))
+    summary = replay(database_url, "split", start, end)
+    assert (summary.num_ticks, summary.num_identical, summary.num_differing) == (4, 4, 0)
+    ctx = load_context(database_url, "split", first)
+    with ctx.sessions.begin() as session:
+        repo.ensure_deployment(session, "split", ctx.config)
+    events = _rows(database_url, "SELECT event, detail->>'from' FROM audit_log WHERE event LIKE 'config_%%'")
+    assert events == [("config_rehashed", old_hash)]

@@ -443,8 +443,10 @@ def test_tls_with_ca_bundle(tmp_path: Path) -> None:
 
 def test_source_selection_from_config_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The config's endpoint wins over the environment's; Dynamo's variable names work; none means no source."""
-    bare = load_config(write_config(tmp_path))
-    configured = load_config(write_config(tmp_path, metric_pulling_prometheus_endpoint="http://from-config:9090"))
+    bare = load_config(write_config(tmp_path)).policy
+    configured = load_config(
+        write_config(tmp_path, metric_pulling_prometheus_endpoint="http://from-config:9090")
+    ).policy
     assert PrometheusTrafficSource.from_config(bare, RuntimeSettings()) is None
     monkeypatch.setenv("PROMETHEUS_ENDPOINT", "http://dynamo-name:9090")
     monkeypatch.setenv("PROMETHEUS_TOKEN", "t0ken")
@@ -465,7 +467,7 @@ def test_source_selection_from_config_and_environment(tmp_path: Path, monkeypatc
 
 def test_unreadable_ca_bundle_is_reported_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A source that cannot be built still yields a reason, so the tick records why it held."""
-    config = load_config(write_config(tmp_path, metric_pulling_prometheus_endpoint="https://p:9090"))
+    config = load_config(write_config(tmp_path, metric_pulling_prometheus_endpoint="https://p:9090")).policy
     monkeypatch.setenv("PLANNER_PROMETHEUS_CA_BUNDLE", str(tmp_path / "nope.pem"))
     collected = collect_from_source(config, T0, T0 + dt.timedelta(seconds=60))
     assert collected.observation is None and "nope.pem: cannot be used" in collected.problem
@@ -654,7 +656,7 @@ IDLE_WINDOW = (14.5, 18.5)
 def test_real_prometheus_busy_window(live_prometheus: LiveSetup, tmp_path: Path, source: str) -> None:
     """A busy window read back through a real Prometheus: the trace's rate and exact means."""
     live = live_prometheus
-    config = load_config(_live_config(tmp_path, live, throughput_metrics_source=source))
+    config = load_config(_live_config(tmp_path, live, throughput_metrics_source=source)).policy
     live.wait_until(BUSY_WINDOW[1] + 0.5)
     collected = collect_from_source(config, live.at(BUSY_WINDOW[0]), live.at(BUSY_WINDOW[1]))
     obs = collected.observation
@@ -681,7 +683,7 @@ def test_real_prometheus_idle_window_is_zero_traffic(live_prometheus: LiveSetup,
     """After the trace stops, a window is zero traffic (0 requests, lengths 0), not a missing observation."""
     live = live_prometheus
     assert float(np.max(live.served.finish_s)) < IDLE_WINDOW[0]  # every request is done before the window
-    config = load_config(_live_config(tmp_path, live))
+    config = load_config(_live_config(tmp_path, live)).policy
     live.wait_until(IDLE_WINDOW[1] + 0.5)
     collected = collect_from_source(config, live.at(IDLE_WINDOW[0]), live.at(IDLE_WINDOW[1]))
     assert collected.observation == TrafficObservation(duration_s=4.0, num_req=0.0, isl=0.0, osl=0.0)
@@ -690,7 +692,7 @@ def test_real_prometheus_idle_window_is_zero_traffic(live_prometheus: LiveSetup,
 def test_real_prometheus_unknown_model_has_no_series(live_prometheus: LiveSetup, tmp_path: Path) -> None:
     """Series of another model do not count as this deployment's traffic: no data, not zero."""
     live = live_prometheus
-    config = load_config(_live_config(tmp_path, live, model_name="other-model"))
+    config = load_config(_live_config(tmp_path, live, model_name="other-model")).policy
     live.wait_until(BUSY_WINDOW[1] + 0.5)
     collected = collect_from_source(config, live.at(BUSY_WINDOW[0]), live.at(BUSY_WINDOW[1]))
     assert collected.observation is None and collected.problem_kind == NoTrafficDataKind.NO_SERIES

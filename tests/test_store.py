@@ -133,7 +133,7 @@ def test_replaying_recorded_ticks_reproduces_them_exactly(ctx) -> None:
         ticks = list(session.scalars(select(Tick).order_by(Tick.id)))
         assert len(ticks) == len(loads)
         for row in ticks:
-            config = parse_config(session.get(PlannerConfigRow, row.config_hash).body)
+            config = parse_config(session.get(PlannerConfigRow, row.config_hash).body).policy
             previous = session.get(PlannerStateRow, row.previous_tick_id) if row.previous_tick_id else None
             state = from_jsonable(PlannerState, previous.state) if previous else PlannerState()
             outcome = tick(

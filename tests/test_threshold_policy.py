@@ -92,7 +92,7 @@ def workers(num_prefill: int, num_decode: int) -> WorkerCounts:
 
 
 def rule_for(data: dict[str, Any], component: Component) -> ThresholdRule | None:
-    return threshold_rule(parse_config(data), component)
+    return threshold_rule(parse_config(data).policy, component)
 
 
 # --- rules -----------------------------------------------------------------------------------------------------
@@ -714,7 +714,7 @@ def test_2025_throughput_floor_caps_scale_down() -> None:
 
 def test_2025_settings_from_config() -> None:
     """The config's 2025 fields reach the settings; defaults are the 2025 planner's."""
-    config = parse_config({"load_policy": "threshold_2025", "mode": "agg", "max_gpu_budget": 6})
+    config = parse_config({"load_policy": "threshold_2025", "mode": "agg", "max_gpu_budget": 6}).policy
     got = Threshold2025Settings.from_config(config, (Component.DECODE,))
     assert (got.adjustment_interval_s, got.prefill_queue_up, got.prefill_queue_down) == (30.0, 5.0, 0.2)
     assert (got.decode_kv_up, got.decode_kv_down, got.aggregated, got.max_gpu_budget) == (0.9, 0.5, True, 6)

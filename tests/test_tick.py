@@ -108,7 +108,7 @@ def profile_perf() -> ProfilePerfModel:
 
 
 def make_config(**overrides: Any) -> PlannerConfig:
-    return parse_config({**BASE_CONFIG, **overrides})
+    return parse_config({**BASE_CONFIG, **overrides}).policy
 
 
 def workers(
@@ -465,7 +465,7 @@ def test_predictor_reason(predictor: str, want: ReasonCode) -> None:
 def test_dynamo_default_predictor_is_a_fallback_only_while_warming_up() -> None:
     """Without `load_predictor` the Dynamo default `arima` is used: flagged as a fallback while it has no order for
     every series, then `predicted` (orders are chosen one series per window from point 5: series 5 at window 9)."""
-    config = parse_config({k: v for k, v in BASE_CONFIG.items() if k != "load_predictor"})
+    config = parse_config({k: v for k, v in BASE_CONFIG.items() if k != "load_predictor"}).policy
     assert config.load_predictor is LoadPredictorName.ARIMA
     state, reasons = PlannerState(), []
     for i in range(10):

@@ -31,6 +31,7 @@ from pydantic_core import PydanticUndefined
 # The one list of models the configuration reference documents ("module:Class"); nested models are found by walking.
 REFERENCE_MODELS: tuple[str, ...] = (
     "planner_core.config:PlannerConfig",
+    "planner_core.config:ServiceConfig",
     "planner_core.runtime.settings:RuntimeSettings",
 )
 

@@ -111,7 +111,7 @@ class RegressionTiming:
 
     def __init__(self, profile: EngineProfile) -> None:
         fpms = bootstrap_fpms(profile)
-        config = parse_config({"max_num_fpm_samples": max(64, len(fpms)), "optimization_target": "sla"})
+        config = parse_config({"max_num_fpm_samples": max(64, len(fpms)), "optimization_target": "sla"}).policy
         state = observe_fpm(OnlinePerfState(), fpms, config)
         self._prefill = OnlineForwardPassModel(state.prefill)
         self._decode = OnlineForwardPassModel(state.decode)

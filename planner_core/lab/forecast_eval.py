@@ -110,7 +110,7 @@ def predictor_config(
     data["throughput_adjustment_interval_seconds"] = interval_s
     if log1p is not None:
         data["load_predictor_log1p"] = log1p
-    return parse_config(data, source)
+    return parse_config(data, source).policy
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

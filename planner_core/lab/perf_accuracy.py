@@ -245,8 +245,8 @@ def _online_states(profile: EngineProfile) -> tuple[OnlinePerfState, OnlinePerfS
     """Online models warm-started on the bootstrap FPMs, disaggregated and aggregated, keeping every point."""
     fpms = bootstrap_fpms(profile)
     options = {"max_num_fpm_samples": max(64, len(fpms)), "optimization_target": "sla"}
-    disagg = observe_fpm(OnlinePerfState(), fpms, parse_config(options))
-    agg = observe_fpm(OnlinePerfState(), fpms, parse_config({**options, "mode": PlannerMode.AGG.value}))
+    disagg = observe_fpm(OnlinePerfState(), fpms, parse_config(options).policy)
+    agg = observe_fpm(OnlinePerfState(), fpms, parse_config({**options, "mode": PlannerMode.AGG.value}).policy)
     return disagg, agg
 
 

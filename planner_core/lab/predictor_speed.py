@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                 "load_predictor_log1p": option == "log1p",
                 "throughput_adjustment_interval_seconds": args.window_s,
             }
-        )
+        ).policy
         history = LoadHistory()
         for window in windows[: args.history]:
             history, _ = observe_window(history, window, config)

@@ -45,7 +45,7 @@ def main() -> int:
     parser.add_argument("--kv-allocation", type=KvAllocation, choices=list(KvAllocation), default=KvAllocation.RESERVE)
     args = parser.parse_args()
 
-    config = load_config(args.config)
+    config = load_config(args.config).policy
     profile_dir = resolve_profile_dir(config, args.config)
     fwd = ProfileForwardPassModel.from_engine_profile(load_profile(profile_dir))
     trace = load_trace(args.trace).scaled(args.rate_scale)

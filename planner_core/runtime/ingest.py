@@ -514,7 +514,7 @@ def resolve_deployment_id(database_url: str, name: str, config_path: str | Path)
     with session_factory(database_url).begin() as session:
         deployment = repo.find_deployment(session, name)
         if deployment is None:  # never overwrite the config of an existing deployment from here
-            deployment = repo.ensure_deployment(session, name, load_config(config_path))
+            deployment = repo.ensure_deployment(session, name, load_config(config_path).policy)
         return deployment.id
 
 

@@ -303,7 +303,7 @@ class _Contexts:
         self.what_if_body: dict[str, Any] | None = None
         self.source = "recorded"
         if config_path is not None:
-            config = load_config(config_path)
+            config = load_config(config_path).policy
             self.what_if = self._build(config, config_path, str(config_path))
             self.what_if_hash = config_hash(config)
             self.what_if_body = config.model_dump(mode="json")
@@ -318,7 +318,7 @@ class _Contexts:
                 text("SELECT body FROM planner_configs WHERE config_hash = :hash"), {"hash": recorded_hash}
             )
             source = f"planner_configs[{recorded_hash[:12]}]"
-            ctx = self._build(parse_config(body, source), self._anchor, source)
+            ctx = self._build(parse_config(body, source).policy, self._anchor, source)
             self._by_hash[recorded_hash] = ctx
         return ctx
 

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from planner_core.config import (
     EnvironmentKind,
     PlannerConfig,
+    ServiceConfig,
     load_config,
     resolve_config_relative,
     resolve_profile_dir,
@@ -51,8 +52,9 @@ class PlannerContext:
 
     database_url: str
     deployment: str
-    config: PlannerConfig
+    config: PlannerConfig  # the policy: what `tick` reads, hashed into every tick's `config_hash`
     perf: ProfilePerfModel | None
+    service: ServiceConfig = ServiceConfig()  # the service settings of the file (defaults when replaying)
     warmup_trace: Path | None = None  # `load_predictor_warmup_trace`, relative paths taken from the config's folder
     kubernetes: KubernetesConnector | None = None  # `environment: kubernetes`: built and validated by load_context
     plugins: tuple[Plugin, ...] = ()  # the user's plugins, loaded and resolved against the config (`load_plugins`)
@@ -72,14 +74,14 @@ class PlannerContext:
             if self.kubernetes is None:
                 raise RuntimeError("environment 'kubernetes' needs the connector load_context builds")
             return self.kubernetes
-        return VirtualConnector(timeout_s=self.config.virtual_connector_timeout_seconds)
+        return VirtualConnector(timeout_s=self.service.virtual_connector_timeout_seconds)
 
 
-def resolve_report_dir(config: PlannerConfig, config_path: Path | None, data_dir: Path) -> Path:
+def resolve_report_dir(service: ServiceConfig, config_path: Path | None, data_dir: Path) -> Path:
     """Where reports go: `report_output_dir` when the config sets it (relative to the config file's folder),
     else `reports/` under the planner's data folder (`PLANNER_DATA_DIR`), never beside a shipped config file."""
-    if "report_output_dir" in config.model_fields_set:
-        return resolve_config_relative(config.report_output_dir, config_path)
+    if "report_output_dir" in service.model_fields_set:
+        return resolve_config_relative(service.report_output_dir, config_path)
     return data_dir / "reports"
 
 
@@ -111,11 +113,14 @@ def load_context(database_url: str, deployment: str, config_path: str | Path) ->
     """
     check_schema_current(database_url)
     config_path = Path(config_path)
-    config = load_config(config_path)
+    loaded = load_config(config_path)
+    config = loaded.policy
     kubernetes = None
     if config.environment is EnvironmentKind.KUBERNETES:
         kubernetes, config = connect_kubernetes(config)
-    return context_for_config(database_url, deployment, config, config_path, kubernetes=kubernetes)
+    return context_for_config(
+        database_url, deployment, config, config_path, kubernetes=kubernetes, service=loaded.service
+    )
 
 
 def context_for_config(
@@ -126,6 +131,7 @@ def context_for_config(
     *,
     profile_dir: Path | None = None,
     kubernetes: KubernetesConnector | None = None,
+    service: ServiceConfig | None = None,
 ) -> PlannerContext:
     """Everything `decide` needs besides inputs and state, built from a config: the one place that loads models.
 
@@ -133,10 +139,11 @@ def context_for_config(
     build their context here, so a model added to the context later is loaded the same way for both.
 
     Args:
-        config: the planner config.
+        config: the policy.
         config_path: the file the config came from; relative paths in it are taken from its folder.
         profile_dir: use this profile folder instead of the config's `profile_results_dir` (replay only).
         kubernetes: the connected Kubernetes connector (live ticks with `environment: kubernetes` only).
+        service: the file's service settings (live ticks); None = the defaults (replay, which runs no service).
     """
     profile_dir = profile_dir if profile_dir is not None else resolve_profile_dir(config, config_path)
     perf_table = resolve_config_relative(config.perf_table, config_path) if config.perf_table is not None else None
@@ -150,6 +157,7 @@ def context_for_config(
         deployment=deployment,
         config=config,
         perf=perf,
+        service=service if service is not None else ServiceConfig(),
         # relative paths and globs are anchored at the config file's folder
         warmup_trace=resolve_config_relative(warmup, config_path) if warmup else None,
         kubernetes=kubernetes,

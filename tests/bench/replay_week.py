@@ -86,7 +86,7 @@ def record_week(url: str, config_path: Path, deployment: str, days: float, batch
     """Record `days` of ticks with the production decide/record path; returns the number of ticks."""
     from planner_core.config import load_config
 
-    config = load_config(config_path)
+    config = load_config(config_path).policy
     ctx = context_for_config(url, deployment, config, config_path)
     sessions = session_factory(url)
     with sessions.begin() as session:

@@ -617,7 +617,7 @@ def build_policies(
 
     if initial not in ("oracle", "min"):
         raise ValueError(f"initial size: {initial!r} is neither 'oracle' nor 'min'")
-    base_config = parse_config({**base, "optimization_target": "sla"}, "bench base config")
+    base_config = parse_config({**base, "optimization_target": "sla"}, "bench base config").policy
     cache: dict[str, ScalingPolicy] = {}
     dynamo_checked: set[str | None] = set()
 
@@ -671,7 +671,7 @@ def build_policies(
             agg = {"mode": PlannerMode.AGG.value, **AGG_PRESET_OVERRIDES.get(name, {})} if aggregated else {}
             config = parse_config(
                 {**base, "optimization_target": "sla", **PLANNER_PRESETS[name], **agg}, f"policy {name}"
-            )
+            ).policy
             policies.append(planner_policy(name, config, ()))
         elif name in DYNAMO_PRESETS:
             python = find_dynamo_python(dynamo_python)

@@ -124,7 +124,7 @@ def benchmark(
     warnings: list[str] = []
     user_configs: list[UserPlannerConfig] = []
     for path in request.configs:
-        config = load_config(path)
+        config = load_config(path).policy
         plugins, broken = load_plugins(config, perf, source=str(path))
         warnings.extend(
             f"{path}: plugin {error.entry_point} ({error.target}) not loaded: {error.message}" for error in broken

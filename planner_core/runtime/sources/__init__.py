@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from planner_core.config import PlannerConfig
+from planner_core.config import PlannerConfig, ServiceConfig
 from planner_core.domain import TrafficObservation
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.sources.base import (
@@ -50,6 +50,7 @@ class TraceReplaySource:
 
 def collect_traffic(
     config: PlannerConfig,
+    service: ServiceConfig,
     window_start: dt.datetime,
     window_end: dt.datetime,
     settings: RuntimeSettings | None = None,
@@ -64,7 +65,7 @@ def collect_traffic(
     from planner_core.runtime.sources.prometheus import PrometheusTrafficSource  # httpx only when Prometheus is used
 
     try:
-        prometheus = PrometheusTrafficSource.from_config(config, settings)
+        prometheus = PrometheusTrafficSource.from_config(config, service, settings)
     except ValueError as exc:
         return CollectedTraffic(observation=None, problem_kind=NoTrafficDataKind.UNREACHABLE, problem_detail=str(exc))
     if prometheus is not None:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import httpx
 
-from planner_core.config import Backend, PlannerConfig, ThroughputMetricsSource
+from planner_core.config import Backend, PlannerConfig, ServiceConfig, ThroughputMetricsSource
 from planner_core.domain import TrafficObservation
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.sources.base import NoTrafficDataKind, TrafficUnavailable
@@ -332,14 +332,14 @@ class PrometheusTrafficSource:
 
     @classmethod
     def from_config(
-        cls, config: PlannerConfig, settings: RuntimeSettings | None = None
+        cls, config: PlannerConfig, service: ServiceConfig, settings: RuntimeSettings | None = None
     ) -> PrometheusTrafficSource | None:
         """The source for a config: its `metric_pulling_prometheus_endpoint`, else `PLANNER_PROMETHEUS_ENDPOINT`.
 
         Returns None when neither names an endpoint.
         """
         settings = settings or RuntimeSettings()
-        endpoint = config.metric_pulling_prometheus_endpoint or settings.prometheus_endpoint
+        endpoint = service.metric_pulling_prometheus_endpoint or settings.prometheus_endpoint
         if not endpoint:
             return None
         return cls(PrometheusOptions.from_settings(endpoint, settings), TrafficQueries.from_config(config))

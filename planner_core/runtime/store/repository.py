@@ -14,7 +14,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from planner_core.config import PlannerConfig, config_hash
+from planner_core.config import ConfigError, PlannerConfig, config_hash, parse_config
 from planner_core.domain import (
     PlannerState,
     TickInputs,
@@ -74,6 +74,17 @@ def register_config(session: Session, config: PlannerConfig) -> str:
     return digest
 
 
+def _policy_hash_of_stored(session: Session, stored_hash: str) -> str | None:
+    """The policy hash of a stored config body (an old body may still hold service fields); None if unparsable."""
+    body = session.scalar(select(PlannerConfigRow.body).where(PlannerConfigRow.config_hash == stored_hash))
+    if body is None:
+        return None
+    try:
+        return config_hash(parse_config(body, f"planner_configs[{stored_hash[:12]}]").policy)
+    except ConfigError:
+        return None
+
+
 def ensure_deployment(session: Session, name: str, config: PlannerConfig) -> Deployment:
     """Get or create the managed deployment `name`, recording a config change in the audit log."""
     digest = register_config(session, config)
@@ -86,12 +97,12 @@ def ensure_deployment(session: Session, name: str, config: PlannerConfig) -> Dep
         session.flush()
         audit(session, "deployment_created", {"name": name, "config_hash": digest}, deployment_id=deployment.id)
     elif deployment.config_hash != digest:
-        audit(
-            session,
-            "config_changed",
-            {"from": deployment.config_hash, "to": digest},
-            deployment_id=deployment.id,
+        # Rows recorded before the policy/service split carry the hash of the whole file; the same policy under its
+        # new hash is a rehash, not a change, so the audit log does not claim the operator changed the config.
+        event = (
+            "config_rehashed" if _policy_hash_of_stored(session, deployment.config_hash) == digest else "config_changed"
         )
+        audit(session, event, {"from": deployment.config_hash, "to": digest}, deployment_id=deployment.id)
         deployment.config_hash = digest
         deployment.mode = config.mode.value
         deployment.environment = config.environment.value

@@ -47,7 +47,9 @@ def test_no_records_says_so(tmp_path: Path) -> None:
 
 def test_config_reference_walks_nested_models() -> None:
     text = hooks.config_reference(hooks.load_models(hooks.REFERENCE_MODELS))
-    models = ("PlannerConfig", "ServiceConfig", "SchedulingConfig", "EngineLimitsConfig", "PluginsConfig", "RuntimeSettings")
+    models = (
+        "PlannerConfig", "ServiceConfig", "SchedulingConfig", "EngineLimitsConfig", "PluginsConfig", "RuntimeSettings"
+    )  # fmt: skip
     for model in models:
         assert f"### `{model}`" in text
     assert "| `ttft_ms` | `ttft` | float | `500.0` |" in text

@@ -787,15 +787,79 @@ class PlannerState:
     recent_throughput_needs: tuple[SizedNeed, ...] = ()
 
 
+class StepName(enum.StrEnum):
+    """The name of a step the planner itself records (`StepRecord.step`); the values are stored in `tick_steps`.
+
+    Plugin steps are named at the plugin boundary instead (`planner_core.pipeline`): `<phase>:<plugin_id>`,
+    `<phase>:merge`, `predict:<plugin_id>`, `plugin_load:<entry point>`, and whatever names a user plugin gives
+    its own steps. Those stay plain strings because plugin ids and user step names are open-ended (user code
+    chooses them); `StepRecord` turns a string that is one of these values into the member.
+    """
+
+    ACCEPT_LENGTH = "accept_length"
+    AGG_SIGNAL = "agg_signal"
+    BURST = "burst"
+    CAPACITY = "capacity"
+    CHANGE_RATE = "change_rate"
+    CONSOLIDATION = "consolidation"
+    CORRECTION = "correction"
+    DECIDE = "decide"
+    DECODE_GRACE = "decode_grace"
+    DEMAND = "demand"
+    ENGINE_CAPACITY = "engine_capacity"
+    ENGINE_LOAD = "engine_load"
+    EXECUTE = "execute"
+    FLEET = "fleet"
+    FORWARD_PASS_MODEL = "forward_pass_model"
+    GPU_BUDGET = "gpu_budget"
+    HEADROOM = "headroom"
+    INTERVAL = "interval"
+    INTERVAL_AVERAGE = "interval_average"
+    ITL_ESTIMATE = "itl_estimate"
+    ITL_SIGNAL = "itl_signal"
+    KV_HIT_RATE = "kv_hit_rate"
+    LENGTH_SIZING = "length_sizing"
+    LOAD = "load"
+    LOAD_DECISION = "load_decision"
+    MIN_ENDPOINT = "min_endpoint"
+    MODEL = "model"
+    NEXT_REQUEST = "next_request"
+    OBSERVE = "observe"
+    PERF_MODEL_AGG = "perf_model_agg"
+    PERF_MODEL_DECODE = "perf_model_decode"
+    PERF_MODEL_PREFILL = "perf_model_prefill"
+    PLUGIN = "plugin"
+    PREDICT = "predict"
+    SAMPLE = "sample"
+    SCALE_DOWN_HOLD = "scale_down_hold"
+    THRESHOLD_SIGNAL = "threshold_signal"
+    THROUGHPUT = "throughput"
+    THROUGHPUT_FLOOR = "throughput_floor"
+    TTFT_ESTIMATE = "ttft_estimate"
+    TTFT_SIGNAL = "ttft_signal"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepRecord:
-    """One named step of a tick: its value and why. The list of these is the tick's explanation."""
+    """One named step of a tick: its value and why. The list of these is the tick's explanation.
 
-    step: str
+    `step` is a `StepName` for the planner's own steps, a plain string only for the plugin-scoped names described
+    in `StepName` (a string equal to a `StepName` value is stored as that member, so a row read back compares the
+    same way).
+    """
+
+    step: StepName | str
     reason: ReasonCode
     component: Component | None = None
     value: float | None = None
     detail: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.step, StepName) and self.step in _STEP_NAMES:
+            object.__setattr__(self, "step", StepName(self.step))
+
+
+_STEP_NAMES = frozenset(StepName)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from prefect.runtime import flow_run, task_run
 
-from planner_core.config import PlannerConfig
+from planner_core.config import PlannerConfig, ServiceConfig
 from planner_core.data import DEFAULT_CONFIG as SHIPPED_DEFAULT_CONFIG
 from planner_core.domain import Loop, TrafficObservation
 from planner_core.runtime.service import PlannerContext, load_context, run_execution, run_tick
@@ -43,14 +43,14 @@ def _scheduled_at() -> dt.datetime:
 
 @task(name="collect-traffic", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def collect_traffic(
-    config: PlannerConfig, window_start: dt.datetime, window_end: dt.datetime
+    config: PlannerConfig, service: ServiceConfig, window_start: dt.datetime, window_end: dt.datetime
 ) -> CollectedTraffic | None:
     """Traffic over the window from the configured source; None when no source is configured.
 
     Missing or unusable data is not an error here (no retry): it comes back without an observation and with the
     reason, and the tick holds on it.
     """
-    collected = collect_from_source(config, window_start, window_end)
+    collected = collect_from_source(config, service, window_start, window_end)
     if collected is not None and collected.problem is not None:
         _logger().warning("no traffic data for [%s, %s): %s", window_start, window_end, collected.problem)
     return collected

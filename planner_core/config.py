@@ -271,11 +271,19 @@ class SchedulingConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    scale_interval_seconds: float | None = Field(default=None, gt=0)
-    tick_max_duration_seconds: float = Field(default=30.0, gt=0)
+    scale_interval_seconds: float | None = Field(
+        default=None, gt=0, description="Base tick period (s); None = derived from the loop intervals."
+    )
+    tick_max_duration_seconds: float = Field(
+        default=30.0, gt=0, description="Deadline (s) for one whole tick of the pipeline."
+    )
     # Not supported yet: opaque pass-through so Dynamo configuration files load unchanged.
-    external_plugins: tuple[dict[str, Any], ...] = ()
-    gateway: dict[str, Any] | None = None
+    external_plugins: tuple[dict[str, Any], ...] = Field(
+        default=(), description="Dynamo's external-plugin registrations; accepted, not used."
+    )
+    gateway: dict[str, Any] | None = Field(
+        default=None, description="Dynamo's plugin gateway settings; accepted, not used."
+    )
 
 
 class EngineLimitsConfig(BaseModel):
@@ -287,10 +295,18 @@ class EngineLimitsConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    max_num_batched_tokens: int = Field(default=8192, gt=0)
-    max_num_seqs: int = Field(default=512, gt=0)
-    max_kv_tokens: int | None = Field(default=None, gt=0)
-    context_length: int | None = Field(default=None, gt=0)
+    max_num_batched_tokens: int = Field(
+        default=8192, gt=0, description="Most tokens one engine iteration batches (tokens)."
+    )
+    max_num_seqs: int = Field(default=512, gt=0, description="Most sequences one engine runs at once (count).")
+    max_kv_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="KV-cache capacity of one engine (tokens); None = the profile's, else 2,000,000.",
+    )
+    context_length: int | None = Field(
+        default=None, gt=0, description="Longest sequence one engine accepts (tokens); None = unbounded."
+    )
 
 
 class PluginOverrideConfig(BaseModel):
@@ -305,10 +321,12 @@ class PluginOverrideConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    priority: int | None = None
-    interval_seconds: float | None = Field(default=None, ge=0)
-    hold_policy: HoldPolicy | None = None
-    timeout_seconds: float | None = Field(default=None, gt=0)
+    priority: int | None = Field(default=None, description="Merge precedence; smaller wins.")
+    interval_seconds: float | None = Field(
+        default=None, ge=0, description="Run at most this often (s); 0 = every tick."
+    )
+    hold_policy: HoldPolicy | None = Field(default=None, description="What the plugin contributes while not due.")
+    timeout_seconds: float | None = Field(default=None, gt=0, description="Seconds after which a run is discarded.")
 
 
 class PluginsConfig(BaseModel):
@@ -325,9 +343,13 @@ class PluginsConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    enabled: tuple[str, ...] = ()
-    settings: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    overrides: dict[str, PluginOverrideConfig] = Field(default_factory=dict)
+    enabled: tuple[str, ...] = Field(default=(), description="Entry-point names to load beside the builtin plugins.")
+    settings: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Per entry-point name, the mapping passed to its factory."
+    )
+    overrides: dict[str, PluginOverrideConfig] = Field(
+        default_factory=dict, description="Per plugin id, scheduling overrides."
+    )
 
     @model_validator(mode="after")
     def _settings_for_enabled_plugins(self) -> PluginsConfig:
@@ -381,123 +403,278 @@ class PlannerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # --- what to optimise, for which deployment -----------------------------------------------------
-    optimization_target: OptimizationTarget = OptimizationTarget.THROUGHPUT
-    mode: PlannerMode = PlannerMode.DISAGG
-    environment: EnvironmentKind = EnvironmentKind.KUBERNETES
-    backend: Backend = Backend.VLLM
+    optimization_target: OptimizationTarget = Field(
+        default=OptimizationTarget.THROUGHPUT,
+        description="What the planner optimises for: throughput, latency, load (thresholds) or sla (TTFT/ITL).",
+    )
+    mode: PlannerMode = Field(
+        default=PlannerMode.DISAGG,
+        description="Which worker pools this planner manages: disagg, prefill, decode or agg.",
+    )
+    environment: EnvironmentKind = Field(
+        default=EnvironmentKind.KUBERNETES,
+        description="Where decisions are sent: kubernetes, virtual or global-planner.",
+    )
+    backend: Backend = Field(
+        default=Backend.VLLM, description="Inference engine the workers run (selects the perf table and metric names)."
+    )
     # Dynamo reads DYN_NAMESPACE here (and leaves it out of dumps); we use a fixed default and keep it in.
-    namespace: str = "dynamo"
-    global_planner_namespace: str | None = None  # required when environment is global-planner
-    model_name: str | None = None  # needed by the virtual connector
+    namespace: str = Field(
+        default="dynamo", description="Dynamo namespace of the deployment (Prometheus labels, Kubernetes lookups)."
+    )
+    global_planner_namespace: str | None = Field(
+        default=None, description="Namespace of the global planner; required when environment is global-planner."
+    )  # required when environment is global-planner
+    model_name: str | None = Field(
+        default=None,
+        description="Served model name; None = taken from the deployment (Kubernetes) or required (virtual).",
+    )  # needed by the virtual connector
 
     # --- SLA targets (used by the `sla` target only) -----------------------------------------------
-    ttft_ms: float = Field(default=500.0, gt=0, validation_alias=_aliased("ttft_ms"))
-    itl_ms: float = Field(default=50.0, gt=0, validation_alias=_aliased("itl_ms"))
+    ttft_ms: float = Field(
+        default=500.0,
+        gt=0,
+        validation_alias=_aliased("ttft_ms"),
+        description="Time-to-first-token target (ms) of the sla target.",
+    )
+    itl_ms: float = Field(
+        default=50.0,
+        gt=0,
+        validation_alias=_aliased("itl_ms"),
+        description="Inter-token-latency target (ms) of the sla target.",
+    )
 
     # --- the two loops --------------------------------------------------------------------------------
-    enable_throughput_scaling: bool = True
-    enable_load_scaling: bool = False
+    enable_throughput_scaling: bool = Field(
+        default=True, description="Run the predictive throughput loop (sla target only)."
+    )
+    enable_load_scaling: bool = Field(
+        default=False, description="Run the reactive load loop with the sla target (always on for the other targets)."
+    )
     throughput_adjustment_interval_seconds: int = Field(
-        default=180, gt=0, validation_alias=_aliased("throughput_adjustment_interval_seconds")
+        description="Seconds between two throughput-loop decisions (the traffic window).",
+        default=180,
+        gt=0,
+        validation_alias=_aliased("throughput_adjustment_interval_seconds"),
     )
     load_adjustment_interval_seconds: int = Field(
-        default=5, gt=0, validation_alias=_aliased("load_adjustment_interval_seconds")
+        description="Seconds between two load-loop ticks.",
+        default=5,
+        gt=0,
+        validation_alias=_aliased("load_adjustment_interval_seconds"),
     )
-    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    scheduling: SchedulingConfig = Field(
+        default_factory=SchedulingConfig,
+        description="Cadence of the tick pipeline: base tick period and tick deadline (s).",
+    )
 
     # --- replica and GPU limits ---------------------------------------------------------------------
-    max_throughput_scaling_replicas: int = Field(default=8, gt=0)
-    max_gpu_budget: int = Field(default=8, ge=-1)  # -1 disables the ceiling
-    min_gpu_budget: int = Field(default=-1, ge=-1)  # -1 disables the floor
-    min_endpoint: int = Field(default=1, ge=0)  # 0 allows scale-to-zero
-    prefill_min_endpoint: int | None = Field(default=None, ge=1)
-    decode_min_endpoint: int | None = Field(default=None, ge=1)
+    max_throughput_scaling_replicas: int = Field(
+        default=8, gt=0, description="Most replicas per pool the throughput loop may ask for."
+    )
+    max_gpu_budget: int = Field(
+        default=8, ge=-1, description="Most GPUs over all managed pools; -1 = no ceiling."
+    )  # -1 disables the ceiling
+    min_gpu_budget: int = Field(
+        default=-1, ge=-1, description="Fewest GPUs over all managed pools; -1 = no floor."
+    )  # -1 disables the floor
+    min_endpoint: int = Field(
+        default=1, ge=0, description="Fewest replicas per pool; 0 allows scale-to-zero."
+    )  # 0 allows scale-to-zero
+    prefill_min_endpoint: int | None = Field(
+        default=None, ge=1, description="Fewest prefill replicas; None = min_endpoint."
+    )
+    decode_min_endpoint: int | None = Field(
+        default=None, ge=1, description="Fewest decode (or aggregated) replicas; None = min_endpoint."
+    )
     # Legacy per-engine GPU width; Dynamo now prefers the deployment status. None means 1.
-    prefill_engine_num_gpu: int | None = Field(default=None, ge=1)
-    decode_engine_num_gpu: int | None = Field(default=None, ge=1)
+    prefill_engine_num_gpu: int | None = Field(
+        default=None, ge=1, description="GPUs per prefill engine; None = 1 (or the deployment's value on Kubernetes)."
+    )
+    decode_engine_num_gpu: int | None = Field(
+        default=None, ge=1, description="GPUs per decode (or aggregated) engine; None = 1 (or the deployment's value)."
+    )
 
-    prefill_engine: EngineLimitsConfig = Field(default_factory=EngineLimitsConfig)  # ours
-    decode_engine: EngineLimitsConfig = Field(default_factory=EngineLimitsConfig)  # ours; the agg pool too
+    prefill_engine: EngineLimitsConfig = Field(
+        default_factory=EngineLimitsConfig,
+        description="Static limits of one prefill engine (batched tokens, sequences, KV tokens, context).",
+    )  # ours
+    decode_engine: EngineLimitsConfig = Field(
+        default_factory=EngineLimitsConfig,
+        description="Static limits of one decode (or aggregated) engine (batched tokens, sequences, KV tokens).",
+    )  # ours; the agg pool too
 
     # --- traffic forecasting --------------------------------------------------------------------------
-    load_predictor: LoadPredictorName = LoadPredictorName.ARIMA
-    load_predictor_log1p: bool = False
-    prophet_window_size: int = Field(default=50, gt=0)
-    kalman_q_level: float = Field(default=1.0, gt=0)
-    kalman_q_trend: float = Field(default=0.1, ge=0)
-    kalman_r: float = Field(default=10.0, gt=0)
-    kalman_min_points: int = Field(default=5, gt=0)
-    load_predictor_warmup_trace: str | None = None  # file, glob or directory of request traces
+    load_predictor: LoadPredictorName = Field(
+        default=LoadPredictorName.ARIMA,
+        description="Traffic forecaster of the throughput loop: constant, arima, prophet, kalman or ensemble.",
+    )
+    load_predictor_log1p: bool = Field(
+        default=False, description="Forecast log1p of the request rate instead of the rate itself."
+    )
+    prophet_window_size: int = Field(default=50, gt=0, description="Windows Prophet is refitted on (count).")
+    kalman_q_level: float = Field(
+        default=1.0, gt=0, description="Kalman process noise of the level (requests^2 per window)."
+    )
+    kalman_q_trend: float = Field(
+        default=0.1, ge=0, description="Kalman process noise of the trend (requests^2 per window)."
+    )
+    kalman_r: float = Field(default=10.0, gt=0, description="Kalman measurement noise (requests^2).")
+    kalman_min_points: int = Field(
+        default=5, gt=0, description="Windows observed before the Kalman filter forecasts (count)."
+    )
+    load_predictor_warmup_trace: str | None = Field(
+        default=None,
+        description="Request trace (file, glob or folder, relative to the config) the forecaster is warmed on.",
+    )  # file, glob or directory of request traces
     # Ours, not Dynamo's: which percentile of ISL/OSL is forecast next to the mean (Prediction.isl_quantile /
     # osl_quantile), so capacity can be sized on the length distribution rather than its mean alone.
-    load_predictor_length_quantile: LengthQuantile = LengthQuantile.P90
+    load_predictor_length_quantile: LengthQuantile = Field(
+        default=LengthQuantile.P90, description="Quantile of ISL/OSL forecast beside the mean: p50, p90 or p99."
+    )
     # Ours: size on the mean request shape (Dynamo) or on the length quantile above.
-    throughput_length_sizing: LengthSizing = LengthSizing.MEAN
+    throughput_length_sizing: LengthSizing = Field(
+        default=LengthSizing.MEAN, description="Request shape the throughput loop sizes for: mean or quantile."
+    )
     # Ours: which sizing algorithm the throughput loop runs (see ThroughputAlgorithm).
-    throughput_algorithm: ThroughputAlgorithm = ThroughputAlgorithm.INTERPOLATION
+    throughput_algorithm: ThroughputAlgorithm = Field(
+        default=ThroughputAlgorithm.INTERPOLATION, description="How the throughput loop turns a forecast into replicas."
+    )
     # Ours: a perf table precomputed with `planner perf-table` (may be relative to the config file): the
     # forward-pass model between the profile and live metrics in the bootstrap chain.
-    perf_table: str | None = None
+    perf_table: str | None = Field(
+        default=None,
+        description="Precomputed perf table file (relative to the config); None = profile and live metrics only.",
+    )
 
     # --- load loop / perf-model tuning ----------------------------------------------------------------
-    max_num_fpm_samples: int = Field(default=64, gt=0)
-    fpm_sample_bucket_size: int = Field(default=16, gt=0)  # must be a perfect square
-    load_min_observations: int = Field(default=5, gt=0)
-    load_scaling_down_sensitivity: int = Field(default=80, ge=0, le=100)
-    prefill_scale_up_queue_tokens: int | None = Field(default=None, ge=0)
-    prefill_scale_down_queue_tokens: int | None = Field(default=None, ge=0)
-    decode_scale_up_kv_rate: float | None = Field(default=None, ge=0, le=100)
-    decode_scale_down_kv_rate: float | None = Field(default=None, ge=0, le=100)
-    speculative_nextn: int = Field(default=0, ge=0)
+    max_num_fpm_samples: int = Field(
+        default=64, gt=0, description="Forward-pass metric samples kept per engine for the moving averages (count)."
+    )
+    fpm_sample_bucket_size: int = Field(
+        default=16, gt=0, description="Buckets of the online perf model's sample grid (count, a perfect square)."
+    )  # must be a perfect square
+    load_min_observations: int = Field(
+        default=5, gt=0, description="Forward-pass observations needed before the load loop decides (count)."
+    )
+    load_scaling_down_sensitivity: int = Field(
+        default=80, ge=0, le=100, description="How readily the load loop scales down (percent, 0-100)."
+    )
+    prefill_scale_up_queue_tokens: int | None = Field(
+        default=None, ge=0, description="Queued prefill tokens per engine above which the load target adds a worker."
+    )
+    prefill_scale_down_queue_tokens: int | None = Field(
+        default=None, ge=0, description="Queued prefill tokens per engine below which the load target removes one."
+    )
+    decode_scale_up_kv_rate: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Decode KV-cache use (percent) above which the load target adds a worker.",
+    )
+    decode_scale_down_kv_rate: float | None = Field(
+        default=None, ge=0, le=100, description="Decode KV-cache use (percent) below which the load target removes one."
+    )
+    speculative_nextn: int = Field(
+        default=0, ge=0, description="Tokens proposed per step by speculative decoding (count); 0 = off."
+    )
 
     # --- profiling data -------------------------------------------------------------------------------
-    pre_deployment_sweeping_mode: SweepingMode | None = SweepingMode.RAPID
-    profile_results_dir: str = "profiling_results"
+    pre_deployment_sweeping_mode: SweepingMode | None = Field(
+        default=SweepingMode.RAPID,
+        description="How the engine profile was made: none, rapid (simulated) or thorough (measured).",
+    )
+    profile_results_dir: str = Field(
+        default="profiling_results", description="Folder of the engine profile (relative to the config file)."
+    )
 
     # --- metrics --------------------------------------------------------------------------------------
-    throughput_metrics_source: ThroughputMetricsSource = ThroughputMetricsSource.FRONTEND
+    throughput_metrics_source: ThroughputMetricsSource = Field(
+        default=ThroughputMetricsSource.FRONTEND,
+        description="Prometheus series traffic is observed from: frontend or router.",
+    )
 
     # --- operation --------------------------------------------------------------------------------------
-    advisory: bool = False  # decide and record, never execute
-    enable_power_awareness: bool = False
-    total_gpu_power_limit: int | None = Field(default=None, ge=1)  # watts
+    advisory: bool = Field(
+        default=False, description="Decide and record, never execute."
+    )  # decide and record, never execute
+    enable_power_awareness: bool = Field(
+        default=False, description="Keep the managed pools within total_gpu_power_limit."
+    )
+    total_gpu_power_limit: int | None = Field(
+        default=None, ge=1, description="GPU power budget (W) when enable_power_awareness is on."
+    )  # watts
 
     # --- not supported yet -------------------------------------------------------------------------
     # Accepted as opaque mappings only so that Dynamo configuration files load; nothing reads them.
-    aic_interpolation: dict[str, Any] | None = None
-    ais_perf_model: dict[str, Any] | None = None
+    aic_interpolation: dict[str, Any] | None = Field(
+        default=None, description="Dynamo's AI Configurator interpolation settings; accepted, not used."
+    )
+    ais_perf_model: dict[str, Any] | None = Field(
+        default=None, description="Dynamo's AIS perf-model settings; accepted, not used."
+    )
 
     # --- our extensions (not in Dynamo) -------------------------------------------------------------
     # User plugins of the decision pipeline: which entry points to load, their settings and scheduling overrides.
-    plugins: PluginsConfig = Field(default_factory=PluginsConfig)
+    plugins: PluginsConfig = Field(
+        default_factory=PluginsConfig,
+        description="User plugins of the decision pipeline: entry points, their settings, scheduling overrides.",
+    )
     # Which algorithm the load loop runs: `per_engine` (Dynamo 1.x) or `threshold_2025` (Dynamo's 2025 load
     # planner). The fields below are read only by `threshold_2025`; their defaults are that planner's.
-    load_policy: LoadPolicy = LoadPolicy.PER_ENGINE
+    load_policy: LoadPolicy = Field(
+        default=LoadPolicy.PER_ENGINE,
+        description="Load-loop algorithm: per_engine (Dynamo 1.x) or threshold_2025 (Dynamo's 2025 planner).",
+    )
     # The SLA load loop's "next request" (`LoadNextRequest`): Dynamo's engine averages by default.
-    load_next_request: LoadNextRequest = LoadNextRequest.ENGINE_AVERAGE
+    load_next_request: LoadNextRequest = Field(
+        default=LoadNextRequest.ENGINE_AVERAGE,
+        description="The sla load loop's next request: engine_average or traffic_window.",
+    )
     # Seconds between two decisions of `threshold_2025`; every load tick in between is one metrics sample (the
     # load interval plays the 2025 planner's `metric-pulling-interval`). 30 s is its documented default.
-    threshold_2025_adjustment_interval_seconds: int = Field(default=30, gt=0)
+    threshold_2025_adjustment_interval_seconds: int = Field(
+        default=30, gt=0, description="Seconds between two threshold_2025 decisions."
+    )
     # Interval-average KV-cache utilisation of the decode engines (fraction 0..1, queued KV included) above which a
     # decode worker is added / below which one is removed.
-    decode_kv_scale_up_threshold: float = Field(default=0.9, ge=0)
-    decode_kv_scale_down_threshold: float = Field(default=0.5, ge=0)
+    decode_kv_scale_up_threshold: float = Field(
+        default=0.9, ge=0, description="threshold_2025: decode KV use (fraction 0-1) above which a worker is added."
+    )
+    decode_kv_scale_down_threshold: float = Field(
+        default=0.5, ge=0, description="threshold_2025: decode KV use (fraction 0-1) below which one is removed."
+    )
     # Interval-average queued prefill requests (summed over the prefill engines) above which a prefill worker is
     # added / below which one is removed. 5.0 is the 2025 planner's code default (its docs said 0.5).
-    prefill_queue_scale_up_threshold: float = Field(default=5.0, ge=0)
-    prefill_queue_scale_down_threshold: float = Field(default=0.2, ge=0)
+    prefill_queue_scale_up_threshold: float = Field(
+        default=5.0, ge=0, description="threshold_2025: queued prefill requests above which a worker is added."
+    )
+    prefill_queue_scale_down_threshold: float = Field(
+        default=0.2, ge=0, description="threshold_2025: queued prefill requests below which one is removed."
+    )
     # Throughput-loop headroom (ours; 1.0 = Dynamo: size each pool to run at its searched capacity). Demand is
     # divided by this fraction before `ceil(demand / capacity)`, leaving room for queueing around the mean rate.
-    throughput_prefill_target_utilization: float = Field(default=1.0, gt=0, le=1)
-    throughput_decode_target_utilization: float = Field(default=1.0, gt=0, le=1)
+    throughput_prefill_target_utilization: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Fraction (0-1] of searched prefill capacity the throughput loop sizes for.",
+    )
+    throughput_decode_target_utilization: float = Field(
+        default=1.0, gt=0, le=1, description="Fraction (0-1] of searched decode capacity the throughput loop sizes for."
+    )
     # Burst-aware prefill sizing (ours; off = Dynamo). When the observed window carries its prompt-token arrival
     # curve (TrafficObservation.prompt_tokens_p99_*), prefill is also sized so that a p99 burst of every length,
     # scaled by the forecast's growth, drains within the TTFT target (planner_core.policy.throughput).
-    throughput_prefill_burst_sizing: bool = False
+    throughput_prefill_burst_sizing: bool = Field(
+        default=False, description="Also size prefill so a p99 prompt burst drains within the TTFT target."
+    )
     # Scale-down hold (ours; 0 = Dynamo): each pool is sized for the largest need the throughput loop found over
     # the last this many seconds, so capacity removed in a lull is not missing when the traffic returns before a
     # new worker could start (start-up takes minutes; removing one is instant).
-    throughput_scale_down_hold_seconds: float = Field(default=0.0, ge=0)
+    throughput_scale_down_hold_seconds: float = Field(
+        default=0.0, ge=0, description="Seconds over which the largest need found holds a pool up; 0 = off."
+    )
 
     # ------------------------------------------------------------------------------------------------
     # Validation (never mutates; raises the first violation and counts the rest)

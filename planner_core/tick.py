@@ -23,6 +23,7 @@ from planner_core.domain import (
     PlannerState,
     ReasonCode,
     ScalingDecision,
+    StepName,
     StepRecord,
     TickInputs,
     TickOutcome,
@@ -65,7 +66,7 @@ def tick(
         state = dataclasses.replace(state, num_load_ticks=state.num_load_ticks + 1)
         active = config.load_scaling_active
     if not active:
-        step = StepRecord(step=inputs.loop.value, reason=ReasonCode.DISABLED)
+        step = StepRecord(step=StepName(inputs.loop.value), reason=ReasonCode.DISABLED)
         return TickOutcome(decision=ScalingDecision(), next_state=state, steps=(step,), reason=ReasonCode.DISABLED)
 
     # The config's `plugins.overrides` apply to builtin plugins as to user ones (validated at load time).

@@ -282,3 +282,12 @@ def test_service_settings_are_outside_the_replayed_policy(database_url, tmp_path
         repo.ensure_deployment(session, "split", ctx.config)
     events = _rows(database_url, "SELECT event, detail->>'from' FROM audit_log WHERE event LIKE 'config_%%'")
     assert events == [("config_rehashed", old_hash)]
+
+
+def test_recorded_steps_are_step_names_or_plugin_scoped(recorded) -> None:
+    """Every step the planner recorded is a `StepName` value; anything else is a plugin-scoped `<scope>:<id>`."""
+    from planner_core.domain import StepName
+
+    url, _, _ = recorded
+    stored = {step for (step,) in _rows(url, "SELECT DISTINCT step FROM tick_steps")}
+    assert stored and all(step in set(StepName) or ":" in step for step in stored), stored

@@ -443,33 +443,34 @@ def test_tls_with_ca_bundle(tmp_path: Path) -> None:
 
 def test_source_selection_from_config_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The config's endpoint wins over the environment's; Dynamo's variable names work; none means no source."""
-    bare = load_config(write_config(tmp_path)).policy
-    configured = load_config(
-        write_config(tmp_path, metric_pulling_prometheus_endpoint="http://from-config:9090")
-    ).policy
-    assert PrometheusTrafficSource.from_config(bare, RuntimeSettings()) is None
+    bare = load_config(write_config(tmp_path))
+    configured = load_config(write_config(tmp_path, metric_pulling_prometheus_endpoint="http://from-config:9090"))
+    assert PrometheusTrafficSource.from_config(bare.policy, bare.service, RuntimeSettings()) is None
     monkeypatch.setenv("PROMETHEUS_ENDPOINT", "http://dynamo-name:9090")
     monkeypatch.setenv("PROMETHEUS_TOKEN", "t0ken")
     monkeypatch.setenv("DYN_PLANNER_PROMETHEUS_REQUEST_TIMEOUT_SECONDS", "3.5")
-    from_env = PrometheusTrafficSource.from_config(bare, RuntimeSettings())
+    from_env = PrometheusTrafficSource.from_config(bare.policy, bare.service, RuntimeSettings())
     assert (from_env.options.endpoint, from_env.options.bearer_token, from_env.options.timeout_s) == (
         "http://dynamo-name:9090",
         "t0ken",
         3.5,
     )
     monkeypatch.setenv("PLANNER_PROMETHEUS_ENDPOINT", "http://planner-name:9090")
-    assert PrometheusTrafficSource.from_config(bare, RuntimeSettings()).options.endpoint == "http://planner-name:9090"
-    assert PrometheusTrafficSource.from_config(configured, RuntimeSettings()).options.endpoint == (
-        "http://from-config:9090"
+    assert (
+        PrometheusTrafficSource.from_config(bare.policy, bare.service, RuntimeSettings()).options.endpoint
+        == "http://planner-name:9090"
     )
+    assert PrometheusTrafficSource.from_config(
+        configured.policy, configured.service, RuntimeSettings()
+    ).options.endpoint == ("http://from-config:9090")
     assert from_env.options.verify_tls is True  # unlike Dynamo, certificates are verified unless switched off
 
 
 def test_unreadable_ca_bundle_is_reported_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A source that cannot be built still yields a reason, so the tick records why it held."""
-    config = load_config(write_config(tmp_path, metric_pulling_prometheus_endpoint="https://p:9090")).policy
+    loaded = load_config(write_config(tmp_path, metric_pulling_prometheus_endpoint="https://p:9090"))
     monkeypatch.setenv("PLANNER_PROMETHEUS_CA_BUNDLE", str(tmp_path / "nope.pem"))
-    collected = collect_from_source(config, T0, T0 + dt.timedelta(seconds=60))
+    collected = collect_from_source(loaded.policy, loaded.service, T0, T0 + dt.timedelta(seconds=60))
     assert collected.observation is None and "nope.pem: cannot be used" in collected.problem
 
 
@@ -480,7 +481,9 @@ def test_garbage_answer_makes_the_tick_hold(
     fake_prometheus.answer = answers_by_series({**GOOD, "requests_started_total": "NaN"})
     config_path = write_config(tmp_path, metric_pulling_prometheus_endpoint=fake_prometheus.url)
     ctx = load_context(database_url, "garbage", config_path)
-    collected = collect_traffic.fn(ctx.config, T0, T0 + dt.timedelta(seconds=60))  # the flow's task, no engine
+    collected = collect_traffic.fn(
+        ctx.config, ctx.service, T0, T0 + dt.timedelta(seconds=60)
+    )  # the flow's task, no engine
     assert collected.observation is None and collected.problem_kind == NoTrafficDataKind.INVALID_VALUE
     result = run_tick(ctx, Loop.THROUGHPUT, T0 + dt.timedelta(seconds=60), None, traffic_problem=collected.problem)
     assert result.outcome.reason == ReasonCode.NO_TRAFFIC_DATA and result.outcome.decision.is_empty
@@ -656,9 +659,9 @@ IDLE_WINDOW = (14.5, 18.5)
 def test_real_prometheus_busy_window(live_prometheus: LiveSetup, tmp_path: Path, source: str) -> None:
     """A busy window read back through a real Prometheus: the trace's rate and exact means."""
     live = live_prometheus
-    config = load_config(_live_config(tmp_path, live, throughput_metrics_source=source)).policy
+    loaded = load_config(_live_config(tmp_path, live, throughput_metrics_source=source))
     live.wait_until(BUSY_WINDOW[1] + 0.5)
-    collected = collect_from_source(config, live.at(BUSY_WINDOW[0]), live.at(BUSY_WINDOW[1]))
+    collected = collect_from_source(loaded.policy, loaded.service, live.at(BUSY_WINDOW[0]), live.at(BUSY_WINDOW[1]))
     obs = collected.observation
     assert obs is not None, collected.problem
     # 20 req/s x 4 s = 80 requests; increase() extrapolates from 1 s scrapes, so allow 15%
@@ -683,18 +686,18 @@ def test_real_prometheus_idle_window_is_zero_traffic(live_prometheus: LiveSetup,
     """After the trace stops, a window is zero traffic (0 requests, lengths 0), not a missing observation."""
     live = live_prometheus
     assert float(np.max(live.served.finish_s)) < IDLE_WINDOW[0]  # every request is done before the window
-    config = load_config(_live_config(tmp_path, live)).policy
+    loaded = load_config(_live_config(tmp_path, live))
     live.wait_until(IDLE_WINDOW[1] + 0.5)
-    collected = collect_from_source(config, live.at(IDLE_WINDOW[0]), live.at(IDLE_WINDOW[1]))
+    collected = collect_from_source(loaded.policy, loaded.service, live.at(IDLE_WINDOW[0]), live.at(IDLE_WINDOW[1]))
     assert collected.observation == TrafficObservation(duration_s=4.0, num_req=0.0, isl=0.0, osl=0.0)
 
 
 def test_real_prometheus_unknown_model_has_no_series(live_prometheus: LiveSetup, tmp_path: Path) -> None:
     """Series of another model do not count as this deployment's traffic: no data, not zero."""
     live = live_prometheus
-    config = load_config(_live_config(tmp_path, live, model_name="other-model")).policy
+    loaded = load_config(_live_config(tmp_path, live, model_name="other-model"))
     live.wait_until(BUSY_WINDOW[1] + 0.5)
-    collected = collect_from_source(config, live.at(BUSY_WINDOW[0]), live.at(BUSY_WINDOW[1]))
+    collected = collect_from_source(loaded.policy, loaded.service, live.at(BUSY_WINDOW[0]), live.at(BUSY_WINDOW[1]))
     assert collected.observation is None and collected.problem_kind == NoTrafficDataKind.NO_SERIES
 
 
@@ -705,13 +708,13 @@ def test_prometheus_down_mid_run_holds(
     live = live_prometheus
     ctx = load_context(database_url, "prom-down", _live_config(tmp_path, live))
     live.wait_until(BUSY_WINDOW[1] + 0.5)
-    first = collect_traffic.fn(ctx.config, live.at(BUSY_WINDOW[0]), live.at(BUSY_WINDOW[1]))
+    first = collect_traffic.fn(ctx.config, ctx.service, live.at(BUSY_WINDOW[0]), live.at(BUSY_WINDOW[1]))
     assert first.observation is not None, first.problem
     tick_one = run_tick(ctx, Loop.THROUGHPUT, live.at(BUSY_WINDOW[1]), first.observation)
     assert tick_one.outcome.reason != ReasonCode.NO_TRAFFIC_DATA
 
     live.prometheus.stop()
-    second = collect_traffic.fn(ctx.config, live.at(BUSY_WINDOW[1]), live.at(BUSY_WINDOW[1] + 4))
+    second = collect_traffic.fn(ctx.config, ctx.service, live.at(BUSY_WINDOW[1]), live.at(BUSY_WINDOW[1] + 4))
     assert second.observation is None and second.problem_kind == NoTrafficDataKind.UNREACHABLE
     tick_two = run_tick(ctx, Loop.THROUGHPUT, live.at(BUSY_WINDOW[1] + 4), None, traffic_problem=second.problem)
     assert tick_two.outcome.reason == ReasonCode.NO_TRAFFIC_DATA and tick_two.outcome.decision.is_empty

@@ -52,7 +52,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from planner_core.domain import Component, EngineLimits, ReasonCode, StepRecord
+from planner_core.domain import Component, EngineLimits, ReasonCode, StepName, StepRecord
 from planner_core.perf.forward import ForwardPassModel
 
 __all__ = [
@@ -150,7 +150,7 @@ def effective_kv_hit_rate(kv_hit_rate: float | None, component: Component | None
             reason, detail = ReasonCode.WITHIN_RANGE, f"KV hit rate {value:.3g}"
         else:
             reason, detail = ReasonCode.KV_HIT_RATE_CLAMPED, f"KV hit rate {kv_hit_rate:.3g} clamped to {value:.3g}"
-    return value, StepRecord(step="kv_hit_rate", reason=reason, component=component, value=value, detail=detail)
+    return value, StepRecord(step=StepName.KV_HIT_RATE, reason=reason, component=component, value=value, detail=detail)
 
 
 def effective_accept_length(
@@ -169,7 +169,9 @@ def effective_accept_length(
         else:
             reason = ReasonCode.ACCEPT_LENGTH_CLAMPED
             detail = f"accept length {accept_length:.3g} clamped to [1, {speculative_nextn + 1}]: {value:.3g}"
-    return value, StepRecord(step="accept_length", reason=reason, component=component, value=value, detail=detail)
+    return value, StepRecord(
+        step=StepName.ACCEPT_LENGTH, reason=reason, component=component, value=value, detail=detail
+    )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -278,7 +280,7 @@ def _best_candidate(batches: Iterable[int], evaluate: Callable[[int], _Candidate
 def _no_capacity(
     role: CapacityRole, component: Component, reason: ReasonCode, detail: str, steps: list[StepRecord]
 ) -> RoleCapacity:
-    step = StepRecord(step="engine_capacity", reason=reason, component=component, value=0.0, detail=detail)
+    step = StepRecord(step=StepName.ENGINE_CAPACITY, reason=reason, component=component, value=0.0, detail=detail)
     return RoleCapacity(
         role=role,
         requests_per_s=0.0,
@@ -321,7 +323,7 @@ def _result(
         f"{role.value}: batch {best.batch} of max {max_batch} ({limit.value}): {latencies} {verdict} {targets}; "
         f"{best.rps:.3g} req/s per engine"
     )
-    step = StepRecord(step="engine_capacity", reason=reason, component=component, value=best.rps, detail=detail)
+    step = StepRecord(step=StepName.ENGINE_CAPACITY, reason=reason, component=component, value=best.rps, detail=detail)
     return RoleCapacity(
         role=role,
         requests_per_s=best.rps,

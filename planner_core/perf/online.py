@@ -52,6 +52,7 @@ from planner_core.domain import (
     OnlinePerfState,
     PerfModelRole,
     ReasonCode,
+    StepName,
     StepRecord,
 )
 
@@ -329,7 +330,7 @@ def fit_wall_time(role: PerfModelRole, samples: Sequence[FpmSample], *, min_obse
 def readiness_step(model: OnlineModelState, component: Component | None = None) -> StepRecord:
     """The model's readiness as a tick step: reason = readiness, value = retained samples, detail = why."""
     return StepRecord(
-        step=f"perf_model_{model.role.value}",
+        step=StepName(f"perf_model_{model.role.value}"),
         reason=ReasonCode(model.readiness.value),
         component=component,
         value=float(len(model.samples)),

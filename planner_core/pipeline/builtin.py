@@ -41,6 +41,7 @@ from planner_core.domain import (
     ReasonCode,
     ReplicaOverride,
     SizedNeed,
+    StepName,
     StepRecord,
     TickInputs,
 )
@@ -76,7 +77,7 @@ if TYPE_CHECKING:
 PREDICT_ID = "builtin_load_predict"
 THROUGHPUT_ID = "builtin_throughput_propose"
 LOAD_ID = "builtin_load_propose"
-DECIDE_STEP = "decide"
+DECIDE_STEP = StepName.DECIDE
 
 
 def _decide(reason: ReasonCode, detail: str) -> StepRecord:
@@ -95,13 +96,13 @@ class LoadPredictPlugin:
     def run(self, context: PipelineContext) -> PluginResult:
         traffic = context.inputs.traffic
         if traffic is None:
-            step = StepRecord(step="observe", reason=ReasonCode.NO_TRAFFIC_DATA, detail="no traffic observation")
+            step = StepRecord(step=StepName.OBSERVE, reason=ReasonCode.NO_TRAFFIC_DATA, detail="no traffic observation")
             return PluginResult(steps=(step,))
         bad_field = traffic.invalid_field()
         if bad_field is not None:
             # Never scale (and never feed the predictor) on unusable data: hold and say why.
             step = StepRecord(
-                step="observe",
+                step=StepName.OBSERVE,
                 reason=ReasonCode.NO_TRAFFIC_DATA,
                 detail=f"traffic.{bad_field} = {getattr(traffic, bad_field)!r} rejected (NaN, infinite or negative)",
             )
@@ -288,7 +289,7 @@ class ThroughputProposePlugin:
                 if self.perf is None
                 else "aggregated capacity needs throughput_algorithm: engine_capacity"
             )
-            steps.append(StepRecord(step="capacity", reason=ReasonCode.MODEL_NOT_READY, detail=detail))
+            steps.append(StepRecord(step=StepName.CAPACITY, reason=ReasonCode.MODEL_NOT_READY, detail=detail))
             return None
         targets = ThroughputTargets(
             ttft_ms=config.ttft_ms,
@@ -379,7 +380,7 @@ class ThroughputProposePlugin:
                 if component not in not_ready:
                     steps.append(
                         StepRecord(
-                            step="capacity",
+                            step=StepName.CAPACITY,
                             component=component,
                             reason=ReasonCode.PARTNER_NOT_READY,
                             detail="held with the pool whose model cannot answer",
@@ -419,7 +420,7 @@ def _hold_scale_down(
         held[component] = max(value, largest)
         steps.append(
             StepRecord(
-                step="scale_down_hold",
+                step=StepName.SCALE_DOWN_HOLD,
                 component=component,
                 value=held[component],
                 reason=ReasonCode.SCALE_DOWN_HELD if largest > value else ReasonCode.WITHIN_RANGE,
@@ -468,10 +469,10 @@ def forward_model_for(
 
 
 _ROLE_OF_POOL = {Component.PREFILL: PerfModelRole.PREFILL, Component.DECODE: PerfModelRole.DECODE}
-MODEL_STEP = "forward_pass_model"
+MODEL_STEP = StepName.FORWARD_PASS_MODEL
 
 
-NEXT_REQUEST_STEP = "next_request"
+NEXT_REQUEST_STEP = StepName.NEXT_REQUEST
 
 
 def load_runtime(

@@ -52,6 +52,7 @@ from planner_core.domain import (
     ReplicaOverride,
     ReplicaProposal,
     ScalingDecision,
+    StepName,
     StepRecord,
     TickInputs,
 )
@@ -197,7 +198,7 @@ class _Tick:
             except Exception as exc:  # a user plugin's spec property failed: record it, run the others
                 self.steps.append(
                     StepRecord(
-                        step="plugin",
+                        step=StepName.PLUGIN,
                         reason=ReasonCode.PLUGIN_RAISED,
                         detail=_one_line(f"{type(plugin).__name__}.spec raised {type(exc).__name__}: {exc}"),
                     )
@@ -206,7 +207,7 @@ class _Tick:
             if not isinstance(spec, PluginSpec):
                 self.steps.append(
                     StepRecord(
-                        step="plugin",
+                        step=StepName.PLUGIN,
                         reason=ReasonCode.PLUGIN_INVALID_RESULT,
                         detail=f"{type(plugin).__name__}.spec is {type(spec).__name__}, not a PluginSpec; not run",
                     )
@@ -501,7 +502,7 @@ class _Tick:
                 )
                 if self.config.advisory:
                     detail = "advisory mode, not executed: " + detail
-        self.steps.append(StepRecord(step="execute", reason=ReasonCode(action.value), detail=detail))
+        self.steps.append(StepRecord(step=StepName.EXECUTE, reason=ReasonCode(action.value), detail=detail))
         pipeline = PipelineState(plugins=tuple(self.schedules[key] for key in sorted(self.schedules)))
         return PipelineOutcome(
             action=action,

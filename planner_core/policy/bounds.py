@@ -6,20 +6,22 @@ import math
 from collections.abc import Mapping
 
 from planner_core.config import PlannerConfig, managed_components
-from planner_core.domain import Component, ReasonCode, StepRecord
+from planner_core.domain import Component, ReasonCode, StepName, StepRecord
 
 
 def bound_min_endpoint(component: Component, desired: int, floor: int) -> tuple[int, StepRecord]:
     """Raise `desired` to the pool's minimum endpoint count."""
     if desired < floor:
         return floor, StepRecord(
-            step="min_endpoint",
+            step=StepName.MIN_ENDPOINT,
             component=component,
             value=floor,
             reason=ReasonCode.MIN_ENDPOINT_FLOOR,
             detail=f"{desired} raised to the minimum of {floor}",
         )
-    return desired, StepRecord(step="min_endpoint", component=component, value=desired, reason=ReasonCode.WITHIN_RANGE)
+    return desired, StepRecord(
+        step=StepName.MIN_ENDPOINT, component=component, value=desired, reason=ReasonCode.WITHIN_RANGE
+    )
 
 
 def bound_change_rate(component: Component, desired: int, current: int, max_delta: int) -> tuple[int, StepRecord]:
@@ -27,13 +29,15 @@ def bound_change_rate(component: Component, desired: int, current: int, max_delt
     capped = max(current - max_delta, min(current + max_delta, desired))
     if capped != desired:
         return capped, StepRecord(
-            step="change_rate",
+            step=StepName.CHANGE_RATE,
             component=component,
             value=capped,
             reason=ReasonCode.DELTA_CAPPED,
             detail=f"{current} -> {desired} limited to {capped} (at most {max_delta} per tick)",
         )
-    return desired, StepRecord(step="change_rate", component=component, value=desired, reason=ReasonCode.WITHIN_RANGE)
+    return desired, StepRecord(
+        step=StepName.CHANGE_RATE, component=component, value=desired, reason=ReasonCode.WITHIN_RANGE
+    )
 
 
 def bound_gpu_budget(
@@ -59,7 +63,7 @@ def bound_gpu_budget(
         return (
             num_prefill,
             num_decode,
-            StepRecord(step="gpu_budget", value=total, reason=ReasonCode.WITHIN_RANGE, detail=f"{total} GPUs"),
+            StepRecord(step=StepName.GPU_BUDGET, value=total, reason=ReasonCode.WITHIN_RANGE, detail=f"{total} GPUs"),
         )
     scale = max_gpu_budget / total
     room_for_prefill = (max_gpu_budget - decode_floor * decode_gpus) // prefill_gpus
@@ -73,7 +77,7 @@ def bound_gpu_budget(
         new_prefill,
         new_decode,
         StepRecord(
-            step="gpu_budget",
+            step=StepName.GPU_BUDGET,
             value=new_total,
             reason=ReasonCode.GPU_BUDGET_CAPPED,
             detail=(
@@ -170,7 +174,7 @@ def guard_gpu_budget(
     band = f"band [{low}, {'-' if max_gpu_budget < 0 else max_gpu_budget}]"
     if in_band(proposed):
         return proposed, StepRecord(
-            step="gpu_budget",
+            step=StepName.GPU_BUDGET,
             value=proposed_gpus,
             reason=ReasonCode.WITHIN_RANGE,
             detail=f"{proposed[0]}P+{proposed[1]}D = {proposed_gpus} GPUs within {band}",
@@ -180,7 +184,7 @@ def guard_gpu_budget(
             proposed, prefill_gpus, decode_gpus, min_gpu_budget, max_gpu_budget, prefill_floor, decode_floor
         )
         return result, StepRecord(
-            step="gpu_budget",
+            step=StepName.GPU_BUDGET,
             value=_gpus(result, prefill_gpus, decode_gpus),
             reason=ReasonCode.GPU_BUDGET_RECONCILE,
             detail=(
@@ -218,7 +222,7 @@ def guard_gpu_budget(
     else:
         reason = ReasonCode.GPU_BUDGET_FLOORED
     return result, StepRecord(
-        step="gpu_budget",
+        step=StepName.GPU_BUDGET,
         value=_gpus(result, prefill_gpus, decode_gpus),
         reason=reason,
         detail=(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner_core.domain import Component, ForwardPassMetrics, ReasonCode, StepRecord, WorkerCounts
+from planner_core.domain import Component, ForwardPassMetrics, ReasonCode, StepName, StepRecord, WorkerCounts
 from planner_core.policy.bounds import bound_min_endpoint
 
 
@@ -109,7 +109,7 @@ def observe_fleet(
     in_flight = scale_in_flight(workers, managed)
     if in_flight is not None:
         return None, StepRecord(
-            step="fleet",
+            step=StepName.FLEET,
             component=component,
             value=workers.expected(component),
             reason=ReasonCode.SCALING_IN_PROGRESS,
@@ -119,7 +119,7 @@ def observe_fleet(
     ready = workers.ready(component)
     if not engines:
         return None, StepRecord(
-            step="fleet",
+            step=StepName.FLEET,
             component=component,
             value=0,
             reason=ReasonCode.NO_FPM_DATA,
@@ -127,7 +127,7 @@ def observe_fleet(
         )
     if len(engines) != ready:
         return None, StepRecord(
-            step="fleet",
+            step=StepName.FLEET,
             component=component,
             value=len(engines),
             reason=ReasonCode.WORKER_COUNT_MISMATCH,
@@ -137,7 +137,7 @@ def observe_fleet(
     if len(set(rank_sets.values())) > 1:
         shown = ", ".join(f"{worker} {list(ranks)}" for worker, ranks in rank_sets.items())
         return None, StepRecord(
-            step="fleet",
+            step=StepName.FLEET,
             component=component,
             value=len(engines),
             reason=ReasonCode.WORKER_COUNT_MISMATCH,
@@ -145,7 +145,7 @@ def observe_fleet(
         )
     num_ranks = sum(len(engine.ranks) for engine in engines)
     return Fleet(component=component, num_workers=ready, engines=engines), StepRecord(
-        step="fleet",
+        step=StepName.FLEET,
         component=component,
         value=ready,
         reason=ReasonCode.OBSERVED,
@@ -205,7 +205,7 @@ def finalize_load_proposal(
             floor_capped = signal < current and lower_bound <= current
             steps.append(
                 StepRecord(
-                    step="throughput_floor",
+                    step=StepName.THROUGHPUT_FLOOR,
                     component=component,
                     value=lower_bound,
                     reason=(
@@ -220,7 +220,7 @@ def finalize_load_proposal(
         else:
             steps.append(
                 StepRecord(
-                    step="throughput_floor",
+                    step=StepName.THROUGHPUT_FLOOR,
                     component=component,
                     value=value,
                     reason=ReasonCode.WITHIN_RANGE,
@@ -241,7 +241,11 @@ def finalize_load_proposal(
         headline = signal_reason
     steps.append(
         StepRecord(
-            step="load_decision", component=component, value=value, reason=headline, detail=f"{current} -> {value}"
+            step=StepName.LOAD_DECISION,
+            component=component,
+            value=value,
+            reason=headline,
+            detail=f"{current} -> {value}",
         )
     )
     return value, steps

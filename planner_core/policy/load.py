@@ -34,6 +34,7 @@ from planner_core.domain import (
     EngineLimits,
     ForwardPassMetrics,
     ReasonCode,
+    StepName,
     StepRecord,
     WorkerCounts,
 )
@@ -288,7 +289,7 @@ def _scale_signal(
         detail = f"{label} {worst:.2f} ms at worst against {sla_ms:g} ms{at_min}"
     steps.append(
         StepRecord(
-            step=f"{label.lower()}_signal",
+            step=StepName(f"{label.lower()}_signal"),
             component=component,
             value=signal.desired,
             reason=signal.reason,
@@ -300,7 +301,7 @@ def _scale_signal(
 
 def _estimate_step(component: Component, label: str, worker_id: str, estimate_ms: float, detail: str) -> StepRecord:
     return StepRecord(
-        step=f"{label.lower()}_estimate",
+        step=StepName(f"{label.lower()}_estimate"),
         component=component,
         value=estimate_ms,
         reason=ReasonCode.LATENCY_ESTIMATED,
@@ -310,7 +311,7 @@ def _estimate_step(component: Component, label: str, worker_id: str, estimate_ms
 
 def _consolidation_step(component: Component, worker_id: str, value: float, *, safe: bool, detail: str) -> StepRecord:
     return StepRecord(
-        step="consolidation",
+        step=StepName.CONSOLIDATION,
         component=component,
         value=value,
         reason=ReasonCode.CONSOLIDATION_SAFE if safe else ReasonCode.SCALE_DOWN_REFUSED_CONSOLIDATION,
@@ -525,7 +526,7 @@ def _combine_agg(
     shown_prefill = "missing" if prefill is None else str(prefill.desired)
     steps.append(
         StepRecord(
-            step="agg_signal",
+            step=StepName.AGG_SIGNAL,
             component=component,
             value=combined.desired,
             reason=combined.reason,
@@ -570,7 +571,7 @@ def calculate_load_replicas(inputs: SlaLoadInputs, model: ForwardPassModel) -> t
     if not model.is_ready():
         steps.append(
             StepRecord(
-                step="model",
+                step=StepName.MODEL,
                 component=component,
                 reason=ReasonCode.INSUFFICIENT_DATA,
                 detail="the forward-pass model is not ready",
@@ -584,7 +585,7 @@ def calculate_load_replicas(inputs: SlaLoadInputs, model: ForwardPassModel) -> t
         else:
             steps.append(
                 StepRecord(
-                    step="ttft_signal",
+                    step=StepName.TTFT_SIGNAL,
                     component=component,
                     reason=ReasonCode.INSUFFICIENT_DATA,
                     detail=f"max_num_batched_tokens = {inputs.limits.max_num_batched_tokens}: no TTFT signal",
@@ -596,7 +597,7 @@ def calculate_load_replicas(inputs: SlaLoadInputs, model: ForwardPassModel) -> t
         if inputs.limits.max_num_batched_tokens <= 0:
             steps.append(
                 StepRecord(
-                    step="ttft_signal",
+                    step=StepName.TTFT_SIGNAL,
                     component=component,
                     reason=ReasonCode.INSUFFICIENT_DATA,
                     detail=f"max_num_batched_tokens = {inputs.limits.max_num_batched_tokens}: no TTFT estimate",

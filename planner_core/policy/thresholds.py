@@ -46,6 +46,7 @@ from planner_core.domain import (
     EngineLimits,
     ForwardPassMetrics,
     ReasonCode,
+    StepName,
     StepRecord,
     ThresholdPlannerState,
     WorkerCounts,
@@ -222,7 +223,7 @@ def _threshold_signal(
             values.append(value)
             steps.append(
                 StepRecord(
-                    step="engine_load",
+                    step=StepName.ENGINE_LOAD,
                     component=component,
                     value=value,
                     reason=ReasonCode.LOAD_MEASURED,
@@ -253,7 +254,7 @@ def _threshold_signal(
         detail = f"highest {highest:.4g} within the band ({rule.describe()})"
     steps.append(
         StepRecord(
-            step="threshold_signal",
+            step=StepName.THRESHOLD_SIGNAL,
             component=component,
             value=desired,
             reason=reason,
@@ -284,7 +285,10 @@ def calculate_threshold_replicas(inputs: ThresholdInputs) -> tuple[int, tuple[St
     if rule is None or missing is not None:
         steps.append(
             StepRecord(
-                step="threshold_signal", component=component, reason=ReasonCode.INSUFFICIENT_DATA, detail=missing or ""
+                step=StepName.THRESHOLD_SIGNAL,
+                component=component,
+                reason=ReasonCode.INSUFFICIENT_DATA,
+                detail=missing or "",
             )
         )
         signal, reason = fleet.num_workers, ReasonCode.INSUFFICIENT_DATA
@@ -396,7 +400,9 @@ def _sample(
         utilisations = [kv_utilisation(fpm, max_kv, aggregated=settings.aggregated) for fpm in ranks]
         value = sum(utilisations) / len(utilisations)
         detail = f"KV utilisation {value:.4f} (mean of {len(ranks)} engine ranks, capacity {max_kv})"
-    return value, StepRecord(step="sample", component=component, value=value, reason=ReasonCode.OBSERVED, detail=detail)
+    return value, StepRecord(
+        step=StepName.SAMPLE, component=component, value=value, reason=ReasonCode.OBSERVED, detail=detail
+    )
 
 
 def calculate_threshold_2025(
@@ -432,7 +438,9 @@ def calculate_threshold_2025(
             ThresholdPlannerState(), decode_grace_intervals_left=state.decode_grace_intervals_left
         )
         steps.append(
-            StepRecord(step="fleet", reason=ReasonCode.SCALING_IN_PROGRESS, detail=f"{in_flight}; sampling paused")
+            StepRecord(
+                step=StepName.FLEET, reason=ReasonCode.SCALING_IN_PROGRESS, detail=f"{in_flight}; sampling paused"
+            )
         )
         return Threshold2025Outcome(
             num_prefill=None,
@@ -467,7 +475,7 @@ def calculate_threshold_2025(
     if elapsed_s < settings.adjustment_interval_s:
         steps.append(
             StepRecord(
-                step="interval",
+                step=StepName.INTERVAL,
                 value=elapsed_s,
                 reason=ReasonCode.INTERVAL_COLLECTING,
                 detail=f"{elapsed_s:g} of {settings.adjustment_interval_s:g} s sampled",
@@ -492,7 +500,7 @@ def calculate_threshold_2025(
     if any(workers.ready(c) != at_start[c] for c in settings.components):  # another planner's pool may move
         steps.append(
             StepRecord(
-                step="interval",
+                step=StepName.INTERVAL,
                 reason=ReasonCode.WORKERS_CHANGED_IN_INTERVAL,
                 detail=(
                     f"ready workers changed during the interval: prefill {state.interval_num_prefill} -> "
@@ -537,7 +545,10 @@ def _adjust(
             signals[component] = (n, ReasonCode.NO_FPM_DATA)
             steps.append(
                 StepRecord(
-                    step="interval_average", component=component, reason=ReasonCode.NO_FPM_DATA, detail="no samples"
+                    step=StepName.INTERVAL_AVERAGE,
+                    component=component,
+                    reason=ReasonCode.NO_FPM_DATA,
+                    detail="no samples",
                 )
             )
             continue
@@ -545,7 +556,7 @@ def _adjust(
         signals[component] = (n, ReasonCode.NO_CHANGE)
         steps.append(
             StepRecord(
-                step="interval_average",
+                step=StepName.INTERVAL_AVERAGE,
                 component=component,
                 value=avg,
                 reason=ReasonCode.OBSERVED,
@@ -563,7 +574,7 @@ def _adjust(
             gpu_usage -= gpus_p
             steps.append(
                 StepRecord(
-                    step="threshold_signal",
+                    step=StepName.THRESHOLD_SIGNAL,
                     component=Component.PREFILL,
                     value=num_prefill - 1,
                     reason=ReasonCode.SCALE_DOWN,
@@ -577,7 +588,7 @@ def _adjust(
                 signals[Component.DECODE] = (num_decode, ReasonCode.DECODE_GRACE_PERIOD)
                 steps.append(
                     StepRecord(
-                        step="decode_grace",
+                        step=StepName.DECODE_GRACE,
                         component=Component.DECODE,
                         value=grace_left,
                         reason=ReasonCode.DECODE_GRACE_PERIOD,
@@ -592,7 +603,7 @@ def _adjust(
                 gpu_usage -= gpus_d
                 steps.append(
                     StepRecord(
-                        step="threshold_signal",
+                        step=StepName.THRESHOLD_SIGNAL,
                         component=Component.DECODE,
                         value=num_decode - 1,
                         reason=ReasonCode.SCALE_DOWN,
@@ -620,7 +631,7 @@ def _adjust(
         value, reason = signals[Component.PREFILL]
         steps.append(
             StepRecord(
-                step="threshold_signal",
+                step=StepName.THRESHOLD_SIGNAL,
                 component=Component.PREFILL,
                 value=value,
                 reason=reason,
@@ -640,7 +651,7 @@ def _adjust(
         value, reason = signals[Component.DECODE]
         steps.append(
             StepRecord(
-                step="threshold_signal",
+                step=StepName.THRESHOLD_SIGNAL,
                 component=Component.DECODE,
                 value=value,
                 reason=reason,

@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass
 
 from planner_core.config import LengthSizing
-from planner_core.domain import Component, Prediction, ReasonCode, StepRecord, TrafficObservation
+from planner_core.domain import Component, Prediction, ReasonCode, StepName, StepRecord, TrafficObservation
 from planner_core.perf.protocol import ThroughputPerfModel
 
 
@@ -76,14 +76,14 @@ def sizing_shape(prediction: Prediction, sizing: LengthSizing) -> tuple[RequestS
     mean = RequestShape(isl=prediction.isl, osl=prediction.osl)
     if sizing is LengthSizing.MEAN:
         step = StepRecord(
-            step="length_sizing",
+            step=StepName.LENGTH_SIZING,
             reason=ReasonCode.SIZED_ON_MEAN,
             detail=f"mean ISL {mean.isl:.0f}, OSL {mean.osl:.0f}",
         )
         return mean, step
     if prediction.isl_quantile is None or prediction.osl_quantile is None:
         step = StepRecord(
-            step="length_sizing",
+            step=StepName.LENGTH_SIZING,
             reason=ReasonCode.QUANTILE_UNAVAILABLE,
             detail=f"no {prediction.quantile or 'length'} forecast yet: mean ISL {mean.isl:.0f}, OSL {mean.osl:.0f}",
         )
@@ -91,7 +91,7 @@ def sizing_shape(prediction: Prediction, sizing: LengthSizing) -> tuple[RequestS
     # A quantile below the mean (possible for skewed forecasts) would size for less than the mean shape.
     shape = RequestShape(isl=max(prediction.isl_quantile, mean.isl), osl=max(prediction.osl_quantile, mean.osl))
     step = StepRecord(
-        step="length_sizing",
+        step=StepName.LENGTH_SIZING,
         reason=ReasonCode.SIZED_ON_QUANTILE,
         detail=f"{prediction.quantile} ISL {shape.isl:.0f}, OSL {shape.osl:.0f} (mean {mean.isl:.0f}, {mean.osl:.0f})",
     )
@@ -116,7 +116,7 @@ def correction_factors(
         prefill = traffic.ttft_ms / expected_ttft_ms
         steps.append(
             StepRecord(
-                step="correction",
+                step=StepName.CORRECTION,
                 component=Component.PREFILL,
                 value=prefill,
                 reason=ReasonCode.CORRECTION_APPLIED,
@@ -126,7 +126,7 @@ def correction_factors(
     else:
         steps.append(
             StepRecord(
-                step="correction",
+                step=StepName.CORRECTION,
                 component=Component.PREFILL,
                 value=1.0,
                 reason=ReasonCode.CORRECTION_UNAVAILABLE,
@@ -142,7 +142,7 @@ def correction_factors(
             decode = traffic.itl_ms / expected_itl_ms
             steps.append(
                 StepRecord(
-                    step="correction",
+                    step=StepName.CORRECTION,
                     component=Component.DECODE,
                     value=decode,
                     reason=ReasonCode.CORRECTION_APPLIED,
@@ -155,7 +155,7 @@ def correction_factors(
             return CorrectionFactors(prefill=prefill, decode=decode), steps
     steps.append(
         StepRecord(
-            step="correction",
+            step=StepName.CORRECTION,
             component=Component.DECODE,
             value=1.0,
             reason=ReasonCode.CORRECTION_UNAVAILABLE,
@@ -208,7 +208,7 @@ def calculate_replicas(
     engine_tokens_per_s = capacity.tokens_per_s_per_gpu * gpus
     steps.append(
         StepRecord(
-            step="capacity",
+            step=StepName.CAPACITY,
             component=component,
             value=engine_tokens_per_s,
             reason=ReasonCode.CAPACITY_FROM_PROFILE if capacity.sla_met else ReasonCode.SLA_UNREACHABLE,
@@ -221,7 +221,7 @@ def calculate_replicas(
     desired = math.ceil(demand_tokens_per_s / engine_tokens_per_s) if engine_tokens_per_s > 0 else 0
     steps.append(
         StepRecord(
-            step="demand",
+            step=StepName.DEMAND,
             component=component,
             value=desired,
             reason=ReasonCode.DEMAND_SIZED,
@@ -237,7 +237,7 @@ def replicas_for_engine_rps(
     """`ceil(demand requests/s / requests/s one engine sustains)` (Dynamo 1.x sizing), with its step."""
     desired = math.ceil(demand_rps / engine_rps - 1e-9) if engine_rps > 0 and demand_rps > 0 else 0
     return desired, StepRecord(
-        step="demand",
+        step=StepName.DEMAND,
         component=component,
         value=desired,
         reason=ReasonCode.DEMAND_SIZED,
@@ -251,7 +251,7 @@ def with_headroom(component: Component, demand: float, target_utilization: float
         return demand, None
     raised = demand / target_utilization
     return raised, StepRecord(
-        step="headroom",
+        step=StepName.HEADROOM,
         component=component,
         value=target_utilization,
         reason=ReasonCode.HEADROOM_APPLIED,
@@ -305,7 +305,7 @@ def burst_prefill_replicas(
             else "no aggregated engine prompt rate"
         )
         step = StepRecord(
-            step="burst", component=component, reason=ReasonCode.BURST_UNAVAILABLE, detail=f"{why}: mean rate"
+            step=StepName.BURST, component=component, reason=ReasonCode.BURST_UNAVAILABLE, detail=f"{why}: mean rate"
         )
         return mean_rate_replicas, step
     growth = min(1.0, forecast_prompt_tokens_per_s / observed_tokens_per_s)
@@ -318,7 +318,7 @@ def burst_prefill_replicas(
     burst = math.ceil(need - 1e-9)
     replicas = max(burst, mean_rate_replicas)
     step = StepRecord(
-        step="burst",
+        step=StepName.BURST,
         component=component,
         value=replicas,
         reason=ReasonCode.BURST_SIZED if burst > mean_rate_replicas else ReasonCode.BURST_COVERED,

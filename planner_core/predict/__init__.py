@@ -29,6 +29,7 @@ from planner_core.domain import (
     Prediction,
     ReasonCode,
     SeriesModel,
+    StepName,
     StepRecord,
     TrafficObservation,
 )
@@ -72,7 +73,7 @@ def observe_window(
     bad_field = traffic.invalid_field()
     if bad_field is not None:
         detail = f"traffic.{bad_field} = {getattr(traffic, bad_field)!r} rejected (NaN, infinite or negative)"
-        return history, StepRecord(step="observe", reason=ReasonCode.NO_TRAFFIC_DATA, detail=detail)
+        return history, StepRecord(step=StepName.OBSERVE, reason=ReasonCode.NO_TRAFFIC_DATA, detail=detail)
 
     quantile = config.load_predictor_length_quantile
     if history.length_quantile is not quantile:
@@ -80,7 +81,7 @@ def observe_window(
     if traffic.num_req <= 0:
         if not history.seen_traffic:
             return history, StepRecord(
-                step="observe", reason=ReasonCode.IDLE_WINDOW, value=0.0, detail="leading idle window skipped"
+                step=StepName.OBSERVE, reason=ReasonCode.IDLE_WINDOW, value=0.0, detail="leading idle window skipped"
             )
         isl, osl = _last(history.isl), _last(history.osl)
         point = {
@@ -91,7 +92,7 @@ def observe_window(
             LoadSeries.OSL_QUANTILE: _last(history.osl_quantile, osl),
         }
         record = StepRecord(
-            step="observe",
+            step=StepName.OBSERVE,
             reason=ReasonCode.IDLE_WINDOW,
             value=0.0,
             detail=f"idle window: 0 requests, ISL {isl:.0f} / OSL {osl:.0f} carried forward",
@@ -111,7 +112,7 @@ def observe_window(
             shown = [f"{name} {value:.0f}" for name, value in (("ISL", isl_q), ("OSL", osl_q)) if value is not None]
             shape += f" ({quantile.value} {', '.join(shown)})"
         record = StepRecord(
-            step="observe",
+            step=StepName.OBSERVE,
             reason=ReasonCode.OBSERVED,
             value=point[LoadSeries.NUM_REQ],
             detail=f"{point[LoadSeries.NUM_REQ]:.0f} requests in {traffic.duration_s:.0f} s, {shape}",
@@ -154,7 +155,7 @@ def predict_next(history: LoadHistory, config: PlannerConfig) -> tuple[Predictio
     if not history.num_req:
         prediction = Prediction(num_req=0.0, isl=0.0, osl=0.0, quantile=history.length_quantile.value)
         step = StepRecord(
-            step="predict",
+            step=StepName.PREDICT,
             reason=ReasonCode.PREDICTOR_FALLBACK,
             value=0.0,
             detail=f"{name}: no history yet, forecast 0",
@@ -178,7 +179,7 @@ def predict_next(history: LoadHistory, config: PlannerConfig) -> tuple[Predictio
     )
     fallback = any(f.fallback for f in forecasts.values())
     step = StepRecord(
-        step="predict",
+        step=StepName.PREDICT,
         reason=ReasonCode.PREDICTOR_FALLBACK if fallback else ReasonCode.PREDICTED,
         value=prediction.num_req,
         detail=_explain(forecasts),

@@ -6,9 +6,10 @@ ticks call — and compares the outcome with what was recorded: headline reason,
 explanation steps and next state. Results go to `replay_runs` and `replay_ticks` only, in one transaction; the
 production history is read in one consistent snapshot and never written.
 
-Configs: by default each tick runs under the config it was recorded with (`planner_configs`, by the tick's
+Configs: by default each tick runs under the policy it was recorded with (`planner_configs`, by the tick's
 `config_hash`): with the same code every tick must come out identical. With a what-if config file every tick
-runs under that config instead, and the differences are what that config would have changed.
+runs under that file's policy instead, and the differences are what that policy would have changed; the file's
+service settings (reports, ports, endpoints) play no part, so a file differing only in them replays identically.
 
 States (`ReplayMode`):
 - `recorded` (default without a what-if config): every tick starts from the state the original run had before
@@ -318,6 +319,8 @@ class _Contexts:
                 text("SELECT body FROM planner_configs WHERE config_hash = :hash"), {"hash": recorded_hash}
             )
             source = f"planner_configs[{recorded_hash[:12]}]"
+            # The stored hash is only a key here, never recomputed: a body stored before the policy/service split
+            # holds the whole file under the whole file's hash, and parse_config splits its service fields off.
             ctx = self._build(parse_config(body, source).policy, self._anchor, source)
             self._by_hash[recorded_hash] = ctx
         return ctx

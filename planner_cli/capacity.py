@@ -48,6 +48,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     print(f"  one prefill GPU + one decode GPU serve {figures['requests_per_s_per_gpu']:.2f} requests/s")
     return 0
 
+
 def _trace_capacity(args: argparse.Namespace) -> int:
     """`planner capacity --trace`: what a trace needs at its mean lengths and at a length percentile."""
     import dataclasses
@@ -93,6 +94,7 @@ def _trace_capacity(args: argparse.Namespace) -> int:
             f"{f'{row.prefill_replicas_peak}+{row.decode_replicas_peak}':>10}"
         )
     return 0
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the capacity command group's parsers."""

@@ -28,6 +28,7 @@ def cmd_db(args: argparse.Namespace) -> int:
     print(f'psql "{to_libpq_uri(url)}"', file=sys.stderr)
     return 0
 
+
 def _db_prune(url: str, args: argparse.Namespace) -> int:
     """`planner db prune --older-than DAYS`: delete old high-volume tick detail in batches (see store/prune.py)."""
     import datetime as dt
@@ -56,6 +57,7 @@ def _db_prune(url: str, args: argparse.Namespace) -> int:
     if not summary.dry_run:
         print(f"{summary.num_batches} batches, each one transaction with its history_pruned audit event")
     return 0
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the db command group's parsers."""

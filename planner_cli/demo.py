@@ -65,6 +65,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\nConnect with: planner db url   (data under {settings.data_dir.resolve()})")
     return 0
 
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the demo command group's parsers."""
     demo = sub.add_parser("demo", help="run the planner loop on a real trace in simulated time")

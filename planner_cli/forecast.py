@@ -91,6 +91,7 @@ def cmd_forecast(args: argparse.Namespace) -> int:
     )
     return 0
 
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the forecast command group's parsers."""
     forecast = sub.add_parser("forecast", help="score the load predictors one window ahead on a trace (Dynamo's loss)")

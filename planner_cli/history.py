@@ -36,6 +36,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(frame.to_string(index=False, max_colwidth=40))  # CSV and JSON carry `why` in full
     return 0
 
+
 def cmd_replay(args: argparse.Namespace) -> int:
     """Re-run recorded ticks and report what differs (see planner_core/runtime/replay.py)."""
     import datetime as dt
@@ -101,9 +102,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"  ... {len(summary.differences) - len(shown)} more (--limit, --json or the replay_comparison view)")
     return 1 if exact_check_failed else 0
 
+
 def _short(value: object, width: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= width else text[: width - 3] + "..."
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the history command group's parsers."""

@@ -39,6 +39,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     print(f"stopped: {stats.summary()}", file=sys.stderr)
     return 0
 
+
 def cmd_fpm_publish(args: argparse.Namespace) -> int:
     """Publish synthetic forward-pass metrics to an ingest (trials and throughput measurements)."""
     import random
@@ -64,6 +65,7 @@ def cmd_fpm_publish(args: argparse.Namespace) -> int:
         elapsed_s = time.perf_counter() - started
     print(f"published {total} messages from {args.workers} workers in {elapsed_s:.2f} s ({total / elapsed_s:.0f}/s)")
     return 0
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ingest command group's parsers."""

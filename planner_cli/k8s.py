@@ -34,6 +34,7 @@ def cmd_k8s_check(args: argparse.Namespace) -> int:
         )
     return 0
 
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the k8s command group's parsers."""
     k8s_check = sub.add_parser(

@@ -26,6 +26,7 @@ def cmd_perf_accuracy(args: argparse.Namespace) -> int:
     print("\n".join(format_report(report)))
     return 0
 
+
 def cmd_perf_table(args: argparse.Namespace) -> int:
     """Precompute a perf table with aiconfigurator (one estimate per grid point) and write it atomically."""
     import shlex
@@ -76,6 +77,7 @@ def cmd_perf_table(args: argparse.Namespace) -> int:
         f"in {elapsed_s:.1f} s"
     )
     return 0
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the perf command group's parsers."""

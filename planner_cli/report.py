@@ -46,6 +46,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"planner: warning: no ticks of {args.deployment!r} in the window", file=sys.stderr)
     return 0
 
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the report command group's parsers."""
     report = sub.add_parser("report", help="write the HTML diagnostics report of a deployment (15 Plotly charts)")

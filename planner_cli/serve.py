@@ -22,6 +22,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         serve_deployments(config_path=args.config, deployment=args.deployment)
     return 0
 
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the serve command group's parsers."""
     serve = sub.add_parser("serve", help="serve the throughput-tick, load-tick and execute-decisions deployments")

@@ -53,6 +53,7 @@ def cmd_sim_exporter(args: argparse.Namespace) -> int:
     exporter.stop()
     return 0
 
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the sim command group's parsers."""
     exporter = sub.add_parser("sim-exporter", help="serve a simulated frontend's metrics (Dynamo names) on /metrics")

@@ -36,6 +36,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from planner_core.arrivals import LOOKBACK_S, RequestArrivals
 from planner_core.domain import TrafficObservation
 
 # Mooncake timestamps are relative; anchor them at a fixed, recognisable instant so runs are reproducible.
@@ -172,6 +173,12 @@ class RequestTrace:
         """Traffic in [start_s, end_s) as a frontend would report it (no latency figures)."""
         idx = self.window(start_s, end_s)
         return _summarise(end_s - start_s, self.isl[idx], self.osl[idx])
+
+    def arrivals(self, start_s: float, end_s: float) -> RequestArrivals:
+        """The requests arriving in [start_s - LOOKBACK_S, end_s), timestamped: what the arrival curve of the
+        window [start_s, end_s) is computed from (`planner_core.arrivals`)."""
+        idx = self.window(start_s - LOOKBACK_S, end_s)
+        return RequestArrivals(arrival_s=self.arrival_s[idx], isl=self.isl[idx])
 
 
 def _summarise(duration_s: float, isl: np.ndarray, osl: np.ndarray) -> TrafficObservation:

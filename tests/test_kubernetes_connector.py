@@ -27,6 +27,7 @@ from planner_core.domain import (
     TrafficObservation,
     WorkerCounts,
 )
+from planner_core.planner import Planner
 from planner_core.runtime.connectors.kubernetes import (
     DgdComponent,
     KubernetesApiError,
@@ -618,7 +619,10 @@ def test_forbidden_is_not_retried_and_points_at_the_rbac(disagg: KubeApiServer) 
 def k8s_ctx(database_url: str, tmp_path: Path, profile_dir: Path, disagg: KubeApiServer) -> PlannerContext:
     config = load_config(write_config(tmp_path, environment="kubernetes")).policy
     ctx = PlannerContext(
-        database_url=database_url, deployment=NAME, config=config, perf=None, kubernetes=make_connector(disagg)
+        database_url=database_url,
+        deployment=NAME,
+        planner=Planner(config=config, perf=None),
+        kubernetes=make_connector(disagg),
     )
     with ctx.sessions.begin() as session:
         repo.ensure_deployment(session, NAME, ctx.config)

@@ -97,7 +97,7 @@ def test_enabled_plugin_runs_in_every_tick_and_its_steps_are_stored(
             "settings": {"business_hours_floor": {"decode_floor": 4, **ALWAYS_OPEN}},
         },
     )
-    assert [p.spec.plugin_id for p in ctx.plugins] == ["business_hours_floor"]
+    assert [p.spec.plugin_id for p in ctx.planner.plugins] == ["business_hours_floor"]
     assert ctx.plugin_load_errors == ()
 
     # throughput tick (both loops on): the builtin only sets floors; the plugin's AT_LEAST 4 is the decision
@@ -171,7 +171,7 @@ def test_live_ticks_enforce_plugin_timeouts(database_url: str, tmp_path: Path, s
     ctx = context(
         database_url, tmp_path, "slow", plugins={"enabled": ["slow"], "overrides": {"slow": {"timeout_seconds": 0.05}}}
     )
-    assert ctx.plugins[0].spec.timeout_s == 0.05  # the override was applied when the plugin was loaded
+    assert ctx.planner.plugins[0].spec.timeout_s == 0.05  # the override was applied when the plugin was loaded
     result = run_tick(ctx, Loop.THROUGHPUT, T0, BUSY)
     assert result.outcome is not None and not result.outcome.decision.is_empty
     [slow] = [step for step in stored_steps(ctx, result.tick_id) if step[0] == "constrain:slow"]
@@ -194,7 +194,7 @@ def test_user_plugin_cannot_take_a_builtin_id(database_url: str, tmp_path: Path,
 def test_overrides_may_name_builtin_plugins(database_url: str, tmp_path: Path) -> None:
     """`plugins.overrides` is checked against the builtin ids too: a builtin id is accepted, a typo is not."""
     ctx = context(database_url, tmp_path, "overrides", plugins={"overrides": {"builtin_load_predict": {"priority": 1}}})
-    assert ctx.plugins == ()
+    assert ctx.planner.plugins == ()
     path = write_config(tmp_path, plugins={"overrides": {"builtin_load_predicts": {"priority": 1}}})
     with pytest.raises(PluginConfigError, match=r"field 'plugins.overrides.builtin_load_predicts'"):
         load_context(database_url, "typo", path)

@@ -25,4 +25,8 @@ CHECKSUMS_FILE = DATA_DIR / "SHA256SUMS"
 
 # The shipped planner configs (made by this project, not copied; they name the profile above relatively).
 CONFIGS_DIR = DATA_DIR.parent / "configs"
-DEFAULT_CONFIG = CONFIGS_DIR / "demo.yaml"
+# The scaling policies as config files: `planner bench --policies NAME` runs `NAME.yaml` from here.
+POLICIES_DIR = CONFIGS_DIR / "policies"
+RECOMMENDED_POLICY = "planner"
+# What `planner serve` and `planner demo` run unless told otherwise: the recommended policy.
+DEFAULT_CONFIG = POLICIES_DIR / f"{RECOMMENDED_POLICY}.yaml"

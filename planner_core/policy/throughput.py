@@ -39,8 +39,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner_core.config import LengthSizing
+from planner_core.arrivals import PromptCap
+from planner_core.config import LengthSizing, PlannerConfig, PlannerMode
 from planner_core.domain import Component, Prediction, ReasonCode, StepName, StepRecord, TrafficObservation
+from planner_core.perf.capacity import agg_operating_prompt_rate, full_chunk_prefill_rate
 from planner_core.perf.protocol import ThroughputPerfModel
 
 
@@ -263,6 +265,44 @@ def burst_slack_s(ttft_ms: float, iteration_s: float) -> float:
     """`T'` of the burst rule: the TTFT target less one prompt iteration (a request may arrive just after one
     started), at least 0. The arrival curve's source caps prompts with the same slack."""
     return max(0.0, ttft_ms / 1000.0 - iteration_s)
+
+
+def prompt_cap(
+    config: PlannerConfig, perf: ThroughputPerfModel | None, traffic: TrafficObservation
+) -> PromptCap | None:
+    """How a traffic source counts each prompt in the arrival curve for this planner (`planner_core.arrivals`):
+    one engine's prompt tokens/s and the slack `T'`, from the bootstrap forward-pass model (the engines as
+    profiled; KV hits not discounted, the prompt tokens counted are the ones that arrive).
+
+    A prefill engine computes full chunks of `max_num_batched_tokens`; an aggregated engine computes prompts under
+    its decode batch, at the operating point the capacity search chooses for the window's mean shape
+    (`agg_operating_prompt_rate`). None (whole prompts counted) without a forward-pass model, for an idle window
+    in aggregated mode, or when the rate comes out 0.
+    """
+    model = perf.forward_pass_model() if perf is not None else None
+    if model is None:
+        return None
+    if config.mode is PlannerMode.AGG:
+        if traffic.num_req <= 0 or traffic.isl <= 0:
+            return None
+        limits = config.engine_limits(Component.DECODE, profiled_max_kv_tokens=perf.profiled_max_kv_tokens())
+        rate = agg_operating_prompt_rate(
+            model,
+            limits,
+            isl=traffic.isl,
+            osl=max(1.0, traffic.osl),
+            ttft_ms=config.ttft_ms,
+            itl_ms=config.itl_ms,
+            kv_hit_rate=traffic.kv_hit_rate,
+            accept_length=traffic.accept_length,
+        )
+        tokens_per_s, iteration_s = rate.tokens_per_s, rate.iteration_s
+    else:
+        chunk = config.engine_limits(Component.PREFILL).max_num_batched_tokens
+        tokens_per_s, iteration_s = full_chunk_prefill_rate(model, chunk)
+    if not tokens_per_s > 0:
+        return None
+    return PromptCap(engine_prompt_tokens_per_s=tokens_per_s, slack_s=burst_slack_s(config.ttft_ms, iteration_s))
 
 
 def burst_prefill_replicas(

@@ -27,12 +27,11 @@ from planner_core.config import (
     ServiceConfig,
     load_config,
     resolve_config_relative,
-    resolve_profile_dir,
 )
 from planner_core.domain import Loop, PlannerState, TickInputs, TickOutcome, TrafficObservation, WorkerCounts
 from planner_core.perf.model import ProfilePerfModel
-from planner_core.pipeline import Plugin, PluginLoadError
-from planner_core.pipeline.user_plugins import load_plugins
+from planner_core.pipeline import PluginLoadError
+from planner_core.planner import Planner, build_planner
 from planner_core.runtime.connectors.virtual import VirtualConnector
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import session_factory
@@ -40,7 +39,6 @@ from planner_core.runtime.store.execution import ExecutionSummary, execute_pendi
 from planner_core.runtime.store.fpm import latest_fpm
 from planner_core.runtime.store.migrate import check_schema_current, upgrade
 from planner_core.runtime.warmup import warm_history
-from planner_core.tick import tick
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when the Kubernetes connector is used (~0.4 s)
     from planner_core.runtime.connectors.kubernetes import KubernetesConnector
@@ -52,13 +50,23 @@ class PlannerContext:
 
     database_url: str
     deployment: str
-    config: PlannerConfig  # the policy: what `tick` reads, hashed into every tick's `config_hash`
-    perf: ProfilePerfModel | None
+    planner: Planner  # the policy with its models and plugins (`build_planner`); what `decide` runs
     service: ServiceConfig = ServiceConfig()  # the service settings of the file (defaults when replaying)
     warmup_trace: Path | None = None  # `load_predictor_warmup_trace`, relative paths taken from the config's folder
     kubernetes: KubernetesConnector | None = None  # `environment: kubernetes`: built and validated by load_context
-    plugins: tuple[Plugin, ...] = ()  # the user's plugins, loaded and resolved against the config (`load_plugins`)
-    plugin_load_errors: tuple[PluginLoadError, ...] = ()  # enabled entry points that failed to load (skipped)
+
+    @property
+    def config(self) -> PlannerConfig:
+        """The policy: what `tick` reads, hashed into every tick's `config_hash`."""
+        return self.planner.config
+
+    @property
+    def perf(self) -> ProfilePerfModel | None:
+        return self.planner.perf
+
+    @property
+    def plugin_load_errors(self) -> tuple[PluginLoadError, ...]:
+        return self.planner.plugin_load_errors
 
     @property
     def sessions(self) -> sessionmaker[Session]:
@@ -133,10 +141,11 @@ def context_for_config(
     kubernetes: KubernetesConnector | None = None,
     service: ServiceConfig | None = None,
 ) -> PlannerContext:
-    """Everything `decide` needs besides inputs and state, built from a config: the one place that loads models.
+    """Everything `decide` needs besides inputs and state, built from a config; the planner by `build_planner`,
+    the one place that loads models and plugins (the benchmark builds its planners with it too).
 
     Live ticks (`load_context`) and replay (`planner_core.runtime.replay`, for a recorded or a what-if config) both
-    build their context here, so a model added to the context later is loaded the same way for both.
+    build their context here.
 
     Args:
         config: the policy.
@@ -145,24 +154,15 @@ def context_for_config(
         kubernetes: the connected Kubernetes connector (live ticks with `environment: kubernetes` only).
         service: the file's service settings (live ticks); None = the defaults (replay, which runs no service).
     """
-    profile_dir = profile_dir if profile_dir is not None else resolve_profile_dir(config, config_path)
-    perf_table = resolve_config_relative(config.perf_table, config_path) if config.perf_table is not None else None
-    perf = ProfilePerfModel.load(profile_dir, perf_table=perf_table) if profile_dir.exists() else None
-    plugins, plugin_load_errors = load_plugins(
-        config, perf, source=config_path.name if config_path is not None else "config"
-    )
     warmup = config.load_predictor_warmup_trace
     return PlannerContext(
         database_url=database_url,
         deployment=deployment,
-        config=config,
-        perf=perf,
+        planner=build_planner(config, config_path, profile_dir=profile_dir),
         service=service if service is not None else ServiceConfig(),
         # relative paths and globs are anchored at the config file's folder
         warmup_trace=resolve_config_relative(warmup, config_path) if warmup else None,
         kubernetes=kubernetes,
-        plugins=plugins,
-        plugin_load_errors=plugin_load_errors,
     )
 
 
@@ -171,12 +171,12 @@ def decide(
 ) -> TickOutcome:
     """The planner's decision for one tick: the only function live ticks and replay call to decide.
 
-    Pure given the context (no I/O; `clock`, passed by live ticks only, just enforces plugin and tick deadlines):
-    `run_tick` records its outcome, `planner replay` compares it with
-    what was recorded. Whatever the decision grows to use (more inputs, more models in the context, a pipeline
-    of plugins) belongs here or in `context_for_config`, never in one caller only.
+    `Planner.decide`, the same call the benchmark makes. Pure given the context (no I/O; `clock`, passed by live
+    ticks only, just enforces plugin and tick deadlines): `run_tick` records its outcome, `planner replay`
+    compares it with what was recorded. Whatever the decision grows to use (more inputs, more models, plugins)
+    belongs in `Planner` / `build_planner`, never in one caller only.
     """
-    return tick(inputs, state, ctx.config, ctx.perf, ctx.plugins, clock=clock)
+    return ctx.planner.decide(inputs, state, clock=clock)
 
 
 def initial_state(ctx: PlannerContext) -> PlannerState:

@@ -37,23 +37,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from planner_core.config import PlannerConfig, PlannerMode
-from planner_core.domain import (
-    PROMPT_ARRIVAL_INTERVALS_S,
-    Component,
-    EngineLimits,
-    Loop,
-    PlannerState,
-    TickInputs,
-    TrafficObservation,
-)
+from planner_core.config import PlannerConfig, PlannerMode, ThroughputAlgorithm, load_config, parse_config
+from planner_core.data import POLICIES_DIR, RECOMMENDED_POLICY
+from planner_core.domain import Component, Loop, PlannerState, TickInputs
 from planner_core.lab.sim.des import ClusterSimulator, SimResult, SimSpec
 from planner_core.lab.sim.dynamo_policy import (
     DYNAMO_PRESETS,
@@ -64,12 +57,10 @@ from planner_core.lab.sim.dynamo_policy import (
     find_dynamo_python,
 )
 from planner_core.lab.sim.oracle import OracleSettings, OracleWindow, attainable_mask, oracle_windows
-from planner_core.perf.capacity import agg_operating_prompt_rate, full_chunk_prefill_rate
 from planner_core.perf.forward import ForwardPassModel
+from planner_core.perf.model import ProfilePerfModel
 from planner_core.perf.protocol import ThroughputPerfModel
-from planner_core.pipeline.types import Plugin
-from planner_core.policy.throughput import burst_slack_s
-from planner_core.tick import tick
+from planner_core.planner import Planner, build_planner
 from planner_core.traces import RequestTrace, bucket_windows
 
 
@@ -121,20 +112,19 @@ class OraclePolicy:
 
 @dataclass(slots=True)
 class PlannerPolicy:
-    """The planner's decision core in the loop, ticking both loops on their intervals."""
+    """The planner in the loop, ticking both loops on their intervals: a `Planner` built by `build_planner` (the
+    one function served ticks, the demo and replay build theirs with), deciding through `Planner.decide` on what
+    the simulator observes (`ClusterSimulator.observe`, with the planner's traffic features)."""
 
     name: str
-    config: PlannerConfig
-    perf: ThroughputPerfModel | None
+    planner: Planner
     startup_s: float | None = None
     state: PlannerState = dataclasses.field(default_factory=PlannerState)
     initial_size: tuple[int, int] | None = None  # None: the minimum endpoints
-    # the simulated frontend's engine rate for capping prompts in the arrival curve (`prompt_arrival_curve`)
-    engine_prompt_tokens_per_s: float | None = None
-    full_chunk_iteration_s: float = 0.0
-    # aggregated mode: the simulated agg engines, whose prompt rate depends on the window's shape (per tick)
-    agg_engine: tuple[ForwardPassModel, EngineLimits] | None = None
-    plugins: Sequence[Plugin] = ()  # the config's user plugins (`planner bench --config FILE`)
+
+    @property
+    def config(self) -> PlannerConfig:
+        return self.planner.config
 
     @property
     def interval_s(self) -> float:
@@ -148,7 +138,6 @@ class PlannerPolicy:
         return self.config.prefill_min_endpoint_effective, self.config.decode_min_endpoint_effective
 
     def decide(self, now_s: float, sim: ClusterSimulator) -> tuple[int | None, int | None] | None:
-        targets: tuple[int | None, int | None] | None = None
         loops = []
         throughput_s = float(self.config.throughput_adjustment_interval_seconds)
         if self.config.throughput_scaling_active and _on_interval(now_s, throughput_s):
@@ -158,21 +147,8 @@ class PlannerPolicy:
         for loop in loops:
             traffic = None
             if loop is Loop.THROUGHPUT:
-                start_s = max(0.0, now_s - throughput_s)
-                traffic = sim.observe(start_s, now_s)  # with the router's hit rate, as Dynamo's planner gets it
-                engine_tokens_per_s, iteration_s = self.engine_prompt_tokens_per_s, self.full_chunk_iteration_s
-                if self.config.mode is PlannerMode.AGG:
-                    engine_tokens_per_s, iteration_s = self._agg_prompt_rate(traffic)
-                traffic = dataclasses.replace(
-                    traffic,
-                    **prompt_arrival_curve(
-                        sim.trace,
-                        start_s,
-                        now_s,
-                        engine_prompt_tokens_per_s=engine_tokens_per_s,
-                        slack_s=burst_slack_s(self.config.ttft_ms, iteration_s),
-                    ),
-                )
+                # with the router's hit rate, as Dynamo's planner gets it, and the planner's arrival curve
+                traffic = sim.observe(max(0.0, now_s - throughput_s), now_s, planner=self.planner)
             inputs = TickInputs(
                 now_s=now_s,
                 loop=loop,
@@ -180,72 +156,14 @@ class PlannerPolicy:
                 traffic=traffic,
                 fpm=sim.latest_fpm() if loop is Loop.LOAD else (),
             )
-            outcome = tick(inputs, self.state, self.config, self.perf, self.plugins)
+            outcome = self.planner.decide(inputs, self.state)
             self.state = outcome.next_state
             decision = outcome.decision
             if not decision.is_empty and not decision.advisory:
                 # an aggregated planner has no prefill pool: leave the simulator's (empty) one alone
                 prefill = None if self.config.mode is PlannerMode.AGG else decision.num_prefill
-                targets = (prefill, decision.num_decode)
-                sim.set_targets(*targets)
+                sim.set_targets(prefill, decision.num_decode)
         return None  # applied above, per loop, so a load tick sees the throughput tick's targets
-
-    def _agg_prompt_rate(self, traffic: TrafficObservation) -> tuple[float | None, float]:
-        """The simulated agg engine's prompt tokens/s and iteration (s) at the operating point for the window's
-        mean shape and hit rate, as the planner computes it (`agg_operating_prompt_rate`; KV hits not discounted,
-        like the prefill engines' full-chunk rate); (None, 0) for an idle window or an unknown rate."""
-        if self.agg_engine is None or traffic.num_req <= 0 or traffic.isl <= 0:
-            return None, 0.0
-        model, limits = self.agg_engine
-        rate = agg_operating_prompt_rate(
-            model,
-            limits,
-            isl=traffic.isl,
-            osl=max(1.0, traffic.osl),
-            ttft_ms=self.config.ttft_ms,
-            itl_ms=self.config.itl_ms,
-            kv_hit_rate=traffic.kv_hit_rate,
-            accept_length=traffic.accept_length,
-        )
-        return (rate.tokens_per_s or None), rate.iteration_s
-
-
-def prompt_arrival_curve(
-    trace: RequestTrace,
-    start_s: float,
-    end_s: float,
-    *,
-    engine_prompt_tokens_per_s: float | None = None,
-    slack_s: float = 0.0,
-) -> dict[str, float]:
-    """The window's prompt-token arrival curve as `TrafficObservation` fields (`PROMPT_ARRIVAL_INTERVALS_S`): per
-    interval L, the p99 over the requests arriving in [start_s, end_s) of the prompt tokens that arrived in
-    (t - L, t], t the request's arrival (earlier windows' requests count). With `engine_prompt_tokens_per_s`,
-    each prompt counts up to what one engine computes in `L + slack_s` (one prompt occupies one engine, so it
-    delays the others by at most that share; `slack_s` is the TTFT target less one full-chunk iteration, as in
-    `burst_prefill_replicas`), and the p99 is over the requests whose own prompt fits in `slack_s` at that rate
-    (the others miss the target on an idle engine, so they set no need; all requests when none fits); without,
-    whole prompts over every request. Empty for an idle window."""
-    own = trace.window(start_s, end_s)
-    if own.stop <= own.start:
-        return {}
-    arrival = np.asarray(trace.arrival_s)
-    isl = np.asarray(trace.isl, dtype=float)
-    observers = np.arange(own.start, own.stop)
-    if engine_prompt_tokens_per_s is not None:
-        # a request whose prompt alone outlasts the slack misses the target whatever the pool: it sets no need
-        fits = observers[isl[observers] <= engine_prompt_tokens_per_s * slack_s]
-        observers = fits if len(fits) else observers
-    upto = observers + 1  # cumulative[upto] counts every request up to and including each one
-    curve = {}
-    for name, interval_s in PROMPT_ARRIVAL_INTERVALS_S.items():
-        counted = isl if engine_prompt_tokens_per_s is None else np.minimum(
-            isl, engine_prompt_tokens_per_s * (interval_s + slack_s)
-        )  # fmt: skip
-        cumulative = np.concatenate([[0.0], np.cumsum(counted)])
-        since = np.searchsorted(arrival, arrival[observers] - interval_s, side="right")
-        curve[name] = float(np.percentile(cumulative[upto] - cumulative[since], 99))
-    return curve
 
 
 def _on_interval(now_s: float, interval_s: float) -> bool:
@@ -525,73 +443,67 @@ def trace_sizing(
     return rows
 
 
-# The planners the benchmark compares, as config overrides on top of the run's base config (SLA, budget).
-PLANNER_PRESETS: dict[str, dict[str, object]] = {
-    # Dynamo 0.x: profile interpolation with correction factors, ARIMA forecast, no load loop.
-    "dynamo-0x": {
-        "throughput_algorithm": "interpolation_corrected",
-        "load_predictor": "arima",
-        "enable_load_scaling": False,
-    },
-    # Dynamo 1.x: engine capacity on forward-pass models (bootstrapped from the profile), ARIMA, load loop on.
-    "dynamo-1x": {
-        "throughput_algorithm": "engine_capacity",
-        "load_predictor": "arima",
-        "enable_load_scaling": True,
-    },
-    # Dynamo's 2025 threshold planner: load loop only, prefill-queue and KV-utilisation thresholds.
-    "threshold": {
-        "enable_throughput_scaling": False,
-        "enable_load_scaling": True,
-        "load_policy": "threshold_2025",
-    },
-    # Ours: engine capacity at the mean request shape (throughput adds up over requests; sizing as if every
-    # request had the p90 lengths provisioned decode 2-4x over what the traffic needs), the ensemble forecast, a
-    # 60 s throughput loop, prefill also sized for the observed prompt bursts, decode run at 70 % of its searched
-    # capacity, and no scale-down until the smaller need has lasted 450 s. The SLA load loop is off: in this
-    # simulator it scales prefill down to one engine before the first throughput floor exists (bursty traffic
-    # leaves the queues empty most of the time) and its +1 steps arrive a start-up time late for bursts.
-    "planner": {
-        "throughput_algorithm": "engine_capacity",
-        "throughput_length_sizing": "mean",
-        "load_predictor": "ensemble",
-        "enable_load_scaling": False,
-        "throughput_adjustment_interval_seconds": 60,
-        "throughput_prefill_burst_sizing": True,
-        "throughput_prefill_target_utilization": 1.0,
-        "throughput_decode_target_utilization": 0.7,
-        "throughput_scale_down_hold_seconds": 450,
-    },
-}
 BASELINE_NAMES = ("static-peak", "static-mean", "oracle")
-DEFAULT_POLICIES = (*BASELINE_NAMES, "threshold", "dynamo-0x", "dynamo-1x", "planner")
-# Aggregated mode (`SimSpec.aggregated`): every preset runs with `mode: agg` plus these overrides, except the refused.
-# None today: the `planner` preset's burst sizing applies to aggregated engines too (at their prompt rate under the
-# decode batch).
-AGG_PRESET_OVERRIDES: dict[str, dict[str, object]] = {}
-AGG_REFUSED: dict[str, str] = {
-    "dynamo-0x": "its profile interpolation sizes separate prefill and decode pools; aggregated engines need "
-    "throughput_algorithm engine_capacity (it would hold every tick)",
-    **dict.fromkeys(DYNAMO_PRESETS, "Dynamo 1.6.1's own planner is benched on disaggregated pools only"),
-}
-DEFAULT_AGG_POLICIES = tuple(name for name in DEFAULT_POLICIES if name not in AGG_REFUSED)
+DEFAULT_POLICIES = (*BASELINE_NAMES, "threshold", "dynamo-0x", "dynamo-1x", RECOMMENDED_POLICY)
+# The same in aggregated mode, without the policies `agg_refusal` refuses.
+DEFAULT_AGG_POLICIES = tuple(name for name in DEFAULT_POLICIES if name != "dynamo-0x")
+# What every policy is planned and scored for in a bench: it replaces a config file's own values.
+SCENARIO_FIELDS = ("ttft_ms", "itl_ms", "prefill_engine_num_gpu", "decode_engine_num_gpu")
+
+
+def policy_names() -> tuple[str, ...]:
+    """The named planner policies: the config files in `POLICIES_DIR`, by stem."""
+    return tuple(sorted(path.stem for path in POLICIES_DIR.glob("*.yaml")))
+
+
+def policy_path(name: str) -> Path:
+    """The config file of a named policy (`POLICIES_DIR/NAME.yaml`)."""
+    return POLICIES_DIR / f"{name}.yaml"
+
+
+def bench_config(path: Path, base: Mapping[str, object], *, aggregated: bool | None = None) -> PlannerConfig:
+    """A planner config file as a bench runs it: the file's settings, with the bench's scenario
+    (`SCENARIO_FIELDS` of `base`: the SLA targets the requests are scored against and the simulated engines' GPUs)
+    in place of the file's, and the rest of `base` (budget, window, per-tick cap) where the file leaves a field
+    unset. `aggregated` True runs a disaggregated file with `mode: agg` (a named policy in `--mode agg`).
+
+    Raises ConfigError (one line naming the file, field and value) for a bad file."""
+    policy = load_config(path).policy
+    unset = {key: value for key, value in base.items() if key not in SCENARIO_FIELDS}
+    unset = {key: value for key, value in unset.items() if key not in policy.model_fields_set}
+    scenario = {key: base[key] for key in SCENARIO_FIELDS if key in base}
+    mode = {"mode": PlannerMode.AGG.value} if aggregated else {}
+    return parse_config({**unset, **policy.model_dump(exclude_unset=True), **scenario, **mode}, str(path)).policy
+
+
+def agg_refusal(config: PlannerConfig) -> str | None:
+    """Why a policy cannot size aggregated engines, or None: the profile interpolation algorithms size separate
+    prefill and decode pools only (the throughput loop would hold every tick)."""
+    if config.throughput_scaling_active and config.throughput_algorithm is not ThroughputAlgorithm.ENGINE_CAPACITY:
+        algorithm = config.throughput_algorithm.value
+        return (
+            f"its throughput_algorithm {algorithm} sizes separate prefill and decode pools; aggregated engines "
+            "need engine_capacity"
+        )
+    return None
+
+
+DYNAMO_AGG_REFUSAL = "Dynamo 1.6.1's own planner is benched on disaggregated pools only"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UserPlannerConfig:
-    """A planner config file benched as a policy (`planner bench --config FILE`): the decision core with the
-    file's settings and its user plugins, sizing for the simulated engines."""
+    """A planner config file benched as a policy (`planner bench --config FILE`), under `name`."""
 
     name: str
-    config: PlannerConfig
-    plugins: tuple[Plugin, ...] = ()
+    path: Path
 
 
 def build_policies(
     names: Sequence[str],
     base: dict[str, object],
     trace: RequestTrace,
-    perf: ThroughputPerfModel,
+    perf: ProfilePerfModel,
     fwd: ForwardPassModel,
     spec: SimSpec,
     *,
@@ -601,25 +513,27 @@ def build_policies(
     dynamo_python: str | None = None,
     user_configs: Sequence[UserPlannerConfig] = (),
 ) -> list[ScalingPolicy]:
-    """Policies by name: the baselines, `PLANNER_PRESETS`, `DYNAMO_PRESETS` or `fixed:P:D`. Raises ValueError on
-    an unknown name, and when a Dynamo policy has no working Dynamo interpreter (`find_dynamo_python`).
+    """Policies by name: the baselines, a named policy (`policy_names()`), `DYNAMO_PRESETS` or `fixed:P:D`. Raises
+    ValueError on an unknown name, and when a Dynamo policy has no working Dynamo interpreter
+    (`find_dynamo_python`).
 
-    `base` holds the config fields every planner shares (SLA targets in `ttft_ms` / `itl_ms`, budget, intervals).
-    `user_configs` are run after the named policies, each with its own settings as they are. `initial` is where
-    the planners start: "oracle" (the oracle's first-window size) or "min" (minimum endpoints). The oracle is
+    A named policy and a config file run the same way: `bench_config` (the file under the bench's scenario), then
+    `build_planner` with the bench's engine model `perf` (the planners size for the simulated engines, whatever
+    profile the file names). `base` holds the scenario and defaults (SLA targets in `ttft_ms` / `itl_ms`, engine
+    GPUs, budget, window, per-tick cap). `user_configs` run after the named policies. `initial` is where the
+    planners start: "oracle" (the oracle's first-window size) or "min" (minimum endpoints). The oracle is
     searched once, only when a baseline or `initial="oracle"` needs it.
 
-    With `spec.aggregated` the presets run with `mode: agg` (`AGG_PRESET_OVERRIDES`), `AGG_REFUSED` names and a
-    fixed size with a prefill pool raise ValueError, `fixed:N` is N aggregated engines, and a user config must be
-    in agg mode (and outside it, must not be).
+    With `spec.aggregated` a named policy runs with `mode: agg`, one `agg_refusal` refuses and the Dynamo policies
+    and a fixed size with a prefill pool raise ValueError, `fixed:N` is N aggregated engines, and a config file
+    must be in agg mode (and outside it, must not be).
     """
-    from planner_core.config import parse_config
-
     if initial not in ("oracle", "min"):
         raise ValueError(f"initial size: {initial!r} is neither 'oracle' nor 'min'")
     base_config = parse_config({**base, "optimization_target": "sla"}, "bench base config").policy
     cache: dict[str, ScalingPolicy] = {}
     dynamo_checked: set[str | None] = set()
+    known_policies = policy_names()
 
     def baselines() -> dict[str, ScalingPolicy]:
         if not cache:
@@ -630,8 +544,6 @@ def build_policies(
             cache.update({p.name: p for p in policies})
         return cache
 
-    chunk_tokens_per_s, iteration_s = full_chunk_prefill_rate(fwd, spec.prefill_limits.max_num_batched_tokens)
-
     def starting_size(otherwise: tuple[int, int] | None) -> tuple[int, int] | None:
         if initial != "oracle":
             return otherwise
@@ -639,40 +551,38 @@ def build_policies(
         assert isinstance(first, OraclePolicy)
         return first.sizes[0]
 
-    def planner_policy(name: str, config: PlannerConfig, plugins: Sequence[Plugin]) -> PlannerPolicy:
-        return PlannerPolicy(
-            name=name,
-            config=config,
-            perf=perf,
-            initial_size=starting_size(None),  # None: the minimum endpoints
-            engine_prompt_tokens_per_s=chunk_tokens_per_s or None,
-            full_chunk_iteration_s=iteration_s,
-            agg_engine=(fwd, spec.decode_limits) if spec.aggregated else None,
-            plugins=plugins,
-        )
-
     aggregated = spec.aggregated
-    # Refusals first, before the oracle's search spends minutes.
-    for name in names if aggregated else ():
-        if name in AGG_REFUSED:
-            raise ValueError(f"--policies: {name} cannot run with --mode agg: {AGG_REFUSED[name]}")
-        if name.startswith("fixed:"):
+    # Configs and refusals first, before the oracle's search spends minutes.
+    configs: dict[str, PlannerConfig] = {}
+    for name in names:
+        if name in known_policies:
+            configs[name] = bench_config(policy_path(name), base, aggregated=aggregated)
+            why = agg_refusal(configs[name]) if aggregated else None
+            if why is not None:
+                raise ValueError(f"--policies: {name} cannot run with --mode agg: {why}")
+        elif aggregated and name in DYNAMO_PRESETS:
+            raise ValueError(f"--policies: {name} cannot run with --mode agg: {DYNAMO_AGG_REFUSAL}")
+        elif aggregated and name.startswith("fixed:"):
             _fixed_agg(name)
     for user in user_configs:
-        if (user.config.mode is PlannerMode.AGG) != aggregated:
+        configs[user.name] = config = bench_config(user.path, base)
+        if (config.mode is PlannerMode.AGG) != aggregated:
             bench_mode = "agg" if aggregated else "disagg"
-            mode = user.config.mode.value
-            raise ValueError(f"--config {user.name}: mode {mode!r} cannot run with --mode {bench_mode}")
+            raise ValueError(f"--config {user.path}: mode {config.mode.value!r} cannot run with --mode {bench_mode}")
+
+    def planner_policy(name: str, path: Path) -> PlannerPolicy:
+        return PlannerPolicy(
+            name=name,
+            planner=build_planner(configs[name], path, perf=perf),
+            initial_size=starting_size(None),  # None: the minimum endpoints
+        )
+
     policies: list[ScalingPolicy] = []
     for name in names:
         if name in BASELINE_NAMES:
             policies.append(baselines()[name])
-        elif name in PLANNER_PRESETS:
-            agg = {"mode": PlannerMode.AGG.value, **AGG_PRESET_OVERRIDES.get(name, {})} if aggregated else {}
-            config = parse_config(
-                {**base, "optimization_target": "sla", **PLANNER_PRESETS[name], **agg}, f"policy {name}"
-            ).policy
-            policies.append(planner_policy(name, config, ()))
+        elif name in known_policies:
+            policies.append(planner_policy(name, policy_path(name)))
         elif name in DYNAMO_PRESETS:
             python = find_dynamo_python(dynamo_python)
             if python not in dynamo_checked:  # one import check (~3 s) for both Dynamo presets
@@ -702,12 +612,11 @@ def build_policies(
             policies.append(FixedPolicy(name=name, num_prefill=int(parts[1]), num_decode=int(parts[2])))
         else:
             if aggregated:
-                presets = [n for n in PLANNER_PRESETS if n not in AGG_REFUSED]
-                known = ", ".join([*BASELINE_NAMES, *presets, "fixed:N"])
+                known = ", ".join([*BASELINE_NAMES, *known_policies, "fixed:N"])
             else:
-                known = ", ".join([*BASELINE_NAMES, *PLANNER_PRESETS, *DYNAMO_PRESETS, "fixed:P:D"])
+                known = ", ".join([*BASELINE_NAMES, *known_policies, *DYNAMO_PRESETS, "fixed:P:D"])
             raise ValueError(f"--policies: unknown policy {name!r} (known: {known})")
-    policies.extend(planner_policy(user.name, user.config, user.plugins) for user in user_configs)
+    policies.extend(planner_policy(user.name, user.path) for user in user_configs)
     return policies
 
 

@@ -24,7 +24,6 @@ from planner_core.lab.sim.des import SimSpec
 from planner_core.lab.sim.oracle import OracleSettings
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.perf.table import TablePerfModel
-from planner_core.pipeline.user_plugins import load_plugins
 from planner_core.traces import RequestTrace, load_servegen_shape, load_trace, shape_trace
 
 # Used when neither --max-kv-tokens nor the profile gives a decode engine's KV capacity (Dynamo's fallback).
@@ -125,23 +124,25 @@ def benchmark(
     user_configs: list[UserPlannerConfig] = []
     for path in request.configs:
         config = load_config(path).policy
-        plugins, broken = load_plugins(config, perf, source=str(path))
-        warnings.extend(
-            f"{path}: plugin {error.entry_point} ({error.target}) not loaded: {error.message}" for error in broken
-        )
         if (config.ttft_ms, config.itl_ms) != (request.ttft_ms, request.itl_ms):
             warnings.append(
-                f"{path} plans for TTFT {config.ttft_ms:g} ms / ITL {config.itl_ms:g} ms; requests are scored "
-                f"against --ttft-ms {request.ttft_ms:g} / --itl-ms {request.itl_ms:g}"
+                f"{path} sets TTFT {config.ttft_ms:g} ms / ITL {config.itl_ms:g} ms; the bench plans and scores "
+                f"every policy at --ttft-ms {request.ttft_ms:g} / --itl-ms {request.itl_ms:g}"
             )
         taken = {*names, *(user.name for user in user_configs)}
         name = f"config:{path.stem}" if f"config:{path.stem}" not in taken else f"config:{path}"
-        user_configs.append(UserPlannerConfig(name=name, config=config, plugins=plugins))
+        user_configs.append(UserPlannerConfig(name=name, path=path))
     oracle = OracleSettings(target_attainment=request.oracle_target, context_s=request.oracle_context_s)
     policies = build_policies(
         names, base, trace, perf, fwd, spec, window_s=request.throughput_interval_s, oracle=oracle,
         initial=request.initial, dynamo_python=request.dynamo_python, user_configs=user_configs,
     )  # fmt: skip
+    for policy in policies:
+        planner = getattr(policy, "planner", None)  # a planner policy: its plugins that did not load
+        warnings.extend(
+            f"{policy.name}: plugin {error.entry_point} ({error.target}) not loaded: {error.message}"
+            for error in (planner.plugin_load_errors if planner is not None else ())
+        )
     if on_policies_built is not None:
         on_policies_built(policies)
     runs = run_bench(

@@ -80,6 +80,7 @@ from planner_core.domain import (
     WorkerCounts,
 )
 from planner_core.perf.forward import ForwardPassModel
+from planner_core.planner import Planner
 from planner_core.traces import RequestTrace
 
 
@@ -369,9 +370,10 @@ class ClusterSimulator:
             expected_decode=counts[Component.DECODE][1],
         )
 
-    def observe(self, start_s: float, end_s: float) -> TrafficObservation:
+    def observe(self, start_s: float, end_s: float, *, planner: Planner | None = None) -> TrafficObservation:
         """The frontend's view of [start_s, end_s): arrivals, lengths, and the mean TTFT/ITL of requests whose
-        first token (TTFT) or last token (ITL) came in the window."""
+        first token (TTFT) or last token (ITL) came in the window; with a `planner`, also the traffic features it
+        reads from the requests' arrivals (`Planner.observed`: the prompt-arrival curve at its engine rate)."""
         base = self.trace.observe(start_s, end_s)
         first = (self._first_token_s >= start_s) & (self._first_token_s < end_s)
         done = (self._finish_s >= start_s) & (self._finish_s < end_s) & (self._osl > 1)
@@ -379,7 +381,7 @@ class ClusterSimulator:
         itl = self._itl_s()
         itl_ms = float(np.nanmean(itl[done]) * 1000.0) if done.any() else None
         kv_hit_rate, _ = self.kv_hit_rate(start_s, end_s)
-        return TrafficObservation(
+        observed = TrafficObservation(
             duration_s=base.duration_s,
             num_req=base.num_req,
             isl=base.isl,
@@ -394,6 +396,9 @@ class ClusterSimulator:
             itl_ms=itl_ms,
             kv_hit_rate=kv_hit_rate,
         )
+        if planner is None:
+            return observed
+        return planner.observed(observed, self.trace.arrivals(start_s, end_s), start_s, end_s)
 
     def kv_hit_rate(self, start_s: float, end_s: float) -> tuple[float | None, int]:
         """The router's prefix-cache hit rate over [start_s, end_s) and the number of requests it covers

@@ -9,7 +9,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from planner_core.domain import Loop, TrafficObservation
+from planner_core.domain import PROMPT_ARRIVAL_INTERVALS_S, Loop, TrafficObservation
 from planner_core.runtime.service import load_context, run_tick
 from planner_core.runtime.store.db import get_engine, to_libpq_uri
 from planner_core.runtime.store.migrate import MIGRATIONS_DIR, downgrade, heads, upgrade
@@ -170,4 +170,52 @@ def test_migration_0006_tick_summary_downgrades_and_upgrades_again(empty_databas
     assert _views(url) == VIEWS
     assert _relation(url, history_sql) == (columns, rows)
     assert _relation(url, uses_summary)[1] == [(True,)]
+    assert _relation(url, grant)[1] == [(True,)]
+
+
+def test_migration_0007_traffic_features_downgrades_and_upgrades_again(
+    empty_database_url, tmp_path, profile_dir
+) -> None:
+    """0007 -> 0006 drops the traffic-feature columns from `traffic_observations` and `tick_summary`, leaving
+    `tick_summary` with 0006's columns, its comments and grant, and `tick_history` unchanged; upgrading again
+    appends them (NULL for ticks recorded meanwhile: their values are in `ticks.inputs`)."""
+    url = empty_database_url
+    features = ("kv_hit_rate", "accept_length", *PROMPT_ARRIVAL_INTERVALS_S)
+    upgrade(url)
+    ctx = load_context(url, "features", write_config(tmp_path))
+    curve = {name: 8000.0 * interval_s for name, interval_s in PROMPT_ARRIVAL_INTERVALS_S.items()}
+    traffic = TrafficObservation(
+        duration_s=60, num_req=3000, isl=3000, osl=300, kv_hit_rate=0.5, accept_length=3.0, **curve
+    )
+    assert run_tick(ctx, Loop.THROUGHPUT, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), traffic).tick_id is not None
+    get_engine(url).dispose()
+    summary_sql = "SELECT * FROM tick_summary ORDER BY tick_id"
+    history_sql = "SELECT * FROM tick_history ORDER BY tick_id"
+    summary_columns, [summary_row] = _relation(url, summary_sql)
+    assert summary_columns[-len(features) :] == list(features)
+    assert summary_row[-len(features) :] == (0.5, 3.0, *curve.values())
+    history = _relation(url, history_sql)
+    comments = (
+        "SELECT col_description('tick_summary'::regclass, a.attnum), col_description('traffic_observations'::regclass,"
+        " b.attnum) FROM pg_attribute a JOIN pg_attribute b ON b.attname = a.attname"
+        " AND b.attrelid = 'traffic_observations'::regclass WHERE a.attrelid = 'tick_summary'::regclass"
+        " AND a.attname = 'kv_hit_rate'"
+    )
+    [(view_comment, table_comment)] = _relation(url, comments)[1]
+    assert view_comment == table_comment and "Fraction (0..1)" in view_comment
+    grant = "SELECT has_table_privilege('planner_analyst', 'tick_summary', 'SELECT')"
+    view_comment_sql = "SELECT obj_description('tick_summary'::regclass, 'pg_class') IS NOT NULL"
+    table_columns = "SELECT column_name FROM information_schema.columns WHERE table_name = 'traffic_observations'"
+
+    downgrade(url, "0006")
+    columns_0006, [row_0006] = _relation(url, summary_sql)
+    assert columns_0006 == summary_columns[: -len(features)]
+    assert row_0006 == summary_row[: -len(features)]
+    assert _relation(url, history_sql) == history
+    assert _relation(url, grant)[1] == [(True,)] and _relation(url, view_comment_sql)[1] == [(True,)]
+    assert not {c for (c,) in _relation(url, table_columns)[1]} & set(features)
+
+    upgrade(url)
+    assert _relation(url, summary_sql) == (summary_columns, [(*row_0006, *[None] * len(features))])
+    assert _relation(url, history_sql) == history
     assert _relation(url, grant)[1] == [(True,)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import psycopg
@@ -11,6 +12,7 @@ from sqlalchemy.exc import DataError
 
 from planner_core.config import parse_config
 from planner_core.domain import (
+    PROMPT_ARRIVAL_INTERVALS_S,
     Loop,
     PlannerState,
     ReasonCode,
@@ -32,6 +34,7 @@ from planner_core.runtime.store.models import (
     PlannerStateRow,
     Tick,
     TickStepRow,
+    TrafficObservationRow,
 )
 from planner_core.tick import tick
 from tests.conftest import record_outcome, write_config
@@ -186,6 +189,32 @@ def test_history_views_answer_what_when_why_and_what_happened(ctx) -> None:
     assert row["status"] == "pending" and row["num_attempts"] == 0 and row["acknowledged_at"] is None
     assert "demand: demand_sized (prefill)" in row["why"] and "decide: scale" in row["why"]
     assert ticks[0]["observed_num_req"] == 6000 and ticks[0]["proposed_decode"] == 7
+
+
+FEATURES = dataclasses.replace(
+    BUSY,
+    kv_hit_rate=0.35,
+    accept_length=2.5,
+    **{name: 10_000.0 * interval_s for name, interval_s in PROMPT_ARRIVAL_INTERVALS_S.items()},
+)
+FEATURE_COLUMNS = ("kv_hit_rate", "accept_length", *PROMPT_ARRIVAL_INTERVALS_S)
+
+
+def test_every_traffic_field_has_a_column_in_traffic_observations() -> None:
+    """Each field of TrafficObservation (the window length as `window_s`) is a column of `traffic_observations`."""
+    fields = {f.name for f in dataclasses.fields(TrafficObservation)} - {"duration_s"} | {"window_s"}
+    assert fields <= set(TrafficObservationRow.__table__.columns.keys())
+
+
+def test_traffic_features_are_stored_as_columns(ctx) -> None:
+    """KV hit rate, accept length and the arrival curve read back from `traffic_observations` and `tick_summary`."""
+    tick_id = run_tick(ctx, Loop.THROUGHPUT, T0, FEATURES).tick_id
+    expected = {column: getattr(FEATURES, column) for column in FEATURE_COLUMNS}
+    with ctx.sessions.begin() as session:
+        for relation in ("traffic_observations", "tick_summary"):
+            sql = f"SELECT {', '.join(FEATURE_COLUMNS)} FROM {relation} WHERE tick_id = :tick_id"
+            assert repo.query_rows(session, sql, tick_id=tick_id) == [expected], relation
+    assert expected["prompt_tokens_p99_250ms"] == 2500.0 and expected["prompt_tokens_p99_30s"] == 300_000.0
 
 
 def test_first_tick_starts_from_predictors_warmed_on_a_trace(database_url, tmp_path, profile_dir) -> None:

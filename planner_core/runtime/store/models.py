@@ -31,6 +31,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from planner_core.domain import PROMPT_ARRIVAL_INTERVALS_S
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -147,6 +149,37 @@ class TrafficObservationRow(Base):
     osl_p99: Mapped[float | None]
     ttft_ms: Mapped[float | None]
     itl_ms: Mapped[float | None]
+    kv_hit_rate: Mapped[float | None] = mapped_column(
+        comment="Fraction (0..1) of the window's prompt tokens served from the KV cache (the router's hit rate). "
+        "NULL where the source does not report it"
+    )
+    accept_length: Mapped[float | None] = mapped_column(
+        comment="Speculative decoding: mean tokens accepted per decode step over the window (tokens per step). "
+        "NULL where the source does not report it"
+    )
+    # The prompt-token arrival curve, one column per field of `PROMPT_ARRIVAL_INTERVALS_S`; their comments are set
+    # below from that dict (so a field added there without a column here fails at import).
+    prompt_tokens_p99_250ms: Mapped[float | None]
+    prompt_tokens_p99_500ms: Mapped[float | None]
+    prompt_tokens_p99_1s: Mapped[float | None]
+    prompt_tokens_p99_2s: Mapped[float | None]
+    prompt_tokens_p99_5s: Mapped[float | None]
+    prompt_tokens_p99_10s: Mapped[float | None]
+    prompt_tokens_p99_30s: Mapped[float | None]
+
+
+def _arrival_curve_comment(interval_s: float) -> str:
+    """The comment migration 0007 gives the arrival-curve column of `interval_s`."""
+    span = f"{interval_s * 1000:g} ms" if interval_s < 1 else f"{interval_s:g} s"
+    return (
+        f"Prompt-token arrival curve, {span} point (tokens): the 99th percentile over the window's requests of "
+        f"the prompt tokens that arrived in the {span} up to each one, its own included. NULL where the source "
+        "does not timestamp requests"
+    )
+
+
+for _name, _interval_s in PROMPT_ARRIVAL_INTERVALS_S.items():
+    TrafficObservationRow.__table__.c[_name].comment = _arrival_curve_comment(_interval_s)
 
 
 class WorkerObservationRow(Base):

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from planner_core.config import ConfigError, PlannerConfig, config_hash, parse_config
 from planner_core.domain import (
+    PROMPT_ARRIVAL_INTERVALS_S,
     PlannerState,
     TickInputs,
     TickOutcome,
@@ -194,6 +195,9 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
                 osl_p99=traffic.osl_p99,
                 ttft_ms=traffic.ttft_ms,
                 itl_ms=traffic.itl_ms,
+                kv_hit_rate=traffic.kv_hit_rate,
+                accept_length=traffic.accept_length,
+                **{name: getattr(traffic, name) for name in PROMPT_ARRIVAL_INTERVALS_S},
             )
         )
     workers = inputs.workers

@@ -11,11 +11,12 @@ an artifact.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from prefect import flow
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import select
@@ -23,10 +24,26 @@ from sqlalchemy import select
 from flows.report import publish_report, write_report
 from flows.ticks import apply_decisions, decide_and_record
 from planner_core.domain import Loop
+from planner_core.lab.sim.bench import (
+    BenchRow,
+    FixedPolicy,
+    PlannerPolicy,
+    bench_config,
+    policy_path,
+    run_policy,
+    score,
+)
 from planner_core.lab.sim.des import ClusterSimulator, spec_for_config
+from planner_core.lab.sim.oracle import OracleSettings, oracle_windows
+from planner_core.planner import build_planner
 from planner_core.runtime.connectors.virtual import VirtualConnectorClient
 from planner_core.runtime.report import periodic_report_path
-from planner_core.runtime.service import PlannerContext, load_context, prepare_database, resolve_report_dir
+from planner_core.runtime.service import (
+    PlannerContext,
+    load_context,
+    prepare_database,
+    resolve_report_dir,
+)
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.models import Tick, VirtualDecisionRow
@@ -46,50 +63,82 @@ def _epoch(trace: RequestTrace, offset_s: float) -> dt.datetime:
     return repo.epoch_to_datetime(trace.start_epoch_s + offset_s)
 
 
-def _new_cluster(ctx: PlannerContext, trace: RequestTrace, startup_s: float) -> ClusterSimulator:
-    """The discrete-event cluster the config describes (`spec_for_config`), timed by the profile's forward-pass
-    model, at the minimum endpoints."""
+# The demo's cluster starts as `planner bench` starts every policy: at the oracle's size for this first stretch of
+# the trace (the bench's default oracle window).
+STARTING_WINDOW_S = 180.0
+
+
+def starting_size(ctx: PlannerContext, trace: RequestTrace, startup_s: float) -> tuple[int, int]:
+    """Where the demo's cluster starts: a deployment already serving the trace's traffic, at the oracle's size
+    for the trace's first `STARTING_WINDOW_S` (the fewest engines that serve those requests within the SLA,
+    searched in the simulator: `planner_core.lab.sim.oracle`), as `planner bench` starts its policies. The rows the
+    run is compared with start there too. (0, A) for aggregated engines."""
     assert ctx.perf is not None
     fwd = ctx.perf.forward_pass_model()
     assert fwd is not None
     spec = spec_for_config(ctx.config, profiled_max_kv_tokens=ctx.perf.profiled_max_kv_tokens(), startup_s=startup_s)
-    return ClusterSimulator(
-        trace,
-        fwd,
-        spec,
-        num_prefill=0 if spec.aggregated else ctx.config.prefill_min_endpoint_effective,
-        num_decode=ctx.config.decode_min_endpoint_effective,
-    )
+    settings = OracleSettings()
+    first = trace.head(STARTING_WINDOW_S + settings.context_s)
+    windows = oracle_windows(
+        first, fwd, spec, ttft_ms=ctx.config.ttft_ms, itl_ms=ctx.config.itl_ms, window_s=STARTING_WINDOW_S,
+        settings=settings,
+    )  # fmt: skip
+    return windows[0].num_prefill, windows[0].num_decode
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunSummary:
-    """What the requests that arrived during the demo's windows got, and what the cluster cost until then."""
+def _new_cluster(ctx: PlannerContext, trace: RequestTrace, startup_s: float) -> ClusterSimulator:
+    """The discrete-event cluster the config describes (`spec_for_config`), timed by the profile's forward-pass
+    model, at `starting_size`."""
+    assert ctx.perf is not None
+    fwd = ctx.perf.forward_pass_model()
+    assert fwd is not None
+    spec = spec_for_config(ctx.config, profiled_max_kv_tokens=ctx.perf.profiled_max_kv_tokens(), startup_s=startup_s)
+    num_prefill, num_decode = starting_size(ctx, trace, startup_s)
+    return ClusterSimulator(trace, fwd, spec, num_prefill=num_prefill, num_decode=num_decode)
 
-    num_req: int
-    sla_attainment: float
-    gpu_hours: float
-    mean_ttft_ms: float
-    mean_itl_ms: float
 
-
-def summarise_run(cluster: ClusterSimulator, end_s: float, ttft_ms: float, itl_ms: float) -> RunSummary:
-    """Serve every request that arrived before `end_s` to completion and score them; GPU-hours up to `end_s`."""
-    cluster.run_until(end_s)
-    gpu_hours = cluster.result().gpu_s / 3600.0
+def score_run(ctx: PlannerContext, trace: RequestTrace, events: list[ScaleEvent], startup_s: float) -> BenchRow:
+    """The demo's own figures, scored as `planner bench` scores a policy: the cluster re-run from the start under
+    the recorded scale events, every request served to completion."""
+    started = time.perf_counter()
+    cluster = simulate_timeline(ctx, trace, events, trace.duration_s, startup_s)
     cluster.run_to_completion()
-    result = cluster.result()
-    arrived = cluster.trace.arrival_s < end_s
-    ttft, itl = result.ttft_s[arrived] * 1000.0, result.itl_s[arrived] * 1000.0
-    finished = np.isfinite(result.finish_s[arrived])
-    met = np.isfinite(ttft) & (ttft <= ttft_ms) & finished & (~np.isfinite(itl) | (itl <= itl_ms))
-    return RunSummary(
-        num_req=int(arrived.sum()),
-        sla_attainment=float(met.mean()) if arrived.any() else 1.0,
-        gpu_hours=gpu_hours,
-        mean_ttft_ms=float(np.nanmean(ttft)) if np.isfinite(ttft).any() else 0.0,
-        mean_itl_ms=float(np.nanmean(itl)) if np.isfinite(itl).any() else 0.0,
+    wall_s = time.perf_counter() - started
+    name = f"{ctx.deployment} (this run)"
+    return score(name, trace, cluster.result(), ttft_ms=ctx.config.ttft_ms, itl_ms=ctx.config.itl_ms, wall_s=wall_s)
+
+
+def comparison_rows(
+    ctx: PlannerContext, trace: RequestTrace, events: list[ScaleEvent], startup_s: float
+) -> list[BenchRow]:
+    """The same requests under a static size (the run's peak targets, held from the start: provisioning for the
+    peak instead of scaling) and under Dynamo's planner with its defaults (`dynamo-defaults.yaml` at this SLA),
+    in the simulator as `planner bench` runs them, from the same start (`starting_size`) and start-up time."""
+    assert ctx.perf is not None
+    fwd = ctx.perf.forward_pass_model()
+    assert fwd is not None
+    spec = spec_for_config(ctx.config, profiled_max_kv_tokens=ctx.perf.profiled_max_kv_tokens(), startup_s=startup_s)
+    start = starting_size(ctx, trace, startup_s)
+    peak_prefill = max([start[0], *(e.num_prefill for e in events)])
+    peak_decode = max([start[1], *(e.num_decode for e in events)])
+    static = FixedPolicy(
+        name=f"static {peak_prefill}P/{peak_decode}D (the run's peak)", num_prefill=peak_prefill,
+        num_decode=peak_decode,
+    )  # fmt: skip
+    scenario = {field: getattr(ctx.config, field) for field in ("ttft_ms", "itl_ms")} | {
+        "prefill_engine_num_gpu": ctx.config.prefill_gpus_per_engine,
+        "decode_engine_num_gpu": ctx.config.decode_gpus_per_engine,
+    }
+    path = policy_path("dynamo-defaults")
+    dynamo = PlannerPolicy(
+        name="Dynamo's defaults",
+        planner=build_planner(bench_config(path, scenario), path, perf=ctx.perf),
+        initial_size=start,
     )
+    return [
+        run_policy(policy, trace, fwd, spec, ttft_ms=ctx.config.ttft_ms, itl_ms=ctx.config.itl_ms).row
+        for policy in (static, dynamo)
+    ]
 
 
 def recorded_scale_events(ctx: PlannerContext, trace: RequestTrace) -> list[ScaleEvent]:
@@ -206,14 +255,15 @@ def demo(
                 cluster.run_until(end_s)
                 counts = cluster.worker_counts()
                 client.report_workers(ready_prefill=counts.ready_prefill, ready_decode=counts.ready_decode)
-                decide_and_record(ctx, Loop.THROUGHPUT, now, cluster.observe(end_s - window_s, end_s))
+                traffic = cluster.observe(end_s - window_s, end_s, planner=ctx.planner)
+                decide_and_record(ctx, Loop.THROUGHPUT, now, traffic)
                 apply_decisions(ctx, now)
                 _follow_decisions(client, cluster, now)
                 progress.update(bar, advance=1)
     end_s = num_windows * window_s
     events = recorded_scale_events(ctx, trace)
-    final = simulate_timeline(ctx, trace, events, end_s, startup_s)
-    summary = summarise_run(final, end_s, ctx.config.ttft_ms, ctx.config.itl_ms)
+    served = trace.head(end_s)  # the requests of the windows the planner ticked on
+    rows = [score_run(ctx, served, events, startup_s), *comparison_rows(ctx, served, events, startup_s)]
     data_dir = RuntimeSettings().data_dir
     out_dir = Path(report_dir) if report_dir else resolve_report_dir(ctx.service, Path(config_path), data_dir)
     report = write_report(
@@ -225,7 +275,8 @@ def demo(
         ctx.service.report_write_gzip_log,
     )
     publish_report(report)
-    return _summary_dict(ctx, summary, events, num_windows) | {"report_path": str(report.path)}
+    start = starting_size(ctx, served, startup_s)
+    return _summary_dict(ctx, rows, events, num_windows) | {"report_path": str(report.path), "starting_size": start}
 
 
 def _acknowledge_after_restart(client: VirtualConnectorClient, ctx: PlannerContext, trace: RequestTrace) -> None:
@@ -241,7 +292,7 @@ def _acknowledge_after_restart(client: VirtualConnectorClient, ctx: PlannerConte
     client.complete(current, at=_epoch(trace, events[-1].at_s))
 
 
-def _summary_dict(ctx: PlannerContext, summary: RunSummary, events: list[ScaleEvent], num_windows: int) -> dict:
+def _summary_dict(ctx: PlannerContext, rows: list[BenchRow], events: list[ScaleEvent], num_windows: int) -> dict:
     with ctx.sessions.begin() as session:
         counts = repo.query_rows(
             session,
@@ -262,12 +313,13 @@ def _summary_dict(ctx: PlannerContext, summary: RunSummary, events: list[ScaleEv
         "num_ticks": counts["num_ticks"],
         "num_decisions": counts["num_decisions"],
         "decision_statuses": ", ".join(f"{row['n']} {row['status']}" for row in statuses) or "none",
-        "num_requests": summary.num_req,
-        "sla_attainment": summary.sla_attainment,
+        "num_requests": rows[0].requests,
+        "sla_attainment": rows[0].sla_attainment,
         "ttft_ms": ctx.config.ttft_ms,
         "itl_ms": ctx.config.itl_ms,
-        "gpu_hours": summary.gpu_hours,
-        "mean_ttft_ms": summary.mean_ttft_ms,
-        "mean_itl_ms": summary.mean_itl_ms,
+        "gpu_hours": rows[0].gpu_hours,
+        "mean_ttft_ms": rows[0].ttft_ms_mean,
+        "mean_itl_ms": rows[0].itl_ms_mean,
         "scale_events": [(e.at_s, e.num_prefill, e.num_decode) for e in events],
+        "comparison": [dataclasses.asdict(row) for row in rows],  # this run first, then the same requests otherwise
     }

@@ -58,6 +58,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"mean TTFT {result['mean_ttft_ms']:.0f} ms, mean ITL {result['mean_itl_ms']:.1f} ms, "
         f"GPU-hours {result['gpu_hours']:.2f}"
     )
+    print_comparison(result["comparison"])
+    prefill, decode = result["starting_size"]
+    print(f"  started at {prefill}P/{decode}D (the oracle's size for the first 3 minutes: a deployment already serving)")
     print("  replica timeline (simulated time since the first request -> prefill/decode targets):")
     print("    " + "  ".join(f"{at_s / 60:.0f}m {p}P/{d}D" for at_s, p, d in result["scale_events"]) or "    none")
     print(f"  report: {result['report_path']}")
@@ -66,11 +69,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def print_comparison(rows: list[dict]) -> None:
+    """The run beside the same requests served by a static size and by Dynamo's defaults (`planner bench`'s
+    scoring: both targets, every request served to completion)."""
+    width = max(len(row["policy"]) for row in rows) + 2
+    print("  the same requests, scored alike (simulated cluster, same start and start-up time):")
+    print(f"    {'policy':<{width}}{'SLA ok':>8}{'TTFT ok':>9}{'ITL ok':>8}{'GPU-h':>8}{'events':>8}")
+    for row in rows:
+        print(
+            f"    {row['policy']:<{width}}{row['sla_attainment']:>8.1%}{row['ttft_attainment']:>9.1%}"
+            f"{row['itl_attainment']:>8.1%}{row['gpu_hours']:>8.2f}{row['scaling_events']:>8}"
+        )
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the demo command group's parsers."""
     demo = sub.add_parser("demo", help="run the planner loop on a real trace in simulated time")
     demo.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="Azure CSV or Mooncake JSONL trace")
-    demo.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="PlannerConfig YAML/JSON")
+    demo.add_argument(
+        "--config", type=Path, default=DEFAULT_CONFIG,
+        help="PlannerConfig YAML/JSON (default: the recommended policy, planner_core/configs/policies/planner.yaml)",
+    )  # fmt: skip
     demo.add_argument("--deployment", default="demo", help="managed-deployment name (a new name starts afresh)")
     demo.add_argument("--startup-s", type=float, default=120.0, help="simulated worker start-up time")
     demo.add_argument("--rate-scale", type=float, default=12.0, help="multiply the trace's request rate (shape kept)")

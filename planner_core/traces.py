@@ -143,6 +143,25 @@ class RequestTrace:
             block_tokens=self.block_tokens,
         )
 
+    def head(self, end_s: float) -> RequestTrace:
+        """The requests arriving before `end_s` (offset from the first request), e.g. the windows a demo ran."""
+        stop = int(np.searchsorted(self.arrival_s, end_s, side="left"))
+        if stop >= self.num_requests:
+            return self
+        if stop == 0:
+            raise ValueError(f"{self.source}: no request arrives before {end_s:g} s")
+        taken = np.arange(stop)
+        return _build(
+            self.source,
+            self.start_epoch_s,
+            self.arrival_s[taken],
+            self.isl[taken],
+            self.osl[taken],
+            clock_offset_s=self.clock_offset_s,
+            hashes=_take_hashes(self, taken) if self.has_hashes else None,
+            block_tokens=self.block_tokens,
+        )
+
     def compressed(self, factor: float) -> RequestTrace:
         """The same requests in `1 / factor` of the time: every arrival offset divided by `factor` (> 1 speeds
         the trace up, < 1 slows it down). The request rate grows by `factor`; lengths and prefixes are unchanged.

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
-from planner_core.config import parse_config
 from planner_core.data import SERVEGEN_SHAPE
 from planner_core.lab.sim.bench import (
     DEFAULT_POLICIES,
@@ -22,7 +22,8 @@ from planner_core.lab.sim.bench import (
     PlannerPolicy,
     UserPlannerConfig,
     build_policies,
-    prompt_arrival_curve,
+    policy_names,
+    policy_path,
     run_bench,
     score,
 )
@@ -97,38 +98,8 @@ def test_planners_start_at_the_oracle_first_size_unless_asked(profile_perf: Prof
         build_policies(["planner"], base, trace, profile_perf, FWD, SimSpec(), window_s=60, initial="max")
 
 
-def test_prompt_arrival_curve_is_the_p99_of_tokens_in_each_lookback() -> None:
-    """Requests at 0, 0.1, 0.2 and 5 s of 100, 200, 300 and 400 tokens. Over [0, 10): tokens in the 250 ms up to
-    each arrival are 100, 300, 600 and 400; their p99 (numpy's linear percentile) is 400 + 0.97 x 200 = 594.
-    Over 30 s every request sees all earlier ones: 100, 300, 600, 1000 -> p99 = 600 + 0.97 x 400 = 988."""
-    trace = make_trace([0.0, 0.1, 0.2, 5.0], [100, 200, 300, 400], [2, 2, 2, 2])
-    curve = prompt_arrival_curve(trace, 0.0, 10.0)
-    assert curve["prompt_tokens_p99_250ms"] == pytest.approx(594.0)
-    assert curve["prompt_tokens_p99_30s"] == pytest.approx(988.0)
-
-
-def test_prompt_arrival_curve_is_read_by_the_requests_that_can_meet_the_target() -> None:
-    """At 4,000 tokens/s and 50 ms of slack only prompts up to 200 tokens can meet the target: the first two
-    requests. Nothing is capped (one engine's share at 250 ms is 1,200); the tokens in the 250 ms up to those two
-    are 100 and 300 -> p99 = 100 + 0.99 x 200 = 298 (the 600 seen by the third request no longer counts)."""
-    trace = make_trace([0.0, 0.1, 0.2, 5.0], [100, 200, 300, 400], [2, 2, 2, 2])
-    curve = prompt_arrival_curve(trace, 0.0, 10.0, engine_prompt_tokens_per_s=4000.0, slack_s=0.05)
-    assert curve["prompt_tokens_p99_250ms"] == pytest.approx(298.0)
-    assert prompt_arrival_curve(trace, 20.0, 30.0) == {}  # idle window: no curve
-
-
-def test_prompt_arrival_curve_counts_each_prompt_up_to_one_engine_share() -> None:
-    """The same requests, with an engine of 400 tokens/s and 50 ms of slack: at 250 ms one engine computes
-    400 x 0.3 = 120 tokens, so the prompts count 100, 120, 120, 120: tokens in the 250 ms up to each arrival are
-    100, 220, 340 and 120 -> p99 = 220 + 0.97 x 120 = 336.4. At 30 s the share (12,020) caps nothing: 988."""
-    trace = make_trace([0.0, 0.1, 0.2, 5.0], [100, 200, 300, 400], [2, 2, 2, 2])
-    curve = prompt_arrival_curve(trace, 0.0, 10.0, engine_prompt_tokens_per_s=400.0, slack_s=0.05)
-    assert curve["prompt_tokens_p99_250ms"] == pytest.approx(336.4)
-    assert curve["prompt_tokens_p99_30s"] == pytest.approx(988.0)
-
-
-def test_planner_presets_run_in_the_loop(profile_perf: ProfilePerfModel) -> None:
-    """Every planner preset ticks in the simulator, and some scale for the load step (~17 then ~33 requests/s)."""
+def test_planner_policies_run_in_the_loop(profile_perf: ProfilePerfModel) -> None:
+    """Every named planner policy ticks in the simulator, and some scale for the load step (~17 then ~33 requests/s)."""
     trace = busy_trace(30_000)
     base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 60}
     names = [n for n in DEFAULT_POLICIES if n not in ("static-peak", "static-mean", "oracle")]
@@ -202,19 +173,19 @@ def test_cli_writes_json_and_html(tmp_path) -> None:
     assert "oracle" in result.stdout
 
 
-def test_a_user_config_is_benched_with_its_own_settings(profile_perf: ProfilePerfModel) -> None:
+def test_a_user_config_is_benched_with_its_own_settings(profile_perf: ProfilePerfModel, tmp_path: Path) -> None:
     """A config file's settings drive its policy: with both loops off it never scales, and it starts (min
-    endpoints, `initial="min"`) at its own minimums 3 and 2, where the same bench's `planner` preset starts at 1/1."""
+    endpoints, `initial="min"`) at its own minimums 3 and 2, where the same bench's `planner` policy starts at 1/1."""
     trace = busy_trace(600, 600.0)
-    frozen = parse_config(
-        {"ttft_ms": 500, "itl_ms": 50, "enable_throughput_scaling": False, "enable_load_scaling": False,
-         "prefill_min_endpoint": 3, "decode_min_endpoint": 2},
-        "frozen.yaml",
-    ).policy  # fmt: skip
+    frozen = tmp_path / "frozen.yaml"
+    frozen.write_text(
+        "ttft_ms: 500\nitl_ms: 50\nenable_throughput_scaling: false\nenable_load_scaling: false\n"
+        "prefill_min_endpoint: 3\ndecode_min_endpoint: 2\n"
+    )
     base = {"ttft_ms": 500.0, "itl_ms": 50.0, "throughput_adjustment_interval_seconds": 60}
     preset, user = build_policies(
         ["planner"], base, trace, profile_perf, FWD, SimSpec(), window_s=60, initial="min",
-        user_configs=[UserPlannerConfig(name="config:frozen", config=frozen)],
+        user_configs=[UserPlannerConfig(name="config:frozen", path=frozen)],
     )  # fmt: skip
     assert (preset.name, preset.initial()) == ("planner", (1, 1))
     assert (user.name, user.initial()) == ("config:frozen", (3, 2))
@@ -238,7 +209,7 @@ def test_cli_benches_config_files_and_shapes_the_trace(tmp_path) -> None:
     assert result.returncode == 0, result.stderr
     rows = json.loads(out_json.read_text())
     assert [row["policy"] for row in rows] == ["fixed:1:1", "config:mine"]
-    assert "plans for TTFT 300 ms / ITL 40 ms" in result.stderr
+    assert "sets TTFT 300 ms / ITL 40 ms; the bench plans and scores every policy at --ttft-ms 500" in result.stderr
     fixed = rows[0]
     # one prefill and one decode GPU for the compressed trace's span (just under 300 s) and its drain
     assert 2 * 290 / 3600 < fixed["gpu_hours"] < 2 * 400 / 3600
@@ -312,7 +283,7 @@ def test_cli_mode_agg_runs_aggregated_engines(tmp_path) -> None:
     assert rows["planner"]["requests"] == 400 and rows["planner"]["gpu_hours"] > 0
 
 
-def test_agg_presets_run_in_mode_agg_and_the_others_are_refused(profile_perf: ProfilePerfModel) -> None:
+def test_agg_presets_run_in_mode_agg_and_the_others_are_refused(profile_perf: ProfilePerfModel, tmp_path: Path) -> None:
     """With aggregated engines the presets that can size them get `mode: agg` and start (minimum endpoints) with
     no prefill pool; `fixed:N` and `fixed:0:N` are N engines; dynamo-0x (interpolation), Dynamo 1.6.1's planner,
     a fixed prefill pool and a disaggregated user config are refused in one line each."""
@@ -328,7 +299,8 @@ def test_agg_presets_run_in_mode_agg_and_the_others_are_refused(profile_perf: Pr
     assert planners[0].config.throughput_prefill_burst_sizing  # at the agg engine's prompt rate
     assert [p.initial() for p in policies] == [(0, 1), (0, 1), (0, 1), (0, 3), (0, 2)]
     refusals = {
-        "dynamo-0x": "dynamo-0x cannot run with --mode agg: its profile interpolation",
+        "dynamo-0x": "dynamo-0x cannot run with --mode agg: its throughput_algorithm interpolation_corrected",
+        "dynamo-defaults": "dynamo-defaults cannot run with --mode agg: its throughput_algorithm interpolation ",
         "dynamo-1.6.1": "dynamo-1.6.1 cannot run with --mode agg",
         "fixed:1:2": "--mode agg has no prefill pool; write fixed:N",
         "fixed:2:x": "written fixed:N with --mode agg",
@@ -337,8 +309,9 @@ def test_agg_presets_run_in_mode_agg_and_the_others_are_refused(profile_perf: Pr
         with pytest.raises(ValueError, match=message) as caught:
             build_policies(["oracle", name], base, trace, profile_perf, FWD, agg, window_s=60)
         assert "\n" not in str(caught.value)
-    disagg = UserPlannerConfig(name="config:d", config=parse_config({"ttft_ms": 500}, "d.yaml").policy)
-    with pytest.raises(ValueError, match="--config config:d: mode 'disagg' cannot run with --mode agg"):
+    disagg = UserPlannerConfig(name="config:d", path=tmp_path / "d.yaml")
+    disagg.path.write_text("ttft_ms: 500\n")
+    with pytest.raises(ValueError, match="d.yaml: mode 'disagg' cannot run with --mode agg"):
         build_policies([], base, trace, profile_perf, FWD, agg, window_s=60, user_configs=[disagg])
 
 
@@ -362,7 +335,7 @@ def test_planner_policies_see_the_router_kv_hit_rate_of_the_window(profile_perf:
         assert policy.state.last_kv_hit_rate == (pytest.approx(expected) if expected is not None else None)
 
 
-def test_agg_planner_sizes_for_bursts_above_the_mean_rate(profile_perf: ProfilePerfModel) -> None:
+def test_agg_planner_sizes_for_bursts_above_the_mean_rate(profile_perf: ProfilePerfModel, tmp_path: Path) -> None:
     """A bursty trace on aggregated engines: 2 requests/s of 500 prompt tokens, and every 60 s 40 prompts of 3,000
     tokens within 0.2 s (120,000 tokens). The mean rate (~2.7 requests/s, ~4,300 prompt tokens/s) fits one engine;
     a burst does not: at the agg engine's prompt rate under its decode batch (tens of thousands of tokens/s, times
@@ -381,9 +354,9 @@ def test_agg_planner_sizes_for_bursts_above_the_mean_rate(profile_perf: ProfileP
     base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 60}
     (burst,) = build_policies(["planner"], base, trace, profile_perf, FWD, agg, window_s=60, initial="min")
     assert isinstance(burst, PlannerPolicy) and burst.config.throughput_prefill_burst_sizing
-    mean_only = UserPlannerConfig(
-        name="config:mean-only", config=burst.config.model_copy(update={"throughput_prefill_burst_sizing": False})
-    )
+    settings = yaml.safe_load(policy_path("planner").read_text()) | {"mode": "agg"}
+    mean_only = UserPlannerConfig(name="config:mean-only", path=tmp_path / "mean-only.yaml")
+    mean_only.path.write_text(yaml.safe_dump(settings | {"throughput_prefill_burst_sizing": False}))
     (plain,) = build_policies([], base, trace, profile_perf, FWD, agg, window_s=60, initial="min",
                               user_configs=[mean_only])  # fmt: skip
     runs = {run.row.policy: run for run in run_bench([burst, plain], trace, FWD, agg, ttft_ms=500, itl_ms=50)}
@@ -391,3 +364,23 @@ def test_agg_planner_sizes_for_bursts_above_the_mean_rate(profile_perf: ProfileP
     assert most["config:mean-only"] == 1
     assert most["planner"] > 1
     assert runs["planner"].row.sla_attainment > runs["config:mean-only"].row.sla_attainment
+
+
+def test_a_named_policy_is_its_config_file(profile_perf: ProfilePerfModel) -> None:
+    """`--policies planner` and `--config planner_core/configs/policies/planner.yaml` are one code path: on the same
+    requests their rows are identical but for the name and the wall time. Every named policy is a file there."""
+    trace = busy_trace(24_000, 900.0)  # ~9 then ~18 requests/s
+    base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 180}
+    assert set(policy_names()) >= {"planner", "dynamo-0x", "dynamo-1x", "threshold", "dynamo-defaults"}
+    named, from_file = build_policies(
+        ["planner"], base, trace, profile_perf, FWD, SimSpec(), window_s=60, initial="min",
+        user_configs=[UserPlannerConfig(name="config:planner", path=policy_path("planner"))],
+    )  # fmt: skip
+    runs = run_bench([named, from_file], trace, FWD, SimSpec(startup_s=30), ttft_ms=500, itl_ms=50)
+    rows = [dataclasses.asdict(run.row) for run in runs]
+    for row in rows:
+        del row["policy"], row["wall_s"]
+    assert rows[0] == rows[1]
+    assert named.config == from_file.config
+    assert named.config.throughput_adjustment_interval_seconds == 60  # the file's own window, not the bench's 180
+    assert runs[0].row.scaling_events > 0  # the comparison is not of two idle planners

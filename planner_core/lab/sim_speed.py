@@ -26,9 +26,9 @@ from planner_core.data import AZURE_CONV_TRACE, DEFAULT_CONFIG
 from planner_core.domain import EngineLimits
 from planner_core.lab.sim.bench import FixedPolicy, PlannerPolicy, run_policy
 from planner_core.lab.sim.des import KvAllocation, SimSpec
-from planner_core.perf.model import ProfilePerfModel
 from planner_core.perf.profile import load_profile
 from planner_core.perf.profile_forward import ProfileForwardPassModel
+from planner_core.planner import build_planner
 from planner_core.traces import load_trace
 
 DEFAULT_TRACE = AZURE_CONV_TRACE
@@ -54,7 +54,7 @@ def main() -> int:
     print(f"{trace.source}: {trace.num_requests} requests over {trace.duration_s / 60:.0f} min")
     policies = [
         FixedPolicy(name=f"fixed {args.prefill}P{args.decode}D", num_prefill=args.prefill, num_decode=args.decode),
-        PlannerPolicy(name="planner", config=config, perf=ProfilePerfModel.load(profile_dir)),
+        PlannerPolicy(name="planner", planner=build_planner(config, args.config)),
     ]
     runs = [(policy, spec) for policy in policies]
     if args.agg:

@@ -34,7 +34,7 @@ def test_the_wheel_carries_data_configs_and_migrations(wheel: Path) -> None:
         "planner_core/data/profiles/H200_TP1P_TP1D/selected_prefill_interpolation/raw_data.npz",
         "planner_core/data/traces/AzureLLMInferenceTrace_conv.csv",
         "planner_core/data/SHA256SUMS",
-        "planner_core/configs/demo.yaml",
+        "planner_core/configs/policies/planner.yaml",
     ]
     missing = [name for name in shipped if name not in names]
     assert not missing, missing

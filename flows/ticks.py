@@ -2,8 +2,10 @@
 
 Each tick is one Prefect task run that decides and records in one transaction; collecting traffic is a
 separate task (the only network I/O): Prometheus when the config or `PLANNER_PROMETHEUS_ENDPOINT` names one, else
-the `PLANNER_TRACE` replay. A source without usable data makes the tick record `no_traffic_data` and hold, with
-the reason in the audit log. Load ticks read the newest ingested forward-pass metrics per engine (`planner
+the `PLANNER_TRACE` replay, with the window's prompt-arrival curve counted for the context's planner. A source
+without usable data makes the tick record `no_traffic_data` and hold, with the reason in the audit log; one whose
+arrivals alone fail gives the observation without the curve (the burst step says `burst_unavailable`), and the
+audit log says why. Load ticks read the newest ingested forward-pass metrics per engine (`planner
 ingest`). The execution flow applies pending decisions.
 """
 
@@ -20,6 +22,7 @@ from prefect.runtime import flow_run, task_run
 from planner_core.config import PlannerConfig, ServiceConfig
 from planner_core.data import DEFAULT_CONFIG as SHIPPED_DEFAULT_CONFIG
 from planner_core.domain import Loop, TrafficObservation
+from planner_core.planner import Planner
 from planner_core.runtime.service import PlannerContext, load_context, run_execution, run_tick
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.sources import CollectedTraffic
@@ -43,16 +46,23 @@ def _scheduled_at() -> dt.datetime:
 
 @task(name="collect-traffic", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def collect_traffic(
-    config: PlannerConfig, service: ServiceConfig, window_start: dt.datetime, window_end: dt.datetime
+    config: PlannerConfig,
+    service: ServiceConfig,
+    window_start: dt.datetime,
+    window_end: dt.datetime,
+    planner: Planner | None = None,
 ) -> CollectedTraffic | None:
-    """Traffic over the window from the configured source; None when no source is configured.
+    """Traffic over the window from the configured source; None when no source is configured. With the `planner`
+    that decides on it, the observation carries the window's prompt-arrival curve at its engine rate.
 
     Missing or unusable data is not an error here (no retry): it comes back without an observation and with the
-    reason, and the tick holds on it.
+    reason, and the tick holds on it; arrivals that cannot be read leave the observation without its curve.
     """
-    collected = collect_from_source(config, service, window_start, window_end)
+    collected = collect_from_source(config, service, window_start, window_end, planner=planner)
     if collected is not None and collected.problem is not None:
         _logger().warning("no traffic data for [%s, %s): %s", window_start, window_end, collected.problem)
+    if collected is not None and collected.curve_problem is not None:
+        _logger().warning("no prompt-arrival curve for [%s, %s): %s", window_start, window_end, collected.curve_problem)
     return collected
 
 
@@ -75,6 +85,7 @@ def decide_and_record(
     scheduled_at: dt.datetime,
     traffic: TrafficObservation | None,
     traffic_problem: str | None = None,
+    curve_problem: str | None = None,
 ) -> dict:
     """Run the pure tick on the inputs and record everything in one transaction (skipped if already recorded)."""
     result = run_tick(
@@ -85,6 +96,7 @@ def decide_and_record(
         flow_run_id=str(flow_run.id or ""),
         task_run_id=str(task_run.id or ""),
         traffic_problem=traffic_problem,
+        curve_problem=curve_problem,
     )
     if result.outcome is None:
         return {"tick_id": None, "skipped": "already recorded"}
@@ -117,10 +129,12 @@ def throughput_tick(deployment: str = "default", config_path: str | None = None)
     ctx = _context(deployment, config_path)
     scheduled_at = _scheduled_at()
     window_start = scheduled_at - dt.timedelta(seconds=ctx.config.throughput_adjustment_interval_seconds)
-    collected = collect_traffic(ctx.config, ctx.service, window_start, scheduled_at)
+    collected = collect_traffic(ctx.config, ctx.service, window_start, scheduled_at, ctx.planner)
     if collected is None:
         return decide_and_record(ctx, Loop.THROUGHPUT, scheduled_at, None)
-    return decide_and_record(ctx, Loop.THROUGHPUT, scheduled_at, collected.observation, collected.problem)
+    return decide_and_record(
+        ctx, Loop.THROUGHPUT, scheduled_at, collected.observation, collected.problem, collected.curve_problem
+    )
 
 
 @flow(name="load-tick", log_prints=False)

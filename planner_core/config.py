@@ -959,6 +959,17 @@ class ServiceConfig(BaseModel):
     virtual_connector_timeout_seconds: float = Field(
         default=1800.0, gt=0, description="Seconds an unacknowledged virtual-connector decision blocks newer ones."
     )
+    # 1 s: the curve's intervals of 1 s and more are seen, and a 60 s window plus the 30 s look-back is ~90 points
+    # per series. Finer than the frontend's scrape interval, a scrape's increment lands in one step and the short
+    # intervals overstate the bursts (docs/operations.md, "The prompt-arrival curve").
+    prometheus_arrival_resolution_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description=(
+            "Step (s) of the Prometheus range queries the prompt-arrival curve is rebuilt from; the curve's "
+            "intervals shorter than it are left out. Keep the frontend's scrape interval at most this."
+        ),
+    )
 
 
 class PlannerFile(BaseModel):

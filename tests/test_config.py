@@ -128,6 +128,7 @@ DYNAMO_DEFAULTS = [
     ("load_predictor_length_quantile", LengthQuantile.P90),
     ("execution_interval_seconds", 10.0),
     ("virtual_connector_timeout_seconds", 1800.0),
+    ("prometheus_arrival_resolution_seconds", 1.0),
     ("load_policy", LoadPolicy.PER_ENGINE),
     ("threshold_2025_adjustment_interval_seconds", 30),
     ("decode_kv_scale_up_threshold", 0.9),
@@ -736,6 +737,7 @@ SERVICE_CHANGES = [
     ("log_dir", "/var/log/planner"),
     ("execution_interval_seconds", 11.0),
     ("virtual_connector_timeout_seconds", 60.0),
+    ("prometheus_arrival_resolution_seconds", 0.5),
     ("plugin_registration", {"a": 1}),
 ]
 

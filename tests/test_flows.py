@@ -265,6 +265,7 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
         load_adjustment_interval_seconds=1,
         execution_interval_seconds=5,
         metric_reporting_prometheus_port=metrics_port,
+        throughput_prefill_burst_sizing=True,
     )
     env = dict(
         os.environ,
@@ -305,6 +306,14 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
     assert all(gap % 5 == pytest.approx(0, abs=1e-3) for gap in gaps_s), gaps_s
     assert all(flow_run for *_, flow_run in ticks)
     assert {reason for _, reason, _ in ticks} <= {"scale", "no_change"}
+    # the flow passed the context's planner to the collect-traffic task: the replayed windows have their
+    # prompt-arrival curve, so prefill is sized on the bursts (a window without requests would have none)
+    bursts = _rows(
+        database_url,
+        "SELECT s.reason FROM tick_steps s JOIN ticks t ON t.id = s.tick_id "
+        "WHERE t.loop = 'throughput' AND s.step = 'burst'",
+    )
+    assert {"burst_sized", "burst_covered"} & {reason for (reason,) in bursts}, bursts
     # the flow runs (subprocesses) recorded the ticks; the serving process exported them
     families = {f.name: f for f in text_string_to_metric_families(scraped)}
     [count] = [s.value for s in families["dynamo_planner_tick_duration_seconds"].samples if s.name.endswith("_count")]

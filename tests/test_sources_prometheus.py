@@ -3,7 +3,8 @@
 Pure parts (queries, answer parsing, validation) are table-driven without a server. Transport faults (HTTP 500,
 slow answers, TLS, bearer tokens) use a small real HTTP server that answers like Prometheus would, or wouldn't.
 The real Prometheus (Debian's 2.42, installed with apt-get when missing) runs once per session, scraping the
-simulator's exporter every second; the tests query windows of its recorded history.
+simulator's exporter every second; the tests query windows of its recorded history. The prompt-arrival curve's
+test runs one of its own, scraping every 0.5 s an exporter that replays the Azure conversation trace sped up.
 """
 
 from __future__ import annotations
@@ -32,11 +33,25 @@ import pytest
 from sqlalchemy import select
 
 from flows.ticks import collect_traffic
-from planner_core.config import Backend, ThroughputMetricsSource, load_config
-from planner_core.domain import EngineLimits, Loop, ReasonCode, TrafficObservation
+from planner_core.arrivals import prompt_arrival_curve
+from planner_core.config import Backend, ConfigError, ThroughputMetricsSource, load_config, parse_config
+from planner_core.data import AZURE_CONV_TRACE, DEFAULT_CONFIG
+from planner_core.domain import (
+    PROMPT_ARRIVAL_INTERVALS_S,
+    EngineLimits,
+    Loop,
+    PlannerState,
+    ReasonCode,
+    StepName,
+    TickInputs,
+    TrafficObservation,
+    WorkerCounts,
+)
 from planner_core.lab.sim.des import ClusterSimulator, SimResult, SimSpec
 from planner_core.lab.sim.exporter import TraceMetricsExporter
 from planner_core.perf.model import ProfilePerfModel
+from planner_core.planner import build_planner
+from planner_core.policy.throughput import prompt_cap
 from planner_core.runtime.service import load_context, run_tick
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.sources import NoTrafficDataKind, TrafficUnavailable
@@ -46,14 +61,18 @@ from planner_core.runtime.sources.prometheus import (
     PrometheusOptions,
     PrometheusTrafficSource,
     RawAnswers,
+    StepGrid,
     TrafficQueries,
+    arrivals_from_increments,
     label_selector,
     observation_from_answers,
     parse_instant_answer,
+    parse_range_answer,
     range_of,
+    step_increments,
 )
 from planner_core.runtime.store.models import AuditLogRow, DecisionRow
-from planner_core.traces import RequestTrace
+from planner_core.traces import RequestTrace, load_trace
 from tests.conftest import PROFILE_DIR, write_config
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -229,6 +248,129 @@ def test_busy_window_converts_units() -> None:
     assert (obs.num_req, obs.isl, obs.osl, obs.kv_hit_rate, obs.accept_length) == (120, 3000, 300, 0.3, 1.8)
     assert obs.ttft_ms == pytest.approx(200.0) and obs.itl_ms == pytest.approx(10.0)
     assert obs.invalid_field() is None
+
+
+# --- the arrival curve's range answers --------------------------------------------------------------------------
+
+
+def _matrix(*series: list[tuple[float, str]]) -> bytes:
+    result = [{"metric": {"instance": f"f{i}"}, "values": [list(p) for p in points]} for i, points in enumerate(series)]
+    return json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}).encode()
+
+
+GRID = StepGrid(start_ms=100_000, step_ms=1000, num_steps=5)  # points at 100 .. 105 s, steps (100, 101] .. (104, 105]
+
+
+def test_parse_range_answer() -> None:
+    """A matrix answer is every series' (time, value) points; an empty matrix is no series."""
+    body = _matrix([(100, "1"), (101.5, "2.5")], [(101, "NaN")])
+    assert parse_range_answer(200, body, "q")[0] == ((100.0, 1.0), (101.5, 2.5))
+    assert math.isnan(parse_range_answer(200, body, "q")[1][0][1])
+    assert parse_range_answer(200, _matrix(), "q") == ()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind"),
+    [
+        (500, b"oops", NoTrafficDataKind.HTTP_ERROR),
+        (400, b'{"status":"error","errorType":"bad_data","error":"too many points"}', NoTrafficDataKind.QUERY_ERROR),
+        (200, _vector("1"), NoTrafficDataKind.MALFORMED),  # an instant vector is not a range answer
+        (200, b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{}}]}}', "malformed"),
+        (200, _matrix([(100, 1.0)]), NoTrafficDataKind.MALFORMED),  # values are strings in the API
+        (200, _matrix([(100, "x")]), NoTrafficDataKind.MALFORMED),
+    ],
+    ids=["http-500", "query-error", "vector", "no-values", "unquoted", "not-a-number"],
+)
+def test_parse_range_answer_garbage(status: int, body: bytes, kind: object) -> None:
+    with pytest.raises(TrafficUnavailable) as info:
+        parse_range_answer(status, body, "q")
+    assert info.value.kind == NoTrafficDataKind(kind)
+
+
+def test_step_increments_diff_and_sum_series() -> None:
+    """Consecutive points are diffed per series and summed over series; a first point is only a baseline."""
+    first = ((100, 10.0), (101, 12.0), (102, 12.0), (103, 15.0), (104, 15.0), (105, 20.0))
+    late = ((103, 50.0), (104, 51.0), (105, 53.0))  # a frontend that appeared at 103 s: its 50 are before the range
+    assert step_increments((first, late), GRID, "c").tolist() == [2.0, 0.0, 3.0, 1.0, 7.0]
+
+
+def test_step_increments_counter_reset_restarts_from_zero() -> None:
+    """A decrease is a restart: the step gets the new value, as Prometheus' `increase` reads a reset."""
+    restarted = ((100, 10.0), (101, 12.0), (102, 3.0), (103, 5.0), (104, 5.0), (105, 0.0))
+    assert step_increments((restarted,), GRID, "c").tolist() == [2.0, 3.0, 2.0, 0.0, 0.0]
+
+
+def test_step_increments_spread_over_missing_points() -> None:
+    """An increment across missing points (the target was down) is spread over the steps it spans."""
+    gap = ((100, 0.0), (101, 4.0), (104, 10.0))
+    assert step_increments((gap,), GRID, "c").tolist() == [4.0, 2.0, 2.0, 2.0, 0.0]
+
+
+def test_step_increments_empty_answer_and_garbage() -> None:
+    """No series is no increment; NaN, negative or off-grid points raise, never count."""
+    assert step_increments((), GRID, "c").tolist() == [0.0] * 5
+    for bad, kind in (
+        (((100, 1.0), (101, math.nan)), NoTrafficDataKind.INVALID_VALUE),
+        (((100, -1.0),), NoTrafficDataKind.INVALID_VALUE),
+        (((100, 1.0), (101.3, 2.0)), NoTrafficDataKind.MALFORMED),
+        (((101, 1.0), (100, 2.0)), NoTrafficDataKind.MALFORMED),
+        (((106, 1.0),), NoTrafficDataKind.MALFORMED),
+    ):
+        with pytest.raises(TrafficUnavailable) as info:
+            step_increments((bad,), GRID, "c")
+        assert info.value.kind == kind
+
+
+def test_step_grid_ends_at_the_window_end() -> None:
+    """The last point is the window's end (whole ms); the steps cover the window and the look-back."""
+    grid = StepGrid.ending_at(1_000.0004, 90.0, 1.0)
+    assert (grid.start_ms, grid.step_ms, grid.num_steps, grid.end_s) == (910_000, 1000, 90, 1000.0)
+    assert StepGrid.ending_at(10.0, 2.5, 1.0).num_steps == 3  # a partial step still counts
+    assert grid.step_end_s()[[0, -1]].tolist() == [911.0, 1000.0]
+
+
+def test_arrivals_from_increments_mean_isl_per_step() -> None:
+    """A step's requests get its mean ISL, or the window's mean where no ISL was observed in the step."""
+    num_req = np.array([0.0, 2.0, 0.0, 3.0, 1.0])
+    isl_sum = np.array([0.0, 2000.0, 0.0, 0.0, 500.0])
+    isl_count = np.array([0.0, 2.0, 0.0, 0.0, 1.0])
+    arrivals = arrivals_from_increments(GRID, num_req, isl_sum, isl_count, window_start_s=101.0)
+    assert arrivals.resolution_s == 1.0
+    # the steps ending after 101 s hold the window's 3 ISL observations: (2000 + 500) / 3 where a step has none
+    assert arrivals.isl.tolist() == pytest.approx([1000.0, 1000.0, 2500 / 3, 2500 / 3, 2500 / 3, 500.0])
+    assert arrivals.arrival_s.tolist() == [101.25, 101.75, 103 + 1 / 6, 103.5, 103 + 5 / 6, 104.5]
+
+
+def test_arrivals_from_increments_garbage_and_idle() -> None:
+    """Requests without any ISL observation, or implausibly many, raise; an idle range is no arrival."""
+    zeros = np.zeros(5)
+    assert arrivals_from_increments(GRID, zeros, zeros, zeros, 100.0).num_requests == 0
+    with pytest.raises(TrafficUnavailable, match="no observations although 3 requests started"):
+        arrivals_from_increments(GRID, np.array([0, 0, 3.0, 0, 0]), zeros, zeros, 100.0)
+    with pytest.raises(TrafficUnavailable, match="requests per step = 2000000.0: above the plausible maximum 1e\\+06"):
+        arrivals_from_increments(GRID, np.array([0, 0, 2e6, 0, 0]), zeros + 1, zeros + 1, 100.0)
+
+
+def test_arrival_resolution_is_validated_and_bounded(tmp_path: Path) -> None:
+    """The resolution is > 0 in the config and the options; one too fine for the window is a query error."""
+    with pytest.raises(ConfigError, match="prometheus_arrival_resolution_seconds' = 0"):
+        parse_config({"prometheus_arrival_resolution_seconds": 0})
+    assert parse_config({}).service.prometheus_arrival_resolution_seconds == 1.0
+    with pytest.raises(ValueError, match="arrival_resolution_s = 0"):
+        PrometheusOptions(endpoint="http://p", arrival_resolution_s=0)
+    loaded = load_config(write_config(tmp_path, prometheus_arrival_resolution_seconds=0.25))
+    source = PrometheusTrafficSource.from_config(
+        loaded.policy, loaded.service, RuntimeSettings(prometheus_endpoint="http://p")
+    )
+    assert source.options.arrival_resolution_s == 0.25
+    source.close()
+    # 60 s + 30 s look-back at 1 ms: 90,001 points per series, more than Prometheus serves (no request is sent)
+    with PrometheusTrafficSource(
+        PrometheusOptions(endpoint=f"http://127.0.0.1:{_free_port()}", arrival_resolution_s=0.001), TrafficQueries()
+    ) as fine:
+        with pytest.raises(TrafficUnavailable, match="raise prometheus_arrival_resolution_seconds") as info:
+            fine.arrivals(T0, T0 + dt.timedelta(seconds=60))
+    assert info.value.kind == NoTrafficDataKind.QUERY_ERROR
 
 
 # --- a fake Prometheus over real HTTP ---------------------------------------------------------------------------
@@ -533,14 +675,16 @@ class PrometheusServer:
     binary: str
     folder: Path
     target: str
+    scrape_interval_s: float = SCRAPE_INTERVAL_S
     port: int = 0
     process: subprocess.Popen | None = None
 
     def __post_init__(self) -> None:
         self.port = _free_port()
         self.folder.mkdir(parents=True, exist_ok=True)
+        every = f"{round(self.scrape_interval_s * 1000)}ms"  # Prometheus durations are whole numbers of a unit
         (self.folder / "prometheus.yml").write_text(
-            f"global:\n  scrape_interval: {SCRAPE_INTERVAL_S:g}s\n  scrape_timeout: {SCRAPE_INTERVAL_S:g}s\n"
+            f"global:\n  scrape_interval: {every}\n  scrape_timeout: {every}\n"
             f"scrape_configs:\n  - job_name: frontend\n    static_configs:\n      - targets: ['{self.target}']\n"
         )
 
@@ -724,3 +868,110 @@ def test_prometheus_down_mid_run_holds(
         assert tick_two.tick_id not in decisions  # holding never scales (down or up)
         audit = session.scalars(select(AuditLogRow).where(AuditLogRow.tick_id == tick_two.tick_id)).all()
         assert any(row.event == "traffic_unavailable" and "unreachable" in row.detail["problem"] for row in audit)
+
+
+# --- the prompt-arrival curve from a real Prometheus ---------------------------------------------------------------
+
+ARRIVAL_SCRAPE_S = 0.5  # at most the 1 s resolution, so every step sees its own increments
+ARRIVAL_SPEEDUP = 10.0  # trace seconds per wall second: the recommended policy's 60 s window passes in 6 s
+ARRIVAL_WINDOW = (6.0, 12.0)  # wall seconds after the replay started; scrapes begin ~5 s after Prometheus
+
+
+@pytest.fixture
+def bursty_replay(tmp_path: Path) -> Iterator[tuple[PrometheusServer, TraceMetricsExporter, RequestTrace]]:
+    """The Azure conversation trace at twice its rate, ten times faster than real time, through the simulator's
+    exporter, scraped every 0.5 s by a Prometheus of its own; the trace is yielded on the wall clock's scale."""
+    binary = prometheus_binary()
+    perf = ProfilePerfModel.load(PROFILE_DIR)
+    fwd = perf.forward_pass_model()
+    assert fwd is not None
+    trace = load_trace(AZURE_CONV_TRACE).scaled(2.0)
+    spec = SimSpec(decode_limits=EngineLimits(max_kv_tokens=perf.profiled_max_kv_tokens() or 2_000_000))
+    sim = ClusterSimulator(trace, fwd, spec, num_prefill=4, num_decode=4)  # prefill keeps up: ISL not late
+    exporter = TraceMetricsExporter(sim, model=RECOMMENDED_MODEL.lower(), speedup=ARRIVAL_SPEEDUP)
+    port = exporter.serve(advance_every_s=0.1)
+    prometheus = PrometheusServer(binary, tmp_path / "prometheus", f"127.0.0.1:{port}", ARRIVAL_SCRAPE_S)
+    prometheus.start()
+    try:
+        yield prometheus, exporter, trace.compressed(ARRIVAL_SPEEDUP)
+    finally:
+        prometheus.stop()
+        exporter.stop()
+
+
+RECOMMENDED_MODEL = load_config(DEFAULT_CONFIG).policy.model_name or ""
+
+
+def test_real_prometheus_arrival_curve_sizes_the_burst_step(bursty_replay, tmp_path: Path) -> None:
+    """A throughput tick of the recommended policy on traffic read from a real Prometheus gets the prompt-arrival
+    curve (intervals of 1 s and more, at the default resolution) and sizes prefill on it: `burst_sized` or
+    `burst_covered`, never `burst_unavailable`."""
+    prometheus, exporter, wall_trace = bursty_replay
+    loaded = load_config(DEFAULT_CONFIG)
+    planner = build_planner(loaded.policy, DEFAULT_CONFIG)
+    service = loaded.service.model_copy(update={"metric_pulling_prometheus_endpoint": prometheus.url})
+    start = dt.datetime.fromtimestamp(exporter.started_at_s + ARRIVAL_WINDOW[0], tz=dt.UTC)
+    end = dt.datetime.fromtimestamp(exporter.started_at_s + ARRIVAL_WINDOW[1], tz=dt.UTC)
+    time.sleep(max(0.0, end.timestamp() + 2 * ARRIVAL_SCRAPE_S - time.time()))  # the window's last scrape is in
+    collected = collect_from_source(loaded.policy, service, start, end, RuntimeSettings(), planner=planner)
+    assert collected is not None and collected.observation is not None, collected and collected.problem
+    assert collected.curve_problem is None
+    obs = collected.observation
+    curve = dict(obs.prompt_arrival_curve())
+    assert sorted(curve) == [1.0, 2.0, 5.0, 10.0, 30.0]  # 250 ms and 500 ms are finer than the 1 s resolution
+    # The same curve from the trace's own timestamps and prompt lengths at the same resolution. Prometheus' counts
+    # lag by up to a scrape, and a step's requests all get its mean ISL (of first tokens), which flattens the
+    # peaks of single long prompts: the points agree within a factor, not exactly. Only the points whose
+    # interval reaches no further back than the first scrapes are compared.
+    offset_start_s, offset_end_s = (t - exporter.started_at_s for t in (start.timestamp(), end.timestamp()))
+    exact = prompt_arrival_curve(
+        replace(wall_trace.arrivals(offset_start_s, offset_end_s), resolution_s=1.0),
+        offset_start_s,
+        offset_end_s,
+        cap=prompt_cap(planner.config, planner.perf, obs),
+    )
+    compared = {
+        name: (curve.get(interval_s), exact.get(name)) for name, interval_s in PROMPT_ARRIVAL_INTERVALS_S.items()
+    }
+    for name in ("prompt_tokens_p99_1s", "prompt_tokens_p99_2s", "prompt_tokens_p99_5s"):
+        rebuilt, true = compared[name]
+        assert 0.5 * true <= rebuilt <= 1.5 * true, (name, rebuilt, true)
+
+    workers = WorkerCounts(ready_prefill=1, ready_decode=1, expected_prefill=1, expected_decode=1)
+    outcome = planner.decide(
+        TickInputs(now_s=end.timestamp(), loop=Loop.THROUGHPUT, workers=workers, traffic=obs), PlannerState()
+    )
+    burst = [step for step in outcome.steps if step.step == StepName.BURST]
+    assert burst and {step.reason for step in burst} <= {ReasonCode.BURST_SIZED, ReasonCode.BURST_COVERED}, burst
+
+
+def test_arrivals_failing_alone_keep_the_observation(
+    live_prometheus: LiveSetup, database_url: str, tmp_path: Path, profile_dir: Path
+) -> None:
+    """The flow's collect-traffic task with the context's planner: the curve at the default resolution; when only
+    the arrivals fail (a resolution Prometheus cannot serve for the window), the observation stays, without the
+    curve, the burst step says `burst_unavailable` and the audit log says why."""
+    live = live_prometheus
+    live.wait_until(BUSY_WINDOW[1] + 0.5)
+    window = (live.at(BUSY_WINDOW[0]), live.at(BUSY_WINDOW[1]))
+    ctx = load_context(database_url, "curve", _live_config(tmp_path, live, throughput_prefill_burst_sizing=True))
+    with_curve = collect_traffic.fn(ctx.config, ctx.service, *window, ctx.planner)
+    assert with_curve.curve_problem is None and with_curve.observation.prompt_tokens_p99_1s is not None
+
+    config_path = _live_config(
+        tmp_path, live, throughput_prefill_burst_sizing=True, prometheus_arrival_resolution_seconds=0.001
+    )
+    ctx = load_context(database_url, "no-curve", config_path)
+    collected = collect_traffic.fn(ctx.config, ctx.service, *window, ctx.planner)
+    assert collected.problem is None and collected.observation is not None
+    assert collected.observation.prompt_arrival_curve() == ()
+    assert collected.curve_problem.startswith("query_error: 34001 points per series at a 0.001 s resolution")
+    result = run_tick(ctx, Loop.THROUGHPUT, window[1], collected.observation, curve_problem=collected.curve_problem)
+    assert result.outcome.reason != ReasonCode.NO_TRAFFIC_DATA
+    [burst] = [step for step in result.outcome.steps if step.step == StepName.BURST]
+    assert burst.reason == ReasonCode.BURST_UNAVAILABLE
+    with ctx.sessions.begin() as session:
+        rows = session.scalars(select(AuditLogRow).where(AuditLogRow.tick_id == result.tick_id)).all()
+        problems = {row.event: row.detail.get("problem") for row in rows}
+        assert problems["arrival_curve_unavailable"] == collected.curve_problem
+        assert "traffic_unavailable" not in problems  # the traffic was there

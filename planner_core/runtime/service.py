@@ -225,11 +225,13 @@ def run_tick(
     flow_run_id: str | None = None,
     task_run_id: str | None = None,
     traffic_problem: str | None = None,
+    curve_problem: str | None = None,
 ) -> TickResult:
     """Run and record one tick in a single transaction; a tick already recorded is skipped, not redone.
 
     A load tick reads the newest forward-pass metrics per engine from the ingested samples. `traffic_problem`
-    (why the source had no observation) is written to the audit log with the tick.
+    (why the source had no observation) and `curve_problem` (why the observation has no prompt-arrival curve)
+    are written to the audit log with the tick (`traffic_unavailable`, `arrival_curve_unavailable`).
     """
     with ctx.sessions.begin() as session:
         deployment = repo.ensure_deployment(session, ctx.deployment, ctx.config)
@@ -268,14 +270,13 @@ def run_tick(
             inputs,
             outcome,
         )
-        if traffic_problem is not None and tick_id is not None:
-            repo.audit(
-                session,
-                "traffic_unavailable",
-                {"loop": loop.value, "problem": traffic_problem},
-                deployment_id=deployment.id,
-                tick_id=tick_id,
-            )
+        for event, problem in (
+            ("traffic_unavailable", traffic_problem),
+            ("arrival_curve_unavailable", curve_problem),
+        ):
+            if problem is not None and tick_id is not None:
+                detail = {"loop": loop.value, "problem": problem}
+                repo.audit(session, event, detail, deployment_id=deployment.id, tick_id=tick_id)
     return TickResult(tick_id=tick_id, outcome=outcome, inputs=inputs)
 
 

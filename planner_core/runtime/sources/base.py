@@ -5,6 +5,11 @@ A source's `collect(window_start, window_end)` returns the window's `TrafficObse
 not "no data": it is an observation with `num_req` 0. `collect_safely` turns the exception into a
 `CollectedTraffic` without an observation, so the tick records `no_traffic_data` and holds: missing data never
 scales anything down.
+
+A source that also has `arrivals(window_start, window_end)` (an `ArrivalSource`) gives, with a `Planner`, the
+window's prompt-arrival curve (`Planner.observed`). When only that fails, the observation is kept without the
+curve and `curve_problem` says why: the tick then sizes on the mean rate (`burst_unavailable`), which is honest,
+rather than holding on traffic it has.
 """
 
 from __future__ import annotations
@@ -12,9 +17,13 @@ from __future__ import annotations
 import datetime as dt
 import enum
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from planner_core.arrivals import RequestArrivals
 from planner_core.domain import TrafficObservation
+
+if TYPE_CHECKING:
+    from planner_core.planner import Planner
 
 
 class NoTrafficDataKind(enum.StrEnum):
@@ -45,13 +54,27 @@ class TrafficSource(Protocol):
         ...
 
 
+@runtime_checkable
+class ArrivalSource(TrafficSource, Protocol):
+    """A source that also knows when requests arrived: what the prompt-arrival curve is computed from."""
+
+    def arrivals(self, window_start: dt.datetime, window_end: dt.datetime) -> RequestArrivals:
+        """Requests of [window_start - LOOKBACK_S, window_end) on the epoch-seconds clock; raises
+        `TrafficUnavailable` when there is no usable answer."""
+        ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CollectedTraffic:
-    """What a collection produced: an observation, or why there is none (`observation` None)."""
+    """What a collection produced: an observation, or why there is none (`observation` None).
+
+    `curve_problem` (`kind: detail`) is set when the observation is there but its prompt-arrival curve is not,
+    because the source's arrivals could not be read."""
 
     observation: TrafficObservation | None
     problem_kind: NoTrafficDataKind | None = None
     problem_detail: str = ""
+    curve_problem: str | None = None
 
     @property
     def problem(self) -> str | None:
@@ -61,9 +84,27 @@ class CollectedTraffic:
         return f"{self.problem_kind.value}: {self.problem_detail}"
 
 
-def collect_safely(source: TrafficSource, window_start: dt.datetime, window_end: dt.datetime) -> CollectedTraffic:
-    """Collect one window; a `TrafficUnavailable` becomes an empty result carrying the reason."""
+def collect_safely(
+    source: TrafficSource,
+    window_start: dt.datetime,
+    window_end: dt.datetime,
+    planner: Planner | None = None,
+) -> CollectedTraffic:
+    """Collect one window; a `TrafficUnavailable` becomes an empty result carrying the reason.
+
+    With a `planner` and a source that has arrivals, the observation carries the window's prompt-arrival curve
+    (`Planner.observed`, on the epoch-seconds clock); when only the arrivals fail, it is kept without the curve
+    and `curve_problem` says why.
+    """
     try:
-        return CollectedTraffic(observation=source.collect(window_start, window_end))
+        observation = source.collect(window_start, window_end)
     except TrafficUnavailable as exc:
         return CollectedTraffic(observation=None, problem_kind=exc.kind, problem_detail=exc.detail)
+    if planner is None or not isinstance(source, ArrivalSource):
+        return CollectedTraffic(observation=observation)
+    try:
+        arrivals = source.arrivals(window_start, window_end)
+    except TrafficUnavailable as exc:
+        return CollectedTraffic(observation=observation, curve_problem=f"{exc.kind.value}: {exc.detail}")
+    observed = planner.observed(observation, arrivals, window_start.timestamp(), window_end.timestamp())
+    return CollectedTraffic(observation=observed)

@@ -10,15 +10,23 @@ For a window [start, end) of length W the source asks Prometheus, at time `end`,
 - the speculative-decoding accept length from the engines' own series (vLLM `1 + accepted / drafts`, SGLang
   `spec_accept_length`, TRT-LLM `spec_decode_acceptance_length`).
 
+For the window's prompt-arrival curve (`arrivals`, `planner_core.arrivals`) it asks for raw counters over
+[start - LOOKBACK_S, end], one range query each (`/api/v1/query_range`, step `prometheus_arrival_resolution_seconds`):
+the started-requests counter (same fallback) and the ISL histogram's `_sum` and `_count`. Consecutive points of
+each series are diffed into per-step increments (a decrease is a counter reset: the counter restarted from 0, as
+Prometheus' `increase` reads it), summed over series, and each step's requests are spread evenly over it with the
+step's mean ISL (the window's mean where the step has no ISL observation: the frontend observes the ISL at the
+first token, not at arrival).
+
 Series names, labels and formulas are Dynamo's (`throughput_metrics_source: frontend | router`), so a Prometheus
 that serves a Dynamo deployment serves this planner unchanged. Frontend series are selected by
 `dynamo_namespace` and, when the config names a model, by `model` (case-insensitive, as the frontend lowercases
 it); router series by `dynamo_namespace` with dashes turned into underscores (how Dynamo labels them).
 
 Answers are checked strictly: a transport failure, a non-2xx status, an error status, a body that is not a
-Prometheus instant vector, a missing series, or a value that is NaN where a number is needed, negative, infinite
-or implausibly large all raise `TrafficUnavailable`, never a guess. An idle window (the counters exist and did not
-move) is zero traffic, with ISL and OSL 0.
+Prometheus instant vector (a range matrix for the curve), a missing series, or a value that is NaN where a number
+is needed, negative, infinite or implausibly large all raise `TrafficUnavailable`, never a guess. An idle window
+(the counters exist and did not move) is zero traffic, with ISL and OSL 0.
 """
 
 from __future__ import annotations
@@ -32,7 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 
+from planner_core.arrivals import LOOKBACK_S, RequestArrivals, arrivals_from_counts
 from planner_core.config import Backend, PlannerConfig, ServiceConfig, ThroughputMetricsSource
 from planner_core.domain import TrafficObservation
 from planner_core.runtime.settings import RuntimeSettings
@@ -44,6 +54,9 @@ MAX_SEQUENCE_TOKENS = 10_000_000.0  # longer than any model's context window
 MAX_LATENCY_S = 3_600.0  # an hour to the first token or between tokens
 MAX_ACCEPT_LENGTH = 64.0  # speculative decoding proposes far fewer tokens per step
 MAX_ANSWER_BYTES = 1 << 20  # one sample per query: a megabyte is already absurd
+# A range answer holds ~30 bytes per point: 8 MiB is ~90 series of a 60 s window at 1 s, many frontends.
+MAX_RANGE_ANSWER_BYTES = 8 << 20
+MAX_RANGE_POINTS = 11_000  # per series: Prometheus refuses more itself
 KV_HIT_RATE_SLACK = 1e-9  # sum/count of values in [0, 1] may exceed 1 by rounding
 
 KV_HIT_RATE_HISTOGRAM = "dynamo_component_router_kv_hit_rate"
@@ -89,10 +102,19 @@ class PrometheusOptions:
     ca_bundle: Path | None = None
     verify_tls: bool = True
     timeout_s: float = 10.0
+    arrival_resolution_s: float = 1.0  # step of the arrival-curve range queries (`ServiceConfig`)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.arrival_resolution_s) and self.arrival_resolution_s > 0):
+            raise ValueError(f"arrival_resolution_s = {self.arrival_resolution_s!r}: must be a finite number > 0")
 
     @classmethod
-    def from_settings(cls, endpoint: str, settings: RuntimeSettings) -> PrometheusOptions:
+    def from_settings(
+        cls, endpoint: str, settings: RuntimeSettings, service: ServiceConfig | None = None
+    ) -> PrometheusOptions:
+        """Connection settings from the environment; the arrival resolution from the config's service settings."""
         token = settings.prometheus_token
+        service = service or ServiceConfig()
         return cls(
             endpoint=endpoint,
             bearer_token=token.get_secret_value() if token is not None else None,
@@ -100,6 +122,7 @@ class PrometheusOptions:
             ca_bundle=settings.prometheus_ca_bundle,
             verify_tls=settings.prometheus_ssl_verify,
             timeout_s=settings.prometheus_timeout_s,
+            arrival_resolution_s=service.prometheus_arrival_resolution_seconds,
         )
 
 
@@ -140,6 +163,11 @@ class TrafficQueries:
     def requests(self, window: str, *, started: bool = True) -> str:
         counter = self.series.requests_started if started else self.series.requests_total
         return f"sum(increase({counter}{self.traffic_selector}[{window}]))"
+
+    def counter(self, name: str) -> str:
+        """A raw counter (or histogram `_sum` / `_count`) of the traffic series, every matching series: what the
+        arrival-curve range queries read (diffed client-side, so each series' resets are seen)."""
+        return f"{name}{self.traffic_selector}"
 
     def mean(self, histogram: str, window: str, selector: str | None = None) -> str:
         selector = self.traffic_selector if selector is None else selector
@@ -190,14 +218,18 @@ def range_of(duration_s: float) -> str:
     return f"{max(1, round(duration_s * 1000))}ms"
 
 
-def parse_instant_answer(status_code: int, body: bytes, query: str) -> float | None:
-    """The single sample of a Prometheus instant-vector answer, or None when the vector is empty.
+def _shown(query: str) -> str:
+    return query if len(query) <= 120 else query[:117] + "..."
+
+
+def _api_data(status_code: int, body: bytes, query: str) -> dict:
+    """The `data` object of a successful Prometheus API answer.
 
     Raises:
-        TrafficUnavailable: non-2xx status (HTTP_ERROR), status "error" (QUERY_ERROR), or anything that is not
-            a JSON instant vector of at most one sample with a numeric string value (MALFORMED).
+        TrafficUnavailable: non-2xx status (HTTP_ERROR), status "error" (QUERY_ERROR), or a body that is not a
+            JSON API answer (MALFORMED).
     """
-    shown = query if len(query) <= 120 else query[:117] + "..."
+    shown = _shown(query)
     try:
         answer = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -213,6 +245,18 @@ def parse_instant_answer(status_code: int, body: bytes, query: str) -> float | N
     data = answer.get("data") if isinstance(answer, dict) else None
     if not isinstance(answer, dict) or answer.get("status") != "success" or not isinstance(data, dict):
         raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"not a Prometheus API answer ({shown})")
+    return data
+
+
+def parse_instant_answer(status_code: int, body: bytes, query: str) -> float | None:
+    """The single sample of a Prometheus instant-vector answer, or None when the vector is empty.
+
+    Raises:
+        TrafficUnavailable: non-2xx status (HTTP_ERROR), status "error" (QUERY_ERROR), or anything that is not
+            a JSON instant vector of at most one sample with a numeric string value (MALFORMED).
+    """
+    shown = _shown(query)
+    data = _api_data(status_code, body, query)
     result = data.get("result")
     if data.get("resultType") != "vector" or not isinstance(result, list):
         found = data.get("resultType")
@@ -225,12 +269,155 @@ def parse_instant_answer(status_code: int, body: bytes, query: str) -> float | N
     value = sample.get("value") if isinstance(sample, dict) else None
     if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], str)):
         raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"sample without a [time, value] pair ({shown})")
+    return _sample_value(value[1], shown)
+
+
+def _sample_value(text: str, shown: str) -> float:
     try:
-        return float(value[1])  # Prometheus writes "NaN", "+Inf", "-Inf" for the special values
+        return float(text)  # Prometheus writes "NaN", "+Inf", "-Inf" for the special values
     except ValueError:
         raise TrafficUnavailable(
-            NoTrafficDataKind.MALFORMED, f"sample value {value[1][:40]!r} is not a number ({shown})"
+            NoTrafficDataKind.MALFORMED, f"sample value {text[:40]!r} is not a number ({shown})"
         ) from None
+
+
+# A series of a range answer: its points as (time, value), time in epoch seconds.
+RangeSeries = tuple[tuple[float, float], ...]
+
+
+def parse_range_answer(status_code: int, body: bytes, query: str) -> tuple[RangeSeries, ...]:
+    """Every series of a Prometheus range-matrix answer (`/api/v1/query_range`); empty when none matched.
+
+    Raises:
+        TrafficUnavailable: as `parse_instant_answer`, for anything that is not a JSON matrix of series whose
+            `values` are [time, numeric string] pairs (MALFORMED).
+    """
+    shown = _shown(query)
+    data = _api_data(status_code, body, query)
+    result = data.get("result")
+    if data.get("resultType") != "matrix" or not isinstance(result, list):
+        found = data.get("resultType")
+        raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"expected a range matrix, got {found!r} ({shown})")
+    parsed = []
+    for item in result:
+        values = item.get("values") if isinstance(item, dict) else None
+        if not isinstance(values, list):
+            raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"series without a values list ({shown})")
+        points = []
+        for pair in values:
+            if not (
+                isinstance(pair, list)
+                and len(pair) == 2
+                and isinstance(pair[0], int | float)
+                and not isinstance(pair[0], bool)
+                and isinstance(pair[1], str)
+            ):
+                raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"point without a [time, value] pair ({shown})")
+            points.append((float(pair[0]), _sample_value(pair[1], shown)))
+        parsed.append(tuple(points))
+    return tuple(parsed)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepGrid:
+    """The evaluation times of a range query: `start_ms + k * step_ms` for k in 0..num_steps (epoch ms).
+
+    Step k (1..num_steps) is the interval (point k-1, point k]; increments are indexed k - 1."""
+
+    start_ms: int
+    step_ms: int
+    num_steps: int
+
+    @classmethod
+    def ending_at(cls, end_s: float, span_s: float, step_s: float) -> StepGrid:
+        """The grid of whole-millisecond steps of about `step_s` whose last point is `end_s` and which covers at
+        least `span_s` before it."""
+        step_ms = max(1, round(step_s * 1000))
+        num_steps = max(1, math.ceil(span_s * 1000 / step_ms - 1e-9))
+        end_ms = round(end_s * 1000)
+        return cls(start_ms=end_ms - num_steps * step_ms, step_ms=step_ms, num_steps=num_steps)
+
+    @property
+    def step_s(self) -> float:
+        return self.step_ms / 1000.0
+
+    @property
+    def start_s(self) -> float:
+        return self.start_ms / 1000.0
+
+    @property
+    def end_s(self) -> float:
+        return (self.start_ms + self.num_steps * self.step_ms) / 1000.0
+
+    def step_end_s(self) -> np.ndarray:
+        """End of every step (epoch s)."""
+        return (self.start_ms + self.step_ms * np.arange(1, self.num_steps + 1)) / 1000.0
+
+
+def step_increments(series: tuple[RangeSeries, ...], grid: StepGrid, name: str) -> np.ndarray:
+    """Per-step increase of counters, summed over their series (length `grid.num_steps`).
+
+    Each series' consecutive points are diffed; a decrease is a counter reset, the counter restarted from 0, so
+    the step gets the new value (Prometheus' `increase` reads resets the same way). A series' first point is its
+    baseline (a series that appears inside the range, a new frontend, counts from its second point, as `increase`
+    does); an increment across missing points (the target was down) is spread evenly over the steps it spans.
+
+    Raises:
+        TrafficUnavailable: MALFORMED for a point off the grid or out of order; INVALID_VALUE for a value that is
+            NaN, infinite or negative.
+    """
+    out = np.zeros(grid.num_steps)
+    for points in series:
+        previous: tuple[int, float] | None = None
+        for time_s, value in points:
+            k = round((time_s * 1000 - grid.start_ms) / grid.step_ms)
+            on_grid = abs(time_s * 1000 - (grid.start_ms + k * grid.step_ms)) < 0.5
+            if not (on_grid and 0 <= k <= grid.num_steps) or (previous is not None and k <= previous[0]):
+                raise TrafficUnavailable(
+                    NoTrafficDataKind.MALFORMED, f"{name}: point at {time_s!r} is off the query's steps or out of order"
+                )
+            if not math.isfinite(value) or value < 0:
+                raise _invalid(name, value, "a counter must be a finite number >= 0")
+            if previous is not None:
+                last_k, last_value = previous
+                increase = value - last_value if value >= last_value else value  # a reset restarts from 0
+                out[last_k:k] += increase / (k - last_k)
+            previous = (k, value)
+    return out
+
+
+def arrivals_from_increments(
+    grid: StepGrid, num_req: np.ndarray, isl_sum: np.ndarray, isl_count: np.ndarray, window_start_s: float
+) -> RequestArrivals:
+    """Arrivals rebuilt from per-step increments of the started counter and the ISL histogram's `_sum` and
+    `_count` (`arrivals_from_counts`): a step's requests get the step's mean ISL, or, where the step has no ISL
+    observation, the window's mean (the steps ending after `window_start_s`), else the whole range's.
+
+    Raises:
+        TrafficUnavailable: INVALID_VALUE for more requests per step than `MAX_REQUESTS_PER_S` allows, a mean ISL
+            above `MAX_SEQUENCE_TOKENS`, or requests in a range without a single ISL observation.
+    """
+    step_s = grid.step_s
+    busiest = float(num_req.max()) if len(num_req) else 0.0
+    if busiest > MAX_REQUESTS_PER_S * step_s:
+        raise _invalid("requests per step", busiest, f"above the plausible maximum {MAX_REQUESTS_PER_S * step_s:g}")
+    in_window = grid.step_end_s() > window_start_s
+    fallback = None
+    for part in (in_window, np.ones(grid.num_steps, dtype=bool)):
+        if isl_count[part].sum() > 0:
+            fallback = float(isl_sum[part].sum() / isl_count[part].sum())
+            break
+    if fallback is None:
+        if num_req.sum() >= 0.5:
+            raise _invalid("isl", math.nan, f"no observations although {num_req.sum():g} requests started")
+        fallback = 0.0
+    observed = isl_count > 0
+    mean_isl = np.full(grid.num_steps, fallback)
+    mean_isl[observed] = isl_sum[observed] / isl_count[observed]
+    longest = float(mean_isl.max()) if len(mean_isl) else 0.0
+    if longest > MAX_SEQUENCE_TOKENS:
+        raise _invalid("isl", longest, f"above the plausible maximum {MAX_SEQUENCE_TOKENS:g}")
+    return arrivals_from_counts(grid.step_end_s(), num_req, mean_isl, resolution_s=step_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -326,6 +513,7 @@ class PrometheusTrafficSource:
         self.options = options
         self.queries = queries
         self._url = options.endpoint.rstrip("/") + "/api/v1/query"
+        self._range_url = options.endpoint.rstrip("/") + "/api/v1/query_range"
         self._client = httpx.Client(
             verify=_tls_verify(options), timeout=httpx.Timeout(options.timeout_s), follow_redirects=False
         )
@@ -342,7 +530,7 @@ class PrometheusTrafficSource:
         endpoint = service.metric_pulling_prometheus_endpoint or settings.prometheus_endpoint
         if not endpoint:
             return None
-        return cls(PrometheusOptions.from_settings(endpoint, settings), TrafficQueries.from_config(config))
+        return cls(PrometheusOptions.from_settings(endpoint, settings, service), TrafficQueries.from_config(config))
 
     def __enter__(self) -> PrometheusTrafficSource:
         return self
@@ -372,21 +560,38 @@ class PrometheusTrafficSource:
             TrafficUnavailable: the query could not be answered (see `parse_instant_answer`).
         """
         params = {"query": promql, "time": f"{at.timestamp():.3f}"}
+        status_code, body = self._get(self._url, params, MAX_ANSWER_BYTES)
+        return parse_instant_answer(status_code, body, promql)
+
+    def query_range(self, promql: str, grid: StepGrid) -> tuple[RangeSeries, ...]:
+        """One range query evaluated at the grid's points: every matching series' points (empty when none).
+
+        Raises:
+            TrafficUnavailable: the query could not be answered (see `parse_range_answer`).
+        """
+        params = {
+            "query": promql,
+            "start": f"{grid.start_ms / 1000:.3f}",
+            "end": f"{grid.end_s:.3f}",
+            "step": f"{grid.step_ms / 1000:.3f}",
+        }
+        status_code, body = self._get(self._range_url, params, MAX_RANGE_ANSWER_BYTES)
+        return parse_range_answer(status_code, body, promql)
+
+    def _get(self, url: str, params: dict[str, str], max_bytes: int) -> tuple[int, bytes]:
+        """One GET with the bearer token: the status and the body, read up to `max_bytes`."""
         try:
-            with self._client.stream("GET", self._url, params=params, headers=self._headers()) as response:
+            with self._client.stream("GET", url, params=params, headers=self._headers()) as response:
                 body = bytearray()
                 for chunk in response.iter_bytes():
                     body += chunk
-                    if len(body) > MAX_ANSWER_BYTES:
-                        raise TrafficUnavailable(
-                            NoTrafficDataKind.MALFORMED, f"answer larger than {MAX_ANSWER_BYTES} bytes"
-                        )
-                status_code = response.status_code
+                    if len(body) > max_bytes:
+                        raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"answer larger than {max_bytes} bytes")
+                return response.status_code, bytes(body)
         except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is not an HTTPError
             raise TrafficUnavailable(
                 NoTrafficDataKind.UNREACHABLE, f"{self.options.endpoint}: {type(exc).__name__}: {exc}"
             ) from exc
-        return parse_instant_answer(status_code, bytes(body), promql)
 
     def collect(self, window_start: dt.datetime, window_end: dt.datetime) -> TrafficObservation:
         """The traffic of [window_start, window_end) as Prometheus saw it at `window_end`.
@@ -419,3 +624,46 @@ class PrometheusTrafficSource:
             accept_length=self.query(accept_query, window_end) if accept_query else None,
         )
         return observation_from_answers(answers)
+
+    def arrivals(self, window_start: dt.datetime, window_end: dt.datetime) -> RequestArrivals:
+        """The requests of [window_start - LOOKBACK_S, window_end], rebuilt from the counters at the arrival
+        resolution (module docstring), on the epoch-seconds clock: what `Planner.observed` computes the window's
+        prompt-arrival curve from.
+
+        Raises:
+            TrafficUnavailable: no usable answer (unreachable, refused, malformed, missing series, invalid values),
+                or more points per series than Prometheus serves (QUERY_ERROR: a coarser resolution is needed).
+        """
+        start_s, end_s = window_start.timestamp(), window_end.timestamp()
+        if end_s <= start_s:
+            raise ValueError(f"window [{window_start}, {window_end}) is empty")
+        grid = StepGrid.ending_at(end_s, end_s - start_s + LOOKBACK_S, self.options.arrival_resolution_s)
+        if grid.num_steps + 1 > MAX_RANGE_POINTS:
+            raise TrafficUnavailable(
+                NoTrafficDataKind.QUERY_ERROR,
+                f"{grid.num_steps + 1} points per series at a {grid.step_s:g} s resolution, more than "
+                f"{MAX_RANGE_POINTS}: raise prometheus_arrival_resolution_seconds",
+            )
+        queries, series = self.queries, self.queries.series
+        started = self.query_range(queries.counter(series.requests_started), grid)
+        name = series.requests_started
+        if not started:  # no started counter: completed requests, as `collect` falls back to
+            started = self.query_range(queries.counter(series.requests_total), grid)
+            name = series.requests_total
+        if not started:
+            raise TrafficUnavailable(
+                NoTrafficDataKind.NO_SERIES,
+                f"neither {series.requests_started} nor {series.requests_total} exists for {queries.traffic_selector}",
+            )
+        histogram = series.input_sequence_tokens
+        isl_sum = self.query_range(queries.counter(f"{histogram}_sum"), grid)
+        isl_count = self.query_range(queries.counter(f"{histogram}_count"), grid)
+        if not (isl_sum and isl_count):
+            raise TrafficUnavailable(NoTrafficDataKind.NO_SERIES, f"no {histogram} histogram series")
+        return arrivals_from_increments(
+            grid,
+            step_increments(started, grid, name),
+            step_increments(isl_sum, grid, f"{histogram}_sum"),
+            step_increments(isl_count, grid, f"{histogram}_count"),
+            start_s,
+        )

@@ -60,7 +60,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     print_comparison(result["comparison"])
     prefill, decode = result["starting_size"]
-    print(f"  started at {prefill}P/{decode}D (the oracle's size for the first 3 minutes: a deployment already serving)")
+    print(f"  started at {prefill}P/{decode}D, as if already serving (the oracle's size for the first 3 minutes)")
     print("  replica timeline (simulated time since the first request -> prefill/decode targets):")
     print("    " + "  ".join(f"{at_s / 60:.0f}m {p}P/{d}D" for at_s, p, d in result["scale_events"]) or "    none")
     print(f"  report: {result['report_path']}")

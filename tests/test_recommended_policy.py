@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from planner_core.config import load_config
 from planner_core.data import DEFAULT_CONFIG
 from planner_core.domain import Loop, PlannerState, TickInputs, WorkerCounts
-from planner_core.planner import build_planner
+from planner_core.planner import Planner, build_planner
+from planner_core.traces import RequestTrace
 from tests.test_sim_des import make_trace
 
 PLANNER = build_planner(load_config(DEFAULT_CONFIG).policy, DEFAULT_CONFIG)
@@ -18,7 +19,7 @@ NUM_WINDOWS = 30
 WARM_UP_WINDOWS = 5
 
 
-def steady_trace(rate_rps: float, mean_isl: float, mean_osl: float, seed: int):  # noqa: ANN201
+def steady_trace(rate_rps: float, mean_isl: float, mean_osl: float, seed: int) -> RequestTrace:
     """Poisson arrivals at a constant rate, exponential-ish lengths around the given means."""
     rng = np.random.default_rng(seed)
     duration_s = (NUM_WINDOWS + 1) * PLANNER.config.throughput_adjustment_interval_seconds
@@ -29,34 +30,61 @@ def steady_trace(rate_rps: float, mean_isl: float, mean_osl: float, seed: int): 
     return make_trace((arrival - arrival[0]).tolist(), isl.tolist(), osl.tolist())
 
 
-@settings(max_examples=12, deadline=None)
-@given(
-    rate_rps=st.floats(2.0, 40.0),
-    mean_isl=st.floats(200.0, 4000.0),
-    mean_osl=st.floats(20.0, 600.0),
-    seed=st.integers(0, 2**16),
-)
-def test_steady_load_does_not_flap(rate_rps: float, mean_isl: float, mean_osl: float, seed: int) -> None:
-    """Throughput ticks on windows of the same steady load, each applied at once: after a warm-up of a few windows
-    the targets of each pool never reverse direction (no up then down, no down then up), and change at most once.
+def settled_sizes(planner: Planner, trace: RequestTrace) -> list[tuple[int, int]]:
+    """Throughput ticks on the trace's windows, each decision applied at once; the sizes after the warm-up.
     The observations come the way a live source makes them (`RequestTrace.observe`, `Planner.observed`)."""
-    trace = steady_trace(rate_rps, mean_isl, mean_osl, seed)
-    window_s = float(PLANNER.config.throughput_adjustment_interval_seconds)
+    window_s = float(planner.config.throughput_adjustment_interval_seconds)
     state, prefill, decode = PlannerState(), 1, 1
     sizes = []
     for k in range(1, NUM_WINDOWS + 1):
         start_s, end_s = (k - 1) * window_s, k * window_s
-        traffic = PLANNER.observed(trace.observe(start_s, end_s), trace.arrivals(start_s, end_s), start_s, end_s)
+        traffic = planner.observed(trace.observe(start_s, end_s), trace.arrivals(start_s, end_s), start_s, end_s)
         workers = WorkerCounts(ready_prefill=prefill, ready_decode=decode, expected_prefill=prefill,
                                expected_decode=decode)  # fmt: skip
-        outcome = PLANNER.decide(TickInputs(now_s=end_s, loop=Loop.THROUGHPUT, workers=workers, traffic=traffic), state)
+        outcome = planner.decide(TickInputs(now_s=end_s, loop=Loop.THROUGHPUT, workers=workers, traffic=traffic), state)
         state = outcome.next_state
         if outcome.decision.num_prefill is not None:
             prefill = outcome.decision.num_prefill
         if outcome.decision.num_decode is not None:
             decode = outcome.decision.num_decode
         sizes.append((prefill, decode))
+    return sizes[WARM_UP_WINDOWS:]
+
+
+def reversals(sizes: list[tuple[int, int]], pool: int) -> list[int]:
+    """Indices where the pool's size changes in the opposite direction of its previous change."""
+    changes = [(i, sizes[i][pool] - sizes[i - 1][pool]) for i in range(1, len(sizes)) if sizes[i] != sizes[i - 1]]
+    changes = [(i, step) for i, step in changes if step != 0]
+    return [i for (_, before), (i, after) in zip(changes, changes[1:], strict=False) if (before > 0) != (after > 0)]
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    rate_rps=st.floats(2.0, 120.0),
+    mean_isl=st.floats(200.0, 4000.0),
+    mean_osl=st.floats(20.0, 600.0),
+    seed=st.integers(0, 2**16),
+)
+def test_steady_load_does_not_flap(rate_rps: float, mean_isl: float, mean_osl: float, seed: int) -> None:
+    """At steady load, after a warm-up, no change of a pool is undone within the scale-down hold (450 s), and a
+    pool makes at most one excursion (one reversal) in the 25 minutes observed. A steady load can still sit at a
+    size boundary, where a window's p99 burst lifts a pool and the hold brings it back later (an excursion every
+    hold time at most): that is the bound this checks, not a constant size."""
+    hold_windows = (
+        PLANNER.config.throughput_scale_down_hold_seconds / PLANNER.config.throughput_adjustment_interval_seconds
+    )
+    sizes = settled_sizes(PLANNER, steady_trace(rate_rps, mean_isl, mean_osl, seed))
     for pool in (0, 1):
-        settled = [size[pool] for size in sizes[WARM_UP_WINDOWS:]]
-        steps = [b - a for a, b in zip(settled, settled[1:], strict=False) if b != a]
-        assert len(steps) <= 1, f"pool {pool} flaps at steady load: {settled}"
+        turns = reversals(sizes, pool)
+        assert len(turns) <= 1, f"pool {pool} flaps at steady load: {[size[pool] for size in sizes]}"
+        changed_at = [i for i in range(1, len(sizes)) if sizes[i][pool] != sizes[i - 1][pool]]
+        for turn in turns:
+            previous = max(i for i in changed_at if i < turn)
+            assert turn - previous >= hold_windows, f"pool {pool} undid a change within the hold: {sizes}"
+
+
+def test_the_flap_check_sees_flapping() -> None:
+    """The check above is not vacuous: a pool turning 3 -> 4 -> 3 -> 4 (what Dynamo 0.x's interpolation with a
+    constant forecast did to decode at steady load, once a minute) has two reversals; a pool rising twice has none."""
+    assert reversals([(1, 3), (1, 4), (1, 3), (1, 4)], 1) == [2, 3]
+    assert reversals([(1, 3), (2, 3), (3, 3)], 0) == []

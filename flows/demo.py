@@ -71,13 +71,17 @@ STARTING_WINDOW_S = 180.0
 def starting_size(ctx: PlannerContext, trace: RequestTrace, startup_s: float) -> tuple[int, int]:
     """Where the demo's cluster starts: a deployment already serving the trace's traffic, at the oracle's size
     for the trace's first `STARTING_WINDOW_S` (the fewest engines that serve those requests within the SLA,
-    searched in the simulator: `planner_core.lab.sim.oracle`), as `planner bench` starts its policies. The rows the
+    searched in the simulator up to the GPU budget: `planner_core.lab.sim.oracle`), as `planner bench` starts its
+    policies. The rows the
     run is compared with start there too. (0, A) for aggregated engines."""
     assert ctx.perf is not None
     fwd = ctx.perf.forward_pass_model()
     assert fwd is not None
     spec = spec_for_config(ctx.config, profiled_max_kv_tokens=ctx.perf.profiled_max_kv_tokens(), startup_s=startup_s)
-    settings = OracleSettings()
+    # the search stops at what the GPU budget allows: a deployment does not start above its own ceiling (and an
+    # SLA no size meets would otherwise search hundreds of engines)
+    budget, gpus = ctx.config.max_gpu_budget, max(spec.prefill_limits.num_gpu, spec.decode_limits.num_gpu)
+    settings = OracleSettings(max_replicas=max(1, budget // gpus)) if budget > 0 else OracleSettings()
     first = trace.head(STARTING_WINDOW_S + settings.context_s)
     windows = oracle_windows(
         first, fwd, spec, ttft_ms=ctx.config.ttft_ms, itl_ms=ctx.config.itl_ms, window_s=STARTING_WINDOW_S,
@@ -86,22 +90,26 @@ def starting_size(ctx: PlannerContext, trace: RequestTrace, startup_s: float) ->
     return windows[0].num_prefill, windows[0].num_decode
 
 
-def _new_cluster(ctx: PlannerContext, trace: RequestTrace, startup_s: float) -> ClusterSimulator:
+def _new_cluster(
+    ctx: PlannerContext, trace: RequestTrace, startup_s: float, start: tuple[int, int]
+) -> ClusterSimulator:
     """The discrete-event cluster the config describes (`spec_for_config`), timed by the profile's forward-pass
-    model, at `starting_size`."""
+    model, at `start` (`starting_size`)."""
     assert ctx.perf is not None
     fwd = ctx.perf.forward_pass_model()
     assert fwd is not None
     spec = spec_for_config(ctx.config, profiled_max_kv_tokens=ctx.perf.profiled_max_kv_tokens(), startup_s=startup_s)
-    num_prefill, num_decode = starting_size(ctx, trace, startup_s)
+    num_prefill, num_decode = start
     return ClusterSimulator(trace, fwd, spec, num_prefill=num_prefill, num_decode=num_decode)
 
 
-def score_run(ctx: PlannerContext, trace: RequestTrace, events: list[ScaleEvent], startup_s: float) -> BenchRow:
+def score_run(
+    ctx: PlannerContext, trace: RequestTrace, events: list[ScaleEvent], startup_s: float, start: tuple[int, int]
+) -> BenchRow:
     """The demo's own figures, scored as `planner bench` scores a policy: the cluster re-run from the start under
     the recorded scale events, every request served to completion."""
     started = time.perf_counter()
-    cluster = simulate_timeline(ctx, trace, events, trace.duration_s, startup_s)
+    cluster = simulate_timeline(ctx, trace, events, trace.duration_s, startup_s, start)
     cluster.run_to_completion()
     wall_s = time.perf_counter() - started
     name = f"{ctx.deployment} (this run)"
@@ -109,7 +117,7 @@ def score_run(ctx: PlannerContext, trace: RequestTrace, events: list[ScaleEvent]
 
 
 def comparison_rows(
-    ctx: PlannerContext, trace: RequestTrace, events: list[ScaleEvent], startup_s: float
+    ctx: PlannerContext, trace: RequestTrace, events: list[ScaleEvent], startup_s: float, start: tuple[int, int]
 ) -> list[BenchRow]:
     """The same requests under a static size (the run's peak targets, held from the start: provisioning for the
     peak instead of scaling) and under Dynamo's planner with its defaults (`dynamo-defaults.yaml` at this SLA),
@@ -118,7 +126,6 @@ def comparison_rows(
     fwd = ctx.perf.forward_pass_model()
     assert fwd is not None
     spec = spec_for_config(ctx.config, profiled_max_kv_tokens=ctx.perf.profiled_max_kv_tokens(), startup_s=startup_s)
-    start = starting_size(ctx, trace, startup_s)
     peak_prefill = max([start[0], *(e.num_prefill for e in events)])
     peak_decode = max([start[1], *(e.num_decode for e in events)])
     static = FixedPolicy(
@@ -163,10 +170,15 @@ def recorded_scale_events(ctx: PlannerContext, trace: RequestTrace) -> list[Scal
 
 
 def simulate_timeline(
-    ctx: PlannerContext, trace: RequestTrace, events: list[ScaleEvent], end_s: float, startup_s: float
+    ctx: PlannerContext,
+    trace: RequestTrace,
+    events: list[ScaleEvent],
+    end_s: float,
+    startup_s: float,
+    start: tuple[int, int],
 ) -> ClusterSimulator:
-    """Re-run the cluster from the start of the trace, applying each scale event at its time."""
-    cluster = _new_cluster(ctx, trace, startup_s)
+    """Re-run the cluster from the start of the trace at `start`, applying each scale event at its time."""
+    cluster = _new_cluster(ctx, trace, startup_s, start)
     for event in events:
         if event.at_s > end_s:
             break
@@ -231,7 +243,9 @@ def demo(
     done = [k for k in range(1, num_windows + 1) if _epoch(trace, k * window_s) in recorded]
     resume_s = max(done, default=0) * window_s
     # Rebuild the cluster from what Postgres says happened; acknowledge a decision written just before a stop.
-    cluster = simulate_timeline(ctx, trace, recorded_scale_events(ctx, trace), resume_s, startup_s)
+    # the oracle's first size, found once for the run, its resumptions and its scoring
+    start = starting_size(ctx, trace, startup_s)
+    cluster = simulate_timeline(ctx, trace, recorded_scale_events(ctx, trace), resume_s, startup_s, start)
     with VirtualConnectorClient(url, deployment) as client:
         _acknowledge_after_restart(client, ctx, trace)
         if resume_s > 0:
@@ -263,7 +277,7 @@ def demo(
     end_s = num_windows * window_s
     events = recorded_scale_events(ctx, trace)
     served = trace.head(end_s)  # the requests of the windows the planner ticked on
-    rows = [score_run(ctx, served, events, startup_s), *comparison_rows(ctx, served, events, startup_s)]
+    rows = [score_run(ctx, served, events, startup_s, start), *comparison_rows(ctx, served, events, startup_s, start)]
     data_dir = RuntimeSettings().data_dir
     out_dir = Path(report_dir) if report_dir else resolve_report_dir(ctx.service, Path(config_path), data_dir)
     report = write_report(
@@ -275,7 +289,6 @@ def demo(
         ctx.service.report_write_gzip_log,
     )
     publish_report(report)
-    start = starting_size(ctx, served, startup_s)
     return _summary_dict(ctx, rows, events, num_windows) | {"report_path": str(report.path), "starting_size": start}
 
 

@@ -159,7 +159,7 @@ def test_demo_finishes_a_tick_recorded_but_not_executed(
     prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
 ) -> None:
     """A stop between recording a tick and executing its decision: the resumed run executes it at its own time."""
-    from flows.demo import _epoch, recorded_scale_events, simulate_timeline
+    from flows.demo import _epoch, recorded_scale_events, simulate_timeline, starting_size
     from flows.ticks import decide_and_record
     from planner_core.domain import Loop
     from planner_core.runtime.connectors.virtual import VirtualConnectorClient
@@ -171,11 +171,12 @@ def test_demo_finishes_a_tick_recorded_but_not_executed(
     # Window 4, exactly as the demo loop records it, then a "crash" before the execution task runs.
     ctx = load_context(database_url, "crashed", config)
     trace = load_trace(azure_conv_trace).scaled(12.0)
-    cluster = simulate_timeline(ctx, trace, recorded_scale_events(ctx, trace), 240.0, 120.0)
+    start = starting_size(ctx, trace, 120.0)
+    cluster = simulate_timeline(ctx, trace, recorded_scale_events(ctx, trace), 240.0, 120.0, start)
     with VirtualConnectorClient(database_url, "crashed") as client:
         counts = cluster.worker_counts()
         client.report_workers(ready_prefill=counts.ready_prefill, ready_decode=counts.ready_decode)
-    decide_and_record.fn(ctx, Loop.THROUGHPUT, _epoch(trace, 240.0), cluster.observe(180.0, 240.0))
+    decide_and_record.fn(ctx, Loop.THROUGHPUT, _epoch(trace, 240.0), cluster.observe(180.0, 240.0, planner=ctx.planner))
     assert [status for *_, status in _decisions(database_url, "crashed")][-1] == "pending"
 
     _run_demo(database_url, config, azure_conv_trace, "crashed", max_windows=8)

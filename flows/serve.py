@@ -11,17 +11,20 @@ deployment runs every `report_interval_hours` (without a schedule, on demand onl
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 from pathlib import Path
 
-from prefect import serve
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+from prefect.logging.handlers import APILogWorker
+from prefect.runner import Runner
 
 from flows.replay import replay_ticks
 from flows.report import planner_report
-from flows.ticks import DEFAULT_CONFIG, execute_decisions, load_tick, throughput_tick
-from planner_core.config import EnvironmentKind, PlannerFile, load_config
-from planner_core.runtime.service import connect_kubernetes
+from flows.ticks import execute_decisions, load_tick, throughput_tick
+from planner_core.config import PlannerFile
+from planner_core.runtime.service import served_config
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.store.db import resolve_database_url
 from planner_core.runtime.store.migrate import upgrade
@@ -32,13 +35,14 @@ NO_OVERLAP = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimit
 def build_deployments(loaded: PlannerFile, config_path: str, deployment: str) -> list:
     """The runner deployments for one managed deployment: three ticks and the report with schedules from the
     file (the loops' intervals from its policy, execution and reports from its service settings), and replay on
-    demand."""
+    demand. Each is named after the managed deployment (`throughput-tick/prod`), so planners of several
+    deployments serve side by side on one Prefect server."""
     config, service = loaded.policy, loaded.service
     parameters = {"deployment": deployment, "config_path": config_path}
     tags = ["planner", f"deployment:{deployment}"]
     return [
         throughput_tick.to_deployment(
-            name="throughput-tick",
+            name=deployment,
             interval=dt.timedelta(seconds=config.throughput_adjustment_interval_seconds),
             paused=not config.throughput_scaling_active,
             concurrency_limit=NO_OVERLAP,
@@ -47,7 +51,7 @@ def build_deployments(loaded: PlannerFile, config_path: str, deployment: str) ->
             description="Predictive loop: forecast the next window and size the pools.",
         ),
         load_tick.to_deployment(
-            name="load-tick",
+            name=deployment,
             interval=dt.timedelta(seconds=config.load_adjustment_interval_seconds),
             paused=not config.load_scaling_active,
             concurrency_limit=NO_OVERLAP,
@@ -56,7 +60,7 @@ def build_deployments(loaded: PlannerFile, config_path: str, deployment: str) ->
             description="Reactive loop: correct the pools from per-engine load.",
         ),
         execute_decisions.to_deployment(
-            name="execute-decisions",
+            name=deployment,
             interval=dt.timedelta(seconds=service.execution_interval_seconds),
             concurrency_limit=NO_OVERLAP,
             parameters=parameters,
@@ -64,7 +68,7 @@ def build_deployments(loaded: PlannerFile, config_path: str, deployment: str) ->
             description="Apply pending decisions through the connector and record each attempt.",
         ),
         planner_report.to_deployment(
-            name="planner-report",
+            name=deployment,
             interval=(
                 dt.timedelta(hours=service.report_interval_hours) if service.report_interval_hours is not None else None
             ),
@@ -74,7 +78,7 @@ def build_deployments(loaded: PlannerFile, config_path: str, deployment: str) ->
             description="Write the HTML diagnostics report of the last period and link it as an artifact.",
         ),
         replay_ticks.to_deployment(
-            name="replay-ticks",
+            name=deployment,
             # recorded configs' relative paths (the profile) are taken from the served config's folder
             parameters={"deployment": deployment, "config_dir": str(Path(config_path).parent)},
             tags=tags,
@@ -83,13 +87,24 @@ def build_deployments(loaded: PlannerFile, config_path: str, deployment: str) ->
     ]
 
 
+class _GracefulRunner(Runner):
+    """Prefect's runner, stopped by SIGTERM as cleanly as by Ctrl-C.
+
+    Prefect's own SIGTERM handler calls `sys.exit` inside the event loop: a traceback, schedules left unpaused and
+    the run in flight left `Running` in Prefect's database. This one asks the runner to stop from the loop: the
+    polling stops, the runs in flight finish, and the schedules are paused (`pause_on_shutdown`)."""
+
+    def handle_sigterm(self, *args: object, **kwargs: object) -> None:  # noqa: ARG002 - signal handler signature
+        self._logger.info("SIGTERM received: finishing the runs in flight, pausing the schedules")
+        loop = asyncio.get_running_loop()
+        loop.call_soon_threadsafe(lambda: loop.create_task(self.astop()))
+
+
 def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
-    """Migrate the database, then serve the deployments until SIGTERM."""
+    """Migrate the database, then serve the deployments until SIGTERM or Ctrl-C (then the runs in flight finish
+    and the schedules are paused)."""
     settings = RuntimeSettings()
-    path = str((config_path or settings.config or Path(DEFAULT_CONFIG)).resolve())
-    loaded = load_config(path)
-    if loaded.policy.environment is EnvironmentKind.KUBERNETES:
-        connect_kubernetes(loaded.policy)  # fail at start-up, in one line, if the DGD cannot be scaled as configured
+    path, loaded = served_config(config_path, settings)
     database_url = resolve_database_url(settings)
     upgrade(database_url)
     name = deployment or settings.deployment
@@ -98,4 +113,10 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
 
         # Flow runs execute in subprocesses, so the exporter reads what they recorded from Postgres at each scrape.
         start_metrics_server(loaded.service.metric_reporting_prometheus_port, database_url, name)
-    serve(*build_deployments(loaded, path, name))
+    runner = _GracefulRunner(pause_on_shutdown=True)
+    for runner_deployment in build_deployments(loaded, path, name):
+        runner.add_deployment(runner_deployment)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(runner.start())
+    # send the runner's last log lines while the Prefect server is still up (it stops when the command returns)
+    APILogWorker.drain_all(timeout=5)

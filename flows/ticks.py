@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -21,7 +22,7 @@ from prefect.runtime import flow_run, task_run
 
 from planner_core.config import PlannerConfig, ServiceConfig
 from planner_core.data import DEFAULT_CONFIG as SHIPPED_DEFAULT_CONFIG
-from planner_core.domain import Loop, TrafficObservation
+from planner_core.domain import Loop, TickOutcome, TrafficObservation
 from planner_core.planner import Planner
 from planner_core.runtime.service import PlannerContext, load_context, run_execution, run_tick
 from planner_core.runtime.settings import RuntimeSettings
@@ -101,12 +102,68 @@ def decide_and_record(
     if result.outcome is None:
         return {"tick_id": None, "skipped": "already recorded"}
     decision = result.outcome.decision
+    _logger().info("%s", tick_summary_line(ctx.deployment, loop, scheduled_at, result.outcome))
+    _publish_tick_artifact(ctx.deployment, loop, scheduled_at, result.tick_id, result.outcome)
     return {
         "tick_id": result.tick_id,
         "reason": result.outcome.reason.value,
         "target_prefill": decision.num_prefill,
         "target_decode": decision.num_decode,
     }
+
+
+def _targets(outcome: TickOutcome) -> str:
+    decision = outcome.decision
+    if decision.is_empty:
+        return "no change"
+    prefill = "-" if decision.num_prefill is None else str(decision.num_prefill)
+    decode = "-" if decision.num_decode is None else str(decision.num_decode)
+    return f"{prefill}P/{decode}D" + (" (advisory)" if decision.advisory else "")
+
+
+def tick_summary_line(deployment: str, loop: Loop, scheduled_at: dt.datetime, outcome: TickOutcome) -> str:
+    """One line for the flow run's log: the tick, its decision and reason, and the forecast it sized for."""
+    line = f"{deployment} {loop.value} tick {scheduled_at.isoformat()}: {_targets(outcome)}, {outcome.reason.value}"
+    if outcome.prediction is not None:
+        p = outcome.prediction
+        line += f"; forecast {p.num_req:.0f} requests, ISL {p.isl:.0f}, OSL {p.osl:.0f}"
+    return line
+
+
+def _publish_tick_artifact(
+    deployment: str, loop: Loop, scheduled_at: dt.datetime, tick_id: int | None, outcome: TickOutcome
+) -> None:
+    """A markdown artifact on the tick's flow run (one key per deployment and loop, so the UI lists the ticks as
+    versions): targets, reason, forecast and each step with its numbers. Only inside a Prefect run."""
+    if flow_run.id is None:
+        return
+    from prefect.artifacts import create_markdown_artifact
+
+    rows = [
+        f"| {step.step} | {step.component.value if step.component else ''} "
+        f"| {'' if step.value is None else f'{step.value:g}'} | {step.reason.value} | {step.detail.replace('|', '/')} |"
+        for step in outcome.steps
+    ]
+    forecast = (
+        f"{outcome.prediction.num_req:.0f} requests, ISL {outcome.prediction.isl:.0f}, OSL {outcome.prediction.osl:.0f}"
+        if outcome.prediction is not None
+        else "none"
+    )
+    markdown = "\n".join(
+        [
+            f"### {deployment}: {loop.value} tick {scheduled_at.isoformat()} (tick {tick_id})",
+            "",
+            f"**Targets** {_targets(outcome)} · **reason** `{outcome.reason.value}` · **forecast** {forecast}",
+            "",
+            "| step | pool | value | reason | detail |",
+            "|---|---|---|---|---|",
+            *rows,
+        ]
+    )
+    key = re.sub(r"[^a-z0-9-]+", "-", f"tick-{deployment}-{loop.value}".lower()).strip("-")
+    create_markdown_artifact(
+        markdown=markdown, key=key, description=tick_summary_line(deployment, loop, scheduled_at, outcome)
+    )
 
 
 @task(name="apply-decisions", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)

@@ -11,7 +11,10 @@ from planner_core.runtime.settings import RuntimeSettings
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from planner_core.runtime.service import served_config
+
     settings = RuntimeSettings()
+    served_config(args.config, settings)  # a bad config fails in one line before a Prefect server starts
     prefect_environment(settings)
     from flows.prefect_server import prefect_api
 
@@ -20,13 +23,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from flows.serve import serve_deployments  # import after PREFECT_API_URL is set (settings load at import)
 
         serve_deployments(config_path=args.config, deployment=args.deployment)
+    print("planner serve: stopped; the schedules are paused", file=sys.stderr)
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the serve command group's parsers."""
     serve = sub.add_parser("serve", help="serve the throughput-tick, load-tick and execute-decisions deployments")
-    serve.add_argument("--config", type=Path, default=None, help="PlannerConfig (default: PLANNER_CONFIG or demo)")
+    serve.add_argument(
+        "--config", type=Path, default=None,
+        help="PlannerConfig (default: PLANNER_CONFIG, else the recommended policy planner.yaml)",
+    )  # fmt: skip
     serve.add_argument("--deployment", default=None, help="managed-deployment name (default: PLANNER_DEPLOYMENT)")
     serve.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
     serve.set_defaults(func=cmd_serve)

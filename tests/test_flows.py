@@ -222,7 +222,9 @@ def test_deployments_take_schedules_from_the_config(tmp_path, profile_dir) -> No
     from planner_core.config import load_config
 
     path = write_config(tmp_path, throughput_adjustment_interval_seconds=120, execution_interval_seconds=7)
-    deployments = {d.name: d for d in build_deployments(load_config(path), str(path), "prod")}
+    built = build_deployments(load_config(path), str(path), "prod")
+    assert {d.name for d in built} == {"prod"}  # named after the managed deployment, one per flow
+    deployments = {d.flow_name: d for d in built}
     assert set(deployments) == {"throughput-tick", "load-tick", "execute-decisions", "planner-report", "replay-ticks"}
     replay = deployments.pop("replay-ticks")
     assert replay.schedules in (None, [])  # run on demand from the UI
@@ -248,7 +250,7 @@ def test_report_deployment_without_an_interval_runs_on_demand_only(tmp_path, pro
     from planner_core.config import load_config
 
     path = write_config(tmp_path, report_interval_hours=None)
-    [report] = [d for d in build_deployments(load_config(path), str(path), "prod") if d.name == "planner-report"]
+    [report] = [d for d in build_deployments(load_config(path), str(path), "prod") if d.flow_name == "planner-report"]
     assert report.schedules in (None, [])
 
 
@@ -296,10 +298,21 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
     finally:
         process.send_signal(signal.SIGTERM)
         try:
-            process.wait(timeout=30)
+            returncode = process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             process.kill()
-    assert len(ticks) >= 3, log_path.read_text()[-5000:]
+            returncode = None
+    log_text = log_path.read_text()
+    assert len(ticks) >= 3, log_text[-5000:]
+    # SIGTERM stops it cleanly: exit 0, no traceback, no flow run left running, every schedule paused
+    assert returncode == 0 and "Traceback" not in log_text, log_text[-5000:]
+    deployments, unfinished = _served_state("served")
+    assert len(deployments) == 5 and all(paused for _, paused in deployments), deployments
+    assert unfinished == [], unfinished
+    # every tick logs its decision in one line and leaves a markdown artifact with its numbers
+    assert "served throughput tick 20" in log_text
+    artifacts = _report_artifacts("tick-served-throughput")
+    assert len(artifacts) >= 3 and all("| step | pool | value | reason | detail |" in a.data for a in artifacts)
     times = [t[0] for t in ticks]
     assert len(set(times)) == len(times)
     gaps_s = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
@@ -322,6 +335,57 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
     decision = "dynamo_planner_throughput_scaling_decision"
     [state] = [s.labels[decision] for s in families[decision].samples if s.value == 1]
     assert state in {"scale", "no_change"}
+
+
+def _served_state(name: str) -> tuple[list[tuple[str, bool]], list[tuple[str, str]]]:
+    """The served deployments named `name` as (flow/deployment, paused), and their flow runs not in a final state."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    async def read():
+        async with get_client() as client:
+            found = await client.read_deployments(
+                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name]))
+            )
+            runs = await client.read_flow_runs(deployment_filter=DeploymentFilter(id={"any_": [d.id for d in found]}))
+            return (
+                [(f"{d.flow_id}/{d.name}", d.paused) for d in found],
+                [(run.name, run.state_type.value) for run in runs if run.state_type.value in ("RUNNING", "PENDING")],
+            )
+
+    return asyncio.run(read())
+
+
+def test_a_bad_config_fails_before_prefect_starts(tmp_path) -> None:
+    """`planner serve` checks the config first: one line naming the file and field, exit 2, no Prefect server."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ttft_ms: -5\n")
+    env = dict(os.environ, PLANNER_DATA_DIR=str(tmp_path / "data"))
+    env.pop("PREFECT_API_URL", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "planner_cli.main", "serve", "--config", str(bad)],
+        env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "bad.yaml: field 'ttft_ms' = -5" in result.stderr and "Prefect UI" not in result.stderr
+    assert not (tmp_path / "data" / "prefect").exists()
+
+
+def test_tick_summary_line_says_targets_reason_and_forecast() -> None:
+    from flows.ticks import tick_summary_line
+    from planner_core.domain import Loop, PlannerState, Prediction, ReasonCode, ScalingDecision, TickOutcome
+
+    outcome = TickOutcome(
+        decision=ScalingDecision(num_prefill=3, num_decode=2),
+        next_state=PlannerState(),
+        steps=(),
+        prediction=Prediction(num_req=3512.4, isl=1023.2, osl=231.9),
+        reason=ReasonCode.SCALE,
+    )
+    at = dt.datetime(2023, 11, 16, 18, 16, tzinfo=dt.UTC)
+    assert tick_summary_line("prod", Loop.THROUGHPUT, at, outcome) == (
+        "prod throughput tick 2023-11-16T18:16:00+00:00: 3P/2D, scale; forecast 3512 requests, ISL 1023, OSL 232"
+    )
 
 
 def test_replay_flow_reproduces_a_recorded_run(

@@ -68,3 +68,18 @@ def test_collect_traffic_from_a_trace_carries_the_curve() -> None:
     assert len(collected.observation.prompt_arrival_curve()) == len(PROMPT_ARRIVAL_INTERVALS_S)
     without = collect_traffic(loaded.policy, loaded.service, start, start + dt.timedelta(seconds=60), settings)
     assert without.observation.prompt_arrival_curve() == ()
+
+
+def test_trace_replay_is_rate_scaled_by_the_setting(tmp_path) -> None:
+    """`PLANNER_TRACE_RATE_SCALE` multiplies the replayed trace's request rate (so a served trial scales): the
+    same window holds about 3x the requests at 3."""
+    config = load_config(DEFAULT_CONFIG)
+    trace = load_trace(AZURE_CONV_TRACE)
+    start, end = _at(trace.start_epoch_s + 600.0), _at(trace.start_epoch_s + 660.0)
+    counts = {}
+    for scale in (1.0, 3.0):
+        settings = RuntimeSettings(trace=AZURE_CONV_TRACE, trace_rate_scale=scale, data_dir=tmp_path)
+        collected = collect_traffic(config.policy, config.service, start, end, settings)
+        assert collected is not None and collected.observation is not None
+        counts[scale] = collected.observation.num_req
+    assert counts[3.0] == pytest.approx(3 * counts[1.0], rel=0.02)

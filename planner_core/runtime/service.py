@@ -24,15 +24,18 @@ from sqlalchemy.orm import Session, sessionmaker
 from planner_core.config import (
     EnvironmentKind,
     PlannerConfig,
+    PlannerFile,
     ServiceConfig,
     load_config,
     resolve_config_relative,
 )
+from planner_core.data import DEFAULT_CONFIG
 from planner_core.domain import Loop, PlannerState, TickInputs, TickOutcome, TrafficObservation, WorkerCounts
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.pipeline import PluginLoadError
 from planner_core.planner import Planner, build_planner
 from planner_core.runtime.connectors.virtual import VirtualConnector
+from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.execution import ExecutionSummary, execute_pending
@@ -105,6 +108,21 @@ def connect_kubernetes(config: PlannerConfig) -> tuple[KubernetesConnector, Plan
 
     connector = KubernetesConnector.connect(config)
     return connector, effective_config(config, connector.info)
+
+
+def served_config(config_path: Path | None, settings: RuntimeSettings) -> tuple[str, PlannerFile]:
+    """The config `planner serve` runs (the argument, else `PLANNER_CONFIG`, else the recommended policy) as an
+    absolute path, loaded and checked: a bad file, or a DGD that cannot be scaled as configured, fails here in one
+    line, before the command starts a Prefect server.
+
+    Raises:
+        ConfigError, KubernetesConnectorError: one line naming the file (or the DGD), the field and the value.
+    """
+    path = str((config_path or settings.config or DEFAULT_CONFIG).resolve())
+    loaded = load_config(path)
+    if loaded.policy.environment is EnvironmentKind.KUBERNETES:
+        connect_kubernetes(loaded.policy)
+    return path, loaded
 
 
 def load_context(database_url: str, deployment: str, config_path: str | Path) -> PlannerContext:

@@ -26,6 +26,9 @@ class RuntimeSettings(BaseSettings):
     trace: Path | None = Field(
         default=None, description="trace replayed in wall-clock time as the traffic source of served flows"
     )
+    trace_rate_scale: float = Field(
+        default=1.0, gt=0, description="multiply the PLANNER_TRACE replay's request rate (its shape kept), e.g. 12"
+    )
 
     # Prometheus traffic source. Each also answers to Dynamo's variable name, so a Dynamo deployment's environment
     # carries over; the PLANNER_ name wins when both are set. The endpoint in the config file

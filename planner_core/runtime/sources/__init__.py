@@ -101,5 +101,6 @@ def collect_traffic(
     if settings.trace is not None:
         from planner_core.traces import load_trace
 
-        return collect_safely(TraceReplaySource(load_trace(settings.trace)), window_start, window_end, planner)
+        trace = load_trace(settings.trace).scaled(settings.trace_rate_scale)
+        return collect_safely(TraceReplaySource(trace), window_start, window_end, planner)
     return None

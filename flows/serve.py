@@ -22,7 +22,7 @@ from flows.report import planner_report
 from flows.ticks import DEFAULT_CONFIG, execute_decisions, load_tick, throughput_tick
 from planner_core.config import EnvironmentKind, PlannerFile, load_config
 from planner_core.runtime.service import connect_kubernetes
-from planner_core.runtime.settings import RuntimeSettings
+from planner_core.runtime.settings import DEFAULT_DEPLOYMENT, RuntimeSettings
 from planner_core.runtime.store.db import resolve_database_url
 from planner_core.runtime.store.migrate import upgrade
 
@@ -92,7 +92,7 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
         connect_kubernetes(loaded.policy)  # fail at start-up, in one line, if the DGD cannot be scaled as configured
     database_url = resolve_database_url(settings)
     upgrade(database_url)
-    name = deployment or settings.deployment
+    name = deployment or settings.deployment or DEFAULT_DEPLOYMENT
     if loaded.service.metric_reporting_prometheus_port:
         from planner_core.runtime.metrics import start_metrics_server
 

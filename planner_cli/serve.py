@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from planner_cli.common import prefect_environment
+from planner_cli.common import add_deployment_argument, prefect_environment, select_deployment
 from planner_core.runtime.settings import RuntimeSettings
 
 
@@ -19,7 +19,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"Prefect UI: {api_url.removesuffix('/api')}", file=sys.stderr)
         from flows.serve import serve_deployments  # import after PREFECT_API_URL is set (settings load at import)
 
-        serve_deployments(config_path=args.config, deployment=args.deployment)
+        serve_deployments(config_path=args.config, deployment=select_deployment(None, args.deployment, records=True))
     return 0
 
 
@@ -27,6 +27,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the serve command group's parsers."""
     serve = sub.add_parser("serve", help="serve the throughput-tick, load-tick and execute-decisions deployments")
     serve.add_argument("--config", type=Path, default=None, help="PlannerConfig (default: PLANNER_CONFIG or demo)")
-    serve.add_argument("--deployment", default=None, help="managed-deployment name (default: PLANNER_DEPLOYMENT)")
+    add_deployment_argument(serve, records=True)
     serve.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
     serve.set_defaults(func=cmd_serve)

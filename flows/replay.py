@@ -16,8 +16,8 @@ from prefect.cache_policies import NO_CACHE
 
 from planner_core.runtime.replay import replay
 from planner_core.runtime.store.db import resolve_database_url
-from planner_core.runtime.store.history import parse_time
 from planner_core.runtime.store.models import ReplayMode
+from planner_core.runtime.times import parse_time
 
 MAX_DIFFERENCES_RETURNED = 100  # the full list is in replay_ticks
 

@@ -18,11 +18,12 @@ from prefect.runtime import flow_run
 
 from flows.ticks import DEFAULT_CONFIG
 from planner_core.config import load_config
-from planner_core.runtime.report import ReportFile, generate_report, parse_report_time, periodic_report_path
+from planner_core.runtime.report import ReportFile, generate_report, periodic_report_path
 from planner_core.runtime.service import resolve_report_dir
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.store.db import resolve_database_url, session_factory
 from planner_core.runtime.store.migrate import check_schema_current
+from planner_core.runtime.times import parse_time
 
 
 @task(name="write-report", cache_policy=NO_CACHE)
@@ -92,9 +93,12 @@ def publish_report(written: ReportFile) -> UUID:
 def report_window(
     since: str | None, until: str | None, interval_hours: float | None, default_until: dt.datetime
 ) -> tuple[dt.datetime | None, dt.datetime]:
-    """[since, until): given bounds win; else until = `default_until` and since = until - interval (None = all)."""
-    end = parse_report_time(until, "until") or default_until
-    start = parse_report_time(since, "since")
+    """[since, until): given bounds win; else until = `default_until` and since = until - interval (None = all).
+
+    A bound may be a span (`7d`), counted back from `default_until` (the run's scheduled time).
+    """
+    end = parse_time(until, now=default_until, name="until") if until else default_until
+    start = parse_time(since, now=default_until, name="since") if since else None
     if start is None and interval_hours is not None:
         start = end - dt.timedelta(hours=interval_hours)
     return start, end

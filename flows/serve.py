@@ -25,7 +25,7 @@ from flows.report import planner_report
 from flows.ticks import execute_decisions, load_tick, throughput_tick
 from planner_core.config import PlannerFile
 from planner_core.runtime.service import served_config
-from planner_core.runtime.settings import RuntimeSettings
+from planner_core.runtime.settings import DEFAULT_DEPLOYMENT, RuntimeSettings
 from planner_core.runtime.store.db import resolve_database_url
 from planner_core.runtime.store.migrate import upgrade
 
@@ -107,7 +107,7 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
     path, loaded = served_config(config_path, settings)
     database_url = resolve_database_url(settings)
     upgrade(database_url)
-    name = deployment or settings.deployment
+    name = deployment or settings.deployment or DEFAULT_DEPLOYMENT
     if loaded.service.metric_reporting_prometheus_port:
         from planner_core.runtime.metrics import start_metrics_server
 

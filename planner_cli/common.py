@@ -1,14 +1,72 @@
-"""What the command groups share: default inputs and the Prefect environment."""
+"""What the command groups share: default inputs, the deployment a command acts on, the Prefect environment."""
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from planner_core.data import AZURE_CONV_TRACE, H200_PROFILE_DIR
-from planner_core.runtime.settings import RuntimeSettings
+from planner_core.runtime.settings import DEFAULT_DEPLOYMENT, RuntimeSettings
 
 DEFAULT_TRACE = AZURE_CONV_TRACE
 DEFAULT_PROFILE = H200_PROFILE_DIR
+
+_KNOWN_SHOWN = 20  # deployment names listed in an error; a longer list would bury the message
+
+
+def add_deployment_argument(parser: argparse.ArgumentParser, *, records: bool = False) -> None:
+    """`--deployment NAME`, its help stating the rule `select_deployment` applies."""
+    fallback = repr(DEFAULT_DEPLOYMENT) if records else "the only deployment recorded"
+    parser.add_argument(
+        "--deployment",
+        default=None,
+        metavar="NAME",
+        help=f"managed deployment (default: PLANNER_DEPLOYMENT, else {fallback})",
+    )
+
+
+def select_deployment(database_url: str | None, requested: str | None, *, records: bool = False) -> str:
+    """The managed deployment a command acts on; every command with `--deployment` (but the demo) asks here.
+
+    The rule: `requested` (`--deployment`), else `PLANNER_DEPLOYMENT`, else a fallback. Commands that read what
+    was recorded (history, report, replay, db prune) need a recorded name and fall back to the only deployment
+    recorded. Commands that record (`records=True`: serve, ingest) may name a new deployment and fall back to
+    `DEFAULT_DEPLOYMENT`, never to a guess from the database, so they cannot write into, say, the demo's.
+
+    Args:
+        database_url: the planner database (unused, and may be None, when `records`).
+        requested: the `--deployment` value, None when not given.
+        records: the command records ticks (serve, ingest) rather than reading them.
+
+    Raises:
+        LookupError: one line naming the deployments recorded, when a reading command names one not recorded,
+            or names none and the database holds none or several.
+        SchemaOutOfDate: a reading command on a database without the current schema.
+    """
+    env_name = RuntimeSettings().deployment
+    name, source = (requested, "--deployment") if requested else (env_name, "PLANNER_DEPLOYMENT")
+    if records:
+        return name or DEFAULT_DEPLOYMENT
+    from planner_core.runtime.store.db import session_factory
+    from planner_core.runtime.store.migrate import check_schema_current
+    from planner_core.runtime.store.repository import deployment_names
+
+    if database_url is None:
+        raise ValueError("select_deployment: a reading command needs the database URL")
+    check_schema_current(database_url)  # one line with the fix, not a traceback on a missing table
+    with session_factory(database_url).begin() as session:
+        known = deployment_names(session)
+    more = len(known) - _KNOWN_SHOWN
+    shown = ", ".join(known[:_KNOWN_SHOWN]) + (f", ... {more} more" if more > 0 else "") or "none"
+    if name:
+        if name not in known:
+            raise LookupError(f"{source} = {name!r}: no such deployment (known: {shown})")
+        return name
+    if len(known) == 1:
+        return known[0]
+    if not known:
+        raise LookupError("no deployment recorded yet (known: none): run `planner demo` or `planner serve` first")
+    raise LookupError(f"{len(known)} deployments recorded (known: {shown}): choose one with --deployment NAME")
 
 
 def prefect_environment(settings: RuntimeSettings) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from planner_cli.common import add_deployment_argument, select_deployment
 from planner_core.runtime.settings import RuntimeSettings
 
 
@@ -35,13 +36,13 @@ def _db_prune(url: str, args: argparse.Namespace) -> int:
 
     from planner_core.runtime.store.prune import prune_history
 
-    if args.older_than is None:
-        raise ValueError("planner db prune: --older-than DAYS is required")
+    if args.all_deployments and args.deployment:
+        raise ValueError("--all-deployments: give it without --deployment")
     summary = prune_history(
         url,
         older_than_days=args.older_than,
         now=dt.datetime.now(dt.UTC),
-        deployment=args.deployment,
+        deployment=None if args.all_deployments else select_deployment(url, args.deployment),
         batch_size=args.batch_size,
         dry_run=args.dry_run,
     )
@@ -60,11 +61,20 @@ def _db_prune(url: str, args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add the db command group's parsers."""
+    """Add the db command group's parsers: one subcommand per action, so an option of one (prune's) is refused
+    by the others."""
     db = sub.add_parser("db", help="the database: url (print how to connect), upgrade, stop, prune")
-    db.add_argument("action", choices=["url", "upgrade", "stop", "prune"])
-    db.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="prune: ticks older than DAYS")
-    db.add_argument("--deployment", default=None, help="prune: only this deployment (default all)")
-    db.add_argument("--batch-size", type=int, default=5000, help="prune: ticks per transaction")
-    db.add_argument("--dry-run", action="store_true", help="prune: count what would be deleted, delete nothing")
-    db.set_defaults(func=cmd_db)
+    actions = db.add_subparsers(dest="action", required=True, metavar="ACTION", help="what to do with the database")
+    url = actions.add_parser("url", help="print the SQLAlchemy URL (stdout) and a psql command (stderr)")
+    upgrade = actions.add_parser("upgrade", help="migrate the database to the newest schema")
+    stop = actions.add_parser("stop", help="stop the embedded Postgres under PLANNER_DATA_DIR")
+    prune = actions.add_parser("prune", help="delete the high-volume detail of old ticks in batches")
+    prune.add_argument(
+        "--older-than", type=float, required=True, metavar="DAYS", help="ticks scheduled more than DAYS ago"
+    )
+    add_deployment_argument(prune)
+    prune.add_argument("--all-deployments", action="store_true", help="prune every deployment")
+    prune.add_argument("--batch-size", type=int, default=5000, help="ticks per transaction")
+    prune.add_argument("--dry-run", action="store_true", help="count what would be deleted, delete nothing")
+    for parser in (url, upgrade, stop, prune):
+        parser.set_defaults(func=cmd_db)

@@ -6,9 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from planner_cli.common import print_example_queries
+from planner_cli.common import add_deployment_argument, print_example_queries, select_deployment
 from planner_core.data import DEFAULT_CONFIG
 from planner_core.runtime.settings import RuntimeSettings
+from planner_core.runtime.times import TIME_HELP
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -17,21 +18,25 @@ def cmd_history(args: argparse.Namespace) -> int:
     import json
 
     from planner_core.runtime.store.db import resolve_database_url
-    from planner_core.runtime.store.history import history_frame, history_rows, jsonable_row, parse_time
+    from planner_core.runtime.store.history import history_frame, history_rows, jsonable_row
+    from planner_core.runtime.times import parse_time
 
     url = resolve_database_url()
+    if args.all_deployments and (args.deployment or args.examples):
+        raise ValueError("--all-deployments: give it without --deployment and --examples")
+    deployment = None if args.all_deployments else select_deployment(url, args.deployment)
     if args.examples:
-        print_example_queries(url, args.deployment or "demo")
+        print_example_queries(url, deployment)
         return 0
     since = parse_time(args.since, now=dt.datetime.now(dt.UTC)) if args.since else None
     if args.format == "json":
-        print(json.dumps([jsonable_row(row) for row in history_rows(url, args.deployment, since)]))
+        print(json.dumps([jsonable_row(row) for row in history_rows(url, deployment, since)]))
         return 0
-    frame = history_frame(url, args.deployment, since)
+    frame = history_frame(url, deployment, since)
     if args.format == "csv":
         frame.to_csv(sys.stdout, index=False)
     elif frame.empty:
-        print("no decisions" + (f" for deployment '{args.deployment}'" if args.deployment else ""))
+        print("no decisions" + (f" for deployment '{deployment}'" if deployment else ""))
     else:
         print(frame.to_string(index=False, max_colwidth=40))  # CSV and JSON carry `why` in full
     return 0
@@ -47,21 +52,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     from planner_core.runtime.replay import replay
     from planner_core.runtime.store.db import resolve_database_url
-    from planner_core.runtime.store.history import parse_time
     from planner_core.runtime.store.models import ReplayMode
+    from planner_core.runtime.times import parse_time
 
     settings = RuntimeSettings()
     now = dt.datetime.now(dt.UTC)
     start = parse_time(args.start, now=now, name="--from")
     end = parse_time(args.end, now=now, name="--to") if args.end else now
     config_dir = args.config_dir or (settings.config or DEFAULT_CONFIG).resolve().parent
+    url = resolve_database_url(settings)
+    deployment = select_deployment(url, args.deployment)
     console = Console(stderr=True)
     columns = (TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True, disable=args.json or not console.is_terminal) as bar:
         task = bar.add_task("replay", total=None)
         summary = replay(
-            resolve_database_url(settings),
-            args.deployment,
+            url,
+            deployment,
             start,
             end,
             config_path=args.config,
@@ -111,16 +118,24 @@ def _short(value: object, width: int = 60) -> str:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the history command group's parsers."""
     history = sub.add_parser("history", help="the decision history (decision_history view) as a table, CSV or JSON")
-    history.add_argument("--deployment", default=None, help="only this deployment (default all)")
-    history.add_argument("--since", default=None, help="ISO 8601 time (naive = UTC) or a span back from now: 12h, 7d")
-    history.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    add_deployment_argument(history)
+    history.add_argument("--all-deployments", action="store_true", help="the decisions of every deployment")
+    history.add_argument("--since", default=None, metavar="T", help=f"only decisions from T on: {TIME_HELP}")
+    history.add_argument(
+        "--format",
+        choices=["table", "csv", "json"],
+        default="table",
+        help="table (why cut to 40 characters), CSV or JSON",
+    )
     history.add_argument("--examples", action="store_true", help="print the example SQL queries and their output")
     history.set_defaults(func=cmd_history)
 
     replay = sub.add_parser("replay", help="re-run recorded ticks from their stored inputs and state; report changes")
-    replay.add_argument("--deployment", required=True, help="managed deployment whose ticks are replayed")
-    replay.add_argument("--from", dest="start", required=True, help="ISO 8601 time (naive = UTC) or a span: 7d")
-    replay.add_argument("--to", dest="end", default=None, help="end of the range, excluded (default now)")
+    add_deployment_argument(replay)
+    replay.add_argument("--from", dest="start", required=True, metavar="T", help=f"start of the range: {TIME_HELP}")
+    replay.add_argument(
+        "--to", dest="end", default=None, metavar="T", help="end of the range, excluded, like --from (default now)"
+    )
     replay.add_argument("--config", type=Path, default=None, help="what-if config (default: each tick's recorded one)")
     replay.add_argument(
         "--config-dir",

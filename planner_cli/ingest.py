@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from planner_cli.common import add_deployment_argument, select_deployment
 from planner_core.data import DEFAULT_CONFIG
 from planner_core.runtime.settings import RuntimeSettings
 
@@ -20,7 +21,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     settings = RuntimeSettings()
-    deployment = args.deployment or settings.deployment
+    deployment = select_deployment(None, args.deployment, records=True)
     config = args.config or settings.config or DEFAULT_CONFIG
     url = resolve_database_url(settings)
     deployment_id = resolve_deployment_id(url, deployment, config)
@@ -74,17 +75,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--bind", action="append", default=[], help="ZMQ endpoint to bind (repeatable; default PLANNER_FPM_BIND)"
     )
     ingest.add_argument("--connect", action="append", default=[], help="ZMQ endpoint of a publisher to connect to")
-    ingest.add_argument("--deployment", default=None, help="managed-deployment name (default: PLANNER_DEPLOYMENT)")
+    add_deployment_argument(ingest, records=True)
     ingest.add_argument("--config", type=Path, default=None, help="config used if the deployment does not exist yet")
-    ingest.add_argument("--retention-minutes", type=float, default=None, help="keep raw samples this long")
+    ingest.add_argument(
+        "--retention-minutes",
+        type=float,
+        default=None,
+        help="keep raw samples this long (default: PLANNER_FPM_RETENTION_MINUTES)",
+    )
     ingest.add_argument("--stats-every-s", type=float, default=60.0, help="log the counters this often")
     ingest.set_defaults(func=cmd_ingest)
 
     publish = sub.add_parser("fpm-publish", help="publish synthetic forward-pass metrics to an ingest (trials)")
     publish.add_argument("--connect", default="tcp://127.0.0.1:20380", help="the ingest's ZMQ endpoint")
-    publish.add_argument("--component", choices=["prefill", "decode"], default="decode")
+    publish.add_argument("--component", choices=["prefill", "decode"], default="decode", help="engines' role")
     publish.add_argument("--workers", type=int, default=2, help="engines to imitate")
     publish.add_argument("--rate", type=float, default=100.0, help="messages per second, all engines together")
-    publish.add_argument("--seconds", type=float, default=10.0)
-    publish.add_argument("--seed", type=int, default=0)
+    publish.add_argument("--seconds", type=float, default=10.0, help="how long to publish")
+    publish.add_argument("--seed", type=int, default=0, help="random seed of the synthetic metrics")
     publish.set_defaults(func=cmd_fpm_publish)

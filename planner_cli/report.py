@@ -6,30 +6,37 @@ import argparse
 import sys
 from pathlib import Path
 
+from planner_cli.common import add_deployment_argument, select_deployment
+from planner_core.runtime.times import TIME_HELP
+
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Write the HTML diagnostics report of one deployment over a time window."""
     import datetime as dt
 
-    from planner_core.runtime.report import generate_report, parse_report_time
+    from planner_core.runtime.report import generate_report
     from planner_core.runtime.store.db import resolve_database_url, session_factory
+    from planner_core.runtime.times import parse_time
 
-    since = parse_report_time(args.since, "--since")
-    until = parse_report_time(args.until, "--until")
+    now = dt.datetime.now(dt.UTC)
+    since = parse_time(args.since, now=now, name="--since") if args.since else None
+    until = parse_time(args.until, now=now, name="--until") if args.until else None
     if since is not None and until is not None and since >= until:
         raise ValueError(f"--since {args.since!r} is not before --until {args.until!r}")
     out = Path(args.out)
     if out.is_dir():
         raise ValueError(f"--out {out}: is a directory (give a file name, e.g. report.html)")
-    with session_factory(resolve_database_url()).begin() as session:
+    url = resolve_database_url()
+    deployment = select_deployment(url, args.deployment)
+    with session_factory(url).begin() as session:
         try:
             written = generate_report(
                 session,
-                args.deployment,
+                deployment,
                 out,
                 since=since,
                 until=until,
-                generated_at=dt.datetime.now(dt.UTC),
+                generated_at=now,
                 write_log=args.log,
             )
         except OSError as exc:
@@ -43,16 +50,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     if written.log_path is not None:
         print(f"{written.log_path}: tick log (JSON lines, gzip)")
     if num_ticks == 0:
-        print(f"planner: warning: no ticks of {args.deployment!r} in the window", file=sys.stderr)
+        print(f"planner: warning: no ticks of {deployment!r} in the window", file=sys.stderr)
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the report command group's parsers."""
     report = sub.add_parser("report", help="write the HTML diagnostics report of a deployment (15 Plotly charts)")
-    report.add_argument("--deployment", default="demo", help="managed-deployment name (default demo)")
-    report.add_argument("--since", default=None, help="first tick time included, ISO 8601 (UTC unless an offset)")
-    report.add_argument("--until", default=None, help="ticks before this time, ISO 8601 (UTC unless an offset)")
+    add_deployment_argument(report)
+    report.add_argument("--since", default=None, metavar="T", help=f"first tick time included: {TIME_HELP}")
+    report.add_argument(
+        "--until", default=None, metavar="T", help="ticks before this time, like --since (default: no bound)"
+    )
     report.add_argument("--out", type=Path, required=True, help="the HTML file to write")
     report.add_argument("--log", action="store_true", help="also write the tick rows to <out>.log.jsonl.gz")
     report.set_defaults(func=cmd_report)

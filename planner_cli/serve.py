@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from planner_cli.common import prefect_environment
+from planner_cli.common import add_deployment_argument, prefect_environment, select_deployment
 from planner_core.runtime.settings import RuntimeSettings
 
 
@@ -22,7 +22,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"Prefect UI: {api_url.removesuffix('/api')}", file=sys.stderr)
         from flows.serve import serve_deployments  # import after PREFECT_API_URL is set (settings load at import)
 
-        serve_deployments(config_path=args.config, deployment=args.deployment)
+        serve_deployments(config_path=args.config, deployment=select_deployment(None, args.deployment, records=True))
     print("planner serve: stopped; the schedules are paused", file=sys.stderr)
     return 0
 
@@ -34,6 +34,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--config", type=Path, default=None,
         help="PlannerConfig (default: PLANNER_CONFIG, else the recommended policy planner.yaml)",
     )  # fmt: skip
-    serve.add_argument("--deployment", default=None, help="managed-deployment name (default: PLANNER_DEPLOYMENT)")
+    add_deployment_argument(serve, records=True)
     serve.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
     serve.set_defaults(func=cmd_serve)

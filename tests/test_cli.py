@@ -131,3 +131,203 @@ def test_capacity_needs_lengths_or_a_trace(profile_dir) -> None:
     assert result.returncode == 2
     [line] = _error_lines(result)
     assert "--isl" in line and "--trace" in line
+
+
+# --- one behaviour for every command ----------------------------------------------------------------------------
+
+
+def _record_deployments(database_url: str, tmp_path, *names: str) -> None:
+    """Create managed deployments (no ticks) with the real repository."""
+    from planner_core.config import load_config
+    from planner_core.runtime.store import repository as repo
+    from planner_core.runtime.store.db import session_factory
+
+    config = load_config(write_config(tmp_path)).policy
+    with session_factory(database_url).begin() as session:
+        for name in names:
+            repo.ensure_deployment(session, name, config)
+
+
+def _reading_commands(tmp_path) -> dict[str, list[str]]:
+    """Each command that reads a recorded deployment, with its other required arguments."""
+    return {
+        "history": ["history"],
+        "report": ["report", "--out", str(tmp_path / "r.html")],
+        "replay": ["replay", "--from", "1d"],
+        "db prune": ["db", "prune", "--older-than", "30", "--dry-run"],
+    }
+
+
+def _without_deployment_env(env: dict[str, str]) -> dict[str, str]:
+    return {"PLANNER_DEPLOYMENT": "", **env}  # empty = unset, whatever the calling shell exports
+
+
+@pytest.mark.parametrize("command", ["history", "report", "replay", "db prune"])
+def test_unknown_deployment_is_one_line_naming_the_known_ones(database_url, tmp_path, command) -> None:
+    """Every command that reads a deployment refuses an unknown one alike: exit 2, one line listing the known."""
+    _record_deployments(database_url, tmp_path, "alpha", "beta")
+    args = _reading_commands(tmp_path)[command]
+    result = planner(*args, "--deployment", "nope", env={"PLANNER_DATABASE_URL": database_url})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert _error_lines(result) == ["planner: error: --deployment = 'nope': no such deployment (known: alpha, beta)"]
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("command", ["history", "report", "replay", "db prune"])
+def test_deployment_default_is_the_same_rule_everywhere(database_url, tmp_path, command) -> None:
+    """No --deployment: PLANNER_DEPLOYMENT, else the only deployment recorded; several and none named is an error
+    listing them (the same line from every command)."""
+    args = _reading_commands(tmp_path)[command]
+    env = _without_deployment_env({"PLANNER_DATABASE_URL": database_url})
+    _record_deployments(database_url, tmp_path, "only")
+    alone = planner(*args, env=env)
+    assert alone.returncode == 0, alone.stderr
+    _record_deployments(database_url, tmp_path, "other")
+    several = planner(*args, env=env)
+    assert several.returncode == 2
+    assert _error_lines(several) == [
+        "planner: error: 2 deployments recorded (known: only, other): choose one with --deployment NAME"
+    ]
+    named = planner(*args, env={**env, "PLANNER_DEPLOYMENT": "other"})
+    assert named.returncode == 0, named.stderr
+    unknown = planner(*args, env={**env, "PLANNER_DEPLOYMENT": "gone"})
+    assert _error_lines(unknown) == [
+        "planner: error: PLANNER_DEPLOYMENT = 'gone': no such deployment (known: only, other)"
+    ]
+
+
+def test_history_all_deployments(database_url, tmp_path) -> None:
+    """`--all-deployments` reads every deployment where there are several (history's old default)."""
+    _record_deployments(database_url, tmp_path, "alpha", "beta")
+    env = _without_deployment_env({"PLANNER_DATABASE_URL": database_url})
+    result = planner("history", "--all-deployments", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "no decisions"
+
+
+def test_serve_and_ingest_never_guess_a_deployment(monkeypatch) -> None:
+    """Commands that record take --deployment, else PLANNER_DEPLOYMENT, else `default`: never the database's only
+    deployment, which may be the demo's."""
+    from planner_cli.common import select_deployment
+
+    monkeypatch.delenv("PLANNER_DEPLOYMENT", raising=False)
+    assert select_deployment(None, None, records=True) == "default"
+    assert select_deployment(None, "new", records=True) == "new"
+    monkeypatch.setenv("PLANNER_DEPLOYMENT", "prod")
+    assert select_deployment(None, None, records=True) == "prod"
+
+
+@pytest.mark.parametrize("command", ["report", "history"])
+def test_time_options_take_spans_in_every_command(database_url, tmp_path, command) -> None:
+    """`--since 7d` means the same in `report` as in `history` and `replay` (one parser)."""
+    _record_deployments(database_url, tmp_path, "demo")
+    args = {"report": ["report", "--out", str(tmp_path / "r.html")], "history": ["history"]}[command]
+    result = planner(*args, "--deployment", "demo", "--since", "7d", env={"PLANNER_DATABASE_URL": database_url})
+    assert result.returncode == 0, result.stderr
+    bad = planner(*args, "--deployment", "demo", "--since", "last week", env={"PLANNER_DATABASE_URL": database_url})
+    assert _error_lines(bad) == [
+        "planner: error: --since = 'last week': expected an ISO 8601 time (2024-05-01T12:00Z) or a span back from "
+        "now (90m, 12h, 7d)"
+    ]
+
+
+def test_every_option_has_help_and_shows_its_default() -> None:
+    """Every option of every command, at every level, has help text; set defaults are shown in it."""
+    import argparse
+
+    from planner_cli.main import build_parser
+    from planner_cli.parser import walk_parsers
+
+    parsers = list(walk_parsers(build_parser()))
+    assert len(parsers) > 15
+    missing = [
+        f"{parser.prog} {'/'.join(action.option_strings) or action.dest}"
+        for parser in parsers
+        for action in parser._actions
+        if not isinstance(action, argparse._HelpAction) and not (action.help or "").strip()
+    ]
+    assert missing == []
+    helps = {parser.prog: " ".join(parser.format_help().split()) for parser in parsers}
+    assert "table (why cut to 40 characters), CSV or JSON (default: table)" in helps["planner history"]
+    assert "(default: 9400)" in helps["planner sim-exporter"]
+    assert "random seed of the synthetic metrics (default: 0)" in helps["planner fpm-publish"]
+    assert "(default: 5000)" in helps["planner db prune"]
+    assert "(default: None)" not in " ".join(helps.values())
+    assert "(default: False)" not in " ".join(helps.values())
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["db", "url", "--older-than", "3"], ["db", "stop", "--dry-run"], ["history", "--no-such-option"]],
+    ids=["prune-option-on-url", "prune-flag-on-stop", "unknown-option"],
+)
+def test_unknown_options_are_refused_in_one_line(args) -> None:
+    """An option a command does not take exits 2 with one line, before anything runs."""
+    result = planner(*args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith("planner: error: unrecognized arguments: ")
+
+
+def test_version_is_the_installed_distribution() -> None:
+    from importlib.metadata import version
+
+    result = planner("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"planner {version('llm-planner')}\n"
+
+
+def _complete(script: str, *words: str) -> list[str]:
+    """What bash completes after `words` (the last one being typed) with the generated script loaded."""
+    line = " ".join(f"'{w}'" for w in words)
+    call = f'COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; _planner_complete; printf "%s\\n" "${{COMPREPLY[@]}}"'
+    program = f"{script}\n{call}"
+    result = subprocess.run(["bash", "--norc", "-c", program], capture_output=True, text=True, timeout=30, check=True)
+    return [word for word in result.stdout.splitlines() if word]
+
+
+def test_bash_completion_from_the_parser_tree() -> None:
+    """`planner completion bash` completes commands, nested actions, options and option choices."""
+    result = planner("completion", "bash")
+    assert result.returncode == 0, result.stderr
+    script = result.stdout
+    assert "complete -o default -F _planner_complete planner" in script
+    assert {"db", "history", "report", "completion", "--version"} <= set(_complete(script, "planner", ""))
+    assert _complete(script, "planner", "db", "") == ["url", "upgrade", "stop", "prune", "-h", "--help"]
+    assert set(_complete(script, "planner", "db", "prune", "--d")) == {"--deployment", "--dry-run"}
+    assert _complete(script, "planner", "history", "--format", "") == ["table", "csv", "json"]
+    assert _complete(script, "planner", "history", "--deployment", "x", "--f") == ["--format"]
+    assert _complete(script, "planner", "completion", "") == ["bash", "zsh", "-h", "--help"]
+
+
+def test_zsh_completion_loads_the_same_through_bashcompinit() -> None:
+    result = planner("completion", "zsh")
+    assert result.returncode == 0, result.stderr
+    assert "autoload -U +X bashcompinit && bashcompinit" in result.stdout
+    assert "complete -o default -F _planner_complete planner" in result.stdout
+    assert planner("completion", "fish").returncode == 2
+
+
+def test_no_runtime_dir_warning_without_xdg_runtime_dir() -> None:
+    """Without XDG_RUNTIME_DIR (usual in containers) the embedded database's start says nothing on stderr about
+    it: platformdirs' two-line RuntimeDirWarning is silenced at the CLI entry."""
+    import shutil
+    import tempfile
+
+    data_dir = tempfile.mkdtemp(prefix="pcx", dir="/tmp")  # short: unix socket paths are limited
+    env = {key: value for key, value in os.environ.items() if key not in ("XDG_RUNTIME_DIR", "PLANNER_DATABASE_URL")}
+    env["PLANNER_DATA_DIR"] = data_dir
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "planner_cli.main", "db", "url"],
+            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert "RuntimeDirWarning" not in result.stderr and "XDG_RUNTIME_DIR" not in result.stderr
+        assert result.stderr.startswith('psql "postgresql://')
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "planner_cli.main", "db", "stop"], cwd=REPO_ROOT, env=env, timeout=60, check=False
+        )
+        shutil.rmtree(data_dir, ignore_errors=True)

@@ -13,10 +13,11 @@ import pytest
 
 from planner_core.runtime.replay import replay
 from planner_core.runtime.store.db import to_libpq_uri
-from planner_core.runtime.store.history import HISTORY_COLUMNS, history_frame, history_rows, parse_time
+from planner_core.runtime.store.history import HISTORY_COLUMNS, history_frame, history_rows
 from planner_core.runtime.store.migrate import downgrade, upgrade
 from planner_core.runtime.store.models import ReplayMode
 from planner_core.runtime.store.prune import prune_history
+from planner_core.runtime.times import parse_time
 from tests.conftest import create_database, write_config
 from tests.recording import record_simulated_run
 from tests.test_cli import planner
@@ -320,4 +321,4 @@ def test_prune_cli(prunable) -> None:
     done = planner("db", "prune", "--older-than", "0", env=env)
     assert "pruned: 36 ticks examined; deleted 0 fpm_snapshots, 24 tick_steps, 24 planner_states" in done.stdout
     missing = planner("db", "prune", env=env)
-    assert missing.returncode == 2 and "--older-than DAYS is required" in missing.stderr
+    assert missing.returncode == 2 and "required: --older-than" in missing.stderr

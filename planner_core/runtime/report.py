@@ -977,21 +977,6 @@ def render_html(data: ReportData, *, generated_at: dt.datetime, charts: Sequence
 # --- files (the filesystem edge) ------------------------------------------------------------------------------
 
 
-def parse_report_time(value: str | None, option: str) -> dt.datetime | None:
-    """An ISO 8601 time (`2026-01-31`, `2026-01-31T12:00`, `...Z`, `...+02:00`); naive times are UTC.
-
-    Raises:
-        ValueError: one line naming the option and the value.
-    """
-    if value is None:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise ValueError(f"{option} {value!r}: not an ISO 8601 time (e.g. 2026-01-31T12:00:00Z)") from None
-    return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed
-
-
 def _atomic_write(path: Path, payload: bytes) -> None:
     """Write next to `path` and rename over it: readers see the old file or the new one, never a partial one."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,10 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# The deployment `planner serve` and `planner ingest` record into when neither --deployment nor PLANNER_DEPLOYMENT
+# names one.
+DEFAULT_DEPLOYMENT = "default"
+
 
 class RuntimeSettings(BaseSettings):
     """Environment-provided settings (prefix `PLANNER_`)."""
@@ -22,7 +26,11 @@ class RuntimeSettings(BaseSettings):
     )
     data_dir: Path = Field(default=Path(".planner"), description="embedded Postgres, Prefect home, reports")
     config: Path | None = Field(default=None, description="PlannerConfig file used by the served flows")
-    deployment: str = Field(default="default", description="name of the managed deployment")
+    deployment: str | None = Field(
+        default=None,
+        description="name of the managed deployment; unset: the only one recorded (reading commands) or "
+        f"{DEFAULT_DEPLOYMENT!r} (serve, ingest)",
+    )
     trace: Path | None = Field(
         default=None, description="trace replayed in wall-clock time as the traffic source of served flows"
     )

@@ -1,14 +1,12 @@
 """The decision history as rows: one query behind `planner history` and the pandas helper `history_frame`.
 
 Both read the `decision_history` view with the same SQL and the same filters, so the CLI (table, CSV, JSON) and
-a notebook see the same rows. Times are parsed here too (`parse_time`): an ISO 8601 timestamp (naive means UTC)
-or a span back from now such as `90m`, `12h`, `7d`.
+a notebook see the same rows. Times given for them (`--since`) are parsed by `planner_core.runtime.times`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import re
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
@@ -45,27 +43,6 @@ SELECT {", ".join(HISTORY_COLUMNS)}
    AND (CAST(:since AS timestamptz) IS NULL OR decided_at >= :since)
  ORDER BY decided_at, decision_id
 """
-
-_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
-_SPAN_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_time(value: str, *, now: dt.datetime, name: str = "--since") -> dt.datetime:
-    """An aware UTC datetime from an ISO 8601 timestamp (naive = UTC) or a span back from `now` (`7d`, `12h`).
-
-    Raises:
-        ValueError: one line naming the option and the value.
-    """
-    span = _SPAN.match(value)
-    if span is not None:
-        return now - dt.timedelta(seconds=float(span.group(1)) * _SPAN_SECONDS[span.group(2)])
-    try:
-        parsed = dt.datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise ValueError(
-            f"{name} = {value!r}: expected an ISO 8601 time (2024-05-01T12:00Z) or a span back from now (90m, 12h, 7d)"
-        ) from None
-    return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
 
 
 def history_rows(database_url: str, deployment: str | None = None, since: dt.datetime | None = None) -> list[dict]:

@@ -114,6 +114,11 @@ def find_deployment(session: Session, name: str) -> Deployment | None:
     return session.scalar(select(Deployment).where(Deployment.name == name))
 
 
+def deployment_names(session: Session) -> list[str]:
+    """The names of every recorded managed deployment, sorted."""
+    return list(session.scalars(select(Deployment.name).order_by(Deployment.name)))
+
+
 def lock_deployment(session: Session, deployment_id: int) -> None:
     """Serialise ticks and executions of one deployment for the rest of the transaction."""
     session.execute(select(Deployment.id).where(Deployment.id == deployment_id).with_for_update())

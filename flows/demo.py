@@ -34,9 +34,10 @@ from planner_core.lab.sim.bench import (
     score,
 )
 from planner_core.lab.sim.des import ClusterSimulator, spec_for_config
-from planner_core.lab.sim.oracle import OracleSettings, oracle_windows
+from planner_core.lab.sim.oracle import OracleSettings, oracle_first_window
 from planner_core.planner import build_planner
 from planner_core.runtime.connectors.virtual import VirtualConnectorClient
+from planner_core.runtime.metrics import recorded_gpu_hours
 from planner_core.runtime.report import periodic_report_path
 from planner_core.runtime.service import (
     PlannerContext,
@@ -82,12 +83,12 @@ def starting_size(ctx: PlannerContext, trace: RequestTrace, startup_s: float) ->
     # SLA no size meets would otherwise search hundreds of engines)
     budget, gpus = ctx.config.max_gpu_budget, max(spec.prefill_limits.num_gpu, spec.decode_limits.num_gpu)
     settings = OracleSettings(max_replicas=max(1, budget // gpus)) if budget > 0 else OracleSettings()
-    first = trace.head(STARTING_WINDOW_S + settings.context_s)
-    windows = oracle_windows(
-        first, fwd, spec, ttft_ms=ctx.config.ttft_ms, itl_ms=ctx.config.itl_ms, window_s=STARTING_WINDOW_S,
+    first = oracle_first_window(
+        trace, fwd, spec, ttft_ms=ctx.config.ttft_ms, itl_ms=ctx.config.itl_ms, window_s=STARTING_WINDOW_S,
         settings=settings,
     )  # fmt: skip
-    return windows[0].num_prefill, windows[0].num_decode
+    assert first is not None  # a loaded trace has requests
+    return first.num_prefill, first.num_decode
 
 
 def _new_cluster(
@@ -283,7 +284,7 @@ def demo(
     report = write_report(
         url,
         deployment,
-        periodic_report_path(out_dir, _epoch(trace, end_s), ctx.service.report_filename),
+        periodic_report_path(out_dir, _epoch(trace, end_s), ctx.service.report_filename, deployment=deployment),
         None,  # the whole run, resumed parts included
         None,
         ctx.service.report_write_gzip_log,
@@ -314,6 +315,8 @@ def _summary_dict(ctx: PlannerContext, rows: list[BenchRow], events: list[ScaleE
                       (SELECT count(*) FROM decision_history WHERE deployment = :name) AS num_decisions""",
             name=ctx.deployment,
         )[0]
+        # the report's and the metrics' count over the same recorded ticks (`planner_core.domain.gpu_hours`)
+        gpu_hours_recorded = recorded_gpu_hours(session, ctx.deployment)
         statuses = repo.query_rows(
             session,
             "SELECT status, count(*) AS n FROM decision_history WHERE deployment = :name GROUP BY status ORDER BY 1",
@@ -330,7 +333,11 @@ def _summary_dict(ctx: PlannerContext, rows: list[BenchRow], events: list[ScaleE
         "sla_attainment": rows[0].sla_attainment,
         "ttft_ms": ctx.config.ttft_ms,
         "itl_ms": ctx.config.itl_ms,
-        "gpu_hours": rows[0].gpu_hours,
+        # GPU-hours as the report and the metrics count them: the ready workers each tick saw, held until the
+        # next tick. The simulator's figure (the comparison rows' `gpu_hours`, the bench's) also counts starting
+        # and draining workers, the first window before the first tick and the tail to the last request.
+        "gpu_hours": gpu_hours_recorded,
+        "simulated_gpu_hours": rows[0].gpu_hours,
         "mean_ttft_ms": rows[0].ttft_ms_mean,
         "mean_itl_ms": rows[0].itl_ms_mean,
         "scale_events": [(e.at_s, e.num_prefill, e.num_decode) for e in events],

@@ -122,7 +122,7 @@ def planner_report(
         since, until, service.report_interval_hours, dt.datetime.fromtimestamp(scheduled.timestamp(), tz=dt.UTC)
     )
     out_dir = resolve_report_dir(service, Path(path), settings.data_dir).resolve()
-    out_path = periodic_report_path(out_dir, end, service.report_filename)
+    out_path = periodic_report_path(out_dir, end, service.report_filename, deployment=deployment)
     written = write_report(database_url, deployment, out_path, start, end, service.report_write_gzip_log)
     publish_report(written)
     return {"path": str(written.path), "num_charts": written.num_charts, "gpu_hours": written.summary.gpu_hours}

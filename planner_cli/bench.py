@@ -61,7 +61,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.record is not None:
         args.record.write_text(json.dumps(bench_record(rows, args.argv), indent=1) + "\n", encoding="utf-8")
     if args.html is not None:
-        bench_figure(list(outcome.runs), outcome.trace).write_html(str(args.html), include_plotlyjs=True)
+        figure = bench_figure(list(outcome.runs), outcome.trace, ttft_ms=request.ttft_ms, itl_ms=request.itl_ms)
+        figure.write_html(str(args.html), include_plotlyjs=True)
     if not to_stdout:
         print_bench_table(outcome, request)
     return 0

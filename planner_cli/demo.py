@@ -58,6 +58,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"mean TTFT {result['mean_ttft_ms']:.0f} ms, mean ITL {result['mean_itl_ms']:.1f} ms, "
         f"GPU-hours {result['gpu_hours']:.2f}"
     )
+    print(
+        f"  (GPU-hours of the ready workers each tick saw, held until the next tick, as the report and the metrics "
+        f"count them; the simulator's {result['simulated_gpu_hours']:.2f} below also counts starting and draining "
+        "workers, the first window and the tail to the last request)"
+    )
     print_comparison(result["comparison"])
     prefill, decode = result["starting_size"]
     print(f"  started at {prefill}P/{decode}D, as if already serving (the oracle's size for the first 3 minutes)")

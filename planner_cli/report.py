@@ -38,6 +38,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                 until=until,
                 generated_at=now,
                 write_log=args.log,
+                self_contained=args.self_contained,
             )
         except OSError as exc:
             raise ValueError(f"--out {out}: cannot write ({exc.strerror or exc})") from exc
@@ -64,4 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     report.add_argument("--out", type=Path, required=True, help="the HTML file to write")
     report.add_argument("--log", action="store_true", help="also write the tick rows to <out>.log.jsonl.gz")
+    report.add_argument(
+        "--self-contained", action="store_true",
+        help="inline plotly.js in the page (~4.8 MB) instead of loading the copy written beside it",
+    )  # fmt: skip
     report.set_defaults(func=cmd_report)

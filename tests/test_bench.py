@@ -38,6 +38,11 @@ def profile_perf() -> ProfilePerfModel:
     return ProfilePerfModel.load(PROFILE_DIR)
 
 
+def from_first_request(trace):  # noqa: ANN001, ANN201
+    """The same requests with offsets from the first one, as a loaded trace has them (`RequestTrace.arrival_s`)."""
+    return make_trace((trace.arrival_s - trace.arrival_s[0]).tolist(), trace.isl.tolist(), trace.osl.tolist())
+
+
 def busy_trace(num_requests: int = 1200, duration_s: float = 1200.0, seed: int = 3):  # noqa: ANN201
     """Requests whose rate doubles halfway through (a load step the policies must follow)."""
     rng = np.random.default_rng(seed)
@@ -98,6 +103,48 @@ def test_planners_start_at_the_oracle_first_size_unless_asked(profile_perf: Prof
         build_policies(["planner"], base, trace, profile_perf, FWD, SimSpec(), window_s=60, initial="max")
 
 
+def test_oracle_first_window_alone_equals_the_whole_search_first_window(profile_perf: ProfilePerfModel) -> None:
+    """The first window searched on the trace's head gives the whole search's first answer, figures included
+    (disaggregated and aggregated)."""
+    from planner_core.lab.sim.oracle import OracleSettings, oracle_first_window, oracle_windows
+
+    trace = from_first_request(busy_trace(900, 600.0))
+    for spec in (SimSpec(), SimSpec(aggregated=True)):
+        whole = oracle_windows(trace, FWD, spec, ttft_ms=500, itl_ms=50, window_s=60, settings=OracleSettings())
+        first = oracle_first_window(trace, FWD, spec, ttft_ms=500, itl_ms=50, window_s=60, settings=OracleSettings())
+        assert len(whole) > 1 and first == whole[0]
+
+
+def test_planners_start_at_the_oracle_first_size_without_searching_the_whole_trace(
+    profile_perf: ProfilePerfModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the oracle, static-peak or static-mean among the policies, `initial="oracle"` searches only the first
+    window (plus its tail), and starts the planners at the size the whole search would have chosen."""
+    import planner_core.lab.sim.bench as bench
+    import planner_core.lab.sim.oracle as oracle
+
+    trace = from_first_request(busy_trace(900, 600.0))
+    base = {"throughput_adjustment_interval_seconds": 60}
+    (oracle_policy, with_oracle) = build_policies(
+        ["oracle", "planner"], base, trace, profile_perf, FWD, SimSpec(), window_s=60
+    )
+    searched: list[float] = []  # the last arrival of every trace the oracle searched
+
+    def recording(search):  # noqa: ANN001, ANN202 - a pass-through that notes what was searched
+        def run(trace, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            searched.append(float(trace.arrival_s[-1]))
+            return search(trace, *args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(bench, "oracle_windows", recording(oracle.oracle_windows))
+    monkeypatch.setattr(oracle, "oracle_windows", recording(oracle.oracle_windows))
+    (alone,) = build_policies(["planner"], base, trace, profile_perf, FWD, SimSpec(), window_s=60)
+    assert isinstance(oracle_policy, OraclePolicy) and isinstance(alone, PlannerPolicy)
+    assert alone.initial() == with_oracle.initial() == oracle_policy.sizes[0]
+    assert searched and max(searched) < 60 + oracle.OracleSettings().context_s  # the first window and its tail
+
+
 def test_planner_policies_run_in_the_loop(profile_perf: ProfilePerfModel) -> None:
     """Every named planner policy ticks in the simulator, and some scale for the load step (~17 then ~33 requests/s)."""
     trace = busy_trace(30_000)
@@ -125,6 +172,36 @@ def test_fixed_policy_never_scales() -> None:
     (run,) = run_bench([FixedPolicy(name="f", num_prefill=2, num_decode=3)], trace, FWD, SimSpec(), ttft_ms=1, itl_ms=1)
     assert run.row.scaling_events == 0
     assert run.result.worker_timeline[0][1:] == (2, 3)
+
+
+def test_bench_figure_one_colour_and_legend_entry_per_policy_targets_and_table() -> None:
+    """The bench page: each policy has one colour and one legend entry (a legend group) on every panel, the TTFT
+    and ITL panels carry their SLA targets, and the results table has a row per policy."""
+    from planner_core.lab.sim.bench import BENCH_TABLE_HEADER, bench_figure
+
+    trace = busy_trace(300, 300.0)
+    fixed = [
+        FixedPolicy(name="small", num_prefill=1, num_decode=1),
+        FixedPolicy(name="big", num_prefill=2, num_decode=3),
+    ]
+    runs = run_bench(fixed, trace, FWD, SimSpec(), ttft_ms=500, itl_ms=50)
+    figure = bench_figure(runs, trace, ttft_ms=500, itl_ms=50)
+    scatters = [t for t in figure.data if t.type == "scatter"]
+    for name in ("small", "big"):
+        mine = [t for t in scatters if t.name == name]
+        assert len(mine) == 3  # ready GPUs, TTFT, ITL
+        assert len({t.line.color for t in mine}) == 1 and {t.legendgroup for t in mine} == {name}
+        assert sum(t.showlegend is not False for t in mine) == 1
+    assert len({t.line.color for t in scatters if t.name in ("small", "big")}) == 2
+    ttft_axis = next(t.yaxis for t in scatters if t.name == "small" and t.showlegend is False)  # the TTFT panel
+    targets = {t.name: (t.yaxis, set(t.y)) for t in scatters if "target" in (t.name or "")}
+    assert targets["TTFT target 500 ms"] == (ttft_axis, {500.0})
+    assert targets["ITL target 50 ms"][1] == {50.0} and targets["ITL target 50 ms"][0] != ttft_axis
+    [table] = [t for t in figure.data if t.type == "table"]
+    assert tuple(table.header.values) == BENCH_TABLE_HEADER
+    columns = [list(c) for c in table.cells.values]
+    assert columns[0] == ["small", "big"] and columns[6] == [str(r.row.scaling_events) for r in runs]
+    assert columns[4] == [f"{r.row.gpu_hours:.2f}" for r in runs] and columns[5] == ["-", "-"]  # no oracle run
 
 
 def write_small_azure_trace(path: Path, num_requests: int = 400, duration_s: float = 600.0) -> Path:

@@ -96,7 +96,8 @@ def test_demo_flow_records_ticks_as_prefect_task_runs(
     assert {status for *_, status in _decisions(database_url, "flow-demo")} == {"acknowledged"}
     # the demo ends with its report (config-relative report_output_dir) and an artifact linking it
     report = Path(summary["report_path"])
-    assert report.parent == tmp_path / "planner_reports" and report.name.startswith("planner_report_20231116_")
+    assert report.parent == tmp_path / "planner_reports"
+    assert report.name.startswith("planner_report_flow-demo_20231116_")  # the deployment, then the run's end
     assert report.read_text().count('data-chart="') == 15
     [artifact] = _report_artifacts("planner-report-flow-demo")
     assert report.resolve().as_uri() in artifact.data and artifact.flow_run_id is not None
@@ -126,15 +127,15 @@ def test_report_flow_writes_the_report_and_links_it(
     config = write_config(tmp_path, report_interval_hours=None, report_output_dir="reports")
     result = planner_report(deployment="report-flow", config_path=str(config), until="2026-03-02T00:00:00Z")
     path = Path(result["path"])
-    # no interval: every tick before `until`; the name carries the window's end
-    assert path == tmp_path / "reports" / "planner_report_20260302_000000_000.html"
+    # no interval: every tick before `until`; the name carries the deployment and the window's end
+    assert path == tmp_path / "reports" / "planner_report_report-flow_20260302_000000_000.html"
     assert result["num_charts"] == 15 and path.read_text().count('data-chart="') == 15
-    assert (tmp_path / "reports" / "planner_report_20260302_000000_000.log.jsonl.gz").exists()
+    assert (tmp_path / "reports" / "planner_report_report-flow_20260302_000000_000.log.jsonl.gz").exists()
     [artifact] = _report_artifacts("planner-report-report-flow")
     assert artifact.type == "markdown" and path.resolve().as_uri() in artifact.data
     # a second report of the same period gets the next number, never overwriting the first
     again = planner_report(deployment="report-flow", config_path=str(config), until="2026-03-02T00:00:00Z")
-    assert Path(again["path"]).name == "planner_report_20260302_000000_001.html"
+    assert Path(again["path"]).name == "planner_report_report-flow_20260302_000000_001.html"
 
 
 def test_resumed_demo_equals_an_uninterrupted_one(
@@ -153,6 +154,27 @@ def test_resumed_demo_equals_an_uninterrupted_one(
         database_url, "SELECT deployment_id, loop, scheduled_at FROM ticks GROUP BY 1, 2, 3 HAVING count(*) > 1"
     )
     assert duplicates == []
+
+
+def test_demo_report_and_metrics_count_the_same_gpu_hours(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """One GPU-hours accounting: the demo summary's figure is exactly the report's and the metrics exporter's
+    (`planner_core.domain.gpu_hours` over the recorded ticks); the simulator's own figure is reported beside it
+    as `simulated_gpu_hours`, equal to the comparison row of this run."""
+    from planner_core.runtime.metrics import load_metrics_snapshot
+    from planner_core.runtime.report import load_report_data, summarise
+    from planner_core.runtime.store.db import session_factory
+
+    config = write_config(tmp_path, report_output_dir="planner_reports")
+    summary = _run_demo(database_url, config, azure_conv_trace, "gpu-hours", max_windows=6)
+    with session_factory(database_url).begin() as session:
+        report = summarise(load_report_data(session, "gpu-hours"))
+        metrics = load_metrics_snapshot(session, "gpu-hours")
+    assert summary["gpu_hours"] > 0
+    assert summary["gpu_hours"] == report.gpu_hours == metrics.gpu_hours
+    assert summary["simulated_gpu_hours"] == summary["comparison"][0]["gpu_hours"]
+    assert f"{summary['gpu_hours']:.2f}" in Path(summary["report_path"]).read_text()
 
 
 def test_demo_finishes_a_tick_recorded_but_not_executed(

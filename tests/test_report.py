@@ -278,6 +278,18 @@ def test_page_is_deterministic_and_carries_plotly_once() -> None:
     assert "<script src=" not in page  # nothing loaded from the network: renders offline
 
 
+def test_gpu_hours_depend_only_on_where_the_count_changed() -> None:
+    """`planner_core.domain.gpu_hours` over every observation equals it over the changes and the last one (what
+    the metrics exporter reads), exactly; nothing counts before the first or after the last observation."""
+    from planner_core.domain import cumulative_gpu_hours, gpu_hours
+
+    every = [(0.0, 2), (60.0, 2), (120.0, 2), (180.0, 5), (240.0, 5), (300.0, 3), (310.0, 3), (360.0, 3)]
+    changes = [(0.0, 2), (180.0, 5), (300.0, 3), (360.0, 3)]
+    assert gpu_hours(every) == gpu_hours(changes) == pytest.approx((2 * 180 + 5 * 120 + 3 * 60) / 3600)
+    assert [t for t, _ in cumulative_gpu_hours(every)] == [t for t, _ in every]
+    assert gpu_hours([]) == gpu_hours([(5.0, 8)]) == 0.0
+
+
 def test_summary_of_synthetic_ticks() -> None:
     """Header figures: 5 ticks, 4 forecasts scored, 2 GPUs for 4 minutes."""
     summary = summarise(_synthetic())
@@ -380,6 +392,58 @@ def test_report_renders_in_headless_chromium(database_url, scenario, chromium, t
     assert [row["tick_id"] for row in rows] == [
         t.tick_id for t in (scenario.first, scenario.load, scenario.second, scenario.third)
     ]
+
+
+def test_report_is_small_and_loads_plotly_from_one_copy_beside_it(database_url, scenario, tmp_path) -> None:
+    """A written page references plotly.js beside it (written once per folder) instead of carrying 4.8 MB itself;
+    `self_contained` inlines it. (The Chromium test above renders such a page offline from its file.)"""
+    from planner_core.runtime.report import plotly_js_name
+
+    folder = tmp_path / "reports"
+    with session_factory(database_url).begin() as session:
+        first = generate_report(session, scenario.deployment, folder / "a.html", generated_at=GENERATED_AT)
+        bundled = folder / plotly_js_name()
+        written_ns = bundled.stat().st_mtime_ns
+        generate_report(session, scenario.deployment, folder / "b.html", generated_at=GENERATED_AT)
+        whole = generate_report(
+            session, scenario.deployment, tmp_path / "whole" / "c.html", generated_at=GENERATED_AT, self_contained=True
+        )
+    page = first.path.read_text()
+    assert first.path.stat().st_size < 300_000 and bundled.stat().st_size > 3_000_000
+    assert f'<script src="{plotly_js_name()}"' in page and not re.findall(r"plotly\.js v\d", page)
+    assert bundled.stat().st_mtime_ns == written_ns  # the second report reuses the copy
+    assert sorted(p.name for p in folder.iterdir()) == ["a.html", "b.html", plotly_js_name()]
+    assert whole.path.stat().st_size > 3_000_000 and not (tmp_path / "whole" / plotly_js_name()).exists()
+
+
+def test_periodic_report_names_carry_the_deployment() -> None:
+    """Two deployments' reports of one period in one folder get different names (the name sanitised)."""
+    from planner_core.runtime.report import periodic_report_path
+
+    until = dt.datetime(2026, 3, 2, tzinfo=dt.UTC)
+    folder = Path("/reports")
+    assert periodic_report_path(folder, until, deployment="llama-70b") == Path(
+        "/reports/planner_report_llama-70b_20260302_000000_000.html"
+    )
+    assert periodic_report_path(folder, until, deployment="team a/llama 70b").name == (
+        "planner_report_team-a-llama-70b_20260302_000000_000.html"
+    )
+    assert periodic_report_path(folder, until, deployment="../..").name.startswith("planner_report_deployment_")
+    assert periodic_report_path(folder, until, "{deployment}.html", deployment="a/b") == Path("/reports/a-b.html")
+
+
+def test_reports_default_under_the_data_folder(tmp_path) -> None:
+    """Without `report_output_dir` in the config, reports go to <PLANNER_DATA_DIR>/reports; with it, to that folder
+    relative to the config file."""
+    from planner_core.config import load_config
+    from planner_core.runtime.service import resolve_report_dir
+    from tests.conftest import write_config
+
+    data_dir = tmp_path / "data"
+    unset = write_config(tmp_path)
+    assert resolve_report_dir(load_config(unset).service, unset, data_dir) == data_dir / "reports"
+    given = write_config(tmp_path, report_output_dir="out/reports")
+    assert resolve_report_dir(load_config(given).service, given, data_dir) == tmp_path / "out" / "reports"
 
 
 def planner(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

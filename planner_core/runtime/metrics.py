@@ -29,6 +29,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
+from planner_core.domain import gpu_hours
+
 PREFIX = "dynamo_planner_"
 
 # Dynamo's decision enums, in their (append-only) order: the states of the two state-set metrics.
@@ -216,16 +218,29 @@ SELECT DISTINCT ON (loop)
  ORDER BY loop, scheduled_at DESC, tick_id DESC
 """
 
-# Ready workers are taken to run from one tick to the next (of either loop); as `planner_core.runtime.report`.
-_GPU_HOURS_SQL = """
-SELECT coalesce(sum(gpus * extract(epoch FROM next_at - scheduled_at)), 0) / 3600.0 AS gpu_hours
-  FROM (SELECT scheduled_at,
-               lead(scheduled_at) OVER (ORDER BY scheduled_at, tick_id) AS next_at,
-               ready_prefill * prefill_gpus_per_engine + ready_decode * decode_gpus_per_engine AS gpus
-          FROM tick_summary
-         WHERE deployment = :deployment AND ready_prefill IS NOT NULL) intervals
- WHERE next_at IS NOT NULL
+# The ticks' worker observations where the GPU count changed, and the last one: all `recorded_gpu_hours` needs
+# (`planner_core.domain.cumulative_gpu_hours` integrates runs of equal counts as one interval).
+_GPU_CHANGES_SQL = """
+SELECT scheduled_at, gpus
+  FROM (SELECT scheduled_at, tick_id, gpus,
+               lag(gpus) OVER w AS previous_gpus,
+               lead(tick_id) OVER w AS next_tick_id
+          FROM (SELECT scheduled_at, tick_id,
+                       ready_prefill * prefill_gpus_per_engine + ready_decode * decode_gpus_per_engine AS gpus
+                  FROM tick_summary
+                 WHERE deployment = :deployment AND ready_prefill IS NOT NULL AND ready_decode IS NOT NULL) observed
+        WINDOW w AS (ORDER BY scheduled_at, tick_id)) runs
+ WHERE previous_gpus IS DISTINCT FROM gpus OR next_tick_id IS NULL
+ ORDER BY scheduled_at, tick_id
 """
+
+
+def recorded_gpu_hours(session: Session, deployment: str) -> float:
+    """GPU-hours of `deployment`'s ready workers since its first tick, as the report counts them: each tick's
+    observation held until the next tick (`planner_core.domain.gpu_hours`); 0 for an unknown deployment."""
+    rows = session.execute(text(_GPU_CHANGES_SQL), {"deployment": deployment}).mappings()
+    return gpu_hours((row["scheduled_at"].timestamp(), int(row["gpus"])) for row in rows)
+
 
 _ENGINES_SQL = """
 SELECT f.component, f.worker_id, f.dp_rank, f.metrics
@@ -271,7 +286,6 @@ def load_metrics_snapshot(session: Session, deployment: str) -> MetricsSnapshot:
     )
     with_workers = [row for row in (throughput, load) if row is not None and row["ready_prefill"] is not None]
     workers = max(with_workers, key=lambda row: (row["scheduled_at"], row["tick_id"]), default=None)
-    gpu_hours = session.execute(text(_GPU_HOURS_SQL), params).scalar_one()
     durations = session.execute(text(_durations_sql()), params).mappings().one()
     engines = tuple(
         EngineQueues(
@@ -301,7 +315,7 @@ def load_metrics_snapshot(session: Session, deployment: str) -> MetricsSnapshot:
         predicted_output_sequence_tokens=t.get("predicted_osl"),
         predicted_num_prefill_replicas=t.get("proposed_prefill"),
         predicted_num_decode_replicas=t.get("proposed_decode"),
-        gpu_hours=float(gpu_hours),
+        gpu_hours=recorded_gpu_hours(session, deployment),
         sla_target_ttft_ms=n.get("ttft_target_ms"),
         sla_target_itl_ms=n.get("itl_target_ms"),
         # whichever capacity step sized the tick, in requests/s per engine (the view converts tokens/s)

@@ -1,4 +1,4 @@
-"""Diagnostics reports: one self-contained Plotly HTML page per period (or on demand) built from Postgres.
+"""Diagnostics reports: one Plotly HTML page per period (or on demand) built from Postgres.
 
 The page has Dynamo's 13 diagnostics charts plus "forecast vs actual" and a timeline of decision reasons, with a
 header of headline figures and a table of the decisions. Three layers:
@@ -8,7 +8,8 @@ header of headline figures and a table of the decisions. Three layers:
 - `build_charts(data)`, `summarise(data)` and `render_html(data, generated_at)` are pure: the same data give the
   same page (no clock, deterministic element ids);
 - `generate_report(...)` ties them together and writes the page (and an optional JSONL.gz log of the tick rows)
-  atomically: a reader never sees a half-written file.
+  atomically: a reader never sees a half-written file. The page loads plotly.js from a copy written once beside
+  it (`write_plotly_js`), so a report is a few hundred kB instead of about 5 MB and still opens offline.
 
 Charts whose data the planner does not record yet (per-engine TTFT/ITL estimates; engine queues while no
 forward-pass metrics are stored) are still drawn, with what exists (the SLA target) and a "no data recorded" note,
@@ -24,6 +25,7 @@ import html
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from sqlalchemy import DateTime, bindparam, text
 from sqlalchemy.orm import Session
 
 from planner_core.domain import Component, Loop, ReasonCode
+from planner_core.domain import cumulative_gpu_hours as domain_cumulative_gpu_hours
 from planner_core.runtime.metrics import LOAD_DECISION_REASONS, THROUGHPUT_DECISION_REASONS
 
 # Step reasons every sized tick records; the reason timeline leaves them out so the exceptions stand out.
@@ -318,22 +321,22 @@ def _iso(epoch_s: float | None) -> str:
     return "-" if epoch_s is None else dt.datetime.fromtimestamp(epoch_s, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def gpu_observations(ticks: Sequence[TickRow]) -> list[tuple[float, int]]:
+    """(epoch s, ready GPUs) of every tick that observed the workers, in time order (one time: recording order)."""
+    observed = sorted((t.at_s, t.tick_id, t.ready_gpus) for t in ticks if t.ready_gpus is not None)
+    return [(at_s, gpus) for at_s, _, gpus in observed]
+
+
 def cumulative_gpu_hours(ticks: Sequence[TickRow]) -> list[tuple[float, float]]:
     """GPU-hours accumulated between the first and each later tick, as (epoch s, GPU-hours) points.
 
-    The ready workers a tick saw are taken to run until the next tick (of either loop):
+    `planner_core.domain.cumulative_gpu_hours` over the ticks' worker observations: the ready workers a tick saw
+    are taken to run until the next tick (of either loop):
     `sum_i (ready_prefill_i * gpus_per_prefill_engine + ready_decode_i * gpus_per_decode_engine) * (t_{i+1} - t_i)
-    / 3600` (ticks at one time in recording order). Ticks without a worker observation are skipped.
+    / 3600`. Ticks without a worker observation are skipped. The metrics exporter's `gpu_hours` and
+    `planner demo`'s summary count the same way.
     """
-    observed = sorted((t.at_s, t.tick_id, t.ready_gpus) for t in ticks if t.ready_gpus is not None)
-    if not observed:
-        return []
-    points = [(observed[0][0], 0.0)]
-    total = 0.0
-    for (at_s, _, gpus), (next_s, _, _) in zip(observed, observed[1:], strict=False):
-        total += gpus * (next_s - at_s) / 3600.0
-        points.append((next_s, total))
-    return points
+    return domain_cumulative_gpu_hours(gpu_observations(ticks))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -939,10 +942,27 @@ def _decisions_table(data: ReportData) -> str:
     return f"<table>{header}{rows}</table>"
 
 
-def render_html(data: ReportData, *, generated_at: dt.datetime, charts: Sequence[Chart] | None = None) -> str:
-    """The whole page: header, summary, charts (one copy of plotly.js, inlined), decisions table.
+def plotly_js_name() -> str:
+    """The file name of the plotly.js copy written beside reports: versioned, so a copy never changes once written
+    and reports made with another plotly version keep theirs."""
+    import plotly
 
-    `charts` defaults to `build_charts(data)`.
+    return f"plotly-{plotly.__version__}.min.js"
+
+
+def render_html(
+    data: ReportData,
+    *,
+    generated_at: dt.datetime,
+    charts: Sequence[Chart] | None = None,
+    plotly_src: str | None = None,
+) -> str:
+    """The whole page: header, summary, charts, decisions table.
+
+    plotly.js (about 4.8 MB, nearly all of a page) is inlined once when `plotly_src` is None: a self-contained
+    page. Otherwise the page loads it from `plotly_src`, a path relative to the page (`generate_report` writes
+    the copy beside it, once per folder), so a report is small and still opens offline. `charts` defaults to
+    `build_charts(data)`.
     """
     summary = summarise(data)
     charts = build_charts(data) if charts is None else charts
@@ -951,7 +971,8 @@ def render_html(data: ReportData, *, generated_at: dt.datetime, charts: Sequence
     for number, chart in enumerate(charts):
         div = chart.figure.to_html(
             full_html=False,
-            include_plotlyjs=number == 0,  # the first chart carries plotly.js for the whole page (offline)
+            # inlined: the first chart carries plotly.js for the whole page; else the page's <head> loads it
+            include_plotlyjs=plotly_src is None and number == 0,
             div_id=f"chart-{chart.key}",
             config={"displaylogo": False, "responsive": True},
         )
@@ -961,9 +982,10 @@ def render_html(data: ReportData, *, generated_at: dt.datetime, charts: Sequence
         )
     window = f"{_iso(data.since_s)} .. {_iso(data.until_s)}" if data.since_s or data.until_s else "all recorded ticks"
     title = f"Planner report: {data.deployment}"
+    script = "" if plotly_src is None else f'<script src="{html.escape(plotly_src)}" charset="utf-8"></script>'
     return (
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style>{script}</head><body>"
         f"<h1>{html.escape(title)}</h1>"
         f"<div class='meta'>window {html.escape(window)}; generated {html.escape(_iso(generated_at.timestamp()))}; "
         f"{len(charts)} charts</div>"
@@ -1023,16 +1045,35 @@ def log_path_for(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(".html") + ".log.jsonl.gz")
 
 
-def periodic_report_path(output_dir: Path, until: dt.datetime, filename: str | None = None) -> Path:
-    """Where a periodic report goes: `filename` if configured (replaced each period), else
-    `planner_report_<YYYYmmdd_HHMMSS>_<NNN>.html` stamped with the window's end (UTC), NNN the first free number."""
+def report_file_slug(deployment: str) -> str:
+    """A managed deployment's name as it goes into a file name: letters, digits, `.`, `_` and `-`, anything else
+    (slashes, spaces) one `-`."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", deployment).strip(".-") or "deployment"
+
+
+def periodic_report_path(output_dir: Path, until: dt.datetime, filename: str | None = None, *, deployment: str) -> Path:
+    """Where a periodic report of `deployment` goes: `filename` if configured (replaced each period; a
+    `{deployment}` in it becomes the deployment's name), else
+    `planner_report_<deployment>_<YYYYmmdd_HHMMSS>_<NNN>.html` stamped with the window's end (UTC), NNN the first
+    free number. The name (`report_file_slug`) keeps deployments sharing a folder from overwriting each other."""
+    slug = report_file_slug(deployment)
     if filename:
-        return output_dir / filename
+        return output_dir / filename.replace("{deployment}", slug)
     stamp = until.astimezone(dt.UTC).strftime("%Y%m%d_%H%M%S")
     number = 0
-    while (output_dir / f"planner_report_{stamp}_{number:03d}.html").exists():
+    while (output_dir / f"planner_report_{slug}_{stamp}_{number:03d}.html").exists():
         number += 1
-    return output_dir / f"planner_report_{stamp}_{number:03d}.html"
+    return output_dir / f"planner_report_{slug}_{stamp}_{number:03d}.html"
+
+
+def write_plotly_js(folder: Path) -> Path:
+    """plotly.js beside the reports of `folder` (`plotly_js_name()`), written once: a copy already there is kept."""
+    from plotly.offline import get_plotlyjs
+
+    path = folder / plotly_js_name()
+    if not path.is_file():
+        _atomic_write(path, get_plotlyjs().encode())
+    return path
 
 
 def generate_report(
@@ -1044,11 +1085,19 @@ def generate_report(
     until: dt.datetime | None = None,
     generated_at: dt.datetime,
     write_log: bool = False,
+    self_contained: bool = False,
 ) -> ReportFile:
-    """Load `deployment`'s ticks in [since, until), write the page to `out_path` (and its tick log if asked)."""
+    """Load `deployment`'s ticks in [since, until), write the page to `out_path` (and its tick log if asked).
+
+    The page loads plotly.js from the copy beside it (`write_plotly_js`, written once per folder); with
+    `self_contained` it carries plotly.js itself instead (one file to move around, about 4.8 MB more).
+    """
     data = load_report_data(session, deployment, since, until)
     charts = build_charts(data)
-    page = render_html(data, generated_at=generated_at, charts=charts)
+    plotly_src = None
+    if not self_contained:
+        plotly_src = write_plotly_js(out_path.parent).name
+    page = render_html(data, generated_at=generated_at, charts=charts, plotly_src=plotly_src)
     log_path = log_path_for(out_path) if write_log else None
     if log_path is not None:
         _atomic_write(log_path, tick_log(data))

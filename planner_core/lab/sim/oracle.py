@@ -76,7 +76,14 @@ from planner_core.perf.capacity import chunked_prefill_s
 from planner_core.perf.forward import ForwardPassModel
 from planner_core.traces import RequestTrace
 
-__all__ = ["OracleSettings", "OracleWindow", "attainable_mask", "oracle_windows", "smallest_meeting"]
+__all__ = [
+    "OracleSettings",
+    "OracleWindow",
+    "attainable_mask",
+    "oracle_first_window",
+    "oracle_windows",
+    "smallest_meeting",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -401,6 +408,30 @@ def oracle_windows(
         previous = (window.num_prefill, window.num_decode)
         windows.append(window)
     return windows
+
+
+def oracle_first_window(
+    trace: RequestTrace,
+    fwd: ForwardPassModel,
+    spec: SimSpec,
+    *,
+    ttft_ms: float,
+    itl_ms: float,
+    window_s: float,
+    settings: OracleSettings = OracleSettings(),  # noqa: B008 - frozen value
+) -> OracleWindow | None:
+    """The oracle's answer for the first window only (None for a trace without requests), without searching the
+    rest of the trace: what a policy starting "at the oracle's size" needs when the oracle itself is not run.
+
+    Identical to `oracle_windows(trace, ...)[0]`: the first window is searched with no previous window and sees
+    only the requests of `[0, window_s + context_s)` (its own and its tail; nothing comes before it), so the
+    trace's head up to there gives the same search.
+    """
+    if trace.num_requests == 0:
+        return None
+    first = trace.head(window_s + settings.context_s)
+    windows = oracle_windows(first, fwd, spec, ttft_ms=ttft_ms, itl_ms=itl_ms, window_s=window_s, settings=settings)
+    return windows[0] if windows else None
 
 
 def _best_effort(met: Callable[[int], int], *, floor: int, cap: int) -> int:

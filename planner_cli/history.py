@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from planner_cli.common import add_deployment_argument, print_example_queries, select_deployment
 from planner_core.data import DEFAULT_CONFIG
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.times import TIME_HELP
+
+if TYPE_CHECKING:  # pandas loads only when a table is printed
+    import pandas as pd
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -38,8 +42,19 @@ def cmd_history(args: argparse.Namespace) -> int:
     elif frame.empty:
         print("no decisions" + (f" for deployment '{deployment}'" if deployment else ""))
     else:
-        print(frame.to_string(index=False, max_colwidth=40))  # CSV and JSON carry `why` in full
+        _print_table(frame)
     return 0
+
+
+def _print_table(frame: pd.DataFrame) -> None:
+    """One line per decision, each followed by its `why` in full on its own line: the numbers behind a decision
+    (`ceil(450000 / 49481) = 10`) do not fit a table cell."""
+    lines = frame.drop(columns="why").to_string(index=False, max_colwidth=40).splitlines()
+    print(lines[0])
+    for line, why in zip(lines[1:], frame["why"], strict=True):
+        print(line)
+        if isinstance(why, str) and why:  # a decision with only routine steps has none (NULL)
+            print(f"    why: {why}")
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -83,13 +83,57 @@ def test_capacity_json_agrees_with_dynamo_documented_figures(profile_dir) -> Non
         "decode_tokens_per_s_per_gpu",
         "decode_itl_ms",
         "requests_per_s_per_gpu",
+        "feasible",
+        "unreachable",
     }
+    assert figures["feasible"] is True and figures["unreachable"] == []
     assert figures["prefill_tokens_per_s_per_gpu"] == pytest.approx(49_500, rel=0.01)
     assert figures["prefill_ttft_ms"] == pytest.approx(60, rel=0.02)
     assert figures["decode_tokens_per_s_per_gpu"] == pytest.approx(4_600, rel=0.02)
     assert figures["decode_itl_ms"] == pytest.approx(9.7, rel=0.01)
     # 4,556 / 300 = 15.19 requests/s: decode is the slower phase (prefill 49,481 / 3,000 = 16.49)
     assert figures["requests_per_s_per_gpu"] == pytest.approx(15.19, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("ttft_ms", "itl_ms", "fragments"),
+    [
+        ("1", "10", ["TTFT <= 1 ms is unreachable (the best is 60.5 ms at ISL 3000"]),
+        ("200", "0.5", ["ITL <= 0.5 ms is unreachable (the best is 4.43 ms"]),
+        ("1", "0.5", ["TTFT <= 1 ms is unreachable", "ITL <= 0.5 ms is unreachable"]),
+    ],
+    ids=["ttft", "itl", "both"],
+)
+def test_capacity_of_an_unreachable_sla_prints_no_sizes_and_fails(profile_dir, ttft_ms, itl_ms, fragments) -> None:
+    """H200 at ISL 3000 cannot reach TTFT 1 ms (60.5 ms at batch 1) or ITL 0.5 ms: one line naming the missed
+    target and the best latency, nothing on stdout, exit 1 (not 2: the input is valid, the answer is no)."""
+    result = planner(
+        "capacity", "--profile", str(profile_dir), "--isl", "3000", "--osl", "300", "--ttft-ms", ttft_ms,
+        "--itl-ms", itl_ms,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stdout == ""
+    [line] = _error_lines(result)
+    assert line.startswith("planner: error: no capacity meets the SLA: ")
+    for fragment in fragments:
+        assert fragment in line
+
+
+def test_capacity_json_of_an_unreachable_sla_says_infeasible(profile_dir) -> None:
+    """With --json an unreachable SLA exits 0 with `feasible: false`, the reason, no rate, and the best latency."""
+    import json
+
+    result = planner(
+        "capacity", "--profile", str(profile_dir), "--isl", "3000", "--osl", "300", "--ttft-ms", "1",
+        "--itl-ms", "10", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["feasible"] is False
+    assert figures["requests_per_s_per_gpu"] is None
+    assert figures["prefill_ttft_ms"] == pytest.approx(60.5, abs=0.1)  # the best TTFT the profile reaches
+    [reason] = figures["unreachable"]
+    assert reason.startswith("TTFT <= 1 ms is unreachable")
 
 
 def test_capacity_with_a_missing_profile_fails_in_one_line(tmp_path) -> None:
@@ -124,6 +168,37 @@ def test_capacity_of_a_trace_at_mean_and_p90(profile_dir) -> None:
         assert tail["decode_replicas_peak"] >= mean["decode_replicas_peak"]
         assert mean["peak_rps"] > mean["mean_rps"]
         assert mean["prefill_replicas_peak"] >= mean["prefill_replicas_mean"]
+    assert all(row["feasible"] and row["unreachable"] == [] for row in rows.values())
+
+
+def test_capacity_of_a_trace_under_an_unreachable_sla_gives_no_replicas(profile_dir) -> None:
+    """TTFT 1 ms / ITL 0.5 ms is out of the H200 profile's reach at any length: no row gives replicas; the table
+    names the missed targets per row and the command exits 1; --json exits 0 with `feasible: false` per row."""
+    import json
+
+    from tests.conftest import AZURE_CONV
+
+    command = (
+        "capacity", "--profile", str(profile_dir), "--trace", str(AZURE_CONV), "--ttft-ms", "1", "--itl-ms", "0.5"
+    )  # fmt: skip
+    result = planner(*command)
+    assert result.returncode == 1
+    [line] = _error_lines(result)
+    assert "the SLA is unreachable for 4 of 4 sizings" in line and "TTFT <= 1 ms is unreachable" in line
+    rows = [row for row in result.stdout.splitlines() if row.lstrip().startswith(("mean ", "p90 "))]
+    assert len(rows) == 4
+    for row in rows:
+        assert "+" not in row  # no "P+D" replica pair
+        assert "TTFT <= 1 ms is unreachable" in row and "ITL <= 0.5 ms is unreachable" in row
+
+    result = planner(*command, "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert len(rows) == 4
+    for row in rows:
+        assert row["feasible"] is False and len(row["unreachable"]) == 2
+        assert row["prefill_replicas_peak"] is None and row["decode_replicas_mean"] is None
+        assert row["prefill_latency_ms"] > 1 and row["decode_latency_ms"] > 0.5
 
 
 def test_capacity_needs_lengths_or_a_trace(profile_dir) -> None:

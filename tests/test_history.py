@@ -222,6 +222,42 @@ def test_history_cli_csv_has_a_header_and_one_line_per_decision(history) -> None
     assert len(lines) - 1 == _rows(url, "SELECT count(*) FROM decisions")[0][0]
 
 
+def test_history_cli_table_shows_why_in_full_under_each_decision(history) -> None:
+    """The table: a header, then each decision's line followed by its `why` with the numbers (not cut to a cell)."""
+    url, _ = history
+    result = planner("history", "--deployment", "hist", env={"PLANNER_DATABASE_URL": url})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "why" not in lines[0].split() and "decision_id" in lines[0].split()
+    rows = history_rows(url, "hist")
+    expected = [f"    why: {row['why']}" for row in rows if row["why"]]
+    assert [line for line in lines if line.startswith("    why: ")] == expected
+    assert len(expected) == len(rows) and any("ceil(" in line for line in expected)
+    assert len(lines) == 1 + len(rows) + len(expected)
+
+
+def test_sla_by_hour_attainment_is_zero_for_an_hour_that_met_no_target(database_url, tmp_path, profile_dir) -> None:
+    """An hour with latency data and no window within target: attainment 0, not NULL (migration 0008); an hour
+    without latency data: NULL (unknown); an hour within target: 1."""
+    from planner_core.domain import Loop, TrafficObservation
+    from planner_core.runtime.service import load_context, run_tick
+    from planner_core.runtime.store.db import get_engine
+
+    ctx = load_context(database_url, "sla", write_config(tmp_path))  # TTFT target 200 ms, ITL 10 ms
+    latencies = {0: (250.0, 9.0), 1: (None, None), 2: (150.0, 9.0)}  # hour -> (TTFT, ITL) of its windows (ms)
+    for hour, (ttft_ms, itl_ms) in latencies.items():
+        for minute in (0, 1):
+            traffic = TrafficObservation(duration_s=60, num_req=600, isl=3000, osl=300, ttft_ms=ttft_ms, itl_ms=itl_ms)
+            run_tick(ctx, Loop.THROUGHPUT, dt.datetime(2026, 1, 1, hour, minute, tzinfo=dt.UTC), traffic)
+    get_engine(database_url).dispose()
+    rows = _rows(
+        database_url,
+        "SELECT num_windows_with_latency, num_windows_met, request_weighted_attainment FROM sla_by_hour"
+        " WHERE deployment = 'sla' ORDER BY hour",
+    )
+    assert rows == [(2, 0, 0.0), (0, 0, None), (2, 2, 1.0)]
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

@@ -219,3 +219,79 @@ def test_migration_0007_traffic_features_downgrades_and_upgrades_again(
     assert _relation(url, summary_sql) == (summary_columns, [(*row_0006, *[None] * len(features))])
     assert _relation(url, history_sql) == history
     assert _relation(url, grant)[1] == [(True,)]
+
+
+def test_migration_0008_operator_views_downgrades_and_upgrades_again(empty_database_url, tmp_path, profile_dir) -> None:
+    """0008: an hour whose windows all missed the TTFT target has attainment 0 (0007: NULL), and `why` carries each
+    step's numbers (0007: step names and reason codes); both views keep their columns, grants and view comments
+    through 0008 -> 0007 -> 0008."""
+    url = empty_database_url
+    upgrade(url)
+    ctx = load_context(url, "operator", write_config(tmp_path))  # TTFT target 200 ms, ITL 10 ms
+    for minute, num_req in ((0, 3000), (1, 9000)):
+        traffic = TrafficObservation(duration_s=60, num_req=num_req, isl=3000, osl=300, ttft_ms=250, itl_ms=9)
+        at = dt.datetime(2026, 1, 1, 0, minute, tzinfo=dt.UTC)
+        assert run_tick(ctx, Loop.THROUGHPUT, at, traffic).tick_id is not None
+    get_engine(url).dispose()
+    sla_sql = "SELECT num_windows_with_latency, num_windows_met, request_weighted_attainment FROM sla_by_hour"
+    why_sql = "SELECT why FROM decision_history ORDER BY decision_id"
+    grants = (
+        "SELECT has_table_privilege('planner_analyst', 'sla_by_hour', 'SELECT'), "
+        "has_table_privilege('planner_analyst', 'decision_history', 'SELECT')"
+    )
+    view_comment = "SELECT obj_description('decision_history'::regclass, 'pg_class')"
+    why_comment = (
+        "SELECT col_description('decision_history'::regclass, a.attnum) FROM pg_attribute a"
+        " WHERE a.attrelid = 'decision_history'::regclass AND a.attname = 'why'"
+    )
+    history_columns = _relation(url, "SELECT * FROM decision_history")[0]
+    sla_columns = _relation(url, "SELECT * FROM sla_by_hour")[0]
+
+    assert _relation(url, sla_sql)[1] == [(2, 0, 0.0)]
+    first_why, second_why = (why for (why,) in _relation(url, why_sql)[1])
+    # the arithmetic of `tick_steps.detail`, not reason codes; the built-in plugins' bookkeeping left out
+    assert "demand (prefill): ceil(150000 / 49481) = 4" in first_why
+    assert "capacity (decode): 4556 tokens/s per engine at ITL 9.7 ms" in first_why
+    assert "change_rate (prefill): 1 -> 10 limited to 9 (at most 8 per tick)" in second_why
+    assert "demand_sized" not in first_why and "builtin" not in first_why
+    assert all(len(why) <= 1500 for why in (first_why, second_why))
+    assert _relation(url, grants)[1] == [(True, True)]
+    assert "with their numbers" in _relation(url, view_comment)[1][0][0]
+    assert _relation(url, why_comment)[1][0][0].startswith("The tick's non-routine explanation steps")
+
+    downgrade(url, "0007")
+    assert _relation(url, sla_sql)[1] == [(2, 0, None)]  # the defect 0008 fixes
+    old_why = _relation(url, why_sql)[1][0][0]
+    assert "demand: demand_sized (prefill)" in old_why and "ceil(" not in old_why
+    assert _relation(url, "SELECT * FROM decision_history")[0] == history_columns
+    assert _relation(url, "SELECT * FROM sla_by_hour")[0] == sla_columns
+    assert _relation(url, grants)[1] == [(True, True)]
+    assert "non-trivial explanation steps" in _relation(url, view_comment)[1][0][0]
+    assert _relation(url, why_comment)[1] == [(None,)]
+
+    upgrade(url)
+    assert _relation(url, sla_sql)[1] == [(2, 0, 0.0)]
+    assert [why for (why,) in _relation(url, why_sql)[1]] == [first_why, second_why]
+    assert _relation(url, grants)[1] == [(True, True)]
+
+
+def test_migration_0008_bounds_why(empty_database_url, tmp_path, profile_dir) -> None:
+    """A step's detail in `why` is cut at 160 characters and the whole at 1500, each cut ending with '...'."""
+    url = empty_database_url
+    upgrade(url)
+    ctx = load_context(url, "long", write_config(tmp_path))
+    traffic = TrafficObservation(duration_s=60, num_req=3000, isl=3000, osl=300)
+    tick_id = run_tick(ctx, Loop.THROUGHPUT, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), traffic).tick_id
+    get_engine(url).dispose()
+    insert = (
+        "INSERT INTO tick_steps (tick_id, seq, step, reason, detail) "
+        "SELECT %s, %s + i, 'plugin', 'override_set', repeat(%s, %s) FROM generate_series(1, %s) i"
+    )
+    with psycopg.connect(to_libpq_uri(url)) as conn:
+        conn.execute(insert, (tick_id, 1000, "y", 300, 1))
+    [(why,)] = _relation(url, "SELECT why FROM decision_history")[1]
+    assert why.endswith("; plugin: " + "y" * 157 + "...") and len(why) < 1500
+    with psycopg.connect(to_libpq_uri(url)) as conn:
+        conn.execute(insert, (tick_id, 2000, "x", 100, 20))
+    [(why,)] = _relation(url, "SELECT why FROM decision_history")[1]
+    assert len(why) == 1500 and why.endswith("x...")

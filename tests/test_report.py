@@ -341,6 +341,23 @@ def test_report_data_is_what_the_ticks_recorded(database_url, scenario) -> None:
     assert summarise(data).gpu_hours == pytest.approx(SCENARIO_GPU_HOURS)
 
 
+def test_decisions_table_shows_the_numbers_behind_each_decision(database_url, scenario) -> None:
+    """A decided tick carries `decision_history.why` (the steps' arithmetic), and the decisions table shows it."""
+    import psycopg
+
+    from planner_core.runtime.store.db import to_libpq_uri
+
+    with session_factory(database_url).begin() as session:
+        data = load_report_data(session, scenario.deployment)
+    first = data.ticks[0]
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        [(why,)] = conn.execute("SELECT why FROM decision_history WHERE tick_id = %s", (first.tick_id,)).fetchall()
+    assert first.why == why and "demand (prefill): ceil(" in why
+    assert all(t.why is None for t in data.ticks if t.decision_id is None)
+    page = render_html(data, generated_at=GENERATED_AT, charts=[])
+    assert f"<td>{why.replace('>', '&gt;')}</td>" in page
+
+
 @pytest.mark.parametrize(
     ("since_s", "until_s", "expected_offsets_s"),
     [

@@ -187,7 +187,8 @@ def test_history_views_answer_what_when_why_and_what_happened(ctx) -> None:
     assert row["deployment"] == "store-test" and row["decided_at"] == T0
     assert (row["prefill_before"], row["decode_before"], row["target_prefill"], row["target_decode"]) == (1, 1, 7, 7)
     assert row["status"] == "pending" and row["num_attempts"] == 0 and row["acknowledged_at"] is None
-    assert "demand: demand_sized (prefill)" in row["why"] and "decide: scale" in row["why"]
+    # the steps' numbers (migration 0008), not their reason codes
+    assert "demand (prefill): ceil(" in row["why"] and "decide: prefill 1 -> 7, decode 1 -> 7" in row["why"]
     assert ticks[0]["observed_num_req"] == 6000 and ticks[0]["proposed_decode"] == 7
 
 

@@ -68,6 +68,7 @@ class TickRow:
             forecast shape (the `capacity` step, or the `engine_capacity` step's requests/s times the forecast
             ISL / OSL; see the `tick_summary` view).
         ttft_target_ms .. throughput_interval_s: from the config the tick ran under.
+        why: the decision's explanation with its numbers (`decision_history.why`); None without a decision.
     """
 
     tick_id: int
@@ -104,6 +105,7 @@ class TickRow:
     prefill_gpus_per_engine: int = 1
     decode_gpus_per_engine: int = 1
     throughput_interval_s: float | None = None
+    why: str | None = None
 
     @property
     def ready_gpus(self) -> int | None:
@@ -176,7 +178,8 @@ _WINDOW = """dep.name = :deployment
       AND (CAST(:since AS timestamptz) IS NULL OR t.scheduled_at >= :since)
       AND (CAST(:until AS timestamptz) IS NULL OR t.scheduled_at < :until)"""
 
-# The per-tick rows come from the `tick_summary` view (migration 0006), which the metrics exporter reads too.
+# The per-tick rows come from the `tick_summary` view (migration 0006), which the metrics exporter reads too; a
+# decided tick's `why` from `decision_history` (migration 0008), as `planner history` shows it.
 _TICKS_SQL = """
 SELECT tick_id, loop, scheduled_at, lag_s, reason, decide_ms,
        window_s, observed_num_req, observed_isl, observed_osl, observed_ttft_ms, observed_itl_ms,
@@ -184,7 +187,8 @@ SELECT tick_id, loop, scheduled_at, lag_s, reason, decide_ms,
        ready_prefill, ready_decode, expected_prefill, expected_decode, proposed_prefill, proposed_decode,
        prefill_engine_tokens_per_s, decode_engine_tokens_per_s,
        decision_id, target_prefill, target_decode, decision_status,
-       ttft_target_ms, itl_target_ms, prefill_gpus_per_engine, decode_gpus_per_engine, throughput_interval_s
+       ttft_target_ms, itl_target_ms, prefill_gpus_per_engine, decode_gpus_per_engine, throughput_interval_s,
+       (SELECT h.why FROM decision_history h WHERE h.decision_id = tick_summary.decision_id) AS why
   FROM tick_summary
  WHERE deployment = :deployment
    AND (CAST(:since AS timestamptz) IS NULL OR scheduled_at >= :since)
@@ -918,9 +922,6 @@ def _decisions_table(data: ReportData) -> str:
     decided = [t for t in data.ticks if t.decision_id is not None][-MAX_DECISION_ROWS:]
     if not decided:
         return "<p>No decisions in this window.</p>"
-    why: dict[int, list[str]] = {}
-    for s in data.steps:
-        why.setdefault(s.tick_id, []).append(f"{s.step}: {s.reason}" + (f" ({s.component})" if s.component else ""))
     outcome: dict[int, str] = {}
     for e in data.decision_events:
         outcome[e.decision_id] = e.event  # events are in time order: the last one wins
@@ -933,7 +934,7 @@ def _decisions_table(data: ReportData) -> str:
         "<tr>"
         f"<td>{_iso(t.at_s)}</td><td>{pair(t.ready_prefill, t.ready_decode)}</td>"
         f"<td>{pair(t.target_prefill, t.target_decode)}</td><td>{html.escape(t.reason)}</td>"
-        f"<td>{html.escape('; '.join(why.get(t.tick_id, [])))}</td>"
+        f"<td>{html.escape(t.why or '')}</td>"  # the numbers behind it, as `decision_history.why` renders them
         f"<td>{html.escape(t.decision_status or '-')}"
         + (f" (last event: {html.escape(outcome[t.decision_id])})" if t.decision_id in outcome else "")
         + "</td></tr>"

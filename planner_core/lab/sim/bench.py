@@ -436,7 +436,12 @@ def bench_figure(  # noqa: ANN201
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TraceSizingRow:
-    """What a trace needs under one sizing choice: per-engine capacity and replicas at its mean and peak window."""
+    """What a trace needs under one sizing choice: per-engine capacity and replicas at its mean and peak window.
+
+    The latencies are each phase's at the operating point sized on: TTFT for prefill, ITL for decode (ms). When a
+    phase's `*_sla_met` is False no operating point meets its target and the latency is the best (lowest) the
+    model reaches; the capacity and replicas are then those of that closest point, not a size that meets the SLA.
+    """
 
     sizing: str  # "mean" or the length quantile, e.g. "p90"
     algorithm: str  # "interpolation" (Dynamo 0.x) or "engine_capacity" (Dynamo 1.x)
@@ -450,6 +455,15 @@ class TraceSizingRow:
     decode_replicas_mean: int
     prefill_replicas_peak: int
     decode_replicas_peak: int
+    prefill_latency_ms: float
+    decode_latency_ms: float
+    prefill_sla_met: bool
+    decode_sla_met: bool
+
+    @property
+    def feasible(self) -> bool:
+        """Whether both phases meet their targets (only then are the replicas a size that serves the SLA)."""
+        return self.prefill_sla_met and self.decode_sla_met
 
 
 def trace_sizing(
@@ -474,10 +488,19 @@ def trace_sizing(
     for sizing, (isl, osl) in shapes.items():
         prefill_interp = perf.prefill_capacity(isl=isl, ttft_ms=config.ttft_ms)
         decode_interp = perf.decode_capacity(isl=isl, osl=osl, itl_ms=config.itl_ms)
+        # algorithm -> (prefill, decode) requests/s per engine, latency (ms) and whether it meets the target
         per_engine = {
             "interpolation": (
-                prefill_interp.tokens_per_s_per_gpu * config.prefill_gpus_per_engine / isl,
-                decode_interp.tokens_per_s_per_gpu * config.decode_gpus_per_engine / osl,
+                (
+                    prefill_interp.tokens_per_s_per_gpu * config.prefill_gpus_per_engine / isl,
+                    prefill_interp.latency_ms,
+                    prefill_interp.sla_met,
+                ),
+                (
+                    decode_interp.tokens_per_s_per_gpu * config.decode_gpus_per_engine / osl,
+                    decode_interp.latency_ms,
+                    decode_interp.sla_met,
+                ),
             )
         }
         if fwd is not None:
@@ -495,8 +518,14 @@ def trace_sizing(
                 osl=max(1.0, osl),
                 itl_ms=config.itl_ms,
             )
-            per_engine["engine_capacity"] = (prefill.requests_per_s, decode.requests_per_s)
-        for algorithm, (prefill_rps, decode_rps) in per_engine.items():
+            per_engine["engine_capacity"] = (
+                (prefill.requests_per_s, prefill.latency_ms, prefill.sla_met),
+                (decode.requests_per_s, decode.latency_ms, decode.sla_met),
+            )
+        for algorithm, (
+            (prefill_rps, prefill_latency_ms, prefill_met),
+            (decode_rps, decode_latency_ms, decode_met),
+        ) in per_engine.items():
 
             def need(rate: float, capacity: float) -> int:
                 return math.ceil(rate / capacity - 1e-9) if capacity > 0 else 0
@@ -515,6 +544,10 @@ def trace_sizing(
                     decode_replicas_mean=need(mean_rps, decode_rps),
                     prefill_replicas_peak=need(peak_rps, prefill_rps),
                     decode_replicas_peak=need(peak_rps, decode_rps),
+                    prefill_latency_ms=prefill_latency_ms,
+                    decode_latency_ms=decode_latency_ms,
+                    prefill_sla_met=prefill_met,
+                    decode_sla_met=decode_met,
                 )
             )
     return rows

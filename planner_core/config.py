@@ -675,6 +675,15 @@ class PlannerConfig(BaseModel):
     throughput_scale_down_hold_seconds: float = Field(
         default=0.0, ge=0, description="Seconds over which the largest need found holds a pool up; 0 = off."
     )
+    # Scale-down margin (ours; 0 = Dynamo): a pool shrinks to m engines only when its need before rounding up
+    # (demand / one engine's capacity, and the burst need) is at most m x (1 - margin). A need that wanders around
+    # an integer at steady load otherwise drops a pool by one engine and raises it again minutes later.
+    throughput_scale_down_margin: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Fraction of the smaller size a pool's unrounded need must stay under to scale down; 0 = off.",
+    )
 
     # ------------------------------------------------------------------------------------------------
     # Validation (never mutates; raises the first violation and counts the rest)

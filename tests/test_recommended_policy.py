@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from planner_core.config import load_config
@@ -58,7 +58,11 @@ def reversals(sizes: list[tuple[int, int]], pool: int) -> list[int]:
     return [i for (_, before), (i, after) in zip(changes, changes[1:], strict=False) if (before > 0) != (after > 0)]
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=20, deadline=None)
+# loads the search found flapping before the scale-down margin: decode 3 -> 2 -> 3 within minutes
+@example(rate_rps=43.75, mean_isl=1210.0, mean_osl=516.0, seed=1)
+@example(rate_rps=42.75, mean_isl=1212.0, mean_osl=520.0, seed=2)
+@example(rate_rps=36.875, mean_isl=890.0, mean_osl=20.0, seed=1)
 @given(
     rate_rps=st.floats(2.0, 120.0),
     mean_isl=st.floats(200.0, 4000.0),
@@ -88,3 +92,12 @@ def test_the_flap_check_sees_flapping() -> None:
     constant forecast did to decode at steady load, once a minute) has two reversals; a pool rising twice has none."""
     assert reversals([(1, 3), (1, 4), (1, 3), (1, 4)], 1) == [2, 3]
     assert reversals([(1, 3), (2, 3), (3, 3)], 0) == []
+
+
+def test_without_the_margin_a_steady_load_flaps() -> None:
+    """The margin is what keeps the pools still: without it (the hold alone) the first load above drops decode from
+    3 to 2 and raises it again within the hold."""
+    config = PLANNER.config.model_copy(update={"throughput_scale_down_margin": 0.0})
+    sizes = settled_sizes(Planner(config=config, perf=PLANNER.perf), steady_trace(43.75, 1210.0, 516.0, 1))
+    assert len(reversals(sizes, 1)) >= 1, sizes
+    assert settled_sizes(PLANNER, steady_trace(43.75, 1210.0, 516.0, 1))[-1][1] == 3  # with it: held at 3

@@ -173,7 +173,7 @@ BURST_CASES = [
 
 @pytest.mark.parametrize("case", BURST_CASES, ids=lambda c: c.id)
 def test_burst_prefill_replicas(case: BurstCase) -> None:
-    replicas, step = burst_prefill_replicas(
+    replicas, step, _ = burst_prefill_replicas(
         case.traffic,
         case.forecast_tokens_per_s,
         mean_rate_replicas=case.mean_rate,

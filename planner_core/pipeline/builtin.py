@@ -18,6 +18,7 @@ Pure, like the rest of the decision core: plugins read only the pipeline context
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -146,8 +147,10 @@ class ThroughputProposePlugin:
         steps: list[StepRecord] = []
         shape, shape_step = sizing_shape(prediction, config.throughput_length_sizing)
         steps.append(shape_step)
+        # each pool's need before rounding up, where the sizing knows it (for the scale-down margin)
+        unrounded: dict[Component, float] = {}
         if config.throughput_algorithm is ThroughputAlgorithm.ENGINE_CAPACITY:
-            sized = self._size_on_engine_capacity(context, prediction.num_req / window_s, shape, steps)
+            sized = self._size_on_engine_capacity(context, prediction.num_req / window_s, shape, steps, unrounded)
         else:
             sized = self._size_on_interpolation(context, prediction, shape, window_s, steps)
         if sized is None:
@@ -158,12 +161,14 @@ class ThroughputProposePlugin:
             prompt_pool = Component.DECODE if config.mode is PlannerMode.AGG else Component.PREFILL
             if prompt_pool in sized:
                 sized[prompt_pool] = self._size_for_bursts(
-                    context, prediction, shape, window_s, sized[prompt_pool], steps
+                    context, prediction, shape, window_s, sized[prompt_pool], steps, unrounded
                 )
         if config.throughput_scale_down_hold_seconds > 0:
             sized, state = _hold_scale_down(
                 sized, state, inputs, config.throughput_scale_down_hold_seconds, components, steps
             )
+        if config.throughput_scale_down_margin > 0:
+            sized = _scale_down_margin(sized, unrounded, inputs, config.throughput_scale_down_margin, steps)
         desired: dict[Component, int] = {}
         for component in components:
             value, step = bound_min_endpoint(component, sized[component], floors[component])
@@ -212,6 +217,7 @@ class ThroughputProposePlugin:
         window_s: float,
         mean_rate_replicas: int,
         steps: list[StepRecord],
+        unrounded: dict[Component, float],
     ) -> int:
         """Ours: raise the pool that computes prompts (prefill, or the aggregated pool) so the observed prompt bursts
         drain within the TTFT target (`burst_prefill_replicas`), at the engine rate of `_burst_engine_rate`."""
@@ -219,7 +225,7 @@ class ThroughputProposePlugin:
         assert traffic is not None
         component = Component.DECODE if config.mode is PlannerMode.AGG else Component.PREFILL
         engine_tokens_per_s, iteration_s = self._burst_engine_rate(context, shape, component)
-        replicas, step = burst_prefill_replicas(
+        replicas, step, burst_need = burst_prefill_replicas(
             traffic,
             prediction.num_req * prediction.isl / window_s,
             mean_rate_replicas=mean_rate_replicas,
@@ -229,6 +235,8 @@ class ThroughputProposePlugin:
             component=component,
         )
         steps.append(step)
+        if burst_need is not None:
+            unrounded[component] = max(unrounded.get(component, 0.0), burst_need)
         return replicas
 
     def _burst_engine_rate(
@@ -320,7 +328,12 @@ class ThroughputProposePlugin:
         return sized
 
     def _size_on_engine_capacity(
-        self, context: PipelineContext, demand_rps: float, shape: RequestShape, steps: list[StepRecord]
+        self,
+        context: PipelineContext,
+        demand_rps: float,
+        shape: RequestShape,
+        steps: list[StepRecord],
+        unrounded: dict[Component, float],
     ) -> dict[Component, int] | None:
         """Dynamo 1.x: requests/s per engine searched on a forward-pass model; every pool or none (a pool whose
         model cannot answer holds its partner too)."""
@@ -375,6 +388,8 @@ class ThroughputProposePlugin:
                 component, pool_demand_rps, capacity.requests_per_s, capacity.detail
             )
             steps.append(step)
+            if capacity.requests_per_s > 0:
+                unrounded[component] = pool_demand_rps / capacity.requests_per_s
         if not_ready:
             for component in managed_components(config.mode):
                 if component not in not_ready:
@@ -428,6 +443,40 @@ def _hold_scale_down(
             )
         )
     return held, dataclasses.replace(state, recent_throughput_needs=recent)
+
+
+def _scale_down_margin(
+    sized: dict[Component, int],
+    unrounded: dict[Component, float],
+    inputs: TickInputs,
+    margin: float,
+    steps: list[StepRecord],
+) -> dict[Component, int]:
+    """Ours: a pool below its current size shrinks only as far as its need before rounding up stays at most
+    m x (1 - margin) of the new size m: `min(current, max(sized, ceil(need / (1 - margin))))`. Hysteresis: a need
+    of 2.05 raises a pool to 3, and only a need under 1.8 (margin 0.1) brings it back to 2, so a steady load whose
+    need wanders around an integer does not flap. Pools growing, or without an unrounded need, are left alone."""
+    held = dict(sized)
+    for component, value in sized.items():
+        current = inputs.workers.expected(component)
+        need = unrounded.get(component)
+        if need is None or value >= current:
+            continue
+        floor = min(current, max(value, math.ceil(need / (1.0 - margin) - 1e-9)))
+        held[component] = floor
+        steps.append(
+            StepRecord(
+                step=StepName.SCALE_DOWN_HOLD,
+                component=component,
+                value=floor,
+                reason=ReasonCode.SCALE_DOWN_HELD if floor > value else ReasonCode.WITHIN_RANGE,
+                detail=(
+                    f"scale-down margin {margin:g}: need {need:.3f} engines; "
+                    f"min({current}, max({value}, ceil({need:.3f} / {1.0 - margin:g}))) = {floor}"
+                ),
+            )
+        )
+    return held
 
 
 def _target_utilization(config: PlannerConfig, component: Component) -> float:

@@ -314,7 +314,7 @@ def burst_prefill_replicas(
     engine_prompt_tokens_per_s: float,
     iteration_s: float,
     component: Component = Component.PREFILL,
-) -> tuple[int, StepRecord]:
+) -> tuple[int, StepRecord, float | None]:
     """Prefill engines that also drain the observed prompt bursts, shrunk to a lower forecast, within the TTFT target.
 
     Args:
@@ -329,8 +329,9 @@ def burst_prefill_replicas(
 
     Returns:
         The larger of `mean_rate_replicas` and `max over L of ceil(g * A(L) / (mu * (L + T')))` (module
-        docstring), and its step: `burst_sized` (raised), `burst_covered` (not), or `burst_unavailable` (the
-        window has no arrival curve or no prompt tokens, or the engine rate is unknown: `mean_rate_replicas` kept).
+        docstring), its step: `burst_sized` (raised), `burst_covered` (not), or `burst_unavailable` (the
+        window has no arrival curve or no prompt tokens, or the engine rate is unknown: `mean_rate_replicas` kept),
+        and the burst need in engines before rounding up (None when unavailable).
     """
     curve = traffic.prompt_arrival_curve()
     observed_tokens_per_s = traffic.num_req * traffic.isl / traffic.duration_s if traffic.duration_s > 0 else 0.0
@@ -347,7 +348,7 @@ def burst_prefill_replicas(
         step = StepRecord(
             step=StepName.BURST, component=component, reason=ReasonCode.BURST_UNAVAILABLE, detail=f"{why}: mean rate"
         )
-        return mean_rate_replicas, step
+        return mean_rate_replicas, step, None
     growth = min(1.0, forecast_prompt_tokens_per_s / observed_tokens_per_s)
     slack_s = burst_slack_s(ttft_ms, iteration_s)
     needs = [
@@ -367,4 +368,4 @@ def burst_prefill_replicas(
             f"tokens/s x ({interval_s:g} + {slack_s:.3f}) s)) = {burst}; mean rate {mean_rate_replicas}"
         ),
     )
-    return replicas, step
+    return replicas, step, need

@@ -53,6 +53,7 @@ __all__ = [
     "ConfigError",
     "EngineLimitsConfig",
     "EnvironmentKind",
+    "KubernetesWorkloadsConfig",
     "LengthQuantile",
     "LengthSizing",
     "LoadNextRequest",
@@ -69,6 +70,8 @@ __all__ = [
     "SweepingMode",
     "ThroughputAlgorithm",
     "ThroughputMetricsSource",
+    "WorkloadKind",
+    "WorkloadRef",
     "config_hash",
     "load_config",
     "managed_components",
@@ -113,9 +116,17 @@ class PlannerMode(enum.StrEnum):
 class EnvironmentKind(enum.StrEnum):
     """Where scaling decisions are sent (the connector)."""
 
-    KUBERNETES = "kubernetes"
+    KUBERNETES = "kubernetes"  # a Dynamo DynamoGraphDeployment
+    KUBERNETES_WORKLOADS = "kubernetes-workloads"  # plain Deployments/StatefulSets, one per role
     VIRTUAL = "virtual"
     GLOBAL_PLANNER = "global-planner"
+
+
+class WorkloadKind(enum.StrEnum):
+    """The Kubernetes workload kinds `environment: kubernetes-workloads` scales (apps/v1, scale subresource)."""
+
+    DEPLOYMENT = "Deployment"
+    STATEFUL_SET = "StatefulSet"
 
 
 class Backend(enum.StrEnum):
@@ -413,7 +424,7 @@ class PlannerConfig(BaseModel):
     )
     environment: EnvironmentKind = Field(
         default=EnvironmentKind.KUBERNETES,
-        description="Where decisions are sent: kubernetes, virtual or global-planner.",
+        description="Where decisions are sent: kubernetes, kubernetes-workloads, virtual or global-planner.",
     )
     backend: Backend = Field(
         default=Backend.VLLM, description="Inference engine the workers run (selects the perf table and metric names)."
@@ -922,6 +933,90 @@ class PlannerConfig(BaseModel):
         )
 
 
+class WorkloadRef(BaseModel):
+    """One plain Kubernetes workload that serves a role: its kind, and its name or a label selector.
+
+    Exactly one of `name` and `selector` is set (checked by `KubernetesWorkloadsConfig`, which knows the field's
+    path for the error message); a selector must match exactly one workload of the kind when it is used.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    kind: WorkloadKind = Field(description="Workload kind: Deployment or StatefulSet.")
+    name: str | None = Field(default=None, min_length=1, description="Workload name; or set selector instead.")
+    selector: dict[str, str] | None = Field(
+        default=None, description="Labels the one workload carries (matchLabels); or set name instead."
+    )
+    namespace: str | None = Field(
+        default=None, min_length=1, description="Namespace of the workload; None = kubernetes_workloads.namespace."
+    )
+
+    @property
+    def label_selector(self) -> str | None:
+        """The selector as the API's `labelSelector` query (`k=v,...`, sorted), or None when found by name."""
+        if self.selector is None:
+            return None
+        return ",".join(f"{key}={value}" for key, value in sorted(self.selector.items()))
+
+
+class KubernetesWorkloadsConfig(BaseModel):
+    """The workloads `environment: kubernetes-workloads` scales, one per role the mode manages.
+
+    `disagg` needs `prefill` and `decode`, `prefill` and `decode` modes the one pool they manage, `agg` the one
+    `aggregated` workload (the planner's decode role). The namespace of a workload: its own `namespace`, else
+    `namespace` here, else `PLANNER_K8S_NAMESPACE` / the pod's namespace.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Namespace of the workloads; None = PLANNER_K8S_NAMESPACE, else the pod's.",
+    )
+    prefill: WorkloadRef | None = Field(default=None, description="The prefill workload (modes disagg and prefill).")
+    decode: WorkloadRef | None = Field(default=None, description="The decode workload (modes disagg and decode).")
+    aggregated: WorkloadRef | None = Field(default=None, description="The aggregated workload (mode agg).")
+
+    @model_validator(mode="after")
+    def _name_or_selector(self) -> KubernetesWorkloadsConfig:
+        violations: list[tuple[str, Any, str]] = []
+        for role in ("prefill", "decode", "aggregated"):
+            ref: WorkloadRef | None = getattr(self, role)
+            if ref is None:
+                continue
+            where = f"kubernetes_workloads.{role}"
+            if ref.name is None and ref.selector is None:
+                violations.append(_rule(f"{where}.name", None, "set name or selector"))
+            elif ref.name is not None and ref.selector is not None:
+                violations.append(_rule(f"{where}.selector", ref.selector, "set name or selector, not both"))
+            elif ref.selector is not None:
+                if not ref.selector:
+                    violations.append(_rule(f"{where}.selector", ref.selector, "needs at least one label"))
+                for key, value in ref.selector.items():
+                    # `,` and `=` would change the meaning of the labelSelector query built from them
+                    if not key or any(c in key + value for c in ",=! "):
+                        violations.append(
+                            _rule(f"{where}.selector.{key}", value, "label keys and values cannot hold , = ! or spaces")
+                        )
+        _raise_rules(violations)
+        return self
+
+    def roles(self) -> tuple[tuple[Component, str, WorkloadRef], ...]:
+        """(planner role, config key, workload) for each workload set; `aggregated` is the decode role."""
+        keyed = ((Component.PREFILL, "prefill"), (Component.DECODE, "decode"), (Component.DECODE, "aggregated"))
+        return tuple((role, key, getattr(self, key)) for role, key in keyed if getattr(self, key) is not None)
+
+
+# The workload keys each mode needs (the others must be unset: a workload the planner ignores is a slip).
+_WORKLOAD_KEYS: dict[PlannerMode, tuple[str, ...]] = {
+    PlannerMode.DISAGG: ("prefill", "decode"),
+    PlannerMode.PREFILL: ("prefill",),
+    PlannerMode.DECODE: ("decode",),
+    PlannerMode.AGG: ("aggregated",),
+}
+
+
 class ServiceConfig(BaseModel):
     """How the service runs around the decision: metrics endpoints, ports, reports, execution cadence.
 
@@ -960,6 +1055,11 @@ class ServiceConfig(BaseModel):
     )
 
     # --- ours ------------------------------------------------------------------------------------------
+    # Where decisions go, not what they are: a service setting, so naming the workloads leaves config_hash alone.
+    kubernetes_workloads: KubernetesWorkloadsConfig | None = Field(
+        default=None,
+        description="For environment kubernetes-workloads: the Deployment/StatefulSet of each role (name or selector).",
+    )
     # 10 s matches the check interval of Dynamo's virtual connector (SCALING_CHECK_INTERVAL).
     execution_interval_seconds: float = Field(
         default=10.0, gt=0, description="Seconds between two runs of the execution flow applying pending decisions."
@@ -991,6 +1091,40 @@ class PlannerFile(BaseModel):
 
     policy: PlannerConfig
     service: ServiceConfig = Field(default_factory=ServiceConfig)
+
+    @model_validator(mode="after")
+    def _workloads_match_environment_and_mode(self) -> PlannerFile:
+        """`kubernetes_workloads` (a service setting) is required by, and only used with, that environment."""
+        workloads = self.service.kubernetes_workloads
+        environment, mode = self.policy.environment, self.policy.mode
+        violations: list[tuple[str, Any, str]] = []
+        if environment is EnvironmentKind.KUBERNETES_WORKLOADS:
+            if workloads is None:
+                violations.append(
+                    _rule("kubernetes_workloads", None, "required when environment='kubernetes-workloads'")
+                )
+            else:
+                needed = _WORKLOAD_KEYS[mode]
+                for key in ("prefill", "decode", "aggregated"):
+                    value = getattr(workloads, key)
+                    if key in needed and value is None:
+                        violations.append(
+                            _rule(f"kubernetes_workloads.{key}", None, f"required when mode='{mode.value}'")
+                        )
+                    elif key not in needed and value is not None:
+                        violations.append(
+                            _rule(
+                                f"kubernetes_workloads.{key}",
+                                value.name or value.selector,
+                                f"not used when mode='{mode.value}' (set {' and '.join(needed)})",
+                            )
+                        )
+        elif workloads is not None:
+            violations.append(
+                _rule("environment", environment, "must be 'kubernetes-workloads' when kubernetes_workloads is set")
+            )
+        _raise_rules(violations)
+        return self
 
 
 def managed_components(mode: PlannerMode) -> tuple[Component, ...]:

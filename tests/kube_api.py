@@ -14,7 +14,10 @@ connector relies on more, which this module adds by wrapping the emulator's requ
 - faults: the next N requests matching a method and path answer a given status (500, 503, ...), and
   "interference": a concurrent writer changes an object just before a matching request is handled, so the
   request's resourceVersion is stale and the 409 comes from the semantics above rather than being faked;
-- `settle()`, a minimal operator: it copies adapter replicas into the DGD and reports every component ready.
+- `settle()`, a minimal operator: it copies adapter replicas into the DGD and reports every component ready;
+- apps/v1 Deployments and StatefulSets (for the workload connector): GET, LIST filtered by an equality
+  `labelSelector`, the `scale` subresource (a write bumps `metadata.generation`, as the real server does), and
+  `settle_workload()`, a miniature workload controller (status caught up, or a rollout left in progress).
 
 The server runs in a background thread with its own event loop, so the synchronous `kubernetes` client (and
 the planner code under test) talk to it over real HTTP on 127.0.0.1. Every request is logged with its
@@ -40,6 +43,10 @@ import kmock
 GROUP = "nvidia.com"
 DGD = "dynamographdeployments"
 DGDSA = "dynamographdeploymentscalingadapters"
+APPS = "apps"
+DEPLOYMENTS = "deployments"
+STATEFULSETS = "statefulsets"
+APPS_PLURALS = frozenset({DEPLOYMENTS, STATEFULSETS})
 
 
 @dataclass
@@ -87,11 +94,12 @@ def _merge_patch(target: Any, patch: Any) -> Any:
 
 
 def _conflict(plural: str, name: str) -> kmock.KubernetesError:
+    group = APPS if plural in APPS_PLURALS else GROUP
     return kmock.KubernetesError(
         status=409,
         reason="Conflict",
         message=(
-            f'Operation cannot be fulfilled on {plural}.{GROUP} "{name}": the object has been modified; '
+            f'Operation cannot be fulfilled on {plural}.{group} "{name}": the object has been modified; '
             "please apply your changes to the latest version and try again"
         ),
     )
@@ -110,6 +118,8 @@ class ExtendedEmulator(kmock.KubernetesEmulator):
     # --- object store helpers (call with self._lock held, or from the loop thread) ----------------------
 
     def resource(self, plural: str) -> kmock.resource:
+        if plural in APPS_PLURALS:
+            return kmock.resource(APPS, "v1", plural)
         return kmock.resource(GROUP, self.version, plural)
 
     def bump(self) -> str:
@@ -174,6 +184,8 @@ class ExtendedEmulator(kmock.KubernetesEmulator):
                 interference.mutate(changed)
                 self.store(interference.plural, request.namespace, interference.name, changed, previous=obj)
         resource = request.resource
+        if resource is not None and resource.group == APPS and resource.plural in APPS_PLURALS:
+            return await self._apps(request, resource.plural)
         if resource is None or resource.group != GROUP or request.name is None:
             return await super()._handle(request)
         plural = resource.plural
@@ -213,8 +225,46 @@ class ExtendedEmulator(kmock.KubernetesEmulator):
             stored = self.store(plural, request.namespace, request.name, new, previous=old)
         return aiohttp.web.json_response(stored)
 
+    async def _apps(self, request: kmock.Request, plural: str) -> aiohttp.web.StreamResponse:
+        if request.subresource == "scale":
+            return await self._scale(request, plural)
+        if request.name is None and request.method == "GET":
+            return await self._list(request, plural)
+        if request.subresource is None and request.method in ("PUT", "PATCH"):
+            return await self._write(request, plural)
+        return await super()._handle(request)
+
+    async def _list(self, request: kmock.Request, plural: str) -> aiohttp.web.StreamResponse:
+        """LIST in a namespace, filtered by an equality-only `labelSelector` (`k=v,k2=v2`)."""
+        wanted: dict[str, str] = {}
+        for term in filter(None, (request.params.get("labelSelector") or "").split(",")):
+            key, sep, value = term.partition("=")
+            if not sep or key.endswith("!"):
+                raise kmock.KubernetesError(status=400, reason="BadRequest", message=f"unsupported selector {term}")
+            wanted[key.strip()] = value.strip()
+        async with self._lock:
+            items = [
+                copy.deepcopy(obj.raw)
+                for (resource, namespace, _name), obj in self.objects.items()
+                if resource == self.resource(plural) and namespace == request.namespace and not obj.deleted
+            ]
+        items = [
+            item
+            for item in items
+            if all(((item.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in wanted.items())
+        ]
+        kind = {DEPLOYMENTS: "DeploymentList", STATEFULSETS: "StatefulSetList"}[plural]
+        return aiohttp.web.json_response(
+            {"apiVersion": "apps/v1", "kind": kind, "metadata": {"resourceVersion": str(self._next_rv)}, "items": items}
+        )
+
     def _scale_view(self, obj: dict[str, Any]) -> dict[str, Any]:
         metadata = obj["metadata"]
+        if (obj.get("kind") or "") in ("Deployment", "StatefulSet"):
+            labels = (((obj.get("spec") or {}).get("selector") or {}).get("matchLabels")) or {}
+            selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        else:
+            selector = (obj.get("status") or {}).get("selector", "")
         return {
             "apiVersion": "autoscaling/v1",
             "kind": "Scale",
@@ -227,12 +277,12 @@ class ExtendedEmulator(kmock.KubernetesEmulator):
             "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 0)},
             "status": {
                 "replicas": (obj.get("status") or {}).get("replicas", 0),
-                "selector": (obj.get("status") or {}).get("selector", ""),
+                "selector": selector,
             },
         }
 
     async def _scale(self, request: kmock.Request, plural: str) -> aiohttp.web.StreamResponse:
-        if plural != DGDSA:
+        if plural != DGDSA and plural not in APPS_PLURALS:
             raise kmock.KubernetesNotFoundError(message=f"{plural} has no scale subresource here")
         async with self._lock:
             obj = self.current(plural, request.namespace, request.name)
@@ -403,6 +453,33 @@ class KubeApiServer:
                 },
             }
             emulator.store(DGD, self.namespace, dgd_name, stored, previous=stored)
+
+        self._call(settle)
+
+    def settle_workload(self, plural: str, name: str, *, ready: bool = True, rolling: bool = False) -> None:
+        """Act as the Deployment/StatefulSet controller: status caught up with the spec's generation and replicas.
+
+        `ready=False`: the pods exist but none is available; `rolling=True`: a template change half rolled out
+        (one replica on the new template; a StatefulSet's revisions differ).
+        """
+
+        def settle() -> None:
+            obj = self.emulator.current(plural, self.namespace, name)
+            new = copy.deepcopy(obj)
+            replicas = (new.get("spec") or {}).get("replicas", 1)
+            updated = min(1, replicas) if rolling else replicas
+            status: dict[str, Any] = {
+                "observedGeneration": new["metadata"]["generation"],
+                "replicas": replicas,
+                "updatedReplicas": updated,
+                "readyReplicas": replicas if ready else 0,
+                "availableReplicas": replicas if ready else 0,
+            }
+            if plural == STATEFULSETS:
+                status["currentRevision"] = f"{name}-1"
+                status["updateRevision"] = f"{name}-2" if rolling else f"{name}-1"
+            new["status"] = status
+            self.emulator.store(plural, self.namespace, name, new, previous=obj)
 
         self._call(settle)
 

@@ -445,7 +445,7 @@ RULE_CASES = [
         {"environment": "local"},
         "environment",
         "'local'",
-        "kubernetes, virtual, global-planner",
+        "kubernetes, kubernetes-workloads, virtual, global-planner",
     ),
     ("backend-unknown", {"backend": "llamacpp"}, "backend", "'llamacpp'", "vllm, sglang, trtllm, mocker"),
     (

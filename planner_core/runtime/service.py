@@ -43,8 +43,12 @@ from planner_core.runtime.store.fpm import latest_fpm
 from planner_core.runtime.store.migrate import check_schema_current, upgrade
 from planner_core.runtime.warmup import warm_history
 
-if TYPE_CHECKING:  # the kubernetes client is imported only when the Kubernetes connector is used (~0.4 s)
+if TYPE_CHECKING:  # the kubernetes client is imported only when a Kubernetes connector is used (~0.4 s)
     from planner_core.runtime.connectors.kubernetes import KubernetesConnector
+    from planner_core.runtime.connectors.workloads import WorkloadConnector
+
+# The environments whose connector talks to a cluster: built and validated once, by `connect_cluster`.
+CLUSTER_ENVIRONMENTS = (EnvironmentKind.KUBERNETES, EnvironmentKind.KUBERNETES_WORKLOADS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,7 +60,8 @@ class PlannerContext:
     planner: Planner  # the policy with its models and plugins (`build_planner`); what `decide` runs
     service: ServiceConfig = ServiceConfig()  # the service settings of the file (defaults when replaying)
     warmup_trace: Path | None = None  # `load_predictor_warmup_trace`, relative paths taken from the config's folder
-    kubernetes: KubernetesConnector | None = None  # `environment: kubernetes`: built and validated by load_context
+    # `environment: kubernetes` (DGD) or `kubernetes-workloads` (Deployments/StatefulSets): built by connect_cluster
+    kubernetes: KubernetesConnector | WorkloadConnector | None = None
 
     @property
     def config(self) -> PlannerConfig:
@@ -76,14 +81,16 @@ class PlannerContext:
         return session_factory(self.database_url)
 
     @property
-    def connector(self) -> VirtualConnector | KubernetesConnector:
+    def connector(self) -> VirtualConnector | KubernetesConnector | WorkloadConnector:
         """The connector the config's `environment` names.
 
         `global-planner` has no connector of its own yet and uses the virtual connector, as before.
         """
-        if self.config.environment is EnvironmentKind.KUBERNETES:
-            if self.kubernetes is None:
-                raise RuntimeError("environment 'kubernetes' needs the connector load_context builds")
+        environment = self.config.environment
+        if environment in CLUSTER_ENVIRONMENTS:
+            # each cluster connector's `name` is its environment's value: a mismatch is a wiring mistake
+            if self.kubernetes is None or self.kubernetes.name != environment.value:
+                raise RuntimeError(f"environment '{environment.value}' needs the connector connect_cluster builds")
             return self.kubernetes
         return VirtualConnector(timeout_s=self.service.virtual_connector_timeout_seconds)
 
@@ -110,6 +117,29 @@ def connect_kubernetes(config: PlannerConfig) -> tuple[KubernetesConnector, Plan
     return connector, effective_config(config, connector.info)
 
 
+def connect_cluster(
+    loaded: PlannerFile,
+) -> tuple[KubernetesConnector | WorkloadConnector | None, PlannerConfig]:
+    """The one place a cluster connector is built: the connector the file's `environment` names, validated, and
+    the effective config (unset model name and GPUs per engine filled from the cluster); (None, the policy) for
+    environments without one.
+
+    Raises:
+        KubernetesConnectorError: one line naming the variable, the object, the field or the value at fault.
+    """
+    config = loaded.policy
+    if config.environment is EnvironmentKind.KUBERNETES:
+        return connect_kubernetes(config)
+    if config.environment is EnvironmentKind.KUBERNETES_WORKLOADS:
+        from planner_core.runtime.connectors.workloads import WorkloadConnector
+
+        workloads = loaded.service.kubernetes_workloads
+        assert workloads is not None  # PlannerFile's rule: required with this environment
+        connector = WorkloadConnector.connect(config, workloads)
+        return connector, connector.effective_config(config)
+    return None, config
+
+
 def served_config(config_path: Path | None, settings: RuntimeSettings) -> tuple[str, PlannerFile]:
     """The config `planner serve` runs (the argument, else `PLANNER_CONFIG`, else the recommended policy) as an
     absolute path, loaded and checked: a bad file, or a DGD that cannot be scaled as configured, fails here in one
@@ -120,8 +150,7 @@ def served_config(config_path: Path | None, settings: RuntimeSettings) -> tuple[
     """
     path = str((config_path or settings.config or DEFAULT_CONFIG).resolve())
     loaded = load_config(path)
-    if loaded.policy.environment is EnvironmentKind.KUBERNETES:
-        connect_kubernetes(loaded.policy)
+    connect_cluster(loaded)
     return path, loaded
 
 
@@ -129,21 +158,19 @@ def load_context(database_url: str, deployment: str, config_path: str | Path) ->
     """Load the config, its profile and the user's plugins. A missing profile leaves `perf` None (the tick says
     model_not_ready).
 
-    With `environment: kubernetes` the parent DGD is read and validated here (see `connect_kubernetes`).
+    With `environment: kubernetes` the parent DGD, with `kubernetes-workloads` the configured workloads, are read
+    and validated here (see `connect_cluster`).
 
     Raises:
         ConfigError: the config file is bad (one line naming file, field and value).
         PluginConfigError: the config's `plugins` section names a plugin that is not installed or does not fit.
         SchemaOutOfDate: the database needs `planner db upgrade`.
-        KubernetesConnectorError: the DGD cannot be scaled as configured (one line).
+        KubernetesConnectorError: the DGD or the workloads cannot be scaled as configured (one line).
     """
     check_schema_current(database_url)
     config_path = Path(config_path)
     loaded = load_config(config_path)
-    config = loaded.policy
-    kubernetes = None
-    if config.environment is EnvironmentKind.KUBERNETES:
-        kubernetes, config = connect_kubernetes(config)
+    kubernetes, config = connect_cluster(loaded)
     return context_for_config(
         database_url, deployment, config, config_path, kubernetes=kubernetes, service=loaded.service
     )
@@ -156,7 +183,7 @@ def context_for_config(
     config_path: Path | None,
     *,
     profile_dir: Path | None = None,
-    kubernetes: KubernetesConnector | None = None,
+    kubernetes: KubernetesConnector | WorkloadConnector | None = None,
     service: ServiceConfig | None = None,
 ) -> PlannerContext:
     """Everything `decide` needs besides inputs and state, built from a config; the planner by `build_planner`,
@@ -169,7 +196,8 @@ def context_for_config(
         config: the policy.
         config_path: the file the config came from; relative paths in it are taken from its folder.
         profile_dir: use this profile folder instead of the config's `profile_results_dir` (replay only).
-        kubernetes: the connected Kubernetes connector (live ticks with `environment: kubernetes` only).
+        kubernetes: the connected cluster connector (live ticks with `environment: kubernetes` or
+            `kubernetes-workloads` only; see `connect_cluster`).
         service: the file's service settings (live ticks); None = the defaults (replay, which runs no service).
     """
     warmup = config.load_predictor_warmup_trace

@@ -56,6 +56,7 @@ JSON_PATCH = "application/json-patch+json"
 GPU_RESOURCE_KEYS = ("nvidia.com/gpu", "gpu")  # v1beta1 container resources; v1alpha1 `resources.limits.gpu`
 MODEL_FLAGS = ("--served-model-name", "--model", "--model-path", "--model-name")  # first match wins
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+RBAC_FILE = "infra/k8s/planner-rbac.yaml"
 ROLLOUT_BLOCKING_PHASES = frozenset({"Pending", "InProgress"})
 
 T = TypeVar("T")
@@ -431,21 +432,39 @@ def effective_config(config: PlannerConfig, info: DeploymentInfo) -> PlannerConf
     A GPU width the config sets that disagrees with the DGD is an error: sizing on the wrong width would
     mis-scale every pool.
     """
+    return fill_config(
+        config,
+        info.label,
+        info.model_name,
+        [(role, f"component {c.name}", c.gpus_per_replica) for role, c in info.roles],
+    )
+
+
+def fill_config(
+    config: PlannerConfig,
+    label: str,
+    model_name: str,
+    roles: Sequence[tuple[Component, str, int | None]],
+) -> PlannerConfig:
+    """`config` with `model_name` and the GPUs per engine of each (role, what, GPUs per replica) filled when unset.
+
+    Raises:
+        KubernetesConnectorError: the config sets a GPU width that disagrees with the cluster's.
+    """
     update: dict[str, object] = {}
     if config.model_name is None:
-        update["model_name"] = info.model_name
+        update["model_name"] = model_name
     fields = {Component.PREFILL: "prefill_engine_num_gpu", Component.DECODE: "decode_engine_num_gpu"}
-    for role, component in info.roles:
+    for role, what, gpus in roles:
         field = fields[role]
         configured = getattr(config, field)
-        if component.gpus_per_replica is None or component.gpus_per_replica == 0:
+        if gpus is None or gpus == 0:
             continue
         if configured is None:
-            update[field] = component.gpus_per_replica
-        elif configured != component.gpus_per_replica:
+            update[field] = gpus
+        elif configured != gpus:
             raise KubernetesConnectorError(
-                f"{info.label}: config {field} = {configured} but component {component.name} has "
-                f"{component.gpus_per_replica} GPU(s) per replica"
+                f"{label}: config {field} = {configured} but {what} has {gpus} GPU(s) per replica"
             )
     return config.model_copy(update=update) if update else config
 
@@ -489,6 +508,55 @@ def transient_reason(exc: BaseException, *, conflict_statuses: frozenset[int] = 
 
 class _NoAdapter(Exception):
     """The component has no scaling adapter (its scale subresource answers 404)."""
+
+
+def api_error_hint(exc: ApiException, rbac_file: str) -> str:
+    """What a refused request most likely means, for the one-line error (403: the Role in `rbac_file`)."""
+    if exc.status == 403:
+        return f" (the planner's ServiceAccount lacks this permission: see {rbac_file})"
+    if exc.status == 404:
+        return " (not found)"
+    return ""
+
+
+def with_retries(
+    what: str,
+    attempt: Callable[[], T],
+    trail: list[str],
+    *,
+    retry: RetryPolicy,
+    sleep: Callable[[float], None],
+    conflict_statuses: frozenset[int] = frozenset({409}),
+    passthrough: tuple[type[BaseException], ...] = (),
+    rbac_file: str = "infra/k8s/planner-rbac.yaml",
+) -> T:
+    """Run `attempt` (a read, or a read-compare-write) until it succeeds or the tries run out.
+
+    Each failed try is appended to `trail` ("what: 409 Conflict"); the waits follow `retry`. Exceptions of a
+    `passthrough` type are the caller's own signals and are re-raised at once.
+
+    Raises:
+        KubernetesApiError: a non-transient API error, or the tries ran out (one line listing every try).
+    """
+    num_failures = 0
+    while True:
+        try:
+            return attempt()
+        except passthrough:
+            raise
+        except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised as is
+            reason = transient_reason(exc, conflict_statuses=conflict_statuses)
+            if reason is None:
+                if isinstance(exc, ApiException):
+                    raise KubernetesApiError(f"{what}: {_reason(exc)}{api_error_hint(exc, rbac_file)}") from None
+                raise
+            num_failures += 1
+            trail.append(f"{what}: {reason}")
+            if num_failures >= retry.max_tries:
+                raise KubernetesApiError(
+                    f"{what}: gave up after {num_failures} tries ({'; '.join(trail[-num_failures:])})"
+                ) from None
+            sleep(retry.delay_s(num_failures))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -622,37 +690,17 @@ class KubernetesConnector:
         *,
         conflict_statuses: frozenset[int] = frozenset({409}),
     ) -> T:
-        """Run `attempt` (a read, or a read-compare-write) until it succeeds or the tries run out.
-
-        Each failed try is appended to `trail` ("what: 409 Conflict"); the waits follow `self.retry`.
-        """
-        num_failures = 0
-        while True:
-            try:
-                return attempt()
-            except _NoAdapter:
-                raise
-            except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised as is
-                reason = transient_reason(exc, conflict_statuses=conflict_statuses)
-                if reason is None:
-                    if isinstance(exc, ApiException):
-                        raise KubernetesApiError(f"{what}: {_reason(exc)}{self._hint(exc)}") from None
-                    raise
-                num_failures += 1
-                trail.append(f"{what}: {reason}")
-                if num_failures >= self.retry.max_tries:
-                    raise KubernetesApiError(
-                        f"{what}: gave up after {num_failures} tries ({'; '.join(trail[-num_failures:])})"
-                    ) from None
-                self._sleep(self.retry.delay_s(num_failures))
-
-    @staticmethod
-    def _hint(exc: ApiException) -> str:
-        if exc.status == 403:
-            return " (the planner's ServiceAccount lacks this permission: see infra/k8s/planner-rbac.yaml)"
-        if exc.status == 404:
-            return " (not found)"
-        return ""
+        """Run `attempt` with `with_retries` under this connector's policy (a 403 names planner-rbac.yaml)."""
+        return with_retries(
+            what,
+            attempt,
+            trail,
+            retry=self.retry,
+            sleep=self._sleep,
+            conflict_statuses=conflict_statuses,
+            passthrough=(_NoAdapter,),
+            rbac_file=RBAC_FILE,
+        )
 
     def read_dgd(self, trail: list[str]) -> dict[str, Any]:
         """GET the parent DGD (retrying transient errors)."""

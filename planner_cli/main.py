@@ -23,6 +23,7 @@ from planner_cli import (
     history,
     ingest,
     k8s,
+    keda,
     perf,
     report,
     serve,
@@ -32,7 +33,7 @@ from planner_cli.parser import PlannerArgumentParser, VersionAction
 from planner_core.runtime.store.migrate import SchemaOutOfDate
 
 # In the order `planner --help` lists them.
-COMMAND_GROUPS = (db, demo, serve, capacity, perf, report, bench, history, forecast, k8s, ingest, sim, completion)
+COMMAND_GROUPS = (db, demo, serve, capacity, perf, report, bench, history, forecast, k8s, keda, ingest, sim, completion)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -220,37 +220,53 @@ class VirtualConnectorClient:
 
     def complete(self, decision: PlannerDecision, *, at: dt.datetime | None = None) -> None:
         """Acknowledge `decision`: the orchestrator reached its targets (`at` defaults to the database clock)."""
-        with psycopg.connect(self._uri) as conn:
-            acknowledged_at = at or conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-            conn.execute(
-                "UPDATE virtual_connector_state SET scaled_decision_id = GREATEST(scaled_decision_id, %s) "
-                "WHERE deployment_id = %s",
-                (decision.decision_id, self._deployment_id),
-            )
-            row = conn.execute(
-                "UPDATE virtual_decisions SET acknowledged_at = %s "
-                "WHERE deployment_id = %s AND decision_id = %s AND acknowledged_at IS NULL "
-                "RETURNING planner_decision_id",
-                (acknowledged_at, self._deployment_id, decision.decision_id),
-            ).fetchone()
-            if row is None:
-                return  # already acknowledged: completing twice is harmless
-            planner_decision_id = row[0]
-            conn.execute(
-                "UPDATE decisions SET status = %s, status_changed_at = %s WHERE id = %s AND status = %s",
-                (
-                    DecisionStatus.ACKNOWLEDGED.value,
-                    acknowledged_at,
-                    planner_decision_id,
-                    DecisionStatus.APPLIED.value,
-                ),
-            )
-            conn.execute(
-                "INSERT INTO audit_log (deployment_id, decision_id, event, detail) VALUES (%s, %s, %s, %s)",
-                (
-                    self._deployment_id,
-                    planner_decision_id,
-                    "virtual_acknowledged",
-                    json.dumps({"virtual_decision_id": decision.decision_id, "at": acknowledged_at.isoformat()}),
-                ),
-            )
+        acknowledge(self._uri, self._deployment_id, decision.decision_id, at=at)
+
+
+def acknowledge(
+    libpq_uri: str,
+    deployment_id: int,
+    virtual_decision_id: int,
+    *,
+    at: dt.datetime | None = None,
+    by: str | None = None,
+) -> bool:
+    """Acknowledge virtual decision `virtual_decision_id` of a deployment; False if it was already acknowledged.
+
+    Marks the planner's decision `acknowledged` and appends a `virtual_acknowledged` audit row; `by` names who
+    acknowledged and on what grounds when that is not "the orchestrator reached the targets" (the KEDA scaler
+    acknowledges when it has served the targets). `at` defaults to the database clock.
+    """
+    with psycopg.connect(libpq_uri) as conn:
+        acknowledged_at = at or conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        conn.execute(
+            "UPDATE virtual_connector_state SET scaled_decision_id = GREATEST(scaled_decision_id, %s) "
+            "WHERE deployment_id = %s",
+            (virtual_decision_id, deployment_id),
+        )
+        row = conn.execute(
+            "UPDATE virtual_decisions SET acknowledged_at = %s "
+            "WHERE deployment_id = %s AND decision_id = %s AND acknowledged_at IS NULL "
+            "RETURNING planner_decision_id",
+            (acknowledged_at, deployment_id, virtual_decision_id),
+        ).fetchone()
+        if row is None:
+            return False  # already acknowledged: completing twice is harmless
+        planner_decision_id = row[0]
+        conn.execute(
+            "UPDATE decisions SET status = %s, status_changed_at = %s WHERE id = %s AND status = %s",
+            (
+                DecisionStatus.ACKNOWLEDGED.value,
+                acknowledged_at,
+                planner_decision_id,
+                DecisionStatus.APPLIED.value,
+            ),
+        )
+        detail = {"virtual_decision_id": virtual_decision_id, "at": acknowledged_at.isoformat()}
+        if by is not None:
+            detail["by"] = by
+        conn.execute(
+            "INSERT INTO audit_log (deployment_id, decision_id, event, detail) VALUES (%s, %s, %s, %s)",
+            (deployment_id, planner_decision_id, "virtual_acknowledged", json.dumps(detail)),
+        )
+    return True

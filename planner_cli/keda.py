@@ -21,7 +21,14 @@ def cmd_keda_scaler(args: argparse.Namespace) -> int:
     url = resolve_database_url(settings)
     check_schema_current(url)  # one line with the fix, not a traceback on the first KEDA call
     deployment = args.deployment or settings.deployment
-    scaler = KedaScaler(url, deployment=deployment, max_age_s=args.max_age_s)
+    ready_replicas = None
+    if args.watch_workloads:
+        # the workloads' available replicas, read with the pod's service account (or the kubeconfig)
+        from planner_core.runtime.connectors.kubernetes import api_client_from_environment
+        from planner_core.runtime.connectors.workloads import WorkloadConnector
+
+        ready_replicas = WorkloadConnector(api_client=api_client_from_environment(), targets=()).available_replicas
+    scaler = KedaScaler(url, deployment=deployment, max_age_s=args.max_age_s, ready_replicas=ready_replicas)
     server, port = start_server(scaler, port=args.port, host=args.host, stream_interval_s=args.stream_interval_s)
     served = f"deployment '{deployment}'" if deployment else "the deployment each trigger's metadata names"
     print(
@@ -57,4 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     keda.add_argument(
         "--stream-interval-s", type=float, default=5.0, help="how often StreamIsActive re-reads the target"
     )
+    keda.add_argument(
+        "--watch-workloads", action="store_true",
+        help="acknowledge a decision only when every role's workload (trigger metadata workloadKind and "
+        "workloadName) has as many available replicas as its target; needs get on the workloads",
+    )  # fmt: skip
     keda.set_defaults(func=cmd_keda_scaler)

@@ -273,3 +273,52 @@ def test_cli_process_serves_and_stops_on_sigterm(ctx) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_watching_workloads_acknowledges_when_they_reach_the_targets(ctx, serve) -> None:
+    """`--watch-workloads`: the trigger names its workload; serving both targets is not enough, the decision is
+    acknowledged at the first poll after both Deployments have as many available replicas as their targets (HPA
+    scaled them; the emulated API server's controller settled them). A trigger without its workload is refused."""
+    from kubernetes import client as k8s_client
+
+    from planner_core.runtime.connectors.workloads import WorkloadConnector
+    from tests.kube_api import DEPLOYMENTS, KubeApiServer
+    from tests.test_workload_connector import workload
+
+    with KubeApiServer(namespace="inference") as kube:
+        for role in ("prefill", "decode"):
+            kube.put(DEPLOYMENTS, workload("Deployment", f"llm-{role}", role))
+            kube.settle_workload(DEPLOYMENTS, f"llm-{role}")
+        reader = WorkloadConnector(
+            api_client=k8s_client.ApiClient(k8s_client.Configuration(host=kube.url)), targets=()
+        ).available_replicas
+        first = decide(ctx, 0, 2, 3)
+        _, keda, _ = serve(ready_replicas=reader)
+
+        def poll(role: str) -> float:
+            ref = pb.ScaledObjectRef(
+                name=f"llm-{role}", namespace="inference",
+                scalerMetadata={"deployment": NAME, "role": role, "workloadKind": "Deployment",
+                                "workloadName": f"llm-{role}"},
+            )  # fmt: skip
+            [value] = keda.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref), timeout=10).metricValues
+            return value.metricValueFloat
+
+        assert (poll("prefill"), poll("decode")) == (2.0, 3.0)
+        assert status(ctx, first) == "applied"  # served, but the workloads still run one replica each
+        for role, replicas in (("prefill", 2), ("decode", 3)):
+            kube.put(DEPLOYMENTS, workload("Deployment", f"llm-{role}", role, replicas=replicas))
+        kube.settle_workload(DEPLOYMENTS, "llm-prefill")
+        assert poll("decode") == 3.0
+        assert status(ctx, first) == "applied"  # decode's pods not there yet
+        kube.settle_workload(DEPLOYMENTS, "llm-decode")
+        assert poll("prefill") == 2.0
+        assert status(ctx, first) == "acknowledged"
+        with ctx.sessions.begin() as session:
+            [detail] = session.scalars(select(AuditLogRow.detail).where(AuditLogRow.event == "virtual_acknowledged"))
+        assert detail["by"] == "keda-scaler: every role's workload reached its target (available replicas)"
+
+        with pytest.raises(grpc.RpcError) as refused:
+            keda.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=keda.ref("decode")), timeout=10)
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "scalerMetadata workloadKind = ''" in refused.value.details()

@@ -424,6 +424,19 @@ class WorkloadConnector:
             )
         return dict(items[0])
 
+    def available_replicas(self, location: tuple[WorkloadKind, str, str]) -> int:
+        """Available replicas of the workload (kind, namespace, name): what the KEDA scaler waits for before it
+        acknowledges a decision (`planner keda-scaler --watch-workloads`).
+
+        Raises:
+            KubernetesApiError: the request failed (after retries for transient errors).
+        """
+        kind, namespace, name = location
+        target = WorkloadTarget(
+            role=Component.DECODE, key="keda", kind=kind, namespace=namespace, name=name, label_selector=None
+        )
+        return ready_replicas(self.find(target, []))
+
     def worker_counts(self, session: Session, deployment_id: int, *, default: WorkerCounts) -> WorkerCounts:
         """Ready = each workload's available replicas; expected = its `spec.replicas` (what the scale holds).
 

@@ -11,7 +11,10 @@ managed deployment and the role (`prefill` or `decode`). KEDA then asks:
 The target is the one the planner wrote through the virtual connector (`virtual_connector_state`), read afresh
 on every call: a restarted planner or scaler changes nothing. The scaler is that connector's orchestrator: once
 it has served a virtual decision's target for every role the decision sets (>= 0), it acknowledges the decision
-(audit `by` says so). It does not see the replicas: "served to KEDA", not "pods ready".
+(audit `by` says so). With a workload reader (`planner keda-scaler --watch-workloads`) it waits for more: the
+trigger metadata names each role's workload (`workloadKind`: Deployment or StatefulSet, `workloadName`; the
+ScaledObject's namespace), and the decision is acknowledged only when every role's workload has as many available
+replicas as its target ("workloads reached their targets"). Without one, "served to KEDA", not "pods ready".
 
 Staleness: when the deployment's newest tick is older than `max_age_s`, the scaler keeps serving the last target
 (the safest thing to do with a planner that is down is to keep its last capacity) and logs a warning when the
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 import grpc
 import psycopg
 
+from planner_core.config import WorkloadKind
 from planner_core.domain import Component
 from planner_core.runtime.connectors.virtual import acknowledge
 from planner_core.runtime.keda import DEFAULT_MAX_AGE_S
@@ -44,6 +48,11 @@ log = logging.getLogger(__name__)
 DEPLOYMENT_KEY = "deployment"
 ROLE_KEY = "role"
 ACKNOWLEDGED_BY = "keda-scaler: targets served to KEDA (GetMetrics); replicas not observed"
+ACKNOWLEDGED_REACHED_BY = "keda-scaler: every role's workload reached its target (available replicas)"
+WORKLOAD_KIND_KEY = "workloadKind"
+WORKLOAD_NAME_KEY = "workloadName"
+# A role's workload as the trigger names it: (kind, namespace, name).
+WorkloadLocation = tuple[WorkloadKind, str, str]
 _KNOWN_SHOWN = 20  # deployment names listed in an error
 
 
@@ -90,6 +99,8 @@ class KedaScaler:
         deployment: when set, the only deployment served; trigger metadata may then omit `deployment`.
         max_age_s: a deployment whose newest tick is older than this is stale (still served, and logged).
         clock: the current time (tests pass a fixed one; tick times are the ticks' scheduled times).
+        ready_replicas: reads a workload's available replicas; when given, triggers must name their workload and a
+            decision is acknowledged only once every role's workload has reached its target.
     """
 
     def __init__(
@@ -99,6 +110,7 @@ class KedaScaler:
         deployment: str | None = None,
         max_age_s: float = DEFAULT_MAX_AGE_S,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        ready_replicas: Callable[[WorkloadLocation], int] | None = None,
     ) -> None:
         if max_age_s <= 0:
             raise ValueError(f"max_age_s = {max_age_s!r}: must be > 0")
@@ -109,8 +121,33 @@ class KedaScaler:
         self._lock = threading.Lock()
         # Per deployment id: the virtual decision being served and the roles served for it. In memory only: after
         # a restart KEDA's next polls serve the roles again, which is all an acknowledgement needs.
-        self._served: dict[int, tuple[int, set[Component]]] = {}
+        self._served: dict[int, tuple[int, dict[Component, WorkloadLocation | None]]] = {}
+        self._ready_replicas = ready_replicas
         self._stale: dict[int, bool] = {}
+
+    def workload(self, metadata: dict[str, str], namespace: str) -> WorkloadLocation | None:
+        """The workload the trigger names (None when the scaler does not watch workloads).
+
+        Raises ScalerError (INVALID_ARGUMENT) when it watches them and the metadata does not name one."""
+        if self._ready_replicas is None:
+            return None
+        kind_name, name = metadata.get(WORKLOAD_KIND_KEY, ""), metadata.get(WORKLOAD_NAME_KEY, "")
+        try:
+            kind = WorkloadKind(kind_name)
+        except ValueError:
+            raise ScalerError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"scalerMetadata {WORKLOAD_KIND_KEY} = {kind_name!r}: must be one of "
+                + ", ".join(k.value for k in WorkloadKind)
+                + " (this scaler acknowledges a decision when the workloads reach it)",
+            ) from None
+        if not name or not namespace:
+            raise ScalerError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"scalerMetadata {WORKLOAD_NAME_KEY} = {name!r} in namespace {namespace!r}: the workload this "
+                "trigger scales is needed (this scaler acknowledges a decision when the workloads reach it)",
+            )
+        return kind, namespace, name
 
     def target(self, metadata: dict[str, str]) -> RoleTarget:
         """The target the trigger metadata asks for. Raises ScalerError (INVALID_ARGUMENT, FAILED_PRECONDITION)."""
@@ -146,17 +183,19 @@ class KedaScaler:
             stale=stale,
         )
 
-    def served(self, target: RoleTarget) -> bool:
-        """Record that `target` was handed to KEDA; acknowledge its decision once every role it sets was served.
+    def served(self, target: RoleTarget, workload: WorkloadLocation | None = None) -> bool:
+        """Record that `target` was handed to KEDA (for `workload`, when the scaler watches workloads); acknowledge
+        its decision once every role it sets was served and, when watching, every role's workload reached it.
 
         Returns True when this call acknowledged the decision.
         """
         with self._lock:
-            decision_id, roles = self._served.get(target.deployment_id, (target.virtual_decision_id, set()))
+            decision_id, roles = self._served.get(target.deployment_id, (target.virtual_decision_id, {}))
             if decision_id != target.virtual_decision_id:
-                roles = set()  # a newer decision: what was served for the older one no longer counts
-            roles.add(target.role)
+                roles = {}  # a newer decision: what was served for the older one no longer counts
+            roles[target.role] = workload
             self._served[target.deployment_id] = (target.virtual_decision_id, roles)
+            roles = dict(roles)
         with psycopg.connect(self._uri) as conn:
             row = conn.execute(
                 "SELECT num_prefill_workers, num_decode_workers, decision_id, scaled_decision_id "
@@ -168,9 +207,22 @@ class KedaScaler:
         needed = {
             role for role, count in zip((Component.PREFILL, Component.DECODE), row[:2], strict=True) if count >= 0
         }
-        if not needed <= roles:
+        if not needed <= set(roles):
             return False
-        acknowledged = acknowledge(self._uri, target.deployment_id, target.virtual_decision_id, by=ACKNOWLEDGED_BY)
+        by = ACKNOWLEDGED_BY
+        if self._ready_replicas is not None:
+            wanted = dict(zip((Component.PREFILL, Component.DECODE), row[:2], strict=True))
+            for role in needed:
+                location = roles[role]
+                try:
+                    reached = location is not None and self._ready_replicas(location) == wanted[role]
+                except Exception as exc:  # noqa: BLE001 - the metric is still served; the next poll reads again
+                    log.warning("deployment %r: cannot read %s %s/%s: %s", target.deployment, *location, exc)
+                    return False
+                if not reached:
+                    return False  # not there yet: KEDA's next poll looks again
+            by = ACKNOWLEDGED_REACHED_BY
+        acknowledged = acknowledge(self._uri, target.deployment_id, target.virtual_decision_id, by=by)
         if acknowledged:
             log.info(
                 "deployment %r: virtual decision %d acknowledged (targets served to KEDA)",
@@ -234,6 +286,13 @@ class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
             context.abort(exc.code, str(exc))  # raises
             raise  # unreachable: abort raises; keeps type checkers honest
 
+    def _workload(self, ref: pb.ScaledObjectRef, context: grpc.ServicerContext) -> WorkloadLocation | None:
+        try:
+            return self.scaler.workload(dict(ref.scalerMetadata), ref.namespace)
+        except ScalerError as exc:
+            context.abort(exc.code, str(exc))  # raises
+            raise
+
     def IsActive(self, request: pb.ScaledObjectRef, context: grpc.ServicerContext) -> pb.IsActiveResponse:  # noqa: N802
         return pb.IsActiveResponse(result=self._target(request, context).replicas > 0)
 
@@ -263,7 +322,7 @@ class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
 
     def GetMetrics(self, request: pb.GetMetricsRequest, context: grpc.ServicerContext) -> pb.GetMetricsResponse:  # noqa: N802
         target = self._target(request.scaledObjectRef, context)
-        self.scaler.served(target)
+        self.scaler.served(target, self._workload(request.scaledObjectRef, context))
         return pb.GetMetricsResponse(
             metricValues=[
                 pb.MetricValue(

@@ -139,6 +139,35 @@ def write_config(directory: Path, **overrides: object) -> Path:
     return path
 
 
+def record_decision(ctx, deployment_name: str, at, num_prefill: int | None, num_decode: int | None) -> int:
+    """Record a throughput tick of `deployment_name` at `at` (a datetime) whose decision is the given targets, with
+    the real repository (1 ready and expected worker per pool); returns the decision id."""
+    from sqlalchemy import select
+
+    from planner_core.domain import (
+        Loop,
+        PlannerState,
+        ReasonCode,
+        ScalingDecision,
+        TickInputs,
+        TickOutcome,
+        WorkerCounts,
+    )
+    from planner_core.runtime.store.models import DecisionRow
+
+    workers = WorkerCounts(ready_prefill=1, ready_decode=1, expected_prefill=1, expected_decode=1)
+    inputs = TickInputs(now_s=at.timestamp(), loop=Loop.THROUGHPUT, workers=workers)
+    outcome = TickOutcome(
+        decision=ScalingDecision(num_prefill=num_prefill, num_decode=num_decode),
+        next_state=PlannerState(),
+        steps=(),
+        reason=ReasonCode.SCALE,
+    )
+    with ctx.sessions.begin() as session:
+        tick_id = record_outcome(session, deployment_name, inputs, outcome)
+        return session.scalar(select(DecisionRow.id).where(DecisionRow.tick_id == tick_id))
+
+
 def record_outcome(session, deployment_name: str, inputs, outcome, *, previous_tick_id: int | None = None):
     """Record a hand-made tick outcome for `deployment_name` at `inputs.now_s` with the real repository."""
     import datetime as dt

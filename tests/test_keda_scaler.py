@@ -19,14 +19,13 @@ import grpc
 import pytest
 from sqlalchemy import select
 
-from planner_core.domain import Loop, PlannerState, ReasonCode, ScalingDecision, TickInputs, TickOutcome, WorkerCounts
 from planner_core.runtime.keda import externalscaler_pb2 as pb
 from planner_core.runtime.keda import externalscaler_pb2_grpc as pb_grpc
 from planner_core.runtime.keda.scaler import KedaScaler, start_server
 from planner_core.runtime.service import load_context, run_execution
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.models import AuditLogRow, DecisionRow
-from tests.conftest import REPO_ROOT, record_outcome, write_config
+from tests.conftest import REPO_ROOT, record_decision, write_config
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 NAME = "keda-test"
@@ -58,17 +57,7 @@ def clock() -> Clock:
 def decide(ctx, minute: int, num_prefill: int | None, num_decode: int | None) -> int:
     """Record a throughput tick deciding these targets and run the execution flow; returns the decision id."""
     at = T0 + dt.timedelta(minutes=minute)
-    workers = WorkerCounts(ready_prefill=1, ready_decode=1, expected_prefill=1, expected_decode=1)
-    inputs = TickInputs(now_s=at.timestamp(), loop=Loop.THROUGHPUT, workers=workers)
-    outcome = TickOutcome(
-        decision=ScalingDecision(num_prefill=num_prefill, num_decode=num_decode),
-        next_state=PlannerState(),
-        steps=(),
-        reason=ReasonCode.SCALE,
-    )
-    with ctx.sessions.begin() as session:
-        tick_id = record_outcome(session, NAME, inputs, outcome)
-        decision_id = session.scalar(select(DecisionRow.id).where(DecisionRow.tick_id == tick_id))
+    decision_id = record_decision(ctx, NAME, at, num_prefill, num_decode)
     run_execution(ctx, at)
     return decision_id
 

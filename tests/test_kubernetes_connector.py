@@ -19,11 +19,6 @@ from planner_core.config import PlannerMode, load_config, parse_config
 from planner_core.domain import (
     Component,
     Loop,
-    PlannerState,
-    ReasonCode,
-    ScalingDecision,
-    TickInputs,
-    TickOutcome,
     TrafficObservation,
     WorkerCounts,
 )
@@ -49,7 +44,7 @@ from planner_core.runtime.service import PlannerContext, default_workers, load_c
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.execution import MAX_ATTEMPTS
 from planner_core.runtime.store.models import DecisionRow, ExecutionRow, WorkerObservationRow
-from tests.conftest import REPO_ROOT, record_outcome, write_config
+from tests.conftest import REPO_ROOT, record_decision, write_config
 from tests.kube_api import DGD, DGDSA, KubeApiServer
 
 NAME = "k8s-test"
@@ -631,18 +626,7 @@ def k8s_ctx(database_url: str, tmp_path: Path, profile_dir: Path, disagg: KubeAp
 
 def decide(ctx: PlannerContext, minute: int, num_prefill: int | None, num_decode: int | None) -> int:
     """Record a tick whose decision is the given targets; returns the decision id."""
-    at = T0 + dt.timedelta(minutes=minute)
-    workers = WorkerCounts(ready_prefill=1, ready_decode=1, expected_prefill=1, expected_decode=1)
-    inputs = TickInputs(now_s=at.timestamp(), loop=Loop.THROUGHPUT, workers=workers)
-    outcome = TickOutcome(
-        decision=ScalingDecision(num_prefill=num_prefill, num_decode=num_decode),
-        next_state=PlannerState(),
-        steps=(),
-        reason=ReasonCode.SCALE,
-    )
-    with ctx.sessions.begin() as session:
-        tick_id = record_outcome(session, NAME, inputs, outcome)
-        return session.scalar(select(DecisionRow.id).where(DecisionRow.tick_id == tick_id))
+    return record_decision(ctx, NAME, T0 + dt.timedelta(minutes=minute), num_prefill, num_decode)
 
 
 def executions(ctx: PlannerContext, decision_id: int) -> list[tuple[int, str, str]]:

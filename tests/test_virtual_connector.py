@@ -9,12 +9,12 @@ import time
 import pytest
 from sqlalchemy import select
 
-from planner_core.domain import Loop, PlannerState, ReasonCode, ScalingDecision, TickInputs, TickOutcome, WorkerCounts
+from planner_core.domain import WorkerCounts
 from planner_core.runtime.connectors.virtual import VirtualConnector, VirtualConnectorClient
 from planner_core.runtime.service import default_workers, load_context, run_execution
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.models import DecisionRow, ExecutionRow, VirtualConnectorStateRow
-from tests.conftest import record_outcome, write_config
+from tests.conftest import record_decision, write_config
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 NAME = "virtual-test"
@@ -36,18 +36,7 @@ def client(ctx):
 
 def decide(ctx, minute: int, num_prefill: int | None, num_decode: int | None) -> int:
     """Record a tick whose decision is the given targets; returns the decision id."""
-    at = T0 + dt.timedelta(minutes=minute)
-    workers = WorkerCounts(ready_prefill=1, ready_decode=1, expected_prefill=1, expected_decode=1)
-    inputs = TickInputs(now_s=at.timestamp(), loop=Loop.THROUGHPUT, workers=workers)
-    outcome = TickOutcome(
-        decision=ScalingDecision(num_prefill=num_prefill, num_decode=num_decode),
-        next_state=PlannerState(),
-        steps=(),
-        reason=ReasonCode.SCALE,
-    )
-    with ctx.sessions.begin() as session:
-        tick_id = record_outcome(session, NAME, inputs, outcome)
-        return session.scalar(select(DecisionRow.id).where(DecisionRow.tick_id == tick_id))
+    return record_decision(ctx, NAME, T0 + dt.timedelta(minutes=minute), num_prefill, num_decode)
 
 
 def status(ctx, decision_id: int) -> str:

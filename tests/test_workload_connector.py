@@ -17,12 +17,6 @@ from sqlalchemy import select
 
 from planner_core.config import ConfigError, PlannerMode, WorkloadKind, parse_config
 from planner_core.domain import (
-    Loop,
-    PlannerState,
-    ReasonCode,
-    ScalingDecision,
-    TickInputs,
-    TickOutcome,
     WorkerCounts,
 )
 from planner_core.planner import Planner
@@ -35,8 +29,8 @@ from planner_core.runtime.connectors.workloads import (
 )
 from planner_core.runtime.service import PlannerContext, load_context, run_execution
 from planner_core.runtime.store import repository as repo
-from planner_core.runtime.store.models import DecisionRow, ExecutionRow
-from tests.conftest import REPO_ROOT, record_outcome, write_config
+from planner_core.runtime.store.models import ExecutionRow
+from tests.conftest import REPO_ROOT, record_decision, write_config
 from tests.kube_api import DEPLOYMENTS, STATEFULSETS, KubeApiServer
 
 NAME = "workloads-test"
@@ -427,18 +421,7 @@ def ctx(database_url: str, tmp_path: Path, profile_dir: Path, two: KubeApiServer
 
 
 def decide(ctx: PlannerContext, minute: int, num_prefill: int | None, num_decode: int | None) -> int:
-    at = T0 + dt.timedelta(minutes=minute)
-    workers = WorkerCounts(ready_prefill=1, ready_decode=1, expected_prefill=1, expected_decode=1)
-    inputs = TickInputs(now_s=at.timestamp(), loop=Loop.THROUGHPUT, workers=workers)
-    outcome = TickOutcome(
-        decision=ScalingDecision(num_prefill=num_prefill, num_decode=num_decode),
-        next_state=PlannerState(),
-        steps=(),
-        reason=ReasonCode.SCALE,
-    )
-    with ctx.sessions.begin() as session:
-        tick_id = record_outcome(session, NAME, inputs, outcome)
-        return session.scalar(select(DecisionRow.id).where(DecisionRow.tick_id == tick_id))
+    return record_decision(ctx, NAME, T0 + dt.timedelta(minutes=minute), num_prefill, num_decode)
 
 
 def executions(ctx: PlannerContext, decision_id: int) -> list[tuple[int, str, str, str]]:

@@ -78,16 +78,29 @@ def create_database(server_url: str, template: str | None = None) -> str:
     return to_sqlalchemy_url(_with_database(server_url, name))
 
 
+def release_connections(url: str) -> None:
+    """Close this process's pooled connections to a test's database: the engines are cached per URL for the
+    process (`get_engine`), so without this every test database keeps its idle connections open until the session
+    ends, and a long suite runs into the server's `max_connections`."""
+    from planner_core.runtime.store.db import get_engine
+
+    get_engine(url).dispose()
+
+
 @pytest.fixture
-def database_url(postgres_server_url: str, template_database: str) -> str:
+def database_url(postgres_server_url: str, template_database: str) -> Iterator[str]:
     """SQLAlchemy URL of a fresh database at the newest migration."""
-    return create_database(postgres_server_url, template_database)
+    url = create_database(postgres_server_url, template_database)
+    yield url
+    release_connections(url)
 
 
 @pytest.fixture
-def empty_database_url(postgres_server_url: str) -> str:
+def empty_database_url(postgres_server_url: str) -> Iterator[str]:
     """SQLAlchemy URL of a fresh database with no schema (for migration tests)."""
-    return create_database(postgres_server_url)
+    url = create_database(postgres_server_url)
+    yield url
+    release_connections(url)
 
 
 @pytest.fixture(scope="session")

@@ -65,6 +65,7 @@ from planner_core.policy.throughput import (
     burst_prefill_replicas,
     calculate_replicas,
     correction_factors,
+    engine_prompt_rate,
     replicas_for_engine_rps,
     sizing_shape,
     with_headroom,
@@ -250,33 +251,22 @@ class ThroughputProposePlugin:
         its prompt rate under the decode batch `agg_capacity` chose at the sizing shape
         (`agg_operating_prompt_rate`); the pool's own (decode) utilisation is already in the mean-rate size, and the
         rate is taken at the full operating batch."""
-        from planner_core.perf.capacity import (
-            agg_operating_prompt_rate,
-            effective_kv_hit_rate,
-            full_chunk_prefill_rate,
-        )
+        from planner_core.perf.capacity import effective_kv_hit_rate
 
         config, state = context.config, context.state
         bootstrap = self.perf.forward_pass_model() if self.perf is not None else None
         model, _ = forward_model_for(state, config.mode, component, bootstrap)
         if model is None:
             return 0.0, 0.0
-        if config.mode is PlannerMode.AGG:
-            profiled_kv = self.perf.profiled_max_kv_tokens() if self.perf is not None else None
-            rate = agg_operating_prompt_rate(
-                model,
-                config.engine_limits(component, profiled_max_kv_tokens=profiled_kv),
-                isl=shape.isl,
-                osl=max(1.0, shape.osl),
-                ttft_ms=config.ttft_ms,
-                itl_ms=config.itl_ms,
-                kv_hit_rate=state.last_kv_hit_rate,
-                accept_length=state.last_accept_length,
-            )
-            tokens_per_s, iteration_s = rate.tokens_per_s, rate.iteration_s
-        else:
-            chunk = config.engine_limits(component).max_num_batched_tokens
-            tokens_per_s, iteration_s = full_chunk_prefill_rate(model, chunk)
+        tokens_per_s, iteration_s = engine_prompt_rate(
+            config,
+            model,
+            self.perf.profiled_max_kv_tokens() if self.perf is not None else None,
+            isl=shape.isl,
+            osl=shape.osl,
+            kv_hit_rate=state.last_kv_hit_rate,
+            accept_length=state.last_accept_length,
+        )
         hit, _ = effective_kv_hit_rate(state.last_kv_hit_rate, component)
         # the target utilisation derates the engine for bursts as for the mean rate
         return tokens_per_s / (1.0 - hit) * config.throughput_prefill_target_utilization, iteration_s

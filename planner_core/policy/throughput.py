@@ -43,6 +43,7 @@ from planner_core.arrivals import PromptCap
 from planner_core.config import LengthSizing, PlannerConfig, PlannerMode
 from planner_core.domain import Component, Prediction, ReasonCode, StepName, StepRecord, TrafficObservation
 from planner_core.perf.capacity import agg_operating_prompt_rate, full_chunk_prefill_rate
+from planner_core.perf.forward import ForwardPassModel
 from planner_core.perf.protocol import ThroughputPerfModel
 
 
@@ -267,6 +268,36 @@ def burst_slack_s(ttft_ms: float, iteration_s: float) -> float:
     return max(0.0, ttft_ms / 1000.0 - iteration_s)
 
 
+def engine_prompt_rate(
+    config: PlannerConfig,
+    model: ForwardPassModel,
+    profiled_max_kv_tokens: int | None,
+    *,
+    isl: float,
+    osl: float,
+    kv_hit_rate: float | None,
+    accept_length: float | None,
+) -> tuple[float, float]:
+    """Prompt tokens/s one engine of the pool that computes prompts runs at, and the wall time (s) of one of its
+    prompt iterations (KV hits not discounted): a prefill engine computes full chunks of `max_num_batched_tokens`
+    (`full_chunk_prefill_rate`); an aggregated engine computes prompts under its decode batch, at the operating
+    point the capacity search chooses for the shape (`agg_operating_prompt_rate`). The burst rule's engine rate
+    (with the model in force) and a source's prompt cap (`prompt_cap`, with the bootstrap model) both start here."""
+    if config.mode is PlannerMode.AGG:
+        rate = agg_operating_prompt_rate(
+            model,
+            config.engine_limits(Component.DECODE, profiled_max_kv_tokens=profiled_max_kv_tokens),
+            isl=isl,
+            osl=max(1.0, osl),
+            ttft_ms=config.ttft_ms,
+            itl_ms=config.itl_ms,
+            kv_hit_rate=kv_hit_rate,
+            accept_length=accept_length,
+        )
+        return rate.tokens_per_s, rate.iteration_s
+    return full_chunk_prefill_rate(model, config.engine_limits(Component.PREFILL).max_num_batched_tokens)
+
+
 def prompt_cap(
     config: PlannerConfig, perf: ThroughputPerfModel | None, traffic: TrafficObservation
 ) -> PromptCap | None:
@@ -282,24 +313,17 @@ def prompt_cap(
     model = perf.forward_pass_model() if perf is not None else None
     if model is None:
         return None
-    if config.mode is PlannerMode.AGG:
-        if traffic.num_req <= 0 or traffic.isl <= 0:
-            return None
-        limits = config.engine_limits(Component.DECODE, profiled_max_kv_tokens=perf.profiled_max_kv_tokens())
-        rate = agg_operating_prompt_rate(
-            model,
-            limits,
-            isl=traffic.isl,
-            osl=max(1.0, traffic.osl),
-            ttft_ms=config.ttft_ms,
-            itl_ms=config.itl_ms,
-            kv_hit_rate=traffic.kv_hit_rate,
-            accept_length=traffic.accept_length,
-        )
-        tokens_per_s, iteration_s = rate.tokens_per_s, rate.iteration_s
-    else:
-        chunk = config.engine_limits(Component.PREFILL).max_num_batched_tokens
-        tokens_per_s, iteration_s = full_chunk_prefill_rate(model, chunk)
+    if config.mode is PlannerMode.AGG and (traffic.num_req <= 0 or traffic.isl <= 0):
+        return None
+    tokens_per_s, iteration_s = engine_prompt_rate(
+        config,
+        model,
+        perf.profiled_max_kv_tokens(),
+        isl=traffic.isl,
+        osl=traffic.osl,
+        kv_hit_rate=traffic.kv_hit_rate,
+        accept_length=traffic.accept_length,
+    )
     if not tokens_per_s > 0:
         return None
     return PromptCap(engine_prompt_tokens_per_s=tokens_per_s, slack_s=burst_slack_s(config.ttft_ms, iteration_s))

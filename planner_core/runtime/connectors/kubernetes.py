@@ -26,6 +26,7 @@ the detail string built here, which lists retried HTTP errors) in the caller's t
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import shlex
 import time
@@ -570,6 +571,37 @@ class ApplyResult:
     detail: str
 
 
+def write_pool_targets(
+    writes: Sequence[tuple[Component, int, Callable[[], str | None]]], trail: list[str], *, where: str
+) -> ApplyResult:
+    """Run each pool's write in order (each returns a description of its change, or None when the pool was already
+    at its target) and say what happened: applied, or a no-op when nothing changed. Shared by the connectors.
+
+    Raises:
+        KubernetesApiError: a write failed; the message names the pool and the pools already written.
+    """
+    written: list[str] = []
+    unchanged: list[str] = []
+    for role, target, write in writes:
+        try:
+            change = write()
+        except KubernetesApiError as exc:
+            done = f" (already written: {'; '.join(written)})" if written else ""
+            raise KubernetesApiError(f"{role.value}: {exc}{done}") from None
+        if change is None:
+            unchanged.append(f"{role.value} at {target}")
+        else:
+            written.append(f"{role.value} {change}")
+    retried = f"; retried: {'; '.join(trail)}" if trail else ""
+    if not written:
+        return ApplyResult(
+            outcome=ExecutionOutcome.NOOP,
+            detail=f"{where} already at the targets ({', '.join(unchanged) or 'none'}){retried}",
+        )
+    kept = f"; unchanged: {', '.join(unchanged)}" if unchanged else ""
+    return ApplyResult(outcome=ExecutionOutcome.APPLIED, detail=f"{'; '.join(written)}{kept}{retried}")
+
+
 class KubernetesConnector:
     """Scale a DGD's managed components; report their ready and expected replicas.
 
@@ -788,29 +820,12 @@ class KubernetesConnector:
                 detail=f"{self.label} not ready: {problem}; nothing written",
             )
         targets = {Component.PREFILL: decision.target_prefill, Component.DECODE: decision.target_decode}
-        written: list[str] = []
-        unchanged: list[str] = []
-        for role, managed in self.info.roles:
-            target = targets[role]
-            if target is None:
-                continue
-            try:
-                change = self._scale_component(managed, target, trail)
-            except KubernetesApiError as exc:
-                done = f" (already written: {'; '.join(written)})" if written else ""
-                raise KubernetesApiError(f"{role.value}: {exc}{done}") from None
-            if change is None:
-                unchanged.append(f"{role.value} at {target}")
-            else:
-                written.append(f"{role.value} {change}")
-        retried = f"; retried: {'; '.join(trail)}" if trail else ""
-        if not written:
-            return ApplyResult(
-                outcome=ExecutionOutcome.NOOP,
-                detail=f"{self.label} already at the targets ({', '.join(unchanged) or 'none'}){retried}",
-            )
-        kept = f"; unchanged: {', '.join(unchanged)}" if unchanged else ""
-        return ApplyResult(outcome=ExecutionOutcome.APPLIED, detail=f"{'; '.join(written)}{kept}{retried}")
+        writes = [
+            (role, target, functools.partial(self._scale_component, managed, target, trail))
+            for role, managed in self.info.roles
+            if (target := targets[role]) is not None
+        ]
+        return write_pool_targets(writes, trail, where=self.label)
 
     def _scale_component(self, managed: DgdComponent, target: int, trail: list[str]) -> str | None:
         """Set one component's replicas; a description of the write, or None if it was already at `target`."""

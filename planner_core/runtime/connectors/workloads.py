@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ from planner_core.runtime.connectors.kubernetes import (
     model_name_of,
     resolve_namespace,
     with_retries,
+    write_pool_targets,
 )
 from planner_core.runtime.store.models import DecisionRow, ExecutionOutcome
 
@@ -489,26 +491,11 @@ class WorkloadConnector:
                     ),
                 )
             found.append((target, name, replicas))
-        written: list[str] = []
-        unchanged: list[str] = []
-        for target, name, replicas in found:
-            try:
-                change = self._scale(target, name, replicas, trail)
-            except KubernetesApiError as exc:
-                done = f" (already written: {'; '.join(written)})" if written else ""
-                raise KubernetesApiError(f"{target.role.value}: {exc}{done}") from None
-            if change is None:
-                unchanged.append(f"{target.role.value} at {replicas}")
-            else:
-                written.append(f"{target.role.value} {change}")
-        retried = f"; retried: {'; '.join(trail)}" if trail else ""
-        if not written:
-            return ApplyResult(
-                outcome=ExecutionOutcome.NOOP,
-                detail=f"workloads already at the targets ({', '.join(unchanged) or 'none'}){retried}",
-            )
-        kept = f"; unchanged: {', '.join(unchanged)}" if unchanged else ""
-        return ApplyResult(outcome=ExecutionOutcome.APPLIED, detail=f"{'; '.join(written)}{kept}{retried}")
+        writes = [
+            (target.role, replicas, functools.partial(self._scale, target, name, replicas, trail))
+            for target, name, replicas in found
+        ]
+        return write_pool_targets(writes, trail, where="workloads")
 
     def _scale(self, target: WorkloadTarget, name: str, replicas: int, trail: list[str]) -> str | None:
         """Set one workload's replicas; a description of the write, or None if it was already at `replicas`."""

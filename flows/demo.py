@@ -33,8 +33,9 @@ from planner_core.lab.sim.bench import (
     run_policy,
     score,
 )
-from planner_core.lab.sim.des import ClusterSimulator, spec_for_config
+from planner_core.lab.sim.des import ClusterSimulator, SimSpec, spec_for_config
 from planner_core.lab.sim.oracle import OracleSettings, oracle_first_window
+from planner_core.perf.forward import ForwardPassModel
 from planner_core.planner import build_planner
 from planner_core.runtime.connectors.virtual import VirtualConnectorClient
 from planner_core.runtime.metrics import recorded_gpu_hours
@@ -64,6 +65,16 @@ def _epoch(trace: RequestTrace, offset_s: float) -> dt.datetime:
     return repo.epoch_to_datetime(trace.start_epoch_s + offset_s)
 
 
+def simulated_engines(ctx: PlannerContext, startup_s: float) -> tuple[ForwardPassModel, SimSpec]:
+    """The simulated engines of the config (`spec_for_config`), timed by the profile's forward-pass model: the
+    cluster the demo runs, and the one its starting size and comparison rows are found on."""
+    assert ctx.perf is not None
+    fwd = ctx.perf.forward_pass_model()
+    assert fwd is not None
+    spec = spec_for_config(ctx.config, profiled_max_kv_tokens=ctx.perf.profiled_max_kv_tokens(), startup_s=startup_s)
+    return fwd, spec
+
+
 # The demo's cluster starts as `planner bench` starts every policy: at the oracle's size for this first stretch of
 # the trace (the bench's default oracle window).
 STARTING_WINDOW_S = 180.0
@@ -75,10 +86,7 @@ def starting_size(ctx: PlannerContext, trace: RequestTrace, startup_s: float) ->
     searched in the simulator up to the GPU budget: `planner_core.lab.sim.oracle`), as `planner bench` starts its
     policies. The rows the
     run is compared with start there too. (0, A) for aggregated engines."""
-    assert ctx.perf is not None
-    fwd = ctx.perf.forward_pass_model()
-    assert fwd is not None
-    spec = spec_for_config(ctx.config, profiled_max_kv_tokens=ctx.perf.profiled_max_kv_tokens(), startup_s=startup_s)
+    fwd, spec = simulated_engines(ctx, startup_s)
     # the search stops at what the GPU budget allows: a deployment does not start above its own ceiling (and an
     # SLA no size meets would otherwise search hundreds of engines)
     budget, gpus = ctx.config.max_gpu_budget, max(spec.prefill_limits.num_gpu, spec.decode_limits.num_gpu)
@@ -96,10 +104,7 @@ def _new_cluster(
 ) -> ClusterSimulator:
     """The discrete-event cluster the config describes (`spec_for_config`), timed by the profile's forward-pass
     model, at `start` (`starting_size`)."""
-    assert ctx.perf is not None
-    fwd = ctx.perf.forward_pass_model()
-    assert fwd is not None
-    spec = spec_for_config(ctx.config, profiled_max_kv_tokens=ctx.perf.profiled_max_kv_tokens(), startup_s=startup_s)
+    fwd, spec = simulated_engines(ctx, startup_s)
     num_prefill, num_decode = start
     return ClusterSimulator(trace, fwd, spec, num_prefill=num_prefill, num_decode=num_decode)
 
@@ -123,10 +128,7 @@ def comparison_rows(
     """The same requests under a static size (the run's peak targets, held from the start: provisioning for the
     peak instead of scaling) and under Dynamo's planner with its defaults (`dynamo-defaults.yaml` at this SLA),
     in the simulator as `planner bench` runs them, from the same start (`starting_size`) and start-up time."""
-    assert ctx.perf is not None
-    fwd = ctx.perf.forward_pass_model()
-    assert fwd is not None
-    spec = spec_for_config(ctx.config, profiled_max_kv_tokens=ctx.perf.profiled_max_kv_tokens(), startup_s=startup_s)
+    fwd, spec = simulated_engines(ctx, startup_s)
     peak_prefill = max([start[0], *(e.num_prefill for e in events)])
     peak_decode = max([start[1], *(e.num_decode for e in events)])
     static = FixedPolicy(

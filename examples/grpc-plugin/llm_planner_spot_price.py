@@ -47,11 +47,11 @@ class SpotPrice(pb_grpc.ObservePluginServicer, pb_grpc.ConstrainPluginServicer):
             return self.prices[0]
         return self.prices[int(tick_time_s // 3600) % 24]
 
-    def Observe(self, request: pb.ObserveStageRequest, context: grpc.ServicerContext) -> pb.ObserveStageResponse:  # noqa: N802
+    def Observe(self, request: pb.ObserveStageRequest, _context: grpc.ServicerContext) -> pb.ObserveStageResponse:  # noqa: N802
         price = self.price_at(request.context.tick_time_s)
         return pb.ObserveStageResponse(values={PRICE_NAME: price}, reason="hourly spot price")
 
-    def Constrain(self, request: pb.ConstrainStageRequest, context: grpc.ServicerContext) -> pb.ConstrainStageResponse:  # noqa: N802
+    def Constrain(self, request: pb.ConstrainStageRequest, _context: grpc.ServicerContext) -> pb.ConstrainStageResponse:  # noqa: N802
         values = request.context.observations.plugin_values
         if PRICE_NAME not in values:  # the feed did not answer this tick: no opinion rather than a guess
             return pb.ConstrainStageResponse(accept=pb.AcceptResult())
@@ -59,7 +59,8 @@ class SpotPrice(pb_grpc.ObservePluginServicer, pb_grpc.ConstrainPluginServicer):
         if price <= self.max_price:
             return pb.ConstrainStageResponse(accept=pb.AcceptResult())
         targets = [
-            pb.ComponentTarget(sub_component_type=pool, replicas=cap, type=pb.AT_MOST) for pool, cap in self.caps.items()
+            pb.ComponentTarget(sub_component_type=pool, replicas=cap, type=pb.AT_MOST)
+            for pool, cap in self.caps.items()
         ]
         reason = f"spot price {price:g} > {self.max_price:g} USD per GPU-hour"
         return pb.ConstrainStageResponse(override=pb.OverrideResult(targets=targets, reason=reason))
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     caps = {pool: cap for pool, cap in (("prefill", args.max_prefill), ("decode", args.max_decode)) if cap is not None}
     server = serve(args.listen, SpotPrice(args.price, args.max_price, caps))
-    print(f"spot-price plugin serving on {args.listen}", flush=True)  # tests and scripts wait for this line
+    sys.stdout.write(f"spot-price plugin serving on {args.listen}\n")  # tests and scripts wait for this line
+    sys.stdout.flush()
     signal.signal(signal.SIGTERM, lambda *_: server.stop(grace=None))
     server.wait_for_termination()
     return 0

@@ -37,7 +37,7 @@ from planner_core.runtime.plugin_proto import plugin_pb2 as pb
 from planner_core.runtime.plugin_proto import plugin_pb2_grpc as pb_grpc
 
 _MAX_DETAIL_CHARS = 300
-# Reconnect quickly after a plugin process restarts, so a half-open trial call is not failed by a long backoff.
+# Reconnect quickly after a plugin process restarts (gRPC's default backoff grows to two minutes).
 _CHANNEL_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -245,6 +245,10 @@ class GrpcPlugin:
             reply = self._call(context)
         except grpc.RpcError as error:
             reason, detail = _failure(error)
+            if reason is ReasonCode.PLUGIN_UNAVAILABLE:
+                # A channel that failed to connect waits out a reconnect backoff and fails calls meanwhile: the
+                # next call (e.g. the half-open trial after a restart) gets a fresh channel instead.
+                self.close()
             return RemoteAnswer(**base, reason=reason, detail=detail)
         try:
             if self.spec.phase is Phase.OBSERVE:

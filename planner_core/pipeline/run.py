@@ -1,9 +1,10 @@
-"""One tick of the plugin pipeline: PREDICT -> PROPOSE -> RECONCILE -> CONSTRAIN -> EXECUTE.
+"""One tick of the plugin pipeline: OBSERVE -> PREDICT -> PROPOSE -> RECONCILE -> CONSTRAIN -> EXECUTE.
 
 `run_pipeline(plugins, inputs, state, config, *, clock=None)` is pure apart from the optional `clock` (a callable
 returning monotonic seconds) used only for deadlines: without a clock, and with plugins that are themselves pure,
-the outcome depends only on the arguments, so a recorded tick replays exactly. OBSERVE has already happened: the
-caller collected `inputs` (`schedule.observations_needed` tells it what the due plugins read). `inputs.loop` is not
+the outcome depends only on the arguments, so a recorded tick replays exactly. The caller collected `inputs`
+(`schedule.observations_needed` tells it what the due plugins read); OBSERVE plugins then add named observations
+(a chain like PREDICT: first writer wins per name), recorded as steps and seen by every later plugin. `inputs.loop` is not
 used: which logic runs on a tick follows from the plugins' intervals, not from a loop name.
 
 Per tick:
@@ -16,7 +17,9 @@ Per tick:
   the chain. The other phases are merged with `merge.merge_overrides`, each against the previous phase's result
   (PROPOSE against the expected worker counts). A REJECT stops the pipeline (EXECUTE = skip_short_circuit).
 * A plugin that raises, returns something unusable or overruns its `timeout_s` is recorded and skipped; the tick
-  goes on. Its schedule is not advanced (it is retried on the next tick) and its held result is dropped.
+  goes on. Its schedule is not advanced (it is retried on the next tick) and its held result is dropped. A
+  `PluginFailure` it raises is recorded with its own reason (e.g. PLUGIN_TIMEOUT for a remote deadline). A plugin
+  with a circuit breaker (`breaker.py`) counts the failure; while its breaker is open it is not called.
 * Deadline: with a clock, the whole tick has `scheduling.tick_max_duration_seconds`. Python cannot preempt a
   running plugin, so overruns are detected when the plugin returns: a plugin that finishes after the deadline has
   its result discarded, later plugins are not run and EXECUTE is skip_tick_timeout. The clock is read once at the

@@ -434,3 +434,16 @@ def test_recorded_ticks_with_a_remote_plugin_replay_identically_with_the_plugin_
 
     summary = replay(database_url, "remote", start, start + dt.timedelta(minutes=5), recorded_config_dir=config.parent)
     assert (summary.num_ticks, summary.num_identical) == (4, 4), summary.differences
+
+
+def test_checked_in_stubs_are_generated_from_the_proto(tmp_path: Path) -> None:
+    """`plugin_pb2*.py` are what grpcio-tools (the test extra's pinned version) makes of `plugin.proto` today."""
+    from grpc_tools import protoc
+
+    proto = Path("planner_core/runtime/plugin_proto/plugin.proto")
+    outputs = [f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}"]
+    status = protoc.main(["protoc", f"-I{REPO_ROOT}", *outputs, str(REPO_ROOT / proto)])
+    assert status == 0
+    for name in ("plugin_pb2.py", "plugin_pb2_grpc.py"):
+        generated = (tmp_path / proto.parent / name).read_text()
+        assert generated == (REPO_ROOT / proto.parent / name).read_text(), f"{name} is stale: regenerate (README.md)"

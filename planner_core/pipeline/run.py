@@ -4,8 +4,8 @@
 returning monotonic seconds) used only for deadlines: without a clock, and with plugins that are themselves pure,
 the outcome depends only on the arguments, so a recorded tick replays exactly. The caller collected `inputs`
 (`schedule.observations_needed` tells it what the due plugins read); OBSERVE plugins then add named observations
-(a chain like PREDICT: first writer wins per name), recorded as steps and seen by every later plugin. `inputs.loop` is not
-used: which logic runs on a tick follows from the plugins' intervals, not from a loop name.
+(a chain like PREDICT: first writer wins per name), recorded as steps and seen by every later plugin.
+`inputs.loop` is not used: which logic runs on a tick follows from the plugins' intervals, not from a loop name.
 
 Per tick:
 

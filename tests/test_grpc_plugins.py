@@ -447,3 +447,47 @@ def test_checked_in_stubs_are_generated_from_the_proto(tmp_path: Path) -> None:
     for name in ("plugin_pb2.py", "plugin_pb2_grpc.py"):
         generated = (tmp_path / proto.parent / name).read_text()
         assert generated == (REPO_ROOT / proto.parent / name).read_text(), f"{name} is stale: regenerate (README.md)"
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        (
+            [_entry("p", "propose", "grpc://127.0.0.1")],
+            "field 'scheduling.external_plugins[0].endpoint' = 'grpc://127.0.0.1': must be grpc://host:port",
+        ),
+        (
+            [_entry("p", "execute", "grpc://127.0.0.1:1")],
+            "field 'scheduling.external_plugins[0].plugin_type' = 'execute': must be one of observe, predict",
+        ),
+        (
+            [_entry("p", "propose", "grpc://127.0.0.1:1"), _entry("p", "observe", "grpc://127.0.0.1:1")],
+            "field 'scheduling.external_plugins[1].plugin_id' = 'p': listed twice",
+        ),
+        (
+            [_entry("p", "propose", "127.0.0.1:1", needs=["observations.prices"])],
+            "field 'scheduling.external_plugins[0].needs' = 'observations.prices': must be one of observations.traffic",
+        ),
+    ],
+    ids=["endpoint", "phase", "duplicate", "needs"],
+)
+def test_a_bad_external_plugin_entry_is_one_line_naming_the_field(
+    tmp_path: Path, entries: list[dict], message: str
+) -> None:
+    from planner_core.config import ConfigError
+
+    path = write_config(tmp_path, scheduling={"external_plugins": entries})
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    text = str(caught.value)
+    assert message in text and "\n" not in text and str(path) in text
+
+
+def test_an_external_plugin_id_may_not_take_a_builtin_plugins_id(tmp_path: Path) -> None:
+    from planner_core.pipeline import PluginConfigError
+
+    path = write_config(
+        tmp_path, scheduling={"external_plugins": [_entry("builtin_load_predict", "predict", "127.0.0.1:1")]}
+    )
+    with pytest.raises(PluginConfigError, match="builtin_load_predict"):
+        build_planner(load_config(path).policy, path)

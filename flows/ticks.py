@@ -1,12 +1,12 @@
 """The three served flows: `throughput-tick`, `load-tick` and `execute-decisions`.
 
-Each tick is one Prefect task run that decides and records in one transaction; collecting traffic is a
-separate task (the only network I/O): Prometheus when the config or `PLANNER_PROMETHEUS_ENDPOINT` names one, else
-the `PLANNER_TRACE` replay, with the window's prompt-arrival curve counted for the context's planner. A source
-without usable data makes the tick record `no_traffic_data` and hold, with the reason in the audit log; one whose
-arrivals alone fail gives the observation without the curve (the burst step says `burst_unavailable`), and the
-audit log says why. Load ticks read the newest ingested forward-pass metrics per engine (`planner
-ingest`). The execution flow applies pending decisions.
+Each tick is one Prefect task run that decides and records in one transaction (calling the out-of-process
+plugins of `scheduling.external_plugins`, if any, over gRPC); collecting traffic is a separate task: Prometheus
+when the config or `PLANNER_PROMETHEUS_ENDPOINT` names one, else the `PLANNER_TRACE` replay, with the window's
+prompt-arrival curve counted for the context's planner. A source without usable data makes the tick record
+`no_traffic_data` and hold, with the reason in the audit log; one whose arrivals alone fail gives the observation
+without the curve (the burst step says `burst_unavailable`), and the audit log says why. Load ticks read the
+newest ingested forward-pass metrics per engine (`planner ingest`). The execution flow applies pending decisions.
 """
 
 from __future__ import annotations

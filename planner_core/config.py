@@ -267,6 +267,79 @@ def _raise_rules(violations: list[tuple[str, Any, str]]) -> None:
 # --------------------------------------------------------------------------------------------------------
 
 
+class CircuitBreakerConfig(BaseModel):
+    """A plugin's circuit breaker (ours; Dynamo's is fixed at 5 consecutive failures and a 30 s cool-down).
+
+    Attributes:
+        failure_threshold: failures (unreachable, deadline exceeded, error, garbage answer) within `window_seconds`
+            that open the breaker; an open breaker skips the plugin.
+        window_seconds: how far back failures count (s of tick time).
+        cooldown_seconds: how long the breaker stays open before one trial call (half-open) may close it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    failure_threshold: int = Field(default=5, ge=1, description="Failures within the window that open the breaker.")
+    window_seconds: float = Field(default=60.0, gt=0, description="How far back failures count (s).")
+    cooldown_seconds: float = Field(default=30.0, gt=0, description="Seconds open before a trial call.")
+
+
+EXTERNAL_PLUGIN_TYPES = ("observe", "predict", "propose", "reconcile", "constrain")
+# `PluginSpec.needs` spellings (planner_core.pipeline.Observation values); repeated here because the config sits
+# below the pipeline
+EXTERNAL_PLUGIN_NEEDS = ("observations.traffic", "observations.fpm", "observations.workers")
+_ENDPOINT = re.compile(r"^(grpc://)?[A-Za-z0-9._\-\[\]:]+:[0-9]{1,5}$|^unix://.+$")
+
+
+class ExternalPluginConfig(BaseModel):
+    """One out-of-process plugin, reached over gRPC (Dynamo's `ExternalPluginEntry`, plus our deadline and
+    breaker). See docs/plugins.md, "Out-of-process plugins".
+
+    Attributes:
+        plugin_id: unique among all plugins, `[a-z][a-z0-9_.-]*`.
+        plugin_type: the phase it serves: observe, predict, propose, reconcile or constrain.
+        priority: merge precedence; smaller wins.
+        endpoint: `grpc://host:port`, `host:port` or `unix:///path`.
+        timeout_seconds: the gRPC deadline of one call (Dynamo's `request_timeout_seconds`, 5 s).
+        execution_interval_seconds: run at most this often (s); 0 = every tick.
+        hold_policy: what it contributes while not due (`hold_last` / `accept_when_idle`, either case).
+        needs: inputs it reads (`observations.traffic`, `observations.fpm`, `observations.workers`).
+        requires_produced_fields: fields earlier plugins must have produced this tick.
+        circuit_breaker: when to stop calling it, and when to try again.
+        auth_token, protocol_version, observation_window_seconds: Dynamo's fields; accepted, not used (no
+            registration gateway; traffic is observed over the loop's own window).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    plugin_id: str = Field(pattern=r"^[a-z][a-z0-9_.-]{0,62}$", description="Unique plugin id.")
+    plugin_type: str = Field(description="observe | predict | propose | reconcile | constrain.")
+    priority: int = Field(default=100, description="Merge precedence; smaller wins.")
+    endpoint: str = Field(description="grpc://host:port, host:port or unix:///path.")
+    timeout_seconds: float = Field(default=5.0, gt=0, description="gRPC deadline of one call (s).")
+    execution_interval_seconds: float = Field(default=0.0, ge=0, description="Run at most this often (s).")
+    hold_policy: HoldPolicy = Field(default=HoldPolicy.ACCEPT_WHEN_IDLE, description="Contribution while not due.")
+    needs: tuple[str, ...] = Field(default=(), description="Inputs it reads.")
+    requires_produced_fields: tuple[str, ...] = Field(default=(), description="Fields it needs produced first.")
+    circuit_breaker: CircuitBreakerConfig = Field(
+        default_factory=CircuitBreakerConfig, description="Circuit breaker settings."
+    )
+    auth_token: str = Field(default="", description="Dynamo's; accepted, not used.")
+    protocol_version: str = Field(default="1.0", description="Dynamo's; accepted, not used.")
+    observation_window_seconds: float = Field(default=0.0, ge=0, description="Dynamo's; accepted, not used.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dynamo_spellings(cls, data: Any) -> Any:
+        """Dynamo writes the phase and hold policy in any case (`PROPOSE`, `HOLD_LAST`)."""
+        if isinstance(data, Mapping):
+            data = dict(data)
+            for name in ("plugin_type", "hold_policy"):
+                if isinstance(data.get(name), str):
+                    data[name] = data[name].lower()
+        return data
+
+
 class SchedulingConfig(BaseModel):
     """Cadence of the per-tick decision pipeline (Dynamo's `scheduling` section).
 
@@ -275,9 +348,9 @@ class SchedulingConfig(BaseModel):
             `PlannerConfig.scale_interval_seconds_effective`. When set it must evenly divide the active
             loop intervals.
         tick_max_duration_seconds: deadline (s) for one whole tick of the pipeline.
-        external_plugins: Dynamo's static external-plugin registrations. Accepted verbatim so Dynamo
-            configs load; external plugins are not supported by this planner and the entries are ignored.
-        gateway: Dynamo's plugin-registration gRPC gateway settings. Accepted verbatim, not supported.
+        external_plugins: out-of-process plugins called over gRPC in every tick (Dynamo's static registrations).
+        gateway: Dynamo's plugin-registration gRPC gateway settings. Accepted verbatim, not supported: external
+            plugins are listed in `external_plugins`, they do not register themselves.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -288,13 +361,35 @@ class SchedulingConfig(BaseModel):
     tick_max_duration_seconds: float = Field(
         default=30.0, gt=0, description="Deadline (s) for one whole tick of the pipeline."
     )
-    # Not supported yet: opaque pass-through so Dynamo configuration files load unchanged.
-    external_plugins: tuple[dict[str, Any], ...] = Field(
-        default=(), description="Dynamo's external-plugin registrations; accepted, not used."
+    external_plugins: tuple[ExternalPluginConfig, ...] = Field(
+        default=(), description="Out-of-process plugins called over gRPC."
     )
+    # Not supported: opaque pass-through so Dynamo configuration files load unchanged.
     gateway: dict[str, Any] | None = Field(
         default=None, description="Dynamo's plugin gateway settings; accepted, not used."
     )
+
+    @model_validator(mode="after")
+    def _external_plugins_valid(self) -> SchedulingConfig:
+        seen: set[str] = set()
+        violations: list[tuple[str, Any, str]] = []
+        for index, entry in enumerate(self.external_plugins):
+            where = f"scheduling.external_plugins[{index}]"
+            if entry.plugin_id in seen:
+                violations.append(_rule(f"{where}.plugin_id", entry.plugin_id, "listed twice"))
+            seen.add(entry.plugin_id)
+            if entry.plugin_type not in EXTERNAL_PLUGIN_TYPES:
+                requirement = "must be one of " + ", ".join(EXTERNAL_PLUGIN_TYPES)
+                violations.append(_rule(f"{where}.plugin_type", entry.plugin_type, requirement))
+            if not _ENDPOINT.match(entry.endpoint):
+                requirement = "must be grpc://host:port, host:port or unix:///path"
+                violations.append(_rule(f"{where}.endpoint", entry.endpoint, requirement))
+            for need in entry.needs:
+                if need not in EXTERNAL_PLUGIN_NEEDS:
+                    requirement = "must be one of " + ", ".join(EXTERNAL_PLUGIN_NEEDS)
+                    violations.append(_rule(f"{where}.needs", need, requirement))
+        _raise_rules(violations)
+        return self
 
 
 class EngineLimitsConfig(BaseModel):

@@ -113,6 +113,13 @@ class ReasonCode(enum.StrEnum):
     PLUGIN_INVALID_RESULT = "plugin_invalid_result"  # returned something unusable; ignored, retried next tick
     PLUGIN_TIMEOUT = "plugin_timeout"  # finished after its own time limit; result discarded, retried next tick
     PLUGIN_LOAD_FAILED = "plugin_load_failed"  # an entry point could not be loaded; the plugin is not run
+    PLUGIN_OBSERVED = "plugin_observed"  # an OBSERVE plugin ran and added observations
+    PLUGIN_UNAVAILABLE = "plugin_unavailable"  # an out-of-process plugin could not be reached; retried next tick
+    PLUGIN_ANSWER_MISSING = "plugin_answer_missing"  # replay: the tick's record holds no answer of this remote plugin
+    PLUGIN_CIRCUIT_OPEN = "plugin_circuit_open"  # its circuit breaker is open: not called this tick
+    PLUGIN_CIRCUIT_OPENED = "plugin_circuit_opened"  # this failure opened its circuit breaker
+    PLUGIN_CIRCUIT_HALF_OPEN = "plugin_circuit_half_open"  # cool-down over: one trial call decides open or closed
+    PLUGIN_CIRCUIT_CLOSED = "plugin_circuit_closed"  # the trial call succeeded: the breaker is closed again
     PREDICT_CHAIN_FINAL = "predict_chain_final"  # a PREDICT plugin said `final`: later PREDICT plugins not run
     # family: MERGE (plugin pipeline: overrides and how they were merged)
     OVERRIDE_SET = "override_set"  # a plugin recommends exactly this many replicas
@@ -473,6 +480,16 @@ class TickInputs:
     workers: WorkerCounts
     traffic: TrafficObservation | None = None
     fpm: tuple[ForwardPassMetrics, ...] = ()
+    # What the out-of-process plugins answered during this tick (filled in by the runtime after the live tick,
+    # recorded with the inputs): replay reads these answers and never calls a plugin.
+    remote: tuple[RemoteAnswer, ...] = ()
+
+    def remote_answer(self, plugin_id: str, phase: str) -> RemoteAnswer | None:
+        """The recorded answer of one remote plugin in one phase, or None."""
+        for answer in self.remote:
+            if answer.plugin_id == plugin_id and answer.phase == phase:
+                return answer
+        return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -730,6 +747,14 @@ class ReplicaOverride:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ObservedValue:
+    """One named number an OBSERVE plugin added to a tick (e.g. an external queue depth or a spot price)."""
+
+    name: str
+    value: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PartialPrediction:
     """Forecast fields written by PREDICT plugins; None means "no opinion" on that field.
 
@@ -782,6 +807,7 @@ class HeldResult:
     predictions: PartialPrediction | None = None
     overrides: tuple[ReplicaOverride, ...] = ()
     final: bool = False
+    observations: tuple[ObservedValue, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -795,12 +821,59 @@ class PluginSchedule:
         last_run_at_s: scheduled time of its last successful run (None: never ran); the next run is due at
             `last_run_at_s + interval`.
         held: its last result, kept only under HOLD_LAST.
+        failures_at_s, circuit_opened_at_s: its circuit breaker (`planner_core.pipeline.breaker`).
     """
 
     plugin_id: str
     registered_at_s: float
     last_run_at_s: float | None = None
     held: HeldResult | None = None
+    # circuit breaker (plugins with a `BreakerSpec` only), in tick time: the failures inside the window, oldest
+    # first, and when the breaker opened (None: closed)
+    failures_at_s: tuple[float, ...] = ()
+    circuit_opened_at_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RemoteAnswer:
+    """What one out-of-process (gRPC) plugin answered in one phase of one tick, as the pipeline will use it.
+
+    The runtime turns the wire answer (or the failure: unreachable, deadline exceeded, garbage) into this record;
+    the pipeline turns the record into the plugin's result (`planner_core.pipeline.remote.answer_result`). Live
+    ticks and replay go through the same conversion, so a replayed tick uses exactly what the plugin said.
+
+    Attributes:
+        plugin_id: the plugin (`scheduling.external_plugins[].plugin_id`).
+        phase: the phase's value ("observe", "predict", "propose", "reconcile", "constrain").
+        reason: PLUGIN_OBSERVED / PREDICTED / PLUGIN_OVERRIDES / PLUGIN_NO_OPINION when it answered usefully;
+            PLUGIN_TIMEOUT, PLUGIN_UNAVAILABLE, PLUGIN_INVALID_RESULT or PLUGIN_RAISED when the call failed.
+        detail: the plugin's own reason string, or what went wrong (one line).
+        predictions, overrides, final, observations: the answer (PREDICT, PROPOSE/RECONCILE/CONSTRAIN, OBSERVE).
+    """
+
+    plugin_id: str
+    phase: str
+    reason: ReasonCode
+    detail: str = ""
+    predictions: PartialPrediction | None = None
+    overrides: tuple[ReplicaOverride, ...] = ()
+    final: bool = False
+    observations: tuple[ObservedValue, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        return self.reason in REMOTE_FAILURES
+
+
+# The reasons of a remote answer that is a failure: the plugin is skipped and its breaker counts it.
+REMOTE_FAILURES = frozenset(
+    {
+        ReasonCode.PLUGIN_TIMEOUT,
+        ReasonCode.PLUGIN_UNAVAILABLE,
+        ReasonCode.PLUGIN_INVALID_RESULT,
+        ReasonCode.PLUGIN_RAISED,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1050,6 +1123,8 @@ _DATACLASSES: dict[str, type] = {
         ReplicaOverride,
         PartialPrediction,
         HeldResult,
+        ObservedValue,
+        RemoteAnswer,
         PluginSchedule,
         PipelineState,
         ThresholdPlannerState,

@@ -37,6 +37,7 @@ from planner_core.config import (
     load_config,
     parse_config,
 )
+from planner_core.domain import HoldPolicy
 
 SLA = {"optimization_target": "sla"}
 LOAD_THRESHOLDS = {
@@ -233,19 +234,25 @@ def test_load_config_accepts_str_path(tmp_path: Path) -> None:
 
 
 def test_dynamo_file_with_unsupported_sections_loads(tmp_path: Path) -> None:
-    """Dynamo's plugin/AIC sections are accepted as opaque data so its files load."""
+    """Dynamo's AIC and gateway sections are accepted as opaque data so its files load; its external plugin
+    entries (Dynamo's field names and upper-case spellings) are read as out-of-process plugins."""
     data = {
         "aic_interpolation": {"hf_id": "Qwen/Qwen3-32B", "system": "h200_sxm"},
         "ais_perf_model": {"roles": {"decode": {"backend": "vllm"}}},
         "plugin_registration": {"auth": {"trusted_sources": ["static_secret"]}},
         "scheduling": {
             "gateway": {"enabled": False},
-            "external_plugins": [{"plugin_id": "p", "plugin_type": "propose", "priority": 5}],
+            "external_plugins": [
+                {"plugin_id": "p", "plugin_type": "PROPOSE", "priority": 5, "endpoint": "grpc://127.0.0.1:50051",
+                 "hold_policy": "HOLD_LAST", "auth_token": "t", "protocol_version": "1.0"}
+            ],
         },
     }
     config = load_config(write_yaml(tmp_path, data)).policy
     assert config.ais_perf_model == data["ais_perf_model"]
-    assert config.scheduling.external_plugins[0]["plugin_id"] == "p"
+    entry = config.scheduling.external_plugins[0]
+    assert (entry.plugin_id, entry.plugin_type, entry.priority) == ("p", "propose", 5)
+    assert entry.hold_policy is HoldPolicy.HOLD_LAST and entry.timeout_seconds == 5.0
 
 
 FILE_FAILURES = [

@@ -40,6 +40,7 @@ from planner_core.domain import (
     Loop,
     MemberScore,
     ModelReadiness,
+    ObservedValue,
     OnlineModelState,
     OnlinePerfState,
     OverrideType,
@@ -51,6 +52,7 @@ from planner_core.domain import (
     Prediction,
     QueuedRequests,
     ReasonCode,
+    RemoteAnswer,
     ReplicaOverride,
     ReplicaProposal,
     ScalingDecision,
@@ -250,12 +252,14 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         isl_quantile=opt_floats,
         osl_quantile=opt_floats,
     )
+    observed = st.builds(ObservedValue, name=st.text(max_size=8), value=floats)
     held = st.builds(
         HeldResult,
         produced_at_s=floats,
         predictions=st.none() | partial_prediction,
         overrides=st.lists(override, max_size=3).map(tuple),
         final=st.booleans(),
+        observations=st.lists(observed, max_size=2).map(tuple),
     )
     plugin_schedule = st.builds(
         PluginSchedule,
@@ -263,6 +267,28 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         registered_at_s=floats,
         last_run_at_s=opt_floats,
         held=st.none() | held,
+        failures_at_s=float_tuples,
+        circuit_opened_at_s=opt_floats,
+    )
+    remote_answer = st.builds(
+        RemoteAnswer,
+        plugin_id=st.text(max_size=8),
+        phase=st.sampled_from(["observe", "predict", "propose", "reconcile", "constrain"]),
+        reason=st.sampled_from(ReasonCode),
+        detail=st.text(max_size=12),
+        predictions=st.none() | partial_prediction,
+        overrides=st.lists(override, max_size=2).map(tuple),
+        final=st.booleans(),
+        observations=st.lists(observed, max_size=2).map(tuple),
+    )
+    inputs = st.builds(
+        TickInputs,
+        now_s=floats,
+        loop=st.sampled_from(Loop),
+        workers=workers,
+        traffic=st.none() | traffic,
+        fpm=st.lists(fpm, max_size=3).map(tuple),
+        remote=st.lists(remote_answer, max_size=2).map(tuple),
     )
     pipeline_state = st.builds(PipelineState, plugins=st.lists(plugin_schedule, max_size=3).map(tuple))
     threshold_planner = st.builds(
@@ -341,6 +367,8 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         ReplicaOverride: override,
         PartialPrediction: partial_prediction,
         HeldResult: held,
+        ObservedValue: observed,
+        RemoteAnswer: remote_answer,
         PluginSchedule: plugin_schedule,
         PipelineState: pipeline_state,
         ThresholdPlannerState: threshold_planner,

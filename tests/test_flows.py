@@ -6,6 +6,7 @@ import asyncio
 import datetime as dt
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -489,3 +490,106 @@ def test_demo_of_the_recommended_policy_replays_exactly_and_equals_the_bench(
     # the demo re-applies its decisions at their recorded (epoch) times: equal up to that round trip
     assert ours["gpu_hours"] == pytest.approx(bench.gpu_hours, rel=1e-12)
     assert [row["policy"] for row in summary["comparison"][1:]][1] == "Dynamo's defaults"
+
+
+# --- the example out-of-process plugin in the demo ---------------------------------------------------------
+
+GRPC_EXAMPLE = REPO_ROOT / "examples" / "grpc-plugin"
+GRPC_DEMO_WINDOWS = 5
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _policy_with_plugins(directory: Path, name: str, external_plugins: list[dict]) -> Path:
+    """The recommended policy (the demo's default), with these external plugins."""
+    import yaml
+
+    from planner_core.data import DEFAULT_CONFIG
+
+    body = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    body["profile_results_dir"] = str((DEFAULT_CONFIG.parent / body["profile_results_dir"]).resolve())
+    if external_plugins:
+        body["scheduling"] = {"external_plugins": external_plugins}
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def _tick_targets(url: str, deployment: str) -> list[tuple]:
+    """Every throughput tick's decision: (scheduled_at, reason, prefill target, decode target)."""
+    with psycopg.connect(to_libpq_uri(url)) as conn:
+        return conn.execute(
+            """SELECT t.scheduled_at, t.reason, d.target_prefill, d.target_decode
+                 FROM ticks t JOIN deployments dep ON dep.id = t.deployment_id
+                 LEFT JOIN decisions d ON d.tick_id = t.id
+                WHERE dep.name = %s ORDER BY t.scheduled_at""",
+            (deployment,),
+        ).fetchall()
+
+
+def test_the_example_plugin_changes_demo_decisions_and_the_run_replays_without_it(
+    prefect_api_url,
+    database_url: str,
+    azure_conv_trace: Path,
+    tmp_path: Path,
+) -> None:
+    """The example out-of-process plugin (`examples/grpc-plugin/`, a GPU price feed and a price cap) changes the
+    demo's decisions through gRPC, and the run replays identically with the plugin process stopped."""
+    from planner_core.runtime.replay import replay
+
+    port = _free_tcp_port()
+    process = subprocess.Popen(
+        [sys.executable, str(GRPC_EXAMPLE / "llm_planner_spot_price.py"), "--listen", f"127.0.0.1:{port}",
+         "--price", "3.2", "--max-price", "2.5", "--max-prefill", "3"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None and "serving on" in process.stdout.readline()
+        endpoint = f"grpc://127.0.0.1:{port}"
+        with_plugin = _policy_with_plugins(
+            tmp_path,
+            "spot-price",
+            [
+                {"plugin_id": "spot_price_feed", "plugin_type": "observe", "endpoint": endpoint},
+                {"plugin_id": "spot_price_cap", "plugin_type": "constrain", "endpoint": endpoint},
+            ],
+        )
+        _run_demo(database_url, with_plugin, azure_conv_trace, "with-plugin", max_windows=GRPC_DEMO_WINDOWS)
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+    plain_config = _policy_with_plugins(tmp_path, "plain", [])
+    _run_demo(database_url, plain_config, azure_conv_trace, "plain", max_windows=GRPC_DEMO_WINDOWS)
+
+    plain, capped = _tick_targets(database_url, "plain"), _tick_targets(database_url, "with-plugin")
+    assert len(plain) == len(capped) == GRPC_DEMO_WINDOWS
+    # the demo starts at the oracle's 4 prefill engines; the plugin's ceiling (price 3.2 > 2.5) takes it to 3
+    assert all(prefill is None or prefill > 3 for _, _, prefill, _ in plain)
+    assert capped[0][1:3] == ("scale", 3)
+    assert [row for row in capped if row[2] is not None and row[2] > 3] == []
+    assert capped != plain
+
+    # every tick saw the price through OBSERVE and the cap through CONSTRAIN, recorded with the tick
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        steps = conn.execute(
+            """SELECT ts.step, ts.reason, ts.value FROM tick_steps ts JOIN ticks t ON t.id = ts.tick_id
+                 JOIN deployments d ON d.id = t.deployment_id
+                WHERE d.name = 'with-plugin' AND ts.step IN ('observation:spot_price_usd_per_gpu_hour',
+                                                            'constrain:spot_price_cap')
+                  AND ts.reason IN ('observed', 'plugin_overrides')""",
+        ).fetchall()
+    assert sorted(set(steps)) == [
+        ("constrain:spot_price_cap", "plugin_overrides", None),
+        ("observation:spot_price_usd_per_gpu_hour", "observed", 3.2),
+    ]
+    assert len(steps) == 2 * GRPC_DEMO_WINDOWS
+
+    # the plugin process is gone: replay reads its recorded answers
+    start = capped[0][0] - dt.timedelta(seconds=1)
+    summary = replay(database_url, "with-plugin", start, capped[-1][0] + dt.timedelta(seconds=1))
+    expected = (GRPC_DEMO_WINDOWS, GRPC_DEMO_WINDOWS)
+    assert (summary.num_ticks, summary.num_identical) == expected, summary.differences

@@ -726,7 +726,7 @@ def test_no_clock_means_no_deadline() -> None:
     ("changes", "message"),
     [
         ({"plugin_id": "Bad Id"}, "plugin 'Bad Id': field 'plugin_id' = 'Bad Id': must match"),
-        ({"phase": Phase.OBSERVE}, "field 'phase' = <Phase.OBSERVE: 'observe'>: must be one of predict, propose"),
+        ({"phase": Phase.EXECUTE}, "field 'phase' = <Phase.EXECUTE: 'execute'>: must be one of observe, predict"),
         ({"interval_s": -1.0}, "field 'interval_s' = -1.0"),
         ({"requires_produced_fields": ("prediction",)}, "field 'requires_produced_fields' = 'prediction'"),
         ({"needs": ("traffic",)}, "field 'needs' = 'traffic': must be an Observation"),

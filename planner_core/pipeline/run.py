@@ -1,10 +1,11 @@
-"""One tick of the plugin pipeline: PREDICT -> PROPOSE -> RECONCILE -> CONSTRAIN -> EXECUTE.
+"""One tick of the plugin pipeline: OBSERVE -> PREDICT -> PROPOSE -> RECONCILE -> CONSTRAIN -> EXECUTE.
 
 `run_pipeline(plugins, inputs, state, config, *, clock=None)` is pure apart from the optional `clock` (a callable
 returning monotonic seconds) used only for deadlines: without a clock, and with plugins that are themselves pure,
-the outcome depends only on the arguments, so a recorded tick replays exactly. OBSERVE has already happened: the
-caller collected `inputs` (`schedule.observations_needed` tells it what the due plugins read). `inputs.loop` is not
-used: which logic runs on a tick follows from the plugins' intervals, not from a loop name.
+the outcome depends only on the arguments, so a recorded tick replays exactly. The caller collected `inputs`
+(`schedule.observations_needed` tells it what the due plugins read); OBSERVE plugins then add named observations
+(a chain like PREDICT: first writer wins per name), recorded as steps and seen by every later plugin.
+`inputs.loop` is not used: which logic runs on a tick follows from the plugins' intervals, not from a loop name.
 
 Per tick:
 
@@ -16,7 +17,9 @@ Per tick:
   the chain. The other phases are merged with `merge.merge_overrides`, each against the previous phase's result
   (PROPOSE against the expected worker counts). A REJECT stops the pipeline (EXECUTE = skip_short_circuit).
 * A plugin that raises, returns something unusable or overruns its `timeout_s` is recorded and skipped; the tick
-  goes on. Its schedule is not advanced (it is retried on the next tick) and its held result is dropped.
+  goes on. Its schedule is not advanced (it is retried on the next tick) and its held result is dropped. A
+  `PluginFailure` it raises is recorded with its own reason (e.g. PLUGIN_TIMEOUT for a remote deadline). A plugin
+  with a circuit breaker (`breaker.py`) counts the failure; while its breaker is open it is not called.
 * Deadline: with a clock, the whole tick has `scheduling.tick_max_duration_seconds`. Python cannot preempt a
   running plugin, so overruns are detected when the plugin returns: a plugin that finishes after the deadline has
   its result discarded, later plugins are not run and EXECUTE is skip_tick_timeout. The clock is read once at the
@@ -34,6 +37,7 @@ flight, comparing with the ready count would turn "keep the target" into a cance
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -44,6 +48,7 @@ from planner_core.domain import (
     ExecuteAction,
     HeldResult,
     HoldPolicy,
+    ObservedValue,
     PartialPrediction,
     PipelineState,
     PlannerState,
@@ -56,6 +61,7 @@ from planner_core.domain import (
     StepRecord,
     TickInputs,
 )
+from planner_core.pipeline.breaker import CircuitState, after_failure, after_success, circuit_state, reopens_at_s
 from planner_core.pipeline.merge import merge_overrides, merge_predictions
 from planner_core.pipeline.schedule import is_due, next_due_s
 from planner_core.pipeline.types import (
@@ -66,6 +72,7 @@ from planner_core.pipeline.types import (
     PipelineContext,
     PipelineOutcome,
     Plugin,
+    PluginFailure,
     PluginResult,
     PluginRun,
     PluginSpec,
@@ -74,6 +81,7 @@ from planner_core.policy.bounds import bound_min_endpoint, guard_config_budget, 
 
 Clock = Callable[[], float]
 _MAX_ERROR_CHARS = 300
+MAX_OBSERVATION_NAME_CHARS = 60  # an observation is recorded as the step "observation:<name>" (varchar(80))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +94,7 @@ class _Output:
     steps: tuple[StepRecord, ...] = ()
     held_from_s: float | None = None
     elapsed_s: float | None = None
+    observations: tuple[ObservedValue, ...] = ()
 
 
 def run_pipeline(
@@ -137,10 +146,22 @@ def _result_problem(spec: PluginSpec, result: object) -> str | None:
         return f"predictions is {type(result.predictions).__name__}, not a PartialPrediction"
     if not isinstance(result.overrides, tuple | list):
         return f"overrides is {type(result.overrides).__name__}, not a tuple"
-    if spec.phase is Phase.PREDICT and result.overrides:
-        return "a PREDICT plugin returned overrides"
+    if spec.phase in (Phase.OBSERVE, Phase.PREDICT) and result.overrides:
+        return f"a {spec.phase.value.upper()} plugin returned overrides"
     if spec.phase is not Phase.PREDICT and result.predictions is not None:
         return f"a {spec.phase.value.upper()} plugin returned predictions"
+    if not isinstance(result.observations, tuple | list):
+        return f"observations is {type(result.observations).__name__}, not a tuple"
+    if spec.phase is not Phase.OBSERVE and result.observations:
+        return f"a {spec.phase.value.upper()} plugin returned observations"
+    for observed in result.observations:
+        if not isinstance(observed, ObservedValue) or not isinstance(observed.name, str):
+            return f"an observation is not an ObservedValue: {observed!r}"
+        if not observed.name or len(observed.name) > MAX_OBSERVATION_NAME_CHARS:
+            return f"observation name {observed.name!r} is not 1 to {MAX_OBSERVATION_NAME_CHARS} characters"
+        value = observed.value
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return f"observation {observed.name!r} = {value!r} is not a finite number"
     if not isinstance(result.final, bool):
         return f"final is {result.final!r}, not a bool"
     if not isinstance(result.steps, tuple | list):
@@ -179,6 +200,7 @@ class _Tick:
         self.stop: ReasonCode | None = None  # SKIP_SHORT_CIRCUIT or SKIP_TICK_TIMEOUT once the pipeline stopped
         self.stop_detail = ""
         self.predictions = PartialPrediction()
+        self.observations: list[ObservedValue] = []
         self.produced: set[str] = set()
         self.entries = self._entries(plugins)
         # Schedules of plugins absent from this tick (the other loop's builtin plugins) are carried forward untouched.
@@ -249,7 +271,20 @@ class _Tick:
     def _failed(self, spec: PluginSpec, reason: ReasonCode, detail: str, elapsed_s: float | None = None) -> None:
         """A due plugin's run is unusable: record it, keep its schedule (retry next tick), drop its held result."""
         self._record(spec, reason, detail + "; retried next tick", elapsed_s=elapsed_s)
-        self.schedules[spec.plugin_id] = dataclasses.replace(self.schedules[spec.plugin_id], held=None)
+        schedule = dataclasses.replace(self.schedules[spec.plugin_id], held=None)
+        if spec.breaker is not None:
+            schedule, opened = after_failure(spec.breaker, schedule, self.now_s)
+            if opened:
+                self.steps.append(
+                    StepRecord(
+                        step=f"{spec.phase.value}:{spec.plugin_id}",
+                        reason=ReasonCode.PLUGIN_CIRCUIT_OPENED,
+                        detail=f"circuit opened: not called until t={reopens_at_s(spec.breaker, schedule):g}"
+                        f" ({spec.breaker.failure_threshold} failures within {spec.breaker.window_s:g} s,"
+                        f" cool-down {spec.breaker.cooldown_s:g} s)",
+                    )
+                )
+        self.schedules[spec.plugin_id] = schedule
 
     # --- one plugin --------------------------------------------------------------------------------------------
 
@@ -280,6 +315,7 @@ class _Tick:
                     overrides=held.overrides,
                     final=held.final,
                     held_from_s=held.produced_at_s,
+                    observations=held.observations,
                 )
             detail = f"not due until t={next_due_s(spec, schedule):g}"
             if spec.hold_policy is HoldPolicy.HOLD_LAST:
@@ -298,6 +334,24 @@ class _Tick:
             self._record(spec, ReasonCode.REQUIRED_FIELDS_MISSING, f"requires {names}, not produced; retried next tick")
             return None
 
+        if spec.breaker is not None:
+            state = circuit_state(spec.breaker, schedule, self.now_s)
+            if state is CircuitState.OPEN:
+                detail = (
+                    f"not called: circuit open since t={schedule.circuit_opened_at_s:g},"
+                    f" trial call from t={reopens_at_s(spec.breaker, schedule):g}"
+                )
+                self._record(spec, ReasonCode.PLUGIN_CIRCUIT_OPEN, detail)
+                self.schedules[spec.plugin_id] = dataclasses.replace(schedule, held=None)
+                return None
+            if state is CircuitState.HALF_OPEN:
+                self.steps.append(
+                    StepRecord(
+                        step=f"{spec.phase.value}:{spec.plugin_id}",
+                        reason=ReasonCode.PLUGIN_CIRCUIT_HALF_OPEN,
+                        detail=f"cool-down over (opened at t={schedule.circuit_opened_at_s:g}): one trial call",
+                    )
+                )
         started = self.clock() if self.clock is not None else None
         if started is not None and self.deadline is not None and started >= self.deadline:
             self._stop(ReasonCode.SKIP_TICK_TIMEOUT, "the tick deadline passed")
@@ -312,9 +366,14 @@ class _Tick:
             proposals=proposals,
             targets=targets,
             produced=frozenset(self.produced),
+            observations=tuple(self.observations),
         )
         try:
             result = plugin.run(context)
+        except PluginFailure as failure:  # a failure the plugin classified itself (e.g. a remote deadline)
+            elapsed = self.clock() - started if self.clock is not None and started is not None else None
+            self._failed(spec, failure.reason, _one_line(failure.detail), elapsed)
+            return None
         except Exception as exc:  # a plugin's failure is recorded, never propagated: the tick goes on
             elapsed = self.clock() - started if self.clock is not None and started is not None else None
             self._failed(spec, ReasonCode.PLUGIN_RAISED, _one_line(f"{type(exc).__name__}: {exc}"), elapsed)
@@ -347,12 +406,28 @@ class _Tick:
             return None
         result = result if isinstance(result, PluginResult) else PluginResult()
         overrides = tuple(result.overrides)
+        observations = tuple(result.observations)
         held = None
         if spec.hold_policy is HoldPolicy.HOLD_LAST:
             held = HeldResult(
-                produced_at_s=self.now_s, predictions=result.predictions, overrides=overrides, final=result.final
+                produced_at_s=self.now_s,
+                predictions=result.predictions,
+                overrides=overrides,
+                final=result.final,
+                observations=observations,
             )
-        self.schedules[spec.plugin_id] = dataclasses.replace(schedule, last_run_at_s=self.now_s, held=held)
+        schedule = dataclasses.replace(schedule, last_run_at_s=self.now_s, held=held)
+        if spec.breaker is not None:
+            schedule, closed = after_success(spec.breaker, schedule, self.now_s)
+            if closed:
+                self.steps.append(
+                    StepRecord(
+                        step=f"{spec.phase.value}:{spec.plugin_id}",
+                        reason=ReasonCode.PLUGIN_CIRCUIT_CLOSED,
+                        detail="the trial call succeeded: circuit closed",
+                    )
+                )
+        self.schedules[spec.plugin_id] = schedule
         if result.state is not None:
             # The pipeline owns the plugin schedules; a plugin's state never overwrites them.
             self.state = dataclasses.replace(result.state, pipeline=self.state.pipeline)
@@ -362,6 +437,7 @@ class _Tick:
             final=result.final,
             steps=tuple(result.steps),
             elapsed_s=elapsed_s,
+            observations=observations,
         )
 
     def _stop(self, reason: ReasonCode, detail: str) -> None:
@@ -372,6 +448,36 @@ class _Tick:
 
     def _phase_entries(self, phase: Phase) -> list[tuple[PluginSpec, Plugin]]:
         return [(spec, plugin) for spec, plugin in self.entries if spec.phase is phase]
+
+    def _observe(self) -> None:
+        """OBSERVE: each plugin's named observations, first writer (smallest priority) wins per name; every
+        value taken is a step of the tick, so the record shows what later plugins saw."""
+        for spec, plugin in self._phase_entries(Phase.OBSERVE):
+            out = self._turn(spec, plugin, (), MappingProxyType(self.expected))
+            if out is None:
+                continue
+            known = {observed.name for observed in self.observations}
+            taken = [observed for observed in out.observations if observed.name not in known]
+            shadowed = [observed.name for observed in out.observations if observed.name in known]
+            self.observations.extend(taken)
+            detail = ", ".join(f"{o.name}={o.value:g}" for o in taken) if taken else "no observation added"
+            if shadowed:
+                detail += "; already observed by an earlier plugin: " + ", ".join(shadowed)
+            if out.held_from_s is not None:
+                self._record(spec, ReasonCode.PLUGIN_HELD_OVER, f"replayed result of t={out.held_from_s:g}: {detail}")
+            else:
+                reason = ReasonCode.PLUGIN_OBSERVED if out.observations else ReasonCode.PLUGIN_NO_OPINION
+                self._record(spec, reason, detail, ran=True, elapsed_s=out.elapsed_s)
+            self.steps.extend(out.steps)
+            for observed in taken:
+                self.steps.append(
+                    StepRecord(
+                        step=f"observation:{observed.name}",
+                        reason=ReasonCode.OBSERVED,
+                        value=float(observed.value),
+                        detail=f"from {spec.plugin_id}",
+                    )
+                )
 
     def _predict(self) -> None:
         chain = self._phase_entries(Phase.PREDICT)
@@ -443,6 +549,7 @@ class _Tick:
     def run(self) -> PipelineOutcome:
         if self.clock is not None:
             self.deadline = self.clock() + self.config.scheduling.tick_max_duration_seconds
+        self._observe()
         self._predict()
 
         targets = MappingProxyType(dict(self.expected))
@@ -513,6 +620,7 @@ class _Tick:
             predictions=self.predictions,
             runs=tuple(self.runs),
             short_circuit_reason=short_circuit_reason,
+            observations=tuple(self.observations),
         )
 
     def _final_invariants(self, targets: MappingProxyType[Component, int]) -> dict[Component, int]:

@@ -22,6 +22,7 @@ from planner_core.domain import (
     Component,
     ExecuteAction,
     HoldPolicy,
+    ObservedValue,
     PartialPrediction,
     PlannerState,
     Prediction,
@@ -42,9 +43,11 @@ PLUGIN_ID_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
 
 
 class Phase(enum.StrEnum):
-    """The stages of one tick, in order. Plugins run in PREDICT, PROPOSE, RECONCILE and CONSTRAIN."""
+    """The stages of one tick, in order. Plugins run in OBSERVE, PREDICT, PROPOSE, RECONCILE and CONSTRAIN."""
 
-    OBSERVE = "observe"  # collecting the tick's inputs; done by the caller before the pipeline runs
+    # the caller collects the tick's inputs (traffic, workers, FPM) before the pipeline runs; OBSERVE plugins then
+    # add named observations (a chain in priority order, first writer wins per name) that every later plugin sees
+    OBSERVE = "observe"
     PREDICT = "predict"  # forecast fields; a chain in priority order, first writer wins per field
     PROPOSE = "propose"  # replica overrides from the scaling policies, merged type-aware
     RECONCILE = "reconcile"  # overrides on top of the merged proposal (sees every PROPOSE result)
@@ -52,7 +55,7 @@ class Phase(enum.StrEnum):
     EXECUTE = "execute"  # the decision: apply, skip, or advisory; taken by the pipeline itself
 
 
-PLUGIN_PHASES = (Phase.PREDICT, Phase.PROPOSE, Phase.RECONCILE, Phase.CONSTRAIN)
+PLUGIN_PHASES = (Phase.OBSERVE, Phase.PREDICT, Phase.PROPOSE, Phase.RECONCILE, Phase.CONSTRAIN)
 PHASE_ORDER = {phase: index for index, phase in enumerate(Phase)}
 
 
@@ -68,6 +71,43 @@ class Observation(enum.StrEnum):
 # prediction field, or at least one PROPOSE override.
 PREDICTION_FIELDS = tuple(f.name for f in dataclasses.fields(PartialPrediction))
 PRODUCED_FIELDS = frozenset({"predictions", "proposals", *(f"predictions.{name}" for name in PREDICTION_FIELDS)})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BreakerSpec:
+    """A plugin's circuit breaker (`planner_core.pipeline.breaker`), measured in tick time.
+
+    Attributes:
+        failure_threshold: this many failures (raised, timed out, unreachable, unusable answer) within
+            `window_s` open the breaker: the plugin is then skipped.
+        window_s: how far back failures count (s of tick time).
+        cooldown_s: after this long open, the next due tick makes one trial call (half-open): success closes the
+            breaker, failure opens it again.
+    """
+
+    failure_threshold: int = 5
+    window_s: float = 60.0
+    cooldown_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.failure_threshold, bool) or not isinstance(self.failure_threshold, int):
+            raise ValueError(f"breaker: field 'failure_threshold' = {self.failure_threshold!r}: must be an integer")
+        if self.failure_threshold < 1:
+            raise ValueError(f"breaker: field 'failure_threshold' = {self.failure_threshold!r}: must be >= 1")
+        for name in ("window_s", "cooldown_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"breaker: field '{name}' = {value!r}: must be a finite number of seconds > 0")
+
+
+class PluginFailure(Exception):  # noqa: N818 - a plugin's recorded outcome, not a programming error
+    """Raised by a plugin's `run` to be recorded with a specific reason code (e.g. PLUGIN_TIMEOUT for a remote
+    deadline) instead of PLUGIN_RAISED; the pipeline treats it like any failure (skipped, retried, breaker)."""
+
+    def __init__(self, reason: ReasonCode, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,6 +128,7 @@ class PluginSpec:
             they exist the plugin is skipped without advancing its schedule.
         timeout_s: a run taking longer (measured when the caller passes a clock) is discarded; None means
             `DEFAULT_PLUGIN_TIMEOUT_S`.
+        breaker: a circuit breaker for this plugin; None (in-process plugins by default) means none.
     """
 
     plugin_id: str
@@ -98,6 +139,7 @@ class PluginSpec:
     needs: tuple[Observation, ...] = ()
     requires_produced_fields: tuple[str, ...] = ()
     timeout_s: float | None = None
+    breaker: BreakerSpec | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, requirement: str) -> ValueError:
@@ -123,6 +165,8 @@ class PluginSpec:
                 raise bad("requires_produced_fields", name, "must be one of " + ", ".join(sorted(PRODUCED_FIELDS)))
         if self.timeout_s is not None and (not math.isfinite(self.timeout_s) or self.timeout_s <= 0):
             raise bad("timeout_s", self.timeout_s, "must be None or a finite number of seconds > 0")
+        if self.breaker is not None and not isinstance(self.breaker, BreakerSpec):
+            raise bad("breaker", self.breaker, "must be None or a BreakerSpec")
 
     @property
     def every_tick(self) -> bool:
@@ -167,6 +211,7 @@ class PluginResult:
     """What one run of a plugin returns. Returning None from `run` is the same as `PluginResult()` (no opinion).
 
     Attributes:
+        observations: OBSERVE only: named numbers every later plugin sees and the tick records.
         predictions: PREDICT only: forecast fields (None fields = no opinion).
         overrides: PROPOSE / RECONCILE / CONSTRAIN only: replica overrides.
         final: PREDICT: stop the chain after this plugin. PROPOSE / RECONCILE: this result wins verbatim if it is
@@ -181,6 +226,7 @@ class PluginResult:
     final: bool = False
     steps: tuple[StepRecord, ...] = ()
     state: PlannerState | None = None
+    observations: tuple[ObservedValue, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -197,6 +243,7 @@ class PipelineContext:
         targets: merged replica counts per managed pool going into this phase: the expected counts for PREDICT and
             PROPOSE, the merged PROPOSE result for RECONCILE, the merged RECONCILE result for CONSTRAIN.
         produced: the `PRODUCED_FIELDS` available so far.
+        observations: what the OBSERVE plugins added this tick (in OBSERVE: the plugins before this one).
     """
 
     inputs: TickInputs
@@ -207,6 +254,7 @@ class PipelineContext:
     proposals: tuple[Contribution, ...] = ()
     targets: Mapping[Component, int] = field(default_factory=lambda: MappingProxyType({}))
     produced: frozenset[str] = frozenset()
+    observations: tuple[ObservedValue, ...] = ()
 
     @property
     def now_s(self) -> float:
@@ -216,6 +264,10 @@ class PipelineContext:
     def prediction(self) -> Prediction | None:
         """The complete forecast, or None while num_req, isl or osl is missing."""
         return self.predictions.complete()
+
+    def observation(self, name: str) -> float | None:
+        """The value an OBSERVE plugin added under `name` this tick, or None."""
+        return next((o.value for o in self.observations if o.name == name), None)
 
 
 @runtime_checkable
@@ -296,6 +348,7 @@ class PipelineOutcome:
         predictions: the forecast fields produced this tick.
         runs: per plugin, in run order, what happened to it.
         short_circuit_reason: who rejected the tick and why ("" unless SKIP_SHORT_CIRCUIT).
+        observations: what the OBSERVE plugins added this tick.
     """
 
     action: ExecuteAction
@@ -306,6 +359,7 @@ class PipelineOutcome:
     predictions: PartialPrediction = field(default_factory=PartialPrediction)
     runs: tuple[PluginRun, ...] = ()
     short_circuit_reason: str = ""
+    observations: tuple[ObservedValue, ...] = ()
 
     @property
     def prediction(self) -> Prediction | None:

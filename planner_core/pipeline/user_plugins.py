@@ -1,5 +1,7 @@
 """The user's plugins of a config, loaded once and checked against the builtin plugins: the one way live ticks,
-replay and the benchmark get them."""
+replay and the benchmark get them. Out-of-process plugins (`scheduling.external_plugins`) come as
+`RecordedRemotePlugin`s answering from the tick's record; live ticks swap them for plugins that call
+(`planner_core.runtime.plugin_client.connect_remote_plugins`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from planner_core.config import PlannerConfig
 from planner_core.domain import Loop
 from planner_core.pipeline.builtin import builtin_plugins
 from planner_core.pipeline.loader import PluginLoadError, load_entry_point_plugins, resolve_plugins
+from planner_core.pipeline.remote import recorded_remote_plugins
 from planner_core.pipeline.types import Plugin
 
 if TYPE_CHECKING:
@@ -28,9 +31,10 @@ def load_plugins(
         PluginConfigError: an enabled name is not installed, an override names no plugin, or ids collide (one line).
     """
     loaded, errors = load_entry_point_plugins(config, source=source)
-    if not loaded and not config.plugins.overrides:
+    remote = recorded_remote_plugins(config)
+    if not loaded and not remote and not config.plugins.overrides:
         return (), errors
     builtins = (*builtin_plugins(Loop.THROUGHPUT, perf), *builtin_plugins(Loop.LOAD, perf))
     builtin_ids = {plugin.spec.plugin_id for plugin in builtins}
-    resolved = resolve_plugins((*builtins, *loaded), config, source=source)
+    resolved = resolve_plugins((*builtins, *loaded, *remote), config, source=source)
     return tuple(plugin for plugin in resolved if plugin.spec.plugin_id not in builtin_ids), errors

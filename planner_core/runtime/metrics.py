@@ -14,9 +14,11 @@ num_prefill_replicas,num_decode_replicas}` (its forecast and proposals); `gpu_ho
 tick); `sla_target_{ttft,itl}_ms`; `engine_{prefill,decode}_capacity_requests_per_second`; the state sets (Dynamo's
 enums) `load_scaling_decision` and `throughput_scaling_decision`; per engine (`worker_id`, `dp_rank`)
 `engine_queued_prefill_tokens`, `engine_queued_decode_kv_tokens`, `engine_inflight_decode_kv_tokens` (from the
-newest recorded forward-pass metrics); `tick_lag_seconds`; and the histogram `tick_duration_seconds` (the pure
-decision time of every recorded tick). A value the planner did not record (e.g. TTFT from a source without it) has
-no sample rather than an invented one.
+newest recorded forward-pass metrics); `tick_lag_seconds`; per out-of-process plugin (`plugin_id`)
+`plugin_circuit_state` (Dynamo's values: 0 closed, 0.5 half-open, 1 open, as of the newest tick's planner
+state) and the counter `plugin_circuit_open_skips_total` (ticks that skipped it because its breaker was open);
+and the histogram `tick_duration_seconds` (the pure decision time of every recorded tick). A value the planner
+did not record (e.g. TTFT from a source without it) has no sample rather than an invented one.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from planner_core.domain import gpu_hours
+from planner_core.config import CircuitBreakerConfig
+from planner_core.domain import PluginSchedule, gpu_hours
+from planner_core.pipeline.breaker import CIRCUIT_GAUGE, circuit_state
+from planner_core.pipeline.types import BreakerSpec
 
 PREFIX = "dynamo_planner_"
 
@@ -88,6 +93,15 @@ class EngineQueues:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PluginCircuit:
+    """One out-of-process plugin's circuit breaker as the newest tick left it, and how often it was skipped."""
+
+    plugin_id: str
+    state: float  # 0 closed, 0.5 half-open, 1 open
+    open_skips: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsSnapshot:
     """What the metrics show: the newest recorded ticks of one deployment (None = not recorded).
 
@@ -120,6 +134,7 @@ class MetricsSnapshot:
     tick_lag_seconds: float | None = None
     tick_duration_buckets: tuple[int, ...] = (0,) * (len(TICK_DURATION_BUCKETS_S) + 1)
     tick_duration_sum_s: float = 0.0
+    plugin_circuits: tuple[PluginCircuit, ...] = ()
 
 
 # --- metric families (pure) -------------------------------------------------------------------------------------
@@ -163,7 +178,12 @@ def _known(value: float | None) -> bool:
 
 def metric_families(snapshot: MetricsSnapshot) -> Iterator[Any]:
     """The snapshot as Prometheus metric families (every family is always declared; unknown values have no sample)."""
-    from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, StateSetMetricFamily
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        StateSetMetricFamily,
+    )
 
     for name, doc in _GAUGES:
         family = GaugeMetricFamily(PREFIX + name, doc)
@@ -189,6 +209,21 @@ def metric_families(snapshot: MetricsSnapshot) -> Iterator[Any]:
             if _known(value):
                 family.add_metric([engine.worker_id, str(engine.dp_rank)], float(value))
         yield family
+    circuit = GaugeMetricFamily(
+        PREFIX + "plugin_circuit_state",
+        "Circuit breaker of an out-of-process plugin after the newest tick: 0 closed, 0.5 half-open, 1 open",
+        labels=["plugin_id"],
+    )
+    skips = CounterMetricFamily(
+        PREFIX + "plugin_circuit_open_skips",
+        "Ticks that did not call an out-of-process plugin because its circuit breaker was open",
+        labels=["plugin_id"],
+    )
+    for plugin in snapshot.plugin_circuits:
+        circuit.add_metric([plugin.plugin_id], plugin.state)
+        skips.add_metric([plugin.plugin_id], float(plugin.open_skips))
+    yield circuit
+    yield skips
     bounds = [*(repr(float(b)) for b in TICK_DURATION_BUCKETS_S), "+Inf"]
     yield HistogramMetricFamily(
         PREFIX + "tick_duration_seconds",
@@ -233,6 +268,56 @@ SELECT scheduled_at, gpus
  WHERE previous_gpus IS DISTINCT FROM gpus OR next_tick_id IS NULL
  ORDER BY scheduled_at, tick_id
 """
+
+
+# The newest tick's plugin schedules and the external plugins of the config it ran under; the skips per plugin.
+_CIRCUITS_SQL = """
+SELECT t.scheduled_at, s.state -> 'pipeline' -> 'plugins' AS schedules,
+       c.body -> 'scheduling' -> 'external_plugins' AS external
+  FROM ticks t
+  JOIN deployments d ON d.id = t.deployment_id
+  JOIN planner_states s ON s.tick_id = t.id
+  JOIN planner_configs c ON c.config_hash = t.config_hash
+ WHERE d.name = :deployment
+ ORDER BY t.scheduled_at DESC, t.id DESC
+ LIMIT 1
+"""
+_CIRCUIT_SKIPS_SQL = """
+SELECT substr(ts.step, strpos(ts.step, ':') + 1) AS plugin_id, count(*) AS n
+  FROM tick_steps ts
+  JOIN ticks t ON t.id = ts.tick_id
+  JOIN deployments d ON d.id = t.deployment_id
+ WHERE d.name = :deployment AND ts.reason = 'plugin_circuit_open'
+ GROUP BY 1
+"""
+
+
+def _plugin_circuits(session: Session, deployment: str) -> tuple[PluginCircuit, ...]:
+    """Every out-of-process plugin of the config in force, with its breaker as of the newest tick."""
+    params = {"deployment": deployment}
+    row = session.execute(text(_CIRCUITS_SQL), params).mappings().first()
+    if row is None or not row["external"]:
+        return ()
+    skips = {r["plugin_id"]: int(r["n"]) for r in session.execute(text(_CIRCUIT_SKIPS_SQL), params).mappings()}
+    schedules = {entry["plugin_id"]: entry for entry in row["schedules"] or ()}
+    now_s = row["scheduled_at"].timestamp()
+    circuits = []
+    for entry in row["external"]:
+        breaker = CircuitBreakerConfig.model_validate(entry.get("circuit_breaker") or {})
+        spec = BreakerSpec(
+            failure_threshold=breaker.failure_threshold,
+            window_s=breaker.window_seconds,
+            cooldown_s=breaker.cooldown_seconds,
+        )
+        known = schedules.get(entry["plugin_id"], {})
+        schedule = PluginSchedule(
+            plugin_id=entry["plugin_id"], registered_at_s=now_s, circuit_opened_at_s=known.get("circuit_opened_at_s")
+        )
+        state = CIRCUIT_GAUGE[circuit_state(spec, schedule, now_s)]
+        circuits.append(
+            PluginCircuit(plugin_id=entry["plugin_id"], state=state, open_skips=skips.get(entry["plugin_id"], 0))
+        )
+    return tuple(circuits)
 
 
 def recorded_gpu_hours(session: Session, deployment: str) -> float:
@@ -330,6 +415,7 @@ def load_metrics_snapshot(session: Session, deployment: str) -> MetricsSnapshot:
             int(durations["total"]),
         ),
         tick_duration_sum_s=float(durations["sum_s"]),
+        plugin_circuits=_plugin_circuits(session, deployment),
     )
 
 

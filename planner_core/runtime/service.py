@@ -7,6 +7,11 @@ User plugins (`plugins.enabled`, found through the `llm_planner.plugins` entry-p
 context (`load_context`) and run in every tick beside the builtin ones; an entry point that failed to load is
 recorded as a `plugin_load_failed` step of every tick of that context. The live path hands `tick()` a monotonic
 clock, so plugin timeouts and the tick deadline are enforced.
+
+Out-of-process plugins (`scheduling.external_plugins`) are called over gRPC only in live contexts
+(`load_context` connects them, `planner_core.runtime.plugin_client`); what they answered is recorded with the
+tick's inputs (`TickInputs.remote`), and replay, which builds its context with `context_for_config` alone, reads
+those answers and never calls a plugin.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from planner_core.perf.model import ProfilePerfModel
 from planner_core.pipeline import PluginLoadError
 from planner_core.planner import Planner, build_planner
 from planner_core.runtime.connectors.virtual import VirtualConnector
+from planner_core.runtime.plugin_client import connect_remote_plugins, take_remote_answers
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import session_factory
@@ -171,9 +177,10 @@ def load_context(database_url: str, deployment: str, config_path: str | Path) ->
     config_path = Path(config_path)
     loaded = load_config(config_path)
     kubernetes, config = connect_cluster(loaded)
-    return context_for_config(
+    ctx = context_for_config(
         database_url, deployment, config, config_path, kubernetes=kubernetes, service=loaded.service
     )
+    return dataclasses.replace(ctx, planner=connect_remote_plugins(ctx.planner))
 
 
 def context_for_config(
@@ -293,10 +300,13 @@ def run_tick(
         previous_tick_id, state = repo.latest_state(session, deployment.id)
         if previous_tick_id is None and ctx.warmup_trace is not None:
             state = _warm_started(session, deployment.id, ctx)
+        take_remote_answers(ctx.planner)  # nothing left over from a tick that failed before being recorded
         started = time.perf_counter()
         # The monotonic clock only enforces plugin timeouts and the tick deadline; the tick's time is `now_s`.
         outcome = decide(ctx, inputs, state, clock=time.monotonic)
         decide_ms = (time.perf_counter() - started) * 1000.0
+        # What the out-of-process plugins answered is part of what the tick saw: replay reads it from the record.
+        inputs = dataclasses.replace(inputs, remote=take_remote_answers(ctx.planner))
         if ctx.plugin_load_errors:
             # A plugin that could not be loaded did not run in this tick either: say so first in its explanation.
             load_steps = tuple(error.as_step() for error in ctx.plugin_load_errors)

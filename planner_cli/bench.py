@@ -19,6 +19,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from planner_core.lab.sim.bench import bench_figure
     from planner_core.lab.sim.benchmark import BenchRequest, benchmark
+    from planner_core.lab.sim.des import NoEndpointAction, RouterPolicy
 
     request = BenchRequest(
         trace=args.trace, profile=args.profile, rate_scale=args.rate_scale, compress=args.compress, shape=args.shape,
@@ -28,7 +29,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         aggregated=args.mode == "agg", ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, startup_s=args.startup_s,
         max_gpu_budget=args.max_gpu_budget, throughput_interval_s=args.throughput_interval_s,
         oracle_target=args.oracle_target, oracle_context_s=args.oracle_context_s, initial=args.initial,
-        dynamo_python=args.dynamo_python,
+        dynamo_python=args.dynamo_python, router=RouterPolicy(args.router), ttft_profile=args.ttft_profile,
+        tpot_profile=args.tpot_profile, ttft_dispatch_threshold=args.ttft_dispatch_threshold,
+        tpot_dispatch_threshold=args.tpot_dispatch_threshold, no_endpoint=NoEndpointAction(args.no_endpoint),
+        adaptive_pd=not args.no_adaptive_pd,
     )  # fmt: skip
     to_stdout = args.json is not None and str(args.json) == "-"
     print("bench: sizing the policies (the oracle simulates every window at several sizes)...", file=sys.stderr)
@@ -130,6 +134,20 @@ def print_bench_table(outcome, request) -> None:  # noqa: ANN001 - BenchOutcome,
             f"{r.gpu_hours:>8.2f}{ratio:>9}{r.scaling_events:>8}{r.ttft_ms_p90:>10.1f}{r.itl_ms_p90:>9.2f}"
             f"{r.wall_s:>8.1f}"
         )
+    if runs and runs[0].row.unplaced is not None:
+        print(f"  router {runs[0].row.router}: unplaced / rejected / prefilled on decode / placed overdue; "
+              "predictor error |pred - measured| / measured, median and p90")  # fmt: skip
+        for run in runs:
+            r = run.row
+            print(
+                f"  {r.policy:<{width}}{r.unplaced:>8}{r.rejected:>8}{r.local_prefills:>8}{r.overdue:>8}"
+                f"  TTFT {_pct(r.ttft_pred_err_p50)} / {_pct(r.ttft_pred_err_p90)}"
+                f"  TPOT {_pct(r.tpot_pred_err_p50)} / {_pct(r.tpot_pred_err_p90)}"
+            )
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -170,6 +188,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--mode", choices=("disagg", "agg"), default="disagg",
         help="disaggregated prefill/decode pools, or one pool of aggregated engines (chunked prefill on decode)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--router", choices=("least_loaded", "round_robin", "slo"), default="least_loaded",
+        help="the simulated frontend's router: least_loaded, round_robin, or slo (SLO-aware: the engine with the "
+        "lowest predicted latency within SLO x dispatch threshold); the oracle sizes with least_loaded whatever "
+        "this is, so static sizes are the same under every router",
+    )  # fmt: skip
+    bench.add_argument(
+        "--ttft-profile", type=Path, default=None, metavar="FILE",
+        help="router slo: TTFT profiling JSON (`planner profile-json`); default: built from the simulated engines",
+    )  # fmt: skip
+    bench.add_argument(
+        "--tpot-profile", type=Path, default=None, metavar="FILE", help="router slo: TPOT profiling JSON"
+    )
+    bench.add_argument(
+        "--ttft-dispatch-threshold", type=float, default=1.0, help="router slo: keep engines predicted <= TTFT x this"
+    )
+    bench.add_argument(
+        "--tpot-dispatch-threshold", type=float, default=1.0, help="router slo: keep engines predicted <= ITL x this"
+    )
+    bench.add_argument(
+        "--no-endpoint", choices=("queue", "reject"), default="queue",
+        help="router slo: a request no engine is predicted to serve in time waits at the frontend, or is rejected",
+    )  # fmt: skip
+    bench.add_argument(
+        "--no-adaptive-pd", action="store_true",
+        help="router slo: never prefill a short prompt on a decode engine when no prefill engine is predicted in time",
     )  # fmt: skip
     bench.add_argument("--ttft-ms", type=float, default=500.0, help="TTFT target (ms)")
     bench.add_argument("--itl-ms", type=float, default=50.0, help="ITL target (ms)")

@@ -1,4 +1,5 @@
-"""The perf models: `planner perf-accuracy` and `planner perf-table`."""
+"""The perf models: `planner perf-accuracy`, `planner perf-table`, and `planner profile-json` (the SLO-aware
+router's profiling files)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,67 @@ def cmd_perf_table(args: argparse.Namespace) -> int:
     return 0
 
 
+TTFT_FILE = "ttft_profiling.json"
+TPOT_FILE = "tpot_profiling.json"
+
+
+def cmd_profile_json(args: argparse.Namespace) -> int:
+    """Write the SLO-aware router's TTFT and TPOT profiling files (`planner_core.routing.profiling`), both or
+    neither (each to a temporary file first, then renamed)."""
+    import datetime as dt
+    import json
+    import os
+    import tempfile
+
+    from planner_core.routing.profiling import tpot_profile_to_json, ttft_profile_to_json
+    from planner_core.routing.tables import tables_from_dynamo_profile, tables_from_forward_model
+
+    metadata = {
+        "model": args.model or "unknown",
+        "timestamp": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
+    }
+    if args.source == "dynamo":
+        from planner_core.perf.profile import load_profile
+
+        profile = load_profile(args.profile)
+        metadata["description"] = (
+            f"from the Dynamo profile {profile.source_dir} (TPOT read off its decode interpolation)"
+        )
+        ttft, tpot = tables_from_dynamo_profile(profile, metadata=metadata)
+    else:
+        from planner_core.perf.model import ProfilePerfModel
+
+        fwd = ProfilePerfModel.load(args.profile, perf_table=args.perf_table).forward_pass_model()
+        if fwd is None:
+            raise ValueError(f"--profile {args.profile}: no forward-pass model to time the simulated engines with")
+        source = args.perf_table if args.perf_table is not None else args.profile
+        metadata["description"] = (
+            f"the simulated engines' timing (forward-pass model of {source}), prefill chunked at "
+            f"{args.max_num_batched_tokens} tokens; deterministic, so mean = p50 = p95 = p99"
+        )
+        ttft, tpot = tables_from_forward_model(fwd, chunk_tokens=args.max_num_batched_tokens, metadata=metadata)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    try:
+        for name, content in ((TTFT_FILE, ttft_profile_to_json(ttft)), (TPOT_FILE, tpot_profile_to_json(tpot))):
+            fd, tmp = tempfile.mkstemp(dir=args.out_dir, prefix=f".{name}.", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(content, handle, indent=1)
+                handle.write("\n")
+            written.append((tmp, args.out_dir / name))
+        for tmp, final in written:
+            os.replace(tmp, final)
+    finally:
+        for tmp, _ in written:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    print(
+        f"{args.out_dir / TTFT_FILE}: {len(ttft.points)} prompt lengths; {args.out_dir / TPOT_FILE}: "
+        f"{len(tpot.points)} batch-size x tokens-per-request points"
+    )
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the perf command group's parsers."""
     accuracy = sub.add_parser(
@@ -123,3 +185,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--aic-python", default=None, help="interpreter with aiconfigurator (default: this one, if it has it)"
     )
     perf_table.set_defaults(func=cmd_perf_table)
+
+    profile_json = sub.add_parser(
+        "profile-json", help="write the SLO-aware router's TTFT and TPOT profiling files (p50 tables)"
+    )
+    profile_json.add_argument(
+        "--from", dest="source", choices=("dynamo", "sim"), default="sim",
+        help="dynamo: the Dynamo profile's measurements; sim: the simulated engines' timing (their forward-pass "
+        "model, as `planner bench` runs them)",
+    )  # fmt: skip
+    profile_json.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="Dynamo profile folder")
+    profile_json.add_argument(
+        "--perf-table", type=Path, default=None, help="with --from sim: time the engines with this perf table"
+    )
+    profile_json.add_argument(
+        "--max-num-batched-tokens", type=int, default=8192, help="with --from sim: the engines' prefill chunk"
+    )
+    profile_json.add_argument("--model", default=None, help="model name for the files' metadata")
+    profile_json.add_argument(
+        "--out-dir", type=Path, required=True, help=f"folder to write {TTFT_FILE} and {TPOT_FILE} into"
+    )
+    profile_json.set_defaults(func=cmd_profile_json)

@@ -206,6 +206,14 @@ class ThroughputMetricsSource(enum.StrEnum):
 # --------------------------------------------------------------------------------------------------------
 
 
+class RouterKind(enum.StrEnum):
+    """The frontend's request router (ours; the simulator runs each)."""
+
+    LEAST_LOADED = "least_loaded"
+    ROUND_ROBIN = "round_robin"
+    SLO = "slo"  # SLO-aware routing (planner_core.routing): lowest predicted latency within SLO x threshold
+
+
 class ConfigError(ValueError):
     """A configuration could not be read or is invalid.
 
@@ -548,6 +556,24 @@ class PlannerConfig(BaseModel):
         gt=0,
         validation_alias=_aliased("itl_ms"),
         description="Inter-token-latency target (ms) of the sla target.",
+    )
+
+    # --- routing (ours): how the frontend places requests, which the throughput loop sizes for ---------
+    router: RouterKind = Field(
+        default=RouterKind.LEAST_LOADED,
+        description="The frontend's request router: least_loaded, round_robin, or slo (SLO-aware: an engine is "
+        "loaded only while it is predicted within SLO x dispatch threshold, so the throughput loop sizes each "
+        "engine's capacity at those targets).",
+    )
+    ttft_dispatch_threshold: float = Field(
+        default=1.0,
+        gt=0,
+        description="Router slo: an engine is sent a prompt only if its predicted TTFT <= ttft_ms x this.",
+    )
+    tpot_dispatch_threshold: float = Field(
+        default=1.0,
+        gt=0,
+        description="Router slo: an engine is sent a request to decode only if its predicted TPOT <= itl_ms x this.",
     )
 
     # --- the two loops --------------------------------------------------------------------------------
@@ -993,6 +1019,17 @@ class PlannerConfig(BaseModel):
         if self.throughput_scaling_active:
             intervals.append(float(self.throughput_adjustment_interval_seconds))
         return _gcd_seconds(intervals)
+
+    @property
+    def capacity_ttft_ms(self) -> float:
+        """The TTFT an engine is sized for: `ttft_ms`, times `ttft_dispatch_threshold` under router `slo` (the
+        router sends an engine no prompt it predicts past that, so that is the load the engine will carry)."""
+        return self.ttft_ms * (self.ttft_dispatch_threshold if self.router is RouterKind.SLO else 1.0)
+
+    @property
+    def capacity_itl_ms(self) -> float:
+        """The ITL an engine is sized for: `itl_ms`, times `tpot_dispatch_threshold` under router `slo`."""
+        return self.itl_ms * (self.tpot_dispatch_threshold if self.router is RouterKind.SLO else 1.0)
 
     @property
     def prefill_gpus_per_engine(self) -> int:

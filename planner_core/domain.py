@@ -145,6 +145,7 @@ class ReasonCode(enum.StrEnum):
     SCALE_DOWN_REFUSED_CONSOLIDATION = "scale_down_refused_consolidation"  # N-1 engines would miss the SLA budget
     SCALE_DOWN_CAPPED_BY_THROUGHPUT = "scale_down_capped_by_throughput"  # the throughput floor blocked a scale-down
     WORKER_COUNT_MISMATCH = "worker_count_mismatch"  # engines reporting metrics != ready workers (or uneven DP ranks)
+    UNPLACED_REQUESTS = "unplaced_requests"  # the SLO-aware router could not place requests: one replica more (ours)
     # steps of our own load loop
     LATENCY_ESTIMATED = "latency_estimated"  # an engine's TTFT/ITL estimated from its queue through the model
     LOAD_MEASURED = "load_measured"  # an engine's threshold value (queue ratio, queued tokens, KV utilisation)
@@ -468,11 +469,31 @@ class OnlinePerfState:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UnplacedRequests:
+    """Requests the router of one pool could not place (an SLO-aware router found no available endpoint: no engine
+    predicted to meet the target), as the frontend reports them.
+
+    Attributes:
+        component: the pool whose stage found no endpoint (aggregated engines: DECODE).
+        num_waiting: requests waiting at the frontend for that pool now.
+        num_unplaced: requests that found no available endpoint since the previous report (each counted once per
+            stage, whether it then waited or was rejected).
+        num_rejected: of those, the requests the frontend rejected.
+    """
+
+    component: Component
+    num_waiting: int = 0
+    num_unplaced: int = 0
+    num_rejected: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TickInputs:
     """Everything one tick sees. `now_s` is the scheduled time of the tick in epoch seconds (time is data).
 
     `fpm` holds the forward-pass metrics observed since the previous tick (the latest per engine last), for
-    the online perf models and the load loop.
+    the online perf models and the load loop. `unplaced` holds, per pool, the requests the router could not place
+    (empty when the router does not report them: routers that never refuse a request).
     """
 
     now_s: float
@@ -480,9 +501,14 @@ class TickInputs:
     workers: WorkerCounts
     traffic: TrafficObservation | None = None
     fpm: tuple[ForwardPassMetrics, ...] = ()
+    unplaced: tuple[UnplacedRequests, ...] = ()
     # What the out-of-process plugins answered during this tick (filled in by the runtime after the live tick,
     # recorded with the inputs): replay reads these answers and never calls a plugin.
     remote: tuple[RemoteAnswer, ...] = ()
+
+    def unplaced_for(self, component: Component) -> UnplacedRequests | None:
+        """The unplaced-request report of `component`'s pool, if any."""
+        return next((u for u in self.unplaced if u.component is component), None)
 
     def remote_answer(self, plugin_id: str, phase: str) -> RemoteAnswer | None:
         """The recorded answer of one remote plugin in one phase, or None."""
@@ -995,6 +1021,7 @@ class StepName(enum.StrEnum):
     THROUGHPUT_FLOOR = "throughput_floor"
     TTFT_ESTIMATE = "ttft_estimate"
     TTFT_SIGNAL = "ttft_signal"
+    UNPLACED_SIGNAL = "unplaced_signal"  # the load loop: requests the router could not place
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1110,6 +1137,7 @@ _DATACLASSES: dict[str, type] = {
         FpmSample,
         OnlineModelState,
         OnlinePerfState,
+        UnplacedRequests,
         TickInputs,
         Prediction,
         KalmanState,

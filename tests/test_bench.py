@@ -244,7 +244,10 @@ def test_cli_writes_json_and_html(tmp_path) -> None:
         "policy", "requests", "ttft_attainment", "itl_attainment", "sla_attainment", "attainable", "goodput_rps",
         "gpu_hours",
         "gpu_hours_vs_oracle", "scaling_events", "ttft_ms_mean", "ttft_ms_p90", "itl_ms_mean", "itl_ms_p90", "wall_s",
+        "router", "unplaced", "rejected", "local_prefills", "overdue", "ttft_pred_err_p50", "ttft_pred_err_p90",
+        "tpot_pred_err_p50", "tpot_pred_err_p90",
     }  # fmt: skip
+    assert rows[0]["router"] == "least_loaded" and rows[0]["unplaced"] is None  # no predictions: no router figures
     assert rows[0]["requests"] == 400
     assert out_html.stat().st_size > 1_000_000 and "plotly" in out_html.read_text()[:200_000].lower()
     assert "oracle" in result.stdout
@@ -461,3 +464,25 @@ def test_a_named_policy_is_its_config_file(profile_perf: ProfilePerfModel) -> No
     assert named.config == from_file.config
     assert named.config.throughput_adjustment_interval_seconds == 60  # the file's own window, not the bench's 180
     assert runs[0].row.scaling_events > 0  # the comparison is not of two idle planners
+
+
+def test_cli_router_slo_reports_what_it_could_not_place(tmp_path) -> None:
+    """`planner bench --router slo`: the rows name the router and carry its counts and the predictor's errors; the
+    table says so; a lone profiling file is refused in one line."""
+    trace_path = write_small_azure_trace(tmp_path / "small.csv")
+    out_json = tmp_path / "rows.json"
+    result = run_bench_cli(
+        "--trace", str(trace_path), "--policies", "fixed:1:1,fixed:2:1", "--router", "slo", "--ttft-ms", "200",
+        "--json", str(out_json),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out_json.read_text())
+    assert [row["router"] for row in rows] == ["slo", "slo"]
+    for row in rows:
+        assert row["unplaced"] >= row["rejected"] == 0  # default: queued at the frontend, never rejected
+        assert 0 <= row["ttft_pred_err_p50"] <= row["ttft_pred_err_p90"]
+        assert 0 <= row["tpot_pred_err_p50"] <= row["tpot_pred_err_p90"]
+    assert "router slo: unplaced / rejected / prefilled on decode / placed overdue" in result.stdout
+    lone = run_bench_cli("--trace", str(trace_path), "--router", "slo", "--ttft-profile", str(tmp_path / "t.json"))
+    assert lone.returncode != 0
+    assert "--ttft-profile and --tpot-profile go together" in lone.stderr

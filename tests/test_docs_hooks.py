@@ -54,3 +54,31 @@ def test_config_reference_walks_nested_models() -> None:
         assert f"### `{model}`" in text
     assert "| `ttft_ms` | `ttft` | float | `500.0` |" in text
     assert "| `database_url` | `PLANNER_DATABASE_URL` |" in text
+
+
+def test_router_records_compare_each_policy_under_each_router(tmp_path: Path) -> None:
+    def record(router: str, rows: list[dict]) -> dict:
+        return {
+            "format": "planner-bench-record/v1", "date": "2026-11-26T15:00:00+00:00",
+            "command": f"planner bench --trace t.csv --router {router}", "commit": "abc1234", "rows": rows,
+        }  # fmt: skip
+
+    slo_row = {
+        **_row("planner", 0.951, 6.66, 1.13), "router": "slo", "unplaced": 1150, "rejected": 0, "local_prefills": 409,
+        "overdue": 835, "ttft_pred_err_p50": 0.169, "ttft_pred_err_p90": 0.361, "tpot_pred_err_p50": 0.047,
+        "tpot_pred_err_p90": 0.157,
+    }  # fmt: skip
+    (tmp_path / "code--slo.json").write_text(json.dumps(record("slo", [slo_row])), encoding="utf-8")
+    rows = [_row("planner", 0.93, 6.66, 1.13), _row("oracle", 0.999, 5.88, 1.0)]
+    (tmp_path / "code--least_loaded.json").write_text(json.dumps(record("least_loaded", rows)), encoding="utf-8")
+    text = hooks.render_router_records(tmp_path)
+    assert "### code" in text
+    # least_loaded first whatever the file order; a policy missing under a router gets an empty cell
+    assert "| policy | least_loaded: SLA / GPU-h | slo: SLA / GPU-h |" in text
+    assert "| `planner` | 93.0% / 6.66 | 95.1% / 6.66 |" in text
+    assert "| `oracle` | 99.9% / 5.88 |  |" in text
+    assert "- `slo`: 2026-11-26T15:00:00+00:00, commit `abc1234`, `planner bench --trace t.csv --router slo`" in text
+    assert "| `planner` | 1150 | 0 | 409 | 835 | 16.9% / 36.1% | 4.7% / 15.7% |" in text
+    assert hooks.render_router_records(tmp_path / "missing").startswith("No router comparison has been recorded yet")
+    # the plain records page ignores the routers' folder
+    assert hooks.render_bench_records(tmp_path.parent / "nothing-here").startswith("No benchmark run")

@@ -64,6 +64,7 @@ from planner_core.domain import (
     TickInputs,
     TickOutcome,
     TrafficObservation,
+    UnplacedRequests,
     WorkerCounts,
     from_jsonable,
     to_jsonable,
@@ -135,6 +136,13 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
     workers = st.builds(
         WorkerCounts, ready_prefill=counts, ready_decode=counts, expected_prefill=counts, expected_decode=counts
     )
+    unplaced = st.builds(
+        UnplacedRequests,
+        component=st.sampled_from(Component),
+        num_waiting=counts,
+        num_unplaced=counts,
+        num_rejected=counts,
+    )
     inputs = st.builds(
         TickInputs,
         now_s=floats,
@@ -142,6 +150,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         workers=workers,
         traffic=st.none() | traffic,
         fpm=st.lists(fpm, max_size=3).map(tuple),
+        unplaced=st.lists(unplaced, max_size=2).map(tuple),
     )
     prediction = st.builds(
         Prediction,
@@ -352,6 +361,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         ForwardPassMetrics: fpm,
         EngineLimits: engine_limits,
         TickInputs: inputs,
+        UnplacedRequests: unplaced,
         Prediction: prediction,
         KalmanState: kalman,
         ArimaFit: arima_fit,

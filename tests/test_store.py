@@ -13,6 +13,7 @@ from sqlalchemy.exc import DataError
 from planner_core.config import parse_config
 from planner_core.domain import (
     PROMPT_ARRIVAL_INTERVALS_S,
+    Component,
     Loop,
     PlannerState,
     ReasonCode,
@@ -21,6 +22,7 @@ from planner_core.domain import (
     TickInputs,
     TickOutcome,
     TrafficObservation,
+    UnplacedRequests,
     from_jsonable,
 )
 from planner_core.perf.model import ProfilePerfModel
@@ -236,3 +238,23 @@ def test_first_tick_starts_from_predictors_warmed_on_a_trace(database_url, tmp_p
     with ctx.sessions.begin() as session:
         events = repo.query_rows(session, "SELECT detail FROM audit_log WHERE event = 'predictor_warm_start'")
     assert [e["detail"]["num_windows"] for e in events] == [3]
+
+
+def test_unplaced_requests_are_stored_per_pool(ctx) -> None:
+    """What the router could not place (`TickInputs.unplaced`) lands in `worker_observations`' columns, NULL for a
+    pool without a report, and in the tick's inputs JSON."""
+    workers = run_tick(ctx, Loop.LOAD, T0, None).inputs.workers
+    later = T0 + dt.timedelta(seconds=5)
+    unplaced = (UnplacedRequests(component=Component.PREFILL, num_waiting=2, num_unplaced=7, num_rejected=1),)
+    inputs = TickInputs(now_s=later.timestamp(), loop=Loop.LOAD, workers=workers, unplaced=unplaced)
+    outcome = TickOutcome(decision=ScalingDecision(), next_state=PlannerState(), steps=())
+    with ctx.sessions.begin() as session:
+        tick_id = record_outcome(session, "store-test", inputs, outcome)
+    columns = ("waiting_prefill", "unplaced_prefill", "rejected_prefill", "waiting_decode", "unplaced_decode")
+    with ctx.sessions.begin() as session:
+        sql = f"SELECT {', '.join(columns)} FROM worker_observations WHERE tick_id = :tick_id"
+        assert repo.query_rows(session, sql, tick_id=tick_id) == [
+            dict(zip(columns, (2, 7, 1, None, None), strict=True))
+        ]
+        stored = session.scalar(select(Tick.inputs).where(Tick.id == tick_id))
+    assert from_jsonable(TickInputs, stored).unplaced == unplaced

@@ -7,9 +7,13 @@ Two markers in the Markdown sources are replaced while the site builds (nothing 
   without a description gets an empty cell.
 - `<!-- bench-records -->` (benchmarks.md): one table per `docs/results/*.json` record that `planner bench --record`
   wrote, newest first, each under its date, command and commit.
+- `<!-- router-records -->` (routing.md): the records of `docs/results/routers/`, named `<scenario>--<router>.json`
+  (`planner bench --router NAME --record ...`): per scenario one table of every policy's SLA attainment and
+  GPU-hours under each router, then each record's date, command, commit and, for router `slo`, what it could not
+  place and its predictor's error.
 
-The renderers are plain functions of their inputs (`config_reference`, `render_bench_records`), so tests can call
-them without MkDocs.
+The renderers are plain functions of their inputs (`config_reference`, `render_bench_records`,
+`render_router_records`), so tests can call them without MkDocs.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ REFERENCE_MODELS: tuple[str, ...] = (
 BENCH_RECORD_FORMAT = "planner-bench-record/v1"
 CONFIG_MARKER = "<!-- config-reference -->"
 BENCH_MARKER = "<!-- bench-records -->"
+ROUTER_MARKER = "<!-- router-records -->"
 
 
 # --- MkDocs entry point --------------------------------------------------------------------------------------------
@@ -49,6 +54,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str: 
         markdown = markdown.replace(CONFIG_MARKER, config_reference(load_models(REFERENCE_MODELS)))
     if BENCH_MARKER in markdown:
         markdown = markdown.replace(BENCH_MARKER, render_bench_records(Path(config["docs_dir"]) / "results"))
+    if ROUTER_MARKER in markdown:
+        routers_dir = Path(config["docs_dir"]) / "results" / "routers"
+        markdown = markdown.replace(ROUTER_MARKER, render_router_records(routers_dir))
     return markdown
 
 
@@ -174,14 +182,20 @@ def _cell(text: str) -> str:
 # --- benchmark records ---------------------------------------------------------------------------------------------
 
 
-def render_bench_records(results_dir: Path) -> str:
-    """Markdown: every record in `results_dir`, newest first, or a plain sentence when there is none."""
+def _load_records(results_dir: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(file name, record) of every `*.json` record directly in `results_dir` (sorted by name)."""
     records = []
     for path in sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []:
         record = json.loads(path.read_text(encoding="utf-8"))
         if record.get("format") != BENCH_RECORD_FORMAT:
             raise ValueError(f"{path}: format {record.get('format')!r}, expected {BENCH_RECORD_FORMAT!r}")
         records.append((path.name, record))
+    return records
+
+
+def render_bench_records(results_dir: Path) -> str:
+    """Markdown: every record in `results_dir`, newest first, or a plain sentence when there is none."""
+    records = _load_records(results_dir)
     if not records:
         return (
             "No benchmark run has been recorded yet: `docs/results/` holds no record. "
@@ -220,7 +234,11 @@ def render_bench_record(name: str, record: dict[str, Any]) -> str:
         ]
         if oracle is not None:
             cells.append(_vs_oracle(row, oracle))
-        cells += [str(row.get("scaling_events", "")), _num(row.get("ttft_ms_p90"), 0), _num(row.get("itl_ms_p90"), 1)]
+        cells += [
+            str(row.get("scaling_events", "")),
+            _num(row.get("ttft_ms_p90"), 0),
+            _num(row.get("itl_ms_p90"), 1),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -242,3 +260,82 @@ def _pct(value: Any) -> str:
 
 def _num(value: Any, digits: int) -> str:
     return f"{value:.{digits}f}" if _finite(value) else ""
+
+
+# --- router records ------------------------------------------------------------------------------------------------
+
+
+def render_router_records(routers_dir: Path) -> str:
+    """Markdown: per scenario (the record name before `--`), a table of each policy's SLA attainment and GPU-hours
+    under each router (columns in the order least_loaded, round_robin, slo, then any other), then each record's
+    provenance and, where the router reported them, unplaced requests and prediction errors."""
+    records = _load_records(routers_dir)
+    if not records:
+        return (
+            "No router comparison has been recorded yet: `docs/results/routers/` holds no record. Run "
+            "`planner bench ... --router NAME --record docs/results/routers/<scenario>--<router>.json`.\n"
+        )
+    scenarios: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, record in records:
+        scenario, _, router = name.removesuffix(".json").partition("--")
+        scenarios.setdefault(scenario, {})[router or "?"] = record
+    known = ["least_loaded", "round_robin", "slo"]
+    sections = []
+    for scenario, by_router in scenarios.items():
+        routers = [r for r in known if r in by_router] + sorted(r for r in by_router if r not in known)
+        policies: list[str] = []
+        for router in routers:
+            policies += [
+                p for p in (row.get("policy") for row in by_router[router].get("rows") or []) if p not in policies
+            ]
+        header = ["policy", *(f"{router}: SLA / GPU-h" for router in routers)]
+        lines = [
+            f"### {scenario}",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|" + "---|" * len(header),
+        ]
+        for policy in policies:
+            cells = [f"`{policy}`"]
+            for router in routers:
+                row = next(
+                    (r for r in by_router[router].get("rows") or [] if r.get("policy") == policy),
+                    None,
+                )
+                cells.append(
+                    "" if row is None else f"{_pct(row.get('sla_attainment'))} / {_num(row.get('gpu_hours'), 2)}"
+                )
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+        for router in routers:
+            record = by_router[router]
+            lines.append(
+                f"- `{router}`: {record.get('date') or 'unknown date'}, commit `{record.get('commit') or 'unknown'}`, "
+                f"`{record.get('command') or 'unknown'}`"
+            )
+        for router in routers:
+            slo_rows = [r for r in by_router[router].get("rows") or [] if r.get("unplaced") is not None]
+            if not slo_rows:
+                continue
+            lines += [
+                "",
+                f"Router `{router}`: requests with no available endpoint (once per stage), rejected, prefilled on a "
+                "decode engine, placed past their wait limit; predictor error abs(predicted - measured) / measured, "
+                "median / p90:",
+                "",
+                "| policy | unplaced | rejected | prefilled on decode | overdue | TTFT error | TPOT error |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for row in slo_rows:
+                cells = [
+                    f"`{row.get('policy')}`",
+                    str(row.get("unplaced")),
+                    str(row.get("rejected")),
+                    str(row.get("local_prefills")),
+                    str(row.get("overdue")),
+                    f"{_pct(row.get('ttft_pred_err_p50'))} / {_pct(row.get('ttft_pred_err_p90'))}",
+                    f"{_pct(row.get('tpot_pred_err_p50'))} / {_pct(row.get('tpot_pred_err_p90'))}",
+                ]
+                lines.append("| " + " | ".join(cells) + " |")
+        sections.append("\n".join(lines))
+    return "\n\n".join(sections) + "\n"

@@ -290,8 +290,8 @@ class ThroughputProposePlugin:
             steps.append(StepRecord(step=StepName.CAPACITY, reason=ReasonCode.MODEL_NOT_READY, detail=detail))
             return None
         targets = ThroughputTargets(
-            ttft_ms=config.ttft_ms,
-            itl_ms=config.itl_ms,
+            ttft_ms=config.capacity_ttft_ms,
+            itl_ms=config.capacity_itl_ms,
             window_s=window_s,
             prefill_gpus_per_engine=config.prefill_gpus_per_engine,
             decode_gpus_per_engine=config.decode_gpus_per_engine,
@@ -347,14 +347,14 @@ class ThroughputProposePlugin:
                     limits,
                     isl=shape.isl,
                     osl=max(1.0, shape.osl),
-                    ttft_ms=config.ttft_ms,
-                    itl_ms=config.itl_ms,
+                    ttft_ms=config.capacity_ttft_ms,
+                    itl_ms=config.capacity_itl_ms,
                     kv_hit_rate=state.last_kv_hit_rate,
                     accept_length=state.last_accept_length,
                 )
             elif component is Component.PREFILL:
                 capacity = prefill_capacity(
-                    model, limits, isl=shape.isl, ttft_ms=config.ttft_ms, kv_hit_rate=state.last_kv_hit_rate
+                    model, limits, isl=shape.isl, ttft_ms=config.capacity_ttft_ms, kv_hit_rate=state.last_kv_hit_rate
                 )
             else:
                 capacity = decode_capacity(
@@ -362,7 +362,7 @@ class ThroughputProposePlugin:
                     limits,
                     isl=shape.isl,
                     osl=max(1.0, shape.osl),
-                    itl_ms=config.itl_ms,
+                    itl_ms=config.capacity_itl_ms,
                     accept_length=state.last_accept_length,
                 )
             steps.extend(capacity.steps)
@@ -637,6 +637,7 @@ class LoadProposePlugin:
                             throughput_lower_bound=lower_bounds[component],
                             min_endpoint=floors[component],
                             managed=components,
+                            unplaced=inputs.unplaced_for(component),
                         ),
                         model,
                     )

@@ -19,6 +19,11 @@ engine of a pool, and moves the pool by at most one replica per tick (Dynamo's l
   future KV. Up if either signal wants up; down only if both do (to the larger of the two); decode alone may scale
   down when the prefill signal is missing (no `max_num_batched_tokens`).
 
+- **Unplaced requests** (an SLO-aware router, `planner_core.routing`): when the pool's router found no engine predicted
+  within the SLO for some requests since the last tick, or requests wait at the frontend for the pool, the pool is
+  short of capacity whatever the engines' own estimates say (the router keeps them below the SLO by refusing work):
+  a signal that would hold or scale down becomes one replica up (`unplaced_signal` step, `unplaced_requests`).
+
 Then the throughput floor and the minimum endpoint (`fleet.finalize_load_proposal`). Pure: the forward-pass model
 answers every timing question; no clock, no I/O.
 """
@@ -36,6 +41,7 @@ from planner_core.domain import (
     ReasonCode,
     StepName,
     StepRecord,
+    UnplacedRequests,
     WorkerCounts,
 )
 from planner_core.perf.capacity import MAX_KV_HIT_RATE, chunked_prefill_s, effective_accept_length
@@ -98,6 +104,7 @@ class SlaLoadInputs:
         throughput_lower_bound: the throughput loop's floor for the pool; None when that loop is off.
         min_endpoint: the pool's minimum replicas.
         managed: the pools the planner scales; a scale in flight in any of them holds this one.
+        unplaced: what the router could not place for this pool since the last tick (None: not reported).
     """
 
     component: Component
@@ -110,6 +117,7 @@ class SlaLoadInputs:
     throughput_lower_bound: int | None = None
     min_endpoint: int = 1
     managed: tuple[Component, ...] = BOTH_POOLS
+    unplaced: UnplacedRequests | None = None
 
 
 # --- per-engine estimates ------------------------------------------------------------------------------------
@@ -536,6 +544,44 @@ def _combine_agg(
     return combined
 
 
+def _unplaced_signal(inputs: SlaLoadInputs, n: int, signal: _Signal, steps: list[StepRecord]) -> _Signal:
+    """Requests the router could not place raise a hold or a scale-down to one replica up (see the module
+    docstring); without a report, or with nothing unplaced, the signal stands."""
+    unplaced = inputs.unplaced
+    if unplaced is None:
+        return signal
+    short = unplaced.num_unplaced > 0 or unplaced.num_waiting > 0
+    counts = (
+        f"{unplaced.num_unplaced} requests found no engine predicted within the SLO since the last tick "
+        f"({unplaced.num_rejected} rejected), {unplaced.num_waiting} wait at the frontend"
+    )
+    if not short:
+        steps.append(
+            StepRecord(
+                step=StepName.UNPLACED_SIGNAL,
+                component=inputs.component,
+                value=0,
+                reason=ReasonCode.NO_CHANGE,
+                detail=f"the router placed every request ({counts})",
+            )
+        )
+        return signal
+    raised = signal.desired <= n
+    steps.append(
+        StepRecord(
+            step=StepName.UNPLACED_SIGNAL,
+            component=inputs.component,
+            value=unplaced.num_unplaced + unplaced.num_waiting,
+            reason=ReasonCode.UNPLACED_REQUESTS,
+            detail=f"{counts}: "
+            + (f"{n} -> {n + 1}" if raised else f"the signal already adds a replica ({n} -> {signal.desired})"),
+        )
+    )
+    if not raised:
+        return signal
+    return _Signal(desired=n + 1, reason=ReasonCode.SCALE_UP, refused=False)
+
+
 def _hold_at(inputs: SlaLoadInputs) -> int:
     """What a held pool "proposes": its expected count, the target already in force, so applying it is a no-op."""
     return inputs.workers.expected(inputs.component)
@@ -609,6 +655,8 @@ def calculate_load_replicas(inputs: SlaLoadInputs, model: ForwardPassModel) -> t
     else:
         signal = _decode_signal(inputs, fleet, model, steps, aggregated=False)
 
+    if signal.reason is not ReasonCode.INSUFFICIENT_DATA:
+        signal = _unplaced_signal(inputs, n, signal, steps)
     desired, final_steps = finalize_load_proposal(
         component,
         current=n,

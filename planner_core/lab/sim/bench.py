@@ -155,12 +155,17 @@ class PlannerPolicy:
             if loop is Loop.THROUGHPUT:
                 # with the router's hit rate, as Dynamo's planner gets it, and the planner's arrival curve
                 traffic = sim.observe(max(0.0, now_s - throughput_s), now_s, planner=self.planner)
+            unplaced = ()
+            if loop is Loop.LOAD:  # what the router could not place since the previous load tick
+                load_s = float(self.config.load_adjustment_interval_seconds)
+                unplaced = sim.unplaced(max(0.0, now_s - load_s), now_s)
             inputs = TickInputs(
                 now_s=now_s,
                 loop=loop,
                 workers=sim.worker_counts(),
                 traffic=traffic,
                 fpm=sim.latest_fpm() if loop is Loop.LOAD else (),
+                unplaced=unplaced,
             )
             outcome = self.planner.decide(inputs, self.state)
             self.state = outcome.next_state
@@ -196,6 +201,59 @@ class BenchRow:
     itl_ms_mean: float
     itl_ms_p90: float
     wall_s: float
+    # the router the run used, and with router `slo` what it could not place and how far its predictions were
+    # from the measured latencies (`prediction_errors`); None with the other routers
+    router: str = "least_loaded"
+    unplaced: int | None = None
+    rejected: int | None = None
+    local_prefills: int | None = None
+    overdue: int | None = None
+    ttft_pred_err_p50: float | None = None
+    ttft_pred_err_p90: float | None = None
+    tpot_pred_err_p50: float | None = None
+    tpot_pred_err_p90: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PredictionErrors:
+    """Relative error |predicted - measured| / measured of the SLO-aware router's predictions, median and p90, over
+    the requests it placed: TTFT predicted at the first stage's dispatch against the TTFT measured from that
+    dispatch (the client's TTFT less its wait at the frontend; it includes the KV transfer and, with the first token
+    from the decode engine, one decode iteration); TPOT predicted at the decode dispatch against the request's
+    measured mean ITL. `bias` is the median of (predicted - measured) / measured (negative: predictions too low)."""
+
+    ttft_p50: float | None
+    ttft_p90: float | None
+    ttft_bias: float | None
+    tpot_p50: float | None
+    tpot_p90: float | None
+    tpot_bias: float | None
+    num_ttft: int
+    num_tpot: int
+
+
+def _relative_errors(
+    predicted_ms: np.ndarray, measured_ms: np.ndarray
+) -> tuple[float | None, float | None, float | None, int]:
+    ok = np.isfinite(predicted_ms) & np.isfinite(measured_ms) & (measured_ms > 0)
+    if not ok.any():
+        return None, None, None, 0
+    signed = (predicted_ms[ok] - measured_ms[ok]) / measured_ms[ok]
+    error = np.abs(signed)
+    return float(np.median(error)), float(np.percentile(error, 90)), float(np.median(signed)), int(ok.sum())
+
+
+def prediction_errors(result: SimResult, trace: RequestTrace) -> PredictionErrors | None:
+    """The router's prediction errors in one run (None when the run's router made no predictions)."""
+    if result.predicted_ttft_ms is None or result.predicted_tpot_ms is None or result.dispatch_s is None:
+        return None
+    waited_s = result.dispatch_s - np.asarray(trace.arrival_s, dtype=float)
+    ttft = _relative_errors(result.predicted_ttft_ms, 1000.0 * (result.ttft_s - waited_s))
+    tpot = _relative_errors(result.predicted_tpot_ms, 1000.0 * result.itl_s)
+    return PredictionErrors(
+        ttft_p50=ttft[0], ttft_p90=ttft[1], ttft_bias=ttft[2], num_ttft=ttft[3],
+        tpot_p50=tpot[0], tpot_p90=tpot[1], tpot_bias=tpot[2], num_tpot=tpot[3],
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -275,6 +333,20 @@ def run_policy(
     result = sim.result()
     wall_s = time.perf_counter() - started + (policy.search_s if isinstance(policy, OraclePolicy) else 0.0)
     row = score(policy.name, trace, result, ttft_ms=ttft_ms, itl_ms=itl_ms, wall_s=wall_s, attainable=attainable)
+    row = dataclasses.replace(row, router=spec.router.value)
+    errors = prediction_errors(result, trace)
+    if errors is not None:
+        row = dataclasses.replace(
+            row,
+            unplaced=result.num_unplaced,
+            rejected=result.num_rejected,
+            local_prefills=result.num_local_prefills,
+            overdue=result.num_overdue,
+            ttft_pred_err_p50=errors.ttft_p50,
+            ttft_pred_err_p90=errors.ttft_p90,
+            tpot_pred_err_p50=errors.tpot_p50,
+            tpot_pred_err_p90=errors.tpot_p90,
+        )
     return PolicyRun(row=row, result=result)
 
 
@@ -558,7 +630,15 @@ DEFAULT_POLICIES = (*BASELINE_NAMES, "threshold", "dynamo-0x", "dynamo-1x", RECO
 # The same in aggregated mode, without the policies `agg_refusal` refuses.
 DEFAULT_AGG_POLICIES = tuple(name for name in DEFAULT_POLICIES if name != "dynamo-0x")
 # What every policy is planned and scored for in a bench: it replaces a config file's own values.
-SCENARIO_FIELDS = ("ttft_ms", "itl_ms", "prefill_engine_num_gpu", "decode_engine_num_gpu")
+SCENARIO_FIELDS = (
+    "ttft_ms",
+    "itl_ms",
+    "prefill_engine_num_gpu",
+    "decode_engine_num_gpu",
+    "router",  # the simulated frontend's router and its thresholds: the planners size for the router in use
+    "ttft_dispatch_threshold",
+    "tpot_dispatch_threshold",
+)
 
 
 def policy_names() -> tuple[str, ...]:

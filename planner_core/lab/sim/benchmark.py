@@ -4,6 +4,7 @@ policies' runs in the simulator. The CLI parses arguments into a `BenchRequest`,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +21,15 @@ from planner_core.lab.sim.bench import (
     build_policies,
     run_bench,
 )
-from planner_core.lab.sim.des import SimSpec
+from planner_core.lab.sim.des import NoEndpointAction, RouterPolicy, SimSpec, SloRouting
 from planner_core.lab.sim.oracle import OracleSettings
+from planner_core.perf.forward import ForwardPassModel
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.perf.table import TablePerfModel
+from planner_core.routing.predictor import LatencyPredictor
+from planner_core.routing.profiling import parse_tpot_profile, parse_ttft_profile
+from planner_core.routing.scheduler import SloTargets
+from planner_core.routing.tables import tables_from_forward_model
 from planner_core.traces import RequestTrace, load_servegen_shape, load_trace, shape_trace
 
 # Used when neither --max-kv-tokens nor the profile gives a decode engine's KV capacity (Dynamo's fallback).
@@ -56,6 +62,15 @@ class BenchRequest:
     oracle_context_s: float = 60.0
     initial: str = "oracle"
     dynamo_python: str | None = None
+    router: RouterPolicy = RouterPolicy.LEAST_LOADED
+    # router `slo`: the profiling files (None: built from the simulated engines' model), thresholds, what happens to
+    # a request with no available endpoint, adaptive disaggregation
+    ttft_profile: Path | None = None
+    tpot_profile: Path | None = None
+    ttft_dispatch_threshold: float = 1.0
+    tpot_dispatch_threshold: float = 1.0
+    no_endpoint: NoEndpointAction = NoEndpointAction.QUEUE
+    adaptive_pd: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +102,39 @@ def bench_trace(request: BenchRequest) -> RequestTrace:
     return trace
 
 
+def slo_routing_for(request: BenchRequest, fwd: ForwardPassModel, limits: EngineLimits) -> SloRouting:
+    """The SLO-aware router of a bench: the predictor from the request's profiling files, else from the simulated
+    engines' own model (`tables_from_forward_model`), and the bench's SLA as its targets."""
+    import json
+
+    if (request.ttft_profile is None) != (request.tpot_profile is None):
+        raise ValueError(
+            "--ttft-profile and --tpot-profile go together (or neither: tables from the simulated engines)"
+        )
+    if request.ttft_profile is not None and request.tpot_profile is not None:
+        ttft = parse_ttft_profile(
+            json.loads(request.ttft_profile.read_text(encoding="utf-8")), source=str(request.ttft_profile)
+        )
+        tpot = parse_tpot_profile(
+            json.loads(request.tpot_profile.read_text(encoding="utf-8")), source=str(request.tpot_profile)
+        )
+    else:
+        ttft, tpot = tables_from_forward_model(
+            fwd, chunk_tokens=limits.max_num_batched_tokens, metadata={"description": "simulated engines' model"}
+        )
+    return SloRouting(
+        predictor=LatencyPredictor(ttft, tpot),
+        targets=SloTargets(
+            ttft_ms=request.ttft_ms,
+            tpot_ms=request.itl_ms,
+            ttft_dispatch_threshold=request.ttft_dispatch_threshold,
+            tpot_dispatch_threshold=request.tpot_dispatch_threshold,
+        ),
+        no_endpoint=request.no_endpoint,
+        adaptive_pd=request.adaptive_pd,
+    )
+
+
 def benchmark(
     request: BenchRequest,
     *,
@@ -111,6 +159,10 @@ def benchmark(
         "max_throughput_scaling_replicas": MAX_REPLICAS_PER_STEP,
         "prefill_engine_num_gpu": gpus_per_engine,
         "decode_engine_num_gpu": gpus_per_engine,
+        # the planners know the router: under `slo` the throughput loop sizes engines at SLO x threshold
+        "router": request.router.value,
+        "ttft_dispatch_threshold": request.ttft_dispatch_threshold,
+        "tpot_dispatch_threshold": request.tpot_dispatch_threshold,
     }
     names = list(request.policies or (DEFAULT_AGG_POLICIES if request.aggregated else DEFAULT_POLICIES))
     max_kv_tokens = request.max_kv_tokens or perf.profiled_max_kv_tokens() or FALLBACK_MAX_KV_TOKENS
@@ -120,6 +172,15 @@ def benchmark(
         startup_s=request.startup_s,
         aggregated=request.aggregated,  # the aggregated engines are the decode pool: `decode_limits`, GPUs per engine
     )
+    # The oracle's search, and so the static sizes, run with the least-loaded router whatever the bench's router:
+    # the sizes stay the same across routers, so the static rows show what routing alone does at equal capacity.
+    sizing_spec = spec
+    if request.router is not RouterPolicy.LEAST_LOADED:
+        slo = None
+        if request.router is RouterPolicy.SLO:
+            limits = spec.decode_limits if spec.aggregated else spec.prefill_limits
+            slo = slo_routing_for(request, fwd, limits)
+        spec = dataclasses.replace(spec, router=request.router, slo_routing=slo)
     warnings: list[str] = []
     user_configs: list[UserPlannerConfig] = []
     for path in request.configs:
@@ -134,7 +195,7 @@ def benchmark(
         user_configs.append(UserPlannerConfig(name=name, path=path))
     oracle = OracleSettings(target_attainment=request.oracle_target, context_s=request.oracle_context_s)
     policies = build_policies(
-        names, base, trace, perf, fwd, spec, window_s=request.throughput_interval_s, oracle=oracle,
+        names, base, trace, perf, fwd, sizing_spec, window_s=request.throughput_interval_s, oracle=oracle,
         initial=request.initial, dynamo_python=request.dynamo_python, user_configs=user_configs,
     )  # fmt: skip
     for policy in policies:

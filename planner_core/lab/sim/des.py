@@ -53,6 +53,18 @@ Model:
 - A router spreads requests over ready, non-draining workers: round-robin or least-loaded (queued prompt tokens
   for prefill; reserved plus waiting KV tokens for decode and aggregated engines). With no ready worker,
   requests wait at the router.
+- Router `slo` (`SloRouting`, `planner_core.routing`): at each stage the engine with the lowest predicted latency
+  among those predicted within `SLO x dispatch threshold` (prefill and aggregated engines: TTFT from their queued
+  prompt tokens, in chunks, with their decode batch; decode engines: TPOT with the request in the batch). With
+  none, the request has no available endpoint, counted once per stage (`SimResult.num_unplaced`), and then: with
+  `adaptive_pd`, a prompt of at most `adaptive_max_prompt_tokens` is prefilled on the decode engine predicted to
+  give the lowest TTFT within the threshold (chunked, in mixed iterations with its batch, as a recompute; ON_DEMAND
+  only; counted in `num_local_prefills`); else `no_endpoint` REJECT drops it (never served, a miss) or QUEUE holds
+  it at the frontend, FIFO, retried every `retry_s`: the head is placed when an engine is predicted within the
+  threshold, or, once it has waited `max_wait_s` (default the TTFT target: past it the request misses its TTFT
+  anyway), on the lowest-predicted engine whatever the prediction (`num_overdue`). Every placement records its
+  prediction (`SimResult.predicted_ttft_ms` / `predicted_tpot_ms`) for the predictor's error against the
+  measured latency.
 
 Deterministic for a given trace, spec and scaling timeline. No wall clock; time is the offset (s) from the first
 request of the trace.
@@ -60,6 +72,7 @@ request of the trace.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import heapq
 import itertools
@@ -77,16 +90,61 @@ from planner_core.domain import (
     QueuedRequests,
     ScheduledRequests,
     TrafficObservation,
+    UnplacedRequests,
     WorkerCounts,
 )
 from planner_core.perf.forward import ForwardPassModel
 from planner_core.planner import Planner
+from planner_core.routing.predictor import LatencyPredictor
+from planner_core.routing.scheduler import (
+    Candidate,
+    InstanceStatus,
+    RouteDecision,
+    SloTargets,
+    Stage,
+    filter_and_select,
+    predict_decode,
+    predict_prefill,
+)
 from planner_core.traces import RequestTrace
 
 
 class RouterPolicy(enum.StrEnum):
     ROUND_ROBIN = "round_robin"
     LEAST_LOADED = "least_loaded"
+    SLO = "slo"  # SLO-aware: lowest predicted latency within SLO x dispatch threshold (`SloRouting`)
+
+
+class NoEndpointAction(enum.StrEnum):
+    """What the SLO-aware router does with a request no engine is predicted to serve within the threshold."""
+
+    QUEUE = "queue"  # wait at the frontend (FIFO), retried; placed anyway once `max_wait_s` has passed
+    REJECT = "reject"  # dropped: never served, counted as a miss
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SloRouting:
+    """The SLO-aware router's settings (router `slo`; see the module docstring).
+
+    Attributes:
+        predictor: the latency predictor (profiling tables).
+        targets: TTFT / TPOT SLO and dispatch thresholds.
+        no_endpoint: QUEUE or REJECT.
+        adaptive_pd: prefill short prompts on a decode engine when no prefill engine is predicted within the TTFT
+            threshold (disaggregated, ON_DEMAND KV only).
+        adaptive_max_prompt_tokens: the longest prompt prefilled on a decode engine.
+        retry_s: how often the frontend queue is retried.
+        max_wait_s: the longest wait at the frontend before a request is placed whatever its prediction; None: the
+            TTFT target.
+    """
+
+    predictor: LatencyPredictor
+    targets: SloTargets
+    no_endpoint: NoEndpointAction = NoEndpointAction.QUEUE
+    adaptive_pd: bool = True
+    adaptive_max_prompt_tokens: int = 1024
+    retry_s: float = 0.05
+    max_wait_s: float | None = None
 
 
 class KvAllocation(enum.StrEnum):
@@ -117,6 +175,7 @@ class SimSpec:
             engine are admitted before preempted requests waiting to be recomputed, which wait until no transferred
             request is waiting (Dynamo's mocker does so); False (default): one FIFO queue with the preempted
             requests at its head, as vLLM's scheduler.
+        slo_routing: the SLO-aware router's settings; required with `router=RouterPolicy.SLO`.
     """
 
     prefill_limits: EngineLimits = field(default_factory=EngineLimits)
@@ -130,6 +189,7 @@ class SimSpec:
     kv_allocation: KvAllocation = KvAllocation.ON_DEMAND
     kv_watermark: float = 0.01
     recompute_after_handoffs: bool = False
+    slo_routing: SloRouting | None = None
 
 
 def spec_for_config(config: PlannerConfig, *, profiled_max_kv_tokens: int | None, startup_s: float = 120.0) -> SimSpec:
@@ -200,7 +260,7 @@ class _Worker:
         return not self.queue and not self.running and not self.busy and not self.prefilling and not self.preempted
 
 
-_ARRIVAL, _READY, _PREFILL_DONE, _DECODE_HANDOFF, _SEGMENT_END, _AGG_ITER_END, _OD_ITER_END = range(7)
+_ARRIVAL, _READY, _PREFILL_DONE, _DECODE_HANDOFF, _SEGMENT_END, _AGG_ITER_END, _OD_ITER_END, _FRONTEND_RETRY = range(8)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -215,6 +275,16 @@ class SimResult:
     worker_timeline: tuple[tuple[float, int, int], ...]  # (time, ready prefill, ready decode) at each change
     cached_tokens: np.ndarray | None = None  # prompt tokens found in a prefix cache (0 without block ids)
     num_preemptions: int = 0  # ON_DEMAND: times a running request was evicted (each one is recomputed later)
+    # router `slo` (zeros and None otherwise): requests with no available endpoint (once per stage), rejected,
+    # prefilled on a decode engine, and placed past `max_wait_s` whatever their prediction
+    num_unplaced: int = 0
+    num_rejected: int = 0
+    num_local_prefills: int = 0
+    num_overdue: int = 0
+    # per request: the placement's prediction (ms, NaN where none) and the dispatch time of the first stage (s)
+    predicted_ttft_ms: np.ndarray | None = None
+    predicted_tpot_ms: np.ndarray | None = None
+    dispatch_s: np.ndarray | None = None
 
 
 def window_kv_hit_rate(
@@ -253,6 +323,8 @@ class ClusterSimulator:
     ) -> None:
         if spec.aggregated and num_prefill:
             raise ValueError(f"aggregated mode has no prefill pool: num_prefill must be 0, got {num_prefill}")
+        if spec.router is RouterPolicy.SLO and spec.slo_routing is None:
+            raise ValueError("router 'slo' needs SimSpec.slo_routing (the predictor and the SLO targets)")
         self.trace = trace
         self.fwd = fwd
         self.spec = spec
@@ -296,6 +368,17 @@ class ClusterSimulator:
         self._timeline: list[tuple[float, int, int]] = []
         self._next_arrival = 0
         self._decode_iters_extra = 1 if spec.first_token_from_decode else 0
+        # router `slo`
+        self._slo = spec.slo_routing if spec.router is RouterPolicy.SLO else None
+        self._frontend: dict[Component, deque[tuple[int, float]]] = {c: deque() for c in Component}
+        self._retry_pending: dict[Component, bool] = dict.fromkeys(Component, False)
+        self._unplaced_s: dict[Component, list[float]] = {c: [] for c in Component}  # no-endpoint times
+        self._rejected_s: dict[Component, list[float]] = {c: [] for c in Component}
+        self._num_local_prefills = 0
+        self._num_overdue = 0
+        self._predicted_ttft_ms = np.full(n, np.nan)
+        self._predicted_tpot_ms = np.full(n, np.nan)
+        self._dispatch_s = np.full(n, np.nan)
         for component, count in ((Component.PREFILL, num_prefill), (Component.DECODE, num_decode)):
             for _ in range(count):
                 self._add_worker(component, ready_at_s=0.0)
@@ -484,7 +567,33 @@ class ClusterSimulator:
             worker_timeline=tuple(self._timeline),
             cached_tokens=self._cached.copy(),
             num_preemptions=self._num_preemptions,
+            num_unplaced=sum(len(times) for times in self._unplaced_s.values()),
+            num_rejected=sum(len(times) for times in self._rejected_s.values()),
+            num_local_prefills=self._num_local_prefills,
+            num_overdue=self._num_overdue,
+            predicted_ttft_ms=self._predicted_ttft_ms.copy() if self._slo is not None else None,
+            predicted_tpot_ms=self._predicted_tpot_ms.copy() if self._slo is not None else None,
+            dispatch_s=self._dispatch_s.copy() if self._slo is not None else None,
         )
+
+    def unplaced(self, start_s: float, end_s: float) -> tuple[UnplacedRequests, ...]:
+        """Per pool, what the SLO-aware router could not place: waiting at the frontend now, and the requests that
+        found no available endpoint (and those rejected) in [start_s, end_s). Empty with another router (they
+        never refuse a request)."""
+        if self._slo is None:
+            return ()
+        reports = []
+        for component in (Component.DECODE,) if self.spec.aggregated else tuple(Component):
+            unplaced, rejected = self._unplaced_s[component], self._rejected_s[component]
+            reports.append(
+                UnplacedRequests(
+                    component=component,
+                    num_waiting=len(self._frontend[component]),
+                    num_unplaced=bisect.bisect_left(unplaced, end_s) - bisect.bisect_left(unplaced, start_s),
+                    num_rejected=bisect.bisect_left(rejected, end_s) - bisect.bisect_left(rejected, start_s),
+                )
+            )
+        return tuple(reports)
 
     # --- internals -----------------------------------------------------------------------------------------
 
@@ -605,8 +714,14 @@ class ClusterSimulator:
         elif kind == _OD_ITER_END:
             assert isinstance(payload, tuple)
             self._od_end_iteration(*payload)
+        elif kind == _FRONTEND_RETRY:
+            assert isinstance(payload, Component)
+            self._retry_frontend(payload)
 
     def _route(self, component: Component, request: int) -> None:
+        if self._slo is not None:
+            self._route_slo(component, request)
+            return
         worker = self._pick(component)
         if worker is None:
             self._router_queue[component].append(request)
@@ -615,8 +730,150 @@ class ClusterSimulator:
 
     def _drain_router_queue(self, component: Component) -> None:
         waiting = self._router_queue[component]
+        if self._slo is not None:
+            while waiting and any(w.state is _WorkerState.READY for w in self._workers[component]):
+                self._route_slo(component, waiting.popleft())
+            return
         while waiting and (worker := self._pick(component)) is not None:
             self._enqueue(worker, waiting.popleft())
+
+    # SLO-aware router ----------------------------------------------------------------------------------------
+
+    def _status(self, worker: _Worker, stage: Stage) -> InstanceStatus:
+        """What the router knows of an engine: live and fresh in the simulator (READY workers only are asked)."""
+        if worker.kind is _Kind.PREFILL:
+            return InstanceStatus(
+                instance_id=worker.worker_id,
+                queued_prefill_tokens=worker.queued_tokens,
+                chunk_tokens=self.spec.prefill_limits.max_num_batched_tokens,
+            )
+        chunk = self.spec.decode_limits.max_num_batched_tokens
+        if stage is Stage.DECODE:
+            # the batch the new request joins: running, prefilling and waiting requests
+            waiting = itertools.chain(worker.queue, worker.preempted, (e[0] for e in worker.prefilling))
+            batch = len(worker.running) + len(worker.queue) + len(worker.preempted) + len(worker.prefilling)
+            kv = self._kv_now(worker) + sum(self._recompute[i] or self._isl_l[i] for i in waiting)
+            return InstanceStatus(
+                instance_id=worker.worker_id, decode_batch_size=batch, decode_kv_tokens=kv, chunk_tokens=chunk
+            )
+        # a prompt on an aggregated or decode engine: the prompt tokens ahead of it, each chunk with the batch
+        if worker.kind is _Kind.AGG:
+            queued = worker.queued_tokens
+        else:
+            queued = sum(e[1] for e in worker.prefilling) + sum(self._recompute[i] for i in worker.queue)
+        return InstanceStatus(
+            instance_id=worker.worker_id,
+            queued_prefill_tokens=queued,
+            decode_batch_size=len(worker.running),
+            decode_kv_tokens=self._kv_now(worker),
+            chunk_tokens=chunk,
+        )
+
+    def _slo_decide(
+        self, workers: list[_Worker], stage: Stage, request: int, *, metric_filter: bool = True
+    ) -> tuple[RouteDecision, _Worker | None]:
+        assert self._slo is not None
+        predictor, isl = self._slo.predictor, self._isl_l[request]
+        candidates = []
+        for worker in workers:
+            status = self._status(worker, stage)
+            if stage is Stage.PREFILL:
+                predicted = predict_prefill(predictor, status, self._prefill_tokens[request])
+            else:
+                predicted = predict_decode(predictor, status, isl)
+            candidates.append(Candidate(status=status, predicted_ms=predicted))
+        decision = filter_and_select(stage, candidates, self._slo.targets, apply_metric_filter=metric_filter)
+        chosen = next((w for w in workers if w.worker_id == decision.instance_id), None)
+        return decision, chosen
+
+    def _stage_of(self, component: Component) -> Stage:
+        return Stage.PREFILL if component is Component.PREFILL or self.spec.aggregated else Stage.DECODE
+
+    def _place_slo(self, component: Component, request: int, *, overdue: bool) -> bool:
+        """Place `request` at `component`'s stage if an engine is predicted within the threshold (any ready engine
+        when `overdue`), or prefill it on a decode engine (adaptive disaggregation). False: not placed."""
+        ready = [w for w in self._workers[component] if w.state is _WorkerState.READY]
+        stage = self._stage_of(component)
+        if ready:
+            decision, worker = self._slo_decide(ready, stage, request, metric_filter=not overdue)
+            if worker is not None:
+                self._record_placement(stage, request, decision)
+                self._enqueue(worker, request)
+                return True
+        if component is Component.PREFILL and self._adaptive_prefill(request):
+            return True
+        return False
+
+    def _record_placement(self, stage: Stage, request: int, decision: RouteDecision) -> None:
+        if stage is Stage.PREFILL:
+            self._predicted_ttft_ms[request] = decision.predicted_ms
+            self._dispatch_s[request] = self.now_s
+        else:
+            self._predicted_tpot_ms[request] = decision.predicted_ms
+
+    def _adaptive_prefill(self, request: int) -> bool:
+        """Adaptive disaggregation: prefill a short prompt on the decode engine predicted to give the lowest TTFT
+        within the threshold; it then decodes there (no transfer)."""
+        assert self._slo is not None
+        if not (self._slo.adaptive_pd and self._on_demand and not self.spec.aggregated):
+            return False
+        if self._isl_l[request] > self._slo.adaptive_max_prompt_tokens:
+            return False
+        ready = [w for w in self._workers[Component.DECODE] if w.state is _WorkerState.READY]
+        if not ready:
+            return False
+        decision, worker = self._slo_decide(ready, Stage.PREFILL, request)
+        if worker is None:
+            return False
+        self._record_placement(Stage.PREFILL, request, decision)
+        self._num_local_prefills += 1
+        # As a recompute: the decode engine prefills the prompt in mixed iterations, the iteration that ends it
+        # yields the first token, and the request decodes its OSL - 1 other tokens there.
+        self._recompute[request] = self._isl_l[request]
+        self._iters_left[request] = self._osl_l[request]
+        self._enqueue(worker, request)
+        return True
+
+    def _route_slo(self, component: Component, request: int) -> None:
+        if not any(w.state is _WorkerState.READY for w in self._workers[component]):
+            if component is Component.PREFILL and self._adaptive_prefill(request):
+                return
+            self._router_queue[component].append(request)  # no worker at all: wait for one, as other routers
+            return
+        if self._place_slo(component, request, overdue=False):
+            return
+        self._unplaced_s[component].append(self.now_s)
+        assert self._slo is not None
+        if self._slo.no_endpoint is NoEndpointAction.REJECT:
+            self._rejected_s[component].append(self.now_s)
+            return
+        self._frontend[component].append((request, self.now_s))
+        self._schedule_retry(component)
+
+    def _schedule_retry(self, component: Component) -> None:
+        if not self._retry_pending[component] and self._frontend[component]:
+            assert self._slo is not None
+            self._retry_pending[component] = True
+            self._push(self.now_s + self._slo.retry_s, _FRONTEND_RETRY, component)
+
+    def _retry_frontend(self, component: Component) -> None:
+        """Place the frontend queue's requests in FIFO order until the head cannot be placed yet."""
+        assert self._slo is not None
+        self._retry_pending[component] = False
+        max_wait_s = self._slo.max_wait_s if self._slo.max_wait_s is not None else self._slo.targets.ttft_ms / 1000
+        queue = self._frontend[component]
+        while queue:
+            request, since_s = queue[0]
+            overdue = self.now_s - since_s >= max_wait_s
+            if not self._place_slo(component, request, overdue=overdue):
+                if overdue:  # no ready engine at all: wait at the router for one
+                    queue.popleft()
+                    self._router_queue[component].append(request)
+                    continue
+                break
+            queue.popleft()
+            self._num_overdue += overdue
+        self._schedule_retry(component)
 
     def _enqueue(self, worker: _Worker, request: int) -> None:
         if self._on_demand and worker.kind is not _Kind.PREFILL:

@@ -191,6 +191,26 @@ class WorkerObservationRow(Base):
     ready_decode: Mapped[int]
     expected_prefill: Mapped[int]
     expected_decode: Mapped[int]
+    # What an SLO-aware router could not place (`TickInputs.unplaced`); comments set below, as in migration 0010.
+    waiting_prefill: Mapped[int | None]
+    waiting_decode: Mapped[int | None]
+    unplaced_prefill: Mapped[int | None]
+    unplaced_decode: Mapped[int | None]
+    rejected_prefill: Mapped[int | None]
+    rejected_decode: Mapped[int | None]
+
+
+_UNPLACED_COMMENTS = {
+    "waiting": "Requests waiting at the frontend for the {pool} pool at the tick (an SLO-aware router found no engine "
+    "predicted within the SLO for them yet). NULL where the router does not report it",
+    "unplaced": "Requests the router found no available endpoint for in the {pool} stage since the previous report "
+    "(each counted once per stage). NULL where the router does not report it",
+    "rejected": "Of the unplaced requests of the {pool} stage, those the frontend rejected. NULL where the router does "
+    "not report it",
+}
+for _what, _comment in _UNPLACED_COMMENTS.items():
+    for _pool in ("prefill", "decode"):
+        WorkerObservationRow.__table__.c[f"{_what}_{_pool}"].comment = _comment.format(pool=_pool)
 
 
 class FpmSnapshotRow(Base):

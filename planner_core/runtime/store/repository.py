@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from planner_core.config import ConfigError, PlannerConfig, config_hash, parse_config
 from planner_core.domain import (
     PROMPT_ARRIVAL_INTERVALS_S,
+    Component,
     PlannerState,
     TickInputs,
     TickOutcome,
@@ -162,6 +163,18 @@ class TickRecord:
     task_run_id: str | None = None
 
 
+def _unplaced_columns(inputs: TickInputs) -> dict[str, int | None]:
+    """`worker_observations`' unplaced-request columns: per pool what the router reported, NULL where it did not."""
+    columns: dict[str, int | None] = {}
+    for component in Component:
+        report = inputs.unplaced_for(component)
+        pool = component.value
+        columns[f"waiting_{pool}"] = None if report is None else report.num_waiting
+        columns[f"unplaced_{pool}"] = None if report is None else report.num_unplaced
+        columns[f"rejected_{pool}"] = None if report is None else report.num_rejected
+    return columns
+
+
 def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcome: TickOutcome) -> int | None:
     """Insert a tick and everything it saw and decided. Returns the tick id, or None if already recorded."""
     tick_id = session.scalar(
@@ -213,6 +226,7 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
             ready_decode=workers.ready_decode,
             expected_prefill=workers.expected_prefill,
             expected_decode=workers.expected_decode,
+            **_unplaced_columns(inputs),
         )
     )
     for fpm in inputs.fpm:  # the forward-pass metrics the tick saw, one row per engine

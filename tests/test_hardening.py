@@ -182,3 +182,155 @@ def test_azure_whole_second_timestamps_keep_their_duration(tmp_path: Path) -> No
     trace = load_trace(path)
     assert trace.duration_s == 1.0
     assert trace.start_epoch_s == 1_715_299_200.0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Prometheus: an overall deadline per query, against a real slow-dripping server
+# ---------------------------------------------------------------------------------------------------------
+
+
+class DrippingServer:
+    """A real TCP server that answers an HTTP request one byte every `gap_s`: headers first (`drip_headers`) or a
+    prompt header and then a body that never ends. Each gap is shorter than the client's read timeout."""
+
+    def __init__(self, *, gap_s: float, drip_headers: bool) -> None:
+        import socket
+        import threading
+
+        self.gap_s, self.drip_headers = gap_s, drip_headers
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        import threading
+
+        self.listener.settimeout(0.1)
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed by `close`
+                break
+            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn) -> None:  # noqa: ANN001
+        import time
+
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+        try:
+            conn.recv(65536)
+            if not self.drip_headers:
+                conn.sendall(head)
+            payload = head if self.drip_headers else b" " * 100000
+            for byte in payload:
+                if self.stopped.is_set():
+                    break
+                conn.sendall(bytes([byte]))
+                time.sleep(self.gap_s)
+        except OSError:
+            pass  # the client cut the connection: what the deadline is for
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.listener.close()
+
+
+@pytest.mark.parametrize("drip_headers", [False, True], ids=["dripping-body", "dripping-headers"])
+def test_prometheus_query_has_an_overall_deadline(drip_headers: bool) -> None:
+    """A server sending a byte every 0.2 s (each read well inside the 1 s timeout) cannot hold a query past its
+    1 s deadline: the query ends as `unreachable` within ~1 s, not when the server stops."""
+    import datetime as dt
+    import time
+
+    from planner_core.runtime.sources.base import NoTrafficDataKind, TrafficUnavailable
+    from planner_core.runtime.sources.prometheus import PrometheusOptions, PrometheusTrafficSource, TrafficQueries
+
+    server = DrippingServer(gap_s=0.2, drip_headers=drip_headers)
+    try:
+        at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+        with PrometheusTrafficSource(PrometheusOptions(endpoint=server.url, timeout_s=1.0), TrafficQueries()) as source:
+            started = time.monotonic()
+            with pytest.raises(TrafficUnavailable, match="1 s query deadline") as info:
+                source.query("up", at)
+            elapsed_s = time.monotonic() - started
+    finally:
+        server.close()
+    assert info.value.kind == NoTrafficDataKind.UNREACHABLE
+    assert elapsed_s < 1.8, elapsed_s
+
+
+# ---------------------------------------------------------------------------------------------------------
+# /metrics: loopback by default, one Postgres read per cache period however often it is scraped
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_metrics_listen_on_loopback_unless_told(database_url: str) -> None:
+    import socket
+
+    from planner_core.runtime.metrics import start_metrics_server
+    from planner_core.runtime.settings import RuntimeSettings
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server, thread = start_metrics_server(port, database_url, "nobody")
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    assert RuntimeSettings().metrics_bind == "127.0.0.1"  # what `planner serve` passes unless PLANNER_METRICS_BIND
+
+
+def test_metrics_scrapes_share_one_database_read_per_cache_period(database_url: str) -> None:
+    """30 scrapes within the cache period run the snapshot's SQL once; a read after the period runs it again."""
+    import socket
+
+    import httpx
+    from sqlalchemy import event
+
+    from planner_core.runtime.metrics import PlannerCollector, start_metrics_server
+    from planner_core.runtime.store.db import get_engine, session_factory
+
+    statements: list[str] = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:  # noqa: ANN001
+        if "%(deployment)s" in statement:  # the snapshot's queries, not the pool's connection set-up and pings
+            statements.append(statement)
+
+    engine = get_engine(database_url)
+    event.listen(engine, "before_cursor_execute", count)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server, thread = start_metrics_server(port, database_url, "nobody", cache_s=600.0)
+    try:
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).status_code == 200
+        per_read = len(statements)
+        assert per_read > 0
+        for _ in range(29):
+            assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).status_code == 200
+        assert len(statements) == per_read
+        # the period, on a clock the test moves
+        now = [0.0]
+        collector = PlannerCollector(session_factory(database_url), "nobody", cache_s=5.0, clock=lambda: now[0])
+        for at_s in (0.0, 1.0, 4.9, 5.0, 9.9, 10.0):
+            now[0] = at_s
+            list(collector.collect())
+        assert collector.num_reads == 3  # at 0, 5 and 10
+        assert len(statements) == 4 * per_read
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

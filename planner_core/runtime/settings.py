@@ -81,6 +81,14 @@ class RuntimeSettings(BaseSettings):
         ),
         description="timeout of each Prometheus HTTP request (s)",
     )
+    # The planner's own /metrics (`planner serve` with metric_reporting_prometheus_port set).
+    metrics_bind: str = Field(
+        default="127.0.0.1",
+        description="address /metrics listens on; 0.0.0.0 exposes the unauthenticated metrics on every interface",
+    )
+    metrics_cache_s: float = Field(
+        default=5.0, ge=0, le=3600, description="seconds a /metrics snapshot is reused before Postgres is read again"
+    )
     # Forward-pass metrics ingest (`planner ingest`).
     fpm_bind: str = Field(
         default="tcp://127.0.0.1:20380", description="ZMQ endpoint the ingest binds its SUB socket to"

@@ -334,3 +334,69 @@ def test_metrics_scrapes_share_one_database_read_per_cache_period(database_url: 
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# FPM ingest: a locked table cannot stall the socket or grow memory
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_fpm_ingest_with_its_table_locked_stays_bounded_and_counts_drops(database_url: str, tmp_path: Path) -> None:
+    """Another session holds an exclusive lock on `fpm_samples` while 4000 messages arrive: the ingest's writes
+    time out instead of blocking, it keeps draining the socket (every message received), at most `max_pending`
+    samples wait in memory and the rest are counted as lost; once the lock goes, what waited is stored."""
+    import threading
+    import time
+
+    from planner_core.domain import Component, ForwardPassMetrics, ScheduledRequests
+    from planner_core.runtime.ingest import FpmIngest, FpmPublisher
+    from planner_core.runtime.store import repository as repo
+    from planner_core.runtime.store.db import session_factory
+
+    config_path = write_config(tmp_path, enable_load_scaling=True, load_adjustment_interval_seconds=5)
+    with session_factory(database_url).begin() as session:
+        deployment_id = repo.ensure_deployment(session, "locked", load_config(config_path).policy).id
+    max_pending, num_sent = 500, 4000
+    ingest = FpmIngest(
+        database_url, deployment_id, bind=["tcp://127.0.0.1:*"], flush_interval_s=0.05, max_pending=max_pending,
+        lock_timeout_s=0.2, statement_timeout_s=1.0,
+    )  # fmt: skip
+    stop = threading.Event()
+    runner = threading.Thread(target=ingest.run, args=(stop,), daemon=True)
+    locker = psycopg.connect(to_libpq_uri(database_url))
+    try:
+        locker.execute("LOCK TABLE fpm_samples IN ACCESS EXCLUSIVE MODE")  # psycopg opened a transaction
+        runner.start()
+        most_pending = 0
+        with FpmPublisher(ingest.endpoints[0]) as publisher:
+            assert publisher.wait_for_subscriber()
+            for counter in range(num_sent):
+                publisher.publish(
+                    ForwardPassMetrics(
+                        component=Component.DECODE, worker_id="w", counter_id=counter, wall_time_s=0.01,
+                        scheduled=ScheduledRequests(num_decode_requests=1),
+                    )
+                )  # fmt: skip
+                if counter % 50 == 0:
+                    most_pending = max(most_pending, ingest.num_pending)
+                    time.sleep(0.005)
+            deadline = time.monotonic() + 30
+            while ingest.stats.received < num_sent and time.monotonic() < deadline:
+                most_pending = max(most_pending, ingest.num_pending)
+                time.sleep(0.01)
+        assert ingest.stats.received == num_sent  # the socket kept being drained while the table was locked
+        assert most_pending <= max_pending
+        assert ingest.stats.db_errors > 0 and ingest.stats.stored == 0
+        assert ingest.stats.lost_pending >= num_sent - max_pending  # every drop counted
+        assert ingest.stats.lost_pending + ingest.num_pending == num_sent
+    finally:
+        locker.rollback()
+        locker.close()
+    deadline = time.monotonic() + 60
+    while ingest.stats.stored + ingest.stats.lost_pending < num_sent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    runner.join(timeout=30)
+    assert not runner.is_alive()
+    assert ingest.stats.stored + ingest.stats.lost_pending == num_sent
+    assert 0 < ingest.stats.stored <= max_pending

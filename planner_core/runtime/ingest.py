@@ -21,6 +21,12 @@ two frames with a known topic, not msgpack, or not the schema is counted under i
 (every `batch_size` samples or `flush_interval_s`); while Postgres is unreachable they wait in memory up to
 `max_pending` (then the oldest are dropped and counted).
 Samples older than the retention period are deleted in batches of short transactions.
+
+Memory is bounded whatever the publishers or the database do: the ingest's connection has a `lock_timeout` and a
+`statement_timeout`, so a write blocked by a lock (or a stalled server) fails within seconds and the loop goes
+back to draining the socket; decoded samples wait in a queue of at most `max_pending` (the oldest dropped and
+counted in `lost_pending` beyond it); and ZMQ's own queue holds at most `RCVHWM` messages of at most
+`ZMQ_MAX_MESSAGE_BYTES` each (ZMQ drops beyond its high-water mark and disconnects a peer sending larger messages).
 """
 
 from __future__ import annotations
@@ -54,7 +60,14 @@ log = logging.getLogger("planner.ingest")
 TOPIC_PREFIX = b"fpm."
 MAX_MESSAGE_BYTES = 64 * 1024  # a real message is ~250 bytes; anything near this is not forward-pass metrics
 # ZMQ's own cap: a peer that sends more is disconnected by ZMQ before we see it (a memory guard, not counted).
-ZMQ_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# Four times our own limit, so that oversized messages up to it still arrive to be counted.
+ZMQ_MAX_MESSAGE_BYTES = 4 * MAX_MESSAGE_BYTES
+# Messages ZMQ queues per connection while the loop is not draining (a flush in progress): with 0.25 MiB messages at
+# most ~2.5 GiB in the worst case, ~2.5 MB of real (~250 byte) messages; beyond it ZMQ drops what arrives.
+RCVHWM = 10_000
+# The ingest's database session: a blocked write fails within these, and the loop goes back to the socket.
+LOCK_TIMEOUT_S = 2.0
+STATEMENT_TIMEOUT_S = 10.0
 SCHEMA_VERSION = 1  # the version this code writes in `encode_fpm_message`
 # Errors that retrying the same rows cannot fix (as opposed to a lost connection).
 _PERMANENT_DB_ERRORS = (DataError, IntegrityError, psycopg.DataError, psycopg.IntegrityError)
@@ -329,8 +342,10 @@ class FpmIngest:
         flush_interval_s: ... or this long after the previous flush.
         retention_s: samples received longer ago than this are deleted ...
         retention_every_s: ... checked this often, in batches of `retention_batch` rows.
-        max_pending: samples kept in memory while Postgres is unreachable; beyond it the oldest are dropped.
+        max_pending: samples kept in memory while Postgres is unreachable or blocked; beyond it the oldest are
+            dropped and counted (`stats.lost_pending`).
         max_message_bytes: larger payloads are dropped as `oversized`.
+        lock_timeout_s, statement_timeout_s: the database session's `lock_timeout` and `statement_timeout`.
     """
 
     def __init__(
@@ -347,6 +362,8 @@ class FpmIngest:
         retention_batch: int = 10_000,
         max_pending: int = 100_000,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        lock_timeout_s: float = LOCK_TIMEOUT_S,
+        statement_timeout_s: float = STATEMENT_TIMEOUT_S,
         context: zmq.Context | None = None,
     ) -> None:
         if not bind and not connect:
@@ -360,13 +377,17 @@ class FpmIngest:
         self.max_pending = max_pending
         self.max_message_bytes = max_message_bytes
         self.stats = IngestStats()
-        self._sessions = session_factory(database_url)
+        self._sessions = session_factory(
+            database_url,
+            lock_timeout_ms=max(1, round(lock_timeout_s * 1000)),
+            statement_timeout_ms=max(1, round(statement_timeout_s * 1000)),
+        )
         self._pending: deque[FpmSample] = deque()
         self._limiter = _LogLimiter()
         self._flush_backoff_s = 0.0
         self._socket = (context or zmq.Context.instance()).socket(zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.RCVHWM, 1_000_000)  # ZMQ drops silently beyond its high-water mark
+        self._socket.setsockopt(zmq.RCVHWM, RCVHWM)  # ZMQ drops silently beyond its high-water mark
         self._socket.setsockopt(zmq.MAXMSGSIZE, ZMQ_MAX_MESSAGE_BYTES)
         self._socket.setsockopt(zmq.SUBSCRIBE, TOPIC_PREFIX)
         self.endpoints: list[str] = []
@@ -396,6 +417,10 @@ class FpmIngest:
             # Stored all the same: without it an idle engine would vanish from the load ticks (no report in the
             # last load intervals), and a pool whose engines went quiet could never be scaled down.
             self.stats.heartbeats += 1
+        if len(self._pending) >= self.max_pending:  # the database is behind: the oldest sample goes, counted
+            self._pending.popleft()
+            self.stats.lost_pending += 1
+            self._limiter.warning("full", "forward-pass queue full (%d samples): dropping the oldest", self.max_pending)
         self._pending.append(FpmSample(fpm=fpm, received_at=received_at, version=version))
 
     def _drain(self) -> None:
@@ -493,6 +518,11 @@ class FpmIngest:
 
     def close(self) -> None:
         self._socket.close()
+
+    @property
+    def num_pending(self) -> int:
+        """How many decoded samples wait for the next flush (at most `max_pending`)."""
+        return len(self._pending)
 
     def pending(self) -> Iterator[FpmSample]:
         """Samples decoded but not stored yet (oldest first)."""

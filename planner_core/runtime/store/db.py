@@ -67,19 +67,31 @@ def resolve_database_url(settings: RuntimeSettings | None = None) -> str:
 
 
 @cache
-def get_engine(url: str) -> Engine:
-    """One pooled engine per URL per process. Every connection works in UTC."""
+def get_engine(url: str, *, lock_timeout_ms: int | None = None, statement_timeout_ms: int | None = None) -> Engine:
+    """One pooled engine per URL (and timeouts) per process. Every connection works in UTC.
+
+    `lock_timeout_ms` / `statement_timeout_ms` (Postgres' settings of those names, on every connection): a
+    statement waiting longer for a lock, or running longer, fails instead of blocking its caller for as long as
+    another session holds a lock (the forward-pass ingest sets them: its writes must never stall its receiving).
+    """
     engine = create_engine(url, pool_pre_ping=True, future=True)
+    settings = [("lock_timeout", lock_timeout_ms), ("statement_timeout", statement_timeout_ms)]
 
     @event.listens_for(engine, "connect")
-    def _set_utc(dbapi_connection, _record):  # noqa: ANN001
+    def _set_session(dbapi_connection, _record):  # noqa: ANN001
         with dbapi_connection.cursor() as cursor:
             cursor.execute("SET TIME ZONE 'UTC'")
+            for name, value_ms in settings:
+                if value_ms is not None:
+                    cursor.execute(f"SET {name} = {int(value_ms)}")  # an int: nothing to quote
         dbapi_connection.commit()
 
     return engine
 
 
-def session_factory(url: str) -> sessionmaker[Session]:
-    """Sessions that never autocommit; callers own `with factory.begin():`."""
-    return sessionmaker(bind=get_engine(url), expire_on_commit=False)
+def session_factory(
+    url: str, *, lock_timeout_ms: int | None = None, statement_timeout_ms: int | None = None
+) -> sessionmaker[Session]:
+    """Sessions that never autocommit; callers own `with factory.begin():`. Timeouts as in `get_engine`."""
+    engine = get_engine(url, lock_timeout_ms=lock_timeout_ms, statement_timeout_ms=statement_timeout_ms)
+    return sessionmaker(bind=engine, expire_on_commit=False)

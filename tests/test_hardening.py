@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -400,3 +401,58 @@ def test_fpm_ingest_with_its_table_locked_stays_bounded_and_counts_drops(databas
     assert not runner.is_alive()
     assert ingest.stats.stored + ingest.stats.lost_pending == num_sent
     assert 0 < ingest.stats.stored <= max_pending
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The embedded database: a kill during the very first initialisation does not break it for good
+# ---------------------------------------------------------------------------------------------------------
+
+_START_EMBEDDED = """
+import sys
+from pathlib import Path
+import psycopg
+from planner_core.runtime.store.db import embedded_database_url, to_libpq_uri
+url = embedded_database_url(Path(sys.argv[1]))
+with psycopg.connect(to_libpq_uri(url)) as conn:
+    print(conn.execute("SELECT 41 + 1").fetchone()[0])
+"""
+
+
+def _stop_test_servers(folder: Path) -> None:
+    """Stop the postgres processes this test started (their command line names its folder)."""
+    import psutil
+
+    for proc in psutil.process_iter(attrs=["name", "cmdline"]):
+        if proc.info["name"] == "postgres" and str(folder) in " ".join(proc.info["cmdline"] or ()):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+
+
+@pytest.mark.parametrize("kill_after_s", [0.5, 1.5, 3.0])
+def test_kill_during_first_initialisation_does_not_break_the_embedded_database(
+    tmp_path: Path, kill_after_s: float
+) -> None:
+    """kill -9 of the first process to start the embedded database, early in its initialisation; the next
+    start works (and answers a query) instead of failing for good."""
+    import signal
+    import time
+
+    pg_dir = tmp_path / "data" / "pg"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    try:
+        first = subprocess.Popen(
+            [sys.executable, "-c", _START_EMBEDDED, str(pg_dir)], env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        time.sleep(kill_after_s)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        time.sleep(1.0)  # let an orphaned initdb or pg_ctl finish or die, as it would before a user's next command
+        second = subprocess.run(
+            [sys.executable, "-c", _START_EMBEDDED, str(pg_dir)], env=env, capture_output=True, text=True,
+            timeout=180,
+        )  # fmt: skip
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert second.stdout.strip() == "42"
+    finally:
+        _stop_test_servers(tmp_path)

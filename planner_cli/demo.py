@@ -31,7 +31,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--rate-scale = {args.rate_scale!r}: must be > 0")
     url = resolve_database_url(settings)
     started = time.perf_counter()
-    with prefect_api() as api_url:
+    with prefect_api(exit_when_lost=True) as api_url:
         print(f"Prefect API: {api_url}", file=sys.stderr)
         from flows.demo import demo  # Prefect reads its settings at import: import after PREFECT_API_URL is set
 

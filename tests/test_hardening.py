@@ -456,3 +456,64 @@ def test_kill_during_first_initialisation_does_not_break_the_embedded_database(
         assert second.stdout.strip() == "42"
     finally:
         _stop_test_servers(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Prefect lost mid-run: `planner demo` ends in one line with a non-zero status, within the configured time
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_demo_ends_in_one_line_when_its_prefect_server_dies(database_url: str, tmp_path: Path) -> None:
+    """kill -9 of the Prefect server the demo started, once the run is under way: the demo exits non-zero with one
+    error line within PLANNER_PREFECT_LOST_S plus a margin, instead of retrying the dead server for minutes."""
+    import queue
+    import threading
+    import time
+
+    import psutil
+
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    env |= {
+        "PLANNER_DATABASE_URL": database_url,
+        "PLANNER_DATA_DIR": str(tmp_path / "data"),
+        "PLANNER_PREFECT_LOST_S": "10",
+    }
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "planner_cli.main", "demo", "--deployment", "prefect-lost"],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in demo.stderr], daemon=True)
+    reader.start()
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 240
+        while not any(line.startswith("Prefect API:") for line in seen):
+            assert time.monotonic() < deadline and demo.poll() is None, "".join(seen)[-3000:]
+            with contextlib.suppress(queue.Empty):
+                seen.append(lines.get(timeout=1))
+        time.sleep(5)  # the flow run is under way
+        assert demo.poll() is None, "the demo ended before its Prefect server could be killed"
+        [server] = [
+            child for child in psutil.Process(demo.pid).children(recursive=True)
+            if "server" in child.cmdline() and "start" in child.cmdline()
+        ]  # fmt: skip
+        server.kill()
+        killed_at = time.monotonic()
+        try:
+            status = demo.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the demo still runs 60 s after its Prefect server was killed")
+        waited_s = time.monotonic() - killed_at
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    reader.join(timeout=10)
+    while not lines.empty():
+        seen.append(lines.get())
+    errors = [line for line in seen if line.startswith("planner: error:")]
+    assert status == 3
+    assert len(errors) == 1 and "Prefect server" in errors[0], "".join(seen)[-3000:]
+    assert not any(line.startswith("Traceback") for line in seen)
+    assert waited_s < 10 + 20

@@ -81,6 +81,10 @@ class RuntimeSettings(BaseSettings):
         ),
         description="timeout of each Prometheus HTTP request (s)",
     )
+    # `planner demo` / `planner serve` end (status 3, one line) when the Prefect server is lost this long.
+    prefect_lost_s: float = Field(
+        default=30.0, gt=0, le=3600, description="seconds without an answer from the Prefect server before giving up"
+    )
     # The planner's own /metrics (`planner serve` with metric_reporting_prometheus_port set).
     metrics_bind: str = Field(
         default="127.0.0.1",

@@ -517,3 +517,45 @@ def test_demo_ends_in_one_line_when_its_prefect_server_dies(database_url: str, t
     assert len(errors) == 1 and "Prefect server" in errors[0], "".join(seen)[-3000:]
     assert not any(line.startswith("Traceback") for line in seen)
     assert waited_s < 10 + 20
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Postgres lost mid-run: one line, non-zero status, no traceback
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_demo_ends_in_one_line_when_its_database_is_lost(tmp_path: Path) -> None:
+    """The demo's embedded Postgres is stopped once the run is under way: the demo exits 1 with one error line
+    naming the database, and prints no traceback (Prefect's console copy of the failure included)."""
+    import time
+
+    from planner_core.runtime.store.db import stop_embedded_database
+
+    data_dir = tmp_path / "data"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "PLANNER_"))}
+    env |= {"PLANNER_DATA_DIR": str(data_dir)}
+    err_path = tmp_path / "stderr.txt"
+    with err_path.open("w") as err:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "planner_cli.main", "demo", "--deployment", "db-lost"],
+            cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 240
+            while "Prefect API:" not in err_path.read_text():
+                assert time.monotonic() < deadline and demo.poll() is None, err_path.read_text()[-3000:]
+                time.sleep(0.5)
+            time.sleep(5)  # the flow run is under way
+            assert demo.poll() is None, "the demo ended before its database could be stopped"
+            assert stop_embedded_database((data_dir / "pg").resolve())
+            status = demo.wait(timeout=120)
+        finally:
+            if demo.poll() is None:
+                demo.kill()
+                demo.wait()
+            stop_embedded_database((data_dir / "pg").resolve())
+    text = err_path.read_text()
+    errors = [line for line in text.splitlines() if line.startswith("planner: error:")]
+    assert status == 1, text[-3000:]
+    assert len(errors) == 1 and "database unavailable" in errors[0], text[-3000:]
+    assert "Traceback" not in text

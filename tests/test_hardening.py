@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -559,3 +560,50 @@ def test_demo_ends_in_one_line_when_its_database_is_lost(tmp_path: Path) -> None
     assert status == 1, text[-3000:]
     assert len(errors) == 1 and "database unavailable" in errors[0], text[-3000:]
     assert "Traceback" not in text
+
+
+def test_fpm_ingest_with_curve_hears_only_allowed_publishers(tmp_path: Path) -> None:
+    """With CURVE, a publisher holding an allowed certificate is heard; one with an unknown certificate, and one
+    without CURVE, are not (their handshake fails, nothing they send is received)."""
+    import time
+
+    import zmq.auth
+
+    from planner_core.domain import Component, ForwardPassMetrics
+    from planner_core.runtime.ingest import CurveServer, FpmIngest, FpmPublisher
+
+    keys, allowed, others = tmp_path / "server", tmp_path / "allowed", tmp_path / "others"
+    for folder in (keys, allowed, others):
+        folder.mkdir()
+    _, server_secret = zmq.auth.create_certificates(keys, "ingest")
+    zmq.auth.create_certificates(allowed, "engine")
+    zmq.auth.create_certificates(others, "intruder")
+    for secret in allowed.glob("*.key_secret"):
+        secret.rename(tmp_path / secret.name)  # the allowed folder holds public certificates only
+    curve = CurveServer.load(Path(server_secret), allowed)
+    # the URL is never connected to: received messages are only queued (the database is not what is tested)
+    ingest = FpmIngest("postgresql+psycopg://nobody@127.0.0.1:1/none", 1, bind=["tcp://127.0.0.1:*"], curve=curve)
+    sample = ForwardPassMetrics(component=Component.DECODE, worker_id="w", counter_id=1, wall_time_s=0.01)
+    try:
+        endpoint = ingest.endpoints[0]
+        with (
+            FpmPublisher(
+                endpoint, server_public_key=curve.public_key, client_certificate=others / "intruder.key_secret"
+            ) as intruder,
+            FpmPublisher(endpoint) as plain,
+            FpmPublisher(
+                endpoint, server_public_key=curve.public_key, client_certificate=tmp_path / "engine.key_secret"
+            ) as engine,
+        ):
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                ingest._drain()  # noqa: SLF001 - one thread: the loop's receiving step, by hand
+                for publisher, worker_id in ((intruder, "intruder"), (plain, "plain"), (engine, "engine")):
+                    publisher.publish(dataclasses.replace(sample, worker_id=worker_id))
+                time.sleep(0.05)
+            assert not intruder.wait_for_subscriber(0.1) and not plain.wait_for_subscriber(0.1)
+        num_sent = engine.num_sent
+        assert 0 < ingest.stats.received <= num_sent  # only the engine's (the first few precede its handshake)
+        assert {s.fpm.worker_id for s in ingest.pending()} == {"engine"}
+    finally:
+        ingest.close()

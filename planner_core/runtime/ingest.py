@@ -27,6 +27,10 @@ Memory is bounded whatever the publishers or the database do: the ingest's conne
 back to draining the socket; decoded samples wait in a queue of at most `max_pending` (the oldest dropped and
 counted in `lost_pending` beyond it); and ZMQ's own queue holds at most `RCVHWM` messages of at most
 `ZMQ_MAX_MESSAGE_BYTES` each (ZMQ drops beyond its high-water mark and disconnects a peer sending larger messages).
+
+Authentication (optional, `CurveServer`): with ZeroMQ CURVE the ingest's socket is a CURVE server and hears only
+publishers whose public certificate is in an allowed folder (checked by pyzmq's ZAP authenticator); the traffic is
+encrypted. Without it, anyone who reaches the socket can publish samples: keep it on loopback or a private network.
 """
 
 from __future__ import annotations
@@ -247,9 +251,24 @@ class FpmPublisher:
     (a PUB socket silently drops everything sent before that).
     """
 
-    def __init__(self, endpoint: str, *, context: zmq.Context | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        context: zmq.Context | None = None,
+        server_public_key: bytes | None = None,
+        client_certificate: Path | None = None,
+    ) -> None:
+        """`server_public_key` and `client_certificate` (a secret key file): talk CURVE to an ingest that asks."""
         self._context = context or zmq.Context.instance()
         self._socket = self._context.socket(zmq.XPUB)
+        if server_public_key is not None and client_certificate is not None:
+            from zmq.auth import load_certificate
+
+            public_key, secret_key = load_certificate(client_certificate)
+            self._socket.curve_serverkey = server_public_key
+            self._socket.curve_publickey = public_key
+            self._socket.curve_secretkey = secret_key
         self._socket.setsockopt(zmq.LINGER, 2000)
         self._socket.setsockopt(zmq.SNDHWM, 1_000_000)
         self._socket.connect(endpoint)
@@ -285,6 +304,34 @@ class FpmPublisher:
 
 
 # --- the ingest -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CurveServer:
+    """The ingest's CURVE keys and the publishers it accepts (certificates as `zmq.auth.create_certificates` writes)."""
+
+    public_key: bytes
+    secret_key: bytes
+    clients_dir: Path
+
+    @classmethod
+    def load(cls, secret_key_file: Path | None, clients_dir: Path | None) -> CurveServer:
+        """Read the ingest's certificate; raises ValueError (one line) when either setting is missing or bad."""
+        from zmq.auth import load_certificate
+
+        if secret_key_file is None or clients_dir is None:
+            raise ValueError(
+                "CURVE needs both PLANNER_FPM_CURVE_SECRET_KEY_FILE and PLANNER_FPM_CURVE_CLIENTS_DIR to be set"
+            )
+        if not Path(clients_dir).is_dir():
+            raise ValueError(f"PLANNER_FPM_CURVE_CLIENTS_DIR = {str(clients_dir)!r}: not a folder")
+        try:
+            public_key, secret_key = load_certificate(secret_key_file)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{secret_key_file}: not a ZeroMQ certificate ({' '.join(str(exc).split())})") from exc
+        if secret_key is None:
+            raise ValueError(f"{secret_key_file}: holds no secret key (give the .key_secret file)")
+        return cls(public_key=public_key, secret_key=secret_key, clients_dir=Path(clients_dir))
 
 
 @dataclass(slots=True)
@@ -346,6 +393,7 @@ class FpmIngest:
             dropped and counted (`stats.lost_pending`).
         max_message_bytes: larger payloads are dropped as `oversized`.
         lock_timeout_s, statement_timeout_s: the database session's `lock_timeout` and `statement_timeout`.
+        curve: authenticate publishers with ZeroMQ CURVE (module docstring); None = no authentication.
     """
 
     def __init__(
@@ -364,6 +412,7 @@ class FpmIngest:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         lock_timeout_s: float = LOCK_TIMEOUT_S,
         statement_timeout_s: float = STATEMENT_TIMEOUT_S,
+        curve: CurveServer | None = None,
         context: zmq.Context | None = None,
     ) -> None:
         if not bind and not connect:
@@ -385,7 +434,20 @@ class FpmIngest:
         self._pending: deque[FpmSample] = deque()
         self._limiter = _LogLimiter()
         self._flush_backoff_s = 0.0
+        self._authenticator = None
+        if curve is not None:
+            from zmq.auth.thread import ThreadAuthenticator
+
+            # one authenticator per context: a context of its own unless the caller gave one
+            context = context or zmq.Context()
+            self._authenticator = ThreadAuthenticator(context)
+            self._authenticator.start()
+            self._authenticator.configure_curve(domain="*", location=str(curve.clients_dir))
         self._socket = (context or zmq.Context.instance()).socket(zmq.SUB)
+        if curve is not None:
+            self._socket.curve_secretkey = curve.secret_key
+            self._socket.curve_publickey = curve.public_key
+            self._socket.curve_server = True
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.RCVHWM, RCVHWM)  # ZMQ drops silently beyond its high-water mark
         self._socket.setsockopt(zmq.MAXMSGSIZE, ZMQ_MAX_MESSAGE_BYTES)
@@ -399,7 +461,7 @@ class FpmIngest:
                 self._socket.connect(endpoint)
                 self.endpoints.append(endpoint)
         except zmq.ZMQError as exc:
-            self._socket.close()
+            self.close()
             raise ValueError(f"ZMQ endpoint {endpoint}: {exc}") from exc
 
     # -- receiving --
@@ -518,6 +580,9 @@ class FpmIngest:
 
     def close(self) -> None:
         self._socket.close()
+        if self._authenticator is not None:
+            self._authenticator.stop()
+            self._authenticator = None
 
     @property
     def num_pending(self) -> int:

@@ -98,6 +98,14 @@ class RuntimeSettings(BaseSettings):
         default="tcp://127.0.0.1:20380", description="ZMQ endpoint the ingest binds its SUB socket to"
     )
     fpm_retention_minutes: float = Field(default=30.0, gt=0, description="raw forward-pass samples kept this long")
+    fpm_curve_secret_key_file: Path | None = Field(
+        default=None,
+        description="the ingest's ZeroMQ CURVE certificate (secret key file); set: only publishers whose public "
+        "certificate is in PLANNER_FPM_CURVE_CLIENTS_DIR are heard, encrypted",
+    )
+    fpm_curve_clients_dir: Path | None = Field(
+        default=None, description="folder of the public CURVE certificates of the publishers the ingest accepts"
+    )
 
     @property
     def embedded_pg_dir(self) -> Path:

@@ -429,26 +429,43 @@ def _stop_test_servers(folder: Path) -> None:
                 proc.kill()
 
 
-@pytest.mark.parametrize("kill_after_s", [0.5, 1.5, 3.0])
+def _first(pattern: str, folder: Path) -> Path | None:
+    return next(iter(folder.glob(pattern)), None)
+
+
+@pytest.mark.parametrize(
+    ("kill_point", "pattern", "delay_s"),
+    [
+        ("initdb-started", "*/PG_VERSION", 0.0),  # initdb writes PG_VERSION first, then the rest of the cluster
+        ("initdb-running", "*/PG_VERSION", 0.3),
+        ("first-start", "*/postmaster.pid", 0.0),
+    ],
+    ids=lambda value: value if isinstance(value, str) and "/" not in value else "",
+)
 def test_kill_during_first_initialisation_does_not_break_the_embedded_database(
-    tmp_path: Path, kill_after_s: float
+    tmp_path: Path, kill_point: str, pattern: str, delay_s: float
 ) -> None:
-    """kill -9 of the first process to start the embedded database, early in its initialisation; the next
-    start works (and answers a query) instead of failing for good."""
+    """kill -9 of the first command to start the embedded database and of its children (initdb, pg_ctl: the
+    whole process group, as a container stop does), at a point of its first initialisation;
+    the next start works and answers a query instead of failing for good."""
     import signal
     import time
 
-    pg_dir = tmp_path / "data" / "pg"
+    data_dir = tmp_path / "data"
+    pg_dir = data_dir / "pg"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     try:
         first = subprocess.Popen(
-            [sys.executable, "-c", _START_EMBEDDED, str(pg_dir)], env=env,
+            [sys.executable, "-c", _START_EMBEDDED, str(pg_dir)], env=env, start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        time.sleep(kill_after_s)
-        first.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while data_dir.exists() is False or _first(pattern, data_dir) is None:
+            assert time.monotonic() < deadline and first.poll() is None, f"{kill_point} never reached"
+            time.sleep(0.005)
+        time.sleep(delay_s)
+        os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=30)
-        time.sleep(1.0)  # let an orphaned initdb or pg_ctl finish or die, as it would before a user's next command
         second = subprocess.run(
             [sys.executable, "-c", _START_EMBEDDED, str(pg_dir)], env=env, capture_output=True, text=True,
             timeout=180,

@@ -580,6 +580,8 @@ class FpmIngest:
 
     def close(self) -> None:
         self._socket.close()
+        # the engine with the ingest's timeouts is not the URL's usual one: close its idle connections here
+        self._sessions.kw["bind"].dispose()
         if self._authenticator is not None:
             self._authenticator.stop()
             self._authenticator = None

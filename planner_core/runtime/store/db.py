@@ -197,5 +197,8 @@ def session_factory(
     url: str, *, lock_timeout_ms: int | None = None, statement_timeout_ms: int | None = None
 ) -> sessionmaker[Session]:
     """Sessions that never autocommit; callers own `with factory.begin():`. Timeouts as in `get_engine`."""
-    engine = get_engine(url, lock_timeout_ms=lock_timeout_ms, statement_timeout_ms=statement_timeout_ms)
+    if lock_timeout_ms is None and statement_timeout_ms is None:
+        engine = get_engine(url)  # the same cache entry as `get_engine(url)`, which callers dispose of
+    else:
+        engine = get_engine(url, lock_timeout_ms=lock_timeout_ms, statement_timeout_ms=statement_timeout_ms)
     return sessionmaker(bind=engine, expire_on_commit=False)

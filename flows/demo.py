@@ -235,8 +235,6 @@ def demo(
     if ctx.perf is None:
         raise ValueError(f"{config_path}: field 'profile_results_dir' = {ctx.config.profile_results_dir!r}: not found")
     trace = load_trace(trace_path).scaled(rate_scale)
-    with ctx.sessions.begin() as session:
-        repo.ensure_deployment(session, deployment, ctx.config)
     window_s = float(ctx.config.throughput_adjustment_interval_seconds)
     num_windows = max(1, int(trace.duration_s // window_s))  # full windows only: a partial last one looks idle
     if max_windows is not None:
@@ -248,6 +246,10 @@ def demo(
     # Rebuild the cluster from what Postgres says happened; acknowledge a decision written just before a stop.
     # the oracle's first size, found once for the run, its resumptions and its scoring
     start = starting_size(ctx, trace, startup_s)
+    # Recorded only now, after every input has been read and checked and the starting size found: a run that fails
+    # before its first tick leaves no deployment behind.
+    with ctx.sessions.begin() as session:
+        repo.ensure_deployment(session, deployment, ctx.config)
     cluster = simulate_timeline(ctx, trace, recorded_scale_events(ctx, trace), resume_s, startup_s, start)
     with VirtualConnectorClient(url, deployment) as client:
         _acknowledge_after_restart(client, ctx, trace)

@@ -2,6 +2,12 @@
 
 The server runs as a subprocess with its home (SQLite database, logs) under the planner's data directory, so
 the flow and task runs stay visible in the UI after the command ends (`prefect server start` shows them).
+
+With `exit_when_lost` (`planner demo`, `planner serve`) a watchdog thread ends the command when the server is
+lost: at once when the server this module started exits, or when `/health` has not answered for
+`PLANNER_PREFECT_LOST_S` (30 s). Prefect's client would otherwise retry its calls and its queued events for many
+minutes. It prints one line and exits with status 3 without unwinding: every tick is one Postgres transaction, so
+a run stopped anywhere resumes where it stopped (as after a kill -9).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -47,12 +54,72 @@ def _flush_run_logs() -> None:
             APILogHandler.flush()
 
 
+LOST_EXIT_STATUS = 3
+
+
+class _ServerWatchdog:
+    """Ends the process, in one line, when the Prefect server is lost (module docstring)."""
+
+    def __init__(self, api_url: str, server: subprocess.Popen | None, lost_after_s: float, poll_s: float = 1.0):
+        self.api_url, self.server, self.lost_after_s, self.poll_s = api_url, server, lost_after_s, poll_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="prefect-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.api_url}/health", timeout=min(5.0, self.lost_after_s)) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def _watch(self) -> None:
+        last_healthy = time.monotonic()
+        while not self._stop.wait(self.poll_s):
+            if self.server is not None and self.server.poll() is not None:
+                self._lost(f"the Prefect server (pid {self.server.pid}) exited with status {self.server.returncode}")
+            if self._healthy():
+                last_healthy = time.monotonic()
+            elif time.monotonic() - last_healthy > self.lost_after_s:
+                self._lost(f"the Prefect server at {self.api_url} has not answered for {self.lost_after_s:g} s")
+
+    def _lost(self, what: str) -> None:
+        if self._stop.is_set():  # the command is ending: the server is being stopped on purpose
+            return
+        sys.stderr.write(
+            f"planner: error: {what}; stopping (every recorded tick is complete: run the command again to resume)\n"
+        )
+        sys.stderr.flush()
+        os._exit(LOST_EXIT_STATUS)  # not sys.exit: Prefect's exit hooks would retry the dead server for minutes
+
+
 @contextlib.contextmanager
-def prefect_api(port: int | None = None, log_file: Path | None = None) -> Iterator[str]:
-    """Yield the Prefect API URL: `PREFECT_API_URL` if set, else a server started here (stopped on exit)."""
+def prefect_api(
+    port: int | None = None, log_file: Path | None = None, *, exit_when_lost: bool = False
+) -> Iterator[str]:
+    """Yield the Prefect API URL: `PREFECT_API_URL` if set, else a server started here (stopped on exit).
+
+    `exit_when_lost`: watch the server and end the process when it is lost (module docstring).
+    """
+    from planner_core.runtime.settings import RuntimeSettings
+
+    lost_after_s = RuntimeSettings().prefect_lost_s
     existing = os.environ.get("PREFECT_API_URL")
     if existing:
-        yield existing
+        watchdog = _ServerWatchdog(existing, None, lost_after_s) if exit_when_lost else None
+        if watchdog is not None:
+            watchdog.start()
+        try:
+            yield existing
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
         return
     port = port or _free_port()
     api_url = f"http://127.0.0.1:{port}/api"
@@ -66,11 +133,16 @@ def prefect_api(port: int | None = None, log_file: Path | None = None) -> Iterat
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+    watchdog = _ServerWatchdog(api_url, server, lost_after_s) if exit_when_lost else None
     try:
         wait_healthy(api_url, timeout_s=120)
         os.environ["PREFECT_API_URL"] = api_url
+        if watchdog is not None:
+            watchdog.start()
         yield api_url
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         _flush_run_logs()
         os.environ.pop("PREFECT_API_URL", None)
         server.terminate()  # SIGTERM: the server shuts down cleanly

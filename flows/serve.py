@@ -112,7 +112,13 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
         from planner_core.runtime.metrics import start_metrics_server
 
         # Flow runs execute in subprocesses, so the exporter reads what they recorded from Postgres at each scrape.
-        start_metrics_server(loaded.service.metric_reporting_prometheus_port, database_url, name)
+        start_metrics_server(
+            loaded.service.metric_reporting_prometheus_port,
+            database_url,
+            name,
+            addr=settings.metrics_bind,
+            cache_s=settings.metrics_cache_s,
+        )
     runner = _GracefulRunner(pause_on_shutdown=True)
     for runner_deployment in build_deployments(loaded, path, name):
         runner.add_deployment(runner_deployment)

@@ -17,6 +17,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     settings = RuntimeSettings()
     prefect_environment(settings)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # keep the progress bar readable
+    # A failed run ends in our one line (planner_cli.main); Prefect's console copy of it is a traceback. The run's
+    # logs, that traceback included, still reach the Prefect server (its UI shows them).
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     from flows.prefect_server import prefect_api
     from planner_core.config import load_config, resolve_profile_dir
     from planner_core.perf.profile import load_profile
@@ -31,7 +34,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--rate-scale = {args.rate_scale!r}: must be > 0")
     url = resolve_database_url(settings)
     started = time.perf_counter()
-    with prefect_api() as api_url:
+    with prefect_api(exit_when_lost=True) as api_url:
         print(f"Prefect API: {api_url}", file=sys.stderr)
         from flows.demo import demo  # Prefect reads its settings at import: import after PREFECT_API_URL is set
 

@@ -29,7 +29,14 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if retention_minutes <= 0:
         raise ValueError(f"--retention-minutes = {retention_minutes!r}: must be > 0")
     bind = args.bind or ([] if args.connect else [settings.fpm_bind])
-    ingest = FpmIngest(url, deployment_id, bind=bind, connect=args.connect or (), retention_s=retention_minutes * 60)
+    curve = None
+    if settings.fpm_curve_secret_key_file is not None or settings.fpm_curve_clients_dir is not None:
+        from planner_core.runtime.ingest import CurveServer
+
+        curve = CurveServer.load(settings.fpm_curve_secret_key_file, settings.fpm_curve_clients_dir)
+    ingest = FpmIngest(
+        url, deployment_id, bind=bind, connect=args.connect or (), retention_s=retention_minutes * 60, curve=curve
+    )
     print(
         f"ingesting forward-pass metrics for deployment '{deployment}' on {', '.join(ingest.endpoints)} "
         f"(retention {retention_minutes:g} min); stop with Ctrl-C or SIGTERM",

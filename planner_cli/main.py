@@ -10,6 +10,7 @@ switches) is set, so `planner db url` stays fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 
@@ -57,6 +58,31 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, LookupError, SchemaOutOfDate) as exc:  # config, trace, profile, schema: one line already
         print(f"planner: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("planner: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the last resort: one line, the traceback only on request
+        if os.environ.get("PLANNER_DEBUG"):
+            raise
+        print(f"planner: error: {one_line_error(exc)} (PLANNER_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def one_line_error(exc: BaseException) -> str:
+    """An unexpected failure in one line: what failed (the database, the Prefect server, ...) and its message.
+
+    A lost database surfaces as SQLAlchemy's `OperationalError` (or psycopg's) wrapping the driver's multi-line text;
+    only its first line is kept, and the SQL statement and parameters SQLAlchemy appends are dropped.
+    """
+    name = type(exc).__name__
+    module = type(exc).__module__.split(".")[0]
+    text = str(getattr(exc, "orig", None) or exc).split("\n[SQL:")[0]
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if module in ("sqlalchemy", "psycopg"):
+        return f"database unavailable or failing ({name}): {first}"
+    if module in ("httpx", "httpcore", "prefect"):
+        return f"Prefect server unavailable or failing ({name}): {first}"
+    return f"{name}: {first}" if first else name
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     prefect_environment(settings)
     from flows.prefect_server import prefect_api
 
-    with prefect_api(port=args.port) as api_url:
+    with prefect_api(port=args.port, exit_when_lost=True) as api_url:
         print(f"Prefect UI: {api_url.removesuffix('/api')}", file=sys.stderr)
         from flows.serve import serve_deployments  # import after PREFECT_API_URL is set (settings load at import)
 

@@ -40,10 +40,10 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from planner_core.domain import Component, EngineLimits, HoldPolicy, LengthQuantile
@@ -271,6 +271,60 @@ def _raise_rules(violations: list[tuple[str, Any, str]]) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------
+# Numbers: no booleans or text taken for a number, and sane maxima
+# --------------------------------------------------------------------------------------------------------
+
+
+def _number_only(value: Any) -> Any:
+    """Refuse what pydantic's lax mode would turn into a number: `true` is not 1 ms, `"50"` is not 50."""
+    if isinstance(value, (bool, str, bytes)):
+        raise PydanticCustomError("float_type", "must be a number")
+    return value
+
+
+def _whole_only(value: Any) -> Any:
+    """As `_number_only`, for integer fields (a whole float such as 60.0 still passes, 2.5 does not)."""
+    if isinstance(value, (bool, str, bytes)):
+        raise PydanticCustomError("int_type", "must be an integer")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_number_only)]
+Whole = Annotated[int, BeforeValidator(_whole_only)]
+
+# Upper bounds. A value past one of these is a typo or an attack, never a deployment: unbounded, `min_endpoint: 2**40`
+# overflowed the database's integer columns on every tick and a million made the demo's simulated cluster grow
+# past 3 GB. Each is far above any real cluster and inside Postgres' 32-bit `integer`.
+MAX_REPLICAS = 10_000
+"""Most replicas of one pool (min_endpoint, role floors, max_throughput_scaling_replicas)."""
+MAX_GPUS = 1_000_000
+"""Most GPUs of a budget (max_gpu_budget, min_gpu_budget)."""
+MAX_GPUS_PER_ENGINE = 1024
+"""Most GPUs one engine spans."""
+MAX_INTERVAL_S = 86_400
+"""Longest loop interval, deadline or hold (s): one day."""
+MAX_LATENCY_MS = 3_600_000.0
+"""Longest TTFT / ITL target (ms): one hour."""
+MAX_TOKENS = 1_000_000_000
+"""Most tokens of an engine limit (batched tokens, KV tokens, context length) or a queue threshold."""
+MAX_COUNT = 1_000_000
+"""Most samples, windows, observations or sequences a field may ask to be kept or run (memory is per count)."""
+_REPLICAS = {"le": MAX_REPLICAS}
+_GPUS = {"le": MAX_GPUS}
+_INTERVAL = {"le": MAX_INTERVAL_S}
+_TOKENS = {"le": MAX_TOKENS}
+_COUNT = {"le": MAX_COUNT}
+_LATENCY = {"le": MAX_LATENCY_MS}
+_ENGINE_GPUS = {"le": MAX_GPUS_PER_ENGINE}
+_PRIORITY = {"ge": -MAX_COUNT, "le": MAX_COUNT}
+_SPECULATIVE = {"le": 64}  # draft tokens per step; real drafts propose a handful
+_POWER = {"le": 1_000_000_000}  # watts: a gigawatt
+_HOURS = {"le": 24 * 366}  # a year
+# Thresholds and noise variances have no natural maximum; this one keeps their arithmetic finite.
+_MAGNITUDE = {"le": 1e12}
+
+
+# --------------------------------------------------------------------------------------------------------
 # Models
 # --------------------------------------------------------------------------------------------------------
 
@@ -363,11 +417,11 @@ class SchedulingConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    scale_interval_seconds: float | None = Field(
-        default=None, gt=0, description="Base tick period (s); None = derived from the loop intervals."
+    scale_interval_seconds: Number | None = Field(
+        **_INTERVAL, default=None, gt=0, description="Base tick period (s); None = derived from the loop intervals."
     )
-    tick_max_duration_seconds: float = Field(
-        default=30.0, gt=0, description="Deadline (s) for one whole tick of the pipeline."
+    tick_max_duration_seconds: Number = Field(
+        **_INTERVAL, default=30.0, gt=0, description="Deadline (s) for one whole tick of the pipeline."
     )
     external_plugins: tuple[ExternalPluginConfig, ...] = Field(
         default=(), description="Out-of-process plugins called over gRPC."
@@ -409,17 +463,20 @@ class EngineLimitsConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    max_num_batched_tokens: int = Field(
-        default=8192, gt=0, description="Most tokens one engine iteration batches (tokens)."
+    max_num_batched_tokens: Whole = Field(
+        **_TOKENS, default=8192, gt=0, description="Most tokens one engine iteration batches (tokens)."
     )
-    max_num_seqs: int = Field(default=512, gt=0, description="Most sequences one engine runs at once (count).")
-    max_kv_tokens: int | None = Field(
+    max_num_seqs: Whole = Field(
+        **_COUNT, default=512, gt=0, description="Most sequences one engine runs at once (count)."
+    )
+    max_kv_tokens: Whole | None = Field(
+        **_TOKENS,
         default=None,
         gt=0,
         description="KV-cache capacity of one engine (tokens); None = the profile's, else 2,000,000.",
     )
-    context_length: int | None = Field(
-        default=None, gt=0, description="Longest sequence one engine accepts (tokens); None = unbounded."
+    context_length: Whole | None = Field(
+        **_TOKENS, default=None, gt=0, description="Longest sequence one engine accepts (tokens); None = unbounded."
     )
 
 
@@ -435,12 +492,14 @@ class PluginOverrideConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    priority: int | None = Field(default=None, description="Merge precedence; smaller wins.")
-    interval_seconds: float | None = Field(
-        default=None, ge=0, description="Run at most this often (s); 0 = every tick."
+    priority: Whole | None = Field(**_PRIORITY, default=None, description="Merge precedence; smaller wins.")
+    interval_seconds: Number | None = Field(
+        **_INTERVAL, default=None, ge=0, description="Run at most this often (s); 0 = every tick."
     )
     hold_policy: HoldPolicy | None = Field(default=None, description="What the plugin contributes while not due.")
-    timeout_seconds: float | None = Field(default=None, gt=0, description="Seconds after which a run is discarded.")
+    timeout_seconds: Number | None = Field(
+        **_INTERVAL, default=None, gt=0, description="Seconds after which a run is discarded."
+    )
 
 
 class PluginsConfig(BaseModel):
@@ -545,13 +604,15 @@ class PlannerConfig(BaseModel):
     )  # needed by the virtual connector
 
     # --- SLA targets (used by the `sla` target only) -----------------------------------------------
-    ttft_ms: float = Field(
+    ttft_ms: Number = Field(
+        **_LATENCY,
         default=500.0,
         gt=0,
         validation_alias=_aliased("ttft_ms"),
         description="Time-to-first-token target (ms) of the sla target.",
     )
-    itl_ms: float = Field(
+    itl_ms: Number = Field(
+        **_LATENCY,
         default=50.0,
         gt=0,
         validation_alias=_aliased("itl_ms"),
@@ -583,13 +644,15 @@ class PlannerConfig(BaseModel):
     enable_load_scaling: bool = Field(
         default=False, description="Run the reactive load loop with the sla target (always on for the other targets)."
     )
-    throughput_adjustment_interval_seconds: int = Field(
+    throughput_adjustment_interval_seconds: Whole = Field(
+        **_INTERVAL,
         description="Seconds between two throughput-loop decisions (the traffic window).",
         default=180,
         gt=0,
         validation_alias=_aliased("throughput_adjustment_interval_seconds"),
     )
-    load_adjustment_interval_seconds: int = Field(
+    load_adjustment_interval_seconds: Whole = Field(
+        **_INTERVAL,
         description="Seconds between two load-loop ticks.",
         default=5,
         gt=0,
@@ -601,30 +664,36 @@ class PlannerConfig(BaseModel):
     )
 
     # --- replica and GPU limits ---------------------------------------------------------------------
-    max_throughput_scaling_replicas: int = Field(
-        default=8, gt=0, description="Most replicas per pool the throughput loop may ask for."
+    max_throughput_scaling_replicas: Whole = Field(
+        **_REPLICAS, default=8, gt=0, description="Most replicas per pool the throughput loop may ask for."
     )
-    max_gpu_budget: int = Field(
-        default=8, ge=-1, description="Most GPUs over all managed pools; -1 = no ceiling."
+    max_gpu_budget: Whole = Field(
+        **_GPUS, default=8, ge=-1, description="Most GPUs over all managed pools; -1 = no ceiling."
     )  # -1 disables the ceiling
-    min_gpu_budget: int = Field(
-        default=-1, ge=-1, description="Fewest GPUs over all managed pools; -1 = no floor."
+    min_gpu_budget: Whole = Field(
+        **_GPUS, default=-1, ge=-1, description="Fewest GPUs over all managed pools; -1 = no floor."
     )  # -1 disables the floor
-    min_endpoint: int = Field(
-        default=1, ge=0, description="Fewest replicas per pool; 0 allows scale-to-zero."
+    min_endpoint: Whole = Field(
+        **_REPLICAS, default=1, ge=0, description="Fewest replicas per pool; 0 allows scale-to-zero."
     )  # 0 allows scale-to-zero
-    prefill_min_endpoint: int | None = Field(
-        default=None, ge=1, description="Fewest prefill replicas; None = min_endpoint."
+    prefill_min_endpoint: Whole | None = Field(
+        **_REPLICAS, default=None, ge=1, description="Fewest prefill replicas; None = min_endpoint."
     )
-    decode_min_endpoint: int | None = Field(
-        default=None, ge=1, description="Fewest decode (or aggregated) replicas; None = min_endpoint."
+    decode_min_endpoint: Whole | None = Field(
+        **_REPLICAS, default=None, ge=1, description="Fewest decode (or aggregated) replicas; None = min_endpoint."
     )
     # Legacy per-engine GPU width; Dynamo now prefers the deployment status. None means 1.
-    prefill_engine_num_gpu: int | None = Field(
-        default=None, ge=1, description="GPUs per prefill engine; None = 1 (or the deployment's value on Kubernetes)."
+    prefill_engine_num_gpu: Whole | None = Field(
+        **_ENGINE_GPUS,
+        default=None,
+        ge=1,
+        description="GPUs per prefill engine; None = 1 (or the deployment's value on Kubernetes).",
     )
-    decode_engine_num_gpu: int | None = Field(
-        default=None, ge=1, description="GPUs per decode (or aggregated) engine; None = 1 (or the deployment's value)."
+    decode_engine_num_gpu: Whole | None = Field(
+        **_ENGINE_GPUS,
+        default=None,
+        ge=1,
+        description="GPUs per decode (or aggregated) engine; None = 1 (or the deployment's value).",
     )
 
     prefill_engine: EngineLimitsConfig = Field(
@@ -644,16 +713,18 @@ class PlannerConfig(BaseModel):
     load_predictor_log1p: bool = Field(
         default=False, description="Forecast log1p of the request rate instead of the rate itself."
     )
-    prophet_window_size: int = Field(default=50, gt=0, description="Windows Prophet is refitted on (count).")
-    kalman_q_level: float = Field(
-        default=1.0, gt=0, description="Kalman process noise of the level (requests^2 per window)."
+    prophet_window_size: Whole = Field(
+        **_COUNT, default=50, gt=0, description="Windows Prophet is refitted on (count)."
     )
-    kalman_q_trend: float = Field(
-        default=0.1, ge=0, description="Kalman process noise of the trend (requests^2 per window)."
+    kalman_q_level: Number = Field(
+        **_MAGNITUDE, default=1.0, gt=0, description="Kalman process noise of the level (requests^2 per window)."
     )
-    kalman_r: float = Field(default=10.0, gt=0, description="Kalman measurement noise (requests^2).")
-    kalman_min_points: int = Field(
-        default=5, gt=0, description="Windows observed before the Kalman filter forecasts (count)."
+    kalman_q_trend: Number = Field(
+        **_MAGNITUDE, default=0.1, ge=0, description="Kalman process noise of the trend (requests^2 per window)."
+    )
+    kalman_r: Number = Field(**_MAGNITUDE, default=10.0, gt=0, description="Kalman measurement noise (requests^2).")
+    kalman_min_points: Whole = Field(
+        **_COUNT, default=5, gt=0, description="Windows observed before the Kalman filter forecasts (count)."
     )
     load_predictor_warmup_trace: str | None = Field(
         default=None,
@@ -680,35 +751,50 @@ class PlannerConfig(BaseModel):
     )
 
     # --- load loop / perf-model tuning ----------------------------------------------------------------
-    max_num_fpm_samples: int = Field(
-        default=64, gt=0, description="Forward-pass metric samples kept per engine for the moving averages (count)."
+    max_num_fpm_samples: Whole = Field(
+        **_COUNT,
+        default=64,
+        gt=0,
+        description="Forward-pass metric samples kept per engine for the moving averages (count).",
     )
-    fpm_sample_bucket_size: int = Field(
-        default=16, gt=0, description="Buckets of the online perf model's sample grid (count, a perfect square)."
+    fpm_sample_bucket_size: Whole = Field(
+        **_COUNT,
+        default=16,
+        gt=0,
+        description="Buckets of the online perf model's sample grid (count, a perfect square).",
     )  # must be a perfect square
-    load_min_observations: int = Field(
-        default=5, gt=0, description="Forward-pass observations needed before the load loop decides (count)."
+    load_min_observations: Whole = Field(
+        **_COUNT, default=5, gt=0, description="Forward-pass observations needed before the load loop decides (count)."
     )
-    load_scaling_down_sensitivity: int = Field(
+    load_scaling_down_sensitivity: Whole = Field(
         default=80, ge=0, le=100, description="How readily the load loop scales down (percent, 0-100)."
     )
-    prefill_scale_up_queue_tokens: int | None = Field(
-        default=None, ge=0, description="Queued prefill tokens per engine above which the load target adds a worker."
+    prefill_scale_up_queue_tokens: Whole | None = Field(
+        **_TOKENS,
+        default=None,
+        ge=0,
+        description="Queued prefill tokens per engine above which the load target adds a worker.",
     )
-    prefill_scale_down_queue_tokens: int | None = Field(
-        default=None, ge=0, description="Queued prefill tokens per engine below which the load target removes one."
+    prefill_scale_down_queue_tokens: Whole | None = Field(
+        **_TOKENS,
+        default=None,
+        ge=0,
+        description="Queued prefill tokens per engine below which the load target removes one.",
     )
-    decode_scale_up_kv_rate: float | None = Field(
+    decode_scale_up_kv_rate: Number | None = Field(
         default=None,
         ge=0,
         le=100,
         description="Decode KV-cache use (percent) above which the load target adds a worker.",
     )
-    decode_scale_down_kv_rate: float | None = Field(
+    decode_scale_down_kv_rate: Number | None = Field(
         default=None, ge=0, le=100, description="Decode KV-cache use (percent) below which the load target removes one."
     )
-    speculative_nextn: int = Field(
-        default=0, ge=0, description="Tokens proposed per step by speculative decoding (count); 0 = off."
+    speculative_nextn: Whole = Field(
+        **_SPECULATIVE,
+        default=0,
+        ge=0,
+        description="Tokens proposed per step by speculative decoding (count); 0 = off.",
     )
 
     # --- profiling data -------------------------------------------------------------------------------
@@ -733,8 +819,8 @@ class PlannerConfig(BaseModel):
     enable_power_awareness: bool = Field(
         default=False, description="Keep the managed pools within total_gpu_power_limit."
     )
-    total_gpu_power_limit: int | None = Field(
-        default=None, ge=1, description="GPU power budget (W) when enable_power_awareness is on."
+    total_gpu_power_limit: Whole | None = Field(
+        **_POWER, default=None, ge=1, description="GPU power budget (W) when enable_power_awareness is on."
     )  # watts
 
     # --- not supported yet -------------------------------------------------------------------------
@@ -765,34 +851,46 @@ class PlannerConfig(BaseModel):
     )
     # Seconds between two decisions of `threshold_2025`; every load tick in between is one metrics sample (the
     # load interval plays the 2025 planner's `metric-pulling-interval`). 30 s is its documented default.
-    threshold_2025_adjustment_interval_seconds: int = Field(
-        default=30, gt=0, description="Seconds between two threshold_2025 decisions."
+    threshold_2025_adjustment_interval_seconds: Whole = Field(
+        **_INTERVAL, default=30, gt=0, description="Seconds between two threshold_2025 decisions."
     )
     # Interval-average KV-cache utilisation of the decode engines (fraction 0..1, queued KV included) above which a
     # decode worker is added / below which one is removed.
-    decode_kv_scale_up_threshold: float = Field(
-        default=0.9, ge=0, description="threshold_2025: decode KV use (fraction 0-1) above which a worker is added."
+    decode_kv_scale_up_threshold: Number = Field(
+        **_MAGNITUDE,
+        default=0.9,
+        ge=0,
+        description="threshold_2025: decode KV use (fraction 0-1) above which a worker is added.",
     )
-    decode_kv_scale_down_threshold: float = Field(
-        default=0.5, ge=0, description="threshold_2025: decode KV use (fraction 0-1) below which one is removed."
+    decode_kv_scale_down_threshold: Number = Field(
+        **_MAGNITUDE,
+        default=0.5,
+        ge=0,
+        description="threshold_2025: decode KV use (fraction 0-1) below which one is removed.",
     )
     # Interval-average queued prefill requests (summed over the prefill engines) above which a prefill worker is
     # added / below which one is removed. 5.0 is the 2025 planner's code default (its docs said 0.5).
-    prefill_queue_scale_up_threshold: float = Field(
-        default=5.0, ge=0, description="threshold_2025: queued prefill requests above which a worker is added."
+    prefill_queue_scale_up_threshold: Number = Field(
+        **_MAGNITUDE,
+        default=5.0,
+        ge=0,
+        description="threshold_2025: queued prefill requests above which a worker is added.",
     )
-    prefill_queue_scale_down_threshold: float = Field(
-        default=0.2, ge=0, description="threshold_2025: queued prefill requests below which one is removed."
+    prefill_queue_scale_down_threshold: Number = Field(
+        **_MAGNITUDE,
+        default=0.2,
+        ge=0,
+        description="threshold_2025: queued prefill requests below which one is removed.",
     )
     # Throughput-loop headroom (ours; 1.0 = Dynamo: size each pool to run at its searched capacity). Demand is
     # divided by this fraction before `ceil(demand / capacity)`, leaving room for queueing around the mean rate.
-    throughput_prefill_target_utilization: float = Field(
+    throughput_prefill_target_utilization: Number = Field(
         default=1.0,
         gt=0,
         le=1,
         description="Fraction (0-1] of searched prefill capacity the throughput loop sizes for.",
     )
-    throughput_decode_target_utilization: float = Field(
+    throughput_decode_target_utilization: Number = Field(
         default=1.0, gt=0, le=1, description="Fraction (0-1] of searched decode capacity the throughput loop sizes for."
     )
     # Burst-aware prefill sizing (ours; off = Dynamo). When the observed window carries its prompt-token arrival
@@ -804,13 +902,16 @@ class PlannerConfig(BaseModel):
     # Scale-down hold (ours; 0 = Dynamo): each pool is sized for the largest need the throughput loop found over
     # the last this many seconds, so capacity removed in a lull is not missing when the traffic returns before a
     # new worker could start (start-up takes minutes; removing one is instant).
-    throughput_scale_down_hold_seconds: float = Field(
-        default=0.0, ge=0, description="Seconds over which the largest need found holds a pool up; 0 = off."
+    throughput_scale_down_hold_seconds: Number = Field(
+        **_INTERVAL,
+        default=0.0,
+        ge=0,
+        description="Seconds over which the largest need found holds a pool up; 0 = off.",
     )
     # Scale-down margin (ours; 0 = Dynamo): a pool shrinks to m engines only when its need before rounding up
     # (demand / one engine's capacity, and the burst need) is at most m x (1 - margin). A need that wanders around
     # an integer at steady load otherwise drops a pool by one engine and raises it again minutes later.
-    throughput_scale_down_margin: float = Field(
+    throughput_scale_down_margin: Number = Field(
         default=0.0,
         ge=0,
         lt=1,
@@ -877,6 +978,30 @@ class PlannerConfig(BaseModel):
                     f"must be <= max_gpu_budget ({self.max_gpu_budget}) or -1",
                 )
             )
+
+        # The minimum endpoints must fit the ceiling: otherwise every tick is clamped to a size the budget forbids
+        # (and a floor of millions makes the demo's simulated cluster, and the database's integers, overflow).
+        if self.max_gpu_budget >= 0:
+            floors = {
+                Component.PREFILL: (self.prefill_min_endpoint_effective, self.prefill_gpus_per_engine),
+                Component.DECODE: (self.decode_min_endpoint_effective, self.decode_gpus_per_engine),
+            }
+            floor_gpus = sum(num * gpus for c, (num, gpus) in floors.items() if c in managed_components(mode))
+            if floor_gpus > self.max_gpu_budget:
+                name = "min_endpoint"
+                for role, field in (
+                    (Component.PREFILL, "prefill_min_endpoint"),
+                    (Component.DECODE, "decode_min_endpoint"),
+                ):
+                    if getattr(self, field) is not None and role in managed_components(mode):
+                        name = field
+                violations.append(
+                    _rule(
+                        name,
+                        getattr(self, name),
+                        f"the minimum endpoints need {floor_gpus} GPUs > max_gpu_budget ({self.max_gpu_budget})",
+                    )
+                )
 
         root = math.isqrt(self.fpm_sample_bucket_size)
         if root * root != self.fpm_sample_bucket_size:
@@ -1167,12 +1292,12 @@ class ServiceConfig(BaseModel):
     metric_pulling_prometheus_endpoint: str | None = Field(
         default=None, description="Prometheus URL traffic is read from; None = PLANNER_PROMETHEUS_ENDPOINT."
     )
-    metric_reporting_prometheus_port: int = Field(
+    metric_reporting_prometheus_port: Whole = Field(
         default=0, **_PORT, description="TCP port the planner's own Prometheus metrics are served on; 0 = off."
     )
-    control_api_port: int = Field(default=9086, **_PORT, description="TCP port of the control API; 0 = off.")
-    report_interval_hours: float | None = Field(
-        default=24.0, gt=0, description="Hours between two periodic reports; None = no periodic report."
+    control_api_port: Whole = Field(default=9086, **_PORT, description="TCP port of the control API; 0 = off.")
+    report_interval_hours: Number | None = Field(
+        **_HOURS, default=24.0, gt=0, description="Hours between two periodic reports; None = no periodic report."
     )
     report_output_dir: str = Field(
         default="./planner_reports",
@@ -1180,7 +1305,7 @@ class ServiceConfig(BaseModel):
     )
     report_filename: str | None = Field(default=None, description="File name of the periodic report; None = dated.")
     report_write_gzip_log: bool = Field(default=True, description="Write the gzipped tick log beside each report.")
-    live_dashboard_port: int = Field(default=8080, **_PORT, description="TCP port of the live dashboard; 0 = off.")
+    live_dashboard_port: Whole = Field(default=8080, **_PORT, description="TCP port of the live dashboard; 0 = off.")
     # Not supported yet: accepted as an opaque mapping only so that Dynamo configuration files load.
     plugin_registration: dict[str, Any] | None = Field(
         default=None, description="Dynamo's plugin-registration settings; accepted, not used."
@@ -1193,17 +1318,24 @@ class ServiceConfig(BaseModel):
         description="For environment kubernetes-workloads: the Deployment/StatefulSet of each role (name or selector).",
     )
     # 10 s matches the check interval of Dynamo's virtual connector (SCALING_CHECK_INTERVAL).
-    execution_interval_seconds: float = Field(
-        default=10.0, gt=0, description="Seconds between two runs of the execution flow applying pending decisions."
+    execution_interval_seconds: Number = Field(
+        **_INTERVAL,
+        default=10.0,
+        gt=0,
+        description="Seconds between two runs of the execution flow applying pending decisions.",
     )
     # Dynamo's SCALING_MAX_WAIT_TIME.
-    virtual_connector_timeout_seconds: float = Field(
-        default=1800.0, gt=0, description="Seconds an unacknowledged virtual-connector decision blocks newer ones."
+    virtual_connector_timeout_seconds: Number = Field(
+        **_INTERVAL,
+        default=1800.0,
+        gt=0,
+        description="Seconds an unacknowledged virtual-connector decision blocks newer ones.",
     )
     # 1 s: the curve's intervals of 1 s and more are seen, and a 60 s window plus the 30 s look-back is ~90 points
     # per series. Finer than the frontend's scrape interval, a scrape's increment lands in one step and the short
     # intervals overstate the bursts (docs/operations.md, "The prompt-arrival curve").
-    prometheus_arrival_resolution_seconds: float = Field(
+    prometheus_arrival_resolution_seconds: Number = Field(
+        **_INTERVAL,
         default=1.0,
         gt=0,
         description=(
@@ -1435,8 +1567,48 @@ def _reject_duplicate_json_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+# A configuration file is a few kilobytes; these bound what a hostile one can make the loader build. YAML aliases
+# are shared, not copied, when loaded, but validation and hashing walk them as copies: `_check_shape` counts them so.
+MAX_CONFIG_BYTES = 1_000_000
+MAX_CONFIG_DEPTH = 32
+MAX_CONFIG_NODES = 100_000
+
+
+def _check_shape(data: Any, source: str) -> None:
+    """Refuse a parsed config nested deeper than `MAX_CONFIG_DEPTH` or holding more than `MAX_CONFIG_NODES` values
+    (aliases counted each time they are used); stops counting at the first excess, so it is cheap either way."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    num_nodes = 0
+    while stack:
+        value, depth = stack.pop()
+        num_nodes += 1
+        if num_nodes > MAX_CONFIG_NODES:
+            raise ConfigError(
+                f"{source}: more than {MAX_CONFIG_NODES} values; a planner config is far smaller", source=source
+            )
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{source}: nested deeper than {MAX_CONFIG_DEPTH} levels", source=source)
+        if isinstance(value, Mapping):
+            stack.extend((item, depth + 1) for pair in value.items() for item in pair)
+        elif isinstance(value, list | tuple):
+            stack.extend((item, depth + 1) for item in value)
+
+
 def _parse_text(text: str, suffix: str, source: str) -> Any:
-    """Parse YAML or JSON text; syntax errors become a one-line `ConfigError`."""
+    """Parse YAML or JSON text; syntax errors and excessive size or nesting become a one-line `ConfigError`."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{source}: {len(text)} characters; a config may hold at most {MAX_CONFIG_BYTES}", source=source
+        )
+    try:
+        data = _parse_syntax(text, suffix, source)
+    except RecursionError as exc:  # nesting deep enough to exhaust the parser's stack
+        raise ConfigError(f"{source}: nested deeper than {MAX_CONFIG_DEPTH} levels", source=source) from exc
+    _check_shape(data, source)
+    return data
+
+
+def _parse_syntax(text: str, suffix: str, source: str) -> Any:
     if suffix == ".json":
         try:
             return json.loads(text, object_pairs_hook=_reject_duplicate_json_keys)

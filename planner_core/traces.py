@@ -45,6 +45,15 @@ DYNAMO_TRACE_SCHEMA = "dynamo.request.trace.v1"
 TRACE_SUFFIXES = (".csv", ".jsonl", ".jsonl.gz")
 _NS_PER_S = 1_000_000_000
 
+# Bounds on what a trace may hold. Past them a value is a corrupt or hostile file, never traffic: a request of 1e308
+# tokens or a timestamp of 1e308 ms was accepted and made every window empty or every size overflow.
+MAX_REQUEST_TOKENS = 10_000_000
+"""Most input or output tokens of one request (10 M: beyond any model's context)."""
+MAX_TRACE_SPAN_S = 366 * 86_400.0
+"""Longest time from a trace's first request to its last (a year): a replay or demo runs one tick per window."""
+MAX_EPOCH_MS = 4_102_444_800_000.0
+"""Latest absolute (Unix ms) timestamp accepted: 2100-01-01T00:00:00Z."""
+
 
 class TraceError(ValueError):
     """A trace file that cannot be read; the message names the file, the line or field and the value."""
@@ -373,6 +382,7 @@ def _assemble(source: str, parts: list[_Requests]) -> RequestTrace:
         raise TraceError(f"{source}: no requests")
     first = clock.min()
     kind = parts[0].kind
+    _check_span(parts, first, _NS_PER_S if kind is TraceFormat.AZURE_CSV else 1000.0)
     if kind is TraceFormat.AZURE_CSV:
         return _build(source, int(first) / _NS_PER_S, (clock - first) / _NS_PER_S, isl, osl)
     first_s = float(first) / 1000.0
@@ -382,6 +392,20 @@ def _assemble(source: str, parts: list[_Requests]) -> RequestTrace:
     return _build(
         source, MOONCAKE_EPOCH_S + first_s, (clock - first) / 1000.0, isl, osl, clock_offset_s=first_s, hashes=hashes
     )
+
+
+def _check_span(parts: list[_Requests], first: Any, ticks_per_s: float) -> None:
+    """Refuse a trace whose requests spread over more than `MAX_TRACE_SPAN_S`, naming the file and the latest one."""
+    for part in parts:
+        last = part.clock.max()
+        span_s = float(last - first) / ticks_per_s
+        if span_s > MAX_TRACE_SPAN_S:
+            row = int(part.clock.argmax())
+            where = f"row {row + 2}" if part.kind is TraceFormat.AZURE_CSV else f"request {row + 1}"
+            raise TraceError(
+                f"{part.path}: {where} arrives {span_s:.3g} s after the first request; "
+                f"a trace may span at most {MAX_TRACE_SPAN_S:g} s"
+            )
 
 
 def _concat_hashes(parts: list[_Requests]) -> _Hashes | None:
@@ -424,8 +448,15 @@ def _read_azure_csv(path: Path) -> _Requests:
     for column in ("ContextTokens", "GeneratedTokens"):
         values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
         _reject_bad_rows(path, frame, column, ~np.isfinite(values) | (values < 0), "is not a token count >= 0")
+        _reject_bad_rows(path, frame, column, values > MAX_REQUEST_TOKENS, f"is over {MAX_REQUEST_TOKENS} tokens")
         lengths[column] = values
-    epoch_ns = stamps.astype("int64").to_numpy()
+    # pandas picks the resolution from the text (whole seconds parse to microseconds): scale to ns explicitly, after
+    # refusing the dates past MAX_EPOCH_MS whose nanoseconds would overflow int64
+    ticks = stamps.astype("int64").to_numpy()
+    ns_per_tick = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}[stamps.dt.unit]
+    outside = np.abs(ticks) > MAX_EPOCH_MS * 1_000_000 / ns_per_tick
+    _reject_bad_rows(path, frame, "TIMESTAMP", outside, "is after 2100-01-01 or before 1840")
+    epoch_ns = ticks * ns_per_tick
     return _Requests(path, TraceFormat.AZURE_CSV, epoch_ns, lengths["ContextTokens"], lengths["GeneratedTokens"])
 
 
@@ -438,7 +469,9 @@ def _reject_bad_rows(path: Path, frame, column: str, bad: np.ndarray, problem: s
     """Raise a one-line TraceError for the first bad row of a CSV column (row numbers count the header as 1)."""
     if bad.any():
         row = int(bad.argmax())
-        raise TraceError(f"{path}: row {row + 2} field '{column}' = {frame[column].iloc[row]!r} {problem}")
+        value = frame[column].iloc[row]
+        value = value.item() if isinstance(value, np.generic) else value  # 1e+308, not np.float64(1e+308)
+        raise TraceError(f"{path}: row {row + 2} field '{column}' = {value!r} {problem}")
 
 
 def _open_text(path: Path) -> IO[str]:
@@ -529,6 +562,9 @@ def _read_mooncake_jsonl(path: Path) -> _Requests:
         for key, value in zip(_MOONCAKE_KEYS, values, strict=True):
             if not math.isfinite(value) or value < 0:
                 raise TraceError(f"{path}: line {line_no} field '{key}' = {record[key]!r} is not a number >= 0")
+            limit = MAX_TRACE_SPAN_S * 1000.0 if key == "timestamp" else MAX_REQUEST_TOKENS
+            if value > limit:
+                raise TraceError(f"{path}: line {line_no} field '{key}' = {record[key]!r} is over {limit:g}")
         rows.append(values)
         # A record without `hash_ids` has no prefix data: no block of it can be found in a cache.
         blocks = _hash_list(path, line_no, record["hash_ids"]) if "hash_ids" in record else []
@@ -573,6 +609,9 @@ def _dynamo_number(path: Path, line_no: int, parent: dict, dotted: str, *, count
         raise TraceError(f"{path}: line {line_no} field '{dotted}' = {value!r} is not a number")
     if count and (not isinstance(value, int) or value < 0):
         raise TraceError(f"{path}: line {line_no} field '{dotted}' = {value!r} is not an integer >= 0")
+    limit = MAX_REQUEST_TOKENS if count else MAX_EPOCH_MS
+    if abs(value) > limit:
+        raise TraceError(f"{path}: line {line_no} field '{dotted}' = {value!r} is over {limit:g}")
     return float(value)
 
 

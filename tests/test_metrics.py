@@ -42,7 +42,7 @@ def _free_port() -> int:
 def exporter(database_url):
     """A running exporter for deployment `scenario` on a free port; yields a function that scrapes it."""
     port = _free_port()
-    server, thread = start_metrics_server(port, database_url, "scenario", addr="127.0.0.1")
+    server, thread = start_metrics_server(port, database_url, "scenario", addr="127.0.0.1", cache_s=0.0)
 
     def scrape() -> dict[str, object]:
         response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)

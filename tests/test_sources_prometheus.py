@@ -511,9 +511,10 @@ def test_fake_prometheus_garbage(fake_prometheus: FakePrometheus, answer, kind: 
 
 
 def test_slow_and_refused_are_unreachable(fake_prometheus: FakePrometheus) -> None:
-    """An answer slower than the timeout, and a closed port, are both `unreachable`."""
+    """An answer slower than the timeout (its read timeout or the query deadline), and a closed port, are both
+    `unreachable`."""
     fake_prometheus.delay_s = 0.5
-    with pytest.raises(TrafficUnavailable, match="ReadTimeout") as info:
+    with pytest.raises(TrafficUnavailable, match="ReadTimeout|query deadline") as info:
         with PrometheusTrafficSource(
             PrometheusOptions(endpoint=fake_prometheus.url, timeout_s=0.1), TrafficQueries()
         ) as source:

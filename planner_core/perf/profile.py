@@ -821,8 +821,27 @@ def _find_source(profile_dir: Path, subdir: str, json_name: str) -> Path:
     raise ProfileError(candidates[0], f"missing file (no JSON twin at {candidates[1]} or {candidates[2]} either)")
 
 
+# A real profile is kilobytes (tens of points per array); this bounds what a corrupt or hostile file can make the
+# loader hold in memory: the file on disk and, for an NPZ (a zip), its arrays once decompressed.
+MAX_PROFILE_BYTES = 64 * 1024 * 1024
+
+
+def _check_size(path: Path) -> None:
+    """Refuse a profile file (or its decompressed NPZ members) over `MAX_PROFILE_BYTES`, before reading it."""
+    try:
+        size = path.stat().st_size
+        if path.suffix == ".npz" and zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                size = max(size, sum(member.file_size for member in archive.infolist()))
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise ProfileError(path, f"unreadable ({type(exc).__name__}: {exc})") from exc
+    if size > MAX_PROFILE_BYTES:
+        raise ProfileError(path, f"{size} bytes (decompressed), more than the {MAX_PROFILE_BYTES} a profile may hold")
+
+
 def _read_arrays(path: Path) -> Mapping[str, Any]:
     """Every array of an NPZ file, or every key of a JSON object."""
+    _check_size(path)
     if path.suffix == ".npz":
         try:
             loaded = np.load(path, allow_pickle=False)
@@ -834,8 +853,8 @@ def _read_arrays(path: Path) -> Mapping[str, Any]:
             raise ProfileError(path, f"unreadable NPZ ({type(exc).__name__}: {exc})") from exc
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProfileError(path, f"unreadable JSON ({type(exc).__name__}: {exc})") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # RecursionError: deep nesting
+        raise ProfileError(path, f"unreadable JSON ({type(exc).__name__}: {' '.join(str(exc).split())})") from exc
     if not isinstance(data, dict):
         raise ProfileError(path, f"bad JSON: expected an object of arrays, got {type(data).__name__}")
     return data

@@ -21,6 +21,16 @@ two frames with a known topic, not msgpack, or not the schema is counted under i
 (every `batch_size` samples or `flush_interval_s`); while Postgres is unreachable they wait in memory up to
 `max_pending` (then the oldest are dropped and counted).
 Samples older than the retention period are deleted in batches of short transactions.
+
+Memory is bounded whatever the publishers or the database do: the ingest's connection has a `lock_timeout` and a
+`statement_timeout`, so a write blocked by a lock (or a stalled server) fails within seconds and the loop goes
+back to draining the socket; decoded samples wait in a queue of at most `max_pending` (the oldest dropped and
+counted in `lost_pending` beyond it); and ZMQ's own queue holds at most `RCVHWM` messages of at most
+`ZMQ_MAX_MESSAGE_BYTES` each (ZMQ drops beyond its high-water mark and disconnects a peer sending larger messages).
+
+Authentication (optional, `CurveServer`): with ZeroMQ CURVE the ingest's socket is a CURVE server and hears only
+publishers whose public certificate is in an allowed folder (checked by pyzmq's ZAP authenticator); the traffic is
+encrypted. Without it, anyone who reaches the socket can publish samples: keep it on loopback or a private network.
 """
 
 from __future__ import annotations
@@ -54,7 +64,14 @@ log = logging.getLogger("planner.ingest")
 TOPIC_PREFIX = b"fpm."
 MAX_MESSAGE_BYTES = 64 * 1024  # a real message is ~250 bytes; anything near this is not forward-pass metrics
 # ZMQ's own cap: a peer that sends more is disconnected by ZMQ before we see it (a memory guard, not counted).
-ZMQ_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# Four times our own limit, so that oversized messages up to it still arrive to be counted.
+ZMQ_MAX_MESSAGE_BYTES = 4 * MAX_MESSAGE_BYTES
+# Messages ZMQ queues per connection while the loop is not draining (a flush in progress): with 0.25 MiB messages at
+# most ~2.5 GiB in the worst case, ~2.5 MB of real (~250 byte) messages; beyond it ZMQ drops what arrives.
+RCVHWM = 10_000
+# The ingest's database session: a blocked write fails within these, and the loop goes back to the socket.
+LOCK_TIMEOUT_S = 2.0
+STATEMENT_TIMEOUT_S = 10.0
 SCHEMA_VERSION = 1  # the version this code writes in `encode_fpm_message`
 # Errors that retrying the same rows cannot fix (as opposed to a lost connection).
 _PERMANENT_DB_ERRORS = (DataError, IntegrityError, psycopg.DataError, psycopg.IntegrityError)
@@ -234,9 +251,24 @@ class FpmPublisher:
     (a PUB socket silently drops everything sent before that).
     """
 
-    def __init__(self, endpoint: str, *, context: zmq.Context | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        context: zmq.Context | None = None,
+        server_public_key: bytes | None = None,
+        client_certificate: Path | None = None,
+    ) -> None:
+        """`server_public_key` and `client_certificate` (a secret key file): talk CURVE to an ingest that asks."""
         self._context = context or zmq.Context.instance()
         self._socket = self._context.socket(zmq.XPUB)
+        if server_public_key is not None and client_certificate is not None:
+            from zmq.auth import load_certificate
+
+            public_key, secret_key = load_certificate(client_certificate)
+            self._socket.curve_serverkey = server_public_key
+            self._socket.curve_publickey = public_key
+            self._socket.curve_secretkey = secret_key
         self._socket.setsockopt(zmq.LINGER, 2000)
         self._socket.setsockopt(zmq.SNDHWM, 1_000_000)
         self._socket.connect(endpoint)
@@ -272,6 +304,34 @@ class FpmPublisher:
 
 
 # --- the ingest -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CurveServer:
+    """The ingest's CURVE keys and the publishers it accepts (certificates as `zmq.auth.create_certificates` writes)."""
+
+    public_key: bytes
+    secret_key: bytes
+    clients_dir: Path
+
+    @classmethod
+    def load(cls, secret_key_file: Path | None, clients_dir: Path | None) -> CurveServer:
+        """Read the ingest's certificate; raises ValueError (one line) when either setting is missing or bad."""
+        from zmq.auth import load_certificate
+
+        if secret_key_file is None or clients_dir is None:
+            raise ValueError(
+                "CURVE needs both PLANNER_FPM_CURVE_SECRET_KEY_FILE and PLANNER_FPM_CURVE_CLIENTS_DIR to be set"
+            )
+        if not Path(clients_dir).is_dir():
+            raise ValueError(f"PLANNER_FPM_CURVE_CLIENTS_DIR = {str(clients_dir)!r}: not a folder")
+        try:
+            public_key, secret_key = load_certificate(secret_key_file)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{secret_key_file}: not a ZeroMQ certificate ({' '.join(str(exc).split())})") from exc
+        if secret_key is None:
+            raise ValueError(f"{secret_key_file}: holds no secret key (give the .key_secret file)")
+        return cls(public_key=public_key, secret_key=secret_key, clients_dir=Path(clients_dir))
 
 
 @dataclass(slots=True)
@@ -329,8 +389,11 @@ class FpmIngest:
         flush_interval_s: ... or this long after the previous flush.
         retention_s: samples received longer ago than this are deleted ...
         retention_every_s: ... checked this often, in batches of `retention_batch` rows.
-        max_pending: samples kept in memory while Postgres is unreachable; beyond it the oldest are dropped.
+        max_pending: samples kept in memory while Postgres is unreachable or blocked; beyond it the oldest are
+            dropped and counted (`stats.lost_pending`).
         max_message_bytes: larger payloads are dropped as `oversized`.
+        lock_timeout_s, statement_timeout_s: the database session's `lock_timeout` and `statement_timeout`.
+        curve: authenticate publishers with ZeroMQ CURVE (module docstring); None = no authentication.
     """
 
     def __init__(
@@ -347,6 +410,9 @@ class FpmIngest:
         retention_batch: int = 10_000,
         max_pending: int = 100_000,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        lock_timeout_s: float = LOCK_TIMEOUT_S,
+        statement_timeout_s: float = STATEMENT_TIMEOUT_S,
+        curve: CurveServer | None = None,
         context: zmq.Context | None = None,
     ) -> None:
         if not bind and not connect:
@@ -360,13 +426,30 @@ class FpmIngest:
         self.max_pending = max_pending
         self.max_message_bytes = max_message_bytes
         self.stats = IngestStats()
-        self._sessions = session_factory(database_url)
+        self._sessions = session_factory(
+            database_url,
+            lock_timeout_ms=max(1, round(lock_timeout_s * 1000)),
+            statement_timeout_ms=max(1, round(statement_timeout_s * 1000)),
+        )
         self._pending: deque[FpmSample] = deque()
         self._limiter = _LogLimiter()
         self._flush_backoff_s = 0.0
+        self._authenticator = None
+        if curve is not None:
+            from zmq.auth.thread import ThreadAuthenticator
+
+            # one authenticator per context: a context of its own unless the caller gave one
+            context = context or zmq.Context()
+            self._authenticator = ThreadAuthenticator(context)
+            self._authenticator.start()
+            self._authenticator.configure_curve(domain="*", location=str(curve.clients_dir))
         self._socket = (context or zmq.Context.instance()).socket(zmq.SUB)
+        if curve is not None:
+            self._socket.curve_secretkey = curve.secret_key
+            self._socket.curve_publickey = curve.public_key
+            self._socket.curve_server = True
         self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.setsockopt(zmq.RCVHWM, 1_000_000)  # ZMQ drops silently beyond its high-water mark
+        self._socket.setsockopt(zmq.RCVHWM, RCVHWM)  # ZMQ drops silently beyond its high-water mark
         self._socket.setsockopt(zmq.MAXMSGSIZE, ZMQ_MAX_MESSAGE_BYTES)
         self._socket.setsockopt(zmq.SUBSCRIBE, TOPIC_PREFIX)
         self.endpoints: list[str] = []
@@ -378,7 +461,7 @@ class FpmIngest:
                 self._socket.connect(endpoint)
                 self.endpoints.append(endpoint)
         except zmq.ZMQError as exc:
-            self._socket.close()
+            self.close()
             raise ValueError(f"ZMQ endpoint {endpoint}: {exc}") from exc
 
     # -- receiving --
@@ -396,6 +479,10 @@ class FpmIngest:
             # Stored all the same: without it an idle engine would vanish from the load ticks (no report in the
             # last load intervals), and a pool whose engines went quiet could never be scaled down.
             self.stats.heartbeats += 1
+        if len(self._pending) >= self.max_pending:  # the database is behind: the oldest sample goes, counted
+            self._pending.popleft()
+            self.stats.lost_pending += 1
+            self._limiter.warning("full", "forward-pass queue full (%d samples): dropping the oldest", self.max_pending)
         self._pending.append(FpmSample(fpm=fpm, received_at=received_at, version=version))
 
     def _drain(self) -> None:
@@ -493,6 +580,16 @@ class FpmIngest:
 
     def close(self) -> None:
         self._socket.close()
+        # the engine with the ingest's timeouts is not the URL's usual one: close its idle connections here
+        self._sessions.kw["bind"].dispose()
+        if self._authenticator is not None:
+            self._authenticator.stop()
+            self._authenticator = None
+
+    @property
+    def num_pending(self) -> int:
+        """How many decoded samples wait for the next flush (at most `max_pending`)."""
+        return len(self._pending)
 
     def pending(self) -> Iterator[FpmSample]:
         """Samples decoded but not stored yet (oldest first)."""

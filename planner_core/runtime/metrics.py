@@ -4,8 +4,10 @@
 tick would live and die with that subprocess. Postgres already holds every recorded tick outcome, so the
 exporter is a custom collector instead: each scrape reads the deployment's latest recorded ticks (from the
 `tick_summary` view, as the report does) in one short read-only transaction (`load_metrics_snapshot`) and
-`metric_families(snapshot)` (pure) turns that snapshot into metric families. Nothing is kept between scrapes, the
-decision core is untouched, and a restarted exporter shows the same values.
+`metric_families(snapshot)` (pure) turns that snapshot into metric families. The snapshot is kept for `cache_s`
+(`PLANNER_METRICS_CACHE_S`, 5 s), so scrapes however frequent cost Postgres at most one read per `cache_s`; the
+decision core is untouched, and a restarted exporter shows the same values. The server listens on
+`PLANNER_METRICS_BIND` (127.0.0.1 unless set: the metrics are unauthenticated).
 
 Exported (all gauges unless said): `num_prefill_replicas`, `num_decode_replicas` (ready workers the newest tick
 saw); `observed_{ttft_ms,itl_ms,requests_per_second,input_sequence_tokens,output_sequence_tokens}` (the newest
@@ -24,7 +26,9 @@ did not record (e.g. TTFT from a source without it) has no sample rather than an
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -423,24 +427,51 @@ def load_metrics_snapshot(session: Session, deployment: str) -> MetricsSnapshot:
 
 
 class PlannerCollector:
-    """A prometheus_client collector that reads one deployment's newest recorded ticks at every scrape."""
+    """A prometheus_client collector that reads one deployment's newest recorded ticks, at most once per `cache_s`
+    (0 = at every scrape): scrapes in between, from any number of scrapers, get the same snapshot."""
 
-    def __init__(self, sessions: sessionmaker[Session], deployment: str) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        deployment: str,
+        *,
+        cache_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._sessions = sessions
         self._deployment = deployment
+        self._cache_s = cache_s
+        self._clock = clock
+        self._lock = threading.Lock()  # prometheus_client serves scrapes on several threads
+        self._snapshot: MetricsSnapshot | None = None
+        self._read_at = -math.inf
+        self.num_reads = 0  # database reads so far (the cache's effect, for tests and debugging)
+
+    def snapshot(self) -> MetricsSnapshot:
+        """The cached snapshot, read again from Postgres when older than `cache_s`."""
+        with self._lock:
+            now = self._clock()
+            if self._snapshot is None or now - self._read_at >= self._cache_s:
+                with self._sessions.begin() as session:
+                    self._snapshot = load_metrics_snapshot(session, self._deployment)
+                self._read_at = now
+                self.num_reads += 1
+            return self._snapshot
 
     def collect(self) -> Iterator[Any]:
-        with self._sessions.begin() as session:
-            snapshot = load_metrics_snapshot(session, self._deployment)
-        yield from metric_families(snapshot)
+        yield from metric_families(self.snapshot())
 
     def describe(self) -> list[Any]:
         return []  # no database read when the collector is registered
 
 
-def start_metrics_server(port: int, database_url: str, deployment: str, addr: str = "0.0.0.0") -> tuple[Any, Any]:
+def start_metrics_server(
+    port: int, database_url: str, deployment: str, *, addr: str = "127.0.0.1", cache_s: float = 5.0
+) -> tuple[Any, Any]:
     """Serve `/metrics` for `deployment` on `addr:port` in a daemon thread; returns (server, thread).
 
+    `addr` defaults to loopback: the metrics are unauthenticated, so listening on every interface
+    (`PLANNER_METRICS_BIND=0.0.0.0`, e.g. for an in-cluster Prometheus) is a choice to make, not a default.
     The registry is private to this server (not prometheus_client's global one), so two exporters never mix.
     """
     from prometheus_client import CollectorRegistry, start_http_server
@@ -448,5 +479,5 @@ def start_metrics_server(port: int, database_url: str, deployment: str, addr: st
     from planner_core.runtime.store.db import session_factory
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PlannerCollector(session_factory(database_url), deployment))
+    registry.register(PlannerCollector(session_factory(database_url), deployment, cache_s=cache_s))
     return start_http_server(port, addr=addr, registry=registry)

@@ -81,11 +81,31 @@ class RuntimeSettings(BaseSettings):
         ),
         description="timeout of each Prometheus HTTP request (s)",
     )
+    # `planner demo` / `planner serve` end (status 3, one line) when the Prefect server is lost this long.
+    prefect_lost_s: float = Field(
+        default=30.0, gt=0, le=3600, description="seconds without an answer from the Prefect server before giving up"
+    )
+    # The planner's own /metrics (`planner serve` with metric_reporting_prometheus_port set).
+    metrics_bind: str = Field(
+        default="127.0.0.1",
+        description="address /metrics listens on; 0.0.0.0 exposes the unauthenticated metrics on every interface",
+    )
+    metrics_cache_s: float = Field(
+        default=5.0, ge=0, le=3600, description="seconds a /metrics snapshot is reused before Postgres is read again"
+    )
     # Forward-pass metrics ingest (`planner ingest`).
     fpm_bind: str = Field(
         default="tcp://127.0.0.1:20380", description="ZMQ endpoint the ingest binds its SUB socket to"
     )
     fpm_retention_minutes: float = Field(default=30.0, gt=0, description="raw forward-pass samples kept this long")
+    fpm_curve_secret_key_file: Path | None = Field(
+        default=None,
+        description="the ingest's ZeroMQ CURVE certificate (secret key file); set: only publishers whose public "
+        "certificate is in PLANNER_FPM_CURVE_CLIENTS_DIR are heard, encrypted",
+    )
+    fpm_curve_clients_dir: Path | None = Field(
+        default=None, description="folder of the public CURVE certificates of the publishers the ingest accepts"
+    )
 
     @property
     def embedded_pg_dir(self) -> Path:

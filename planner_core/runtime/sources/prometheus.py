@@ -27,6 +27,10 @@ Answers are checked strictly: a transport failure, a non-2xx status, an error st
 Prometheus instant vector (a range matrix for the curve), a missing series, or a value that is NaN where a number
 is needed, negative, infinite or implausibly large all raise `TrafficUnavailable`, never a guess. An idle window
 (the counters exist and did not move) is zero traffic, with ISL and OSL 0.
+
+Every query has an overall deadline of `timeout_s`, connection, headers and body together: httpx's timeouts bound
+each read, so a server dripping a byte a second would otherwise hold a query for as long as it likes. At the
+deadline the query's socket is shut down (`_QueryDeadline`) and the query is `unreachable`.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ import datetime as dt
 import json
 import math
 import re
+import socket
 import ssl
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -502,6 +509,62 @@ def _tls_verify(options: PrometheusOptions) -> ssl.SSLContext | bool:
         raise ValueError(f"Prometheus CA bundle {options.ca_bundle}: cannot be used ({exc})") from exc
 
 
+class _QueryDeadline:
+    """The overall deadline of one query: when it passes, the query's socket is shut down, which ends a blocked read
+    at once (httpx's own timeouts restart at every byte received).
+
+    The socket is learnt from httpcore's trace events as the connection is made (and again after the TLS
+    handshake, which wraps it); a deadline passing before that cuts it as soon as it is known.
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._expires_at = time.monotonic() + timeout_s
+        self._lock = threading.Lock()
+        self._socket: socket.socket | None = None
+        self._expired = False
+        self._timer = threading.Timer(timeout_s, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def trace(self, event_name: str, info: dict) -> None:
+        """httpcore's trace hook: remember the connection's socket (plain, then TLS-wrapped)."""
+        if event_name not in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        with self._lock:
+            self._socket = sock
+            expired = self._expired
+        if expired and sock is not None:
+            _shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self._expired = True
+            sock = self._socket
+        if sock is not None:
+            _shut(sock)
+
+    def check(self) -> None:
+        """Raise `unreachable` once the deadline has passed."""
+        if self._expired or time.monotonic() >= self._expires_at:
+            raise TrafficUnavailable(
+                NoTrafficDataKind.UNREACHABLE, f"no complete answer within the {self.timeout_s:g} s query deadline"
+            )
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _shut(sock: socket.socket) -> None:
+    """End every blocked read and write on `sock` (close() from another thread would not wake a blocked recv)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed
+        pass
+
+
 class PrometheusTrafficSource:
     """Frontend traffic of a window, read from Prometheus (see the module docstring for the queries).
 
@@ -514,8 +577,13 @@ class PrometheusTrafficSource:
         self.queries = queries
         self._url = options.endpoint.rstrip("/") + "/api/v1/query"
         self._range_url = options.endpoint.rstrip("/") + "/api/v1/query_range"
+        # No kept-alive connections: each query opens its own, so its deadline knows the one socket to cut (a few
+        # queries per tick; the handshake is noise beside the tick interval).
         self._client = httpx.Client(
-            verify=_tls_verify(options), timeout=httpx.Timeout(options.timeout_s), follow_redirects=False
+            verify=_tls_verify(options),
+            timeout=httpx.Timeout(options.timeout_s),
+            follow_redirects=False,
+            limits=httpx.Limits(max_keepalive_connections=0),
         )
 
     @classmethod
@@ -579,19 +647,29 @@ class PrometheusTrafficSource:
         return parse_range_answer(status_code, body, promql)
 
     def _get(self, url: str, params: dict[str, str], max_bytes: int) -> tuple[int, bytes]:
-        """One GET with the bearer token: the status and the body, read up to `max_bytes`."""
+        """One GET with the bearer token: the status and the body, read up to `max_bytes`, all within `timeout_s`."""
+        headers = self._headers()
+        deadline = _QueryDeadline(self.options.timeout_s)
         try:
-            with self._client.stream("GET", url, params=params, headers=self._headers()) as response:
+            with self._client.stream(
+                "GET", url, params=params, headers=headers, extensions={"trace": deadline.trace}
+            ) as response:
                 body = bytearray()
                 for chunk in response.iter_bytes():
                     body += chunk
                     if len(body) > max_bytes:
                         raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"answer larger than {max_bytes} bytes")
+                    deadline.check()
+                deadline.check()
                 return response.status_code, bytes(body)
         except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is not an HTTPError
+            if not isinstance(exc, httpx.TimeoutException):
+                deadline.check()  # a read the deadline cut short is a timeout, whatever httpx calls it
             raise TrafficUnavailable(
                 NoTrafficDataKind.UNREACHABLE, f"{self.options.endpoint}: {type(exc).__name__}: {exc}"
             ) from exc
+        finally:
+            deadline.cancel()
 
     def collect(self, window_start: dt.datetime, window_end: dt.datetime) -> TrafficObservation:
         """The traffic of [window_start, window_end) as Prometheus saw it at `window_end`.

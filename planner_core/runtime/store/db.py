@@ -18,13 +18,114 @@ from sqlalchemy.orm import Session, sessionmaker
 from planner_core.runtime.settings import RuntimeSettings
 
 
+class EmbeddedDatabaseError(RuntimeError):
+    """The embedded Postgres cannot be started; the text is one line saying what to do."""
+
+
+_INIT_PREFIX = "pg.init-"  # first initialisations in progress: <data_dir>/pg.init-<pid>
+
+
 def embedded_database_url(pg_dir: Path) -> str:
-    """Start (or attach to) the embedded Postgres under `pg_dir` and return its SQLAlchemy URL."""
+    """Start (or attach to) the embedded Postgres under `pg_dir` and return its SQLAlchemy URL.
+
+    The very first initialisation is atomic (`_initialise_atomically`): `pg_dir` appears only complete, so a kill
+    during it leaves nothing that breaks the next run.
+
+    Raises:
+        EmbeddedDatabaseError: the server under `pg_dir` does not start (one line naming the folder and its log).
+    """
     import pgserver  # heavy-ish; only needed when no external database is configured
 
+    pg_dir = pg_dir.expanduser().resolve()
     pg_dir.parent.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(pg_dir, cleanup_mode=None)
-    return to_sqlalchemy_url(server.get_uri())
+    if not (pg_dir / "PG_VERSION").exists():
+        _initialise_atomically(pg_dir)
+    try:
+        server = pgserver.get_server(pg_dir, cleanup_mode=None)
+        return to_sqlalchemy_url(server.get_uri())
+    except Exception as exc:  # noqa: BLE001 - pgserver fails with asserts and subprocess errors: one line instead
+        detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise EmbeddedDatabaseError(
+            f"the embedded database under {pg_dir} does not start ({type(exc).__name__}: {detail}); its log is "
+            f"{pg_dir / 'log'}; if it holds nothing you need, remove that folder and run again to start afresh"
+        ) from exc
+
+
+def _initialise_atomically(pg_dir: Path) -> None:
+    """Create the database cluster in `<parent>/pg.init-<pid>`, start and stop it once, then rename it to `pg_dir`.
+
+    A kill at any moment before the rename leaves only a `pg.init-*` folder, which the next first initialisation
+    stops and removes (the folders of live processes are left alone); a kill after it leaves a complete cluster.
+    pgserver itself would initialise `pg_dir` in place, and a kill in that first second left a folder it later
+    took for a cluster and failed on for good.
+    """
+    import shutil
+
+    import pgserver
+
+    _remove_abandoned_initialisations(pg_dir.parent)
+    if pg_dir.exists() and not any(pg_dir.iterdir()):
+        pg_dir.rmdir()  # an empty folder (made by hand, or by a pgserver killed before initdb): nothing to keep
+    if pg_dir.exists():
+        return  # holds something: let pgserver decide, and say so in one line if it cannot start it
+    staging = pg_dir.parent / f"{_INIT_PREFIX}{os.getpid()}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    try:
+        server = pgserver.get_server(staging, cleanup_mode="stop")
+    except Exception as exc:  # noqa: BLE001 - as in embedded_database_url
+        raise EmbeddedDatabaseError(
+            f"cannot initialise the embedded database in {staging} ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:200]}); its log is {staging / 'log'}"
+        ) from exc
+    server.cleanup()  # the last handle: pgserver stops the server ("stop" mode keeps the folder)
+    import atexit
+
+    atexit.unregister(server._cleanup)  # noqa: SLF001 - done above; at exit it would look for the renamed folder
+    _stop_servers_of(staging)  # already stopped, unless another process attached to it meanwhile
+    try:
+        staging.rename(pg_dir)
+    except OSError:  # another process finished its first initialisation first: use its cluster, drop ours
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _remove_abandoned_initialisations(parent: Path) -> None:
+    """Stop and remove the `pg.init-<pid>` folders whose process is gone (killed during a first initialisation)."""
+    import shutil
+
+    for staging in parent.glob(f"{_INIT_PREFIX}*"):
+        pid_text = staging.name.removeprefix(_INIT_PREFIX)
+        if pid_text.isdigit() and int(pid_text) != os.getpid() and _process_alive(int(pid_text)):
+            continue
+        _stop_servers_of(staging)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _stop_servers_of(pg_dir: Path) -> None:
+    """Stop the postgres processes serving `pg_dir`, found by their command line (a killed start-up can leave a
+    postmaster.pid whose pid has been reused by an unrelated process, so that file is not trusted here)."""
+    import psutil  # a pgserver dependency
+
+    for proc in psutil.process_iter(attrs=["name", "cmdline"]):
+        if proc.info["name"] == "postgres" and str(pg_dir) in " ".join(proc.info["cmdline"] or ()):
+            try:
+                proc.terminate()
+                proc.wait(5)
+            except psutil.TimeoutExpired:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def stop_embedded_database(pg_dir: Path) -> bool:
@@ -32,7 +133,10 @@ def stop_embedded_database(pg_dir: Path) -> bool:
     pid_file = pg_dir / "postmaster.pid"
     if not pid_file.exists():
         return False
-    pid = int(pid_file.read_text().split()[0])
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # a half-written file of a server killed while starting
+        return False
     try:
         os.kill(pid, signal.SIGINT)  # postgres "fast" shutdown
     except ProcessLookupError:
@@ -67,19 +171,34 @@ def resolve_database_url(settings: RuntimeSettings | None = None) -> str:
 
 
 @cache
-def get_engine(url: str) -> Engine:
-    """One pooled engine per URL per process. Every connection works in UTC."""
+def get_engine(url: str, *, lock_timeout_ms: int | None = None, statement_timeout_ms: int | None = None) -> Engine:
+    """One pooled engine per URL (and timeouts) per process. Every connection works in UTC.
+
+    `lock_timeout_ms` / `statement_timeout_ms` (Postgres' settings of those names, on every connection): a
+    statement waiting longer for a lock, or running longer, fails instead of blocking its caller for as long as
+    another session holds a lock (the forward-pass ingest sets them: its writes must never stall its receiving).
+    """
     engine = create_engine(url, pool_pre_ping=True, future=True)
+    settings = [("lock_timeout", lock_timeout_ms), ("statement_timeout", statement_timeout_ms)]
 
     @event.listens_for(engine, "connect")
-    def _set_utc(dbapi_connection, _record):  # noqa: ANN001
+    def _set_session(dbapi_connection, _record):  # noqa: ANN001
         with dbapi_connection.cursor() as cursor:
             cursor.execute("SET TIME ZONE 'UTC'")
+            for name, value_ms in settings:
+                if value_ms is not None:
+                    cursor.execute(f"SET {name} = {int(value_ms)}")  # an int: nothing to quote
         dbapi_connection.commit()
 
     return engine
 
 
-def session_factory(url: str) -> sessionmaker[Session]:
-    """Sessions that never autocommit; callers own `with factory.begin():`."""
-    return sessionmaker(bind=get_engine(url), expire_on_commit=False)
+def session_factory(
+    url: str, *, lock_timeout_ms: int | None = None, statement_timeout_ms: int | None = None
+) -> sessionmaker[Session]:
+    """Sessions that never autocommit; callers own `with factory.begin():`. Timeouts as in `get_engine`."""
+    if lock_timeout_ms is None and statement_timeout_ms is None:
+        engine = get_engine(url)  # the same cache entry as `get_engine(url)`, which callers dispose of
+    else:
+        engine = get_engine(url, lock_timeout_ms=lock_timeout_ms, statement_timeout_ms=statement_timeout_ms)
+    return sessionmaker(bind=engine, expire_on_commit=False)

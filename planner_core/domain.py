@@ -153,6 +153,12 @@ class ReasonCode(enum.StrEnum):
     BURST_COVERED = "burst_covered"  # the mean-rate sizing already absorbs the observed prompt bursts
     BURST_UNAVAILABLE = "burst_unavailable"  # burst sizing asked for, no arrival curve observed: mean rate only
     SCALE_DOWN_HELD = "scale_down_held"  # kept at the largest need of the hold time: a smaller need must last first
+    # the start-up-aware horizon (ours): the demand over [now, now + start-up + interval]
+    HORIZON_HEADROOM = "horizon_headroom"  # forecast raised by the learned quantile of horizon peak / forecast
+    HORIZON_NO_HISTORY = "horizon_no_history"  # no horizon has closed yet: the forecast alone
+    HORIZON_SHORT_HISTORY = "horizon_short_history"  # too few closed horizons for the quantile: their largest ratio
+    STARTUP_MEASURED = "startup_measured"  # the pool's start-up time from its own scale-ups (acknowledged -> ready)
+    STARTUP_CONFIGURED = "startup_configured"  # no scale-up of the pool completed yet: the configured start-up
     # family: NEXT_REQUEST (SLA load loop: where the "next request" of every estimate comes from)
     NEXT_REQUEST_ENGINE_AVERAGE = "next_request_engine_average"  # the engines' moving averages (Dynamo's)
     NEXT_REQUEST_TRAFFIC_WINDOW = "next_request_traffic_window"  # the last traffic window's mean lengths (ours)
@@ -854,6 +860,55 @@ class SizedNeed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PendingScaleUp:
+    """A pool's scale-up the planner decided and is waiting to see ready (for the measured start-up time).
+
+    `at_s` is the tick that raised the pool's target to `target` engines: the connector acknowledges a target in
+    the tick that decides it, so the start-up runs from there until a tick sees `target` engines ready."""
+
+    component: Component
+    at_s: float
+    target: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartupSample:
+    """One completed scale-up: `startup_s` from the tick that raised the target to the first tick that saw the new
+    engines ready (an upper bound, to within one tick interval), observed at `at_s`."""
+
+    component: Component
+    at_s: float
+    startup_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartupState:
+    """The measured start-up times (ours): scale-ups in flight and the last completed ones, per pool."""
+
+    pending: tuple[PendingScaleUp, ...] = ()
+    samples: tuple[StartupSample, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HorizonWindow:
+    """One throughput window for the learned horizon headroom (ours), per pool in engines before rounding up:
+    `planned_*` is what the tick at `at_s` sized the pool for (its forecast: mean rate and prompt bursts), and
+    `observed_*` what the window that ended at `at_s` needed (the same sizing on what was observed)."""
+
+    at_s: float
+    planned_prefill: float = 0.0
+    observed_prefill: float = 0.0
+    planned_decode: float = 0.0
+    observed_decode: float = 0.0
+
+    def planned(self, component: Component) -> float:
+        return self.planned_prefill if component is Component.PREFILL else self.planned_decode
+
+    def observed(self, component: Component) -> float:
+        return self.observed_prefill if component is Component.PREFILL else self.observed_decode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlannerState:
     """Cross-tick state of one managed deployment; stored as JSONB after every tick."""
 
@@ -870,6 +925,10 @@ class PlannerState:
     threshold_planner: ThresholdPlannerState = field(default_factory=ThresholdPlannerState)
     # Ours: the throughput loop's needs over the last `throughput_scale_down_hold_seconds`, oldest first.
     recent_throughput_needs: tuple[SizedNeed, ...] = ()
+    # Ours: scale-ups in flight and completed, for each pool's measured start-up time (`planner_core.policy.horizon`).
+    startup: StartupState = field(default_factory=StartupState)
+    # Ours: the last windows' observed and forecast rates, whose closed horizons give the learned headroom.
+    horizon_windows: tuple[HorizonWindow, ...] = ()
 
 
 class StepName(enum.StrEnum):
@@ -917,6 +976,8 @@ class StepName(enum.StrEnum):
     PREDICT = "predict"
     SAMPLE = "sample"
     SCALE_DOWN_HOLD = "scale_down_hold"
+    HORIZON = "horizon"
+    STARTUP = "startup"
     THRESHOLD_SIGNAL = "threshold_signal"
     THROUGHPUT = "throughput"
     THROUGHPUT_FLOOR = "throughput_floor"
@@ -1054,6 +1115,10 @@ _DATACLASSES: dict[str, type] = {
         PipelineState,
         ThresholdPlannerState,
         SizedNeed,
+        PendingScaleUp,
+        StartupSample,
+        StartupState,
+        HorizonWindow,
         PlannerState,
         StepRecord,
         ReplicaProposal,

@@ -56,6 +56,7 @@ class BenchRequest:
     oracle_context_s: float = 60.0
     initial: str = "oracle"
     dynamo_python: str | None = None
+    horizon_quantiles: tuple[float, ...] = ()  # the recommended policy again at each value of its horizon knob
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,6 +137,7 @@ def benchmark(
     policies = build_policies(
         names, base, trace, perf, fwd, spec, window_s=request.throughput_interval_s, oracle=oracle,
         initial=request.initial, dynamo_python=request.dynamo_python, user_configs=user_configs,
+        horizon_quantiles=request.horizon_quantiles,
     )  # fmt: skip
     for policy in policies:
         planner = getattr(policy, "planner", None)  # a planner policy: its plugins that did not load

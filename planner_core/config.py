@@ -571,6 +571,13 @@ class PlannerConfig(BaseModel):
     load_scaling_down_sensitivity: int = Field(
         default=80, ge=0, le=100, description="How readily the load loop scales down (percent, 0-100)."
     )
+    # Tail-latency signal of the SLA load loop (ours; off = Dynamo, which reads per-engine estimates only): where the
+    # traffic source measures the frontend's p95/p99 TTFT and queue time, the pool that computes prompts adds an
+    # engine when the p99 (else p95) TTFT or the mean wait for a first token is above the TTFT target, and does not
+    # shrink while the tail is above the scale-down sensitivity's share of it (planner_core.policy.load).
+    load_tail_latency_scaling: bool = Field(
+        default=False, description="Load loop also scales prompt engines on frontend p95/p99 TTFT and queue time."
+    )
     prefill_scale_up_queue_tokens: int | None = Field(
         default=None, ge=0, description="Queued prefill tokens per engine above which the load target adds a worker."
     )

@@ -97,6 +97,8 @@ class ReasonCode(enum.StrEnum):
     NEGATIVE_COEFFICIENT = "negative_coefficient"  # the fit says more load takes less time: rejected
     PERF_MODEL_READY = "perf_model_ready"  # the online model's fit is usable
     PERF_MODEL_BOOTSTRAP = "perf_model_bootstrap"  # online model not ready: the perf table or profile answers
+    # ours: samples of engines starting or draining (or that cannot be told apart from them) kept out of the fits
+    SAMPLES_EXCLUDED = "samples_excluded"
     CAPACITY_SEARCHED = "capacity_searched"  # engine capacity from the batch search; the SLA is met
     REQUEST_EXCEEDS_ENGINE = "request_exceeds_engine"  # one request does not fit the engine (e.g. KV cache)
     RUNTIME_METADATA_MISSING = "runtime_metadata_missing"  # KV hit rate / accept length unknown: neutral value
@@ -143,6 +145,9 @@ class ReasonCode(enum.StrEnum):
     LOAD_MEASURED = "load_measured"  # an engine's threshold value (queue ratio, queued tokens, KV utilisation)
     CONSOLIDATION_SAFE = "consolidation_safe"  # this engine could absorb its share of one removed engine
     RAISED_TO_THROUGHPUT_FLOOR = "raised_to_throughput_floor"  # the load proposal was below the throughput floor
+    TAIL_LATENCY_HIGH = "tail_latency_high"  # the frontend's p99/p95 TTFT or queue time is above the TTFT target: +1
+    TAIL_LATENCY_REFUSED_DOWN = "tail_latency_refused_down"  # the TTFT tail is too close to the target to shrink
+    TAIL_LATENCY_OK = "tail_latency_ok"  # the frontend's tail latency left the load signal as it was
     INTERVAL_COLLECTING = "interval_collecting"  # 2025 threshold planner: sampled; its interval is not over
     WORKERS_CHANGED_IN_INTERVAL = "workers_changed_in_interval"  # 2025: counts changed mid-interval, no adjustment
     DECODE_GRACE_PERIOD = "decode_grace_period"  # 2025: no decode scale-down shortly after adding a decode worker
@@ -214,6 +219,10 @@ class TrafficObservation:
         osl: mean output sequence length (tokens); 0 when idle.
         isl_p50 .. osl_p99: percentiles of the lengths where the source knows them.
         ttft_ms, itl_ms: observed mean latencies where the source knows them.
+        ttft_ms_p95, ttft_ms_p99: the 95th and 99th percentile TTFT of the requests whose first token came in the
+            window, where the source knows them (ours: the load loop's tail-latency signal).
+        queue_ms: the mean time a request of the window waited at the frontend for its first token, where the
+            source knows it (Dynamo's `dynamo_frontend_queued_requests` over the request rate, Little's law).
         kv_hit_rate: fraction of prompt tokens served from the KV cache (router metric), if known.
         accept_length: speculative-decoding mean accepted tokens per decode step, if known.
         prompt_tokens_p99_250ms .. prompt_tokens_p99_30s: the window's prompt-token arrival curve (ours): for each
@@ -237,6 +246,9 @@ class TrafficObservation:
     osl_p99: float | None = None
     ttft_ms: float | None = None
     itl_ms: float | None = None
+    ttft_ms_p95: float | None = None
+    ttft_ms_p99: float | None = None
+    queue_ms: float | None = None
     kv_hit_rate: float | None = None  # router KV-cache hit rate over the window, 0..1
     accept_length: float | None = None  # speculative-decoding mean accepted tokens per step, >= 1
     prompt_tokens_p99_250ms: float | None = None
@@ -345,6 +357,14 @@ class QueuedRequests:
     var_decode_kv_tokens: float = 0.0
 
 
+class EngineLifecycle(enum.StrEnum):
+    """Where an engine is in its life, as far as the source of its metrics knows (ours)."""
+
+    SERVING = "serving"  # ready and taking requests: its iterations describe the engine at work
+    STARTING = "starting"  # loading weights, compiling, warming caches: its iterations are not representative
+    DRAINING = "draining"  # removed from the router, finishing its batch: a shrinking, unrepresentative load
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ForwardPassMetrics:
     """One engine iteration as the engine reports it (Dynamo's `ForwardPassMetrics` schema).
@@ -354,6 +374,7 @@ class ForwardPassMetrics:
         worker_id, dp_rank: the engine (attention data-parallel rank within a worker).
         counter_id: the engine's monotonically increasing iteration counter.
         wall_time_s: how long the iteration took; 0 marks an idle heartbeat (never a sample).
+        lifecycle: the engine's state where the source knows it (ours; Dynamo's schema has none: SERVING).
     """
 
     component: Component
@@ -363,6 +384,7 @@ class ForwardPassMetrics:
     wall_time_s: float = 0.0
     scheduled: ScheduledRequests = field(default_factory=ScheduledRequests)
     queued: QueuedRequests = field(default_factory=QueuedRequests)
+    lifecycle: EngineLifecycle = EngineLifecycle.SERVING
 
     @property
     def is_idle_heartbeat(self) -> bool:
@@ -1140,5 +1162,6 @@ _ENUMS: dict[str, type[enum.Enum]] = {
         OverrideType,
         HoldPolicy,
         ExecuteAction,
+        EngineLifecycle,
     )
 }

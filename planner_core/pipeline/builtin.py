@@ -633,20 +633,20 @@ class LoadProposePlugin:
     spec: PluginSpec = PluginSpec(plugin_id=LOAD_ID, phase=Phase.PROPOSE, priority=10)
 
     def run(self, context: PipelineContext) -> PluginResult:
-        from planner_core.perf.online import OnlineForwardPassModel, observe_fpm, readiness_step
+        from planner_core.perf.online import OnlineForwardPassModel, observe_fpm, readiness_step, serving_samples
 
         config, inputs = context.config, context.inputs
-        state = dataclasses.replace(
-            context.state, perf_models=observe_fpm(context.state.perf_models, inputs.fpm, config)
-        )
         components = managed_components(config.mode)
+        # only engines at work feed the regressions: none starting or draining (the load decision still reads all)
+        samples, excluded_steps = serving_samples(inputs.fpm, inputs.workers, components)
+        state = dataclasses.replace(context.state, perf_models=observe_fpm(context.state.perf_models, samples, config))
         aggregated = config.mode is PlannerMode.AGG
         lower_bounds = {
             Component.PREFILL: state.throughput_lower_bound_prefill if config.throughput_scaling_active else None,
             Component.DECODE: state.throughput_lower_bound_decode if config.throughput_scaling_active else None,
         }
         floors = min_endpoints(config)
-        steps: list[StepRecord] = []
+        steps: list[StepRecord] = list(excluded_steps)
         desired: dict[Component, int | None] = {}
         headlines: list[ReasonCode] = []
 
@@ -694,6 +694,8 @@ class LoadProposePlugin:
                             throughput_lower_bound=lower_bounds[component],
                             min_endpoint=floors[component],
                             managed=components,
+                            frontend=inputs.traffic,
+                            tail_latency_scaling=config.load_tail_latency_scaling,
                         ),
                         model,
                     )

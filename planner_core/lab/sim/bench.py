@@ -155,6 +155,8 @@ class PlannerPolicy:
             if loop is Loop.THROUGHPUT:
                 # with the router's hit rate, as Dynamo's planner gets it, and the planner's arrival curve
                 traffic = sim.observe(max(0.0, now_s - throughput_s), now_s, planner=self.planner)
+            elif self.config.load_tail_latency_scaling:  # the frontend's TTFT tail and queue time, as a source has
+                traffic = sim.observe(max(0.0, now_s - float(self.config.load_adjustment_interval_seconds)), now_s)
             inputs = TickInputs(
                 now_s=now_s,
                 loop=loop,

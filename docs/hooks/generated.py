@@ -7,6 +7,8 @@ Two markers in the Markdown sources are replaced while the site builds (nothing 
   without a description gets an empty cell.
 - `<!-- bench-records -->` (benchmarks.md): one table per `docs/results/*.json` record that `planner bench --record`
   wrote, newest first, each under its date, command and commit.
+- `<!-- startup-records -->` (benchmarks.md): the same tables for the records of `docs/results/startup/` (the
+  matrix at other start-up times).
 
 The renderers are plain functions of their inputs (`config_reference`, `render_bench_records`), so tests can call
 them without MkDocs.
@@ -38,6 +40,7 @@ REFERENCE_MODELS: tuple[str, ...] = (
 BENCH_RECORD_FORMAT = "planner-bench-record/v1"
 CONFIG_MARKER = "<!-- config-reference -->"
 BENCH_MARKER = "<!-- bench-records -->"
+STARTUP_MARKER = "<!-- startup-records -->"
 
 
 # --- MkDocs entry point --------------------------------------------------------------------------------------------
@@ -49,6 +52,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str: 
         markdown = markdown.replace(CONFIG_MARKER, config_reference(load_models(REFERENCE_MODELS)))
     if BENCH_MARKER in markdown:
         markdown = markdown.replace(BENCH_MARKER, render_bench_records(Path(config["docs_dir"]) / "results"))
+    if STARTUP_MARKER in markdown:  # the start-up matrix (`--startup-s`): its own folder, the same tables
+        startup_dir = Path(config["docs_dir"]) / "results" / "startup"
+        markdown = markdown.replace(STARTUP_MARKER, render_bench_records(startup_dir))
     return markdown
 
 

@@ -230,3 +230,32 @@ def test_bench_quantiles_parse_and_refuse_bad_values() -> None:
     for bad in ("1", "-0.1", "x"):
         with pytest.raises(argparse.ArgumentTypeError, match="--horizon-quantiles"):
             _quantiles(bad)
+
+
+def test_bench_adds_the_recommended_policy_at_each_knob_setting_and_draws_its_frontier() -> None:
+    """`--horizon-quantiles 0,0.9`: two more planner runs, named by the setting, with the knob set and everything
+    else the recommended policy's; the frontier joins them in the knob's order."""
+    from planner_core.lab.sim.bench import PlannerPolicy, build_policies, run_bench
+    from planner_core.lab.sim.des import SimSpec
+    from planner_core.lab.sim.frontier import frontier_figure, knob_points
+    from tests.test_bench import busy_trace
+    from tests.test_sim_des import FWD
+
+    trace = busy_trace(300, 300.0)
+    base = {"ttft_ms": 500.0, "itl_ms": 50.0, "throughput_adjustment_interval_seconds": 60}
+    policies = build_policies(
+        ["planner"], base, trace, PERF, FWD, SimSpec(), window_s=60, initial="min", horizon_quantiles=(0.9, 0.0)
+    )
+    assert [p.name for p in policies] == ["planner", "planner@q0.9", "planner@q0"]
+    assert all(isinstance(p, PlannerPolicy) for p in policies)
+    quantiles = [p.config.throughput_horizon_quantile for p in policies]  # type: ignore[union-attr]
+    assert quantiles == [0.75, 0.9, 0.0]
+    assert policies[1].config.throughput_decode_target_utilization == 0.7  # type: ignore[union-attr]
+    runs = run_bench(policies, trace, FWD, SimSpec(), ttft_ms=500, itl_ms=50)
+    points = knob_points(runs)
+    assert [q for q, _, _ in points] == [0.0, 0.9]
+    by_name = {run.row.policy: run.row for run in runs}
+    assert points[1][1:] == (by_name["planner@q0.9"].gpu_hours, by_name["planner@q0.9"].sla_attainment)
+    figure = frontier_figure(runs, title="t")
+    knob_line = next(trace for trace in figure.data if trace.mode == "lines+markers+text")
+    assert list(knob_line.text) == ["q0", "q0.9"]

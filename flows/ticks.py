@@ -196,9 +196,15 @@ def throughput_tick(deployment: str = "default", config_path: str | None = None)
 
 @flow(name="load-tick", log_prints=False)
 def load_tick(deployment: str = "default", config_path: str | None = None) -> dict:
-    """Reactive loop: correct the pools from per-engine load (the newest ingested forward-pass metrics)."""
+    """Reactive loop: correct the pools from per-engine load (the newest ingested forward-pass metrics) and, with
+    `load_tail_latency_scaling`, the frontend's TTFT tail and queue time over the load interval."""
     ctx = _context(deployment, config_path)
-    return decide_and_record(ctx, Loop.LOAD, _scheduled_at(), None)
+    scheduled_at = _scheduled_at()
+    if not ctx.config.load_tail_latency_scaling:
+        return decide_and_record(ctx, Loop.LOAD, scheduled_at, None)
+    window_start = scheduled_at - dt.timedelta(seconds=ctx.config.load_adjustment_interval_seconds)
+    collected = collect_traffic(ctx.config, ctx.service, window_start, scheduled_at, ctx.planner)
+    return decide_and_record(ctx, Loop.LOAD, scheduled_at, None if collected is None else collected.observation)
 
 
 @flow(name="execute-decisions", log_prints=False)

@@ -32,7 +32,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         dynamo_python=args.dynamo_python, router=RouterPolicy(args.router), ttft_profile=args.ttft_profile,
         tpot_profile=args.tpot_profile, ttft_dispatch_threshold=args.ttft_dispatch_threshold,
         tpot_dispatch_threshold=args.tpot_dispatch_threshold, no_endpoint=NoEndpointAction(args.no_endpoint),
-        adaptive_pd=not args.no_adaptive_pd,
+        adaptive_pd=not args.no_adaptive_pd, horizon_quantiles=tuple(args.horizon_quantiles),
     )  # fmt: skip
     to_stdout = args.json is not None and str(args.json) == "-"
     print("bench: sizing the policies (the oracle simulates every window at several sizes)...", file=sys.stderr)
@@ -67,6 +67,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.html is not None:
         figure = bench_figure(list(outcome.runs), outcome.trace, ttft_ms=request.ttft_ms, itl_ms=request.itl_ms)
         figure.write_html(str(args.html), include_plotlyjs=True)
+        if request.horizon_quantiles:  # the knob's frontier below the time panels
+            from planner_core.lab.sim.frontier import frontier_figure
+
+            frontier = frontier_figure(
+                list(outcome.runs), title=f"attainment vs GPU-hours, start-up {request.startup_s:g} s"
+            ).to_html(full_html=False, include_plotlyjs=False)
+            page = args.html.read_text(encoding="utf-8")
+            args.html.write_text(page.replace("</body>", frontier + "</body>", 1), encoding="utf-8")
     if not to_stdout:
         print_bench_table(outcome, request)
     return 0
@@ -150,6 +158,20 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
+def _quantiles(text: str) -> tuple[float, ...]:
+    """`--horizon-quantiles`: comma-separated values in [0, 1)."""
+    values = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            value = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--horizon-quantiles: {part!r} is not a number") from None
+        if not 0.0 <= value < 1.0:
+            raise argparse.ArgumentTypeError(f"--horizon-quantiles: {part} is outside [0, 1)")
+        values.append(value)
+    return tuple(values)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the bench command group's parsers."""
     bench = sub.add_parser("bench", help="compare scaling policies on one trace in the cluster simulator")
@@ -219,6 +241,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--ttft-ms", type=float, default=500.0, help="TTFT target (ms)")
     bench.add_argument("--itl-ms", type=float, default=50.0, help="ITL target (ms)")
     bench.add_argument("--startup-s", type=float, default=120.0, help="worker start-up time (s)")
+    bench.add_argument(
+        "--horizon-quantiles", type=_quantiles, default=(), metavar="Q[,Q...]",
+        help="also run the recommended policy at each of these throughput_horizon_quantile values (0 <= q < 1), "
+        "named planner@qQ; --html then draws their attainment vs GPU-hours frontier",
+    )  # fmt: skip
     bench.add_argument("--max-gpu-budget", type=int, default=-1, help="GPU ceiling for the planners (-1: none)")
     bench.add_argument("--throughput-interval-s", type=int, default=180, help="throughput window / oracle window")
     bench.add_argument(

@@ -769,6 +769,13 @@ class PlannerConfig(BaseModel):
     load_scaling_down_sensitivity: Whole = Field(
         default=80, ge=0, le=100, description="How readily the load loop scales down (percent, 0-100)."
     )
+    # Tail-latency signal of the SLA load loop (ours; off = Dynamo, which reads per-engine estimates only): where the
+    # traffic source measures the frontend's p95/p99 TTFT and queue time, the pool that computes prompts adds an
+    # engine when the p99 (else p95) TTFT or the mean wait for a first token is above the TTFT target, and does not
+    # shrink while the tail is above the scale-down sensitivity's share of it (planner_core.policy.load).
+    load_tail_latency_scaling: bool = Field(
+        default=False, description="Load loop also scales prompt engines on frontend p95/p99 TTFT and queue time."
+    )
     prefill_scale_up_queue_tokens: Whole | None = Field(
         **_TOKENS,
         default=None,
@@ -916,6 +923,22 @@ class PlannerConfig(BaseModel):
         ge=0,
         lt=1,
         description="Fraction of the smaller size a pool's unrounded need must stay under to scale down; 0 = off.",
+    )
+
+    # Start-up-aware horizon (ours; 0 = off, Dynamo sizes for the next window). Each pool is sized for the forecast
+    # raised by the q quantile of the ratios "peak rate observed over the start-up + interval after a forecast /
+    # that forecast", learned from the deployment's own windows (planner_core.policy.horizon). The one knob that
+    # trades GPU-hours for SLA attainment: higher q, more engines held for the bursts a start-up time ahead.
+    throughput_horizon_quantile: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Quantile (0-1) of horizon peak / forecast the forecast is raised by; 0 = off (next window only).",
+    )
+    # The start-up time the horizon assumes for a pool until one of its scale-ups has been seen through to ready;
+    # from then on the pool's measured start-up (median of its last scale-ups) is used.
+    throughput_startup_seconds: float = Field(
+        default=120.0, ge=0, description="Worker start-up time (s) assumed until one is measured."
     )
 
     # ------------------------------------------------------------------------------------------------

@@ -97,6 +97,8 @@ class ReasonCode(enum.StrEnum):
     NEGATIVE_COEFFICIENT = "negative_coefficient"  # the fit says more load takes less time: rejected
     PERF_MODEL_READY = "perf_model_ready"  # the online model's fit is usable
     PERF_MODEL_BOOTSTRAP = "perf_model_bootstrap"  # online model not ready: the perf table or profile answers
+    # ours: samples of engines starting or draining (or that cannot be told apart from them) kept out of the fits
+    SAMPLES_EXCLUDED = "samples_excluded"
     CAPACITY_SEARCHED = "capacity_searched"  # engine capacity from the batch search; the SLA is met
     REQUEST_EXCEEDS_ENGINE = "request_exceeds_engine"  # one request does not fit the engine (e.g. KV cache)
     RUNTIME_METADATA_MISSING = "runtime_metadata_missing"  # KV hit rate / accept length unknown: neutral value
@@ -151,6 +153,9 @@ class ReasonCode(enum.StrEnum):
     LOAD_MEASURED = "load_measured"  # an engine's threshold value (queue ratio, queued tokens, KV utilisation)
     CONSOLIDATION_SAFE = "consolidation_safe"  # this engine could absorb its share of one removed engine
     RAISED_TO_THROUGHPUT_FLOOR = "raised_to_throughput_floor"  # the load proposal was below the throughput floor
+    TAIL_LATENCY_HIGH = "tail_latency_high"  # the frontend's p99/p95 TTFT or queue time is above the TTFT target: +1
+    TAIL_LATENCY_REFUSED_DOWN = "tail_latency_refused_down"  # the TTFT tail is too close to the target to shrink
+    TAIL_LATENCY_OK = "tail_latency_ok"  # the frontend's tail latency left the load signal as it was
     INTERVAL_COLLECTING = "interval_collecting"  # 2025 threshold planner: sampled; its interval is not over
     WORKERS_CHANGED_IN_INTERVAL = "workers_changed_in_interval"  # 2025: counts changed mid-interval, no adjustment
     DECODE_GRACE_PERIOD = "decode_grace_period"  # 2025: no decode scale-down shortly after adding a decode worker
@@ -161,6 +166,12 @@ class ReasonCode(enum.StrEnum):
     BURST_COVERED = "burst_covered"  # the mean-rate sizing already absorbs the observed prompt bursts
     BURST_UNAVAILABLE = "burst_unavailable"  # burst sizing asked for, no arrival curve observed: mean rate only
     SCALE_DOWN_HELD = "scale_down_held"  # kept at the largest need of the hold time: a smaller need must last first
+    # the start-up-aware horizon (ours): the demand over [now, now + start-up + interval]
+    HORIZON_HEADROOM = "horizon_headroom"  # forecast raised by the learned quantile of horizon peak / forecast
+    HORIZON_NO_HISTORY = "horizon_no_history"  # no horizon has closed yet: the forecast alone
+    HORIZON_SHORT_HISTORY = "horizon_short_history"  # too few closed horizons for the quantile: their largest ratio
+    STARTUP_MEASURED = "startup_measured"  # the pool's start-up time from its own scale-ups (acknowledged -> ready)
+    STARTUP_CONFIGURED = "startup_configured"  # no scale-up of the pool completed yet: the configured start-up
     # family: NEXT_REQUEST (SLA load loop: where the "next request" of every estimate comes from)
     NEXT_REQUEST_ENGINE_AVERAGE = "next_request_engine_average"  # the engines' moving averages (Dynamo's)
     NEXT_REQUEST_TRAFFIC_WINDOW = "next_request_traffic_window"  # the last traffic window's mean lengths (ours)
@@ -216,6 +227,10 @@ class TrafficObservation:
         osl: mean output sequence length (tokens); 0 when idle.
         isl_p50 .. osl_p99: percentiles of the lengths where the source knows them.
         ttft_ms, itl_ms: observed mean latencies where the source knows them.
+        ttft_ms_p95, ttft_ms_p99: the 95th and 99th percentile TTFT of the requests whose first token came in the
+            window, where the source knows them (ours: the load loop's tail-latency signal).
+        queue_ms: the mean time a request of the window waited at the frontend for its first token, where the
+            source knows it (Dynamo's `dynamo_frontend_queued_requests` over the request rate, Little's law).
         kv_hit_rate: fraction of prompt tokens served from the KV cache (router metric), if known.
         accept_length: speculative-decoding mean accepted tokens per decode step, if known.
         prompt_tokens_p99_250ms .. prompt_tokens_p99_30s: the window's prompt-token arrival curve (ours): for each
@@ -239,6 +254,9 @@ class TrafficObservation:
     osl_p99: float | None = None
     ttft_ms: float | None = None
     itl_ms: float | None = None
+    ttft_ms_p95: float | None = None
+    ttft_ms_p99: float | None = None
+    queue_ms: float | None = None
     kv_hit_rate: float | None = None  # router KV-cache hit rate over the window, 0..1
     accept_length: float | None = None  # speculative-decoding mean accepted tokens per step, >= 1
     prompt_tokens_p99_250ms: float | None = None
@@ -347,6 +365,14 @@ class QueuedRequests:
     var_decode_kv_tokens: float = 0.0
 
 
+class EngineLifecycle(enum.StrEnum):
+    """Where an engine is in its life, as far as the source of its metrics knows (ours)."""
+
+    SERVING = "serving"  # ready and taking requests: its iterations describe the engine at work
+    STARTING = "starting"  # loading weights, compiling, warming caches: its iterations are not representative
+    DRAINING = "draining"  # removed from the router, finishing its batch: a shrinking, unrepresentative load
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ForwardPassMetrics:
     """One engine iteration as the engine reports it (Dynamo's `ForwardPassMetrics` schema).
@@ -356,6 +382,7 @@ class ForwardPassMetrics:
         worker_id, dp_rank: the engine (attention data-parallel rank within a worker).
         counter_id: the engine's monotonically increasing iteration counter.
         wall_time_s: how long the iteration took; 0 marks an idle heartbeat (never a sample).
+        lifecycle: the engine's state where the source knows it (ours; Dynamo's schema has none: SERVING).
     """
 
     component: Component
@@ -365,6 +392,7 @@ class ForwardPassMetrics:
     wall_time_s: float = 0.0
     scheduled: ScheduledRequests = field(default_factory=ScheduledRequests)
     queued: QueuedRequests = field(default_factory=QueuedRequests)
+    lifecycle: EngineLifecycle = EngineLifecycle.SERVING
 
     @property
     def is_idle_heartbeat(self) -> bool:
@@ -953,6 +981,55 @@ class SizedNeed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PendingScaleUp:
+    """A pool's scale-up the planner decided and is waiting to see ready (for the measured start-up time).
+
+    `at_s` is the tick that raised the pool's target to `target` engines: the connector acknowledges a target in
+    the tick that decides it, so the start-up runs from there until a tick sees `target` engines ready."""
+
+    component: Component
+    at_s: float
+    target: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartupSample:
+    """One completed scale-up: `startup_s` from the tick that raised the target to the first tick that saw the new
+    engines ready (an upper bound, to within one tick interval), observed at `at_s`."""
+
+    component: Component
+    at_s: float
+    startup_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartupState:
+    """The measured start-up times (ours): scale-ups in flight and the last completed ones, per pool."""
+
+    pending: tuple[PendingScaleUp, ...] = ()
+    samples: tuple[StartupSample, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HorizonWindow:
+    """One throughput window for the learned horizon headroom (ours), per pool in engines before rounding up:
+    `planned_*` is what the tick at `at_s` sized the pool for (its forecast: mean rate and prompt bursts), and
+    `observed_*` what the window that ended at `at_s` needed (the same sizing on what was observed)."""
+
+    at_s: float
+    planned_prefill: float = 0.0
+    observed_prefill: float = 0.0
+    planned_decode: float = 0.0
+    observed_decode: float = 0.0
+
+    def planned(self, component: Component) -> float:
+        return self.planned_prefill if component is Component.PREFILL else self.planned_decode
+
+    def observed(self, component: Component) -> float:
+        return self.observed_prefill if component is Component.PREFILL else self.observed_decode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlannerState:
     """Cross-tick state of one managed deployment; stored as JSONB after every tick."""
 
@@ -969,6 +1046,10 @@ class PlannerState:
     threshold_planner: ThresholdPlannerState = field(default_factory=ThresholdPlannerState)
     # Ours: the throughput loop's needs over the last `throughput_scale_down_hold_seconds`, oldest first.
     recent_throughput_needs: tuple[SizedNeed, ...] = ()
+    # Ours: scale-ups in flight and completed, for each pool's measured start-up time (`planner_core.policy.horizon`).
+    startup: StartupState = field(default_factory=StartupState)
+    # Ours: the last windows' observed and forecast rates, whose closed horizons give the learned headroom.
+    horizon_windows: tuple[HorizonWindow, ...] = ()
 
 
 class StepName(enum.StrEnum):
@@ -1016,6 +1097,8 @@ class StepName(enum.StrEnum):
     PREDICT = "predict"
     SAMPLE = "sample"
     SCALE_DOWN_HOLD = "scale_down_hold"
+    HORIZON = "horizon"
+    STARTUP = "startup"
     THRESHOLD_SIGNAL = "threshold_signal"
     THROUGHPUT = "throughput"
     THROUGHPUT_FLOOR = "throughput_floor"
@@ -1157,6 +1240,10 @@ _DATACLASSES: dict[str, type] = {
         PipelineState,
         ThresholdPlannerState,
         SizedNeed,
+        PendingScaleUp,
+        StartupSample,
+        StartupState,
+        HorizonWindow,
         PlannerState,
         StepRecord,
         ReplicaProposal,
@@ -1178,5 +1265,6 @@ _ENUMS: dict[str, type[enum.Enum]] = {
         OverrideType,
         HoldPolicy,
         ExecuteAction,
+        EngineLifecycle,
     )
 }

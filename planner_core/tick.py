@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from planner_core.config import PlannerConfig
+from planner_core.config import PlannerConfig, managed_components
 from planner_core.domain import (
+    Component,
     ExecuteAction,
     Loop,
     PlannerState,
@@ -33,6 +34,7 @@ from planner_core.pipeline.builtin import builtin_plugins, headline_of
 from planner_core.pipeline.loader import configured
 from planner_core.pipeline.run import run_pipeline
 from planner_core.pipeline.types import Plugin
+from planner_core.policy.horizon import track_startups
 
 __all__ = ["tick"]
 
@@ -82,4 +84,22 @@ def tick(
     else:
         headline = builtin_headline
     prediction_reason = next((s.reason for s in outcome.steps if s.step == "predict"), None)
-    return outcome.to_tick_outcome(reason=headline, prediction_reason=prediction_reason)
+    result = outcome.to_tick_outcome(reason=headline, prediction_reason=prediction_reason)
+    if config.throughput_horizon_quantile > 0:
+        # the measured start-up times the horizon reads: either loop's scale-ups count (policy.horizon)
+        decision = result.decision
+        targets = {}
+        if not decision.advisory:
+            targets = {
+                component: value
+                for component, value in (
+                    (Component.PREFILL, decision.num_prefill),
+                    (Component.DECODE, decision.num_decode),
+                )
+                if value is not None
+            }
+        startup = track_startups(
+            result.next_state.startup, inputs.now_s, inputs.workers, targets, managed_components(config.mode)
+        )
+        result = dataclasses.replace(result, next_state=dataclasses.replace(result.next_state, startup=startup))
+    return result

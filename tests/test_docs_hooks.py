@@ -82,3 +82,21 @@ def test_router_records_compare_each_policy_under_each_router(tmp_path: Path) ->
     assert hooks.render_router_records(tmp_path / "missing").startswith("No router comparison has been recorded yet")
     # the plain records page ignores the routers' folder
     assert hooks.render_bench_records(tmp_path.parent / "nothing-here").startswith("No benchmark run")
+
+
+def test_the_startup_marker_renders_the_startup_folder_only(tmp_path: Path) -> None:
+    """`<!-- startup-records -->` becomes the tables of `results/startup/`; the main marker keeps the top folder's."""
+    record = {
+        "format": "planner-bench-record/v1",
+        "date": "2026-01-02T03:04:05Z",
+        "command": "planner bench --startup-s 600",
+        "commit": "abc1234",
+        "rows": [_row("planner@q0.9", 0.97, 9.4, 1.6)],
+    }
+    (tmp_path / "results" / "startup").mkdir(parents=True)
+    (tmp_path / "results" / "startup" / "code-s600.json").write_text(json.dumps(record), encoding="utf-8")
+    page = f"{hooks.BENCH_MARKER}\n\n{hooks.STARTUP_MARKER}"
+    text = hooks.on_page_markdown(page, None, {"docs_dir": str(tmp_path)}, None)
+    main, startup = text.split("### code-s600", 1)[0], text
+    assert main.startswith("No benchmark run has been recorded yet")
+    assert "### code-s600" in startup and "| `planner@q0.9` | 97.0% |" in startup

@@ -466,7 +466,8 @@ def test_fake_prometheus_good_answer_and_bearer_token(fake_prometheus: FakeProme
     fake_prometheus.answer = answers_by_series(GOOD)
     obs = _collect(_source(fake_prometheus.url, bearer_token="s3cret"))
     assert (obs.num_req, obs.isl, obs.osl, obs.kv_hit_rate, obs.accept_length) == (120, 3000, 300, 0.3, 1.8)
-    assert len(fake_prometheus.headers) == 7  # requests, ISL, OSL, TTFT, ITL, KV hit rate, accept length
+    # requests, ISL, OSL, TTFT, ITL, KV hit rate, accept length, p95 and p99 TTFT, queue time
+    assert len(fake_prometheus.headers) == 10
     assert {h.get("Authorization") for h in fake_prometheus.headers} == {"Bearer s3cret"}
 
 
@@ -480,7 +481,7 @@ def test_token_file_is_reread_every_collection(fake_prometheus: FakePrometheus, 
     token_file.write_text("second")
     source.collect(T0, T0 + dt.timedelta(seconds=60))
     source.close()
-    assert [h["Authorization"] for h in fake_prometheus.headers[::7]] == ["Bearer first", "Bearer second"]
+    assert [h["Authorization"] for h in fake_prometheus.headers[::10]] == ["Bearer first", "Bearer second"]
 
 
 def test_fallback_to_completed_requests(fake_prometheus: FakePrometheus) -> None:

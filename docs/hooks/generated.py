@@ -11,6 +11,8 @@ Two markers in the Markdown sources are replaced while the site builds (nothing 
   (`planner bench --router NAME --record ...`): per scenario one table of every policy's SLA attainment and
   GPU-hours under each router, then each record's date, command, commit and, for router `slo`, what it could not
   place and its predictor's error.
+- `<!-- startup-records -->` (benchmarks.md): the same tables for the records of `docs/results/startup/` (the
+  matrix at other start-up times).
 
 The renderers are plain functions of their inputs (`config_reference`, `render_bench_records`,
 `render_router_records`), so tests can call them without MkDocs.
@@ -43,6 +45,7 @@ BENCH_RECORD_FORMAT = "planner-bench-record/v1"
 CONFIG_MARKER = "<!-- config-reference -->"
 BENCH_MARKER = "<!-- bench-records -->"
 ROUTER_MARKER = "<!-- router-records -->"
+STARTUP_MARKER = "<!-- startup-records -->"
 
 
 # --- MkDocs entry point --------------------------------------------------------------------------------------------
@@ -57,6 +60,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str: 
     if ROUTER_MARKER in markdown:
         routers_dir = Path(config["docs_dir"]) / "results" / "routers"
         markdown = markdown.replace(ROUTER_MARKER, render_router_records(routers_dir))
+    if STARTUP_MARKER in markdown:  # the start-up matrix (`--startup-s`): its own folder, the same tables
+        startup_dir = Path(config["docs_dir"]) / "results" / "startup"
+        markdown = markdown.replace(STARTUP_MARKER, render_bench_records(startup_dir))
     return markdown
 
 

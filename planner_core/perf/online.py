@@ -16,7 +16,8 @@ buckets between the smallest and largest value ever accepted (`fpm_sample_bucket
 its square root per axis for 2-D); when more than `max_num_fpm_samples` samples are held, the oldest sample of the
 fullest bucket is dropped (ties: the bucket whose oldest sample is oldest). A long stream at one load therefore
 cannot push out the few samples taken at another. Bucket membership is recomputed whenever the bounds move.
-Idle heartbeats (wall time 0) are skipped, as are observations with a non-finite number.
+Idle heartbeats (wall time 0) are skipped, as are observations with a non-finite number. The load loop passes only
+the samples of engines at work (`serving_samples`, ours): none from an engine starting or draining.
 
 Readiness: at least `load_min_observations` samples, some spread on every feature (else the slope is not
 identified: ours, Dynamo would fit a flat line), and no negative slope (more load would take less time). The one
@@ -45,6 +46,7 @@ import numpy as np
 from planner_core.config import PlannerConfig, PlannerMode
 from planner_core.domain import (
     Component,
+    EngineLifecycle,
     ForwardPassMetrics,
     FpmSample,
     ModelReadiness,
@@ -54,6 +56,7 @@ from planner_core.domain import (
     ReasonCode,
     StepName,
     StepRecord,
+    WorkerCounts,
 )
 
 __all__ = [
@@ -66,6 +69,7 @@ __all__ = [
     "features_of",
     "fit_wall_time",
     "observe_fpm",
+    "serving_samples",
     "observe_role",
     "readiness_step",
     "role_of",
@@ -238,6 +242,51 @@ def observe_role(
         recent_decode_context=recent_context,
         recent_num_decode=recent_num_decode,
     )
+
+
+def serving_samples(
+    fpms: Sequence[ForwardPassMetrics], workers: WorkerCounts, managed: Sequence[Component]
+) -> tuple[tuple[ForwardPassMetrics, ...], list[StepRecord]]:
+    """The forward-pass metrics that may enter the online regressions, and a `samples_excluded` step per pool that
+    lost some (ours; Dynamo fits every sample).
+
+    An engine that is starting (weights loading, kernels compiling, caches cold) or draining (its batch shrinking
+    to nothing) runs iterations unlike those of an engine at work, and one such sample can tilt a fit for hours.
+    Left out: a report whose source marks it `STARTING` or `DRAINING`, and every report of a pool whose engines
+    cannot be told apart from such engines this tick: a scale of the pool in flight (ready != expected workers),
+    or more engines reporting than are ready (the extra ones are starting ahead of their readiness, or draining).
+    """
+    kept: list[ForwardPassMetrics] = []
+    dropped: dict[Component, list[str]] = {}
+    reporting: dict[Component, set[str]] = {}  # workers (not DP ranks: a worker counts once) reporting per pool
+    for fpm in fpms:
+        reporting.setdefault(fpm.component, set()).add(fpm.worker_id)
+    for fpm in fpms:
+        component = fpm.component
+        num_workers = len(reporting[component])
+        why = None
+        if fpm.lifecycle is not EngineLifecycle.SERVING:
+            why = f"{fpm.lifecycle.value} engines"
+        elif component in managed and workers.ready(component) != workers.expected(component):
+            why = f"scale in flight ({workers.ready(component)} ready, {workers.expected(component)} expected)"
+        elif component in managed and num_workers > workers.ready(component):
+            why = f"{num_workers} workers report, {workers.ready(component)} ready"
+        if why is None:
+            kept.append(fpm)
+        elif why not in dropped.setdefault(component, []):
+            dropped[component].append(why)
+    steps = [
+        StepRecord(
+            step=StepName.SAMPLE,
+            component=component,
+            value=sum(1 for f in fpms if f.component is component) - sum(1 for f in kept if f.component is component),
+            reason=ReasonCode.SAMPLES_EXCLUDED,
+            detail="kept out of the online perf models: " + "; ".join(reasons),
+        )
+        for component, reasons in dropped.items()
+        if reasons
+    ]
+    return tuple(kept), steps
 
 
 def observe_fpm(state: OnlinePerfState, fpms: Iterable[ForwardPassMetrics], config: PlannerConfig) -> OnlinePerfState:

@@ -49,6 +49,7 @@ from planner_core.domain import (
 from planner_core.pipeline.types import Phase, PipelineContext, PluginResult, PluginSpec
 from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, guard_config_budget, min_endpoints
 from planner_core.policy.fleet import combine_headlines
+from planner_core.policy.horizon import horizon_headroom, pool_startup_s, record_window
 from planner_core.policy.load import LoadRuntime, LoadSlaTargets, SlaLoadInputs, calculate_load_replicas
 from planner_core.policy.thresholds import (
     Threshold2025Settings,
@@ -150,8 +151,12 @@ class ThroughputProposePlugin:
         steps.append(shape_step)
         # each pool's need before rounding up, where the sizing knows it (for the scale-down margin)
         unrounded: dict[Component, float] = {}
+        # each pool's need on the window just observed, for the horizon headroom (engine-capacity sizing only)
+        observed: dict[Component, float] = {}
         if config.throughput_algorithm is ThroughputAlgorithm.ENGINE_CAPACITY:
-            sized = self._size_on_engine_capacity(context, prediction.num_req / window_s, shape, steps, unrounded)
+            sized = self._size_on_engine_capacity(
+                context, prediction.num_req / window_s, shape, steps, unrounded, observed, traffic.num_req / window_s
+            )
         else:
             sized = self._size_on_interpolation(context, prediction, shape, window_s, steps)
         if sized is None:
@@ -162,14 +167,16 @@ class ThroughputProposePlugin:
             prompt_pool = Component.DECODE if config.mode is PlannerMode.AGG else Component.PREFILL
             if prompt_pool in sized:
                 sized[prompt_pool] = self._size_for_bursts(
-                    context, prediction, shape, window_s, sized[prompt_pool], steps, unrounded
-                )
+                    context, prediction, shape, window_s, sized[prompt_pool], steps, unrounded, observed
+                )  # fmt: skip
         if config.throughput_scale_down_hold_seconds > 0:
             sized, state = _hold_scale_down(
                 sized, state, inputs, config.throughput_scale_down_hold_seconds, components, steps
             )
         if config.throughput_scale_down_margin > 0:
             sized = _scale_down_margin(sized, unrounded, inputs, config.throughput_scale_down_margin, steps)
+        if config.throughput_horizon_quantile > 0 and observed:
+            sized, state = _horizon_headroom(context, state, sized, observed, components, steps)
         desired: dict[Component, int] = {}
         for component in components:
             value, step = bound_min_endpoint(component, sized[component], floors[component])
@@ -219,9 +226,11 @@ class ThroughputProposePlugin:
         mean_rate_replicas: int,
         steps: list[StepRecord],
         unrounded: dict[Component, float],
+        observed: dict[Component, float],
     ) -> int:
         """Ours: raise the pool that computes prompts (prefill, or the aggregated pool) so the observed prompt bursts
-        drain within the TTFT target (`burst_prefill_replicas`), at the engine rate of `_burst_engine_rate`."""
+        drain within the TTFT target (`burst_prefill_replicas`), at the engine rate of `_burst_engine_rate`. The
+        window's own burst need (the curve not shrunk to the forecast) goes into `observed`."""
         config, traffic = context.config, context.inputs.traffic
         assert traffic is not None
         component = Component.DECODE if config.mode is PlannerMode.AGG else Component.PREFILL
@@ -238,6 +247,17 @@ class ThroughputProposePlugin:
         steps.append(step)
         if burst_need is not None:
             unrounded[component] = max(unrounded.get(component, 0.0), burst_need)
+            _, _, observed_need = burst_prefill_replicas(
+                traffic,
+                traffic.num_req * traffic.isl / traffic.duration_s,  # growth 1: the curve as observed
+                mean_rate_replicas=mean_rate_replicas,
+                ttft_ms=config.ttft_ms,
+                engine_prompt_tokens_per_s=engine_tokens_per_s,
+                iteration_s=iteration_s,
+                component=component,
+            )
+            if observed_need is not None:
+                observed[component] = max(observed.get(component, 0.0), observed_need)
         return replicas
 
     def _burst_engine_rate(
@@ -324,9 +344,12 @@ class ThroughputProposePlugin:
         shape: RequestShape,
         steps: list[StepRecord],
         unrounded: dict[Component, float],
+        observed: dict[Component, float],
+        observed_rps: float,
     ) -> dict[Component, int] | None:
         """Dynamo 1.x: requests/s per engine searched on a forward-pass model; every pool or none (a pool whose
-        model cannot answer holds its partner too)."""
+        model cannot answer holds its partner too). Each pool's need at the observed rate `observed_rps` (engines,
+        before rounding up) goes into `observed`."""
         from planner_core.perf.capacity import agg_capacity, decode_capacity, prefill_capacity
 
         config, state = context.config, context.state
@@ -380,6 +403,7 @@ class ThroughputProposePlugin:
             steps.append(step)
             if capacity.requests_per_s > 0:
                 unrounded[component] = pool_demand_rps / capacity.requests_per_s
+                observed[component] = observed_rps / _target_utilization(config, component) / capacity.requests_per_s
         if not_ready:
             for component in managed_components(config.mode):
                 if component not in not_ready:
@@ -393,6 +417,39 @@ class ThroughputProposePlugin:
                     )
             return None
         return sized
+
+
+def _horizon_headroom(
+    context: PipelineContext,
+    state: PlannerState,
+    sized: dict[Component, int],
+    observed: dict[Component, float],
+    components: tuple[Component, ...],
+    steps: list[StepRecord],
+) -> tuple[dict[Component, int], PlannerState]:
+    """Ours: each pool raised by its learned headroom for its start-up horizon (`planner_core.policy.horizon`):
+    `ceil(size + headroom)`, where the size is the one the sizing, the scale-down hold and margin gave (what the
+    pool would hold without the headroom: the residuals measure its shortfall). This window's planned size and
+    observed need are recorded in the state."""
+    config = context.config
+    planned = {component: float(value) for component, value in sized.items()}
+    windows = record_window(state.horizon_windows, context.inputs.now_s, planned, observed)
+    raised = dict(sized)
+    for component in components:
+        if component not in observed:
+            continue
+        startup_s, startup_step = pool_startup_s(state.startup, component, config.throughput_startup_seconds)
+        steps.append(startup_step)
+        headroom, headroom_step = horizon_headroom(
+            windows,
+            startup_s=startup_s,
+            interval_s=float(config.throughput_adjustment_interval_seconds),
+            quantile=config.throughput_horizon_quantile,
+            component=component,
+        )
+        steps.append(headroom_step)
+        raised[component] = math.ceil(sized[component] + headroom - 1e-9)
+    return raised, dataclasses.replace(state, horizon_windows=windows)
 
 
 def _hold_scale_down(
@@ -576,20 +633,20 @@ class LoadProposePlugin:
     spec: PluginSpec = PluginSpec(plugin_id=LOAD_ID, phase=Phase.PROPOSE, priority=10)
 
     def run(self, context: PipelineContext) -> PluginResult:
-        from planner_core.perf.online import OnlineForwardPassModel, observe_fpm, readiness_step
+        from planner_core.perf.online import OnlineForwardPassModel, observe_fpm, readiness_step, serving_samples
 
         config, inputs = context.config, context.inputs
-        state = dataclasses.replace(
-            context.state, perf_models=observe_fpm(context.state.perf_models, inputs.fpm, config)
-        )
         components = managed_components(config.mode)
+        # only engines at work feed the regressions: none starting or draining (the load decision still reads all)
+        samples, excluded_steps = serving_samples(inputs.fpm, inputs.workers, components)
+        state = dataclasses.replace(context.state, perf_models=observe_fpm(context.state.perf_models, samples, config))
         aggregated = config.mode is PlannerMode.AGG
         lower_bounds = {
             Component.PREFILL: state.throughput_lower_bound_prefill if config.throughput_scaling_active else None,
             Component.DECODE: state.throughput_lower_bound_decode if config.throughput_scaling_active else None,
         }
         floors = min_endpoints(config)
-        steps: list[StepRecord] = []
+        steps: list[StepRecord] = list(excluded_steps)
         desired: dict[Component, int | None] = {}
         headlines: list[ReasonCode] = []
 
@@ -638,6 +695,8 @@ class LoadProposePlugin:
                             min_endpoint=floors[component],
                             managed=components,
                             unplaced=inputs.unplaced_for(component),
+                            frontend=inputs.traffic,
+                            tail_latency_scaling=config.load_tail_latency_scaling,
                         ),
                         model,
                     )

@@ -23,6 +23,11 @@ engine of a pool, and moves the pool by at most one replica per tick (Dynamo's l
   within the SLO for some requests since the last tick, or requests wait at the frontend for the pool, the pool is
   short of capacity whatever the engines' own estimates say (the router keeps them below the SLO by refusing work):
   a signal that would hold or scale down becomes one replica up (`unplaced_signal` step, `unplaced_requests`).
+With `load_tail_latency_scaling` (ours), the pool that computes prompts (prefill, or the aggregated pool) also reads
+the frontend's measured tail where the traffic source provides it (`tail_latency_signal`): the per-engine estimates
+see only what is queued at the engines, not requests waiting at the frontend or a tail the model does not predict.
+It adds an engine when the p99 (else p95) TTFT or the mean wait for a first token is above the TTFT target, and
+refuses a scale-down while the tail is above `down_sensitivity` times the target.
 
 Then the throughput floor and the minimum endpoint (`fleet.finalize_load_proposal`). Pure: the forward-pass model
 answers every timing question; no clock, no I/O.
@@ -41,6 +46,7 @@ from planner_core.domain import (
     ReasonCode,
     StepName,
     StepRecord,
+    TrafficObservation,
     UnplacedRequests,
     WorkerCounts,
 )
@@ -105,6 +111,9 @@ class SlaLoadInputs:
         min_endpoint: the pool's minimum replicas.
         managed: the pools the planner scales; a scale in flight in any of them holds this one.
         unplaced: what the router could not place for this pool since the last tick (None: not reported).
+        frontend: the frontend's latency over the last load interval (p95/p99 TTFT, queue time), where the source
+            measures it; read only with `tail_latency_scaling`.
+        tail_latency_scaling: whether the prompt pool also scales on the frontend's tail (`tail_latency_signal`).
     """
 
     component: Component
@@ -118,6 +127,8 @@ class SlaLoadInputs:
     min_endpoint: int = 1
     managed: tuple[Component, ...] = BOTH_POOLS
     unplaced: UnplacedRequests | None = None
+    frontend: TrafficObservation | None = None
+    tail_latency_scaling: bool = False
 
 
 # --- per-engine estimates ------------------------------------------------------------------------------------
@@ -582,6 +593,72 @@ def _unplaced_signal(inputs: SlaLoadInputs, n: int, signal: _Signal, steps: list
     return _Signal(desired=n + 1, reason=ReasonCode.SCALE_UP, refused=False)
 
 
+def tail_latency_signal(
+    component: Component,
+    num_workers: int,
+    desired: int,
+    frontend: TrafficObservation | None,
+    targets: LoadSlaTargets,
+) -> tuple[int, StepRecord]:
+    """The prompt pool's proposal after the frontend's measured tail (ours; module docstring), and its step.
+
+    Args:
+        component: the pool (prefill, or the aggregated pool).
+        num_workers: its workers now.
+        desired: what the per-engine signal proposes (N - 1, N or N + 1).
+        frontend: the frontend's p95/p99 TTFT and queue time over the load interval; None or without them: no
+            change (`tail_latency_ok`, saying nothing was measured).
+        targets: the TTFT target and the scale-down sensitivity.
+
+    Returns:
+        N + 1 (`tail_latency_high`) when the p99 (else p95) TTFT or the queue time is above the target; N
+        (`tail_latency_refused_down`) when the signal wanted N - 1 and the tail is above `down_sensitivity` x the
+        target; else `desired` (`tail_latency_ok`).
+    """
+    tail_ms, label = None, "TTFT tail"
+    if frontend is not None and frontend.ttft_ms_p99 is not None:
+        tail_ms, label = frontend.ttft_ms_p99, "p99 TTFT"
+    elif frontend is not None:
+        tail_ms, label = frontend.ttft_ms_p95, "p95 TTFT"
+    queue_ms = frontend.queue_ms if frontend is not None else None
+    shown = ", ".join(
+        f"{name} {value:.0f} ms" for name, value in ((label, tail_ms), ("queue", queue_ms)) if value is not None
+    )
+    if not shown:
+        return desired, StepRecord(
+            step=StepName.TTFT_SIGNAL,
+            component=component,
+            reason=ReasonCode.TAIL_LATENCY_OK,
+            detail="the source measures no frontend TTFT tail or queue time",
+        )
+    target_ms = targets.ttft_ms
+    if (tail_ms is not None and tail_ms > target_ms) or (queue_ms is not None and queue_ms > target_ms):
+        raised = max(desired, num_workers + 1)
+        return raised, StepRecord(
+            step=StepName.TTFT_SIGNAL,
+            component=component,
+            value=raised,
+            reason=ReasonCode.TAIL_LATENCY_HIGH,
+            detail=f"{shown} above the {target_ms:g} ms TTFT target: {num_workers} -> {raised}",
+        )
+    down_limit_ms = target_ms * targets.down_sensitivity
+    if desired < num_workers and tail_ms is not None and tail_ms > down_limit_ms:
+        return num_workers, StepRecord(
+            step=StepName.TTFT_SIGNAL,
+            component=component,
+            value=num_workers,
+            reason=ReasonCode.TAIL_LATENCY_REFUSED_DOWN,
+            detail=f"{shown}: above {down_limit_ms:g} ms ({targets.down_sensitivity:g} x target), no scale-down",
+        )
+    return desired, StepRecord(
+        step=StepName.TTFT_SIGNAL,
+        component=component,
+        value=desired,
+        reason=ReasonCode.TAIL_LATENCY_OK,
+        detail=f"{shown} within the {target_ms:g} ms TTFT target",
+    )
+
+
 def _hold_at(inputs: SlaLoadInputs) -> int:
     """What a held pool "proposes": its expected count, the target already in force, so applying it is a no-op."""
     return inputs.workers.expected(inputs.component)
@@ -654,6 +731,11 @@ def calculate_load_replicas(inputs: SlaLoadInputs, model: ForwardPassModel) -> t
             signal = _prefill_signal(inputs, fleet, model, steps, aggregated=False)
     else:
         signal = _decode_signal(inputs, fleet, model, steps, aggregated=False)
+    if inputs.tail_latency_scaling and (inputs.aggregated or component is Component.PREFILL):
+        desired_by_tail, tail_step = tail_latency_signal(component, n, signal.desired, inputs.frontend, inputs.targets)
+        steps.append(tail_step)
+        if tail_step.reason is not ReasonCode.TAIL_LATENCY_OK:
+            signal = _Signal(desired=desired_by_tail, reason=tail_step.reason, refused=signal.refused)
 
     if signal.reason is not ReasonCode.INSUFFICIENT_DATA:
         signal = _unplaced_signal(inputs, n, signal, steps)

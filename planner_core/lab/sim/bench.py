@@ -159,6 +159,8 @@ class PlannerPolicy:
             if loop is Loop.LOAD:  # what the router could not place since the previous load tick
                 load_s = float(self.config.load_adjustment_interval_seconds)
                 unplaced = sim.unplaced(max(0.0, now_s - load_s), now_s)
+                if self.config.load_tail_latency_scaling:  # the frontend's TTFT tail and queue time, as a source has
+                    traffic = sim.observe(max(0.0, now_s - load_s), now_s)
             inputs = TickInputs(
                 now_s=now_s,
                 loop=loop,
@@ -702,6 +704,7 @@ def build_policies(
     initial: str = "oracle",
     dynamo_python: str | None = None,
     user_configs: Sequence[UserPlannerConfig] = (),
+    horizon_quantiles: Sequence[float] = (),
 ) -> list[ScalingPolicy]:
     """Policies by name: the baselines, a named policy (`policy_names()`), `DYNAMO_PRESETS` or `fixed:P:D`. Raises
     ValueError on an unknown name, and when a Dynamo policy has no working Dynamo interpreter
@@ -718,6 +721,9 @@ def build_policies(
     With `spec.aggregated` a named policy runs with `mode: agg`, one `agg_refusal` refuses and the Dynamo policies
     and a fixed size with a prefill pool raise ValueError, `fixed:N` is N aggregated engines, and a config file
     must be in agg mode (and outside it, must not be).
+
+    `horizon_quantiles` add the recommended policy once per value of its start-up horizon knob
+    (`throughput_horizon_quantile`), named `planner@qVALUE`: the knob's frontier of attainment against GPU-hours.
     """
     if initial not in ("oracle", "min"):
         raise ValueError(f"initial size: {initial!r} is neither 'oracle' nor 'min'")
@@ -819,7 +825,17 @@ def build_policies(
                 known = ", ".join([*BASELINE_NAMES, *known_policies, *DYNAMO_PRESETS, "fixed:P:D"])
             raise ValueError(f"--policies: unknown policy {name!r} (known: {known})")
     policies.extend(planner_policy(user.name, user.path) for user in user_configs)
+    for quantile in horizon_quantiles:
+        name = horizon_policy_name(quantile)
+        recommended = bench_config(policy_path("planner"), base, aggregated=aggregated)
+        configs[name] = recommended.model_copy(update={"throughput_horizon_quantile": quantile})
+        policies.append(planner_policy(name, policy_path("planner")))
     return policies
+
+
+def horizon_policy_name(quantile: float) -> str:
+    """The bench name of the recommended policy at one setting of its horizon knob (`--horizon-quantiles`)."""
+    return f"planner@q{quantile:g}"
 
 
 def _fixed_agg(name: str) -> FixedPolicy:

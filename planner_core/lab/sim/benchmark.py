@@ -71,6 +71,7 @@ class BenchRequest:
     tpot_dispatch_threshold: float = 1.0
     no_endpoint: NoEndpointAction = NoEndpointAction.QUEUE
     adaptive_pd: bool = True
+    horizon_quantiles: tuple[float, ...] = ()  # the recommended policy again at each value of its horizon knob
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -197,6 +198,7 @@ def benchmark(
     policies = build_policies(
         names, base, trace, perf, fwd, sizing_spec, window_s=request.throughput_interval_s, oracle=oracle,
         initial=request.initial, dynamo_python=request.dynamo_python, user_configs=user_configs,
+        horizon_quantiles=request.horizon_quantiles,
     )  # fmt: skip
     for policy in policies:
         planner = getattr(policy, "planner", None)  # a planner policy: its plugins that did not load

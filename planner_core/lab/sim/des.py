@@ -454,13 +454,25 @@ class ClusterSimulator:
         )
 
     def observe(self, start_s: float, end_s: float, *, planner: Planner | None = None) -> TrafficObservation:
-        """The frontend's view of [start_s, end_s): arrivals, lengths, and the mean TTFT/ITL of requests whose
-        first token (TTFT) or last token (ITL) came in the window; with a `planner`, also the traffic features it
-        reads from the requests' arrivals (`Planner.observed`: the prompt-arrival curve at its engine rate)."""
+        """The frontend's view of [start_s, end_s): arrivals, lengths, the mean TTFT/ITL of requests whose
+        first token (TTFT) or last token (ITL) came in the window, their p95/p99 TTFT and the mean time the window's
+        requests waited for a first token (`queue_ms`, counted up to the window's end); with a `planner`, also the
+        traffic features it reads from the requests' arrivals (`Planner.observed`: the prompt-arrival curve at its
+        engine rate)."""
         base = self.trace.observe(start_s, end_s)
         first = (self._first_token_s >= start_s) & (self._first_token_s < end_s)
         done = (self._finish_s >= start_s) & (self._finish_s < end_s) & (self._osl > 1)
         ttft_ms = float(np.mean(self._ttft_s[first]) * 1000.0) if first.any() else None
+        tail_ms = np.percentile(self._ttft_s[first], [95.0, 99.0]) * 1000.0 if first.any() else None
+        # the time each request of the window waited for its first token, up to the window's end (a frontend's
+        # queued-requests gauge integrated over the window, divided by the arrivals: Little's law)
+        arrival_s = np.asarray(self.trace.arrival_s)  # sorted
+        lo, hi = np.searchsorted(arrival_s, [start_s, end_s], side="left")
+        if hi > lo:
+            waited_s = np.fmin(self._first_token_s[lo:hi], end_s) - arrival_s[lo:hi]
+            queue_ms = float(np.mean(np.maximum(waited_s, 0.0)) * 1000.0)
+        else:
+            queue_ms = None
         itl = self._itl_s()
         itl_ms = float(np.nanmean(itl[done]) * 1000.0) if done.any() else None
         kv_hit_rate, _ = self.kv_hit_rate(start_s, end_s)
@@ -477,6 +489,9 @@ class ClusterSimulator:
             osl_p99=base.osl_p99,
             ttft_ms=ttft_ms,
             itl_ms=itl_ms,
+            ttft_ms_p95=None if tail_ms is None else float(tail_ms[0]),
+            ttft_ms_p99=None if tail_ms is None else float(tail_ms[1]),
+            queue_ms=queue_ms,
             kv_hit_rate=kv_hit_rate,
         )
         if planner is None:

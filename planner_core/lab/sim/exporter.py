@@ -15,7 +15,8 @@ simulated timeline, as a frontend sees it:
 Exported series, labelled like Dynamo's:
 
 - frontend (`model`, `dynamo_namespace`): `dynamo_frontend_requests_started_total`,
-  `dynamo_frontend_requests_total`, histograms `dynamo_frontend_input_sequence_tokens`,
+  `dynamo_frontend_requests_total`, the gauge `dynamo_frontend_queued_requests` (arrived, no first token yet),
+  histograms `dynamo_frontend_input_sequence_tokens`,
   `dynamo_frontend_output_sequence_tokens`, `dynamo_frontend_time_to_first_token_seconds`,
   `dynamo_frontend_inter_token_latency_seconds`, `dynamo_frontend_request_duration_seconds`;
 - router (`dynamo_namespace` with dashes as underscores, `dynamo_component="router"`):
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
 from planner_core.domain import WorkerCounts
@@ -241,6 +242,13 @@ class TraceMetricsExporter:
             counter = CounterMetricFamily(name, doc, labels=list(frontend))
             counter.add_metric(list(frontend.values()), float(value))
             yield counter
+        # requests that arrived and have no first token yet: a Prometheus `avg_over_time` of it over a window, divided
+        # by the window's request rate, is the mean time a request waits for its first token (Little's law)
+        queued = GaugeMetricFamily(
+            "dynamo_frontend_queued_requests", "Requests awaiting a first token", labels=list(frontend)
+        )
+        queued.add_metric(list(frontend.values()), float(len(self._awaiting_first)))
+        yield queued
         counter = CounterMetricFamily("dynamo_component_router_requests", "Requests routed", labels=list(router))
         counter.add_metric(list(router.values()), float(self.num_started))
         yield counter

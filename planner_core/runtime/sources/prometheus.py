@@ -79,6 +79,7 @@ class TrafficSeries:
     output_sequence_tokens: str  # histogram of OSL (tokens)
     time_to_first_token_s: str  # histogram of TTFT (seconds)
     inter_token_latency_s: str  # histogram of ITL (seconds)
+    queued_requests: str | None = None  # gauge of requests awaiting a first token (the frontend's only)
 
 
 FRONTEND_SERIES = TrafficSeries(
@@ -88,6 +89,7 @@ FRONTEND_SERIES = TrafficSeries(
     output_sequence_tokens="dynamo_frontend_output_sequence_tokens",
     time_to_first_token_s="dynamo_frontend_time_to_first_token_seconds",
     inter_token_latency_s="dynamo_frontend_inter_token_latency_seconds",
+    queued_requests="dynamo_frontend_queued_requests",
 )
 ROUTER_SERIES = TrafficSeries(
     requests_started="dynamo_component_router_requests_started_total",
@@ -180,6 +182,24 @@ class TrafficQueries:
         selector = self.traffic_selector if selector is None else selector
         return (
             f"sum(increase({histogram}_sum{selector}[{window}])) / sum(increase({histogram}_count{selector}[{window}]))"
+        )
+
+    def quantile(self, histogram: str, quantile: float, window: str) -> str:
+        """The `quantile` of a histogram's observations over the window (Prometheus interpolates in the buckets)."""
+        return (
+            f"histogram_quantile({quantile:g}, sum by (le) (increase({histogram}_bucket{self.traffic_selector}"
+            f"[{window}])))"
+        )
+
+    def queue_s(self, window: str) -> str | None:
+        """The mean time a request waited for its first token: the frontend's queued-requests gauge averaged over
+        the window, divided by the window's request rate (Little's law); None when the series has no such gauge."""
+        series = self.series
+        if series.queued_requests is None:
+            return None
+        return (
+            f"sum(avg_over_time({series.queued_requests}{self.traffic_selector}[{window}])) / "
+            f"sum(rate({series.requests_started}{self.traffic_selector}[{window}]))"
         )
 
     def kv_hit_rate(self, window: str) -> str:
@@ -439,6 +459,9 @@ class RawAnswers:
     itl_s: float | None = None
     kv_hit_rate: float | None = None
     accept_length: float | None = None
+    ttft_p95_s: float | None = None
+    ttft_p99_s: float | None = None
+    queue_s: float | None = None
 
 
 def _invalid(field_name: str, value: float, why: str) -> TrafficUnavailable:
@@ -486,6 +509,14 @@ def observation_from_answers(answers: RawAnswers) -> TrafficObservation:
             lengths[name] = _checked(name, value, 0.0, MAX_SEQUENCE_TOKENS)
     ttft_s = _optional("ttft_s", answers.ttft_s, 0.0, MAX_LATENCY_S)
     itl_s = _optional("itl_s", answers.itl_s, 0.0, MAX_LATENCY_S)
+    tail_ms = {  # the observation's field: the answer's seconds, checked, in ms
+        field_name: None if seconds is None else seconds * 1000.0
+        for field_name, seconds in (
+            ("ttft_ms_p95", _optional("ttft_p95_s", answers.ttft_p95_s, 0.0, MAX_LATENCY_S)),
+            ("ttft_ms_p99", _optional("ttft_p99_s", answers.ttft_p99_s, 0.0, MAX_LATENCY_S)),
+            ("queue_ms", _optional("queue_s", answers.queue_s, 0.0, MAX_LATENCY_S)),
+        )
+    }
     return TrafficObservation(
         duration_s=duration_s,
         num_req=num_req,
@@ -493,6 +524,7 @@ def observation_from_answers(answers: RawAnswers) -> TrafficObservation:
         osl=lengths["osl"],
         ttft_ms=None if ttft_s is None else ttft_s * 1000.0,
         itl_ms=None if itl_s is None else itl_s * 1000.0,
+        **tail_ms,
         kv_hit_rate=_optional("kv_hit_rate", answers.kv_hit_rate, 0.0, 1.0 + KV_HIT_RATE_SLACK),
         accept_length=_optional("accept_length", answers.accept_length, 1.0, MAX_ACCEPT_LENGTH),
     )
@@ -691,6 +723,7 @@ class PrometheusTrafficSource:
                 f"neither {series.requests_started} nor {series.requests_total} exists for {queries.traffic_selector}",
             )
         accept_query = queries.accept_length(window)
+        queue_query = queries.queue_s(window)
         answers = RawAnswers(
             duration_s=duration_s,
             num_req=num_req,
@@ -700,6 +733,9 @@ class PrometheusTrafficSource:
             itl_s=self.query(queries.mean(series.inter_token_latency_s, window), window_end),
             kv_hit_rate=self.query(queries.kv_hit_rate(window), window_end),
             accept_length=self.query(accept_query, window_end) if accept_query else None,
+            ttft_p95_s=self.query(queries.quantile(series.time_to_first_token_s, 0.95, window), window_end),
+            ttft_p99_s=self.query(queries.quantile(series.time_to_first_token_s, 0.99, window), window_end),
+            queue_s=self.query(queue_query, window_end) if queue_query else None,
         )
         return observation_from_answers(answers)
 

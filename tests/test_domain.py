@@ -33,6 +33,7 @@ from planner_core.domain import (
     ForwardPassMetrics,
     FpmSample,
     HeldResult,
+    HorizonWindow,
     KalmanState,
     LengthQuantile,
     LoadHistory,
@@ -45,6 +46,7 @@ from planner_core.domain import (
     OnlinePerfState,
     OverrideType,
     PartialPrediction,
+    PendingScaleUp,
     PerfModelRole,
     PipelineState,
     PlannerState,
@@ -59,6 +61,8 @@ from planner_core.domain import (
     ScheduledRequests,
     SeriesModel,
     SizedNeed,
+    StartupSample,
+    StartupState,
     StepRecord,
     ThresholdPlannerState,
     TickInputs,
@@ -142,15 +146,6 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         num_waiting=counts,
         num_unplaced=counts,
         num_rejected=counts,
-    )
-    inputs = st.builds(
-        TickInputs,
-        now_s=floats,
-        loop=st.sampled_from(Loop),
-        workers=workers,
-        traffic=st.none() | traffic,
-        fpm=st.lists(fpm, max_size=3).map(tuple),
-        unplaced=st.lists(unplaced, max_size=2).map(tuple),
     )
     prediction = st.builds(
         Prediction,
@@ -297,6 +292,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         workers=workers,
         traffic=st.none() | traffic,
         fpm=st.lists(fpm, max_size=3).map(tuple),
+        unplaced=st.lists(unplaced, max_size=2).map(tuple),
         remote=st.lists(remote_answer, max_size=2).map(tuple),
     )
     pipeline_state = st.builds(PipelineState, plugins=st.lists(plugin_schedule, max_size=3).map(tuple))
@@ -310,6 +306,21 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         decode_grace_intervals_left=counts,
     )
     sized_need = st.builds(SizedNeed, at_s=floats, num_prefill=counts, num_decode=counts)
+    pending_scale_up = st.builds(PendingScaleUp, component=st.sampled_from(Component), at_s=floats, target=counts)
+    startup_sample = st.builds(StartupSample, component=st.sampled_from(Component), at_s=floats, startup_s=floats)
+    startup = st.builds(
+        StartupState,
+        pending=st.lists(pending_scale_up, max_size=2).map(tuple),
+        samples=st.lists(startup_sample, max_size=3).map(tuple),
+    )
+    horizon_window = st.builds(
+        HorizonWindow,
+        at_s=floats,
+        planned_prefill=floats,
+        observed_prefill=floats,
+        planned_decode=floats,
+        observed_decode=floats,
+    )
     state = st.builds(
         PlannerState,
         load_history=history,
@@ -323,6 +334,8 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         last_kv_hit_rate=opt_floats,
         last_accept_length=opt_floats,
         recent_throughput_needs=st.lists(sized_need, max_size=3).map(tuple),
+        startup=startup,
+        horizon_windows=st.lists(horizon_window, max_size=3).map(tuple),
     )
     step = st.builds(
         StepRecord,
@@ -383,6 +396,10 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         PipelineState: pipeline_state,
         ThresholdPlannerState: threshold_planner,
         SizedNeed: sized_need,
+        PendingScaleUp: pending_scale_up,
+        StartupSample: startup_sample,
+        StartupState: startup,
+        HorizonWindow: horizon_window,
         PlannerState: state,
         StepRecord: step,
         ReplicaProposal: proposal,
@@ -519,6 +536,9 @@ def test_non_finite_floats_become_strings() -> None:
         "kv_hit_rate": None,
         "accept_length": None,
         **dict.fromkeys(domain.PROMPT_ARRIVAL_INTERVALS_S),
+        "ttft_ms_p95": None,
+        "ttft_ms_p99": None,
+        "queue_ms": None,
     }
     json.dumps(to_jsonable(obs), allow_nan=False)  # strict JSON: no bare NaN/Infinity tokens
     restored = from_jsonable(TrafficObservation, to_jsonable(obs))

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from planner_core.config import LengthSizing, LoadPredictorName, PlannerConfig, parse_config
+from planner_core.config import LengthSizing, LoadPredictorName, PlannerConfig, managed_components, parse_config
 from planner_core.data import H200_PROFILE_DIR
 from planner_core.domain import (
     Component,
@@ -937,7 +937,20 @@ def bounded_configs(draw: st.DrawFn) -> PlannerConfig:
         overrides["prefill_min_endpoint"] = draw(st.none() | st.integers(1, 4))
     if mode != "prefill":
         overrides["decode_min_endpoint"] = draw(st.none() | st.integers(1, 4))
-    return make_config(**{k: v for k, v in overrides.items() if v is not None})
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if overrides["max_gpu_budget"] >= 0:
+        # a budget below the minimum endpoints' GPUs is a config error: draw it at or above them
+        unbounded = make_config(**{**overrides, "max_gpu_budget": -1})
+        floor_gpus = sum(
+            _floors(unbounded)[c] * gpus
+            for c, gpus in (
+                (Component.PREFILL, unbounded.prefill_gpus_per_engine),
+                (Component.DECODE, unbounded.decode_gpus_per_engine),
+            )
+            if c in managed_components(unbounded.mode)
+        )
+        overrides["max_gpu_budget"] = floor_gpus + overrides["max_gpu_budget"]
+    return make_config(**overrides)
 
 
 expected_counts = st.builds(workers, st.integers(0, 60), st.integers(0, 60))

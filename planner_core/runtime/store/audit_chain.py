@@ -94,8 +94,6 @@ def verify_chain(session: Session) -> ChainReport:
     return ChainReport(num_rows=num_rows, head_hash=expected_prev.hex(), broken=None)
 
 
-def _broken(
-    num_rows: int, head: bytes, row_id: int, field: str, expected: bytes, found: bytes
-) -> ChainReport:
+def _broken(num_rows: int, head: bytes, row_id: int, field: str, expected: bytes, found: bytes) -> ChainReport:
     link = BrokenLink(row_id=row_id, field=field, expected=expected.hex(), found=found.hex())
     return ChainReport(num_rows=num_rows, head_hash=head.hex(), broken=link)

@@ -17,6 +17,7 @@ from planner_cli import (
     audit,
     bench,
     capacity,
+    chaos,
     completion,
     db,
     demo,
@@ -35,7 +36,8 @@ from planner_core.runtime.store.migrate import SchemaOutOfDate
 
 # In the order `planner --help` lists them.
 COMMAND_GROUPS = (
-    db, demo, serve, capacity, perf, report, bench, history, audit, forecast, k8s, keda, ingest, sim, completion,
+    db, demo, serve, capacity, perf, report, bench, history, audit, chaos, forecast, k8s, keda, ingest, sim,
+    completion,
 )  # fmt: skip
 
 

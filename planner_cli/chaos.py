@@ -70,6 +70,7 @@ class ChaosRun:
     port: int
     env: dict[str, str]
     prefect: subprocess.Popen | None = None
+    demo: subprocess.Popen | None = None  # the demo attempt running now
     kills: list[Kill] = field(default_factory=list)
 
     @property
@@ -133,6 +134,10 @@ class ChaosRun:
         return True
 
 
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -168,9 +173,10 @@ def _demo_command(args: argparse.Namespace, deployment: str) -> list[str]:
 
 def _start_demo(run: ChaosRun, args: argparse.Namespace, deployment: str, attempt: int) -> subprocess.Popen:
     log = (run.folder / "logs" / f"{deployment}-{attempt:03d}.log").open("wb")
-    return subprocess.Popen(
+    run.demo = subprocess.Popen(
         _demo_command(args, deployment), env=run.env, stdout=log, stderr=subprocess.STDOUT, cwd=run.folder
     )
+    return run.demo
 
 
 def _wait(process: subprocess.Popen, timeout_s: float) -> int | None:
@@ -330,6 +336,8 @@ def run_chaos(args: argparse.Namespace) -> dict[str, Any]:
     run.owner_url()  # the embedded server, initialised before any kill (a first initialisation is not a target)
     rounds: list[dict[str, Any]] = []
     num_attempts = 0
+    # SIGTERM (a stopped run) unwinds like Ctrl-C, so the `finally` below stops the Prefect server it started
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         run.start_prefect()
         baseline_s = run_baseline(run, args)
@@ -371,6 +379,8 @@ def run_chaos(args: argparse.Namespace) -> dict[str, Any]:
             chain = verify_chain(session)
         get_engine(url).dispose()
     finally:
+        if run.demo is not None and run.demo.poll() is None:
+            _kill(run.demo)  # an interrupted run leaves no demo behind
         run.stop_prefect()
     report = _report(args, run, rounds, baseline, baseline_s, num_attempts, started_at, chain)
     _write_report(args, report)

@@ -285,7 +285,6 @@ def demo(
     data_dir = RuntimeSettings().data_dir
     out_dir = Path(report_dir) if report_dir else resolve_report_dir(ctx.service, Path(config_path), data_dir)
     report = write_report(
-        url,
         deployment,
         periodic_report_path(out_dir, _epoch(trace, end_s), ctx.service.report_filename, deployment=deployment),
         None,  # the whole run, resumed parts included

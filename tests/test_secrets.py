@@ -119,3 +119,37 @@ def test_no_secret_reaches_tables_prefect_or_logs(database_url, tmp_path, azure_
     leaks += [f"output: {s}" for s in secrets if s in output]
     assert leaks == []
     assert any(path.suffix == ".db" for path in prefect_home.rglob("*")), "the Prefect database was not found"
+
+
+def test_an_audit_detail_is_stored_redacted(database_url) -> None:
+    """Whatever a caller puts in an audit detail, the row holds no password (repository.audit redacts)."""
+    from planner_core.runtime.store import repository as repo
+    from planner_core.runtime.store.db import session_factory
+
+    with session_factory(database_url).begin() as session:
+        repo.audit(session, "secret_probe", {"problem": f"unreachable: http://u:{PROM_SECRET}@h:9090: refused"})
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        [(detail,)] = conn.execute("SELECT detail::text FROM audit_log WHERE event = 'secret_probe'").fetchall()
+    assert PROM_SECRET not in detail and "http://u:***@h:9090" in detail
+
+
+def test_traffic_unavailable_redacts_its_detail() -> None:
+    """A source's error quoting its endpoint carries the endpoint without the password."""
+    from planner_core.runtime.sources.base import NoTrafficDataKind, TrafficUnavailable
+
+    exc = TrafficUnavailable(NoTrafficDataKind.UNREACHABLE, f"http://u:{PROM_SECRET}@h: ConnectError")
+    assert PROM_SECRET not in exc.detail and PROM_SECRET not in str(exc)
+
+
+def test_no_flow_or_task_takes_the_database_url() -> None:
+    """Prefect keeps flow and task parameters: none of ours is a database URL."""
+    import inspect
+
+    from flows import demo, replay, report, serve, ticks
+
+    for module in (demo, replay, report, serve, ticks):
+        for name, value in vars(module).items():
+            fn = getattr(value, "fn", None)  # a Prefect flow or task
+            if fn is not None and callable(fn) and getattr(value, "__module__", "") == module.__name__:
+                params = inspect.signature(fn).parameters
+                assert "database_url" not in params and "url" not in params, f"{module.__name__}.{name}"

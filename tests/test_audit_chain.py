@@ -11,6 +11,7 @@ import threading
 
 import psycopg
 import pytest
+from sqlalchemy import text
 
 from planner_core.domain import Loop, TrafficObservation
 from planner_core.runtime.service import load_context, run_tick
@@ -217,3 +218,21 @@ def test_migration_0009_chains_existing_rows_and_downgrades(empty_database_url, 
     with session_factory(url).begin() as session:
         assert verify_chain(session).ok
     get_engine(url).dispose()
+
+
+def test_verify_reads_one_snapshot_while_the_planner_appends(database_url, tmp_path) -> None:
+    """A row another writer commits while a walk's transaction is open is not in the walk's snapshot (so the head
+    cannot run past the rows walked); the next walk sees it, chained."""
+    _record_ticks(database_url, tmp_path, 2)
+    sessions = session_factory(database_url)
+    with sessions.begin() as session:
+        first = verify_chain(session)
+        with sessions.begin() as other:
+            repo.audit(other, "appended_meanwhile", {})
+        in_snapshot = session.execute(text("SELECT count(*) FROM audit_log")).scalar_one()
+        head_id = session.execute(text("SELECT last_id FROM audit_chain_head")).scalar_one()
+        last_id = session.execute(text("SELECT max(id) FROM audit_log")).scalar_one()
+    assert first.ok and in_snapshot == first.num_rows and head_id == last_id
+    with sessions.begin() as session:
+        after = verify_chain(session)
+    assert after.ok and after.num_rows == first.num_rows + 1

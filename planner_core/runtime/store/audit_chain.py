@@ -69,7 +69,12 @@ def row_hash(prev_hash: bytes, content: str) -> bytes:
 
 
 def verify_chain(session: Session) -> ChainReport:
-    """Walk the whole audit log in id order; stop at the first broken link."""
+    """Walk the whole audit log in id order; stop at the first broken link.
+
+    Call it first in its transaction: it reads in one snapshot (REPEATABLE READ, read only), so rows the
+    planner appends during the walk neither show in some batches and not others nor move the head past the
+    walk's end."""
+    session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
     expected_prev = GENESIS_HASH
     last_id, num_rows = 0, 0
     while True:

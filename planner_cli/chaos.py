@@ -287,23 +287,40 @@ def _sequences(url: str, deployment: str) -> dict[str, list]:
     return {"ticks": ticks, "decisions": decisions, "dup_ticks": duplicate_ticks, "dup_decisions": duplicate_decisions}
 
 
+def diff_rows(baseline: list[tuple], got: list[tuple], key_fields: int) -> dict[str, list]:
+    """Rows keyed by their first `key_fields` fields (a tick's scheduled time and loop, a decision's time): the
+    baseline's rows whose key `got` lacks (lost), `got`'s rows whose key the baseline lacks (extra), and the keys
+    in both whose rows differ (changed: recorded once, with other content)."""
+
+    def keyed(rows: list[tuple]) -> dict[Any, tuple]:
+        return {row[:key_fields]: row for row in rows}
+
+    old, new = keyed(baseline), keyed(got)
+    return {
+        "lost": [old[k] for k in old if k not in new],
+        "extra": [new[k] for k in new if k not in old],
+        "changed": [(old[k], new[k]) for k in old if k in new and old[k] != new[k]],
+    }
+
+
 def compare_round(url: str, deployment: str, baseline: dict[str, list]) -> dict[str, Any]:
-    """One finished round against the baseline: duplicates, losses, extras, identical sequences."""
+    """One finished round against the baseline: duplicates, losses, extras, changed rows, identical sequences."""
     got = _sequences(url, deployment)
-
-    def missing(a: list, b: list) -> int:
-        return sum(1 for row in a if row not in b)
-
+    ticks = diff_rows(baseline["ticks"], got["ticks"], key_fields=2)  # (scheduled_at, loop)
+    decisions = diff_rows(baseline["decisions"], got["decisions"], key_fields=1)  # decided_at
     return {
         "deployment": deployment,
         "num_ticks": len(got["ticks"]),
         "num_decisions": len(got["decisions"]),
         "duplicate_ticks": got["dup_ticks"],
         "duplicate_decisions": got["dup_decisions"],
-        "lost_ticks": missing(baseline["ticks"], got["ticks"]),
-        "lost_decisions": missing(baseline["decisions"], got["decisions"]),
-        "extra_ticks": missing(got["ticks"], baseline["ticks"]),
-        "extra_decisions": missing(got["decisions"], baseline["decisions"]),
+        "lost_ticks": len(ticks["lost"]),
+        "lost_decisions": len(decisions["lost"]),
+        "extra_ticks": len(ticks["extra"]),
+        "extra_decisions": len(decisions["extra"]),
+        "changed_ticks": len(ticks["changed"]),
+        "changed_decisions": len(decisions["changed"]),
+        "changes": [[str(value) for value in pair] for pair in ticks["changed"] + decisions["changed"]],
         "ticks_identical": got["ticks"] == baseline["ticks"],
         "decisions_identical": got["decisions"] == baseline["decisions"],
     }
@@ -424,6 +441,8 @@ def _report(
         "lost_decisions": sum(r["lost_decisions"] for r in rounds),
         "extra_ticks": sum(r["extra_ticks"] for r in rounds),
         "extra_decisions": sum(r["extra_decisions"] for r in rounds),
+        "changed_ticks": sum(r["changed_ticks"] for r in rounds),
+        "changed_decisions": sum(r["changed_decisions"] for r in rounds),
         "rounds_identical": sum(1 for r in rounds if r["ticks_identical"] and r["decisions_identical"]),
         "baseline_ticks": len(baseline["ticks"]),
         "baseline_decisions": len(baseline["decisions"]),

@@ -51,3 +51,17 @@ def test_chaos_refuses_an_unknown_fault(tmp_path) -> None:
         "(known: demo-random, demo-after-tick, postgres, prefect)"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_diff_rows_tells_lost_extra_and_changed_apart() -> None:
+    """A tick missing, one more, and one recorded with another reason: each counted once, in its own kind."""
+    from planner_cli.chaos import diff_rows
+
+    baseline = [(1, "t", "no_change"), (2, "t", "no_change"), (3, "t", "scale")]
+    got = [(1, "t", "no_change"), (2, "t", "no_traffic_data"), (4, "t", "no_change")]
+    assert diff_rows(baseline, got, key_fields=2) == {
+        "lost": [(3, "t", "scale")],
+        "extra": [(4, "t", "no_change")],
+        "changed": [((2, "t", "no_change"), (2, "t", "no_traffic_data"))],
+    }
+    assert diff_rows(baseline, baseline, key_fields=2) == {"lost": [], "extra": [], "changed": []}

@@ -211,11 +211,10 @@ def _inject(
     deployment: str,
     round_no: int,
     baseline_s: float,
-    faults: tuple[str, ...] = FAULTS,
+    fault: str,
 ) -> Kill | None:
-    """Draw a fault, inject it during the running demo, and see the demo to its end. None: the demo finished
-    before the fault's moment came (no kill)."""
-    fault = rng.choice(faults)
+    """Inject `fault` during the running demo at a random moment, and see the demo to its end. None: the demo
+    finished before the fault's moment came (no kill)."""
     started = time.monotonic()
     at_s = rng.uniform(0.0, baseline_s)
     if fault == "demo-after-tick":
@@ -373,7 +372,8 @@ def run_chaos(args: argparse.Namespace) -> dict[str, Any]:
                 num_attempts += 1
                 process = _start_demo(run, args, deployment, num_attempts)
                 if len(run.kills) < args.kills and not out_of_time():
-                    kill = _inject(run, rng, process, deployment, round_no, baseline_s, args.faults)
+                    fault = args.faults[len(run.kills) % len(args.faults)] if args.cycle else rng.choice(args.faults)
+                    kill = _inject(run, rng, process, deployment, round_no, baseline_s, fault)
                     if kill is not None:
                         run.kills.append(kill)
                         print(f"kill {len(run.kills)}: {kill}", file=sys.stderr)
@@ -494,6 +494,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--faults", type=lambda text: tuple(text.split(",")), default=FAULTS,
         help=f"comma-separated fault kinds to draw from (default: all of {','.join(FAULTS)})",
     )  # fmt: skip
+    chaos.add_argument(
+        "--cycle", action="store_true", help="take the faults in turn (in --faults order) instead of drawing them"
+    )
     chaos.add_argument(
         "--max-duration-s", type=float, default=None,
         help="inject no fault after this much wall time; the round under way is finished and reported",

@@ -219,18 +219,19 @@ def demo(
     startup_s: float = 120.0,
     rate_scale: float = 1.0,
     max_windows: int | None = None,
-    database_url: str | None = None,
     report_dir: str | None = None,
 ) -> dict:
     """Replay `trace_path` through the planner in simulated time; returns the run's summary figures.
 
+    The database is the one `PLANNER_DATABASE_URL` names (else the embedded server), read here rather than taken
+    as a parameter: Prefect keeps a flow run's parameters in its own database, and the URL may hold a password.
     The report of all the deployment's ticks goes to `report_dir` (default: the config's `report_output_dir`
     relative to the config file, else `reports/` in the planner's data folder).
     """
-    from planner_core.runtime.store.db import resolve_database_url
+    from planner_core.runtime.store.db import resolve_database_url, resolve_owner_database_url
 
-    url = database_url or resolve_database_url()
-    prepare_database(url)
+    url = resolve_database_url()
+    prepare_database(resolve_owner_database_url())  # migrations as the owner; the run writes through `url`
     ctx = load_context(url, deployment, config_path)
     if ctx.perf is None:
         raise ValueError(f"{config_path}: field 'profile_results_dir' = {ctx.config.profile_results_dir!r}: not found")
@@ -286,7 +287,6 @@ def demo(
     data_dir = RuntimeSettings().data_dir
     out_dir = Path(report_dir) if report_dir else resolve_report_dir(ctx.service, Path(config_path), data_dir)
     report = write_report(
-        url,
         deployment,
         periodic_report_path(out_dir, _epoch(trace, end_s), ctx.service.report_filename, deployment=deployment),
         None,  # the whole run, resumed parts included

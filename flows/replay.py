@@ -24,7 +24,6 @@ MAX_DIFFERENCES_RETURNED = 100  # the full list is in replay_ticks
 
 @task(name="replay-range", cache_policy=NO_CACHE)
 def replay_range(
-    database_url: str,
     deployment: str,
     start: dt.datetime,
     end: dt.datetime,
@@ -33,7 +32,11 @@ def replay_range(
     profile_dir: str | None,
     mode: ReplayMode | None,
 ) -> dict:
-    """Replay the ticks in [start, end) and return the summary (see `ReplaySummary.to_json`)."""
+    """Replay the ticks in [start, end) and return the summary (see `ReplaySummary.to_json`).
+
+    The database URL is resolved here, not passed in: a task's arguments may be kept by Prefect, and the URL may
+    hold a password."""
+    database_url = resolve_database_url()
     logger = get_run_logger()
     progress_id = create_progress_artifact(0.0, description=f"replay of {deployment}")
     reported = [0.0]
@@ -101,7 +104,6 @@ def replay_ticks(
     """
     now = dt.datetime.now(dt.UTC)
     return replay_range(
-        resolve_database_url(),
         deployment,
         parse_time(start, now=now, name="start"),
         parse_time(end, now=now, name="end"),

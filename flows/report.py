@@ -28,15 +28,17 @@ from planner_core.runtime.times import parse_time
 
 @task(name="write-report", cache_policy=NO_CACHE)
 def write_report(
-    database_url: str,
     deployment: str,
     out_path: Path,
     since: dt.datetime | None,
     until: dt.datetime | None,
     write_log: bool,
 ) -> ReportFile:
-    """Build the report of `deployment`'s ticks in [since, until) and write it (atomically) to `out_path`."""
-    with session_factory(database_url).begin() as session:
+    """Build the report of `deployment`'s ticks in [since, until) and write it (atomically) to `out_path`.
+
+    The database is `resolve_database_url()`'s, read here rather than passed: a task's arguments may be kept by
+    Prefect, and the URL may hold a password."""
+    with session_factory(resolve_database_url()).begin() as session:
         return generate_report(
             session,
             deployment,
@@ -123,6 +125,6 @@ def planner_report(
     )
     out_dir = resolve_report_dir(service, Path(path), settings.data_dir).resolve()
     out_path = periodic_report_path(out_dir, end, service.report_filename, deployment=deployment)
-    written = write_report(database_url, deployment, out_path, start, end, service.report_write_gzip_log)
+    written = write_report(deployment, out_path, start, end, service.report_write_gzip_log)
     publish_report(written)
     return {"path": str(written.path), "num_charts": written.num_charts, "gpu_hours": written.summary.gpu_hours}

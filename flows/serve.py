@@ -26,7 +26,7 @@ from flows.ticks import execute_decisions, load_tick, throughput_tick
 from planner_core.config import PlannerFile
 from planner_core.runtime.service import served_config
 from planner_core.runtime.settings import DEFAULT_DEPLOYMENT, RuntimeSettings
-from planner_core.runtime.store.db import resolve_database_url
+from planner_core.runtime.store.db import resolve_database_url, resolve_owner_database_url
 from planner_core.runtime.store.migrate import upgrade
 
 NO_OVERLAP = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
@@ -106,7 +106,7 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
     settings = RuntimeSettings()
     path, loaded = served_config(config_path, settings)
     database_url = resolve_database_url(settings)
-    upgrade(database_url)
+    upgrade(resolve_owner_database_url(settings))  # as the owner; the flows write through `database_url`
     name = deployment or settings.deployment or DEFAULT_DEPLOYMENT
     if loaded.service.metric_reporting_prometheus_port:
         from planner_core.runtime.metrics import start_metrics_server

@@ -24,6 +24,7 @@ from planner_core.config import PlannerConfig, ServiceConfig
 from planner_core.data import DEFAULT_CONFIG as SHIPPED_DEFAULT_CONFIG
 from planner_core.domain import Loop, TickOutcome, TrafficObservation
 from planner_core.planner import Planner
+from planner_core.runtime.redact import redact_text
 from planner_core.runtime.service import PlannerContext, load_context, run_execution, run_tick
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.sources import CollectedTraffic
@@ -61,9 +62,11 @@ def collect_traffic(
     """
     collected = collect_from_source(config, service, window_start, window_end, planner=planner)
     if collected is not None and collected.problem is not None:
-        _logger().warning("no traffic data for [%s, %s): %s", window_start, window_end, collected.problem)
+        problem = redact_text(collected.problem)  # a plugin source's text too: it may quote its URL
+        _logger().warning("no traffic data for [%s, %s): %s", window_start, window_end, problem)
     if collected is not None and collected.curve_problem is not None:
-        _logger().warning("no prompt-arrival curve for [%s, %s): %s", window_start, window_end, collected.curve_problem)
+        problem = redact_text(collected.curve_problem)
+        _logger().warning("no prompt-arrival curve for [%s, %s): %s", window_start, window_end, problem)
     return collected
 
 

@@ -10,7 +10,12 @@ from planner_core.runtime.settings import RuntimeSettings
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from planner_core.runtime.store.db import resolve_database_url, stop_embedded_database, to_libpq_uri
+    from planner_core.runtime.store.db import (
+        resolve_database_url,
+        resolve_owner_database_url,
+        stop_embedded_database,
+        to_libpq_uri,
+    )
     from planner_core.runtime.store.migrate import upgrade
 
     settings = RuntimeSettings()
@@ -18,13 +23,13 @@ def cmd_db(args: argparse.Namespace) -> int:
         stopped = stop_embedded_database(settings.embedded_pg_dir)
         print("stopped" if stopped else f"no embedded server running under {settings.embedded_pg_dir}")
         return 0
+    if args.action == "upgrade":
+        upgrade(resolve_owner_database_url(settings))  # migrations run as the schema's owner
+        print("schema at head")
+        return 0
     url = resolve_database_url(settings)
     if args.action == "prune":
         return _db_prune(url, args)
-    if args.action == "upgrade":
-        upgrade(url)
-        print("schema at head")
-        return 0
     print(url)
     print(f'psql "{to_libpq_uri(url)}"', file=sys.stderr)
     return 0

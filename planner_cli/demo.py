@@ -45,8 +45,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             startup_s=args.startup_s,
             rate_scale=args.rate_scale,
             max_windows=args.max_windows,
-            database_url=url,
-        )
+        )  # no database URL among the parameters: Prefect stores them, and the URL may hold a password
     elapsed_s = time.perf_counter() - started
     simulated_h = result["num_windows"] * result["window_s"] / 3600.0
     print(f"\nDemo '{result['deployment']}' on {Path(args.trace).name} at {args.rate_scale:g}x its rate")

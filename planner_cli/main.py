@@ -15,8 +15,10 @@ import sys
 import warnings
 
 from planner_cli import (
+    audit,
     bench,
     capacity,
+    chaos,
     completion,
     db,
     demo,
@@ -34,7 +36,10 @@ from planner_cli.parser import PlannerArgumentParser, VersionAction
 from planner_core.runtime.store.migrate import SchemaOutOfDate
 
 # In the order `planner --help` lists them.
-COMMAND_GROUPS = (db, demo, serve, capacity, perf, report, bench, history, forecast, k8s, keda, ingest, sim, completion)
+COMMAND_GROUPS = (
+    db, demo, serve, capacity, perf, report, bench, history, audit, chaos, forecast, k8s, keda, ingest, sim,
+    completion,
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -197,3 +197,21 @@ def record_outcome(session, deployment_name: str, inputs, outcome, *, previous_t
         decide_ms=0.0,
     )
     return repo.record_tick(session, record, inputs, outcome)
+
+
+def create_login(url: str, group: str, password: str) -> tuple[str, str]:
+    """A new login role in `group` with `password`, and the libpq URI of `url`'s database logging in as it
+    (the password in the URI, as an operator's `PLANNER_DATABASE_URL` would carry it). Drop it with `drop_login`."""
+    name = f"login_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{password}' IN ROLE {group}")
+    scheme, rest = to_libpq_uri(url).split("://", 1)
+    host_and_db = rest.split("@", 1)[1] if "@" in rest.split("/", 1)[0] else rest
+    return f"{scheme}://{name}:{password}@{host_and_db}", name
+
+
+def drop_login(url: str, name: str) -> None:
+    """Drop a role made by `create_login` (its privileges in `url`'s database first)."""
+    with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
+        conn.execute(f"DROP OWNED BY {name}")
+        conn.execute(f"DROP ROLE {name}")

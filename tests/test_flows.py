@@ -56,17 +56,25 @@ def _decisions(url: str, deployment: str):
 
 
 def _run_demo(database_url, config, trace, deployment, max_windows):
+    """The demo flow on `database_url` (named by PLANNER_DATABASE_URL, as `planner demo` does: not a parameter)."""
     from flows.demo import demo
 
-    return demo(
-        trace_path=str(trace),
-        config_path=str(config),
-        deployment=deployment,
-        startup_s=120.0,
-        rate_scale=12.0,
-        max_windows=max_windows,
-        database_url=database_url,
-    )
+    saved = os.environ.get("PLANNER_DATABASE_URL")
+    os.environ["PLANNER_DATABASE_URL"] = database_url
+    try:
+        return demo(
+            trace_path=str(trace),
+            config_path=str(config),
+            deployment=deployment,
+            startup_s=120.0,
+            rate_scale=12.0,
+            max_windows=max_windows,
+        )
+    finally:
+        if saved is None:
+            os.environ.pop("PLANNER_DATABASE_URL", None)
+        else:
+            os.environ["PLANNER_DATABASE_URL"] = saved
 
 
 def test_demo_flow_records_ticks_as_prefect_task_runs(

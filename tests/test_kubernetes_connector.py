@@ -850,20 +850,92 @@ def test_default_workers_fill_pools_the_mode_does_not_manage(disagg: KubeApiServ
 # --------------------------------------------------------------------------------------------------------
 
 
-def test_rbac_grants_exactly_what_the_connector_uses() -> None:
-    """The Role allows get/list/watch/patch on DGDs and get/update/patch on the adapters' scale, nothing else."""
-    documents = list(yaml.safe_load_all((REPO_ROOT / "infra" / "k8s" / "planner-rbac.yaml").read_text()))
-    by_kind = {d["kind"]: d for d in documents}
+def _rbac_request(method: str, path: str) -> tuple[str, str, str]:
+    """(resource as RBAC names it, verb, object name) of one logged request to
+    /apis/nvidia.com/<version>/namespaces/<ns>/<plural>[/<name>[/scale]]."""
+    parts = path.strip("/").split("/")
+    assert parts[:2] == ["apis", "nvidia.com"] and parts[3] == "namespaces", path
+    plural, rest = parts[5], parts[6:]
+    if not rest:  # a collection: list (GET), create (POST); a watch is a list with ?watch=1
+        return plural, {"GET": "list", "POST": "create"}[method], ""
+    verbs = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+    resource = f"{plural}/{rest[1]}" if len(rest) > 1 else plural
+    return resource, verbs[method], rest[0]
+
+
+def _granted_rules(path: Path) -> tuple[dict[tuple[str, str], set[str]], dict]:
+    """The Role of an RBAC manifest as {(api group, resource): verbs}, and the manifest's documents by kind."""
+    by_kind = {d["kind"]: d for d in yaml.safe_load_all(path.read_text())}
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in by_kind["Role"]["rules"]:
+        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    assert "*" not in str(granted)
+    return granted, by_kind
+
+
+def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> None:
+    """Every path of the DGD connector against the emulated API server (start-up, counts, a write through the
+    adapters, the JSON Patch fallback with a 409 retry, the agg mode), then the Role's rules compared with the
+    requests the server logged: the same (resource, verb) pairs, and every object touched is the DGD or one of
+    its adapters (so `resourceNames` can pin the Role to them)."""
+    kube.put(DGD, disagg_dgd())
+    kube.put(DGDSA, adapter(PREFILL_ADAPTER, "VllmPrefillWorker"))
+    kube.put(DGDSA, adapter(DECODE_ADAPTER, "VllmDecodeWorker"))
+    kube.settle(DGD_NAME)
+    connector = make_connector(kube)
+    connector.worker_counts(None, 0, default=NO_WORKERS)
+    connector.apply(None, Decision(2, 3), T0)
+    kube.settle(DGD_NAME)
+    connector.apply(None, Decision(2, 3), T0)  # the no-op path reads only
+    kube.delete(DGDSA, PREFILL_ADAPTER)
+    kube.delete(DGDSA, DECODE_ADAPTER)
+    kube.put(DGD, disagg_dgd(prefill_adapter=False, decode_adapter=False))
+    kube.settle(DGD_NAME)
+    fallback = make_connector(kube)
+    kube.interfere("PATCH", rf"/{DGD}/{DGD_NAME}$", DGD, DGD_NAME, _annotate)
+    fallback.apply(None, Decision(4, 1), T0)
+    fallback.worker_counts(None, 0, default=NO_WORKERS)
+    used: dict[tuple[str, str], set[str]] = {}
+    names: set[str] = set()
+    for request in kube.requests:
+        resource, verb, name = _rbac_request(request.method, request.path)
+        used.setdefault(("nvidia.com", resource), set()).add(verb)
+        names.add(name)
+
+    granted, by_kind = _granted_rules(REPO_ROOT / "infra" / "k8s" / "planner-rbac.yaml")
     assert sorted(by_kind) == ["Role", "RoleBinding", "ServiceAccount"]
-    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): sorted(r["verbs"]) for r in by_kind["Role"]["rules"]}
-    assert rules == {
-        (("nvidia.com",), ("dynamographdeployments",)): ["get", "list", "patch", "watch"],
-        (("nvidia.com",), ("dynamographdeploymentscalingadapters/scale",)): ["get", "patch", "update"],
-    }
-    assert all(set(r) <= {"apiGroups", "resources", "verbs"} for r in by_kind["Role"]["rules"])  # no wildcards/names
+    assert (
+        granted
+        == used
+        == {
+            ("nvidia.com", "dynamographdeployments"): {"get", "patch"},
+            ("nvidia.com", "dynamographdeploymentscalingadapters/scale"): {"get", "update"},
+        }
+    )
+    assert names == {DGD_NAME, PREFILL_ADAPTER, DECODE_ADAPTER}  # no collection read: nothing but these three
     binding = by_kind["RoleBinding"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "dynamo-planner"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": by_kind["ServiceAccount"]["metadata"]["name"]}]
+
+
+def test_the_docs_state_the_rbac_the_manifests_grant() -> None:
+    """docs/operations.md's RBAC sentences list the verbs each manifest grants, and no verb the Role lacks."""
+    text = " ".join((REPO_ROOT / "docs" / "operations.md").read_text().split())
+    assert (
+        "`infra/k8s/planner-rbac.yaml` (ServiceAccount, Role, RoleBinding `dynamo-planner`) grants get and patch on "
+        "`dynamographdeployments` and get and update on `dynamographdeploymentscalingadapters/scale`"
+    ) in text
+    assert (
+        "`infra/k8s/planner-workloads-rbac.yaml` (ServiceAccount, Role, RoleBinding `planner-workloads`) grants get "
+        "and list on `deployments` and `statefulsets` and get and update on `deployments/scale` and "
+        "`statefulsets/scale`"
+    ) in text
+    readme = " ".join((REPO_ROOT / "README.md").read_text().split()).lower()
+    for claim in ("list/watch", "get/list/watch"):
+        assert claim not in text.lower() and claim not in readme
 
 
 def test_k8s_check_command(tmp_path: Path, kube_env: KubeApiServer, capsys: pytest.CaptureFixture[str]) -> None:

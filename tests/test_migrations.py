@@ -33,6 +33,7 @@ TABLES = {
     "virtual_connector_state",
     "virtual_decisions",
     "audit_log",
+    "audit_chain_head",
     "replay_runs",
     "replay_ticks",
     "prune_watermarks",

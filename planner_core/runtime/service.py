@@ -240,7 +240,8 @@ def initial_state(ctx: PlannerContext) -> PlannerState:
 
 
 def prepare_database(database_url: str) -> None:
-    """Bring the schema to the newest migration (idempotent)."""
+    """Bring the schema to the newest migration (idempotent); `database_url` is the schema owner's
+    (`resolve_owner_database_url`)."""
     upgrade(database_url)
 
 

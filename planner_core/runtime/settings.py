@@ -24,6 +24,11 @@ class RuntimeSettings(BaseSettings):
     database_url: str | None = Field(
         default=None, description="SQLAlchemy URL of Postgres; unset = embedded server under data_dir/pg"
     )
+    migration_database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL of the schema owner, for migrations; unset = database_url (then the planner "
+        "owns its tables: see docs/database-and-sql.md, writer role)",
+    )
     data_dir: Path = Field(default=Path(".planner"), description="embedded Postgres, Prefect home, reports")
     config: Path | None = Field(default=None, description="PlannerConfig file used by the served flows")
     deployment: str | None = Field(

@@ -20,6 +20,7 @@ from planner_core.arrivals import RequestArrivals
 from planner_core.config import PlannerConfig, ServiceConfig
 from planner_core.domain import TrafficObservation
 from planner_core.planner import Planner
+from planner_core.runtime.redact import redact_text
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.sources.base import (
     ArrivalSource,
@@ -94,7 +95,8 @@ def collect_traffic(
     try:
         prometheus = PrometheusTrafficSource.from_config(config, service, settings)
     except ValueError as exc:
-        return CollectedTraffic(observation=None, problem_kind=NoTrafficDataKind.UNREACHABLE, problem_detail=str(exc))
+        detail = redact_text(str(exc))  # the message may quote the endpoint, password included
+        return CollectedTraffic(observation=None, problem_kind=NoTrafficDataKind.UNREACHABLE, problem_detail=detail)
     if prometheus is not None:
         with prometheus:
             return collect_safely(prometheus, window_start, window_end, planner)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from planner_core.arrivals import RequestArrivals
 from planner_core.domain import TrafficObservation
+from planner_core.runtime.redact import redact_text
 
 if TYPE_CHECKING:
     from planner_core.planner import Planner
@@ -38,9 +39,11 @@ class NoTrafficDataKind(enum.StrEnum):
 
 
 class TrafficUnavailable(Exception):
-    """A source could not produce an observation for the window; `kind` says why, `detail` in one line."""
+    """A source could not produce an observation for the window; `kind` says why, `detail` in one line (any URL
+    password in it redacted: the detail is logged and audited)."""
 
     def __init__(self, kind: NoTrafficDataKind, detail: str) -> None:
+        detail = redact_text(detail)
         super().__init__(f"{kind.value}: {detail}")
         self.kind = kind
         self.detail = detail

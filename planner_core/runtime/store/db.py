@@ -1,5 +1,12 @@
 """Database connection: the configured Postgres URL, or an embedded real Postgres (pgserver) on disk.
 
+Two roles: the schema's owner runs the migrations (`resolve_owner_database_url`), and the planner writes through
+a role that owns nothing (`resolve_database_url`), a member of `planner_writer` (migration 0009), which can
+neither disable the audit log's triggers nor drop a table. With an external Postgres the operator names both
+(`PLANNER_MIGRATION_DATABASE_URL`, `PLANNER_DATABASE_URL`; one URL serves both when only the second is set). The
+embedded server's superuser owns its schema, and the planner logs in there as `planner_app` (`EMBEDDED_WRITER`),
+created here on first use.
+
 The embedded server lives under `<data_dir>/pg` and keeps running after the process that started it exits, so
 `psql` can connect to it (`planner db url`); `planner db stop` stops it.
 """
@@ -17,6 +24,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from planner_core.runtime.settings import RuntimeSettings
 
+# The embedded server's login role for the planner (a member of `WRITER_ROLE`), and the role itself: migration
+# 0009 grants it its privileges; it is created here too so the login can exist before the first migration.
+EMBEDDED_WRITER = "planner_app"
+WRITER_ROLE = "planner_writer"
+
 
 class EmbeddedDatabaseError(RuntimeError):
     """The embedded Postgres cannot be started; the text is one line saying what to do."""
@@ -26,7 +38,8 @@ _INIT_PREFIX = "pg.init-"  # first initialisations in progress: <data_dir>/pg.in
 
 
 def embedded_database_url(pg_dir: Path) -> str:
-    """Start (or attach to) the embedded Postgres under `pg_dir` and return its SQLAlchemy URL.
+    """Start (or attach to) the embedded Postgres under `pg_dir` and return its superuser's SQLAlchemy URL (the
+    schema owner's: migrations run through it).
 
     The very first initialisation is atomic (`_initialise_atomically`): `pg_dir` appears only complete, so a kill
     during it leaves nothing that breaks the next run.
@@ -128,6 +141,33 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+def embedded_writer_url(owner_url: str) -> str:
+    """The embedded server's URL for `EMBEDDED_WRITER`, creating that login (and `WRITER_ROLE`) if missing.
+
+    The server accepts local socket connections without a password, so the login has none."""
+    import psycopg
+
+    with psycopg.connect(to_libpq_uri(owner_url), autocommit=True) as conn:
+        conn.execute(
+            f"""DO $$ BEGIN
+                IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{WRITER_ROLE}') THEN
+                    CREATE ROLE {WRITER_ROLE} NOLOGIN;
+                END IF;
+                IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{EMBEDDED_WRITER}') THEN
+                    CREATE ROLE {EMBEDDED_WRITER} LOGIN IN ROLE {WRITER_ROLE};
+                END IF;
+            END $$"""
+        )
+    return with_user(owner_url, EMBEDDED_WRITER)
+
+
+def with_user(url: str, user: str) -> str:
+    """`url` logging in as `user` (no password: the embedded server's local connections need none)."""
+    scheme, rest = url.split("://", 1)
+    host = rest.split("@", 1)[1] if "@" in rest.split("/", 1)[0] else rest
+    return f"{scheme}://{user}@{host}"
+
+
 def stop_embedded_database(pg_dir: Path) -> bool:
     """Stop the embedded server under `pg_dir` (fast shutdown). Returns False if none was running."""
     pid_file = pg_dir / "postmaster.pid"
@@ -163,8 +203,20 @@ def to_libpq_uri(url: str) -> str:
 
 
 def resolve_database_url(settings: RuntimeSettings | None = None) -> str:
-    """`PLANNER_DATABASE_URL` if set, else the embedded server's URL (starting it if needed)."""
+    """What the planner reads and writes through: `PLANNER_DATABASE_URL` if set, else the embedded server's
+    `EMBEDDED_WRITER` (starting the server if needed)."""
     settings = settings or RuntimeSettings()
+    if settings.database_url:
+        return to_sqlalchemy_url(settings.database_url)
+    return embedded_writer_url(embedded_database_url(settings.embedded_pg_dir))
+
+
+def resolve_owner_database_url(settings: RuntimeSettings | None = None) -> str:
+    """What migrations run through: `PLANNER_MIGRATION_DATABASE_URL` if set, else `PLANNER_DATABASE_URL` (one
+    role for both), else the embedded server's superuser."""
+    settings = settings or RuntimeSettings()
+    if settings.migration_database_url:
+        return to_sqlalchemy_url(settings.migration_database_url)
     if settings.database_url:
         return to_sqlalchemy_url(settings.database_url)
     return embedded_database_url(settings.embedded_pg_dir)

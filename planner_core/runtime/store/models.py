@@ -21,7 +21,9 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -344,7 +346,8 @@ class VirtualDecisionRow(Base):
 
 
 class AuditLogRow(Base):
-    """Append-only audit trail; a trigger makes the database refuse UPDATE, DELETE and TRUNCATE."""
+    """Append-only audit trail; a trigger makes the database refuse UPDATE, DELETE and TRUNCATE, and another
+    chains each row to the one before (`prev_hash`, `row_hash`: set by the database, never by the writer)."""
 
     __tablename__ = "audit_log"
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -354,6 +357,19 @@ class AuditLogRow(Base):
     decision_id: Mapped[int | None] = mapped_column(ForeignKey("decisions.id"))
     event: Mapped[str] = mapped_column(String(60))
     detail: Mapped[dict[str, Any]]
+    prev_hash: Mapped[bytes] = mapped_column(LargeBinary)
+    row_hash: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class AuditChainHead(Base):
+    """The newest row of the audit log's hash chain (one row, id 1): the `audit_log_chain` trigger locks and
+    moves it on every audit insert; the writer role may only read it."""
+
+    __tablename__ = "audit_chain_head"
+    __table_args__ = (CheckConstraint("id = 1", name="single_row"),)
+    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    last_id: Mapped[int | None] = mapped_column(BigInteger)
+    last_hash: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class FpmSampleRow(Base):

@@ -24,6 +24,7 @@ from planner_core.domain import (
     from_jsonable,
     to_jsonable,
 )
+from planner_core.runtime.redact import redact_value
 from planner_core.runtime.store.models import (
     AuditLogRow,
     DecisionRow,
@@ -59,9 +60,17 @@ def audit(
     tick_id: int | None = None,
     decision_id: int | None = None,
 ) -> None:
-    """Append one row to the audit log (the database refuses to change or delete it later)."""
+    """Append one row to the audit log (the database refuses to change or delete it later, and chains it to the
+    row before: migration 0009). Every string in `detail` passes `redact_value` first: a password that reached
+    this table could never be scrubbed."""
     session.add(
-        AuditLogRow(event=event, detail=detail, deployment_id=deployment_id, tick_id=tick_id, decision_id=decision_id)
+        AuditLogRow(
+            event=event,
+            detail=redact_value(detail),
+            deployment_id=deployment_id,
+            tick_id=tick_id,
+            decision_id=decision_id,
+        )
     )
 
 

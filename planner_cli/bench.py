@@ -28,7 +28,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         aggregated=args.mode == "agg", ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, startup_s=args.startup_s,
         max_gpu_budget=args.max_gpu_budget, throughput_interval_s=args.throughput_interval_s,
         oracle_target=args.oracle_target, oracle_context_s=args.oracle_context_s, initial=args.initial,
-        dynamo_python=args.dynamo_python,
+        dynamo_python=args.dynamo_python, engine=args.engine,
     )  # fmt: skip
     to_stdout = args.json is not None and str(args.json) == "-"
     print("bench: sizing the policies (the oracle simulates every window at several sizes)...", file=sys.stderr)
@@ -188,6 +188,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--initial", choices=("oracle", "min"), default="oracle",
         help="planners start at the oracle's first-window size, or at their minimum endpoints",
+    )  # fmt: skip
+    bench.add_argument(
+        "--engine", choices=("sim", "dynamo"), default="sim",
+        help="what serves the requests: our simulator, or Dynamo 1.6.1's offline replay (its mocker engines, with "
+        "every policy in its loop and its own oracle; needs `make dynamo-env` or --dynamo-python)",
     )  # fmt: skip
     bench.add_argument("--json", type=Path, default=None, help="write the rows as JSON to FILE ('-': stdout)")
     bench.add_argument("--html", type=Path, default=None, help="write a Plotly page of replicas, load and latency")

@@ -11,14 +11,17 @@ The policy, by the job's `policy.kind`:
 - `dynamo`: Dynamo's own `ReplayPlannerAdapter`, built as `run_planner.py` builds it (beside this file);
 - `remote`: the decisions come from the process that started this script, over line-delimited JSON on the
   script's standard output (out) and input (in): out `{"initial": true}`, in `{"next_tick_ms": t|null}`; then per
-  tick out `{"tick": SNAPSHOT, "at_ms": t}` (the Rust replay's snapshot, as it is), in `{"target_prefill": n|null,
-  "target_decode": n|null, "next_tick_ms": t|null}`.
-At the end: out `{"done": true, "out": PATH}`, PATH holding `{"summary", "per_request", "lifecycle_operations",
-"engine", "wall_s"}`. Anything Dynamo prints goes to standard error (the protocol keeps the original standard
-output to itself). Errors: one line on stderr starting `run_replay:`, exit status 1.
+  tick out `{"tick": SNAPSHOT}` (the Rust replay's snapshot as it is, with its `now_ms`), in `{"target_prefill":
+  n|null, "target_decode": n|null, "next_tick_ms": t|null}`.
+The script serves one job after another: first line out `{"ready": true, "dynamo_version"}`, then per job one line
+in, `{"run": JOB}`, answered by the policy's lines, if any, and at the end by `{"done": true, "out": PATH}`, PATH
+holding `{"summary", "per_request", "lifecycle_operations", "engine", "wall_s"}`. Anything Dynamo prints goes to
+standard error (the protocol keeps the original standard output to itself). Errors: one line on stderr starting
+`run_replay:`, exit status 1.
 
 Usage:
-    DYNAMO_PY run_replay.py --job JOB.json
+    DYNAMO_PY run_replay.py                   serve jobs from standard input until its end
+    DYNAMO_PY run_replay.py --job JOB.json    one job
 
 JOB: {"trace": Mooncake JSONL path, "num_prefill": n, "num_decode": n, "startup_s": s, "out": path,
 "policy": {"kind": ..., "config": {...}, "capabilities": {...}} (config and capabilities for `dynamo`),
@@ -170,13 +173,14 @@ def main(argv: list[str]) -> int:
         import run_planner
 
         run_planner.install_perf_model_shim()
+        from dynamo.planner import _version
         from dynamo.planner.offline import replay_adapter  # noqa: F401 - fail here, not mid-run
     except Exception as exc:  # noqa: BLE001 - one line for the caller, whatever failed
         print(f"run_replay: cannot import Dynamo: {type(exc).__name__}: {exc}".replace("\n", " "), file=sys.stderr)
         return 1
     engines: dict[Any, tuple[dict, dict]] = {}
     jobs = [json.loads(Path(argv[1]).read_text(encoding="utf-8"))] if argv else None
-    protocol.write(json.dumps({"ready": True}) + "\n")
+    protocol.write(json.dumps({"ready": True, "dynamo_version": getattr(_version, "__version__", "unknown")}) + "\n")
     protocol.flush()
     while True:
         if jobs is not None:

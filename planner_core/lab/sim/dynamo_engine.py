@@ -57,7 +57,7 @@ from planner_core.lab.sim.bench import (
     score,
 )
 from planner_core.lab.sim.des import SimResult, SimSpec, window_observation
-from planner_core.lab.sim.dynamo_policy import DynamoPlannerError, check_dynamo_python, find_dynamo_python
+from planner_core.lab.sim.dynamo_policy import DYNAMO_PYTHON_ENV, DYNAMO_VERSION, DynamoPlannerError, find_dynamo_python
 from planner_core.lab.sim.oracle import OracleSettings, OracleWindow, _best_effort, smallest_meeting
 from planner_core.planner import Planner
 from planner_core.traces import RequestTrace
@@ -95,14 +95,24 @@ class ReplayBridge:
 
     def __init__(self, python: str | None, *, script: Path = RUN_REPLAY_SCRIPT) -> None:
         found = find_dynamo_python(python)
-        check_dynamo_python(found)  # a one-line DynamoPlannerError without a usable interpreter
-        assert found is not None
+        if not found:
+            raise DynamoPlannerError(
+                f"--engine dynamo: no Dynamo interpreter: run `make dynamo-env`, or pass --dynamo-python PATH or "
+                f"set {DYNAMO_PYTHON_ENV} (a virtualenv with ai-dynamo {DYNAMO_VERSION})"
+            )
         self.python, self.script = found, script
         self._stderr: IO[bytes] = tempfile.TemporaryFile()
-        self._process = subprocess.Popen(
-            [found, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True
-        )
-        self._read("start")
+        try:
+            self._process = subprocess.Popen(
+                [found, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True
+            )
+        except OSError as exc:
+            raise DynamoPlannerError(f"--engine dynamo: --dynamo-python {found}: {exc.strerror}") from exc
+        version = self._read("start").get("dynamo_version")
+        if version != DYNAMO_VERSION:
+            self.close()
+            raise DynamoPlannerError(f"--engine dynamo: --dynamo-python {found}: has ai-dynamo {version}, not "
+                                     f"{DYNAMO_VERSION}")  # fmt: skip
 
     def run(
         self,

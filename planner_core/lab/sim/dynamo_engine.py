@@ -403,9 +403,9 @@ class DynamoEngine:
         switch_s: float,
         ttft_ms: float,
         itl_ms: float,
-    ) -> int:
-        """Requests of `scored` meeting both targets when `sub` is replayed at `previous` until `switch_s` and at
-        `size` from then on (instant scaling: start-up 0)."""
+    ) -> np.ndarray:
+        """Per request of `scored`: within both targets when `sub` is replayed at `previous` until `switch_s` and
+        at `size` from then on (instant scaling: start-up 0)."""
         path = self.workdir / "window.jsonl"
         shift_s = write_replay_trace(sub, path)
         switch_ms = max(0.0, (switch_s - shift_s) * 1000.0)
@@ -418,7 +418,7 @@ class DynamoEngine:
                        policy={"kind": "remote" if switches else "fixed"})  # fmt: skip
         replayed = self.bridge.run(job, on_initial=lambda: switch_ms, on_tick=on_tick)
         result = replay_result(sub, replayed, shift_s=shift_s)
-        return int(met_both(result, ttft_ms=ttft_ms, itl_ms=itl_ms)[scored].sum())
+        return met_both(result, ttft_ms=ttft_ms, itl_ms=itl_ms)[scored]
 
 
 def met_both(result: SimResult, *, ttft_ms: float, itl_ms: float) -> np.ndarray:
@@ -438,7 +438,6 @@ def replay_attainable(engine: DynamoEngine, *, size: tuple[int, int], ttft_ms: f
 
 def replay_oracle_windows(
     engine: DynamoEngine,
-    attainable: np.ndarray,
     *,
     ttft_ms: float,
     itl_ms: float,
@@ -448,46 +447,54 @@ def replay_oracle_windows(
     num_windows: int | None = None,
     on_window: Callable[[OracleWindow], None] | None = None,
 ) -> list[OracleWindow]:
-    """The oracle's per-window search (`planner_core.lab.sim.oracle`, steps 1 to 3 and 5) replayed in Dynamo's
-    engine. Step 4 differs: Dynamo's engine cannot run one pool alone, so every candidate replays both pools (the
-    window with `context_s` before and after, the previous window's size until the window's start, instant
-    scaling) and counts the window's requests meeting both targets:
+    """The oracle's per-window search (`planner_core.lab.sim.oracle`, steps 1, 3 and 5) replayed in Dynamo's
+    engine. Steps 2 and 4 differ:
 
-    - P is the fewest prefill workers meeting the target with a generous decode pool (twice the previous window's
-      decode answer plus 2, at least 4), so that decode does not hide a prefill shortage;
-    - D(P) is the fewest decode workers meeting the target with P prefill workers, and the cheaper in GPUs of
-      (P, D(P)) and (P + 1, D(P + 1)) is kept (fewer prefill workers on a tie).
+    - a window's attainable requests are those within both targets when the window and its context are replayed
+      on `ATTAINABLE_SIZE` workers per pool (the window's own replay: a prefix cache starts cold at the context's
+      start, as in every candidate's replay), and at most that many workers per pool are searched;
+    - Dynamo's engine cannot run one pool alone, so every candidate replays both pools (the window with
+      `context_s` before and after, the previous window's size until the window's start, instant scaling) and
+      counts the window's requests meeting both targets: P is the fewest prefill workers meeting the target with a
+      generous decode pool (twice the previous window's decode answer plus 2, at least 4), so that decode does
+      not hide a prefill shortage; D(P) is the fewest decode workers meeting it with P, and the cheaper in GPUs
+      of (P, D(P)) and (P + 1, D(P + 1)) is kept (fewer prefill workers on a tie).
 
-    `attainable` is per request (`replay_attainable`); `num_windows` stops after that many windows."""
+    `num_windows` stops after that many windows."""
     trace = engine.trace
     total = int(trace.duration_s // window_s) + 1 if trace.num_requests else 0
     total = total if num_windows is None else min(total, num_windows)
+    settings = dataclasses.replace(settings, max_replicas=min(settings.max_replicas, *ATTAINABLE_SIZE))
     guess = (settings.min_prefill, settings.min_decode)
     previous: tuple[int, int] | None = None
     windows: list[OracleWindow] = []
     for index in range(total):
         start_s, end_s = index * window_s, (index + 1) * window_s
         own = trace.window(start_s, end_s)
-        num_attainable = int(attainable[own].sum())
-        required = math.ceil(settings.target_attainment * num_attainable - 1e-9)
         window = OracleWindow(
-            index=index, start_s=start_s, num_requests=own.stop - own.start, num_attainable=num_attainable,
-            num_required=required, num_prefill=settings.min_prefill, num_decode=settings.min_decode,
-            num_ttft_met=0, num_met=0, feasible=True, num_simulations=0,
+            index=index, start_s=start_s, num_requests=own.stop - own.start, num_attainable=0, num_required=0,
+            num_prefill=settings.min_prefill, num_decode=settings.min_decode, num_ttft_met=0, num_met=0,
+            feasible=True, num_simulations=0,
         )  # fmt: skip
-        if required > 0:
+        if own.stop > own.start:
             span = trace.window(start_s - settings.context_s, end_s + settings.context_s)
             sub = _sub_trace(trace, span)
             scored = slice(own.start - span.start, own.stop - span.start)
 
             def met(size: tuple[int, int], *, sub=sub, scored=scored, previous=previous, start_s=start_s) -> int:  # noqa: ANN001
-                return engine.window_met(
+                replayed = engine.window_met(
                     sub, scored, previous=previous or size, size=size, switch_s=start_s, ttft_ms=ttft_ms,
                     itl_ms=itl_ms,
                 )  # fmt: skip
+                return int(replayed.sum())
 
-            window = _size_replay_window(window, met, guess=guess, settings=settings, gpus=gpus)
-            guess = (window.num_prefill, window.num_decode)
+            num_attainable = met(ATTAINABLE_SIZE)
+            required = math.ceil(settings.target_attainment * num_attainable - 1e-9)
+            window = dataclasses.replace(window, num_attainable=num_attainable, num_required=required)
+            if required > 0:
+                window = _size_replay_window(window, met, guess=guess, settings=settings, gpus=gpus)
+                window = dataclasses.replace(window, num_simulations=window.num_simulations + 1)
+                guess = (window.num_prefill, window.num_decode)
         previous = (window.num_prefill, window.num_decode)
         windows.append(window)
         if on_window is not None:
@@ -512,7 +519,7 @@ def _size_replay_window(
         return cache[size]
 
     required, cap = window.num_required, settings.max_replicas
-    wide = max(4, 2 * guess[1] + 2)
+    wide = min(cap, max(4, 2 * guess[1] + 2))
     feasible = True
     num_prefill = smallest_meeting(
         lambda n: met((n, wide)) >= required, guess=guess[0], floor=settings.min_prefill, cap=cap
@@ -631,7 +638,7 @@ def dynamo_bench(
             windows: list[OracleWindow] = []
             if wants_baselines or (initial == "oracle" and others):
                 windows = replay_oracle_windows(
-                    engine, attainable_mask, ttft_ms=ttft_ms, itl_ms=itl_ms, window_s=window_s, settings=settings,
+                    engine, ttft_ms=ttft_ms, itl_ms=itl_ms, window_s=window_s, settings=settings,
                     gpus=gpus, num_windows=None if wants_baselines else 1,
                 )  # fmt: skip
             search_s = time.perf_counter() - started

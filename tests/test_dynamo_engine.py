@@ -174,3 +174,21 @@ def test_the_bench_runs_in_dynamos_replay_with_the_policies_in_its_loop() -> Non
     if config.load_scaling_active:
         assert planner_policy.state.num_load_ticks == int(trace.duration_s // config.load_adjustment_interval_seconds)
     assert math.isfinite(rows["dynamo-1.6.1"].row.gpu_hours) and rows["dynamo-1.6.1"].row.gpu_hours > 0
+
+
+def test_the_engine_is_a_bench_option_and_a_missing_interpreter_is_one_line(tmp_path: Path) -> None:
+    from planner_cli.main import build_parser
+    from planner_core.lab.sim.dynamo_engine import ReplayBridge
+    from planner_core.lab.sim.dynamo_policy import DynamoPlannerError
+
+    assert build_parser().parse_args(["bench", "--trace", "t.csv"]).engine == "sim"
+    assert build_parser().parse_args(["bench", "--trace", "t.csv", "--engine", "dynamo"]).engine == "dynamo"
+    missing = tmp_path / "no-python"
+    with pytest.raises(DynamoPlannerError, match=f"--engine dynamo: --dynamo-python {missing}: No such file"):
+        ReplayBridge(str(missing))
+    spec = SimSpec(aggregated=True)
+    with pytest.raises(ValueError, match="disaggregated pools only"):
+        dynamo_bench(
+            ["planner"], lambda _names: [], busy_trace(10, 10.0), spec, ttft_ms=500.0, itl_ms=50.0, window_s=60.0,
+            settings=OracleSettings(), initial="min", dynamo_python=None, profile_dir=None,
+        )  # fmt: skip

@@ -41,6 +41,31 @@ def test_bench_record_renders_one_table_under_its_date_command_and_commit(tmp_pa
     assert "| `planner` | 99.3% | 99.3% | 100.0% | 6.83 | 1.15x | 3 | 250 | 12.3 |" in text
 
 
+def test_dynamo_engine_records_render_beside_the_default_ones(tmp_path: Path) -> None:
+    def record(commit: str, rows: list[dict]) -> str:
+        return json.dumps({"format": "planner-bench-record/v1", "date": f"date-{commit}", "command": "planner bench",
+                           "commit": commit, "rows": rows})  # fmt: skip
+
+    (tmp_path / "dynamo-engine").mkdir()
+    (tmp_path / "conv.json").write_text(
+        record("aaa", [_row("oracle", 0.995, 5.95, 1.0), _row("planner", 0.993, 6.83, 1.15)])
+    )
+    (tmp_path / "dynamo-engine" / "conv.json").write_text(
+        record(
+            "bbb",
+            [_row("oracle", 0.99, 4.0, 1.0), _row("planner", 0.98, 5.0, 1.25), _row("dynamo-1.6.1", 0.5, 2.0, 0.5)],
+        )
+    )
+    text = hooks.render_engine_comparison(tmp_path, tmp_path / "dynamo-engine")
+    assert "### conv: both engines" in text
+    assert "- our simulator: date-aaa, commit `aaa`" in text and "- Dynamo's replay: date-bbb, commit `bbb`" in text
+    assert "| `planner` | 99.3% | 6.83 | 1.15x | 98.0% | 5.00 | 1.25x |" in text
+    assert "| `dynamo-1.6.1` |  |  |  | 50.0% | 2.00 | 0.50x |" in text  # only on one engine
+    assert "### conv (Dynamo's replay)" in text  # the record in full after the side-by-side tables
+    assert hooks.render_bench_records(tmp_path).count("### ") == 1  # the subfolder is not a default-engine record
+    assert hooks.render_engine_comparison(tmp_path, tmp_path / "missing").startswith("No run on Dynamo's engine")
+
+
 def test_no_records_says_so(tmp_path: Path) -> None:
     assert hooks.render_bench_records(tmp_path / "missing").startswith("No benchmark run has been recorded yet")
 

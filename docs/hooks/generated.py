@@ -13,6 +13,9 @@ Two markers in the Markdown sources are replaced while the site builds (nothing 
   place and its predictor's error.
 - `<!-- startup-records -->` (benchmarks.md): the same tables for the records of `docs/results/startup/` (the
   matrix at other start-up times).
+- `<!-- bench-engines -->` (benchmarks.md): the records of `docs/results/dynamo-engine/` (the same benches served by
+  Dynamo's replay, `--engine dynamo`) beside the default engine's record of the same name, one table per name with
+  both runs' dates and commits, then each Dynamo-engine record in full.
 
 The renderers are plain functions of their inputs (`config_reference`, `render_bench_records`,
 `render_router_records`), so tests can call them without MkDocs.
@@ -46,6 +49,9 @@ CONFIG_MARKER = "<!-- config-reference -->"
 BENCH_MARKER = "<!-- bench-records -->"
 ROUTER_MARKER = "<!-- router-records -->"
 STARTUP_MARKER = "<!-- startup-records -->"
+ENGINES_MARKER = "<!-- bench-engines -->"
+# Records of `planner bench --engine dynamo` (Dynamo 1.6.1's replay), named as their default-engine counterparts.
+DYNAMO_ENGINE_DIR = "dynamo-engine"
 
 
 # --- MkDocs entry point --------------------------------------------------------------------------------------------
@@ -63,6 +69,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str: 
     if STARTUP_MARKER in markdown:  # the start-up matrix (`--startup-s`): its own folder, the same tables
         startup_dir = Path(config["docs_dir"]) / "results" / "startup"
         markdown = markdown.replace(STARTUP_MARKER, render_bench_records(startup_dir))
+    if ENGINES_MARKER in markdown:
+        results = Path(config["docs_dir"]) / "results"
+        markdown = markdown.replace(ENGINES_MARKER, render_engine_comparison(results, results / DYNAMO_ENGINE_DIR))
     return markdown
 
 
@@ -209,6 +218,59 @@ def render_bench_records(results_dir: Path) -> str:
         )
     records.sort(key=lambda item: str(item[1].get("date", "")), reverse=True)
     return "\n\n".join(render_bench_record(name, record) for name, record in records) + "\n"
+
+
+def _load_records(folder: Path) -> dict[str, dict[str, Any]]:
+    records = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if record.get("format") != BENCH_RECORD_FORMAT:
+            raise ValueError(f"{path}: format {record.get('format')!r}, expected {BENCH_RECORD_FORMAT!r}")
+        records[path.name.removesuffix(".json")] = record
+    return records
+
+
+def render_engine_comparison(default_dir: Path, dynamo_dir: Path) -> str:
+    """Markdown: per record name in `dynamo_dir`, its rows beside the rows of the same name in `default_dir` (SLA
+    attainment, GPU-hours and × oracle on each engine), then the Dynamo-engine records in full."""
+    theirs = _load_records(dynamo_dir)
+    if not theirs:
+        return "No run on Dynamo's engine has been recorded yet (`docs/results/dynamo-engine/` holds no record).\n"
+    ours = _load_records(default_dir)
+    sections = []
+    for name in sorted(theirs):
+        other = theirs[name]
+        mine = ours.get(name)
+        lines = [f"### {name}: both engines", ""]
+        for label, record in (("our simulator", mine), ("Dynamo's replay", other)):
+            if record is None:
+                lines.append(f"- {label}: no record of this name")
+            else:
+                commit = f"`{record['commit']}`" if record.get("commit") else "not recorded"
+                date = record.get("date") or "unknown"
+                lines.append(f"- {label}: {date}, commit {commit}, `{record.get('command')}`")
+        header = ["policy", "SLA (sim)", "GPU-h (sim)", "× oracle (sim)", "SLA (Dynamo)", "GPU-h (Dynamo)",
+                  "× oracle (Dynamo)"]  # fmt: skip
+        lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        rows_mine = {r.get("policy"): r for r in (mine or {}).get("rows") or []}
+        rows_other = {r.get("policy"): r for r in other.get("rows") or []}
+        oracle_mine, oracle_other = rows_mine.get("oracle"), rows_other.get("oracle")
+        for policy in [*rows_mine, *(p for p in rows_other if p not in rows_mine)]:
+            cells = [f"`{policy}`"]
+            for row, oracle in ((rows_mine.get(policy), oracle_mine), (rows_other.get(policy), oracle_other)):
+                if row is None:
+                    cells += ["", "", ""]
+                else:
+                    cells += [_pct(row.get("sla_attainment")), _num(row.get("gpu_hours"), 2),
+                              _vs_oracle(row, oracle) if oracle is not None else ""]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+        attainable = [
+            _pct(next(iter({r.get("attainable") for r in rows.values()}), None)) for rows in (rows_mine, rows_other)
+        ]
+        lines += ["", f"Attainable: {attainable[0] or '-'} (sim), {attainable[1] or '-'} (Dynamo)."]
+        sections.append("\n".join(lines))
+    details = [render_bench_record(f"{name} (Dynamo's replay)", theirs[name]) for name in sorted(theirs)]
+    return "\n\n".join(sections + details) + "\n"
 
 
 def render_bench_record(name: str, record: dict[str, Any]) -> str:

@@ -72,6 +72,7 @@ class BenchRequest:
     no_endpoint: NoEndpointAction = NoEndpointAction.QUEUE
     adaptive_pd: bool = True
     horizon_quantiles: tuple[float, ...] = ()  # the recommended policy again at each value of its horizon knob
+    engine: str = "sim"  # "sim": our simulator; "dynamo": Dynamo 1.6.1's replay (`planner_core.lab.sim.dynamo_engine`)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -195,6 +196,16 @@ def benchmark(
         name = f"config:{path.stem}" if f"config:{path.stem}" not in taken else f"config:{path}"
         user_configs.append(UserPlannerConfig(name=name, path=path))
     oracle = OracleSettings(target_attainment=request.oracle_target, context_s=request.oracle_context_s)
+    if request.engine == "dynamo" and (request.router is not RouterPolicy.LEAST_LOADED or request.horizon_quantiles):
+        # Dynamo's replay routes with its own router and runs the policies as given
+        raise ValueError("--engine dynamo: --router and --horizon-quantiles apply to the default engine only")
+    if request.engine == "dynamo":
+        return _dynamo_benchmark(
+            request, names, base, trace, perf, fwd, spec, oracle, user_configs, warnings, on_policies_built,
+            on_policy_done,
+        )  # fmt: skip
+    if request.engine != "sim":
+        raise ValueError(f"--engine: {request.engine!r} is neither 'sim' nor 'dynamo'")
     policies = build_policies(
         names, base, trace, perf, fwd, sizing_spec, window_s=request.throughput_interval_s, oracle=oracle,
         initial=request.initial, dynamo_python=request.dynamo_python, user_configs=user_configs,
@@ -211,4 +222,25 @@ def benchmark(
     runs = run_bench(
         policies, trace, fwd, spec, ttft_ms=request.ttft_ms, itl_ms=request.itl_ms, on_policy_done=on_policy_done
     )
+    return BenchOutcome(trace=trace, policies=tuple(policies), runs=tuple(runs), warnings=tuple(warnings))
+
+
+def _dynamo_benchmark(request, names, base, trace, perf, fwd, spec, oracle, user_configs, warnings, on_built, on_done):  # noqa: ANN001, ANN202, PLR0913 - benchmark's locals
+    """`benchmark` on Dynamo's replay engine (`planner_core.lab.sim.dynamo_engine.dynamo_bench`): the same policies,
+    built by `build_policies`, served by Dynamo's replay, with that engine's own oracle."""
+    from planner_core.lab.sim.dynamo_engine import dynamo_bench
+
+    def build(chosen):  # noqa: ANN001, ANN202
+        return build_policies(
+            chosen, base, trace, perf, fwd, spec, window_s=request.throughput_interval_s, oracle=oracle,
+            initial="min", dynamo_python=request.dynamo_python, user_configs=user_configs,
+        )  # fmt: skip
+
+    source = getattr(getattr(perf, "profile", None), "source_dir", None)
+    policies, runs = dynamo_bench(
+        names, build, trace, spec, ttft_ms=request.ttft_ms, itl_ms=request.itl_ms,
+        window_s=request.throughput_interval_s, settings=oracle, initial=request.initial,
+        dynamo_python=request.dynamo_python, profile_dir=Path(source) if source and Path(source).is_dir() else None,
+        num_configs=len(user_configs), on_policies_built=on_built, on_policy_done=on_done,
+    )  # fmt: skip
     return BenchOutcome(trace=trace, policies=tuple(policies), runs=tuple(runs), warnings=tuple(warnings))

@@ -73,6 +73,7 @@ request of the trace.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import enum
 import heapq
 import itertools
@@ -305,6 +306,41 @@ def window_kv_hit_rate(
     return float(cached_tokens[served].sum()) / tokens, int(served.sum())
 
 
+def window_observation(
+    trace: RequestTrace,
+    start_s: float,
+    end_s: float,
+    *,
+    ttft_ms: float | None,
+    itl_ms: float | None,
+    kv_hit_rate: float | None,
+    planner: Planner | None = None,
+    ttft_ms_p95: float | None = None,
+    ttft_ms_p99: float | None = None,
+    queue_ms: float | None = None,
+) -> TrafficObservation:
+    """What a planner observes of the window [start_s, end_s): the trace's arrivals and lengths in it
+    (`RequestTrace.observe`), the engine's mean TTFT/ITL and prefix-cache hit rate over it, and, with a `planner`,
+    the traffic features it reads from the requests' arrivals (`Planner.observed`: the prompt-arrival curve at its
+    engine rate). The one path by which both bench engines (this simulator and Dynamo's replay,
+    `planner_core.lab.sim.dynamo_engine`) build a tick's observation; they differ only in where the latency
+    figures come from. The frontend's TTFT tail and queue time (`ttft_ms_p95`, `ttft_ms_p99`, `queue_ms`) are None
+    where the engine does not measure them."""
+    base = trace.observe(start_s, end_s)
+    observed = dataclasses.replace(
+        base,
+        ttft_ms=ttft_ms,
+        itl_ms=itl_ms,
+        kv_hit_rate=kv_hit_rate,
+        ttft_ms_p95=ttft_ms_p95,
+        ttft_ms_p99=ttft_ms_p99,
+        queue_ms=queue_ms,
+    )
+    if planner is None:
+        return observed
+    return planner.observed(observed, trace.arrivals(start_s, end_s), start_s, end_s)
+
+
 class ClusterSimulator:
     """A mutable simulation run. Drive it with `run_until(t)`, read `observe()`, change it with `set_targets()`.
 
@@ -459,7 +495,6 @@ class ClusterSimulator:
         requests waited for a first token (`queue_ms`, counted up to the window's end); with a `planner`, also the
         traffic features it reads from the requests' arrivals (`Planner.observed`: the prompt-arrival curve at its
         engine rate)."""
-        base = self.trace.observe(start_s, end_s)
         first = (self._first_token_s >= start_s) & (self._first_token_s < end_s)
         done = (self._finish_s >= start_s) & (self._finish_s < end_s) & (self._osl > 1)
         ttft_ms = float(np.mean(self._ttft_s[first]) * 1000.0) if first.any() else None
@@ -476,27 +511,18 @@ class ClusterSimulator:
         itl = self._itl_s()
         itl_ms = float(np.nanmean(itl[done]) * 1000.0) if done.any() else None
         kv_hit_rate, _ = self.kv_hit_rate(start_s, end_s)
-        observed = TrafficObservation(
-            duration_s=base.duration_s,
-            num_req=base.num_req,
-            isl=base.isl,
-            osl=base.osl,
-            isl_p50=base.isl_p50,
-            isl_p90=base.isl_p90,
-            isl_p99=base.isl_p99,
-            osl_p50=base.osl_p50,
-            osl_p90=base.osl_p90,
-            osl_p99=base.osl_p99,
+        return window_observation(
+            self.trace,
+            start_s,
+            end_s,
             ttft_ms=ttft_ms,
             itl_ms=itl_ms,
+            kv_hit_rate=kv_hit_rate,
+            planner=planner,
             ttft_ms_p95=None if tail_ms is None else float(tail_ms[0]),
             ttft_ms_p99=None if tail_ms is None else float(tail_ms[1]),
             queue_ms=queue_ms,
-            kv_hit_rate=kv_hit_rate,
         )
-        if planner is None:
-            return observed
-        return planner.observed(observed, self.trace.arrivals(start_s, end_s), start_s, end_s)
 
     def kv_hit_rate(self, start_s: float, end_s: float) -> tuple[float | None, int]:
         """The router's prefix-cache hit rate over [start_s, end_s) and the number of requests it covers

@@ -1,0 +1,672 @@
+"""`planner bench --engine dynamo`: the bench's policies served by Dynamo 1.6.1's offline replay instead of our
+simulator.
+
+Role: a second grader. Dynamo's Rust replay (its mocker engines, router and worker lifecycle) serves the trace in
+a subprocess run with Dynamo's virtualenv (`planner_core/lab/dynamo/run_replay.py`); the scaling policy sits in its
+loop: at each tick Dynamo calls the policy with a snapshot of the cluster, and applies the absolute targets it
+answers. By policy:
+
+- `fixed:P:D`, `static-peak`, `static-mean`: no policy object (the pools keep their initial sizes);
+- `dynamo-1.6.1`, `dynamo-1.6.1-load`: Dynamo's own `ReplayPlannerAdapter`, built inside the subprocess as
+  `run_planner.py` builds it (Dynamo's replay as Dynamo runs it);
+- the planner presets, config files and the oracle: the tick comes back to this process over the bridge's
+  line-delimited JSON, where `ReplayView` gives the policy the simulator's interface (`worker_counts`,
+  `latest_fpm`, `observe`, `set_targets`) over the snapshots, and the policy's `decide` (for a planner,
+  `Planner.decide` through `PlannerPolicy`) is the same call as on our simulator.
+
+What the planner observes each tick comes from `window_observation` (`planner_core.lab.sim.des`), the function our
+simulator's `observe` also calls: request count, lengths, their percentiles and the prompt-arrival curve from the
+trace's arrivals in the window (the same requests Dynamo replays, on the same clock), and the mean TTFT / ITL and
+prefix-cache hit rate from Dynamo's per-tick traffic windows (merged over the window, weighted by Dynamo's own
+sample counts). The differences from our simulator: Dynamo counts TTFT/ITL samples as its replay records them
+(our simulator averages the requests whose first or last token came in the window); the forward-pass snapshots
+are Dynamo's (its engines' scheduled and queued work), and the worker counts are Dynamo's active and
+non-draining workers.
+
+Scoring is `score` (`planner_core.lab.sim.bench`) on Dynamo's per-request records (TTFT, mean ITL, arrival plus
+end-to-end latency as the finish); GPU-hours are Dynamo's own (`summary.gpu_hours`: worker-seconds from the scale
+request to removal, times GPUs per worker); scaling events are its planner-caused lifecycle operations (one per
+pool change).
+
+The oracle (`replay_oracle_windows`) is the per-window search of `planner_core.lab.sim.oracle` replayed in
+Dynamo's engine: each candidate size replays the window with its context, both pools together (Dynamo's engine
+cannot run one pool alone), see that function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from planner_core.domain import Component, ForwardPassMetrics, QueuedRequests, ScheduledRequests, WorkerCounts
+from planner_core.lab.sim.bench import (
+    DynamoPlannerPolicy,
+    FixedPolicy,
+    OraclePolicy,
+    PolicyRun,
+    ScalingPolicy,
+    score,
+)
+from planner_core.lab.sim.des import SimResult, SimSpec, window_observation
+from planner_core.lab.sim.dynamo_policy import DYNAMO_PYTHON_ENV, DYNAMO_VERSION, DynamoPlannerError, find_dynamo_python
+from planner_core.lab.sim.oracle import OracleSettings, OracleWindow, _best_effort, smallest_meeting
+from planner_core.planner import Planner
+from planner_core.traces import RequestTrace
+
+RUN_REPLAY_SCRIPT = Path(__file__).resolve().parents[1] / "dynamo" / "run_replay.py"
+BLOCK_TOKENS = 512  # Mooncake `hash_ids` blocks
+_TICK_TOLERANCE_S = 1e-6
+
+
+def write_replay_trace(trace: RequestTrace, path: Path, requests: slice | None = None) -> float:
+    """Requests of `trace` (all, or the index range `requests`) as the Mooncake JSONL Dynamo replays, their
+    arrivals shifted so the first is at 0; returns the shift (s). Prompts without block ids get fresh ones
+    (ceil(ISL / 512) each: no prefix sharing)."""
+    span = requests or slice(0, trace.num_requests)
+    indices = range(*span.indices(trace.num_requests))
+    shift_s = float(trace.arrival_s[indices[0]]) if len(indices) else 0.0
+    next_id = 0
+    with path.open("w", encoding="utf-8") as handle:
+        for index in indices:
+            isl, osl = int(trace.isl[index]), int(trace.osl[index])
+            if trace.has_hashes:
+                blocks = trace.request_hashes(index).tolist()
+            else:
+                count = max(1, math.ceil(isl / BLOCK_TOKENS))
+                blocks = list(range(next_id, next_id + count))
+                next_id += count
+            stamp_ms = round((float(trace.arrival_s[index]) - shift_s) * 1000.0, 3)
+            handle.write(json.dumps({"timestamp": stamp_ms, "input_length": isl, "output_length": osl,
+                                     "hash_ids": blocks}) + "\n")  # fmt: skip
+    return shift_s
+
+
+class ReplayBridge:
+    """The `run_replay.py` subprocess: one per bench, serving one replay after another."""
+
+    def __init__(self, python: str | None, *, script: Path = RUN_REPLAY_SCRIPT) -> None:
+        found = find_dynamo_python(python)
+        if not found:
+            raise DynamoPlannerError(
+                f"--engine dynamo: no Dynamo interpreter: run `make dynamo-env`, or pass --dynamo-python PATH or "
+                f"set {DYNAMO_PYTHON_ENV} (a virtualenv with ai-dynamo {DYNAMO_VERSION})"
+            )
+        self.python, self.script = found, script
+        self._stderr: IO[bytes] = tempfile.TemporaryFile()
+        try:
+            self._process = subprocess.Popen(
+                [found, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True
+            )
+        except OSError as exc:
+            raise DynamoPlannerError(f"--engine dynamo: --dynamo-python {found}: {exc.strerror}") from exc
+        version = self._read("start").get("dynamo_version")
+        if version != DYNAMO_VERSION:
+            self.close()
+            raise DynamoPlannerError(f"--engine dynamo: --dynamo-python {found}: has ai-dynamo {version}, not "
+                                     f"{DYNAMO_VERSION}")  # fmt: skip
+
+    def run(
+        self,
+        job: dict[str, Any],
+        *,
+        on_initial: Callable[[], float | None] | None = None,
+        on_tick: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """One replay (`job` as run_replay.py reads it); a remote policy's calls go to `on_initial`/`on_tick`."""
+        self._write({"run": job})
+        while True:
+            message = self._read("replay")
+            if message.get("done"):
+                return json.loads(Path(message["out"]).read_text(encoding="utf-8"))
+            if message.get("initial"):
+                assert on_initial is not None, "a remote policy needs on_initial"
+                self._write({"next_tick_ms": on_initial()})
+            elif "tick" in message:
+                assert on_tick is not None, "a remote policy needs on_tick"
+                self._write(on_tick(message["tick"]))
+            else:
+                self._fail(f"unexpected message {str(message)[:200]}")
+
+    def close(self) -> None:
+        process = self._process
+        if process.stdin is not None and not process.stdin.closed:
+            process.stdin.close()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+        self._stderr.close()
+
+    def _write(self, message: dict[str, Any]) -> None:
+        assert self._process.stdin is not None
+        try:
+            self._process.stdin.write(json.dumps(message) + "\n")
+            self._process.stdin.flush()
+        except BrokenPipeError:
+            self._fail("writing")
+
+    def _read(self, what: str) -> dict[str, Any]:
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline()
+        if not line:
+            self._fail(what)
+        return json.loads(line)
+
+    def _fail(self, what: str) -> None:
+        self._process.kill()
+        self._process.wait()
+        self._stderr.seek(0)
+        lines = [x.strip() for x in self._stderr.read().decode("utf-8", "replace").splitlines() if x.strip()]
+        ours = [x for x in lines if x.startswith("run_replay:")]
+        raise DynamoPlannerError(f"Dynamo's replay stopped ({what}): {(ours or lines or ['(no message)'])[-1]}")
+
+
+class ReplayView:
+    """A tick of Dynamo's replay seen through the simulator's interface, for a policy's `decide`.
+
+    `absorb` takes each snapshot; the traffic windows Dynamo drains at every tick are kept (with their end times)
+    so that `observe` can merge any span of them; the engines' forward-pass snapshots are cached per worker (the
+    latest, pruned to the active workers, as Dynamo's adapter caches them)."""
+
+    def __init__(self, trace: RequestTrace) -> None:
+        self.trace = trace
+        self.now_s = 0.0
+        self._snapshot: dict[str, Any] = {}
+        self._traffic: list[tuple[float, float, dict[str, Any]]] = []  # (start_s, end_s, window)
+        self._fpm: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self._targets: list[int | None] = [None, None]
+
+    def absorb(self, now_s: float, snapshot: dict[str, Any]) -> None:
+        previous_s, self.now_s = self.now_s, now_s
+        self._snapshot = snapshot
+        self._targets = [None, None]
+        traffic = snapshot.get("traffic")
+        if traffic:
+            self._traffic.append((previous_s, now_s, traffic))
+        for pool in ("prefill", "decode"):
+            for fpm in snapshot.get(f"{pool}_fpm_snapshots") or []:
+                self._fpm[(pool, str(fpm["worker_id"]), int(fpm.get("dp_rank", 0)))] = fpm
+            active = {str(i) for i in snapshot.get(f"active_{pool}_ids") or []}
+            for key in [k for k in self._fpm if k[0] == pool and k[1] not in active]:
+                del self._fpm[key]
+
+    def worker_counts(self) -> WorkerCounts:
+        """Ready: Dynamo's active workers; expected: its non-draining ones (active and starting), or the target
+        set at this tick."""
+        snap = self._snapshot
+        expected = [
+            self._targets[0] if self._targets[0] is not None else int(snap.get("non_draining_prefill_count", 0)),
+            self._targets[1] if self._targets[1] is not None else int(snap.get("non_draining_decode_count", 0)),
+        ]
+        return WorkerCounts(
+            ready_prefill=int(snap.get("active_prefill_count", 0)),
+            ready_decode=int(snap.get("active_decode_count", 0)),
+            expected_prefill=expected[0],
+            expected_decode=expected[1],
+        )
+
+    def latest_fpm(self) -> tuple[ForwardPassMetrics, ...]:
+        return tuple(fpm_from_snapshot(pool, fpm) for (pool, _, _), fpm in sorted(self._fpm.items()))
+
+    def observe(self, start_s: float, end_s: float, *, planner: Planner | None = None):  # noqa: ANN201
+        """The window [start_s, end_s) by `window_observation`, with Dynamo's latency and hit-rate figures."""
+        ttft_ms, itl_ms, kv_hit_rate = merged_latency(
+            [w for s, e, w in self._traffic if s >= start_s - _TICK_TOLERANCE_S and e <= end_s + _TICK_TOLERANCE_S]
+        )
+        if not self.trace.has_hashes:  # as our simulator: no prefix blocks, no cache, no hit rate
+            kv_hit_rate = None
+        return window_observation(
+            self.trace, start_s, end_s, ttft_ms=ttft_ms, itl_ms=itl_ms, kv_hit_rate=kv_hit_rate, planner=planner
+        )
+
+    def set_targets(self, num_prefill: int | None, num_decode: int | None) -> None:
+        if num_prefill is not None:
+            self._targets[0] = int(num_prefill)
+        if num_decode is not None:
+            self._targets[1] = int(num_decode)
+
+    def targets(self) -> tuple[int | None, int | None]:
+        return self._targets[0], self._targets[1]
+
+
+def merged_latency(windows: Sequence[dict[str, Any]]) -> tuple[float | None, float | None, float | None]:
+    """Mean TTFT, ITL (ms) and prefix-cache hit rate over Dynamo traffic windows, each weighted by its sample
+    count (`ttft_count`, `itl_count`, `hit_rate_count`); None where no window has a sample."""
+
+    def mean(value: str, count: str) -> float | None:
+        weights = [float(w.get(count) or 0.0) for w in windows]
+        total = sum(weights)
+        if total <= 0:
+            return None
+        return sum(float(w.get(value) or 0.0) * c for w, c in zip(windows, weights, strict=True)) / total
+
+    return mean("avg_ttft_ms", "ttft_count"), mean("avg_itl_ms", "itl_count"), mean("avg_kv_hit_rate", "hit_rate_count")
+
+
+def fpm_from_snapshot(pool: str, fpm: dict[str, Any]) -> ForwardPassMetrics:
+    """One engine's snapshot from Dynamo's replay (the field names `dynamo_policy.fpm_message` writes) as ours."""
+    return ForwardPassMetrics(
+        component=Component.PREFILL if pool == "prefill" else Component.DECODE,
+        worker_id=str(fpm["worker_id"]),
+        dp_rank=int(fpm.get("dp_rank", 0)),
+        wall_time_s=float(fpm.get("wall_time", 0.0)),
+        scheduled=ScheduledRequests(
+            num_prefill_requests=int(fpm.get("num_prefill_requests", 0)),
+            sum_prefill_tokens=int(fpm.get("sum_prefill_tokens", 0)),
+            var_prefill_length=float(fpm.get("var_prefill_length", 0.0)),
+            sum_prefill_kv_tokens=int(fpm.get("sum_prefill_kv_tokens", 0)),
+            num_decode_requests=int(fpm.get("num_decode_requests", 0)),
+            sum_decode_kv_tokens=int(fpm.get("sum_decode_kv_tokens", 0)),
+            var_decode_kv_tokens=float(fpm.get("var_decode_kv_tokens", 0.0)),
+        ),
+        queued=QueuedRequests(
+            num_prefill_requests=int(fpm.get("num_queued_prefill", 0)),
+            sum_prefill_tokens=int(fpm.get("sum_queued_prefill_tokens", 0)),
+            var_prefill_length=float(fpm.get("var_queued_prefill_length", 0.0)),
+            num_decode_requests=int(fpm.get("num_queued_decode", 0)),
+            sum_decode_kv_tokens=int(fpm.get("sum_queued_decode_kv_tokens", 0)),
+            var_decode_kv_tokens=float(fpm.get("var_queued_decode_kv_tokens", 0.0)),
+        ),
+    )
+
+
+def replay_result(
+    trace: RequestTrace, result: dict[str, Any], *, shift_s: float = 0.0, initial: tuple[int, int] = (0, 0)
+) -> SimResult:
+    """Dynamo's replay report as a `SimResult` indexed like `trace` (the replayed requests, in arrival order).
+    Dynamo's records are matched to the trace's requests by arrival order (equal arrivals by their order in
+    the report); a request without a record stays unfinished (NaN)."""
+    n = trace.num_requests
+    ttft_s, itl_s, finish_s = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    records = sorted(result["per_request"], key=lambda r: float(r.get("arrival_time_ms") or 0.0))
+    for index, record in enumerate(records[:n]):
+        arrival_s = float(record.get("arrival_time_ms") or 0.0) / 1000.0 + shift_s
+        if record.get("ttft_ms") is not None:
+            ttft_s[index] = float(record["ttft_ms"]) / 1000.0
+        if record.get("e2e_latency_ms") is not None:
+            finish_s[index] = arrival_s + float(record["e2e_latency_ms"]) / 1000.0
+        if record.get("itl_ms") is not None and int(trace.osl[index]) > 1:
+            itl_s[index] = float(record["itl_ms"]) / 1000.0
+    summary = result["summary"]
+    operations = result.get("lifecycle_operations") or []
+    counts = {"prefill": initial[0], "decode": initial[1]}
+    timeline: list[tuple[float, int, int]] = [(shift_s, initial[0], initial[1])]
+    for operation in sorted(operations, key=lambda o: (float(o["at_ms"]), int(o["operation_ordinal"]))):
+        counts[operation["pool"]] = len(operation["state_after_batch"]["active"])
+        timeline.append((float(operation["at_ms"]) / 1000.0 + shift_s, counts["prefill"], counts["decode"]))
+    return SimResult(
+        ttft_s=ttft_s,
+        itl_s=itl_s,
+        finish_s=finish_s,
+        gpu_s=float(summary["gpu_hours"]) * 3600.0,
+        num_scaling_events=sum(o.get("cause") == "planner_scale" for o in operations),
+        worker_timeline=tuple(timeline),
+    )
+
+
+@dataclasses.dataclass(slots=True)
+class DynamoEngine:
+    """The bench's engine for one trace: the bridge, the replayed trace file and the scenario."""
+
+    trace: RequestTrace
+    spec: SimSpec
+    bridge: ReplayBridge
+    workdir: Path
+    profile_dir: Path | None = None
+    trace_file: Path | None = None
+    _runs: int = 0
+
+    def job(self, *, trace_file: Path, size: tuple[int, int], startup_s: float, policy: dict[str, Any]) -> dict:
+        self._runs += 1
+        job: dict[str, Any] = {
+            "trace": str(trace_file),
+            "num_prefill": int(size[0]),
+            "num_decode": int(size[1]),
+            "startup_s": float(startup_s),
+            "out": str(self.workdir / f"replay-{self._runs}.json"),
+            "policy": policy,
+            "engine": {"num_gpu_blocks": self.spec.decode_limits.max_kv_tokens // 64, "block_size": 64},
+        }
+        if self.profile_dir is not None:
+            job["profile"] = str(self.profile_dir)
+        return job
+
+    def full_trace(self) -> Path:
+        if self.trace_file is None:
+            self.trace_file = self.workdir / "trace.jsonl"
+            write_replay_trace(self.trace, self.trace_file)
+        return self.trace_file
+
+    def run(self, policy: ScalingPolicy) -> SimResult:
+        """Serve the whole trace under `policy` in Dynamo's replay."""
+        startup_s = self.spec.startup_s if policy.startup_s is None else policy.startup_s
+        size = policy.initial()
+        if (
+            isinstance(policy, FixedPolicy)
+            or not math.isfinite(policy.interval_s)
+            or self.trace.duration_s < policy.interval_s
+        ):
+            job = self.job(trace_file=self.full_trace(), size=size, startup_s=startup_s, policy={"kind": "fixed"})
+            return replay_result(self.trace, self.bridge.run(job), initial=size)
+        if isinstance(policy, DynamoPlannerPolicy):
+            policy.close()  # `initial` started its own subprocess: Dynamo's planner runs inside the replay here
+            spec = {"kind": "dynamo", "config": policy.config, "capabilities": policy.capabilities}
+            job = self.job(trace_file=self.full_trace(), size=size, startup_s=startup_s, policy=spec)
+            if policy.profile_dir is not None:
+                job["profile"] = str(policy.profile_dir)
+            return replay_result(self.trace, self.bridge.run(job), initial=size)
+        view = ReplayView(self.trace)
+        interval_s = policy.interval_s
+        num_ticks = int(self.trace.duration_s // interval_s)
+
+        def next_tick_ms(index: int) -> float | None:
+            return index * interval_s * 1000.0 if index <= num_ticks else None
+
+        def on_tick(snapshot: dict[str, Any]) -> dict[str, Any]:
+            index = round(float(snapshot["now_ms"]) / 1000.0 / interval_s)
+            now_s = index * interval_s  # the default engine's tick times exactly
+            view.absorb(now_s, snapshot)
+            targets = policy.decide(now_s, view)
+            if targets is not None:
+                view.set_targets(*targets)
+            prefill, decode = view.targets()
+            return {"target_prefill": prefill, "target_decode": decode, "next_tick_ms": next_tick_ms(index + 1)}
+
+        job = self.job(trace_file=self.full_trace(), size=size, startup_s=startup_s, policy={"kind": "remote"})
+        try:
+            replayed = self.bridge.run(job, on_initial=lambda: next_tick_ms(1), on_tick=on_tick)
+            return replay_result(self.trace, replayed, initial=size)
+        finally:
+            close = getattr(policy, "close", None)
+            if close is not None:
+                close()
+
+    def window_met(
+        self,
+        sub: RequestTrace,
+        scored: slice,
+        *,
+        previous: tuple[int, int],
+        size: tuple[int, int],
+        switch_s: float,
+        ttft_ms: float,
+        itl_ms: float,
+    ) -> np.ndarray:
+        """Per request of `scored`: within both targets when `sub` is replayed at `previous` until `switch_s` and
+        at `size` from then on (instant scaling: start-up 0)."""
+        path = self.workdir / "window.jsonl"
+        shift_s = write_replay_trace(sub, path)
+        switch_ms = max(0.0, (switch_s - shift_s) * 1000.0)
+
+        def on_tick(snapshot: dict[str, Any]) -> dict[str, Any]:  # noqa: ARG001
+            return {"target_prefill": size[0], "target_decode": size[1], "next_tick_ms": None}
+
+        switches = previous != size and switch_ms > 0
+        job = self.job(trace_file=path, size=previous if switches else size, startup_s=0.0,
+                       policy={"kind": "remote" if switches else "fixed"})  # fmt: skip
+        replayed = self.bridge.run(job, on_initial=lambda: switch_ms, on_tick=on_tick)
+        result = replay_result(sub, replayed, shift_s=shift_s)
+        return met_both(result, ttft_ms=ttft_ms, itl_ms=itl_ms)[scored]
+
+
+def met_both(result: SimResult, *, ttft_ms: float, itl_ms: float) -> np.ndarray:
+    """Per request: finished within both targets (`score`'s rule: ITL of a 1-token request is met)."""
+    ttft_ok = np.isfinite(result.ttft_s) & (result.ttft_s * 1000.0 <= ttft_ms)
+    itl_ok = np.isfinite(result.finish_s) & (~np.isfinite(result.itl_s) | (result.itl_s * 1000.0 <= itl_ms))
+    return ttft_ok & itl_ok
+
+
+def replay_attainable(engine: DynamoEngine, *, size: tuple[int, int], ttft_ms: float, itl_ms: float) -> np.ndarray:
+    """Per request: within both targets in Dynamo's engine on a cluster of `size` workers already up (large
+    enough that requests hardly share an engine): what "alone on an idle cluster" means on this engine."""
+    job = engine.job(trace_file=engine.full_trace(), size=size, startup_s=0.0, policy={"kind": "fixed"})
+    result = replay_result(engine.trace, engine.bridge.run(job))
+    return met_both(result, ttft_ms=ttft_ms, itl_ms=itl_ms)
+
+
+def replay_oracle_windows(
+    engine: DynamoEngine,
+    *,
+    ttft_ms: float,
+    itl_ms: float,
+    window_s: float,
+    settings: OracleSettings = OracleSettings(),  # noqa: B008 - frozen value
+    gpus: tuple[int, int] = (1, 1),
+    num_windows: int | None = None,
+    on_window: Callable[[OracleWindow], None] | None = None,
+) -> list[OracleWindow]:
+    """The oracle's per-window search (`planner_core.lab.sim.oracle`, steps 1, 3 and 5) replayed in Dynamo's
+    engine. Steps 2 and 4 differ:
+
+    - a window's attainable requests are those within both targets when the window and its context are replayed
+      on `ATTAINABLE_SIZE` workers per pool (the window's own replay: a prefix cache starts cold at the context's
+      start, as in every candidate's replay), and at most that many workers per pool are searched;
+    - Dynamo's engine cannot run one pool alone, so every candidate replays both pools (the window with
+      `context_s` before and after, the previous window's size until the window's start, instant scaling) and
+      counts the window's requests meeting both targets: P is the fewest prefill workers meeting the target with a
+      generous decode pool (twice the previous window's decode answer plus 2, at least 4), so that decode does
+      not hide a prefill shortage; D(P) is the fewest decode workers meeting it with P, and the cheaper in GPUs
+      of (P, D(P)) and (P + 1, D(P + 1)) is kept (fewer prefill workers on a tie).
+
+    `num_windows` stops after that many windows."""
+    trace = engine.trace
+    total = int(trace.duration_s // window_s) + 1 if trace.num_requests else 0
+    total = total if num_windows is None else min(total, num_windows)
+    settings = dataclasses.replace(settings, max_replicas=min(settings.max_replicas, *ATTAINABLE_SIZE))
+    guess = (settings.min_prefill, settings.min_decode)
+    previous: tuple[int, int] | None = None
+    windows: list[OracleWindow] = []
+    for index in range(total):
+        start_s, end_s = index * window_s, (index + 1) * window_s
+        own = trace.window(start_s, end_s)
+        window = OracleWindow(
+            index=index, start_s=start_s, num_requests=own.stop - own.start, num_attainable=0, num_required=0,
+            num_prefill=settings.min_prefill, num_decode=settings.min_decode, num_ttft_met=0, num_met=0,
+            feasible=True, num_simulations=0,
+        )  # fmt: skip
+        if own.stop > own.start:
+            span = trace.window(start_s - settings.context_s, end_s + settings.context_s)
+            sub = _sub_trace(trace, span)
+            scored = slice(own.start - span.start, own.stop - span.start)
+
+            def met(size: tuple[int, int], *, sub=sub, scored=scored, previous=previous, start_s=start_s) -> int:  # noqa: ANN001
+                replayed = engine.window_met(
+                    sub, scored, previous=previous or size, size=size, switch_s=start_s, ttft_ms=ttft_ms,
+                    itl_ms=itl_ms,
+                )  # fmt: skip
+                return int(replayed.sum())
+
+            num_attainable = met(ATTAINABLE_SIZE)
+            required = math.ceil(settings.target_attainment * num_attainable - 1e-9)
+            window = dataclasses.replace(window, num_attainable=num_attainable, num_required=required)
+            if required > 0:
+                window = _size_replay_window(window, met, guess=guess, settings=settings, gpus=gpus)
+                window = dataclasses.replace(window, num_simulations=window.num_simulations + 1)
+                guess = (window.num_prefill, window.num_decode)
+        previous = (window.num_prefill, window.num_decode)
+        windows.append(window)
+        if on_window is not None:
+            on_window(window)
+    return windows
+
+
+def _size_replay_window(
+    window: OracleWindow,
+    replay_met: Callable[[tuple[int, int]], int],
+    *,
+    guess: tuple[int, int],
+    settings: OracleSettings,
+    gpus: tuple[int, int],
+) -> OracleWindow:
+    """`replay_oracle_windows`' search for one window; `replay_met(size)` replays it at a size (each size once)."""
+    cache: dict[tuple[int, int], int] = {}
+
+    def met(size: tuple[int, int]) -> int:
+        if size not in cache:
+            cache[size] = replay_met(size)
+        return cache[size]
+
+    required, cap = window.num_required, settings.max_replicas
+    wide = min(cap, max(4, 2 * guess[1] + 2))
+    feasible = True
+    num_prefill = smallest_meeting(
+        lambda n: met((n, wide)) >= required, guess=guess[0], floor=settings.min_prefill, cap=cap
+    )
+    if num_prefill is None:
+        feasible = False
+        num_prefill = _best_effort(lambda n: met((n, wide)), floor=settings.min_prefill, cap=cap)
+    candidates: list[tuple[int, int]] = []
+    for prefill in (num_prefill, num_prefill + 1) if feasible and num_prefill < cap else (num_prefill,):
+        decode = smallest_meeting(
+            lambda n, p=prefill: met((p, n)) >= required,
+            guess=candidates[0][1] if candidates else guess[1],
+            floor=settings.min_decode,
+            cap=cap,
+        )
+        if decode is not None:
+            candidates.append((prefill, decode))
+    if candidates:
+        num_prefill, num_decode = min(candidates, key=lambda c: (c[0] * gpus[0] + c[1] * gpus[1], c[0]))
+    else:
+        feasible = False
+        num_decode = _best_effort(lambda n: met((num_prefill, n)), floor=settings.min_decode, cap=cap)
+    return dataclasses.replace(
+        window, num_prefill=num_prefill, num_decode=num_decode, num_met=met((num_prefill, num_decode)),
+        num_ttft_met=-1, feasible=feasible, num_simulations=len(cache),
+    )  # fmt: skip
+
+
+def _sub_trace(trace: RequestTrace, span: slice) -> RequestTrace:
+    """The requests of `span`, on the trace's clock, with their prefix blocks."""
+    hash_ids = hash_offsets = None
+    if trace.has_hashes:
+        assert trace.hash_offsets is not None and trace.hash_ids is not None
+        lo, hi = int(trace.hash_offsets[span.start]), int(trace.hash_offsets[span.stop])
+        hash_ids = trace.hash_ids[lo:hi]
+        hash_offsets = trace.hash_offsets[span.start : span.stop + 1] - lo
+    return dataclasses.replace(
+        trace,
+        arrival_s=np.asarray(trace.arrival_s[span], dtype=float),
+        isl=np.asarray(trace.isl[span]),
+        osl=np.asarray(trace.osl[span]),
+        hash_ids=hash_ids,
+        hash_offsets=hash_offsets,
+    )
+
+
+def run_engine_bench(
+    policies: Sequence[ScalingPolicy],
+    engine: DynamoEngine,
+    *,
+    ttft_ms: float,
+    itl_ms: float,
+    attainable: float,
+    on_policy_done: Callable[[Any], None] | None = None,
+    oracle_search_s: float = 0.0,
+) -> list[PolicyRun]:
+    """`run_bench` on Dynamo's engine: every policy on the same trace, scored by `score`, `gpu_hours_vs_oracle`
+    filled when an `oracle` runs."""
+    runs = []
+    for policy in policies:
+        started = time.perf_counter()
+        result = engine.run(policy)
+        wall_s = time.perf_counter() - started + (oracle_search_s if isinstance(policy, OraclePolicy) else 0.0)
+        row = score(policy.name, engine.trace, result, ttft_ms=ttft_ms, itl_ms=itl_ms, wall_s=wall_s,
+                    attainable=attainable)  # fmt: skip
+        runs.append(PolicyRun(row=row, result=result))
+        if on_policy_done is not None:
+            on_policy_done(row)
+    oracle = next((r for r in runs if r.row.policy == "oracle"), None)
+    if oracle is not None and oracle.row.gpu_hours > 0:
+        runs = [
+            dataclasses.replace(
+                r, row=dataclasses.replace(r.row, gpu_hours_vs_oracle=r.row.gpu_hours / oracle.row.gpu_hours)
+            )
+            for r in runs
+        ]
+    return runs
+
+
+def dynamo_bench(
+    names: Sequence[str],
+    build: Callable[[Sequence[str]], list[ScalingPolicy]],
+    trace: RequestTrace,
+    spec: SimSpec,
+    *,
+    ttft_ms: float,
+    itl_ms: float,
+    window_s: float,
+    settings: OracleSettings,
+    initial: str,
+    dynamo_python: str | None,
+    profile_dir: Path | None,
+    num_configs: int = 0,
+    on_policies_built: Callable[[Sequence[ScalingPolicy]], None] | None = None,
+    on_policy_done: Callable[[Any], None] | None = None,
+) -> tuple[list[ScalingPolicy], list[PolicyRun]]:
+    """The bench on Dynamo's engine: `names` in order (the baselines from `replay_oracle_windows`, the others
+    from `build`, which builds the named policies and then the `num_configs` config files as the default engine
+    does), each served by Dynamo's replay. Planners start at the engine's oracle's first-window size with
+    `initial="oracle"`, at their minimum endpoints with "min"."""
+    from planner_core.lab.sim.bench import BASELINE_NAMES
+
+    if spec.aggregated:
+        raise ValueError("--engine dynamo: the bench runs disaggregated pools only on Dynamo's engine")
+    with tempfile.TemporaryDirectory(prefix="planner-bench-dynamo-") as folder:
+        bridge = ReplayBridge(dynamo_python)
+        try:
+            engine = DynamoEngine(trace=trace, spec=spec, bridge=bridge, workdir=Path(folder), profile_dir=profile_dir)
+            others = [name for name in names if name not in BASELINE_NAMES]
+            built = build(others)  # refusals (unknown names, bad configs) before the replays
+            gpus = (spec.prefill_limits.num_gpu, spec.decode_limits.num_gpu)
+            attainable_mask = replay_attainable(engine, size=ATTAINABLE_SIZE, ttft_ms=ttft_ms, itl_ms=itl_ms)
+            attainable = float(attainable_mask.mean()) if len(attainable_mask) else 1.0
+            wants_baselines = any(name in BASELINE_NAMES for name in names)
+            started = time.perf_counter()
+            windows: list[OracleWindow] = []
+            if wants_baselines or (initial == "oracle" and others):
+                windows = replay_oracle_windows(
+                    engine, ttft_ms=ttft_ms, itl_ms=itl_ms, window_s=window_s, settings=settings,
+                    gpus=gpus, num_windows=None if wants_baselines else 1,
+                )  # fmt: skip
+            search_s = time.perf_counter() - started
+            sizes = [(w.num_prefill, w.num_decode) for w in windows] or [(settings.min_prefill, settings.min_decode)]
+            if initial == "oracle":
+                for policy in built:
+                    if hasattr(policy, "initial_size"):
+                        policy.initial_size = sizes[0]  # type: ignore[attr-defined]
+            peak = (max(p for p, _ in sizes), max(d for _, d in sizes))
+            mean = tuple(math.ceil(float(np.mean([size[i] for size in sizes])) - 1e-9) for i in (0, 1))
+            baselines: dict[str, ScalingPolicy] = {
+                "static-peak": FixedPolicy(name="static-peak", num_prefill=peak[0], num_decode=peak[1]),
+                "static-mean": FixedPolicy(name="static-mean", num_prefill=mean[0], num_decode=mean[1]),
+                "oracle": OraclePolicy(sizes=sizes, interval_s=window_s, windows=tuple(windows), search_s=search_s),
+            }
+            named = dict(zip(others, built[: len(others)], strict=True))
+            policies = [baselines[n] if n in BASELINE_NAMES else named[n] for n in names]
+            policies += built[len(others) :][:num_configs] if num_configs else []
+            if on_policies_built is not None:
+                on_policies_built(policies)
+            runs = run_engine_bench(
+                policies, engine, ttft_ms=ttft_ms, itl_ms=itl_ms, attainable=attainable,
+                on_policy_done=on_policy_done, oracle_search_s=search_s,
+            )  # fmt: skip
+        finally:
+            bridge.close()
+    return policies, runs
+
+
+# "Alone on an idle cluster" on Dynamo's engine: this many prefill and decode workers, up from the start.
+ATTAINABLE_SIZE = (32, 32)

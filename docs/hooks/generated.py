@@ -220,23 +220,13 @@ def render_bench_records(results_dir: Path) -> str:
     return "\n\n".join(render_bench_record(name, record) for name, record in records) + "\n"
 
 
-def _load_records(folder: Path) -> dict[str, dict[str, Any]]:
-    records = {}
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        if record.get("format") != BENCH_RECORD_FORMAT:
-            raise ValueError(f"{path}: format {record.get('format')!r}, expected {BENCH_RECORD_FORMAT!r}")
-        records[path.name.removesuffix(".json")] = record
-    return records
-
-
 def render_engine_comparison(default_dir: Path, dynamo_dir: Path) -> str:
     """Markdown: per record name in `dynamo_dir`, its rows beside the rows of the same name in `default_dir` (SLA
     attainment, GPU-hours and × oracle on each engine), then the Dynamo-engine records in full."""
-    theirs = _load_records(dynamo_dir)
+    theirs = {name.removesuffix(".json"): record for name, record in _load_records(dynamo_dir)}
     if not theirs:
         return "No run on Dynamo's engine has been recorded yet (`docs/results/dynamo-engine/` holds no record).\n"
-    ours = _load_records(default_dir)
+    ours = {name.removesuffix(".json"): record for name, record in _load_records(default_dir)}
     sections = []
     for name in sorted(theirs):
         other = theirs[name]

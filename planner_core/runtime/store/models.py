@@ -159,6 +159,18 @@ class TrafficObservationRow(Base):
         comment="Speculative decoding: mean tokens accepted per decode step over the window (tokens per step). "
         "NULL where the source does not report it"
     )
+    ttft_ms_p95: Mapped[float | None] = mapped_column(
+        comment="95th percentile of the time to first token of the window's requests (ms), as the frontend "
+        "measured it. NULL where the source does not report it"
+    )
+    ttft_ms_p99: Mapped[float | None] = mapped_column(
+        comment="99th percentile of the time to first token of the window's requests (ms), as the frontend "
+        "measured it. NULL where the source does not report it"
+    )
+    queue_ms: Mapped[float | None] = mapped_column(
+        comment="Mean time the window's requests waited at the frontend for a first token (ms). NULL where the "
+        "source does not report it"
+    )
     # The prompt-token arrival curve, one column per field of `PROMPT_ARRIVAL_INTERVALS_S`; their comments are set
     # below from that dict (so a field added there without a column here fails at import).
     prompt_tokens_p99_250ms: Mapped[float | None]

@@ -224,6 +224,9 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
                 itl_ms=traffic.itl_ms,
                 kv_hit_rate=traffic.kv_hit_rate,
                 accept_length=traffic.accept_length,
+                ttft_ms_p95=traffic.ttft_ms_p95,
+                ttft_ms_p99=traffic.ttft_ms_p99,
+                queue_ms=traffic.queue_ms,
                 **{name: getattr(traffic, name) for name in PROMPT_ARRIVAL_INTERVALS_S},
             )
         )

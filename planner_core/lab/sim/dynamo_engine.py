@@ -58,7 +58,7 @@ from planner_core.lab.sim.bench import (
 )
 from planner_core.lab.sim.des import SimResult, SimSpec, window_observation
 from planner_core.lab.sim.dynamo_policy import DYNAMO_PYTHON_ENV, DYNAMO_VERSION, DynamoPlannerError, find_dynamo_python
-from planner_core.lab.sim.oracle import OracleSettings, OracleWindow, _best_effort, smallest_meeting
+from planner_core.lab.sim.oracle import OracleSettings, OracleWindow, size_both_pools
 from planner_core.planner import Planner
 from planner_core.traces import RequestTrace
 
@@ -520,28 +520,14 @@ def _size_replay_window(
 
     required, cap = window.num_required, settings.max_replicas
     wide = min(cap, max(4, 2 * guess[1] + 2))
-    feasible = True
-    num_prefill = smallest_meeting(
-        lambda n: met((n, wide)) >= required, guess=guess[0], floor=settings.min_prefill, cap=cap
+    num_prefill, num_decode, feasible = size_both_pools(
+        lambda n: met((n, wide)),
+        lambda p, n: met((p, n)),
+        required=required,
+        guess=guess,
+        settings=settings,
+        gpus=gpus,
     )
-    if num_prefill is None:
-        feasible = False
-        num_prefill = _best_effort(lambda n: met((n, wide)), floor=settings.min_prefill, cap=cap)
-    candidates: list[tuple[int, int]] = []
-    for prefill in (num_prefill, num_prefill + 1) if feasible and num_prefill < cap else (num_prefill,):
-        decode = smallest_meeting(
-            lambda n, p=prefill: met((p, n)) >= required,
-            guess=candidates[0][1] if candidates else guess[1],
-            floor=settings.min_decode,
-            cap=cap,
-        )
-        if decode is not None:
-            candidates.append((prefill, decode))
-    if candidates:
-        num_prefill, num_decode = min(candidates, key=lambda c: (c[0] * gpus[0] + c[1] * gpus[1], c[0]))
-    else:
-        feasible = False
-        num_decode = _best_effort(lambda n: met((num_prefill, n)), floor=settings.min_decode, cap=cap)
     return dataclasses.replace(
         window, num_prefill=num_prefill, num_decode=num_decode, num_met=met((num_prefill, num_decode)),
         num_ttft_met=-1, feasible=feasible, num_simulations=len(cache),

@@ -447,26 +447,31 @@ def _best_effort(met: Callable[[int], int], *, floor: int, cap: int) -> int:
     return min(size for size, score in scores.items() if score == best)
 
 
-def _size_window(
-    window: OracleWindow,
-    search: _WindowSearch,
-    settings: OracleSettings,
+def size_both_pools(
+    prefill_met: Callable[[int], int],
+    both_met: Callable[[int, int], int],
+    *,
+    required: int,
     guess: tuple[int, int],
+    settings: OracleSettings,
     gpus: tuple[int, int],
-) -> OracleWindow:
-    """Step 4 of the module docstring for one window."""
-    required, cap = window.num_required, settings.max_replicas
+) -> tuple[int, int, bool]:
+    """Step 4's search for one window, whatever serves it: the fewest prefill engines whose requests meet TTFT
+    (`prefill_met(n)` >= `required`), then for that size and one more the fewest decode engines meeting both targets
+    (`both_met(p, n)`), keeping the pair of fewer GPUs. Returns (prefill, decode, feasible); an infeasible window
+    gets the best-scoring sizes instead. Both bench engines' oracles size their windows with it."""
+    cap = settings.max_replicas
     feasible = True
     num_prefill = smallest_meeting(
-        lambda n: int(search.ttft_met(n).sum()) >= required, guess=guess[0], floor=settings.min_prefill, cap=cap
+        lambda n: prefill_met(n) >= required, guess=guess[0], floor=settings.min_prefill, cap=cap
     )
     if num_prefill is None:
         feasible = False
-        num_prefill = _best_effort(lambda n: int(search.ttft_met(n).sum()), floor=settings.min_prefill, cap=cap)
+        num_prefill = _best_effort(prefill_met, floor=settings.min_prefill, cap=cap)
     candidates: list[tuple[int, int]] = []
     for prefill in (num_prefill, num_prefill + 1) if feasible and num_prefill < cap else (num_prefill,):
         decode = smallest_meeting(
-            lambda n, p=prefill: search.both_met(p, n) >= required,
+            lambda n, p=prefill: both_met(p, n) >= required,
             guess=candidates[0][1] if candidates else guess[1],
             floor=settings.min_decode,
             cap=cap,
@@ -477,7 +482,26 @@ def _size_window(
         num_prefill, num_decode = min(candidates, key=lambda c: (c[0] * gpus[0] + c[1] * gpus[1], c[0]))
     else:
         feasible = False
-        num_decode = _best_effort(lambda n: search.both_met(num_prefill, n), floor=settings.min_decode, cap=cap)
+        num_decode = _best_effort(lambda n: both_met(num_prefill, n), floor=settings.min_decode, cap=cap)
+    return num_prefill, num_decode, feasible
+
+
+def _size_window(
+    window: OracleWindow,
+    search: _WindowSearch,
+    settings: OracleSettings,
+    guess: tuple[int, int],
+    gpus: tuple[int, int],
+) -> OracleWindow:
+    """Step 4 of the module docstring for one window."""
+    num_prefill, num_decode, feasible = size_both_pools(
+        lambda n: int(search.ttft_met(n).sum()),
+        search.both_met,
+        required=window.num_required,
+        guess=guess,
+        settings=settings,
+        gpus=gpus,
+    )
     return dataclasses.replace(
         window,
         num_prefill=num_prefill,

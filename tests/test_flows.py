@@ -55,8 +55,9 @@ def _decisions(url: str, deployment: str):
     )
 
 
-def _run_demo(database_url, config, trace, deployment, max_windows):
-    """The demo flow on `database_url` (named by PLANNER_DATABASE_URL, as `planner demo` does: not a parameter)."""
+def _run_demo(database_url, config, trace, deployment, max_windows, **parameters):
+    """The demo flow on `database_url` (named by PLANNER_DATABASE_URL, as `planner demo` does: not a parameter);
+    `parameters`: the flow's other parameters (report_dir, ...)."""
     from flows.demo import demo
 
     saved = os.environ.get("PLANNER_DATABASE_URL")
@@ -69,6 +70,7 @@ def _run_demo(database_url, config, trace, deployment, max_windows):
             startup_s=120.0,
             rate_scale=12.0,
             max_windows=max_windows,
+            **parameters,
         )
     finally:
         if saved is None:
@@ -456,7 +458,7 @@ def test_demo_of_the_recommended_policy_replays_exactly_and_equals_the_bench(
     """`planner demo`'s default, the recommended policy, on 8 windows: its ticks size prefill for the observed bursts
     (every burst step `burst_sized` or `burst_covered`, never `burst_unavailable`), `planner replay` reproduces every
     tick exactly, and the run's figures equal the bench's for the same policy on the same requests (one path)."""
-    from flows.demo import demo, starting_size
+    from flows.demo import starting_size
     from planner_core.data import DEFAULT_CONFIG
     from planner_core.lab.sim.bench import PlannerPolicy, run_policy
     from planner_core.lab.sim.des import spec_for_config
@@ -464,10 +466,9 @@ def test_demo_of_the_recommended_policy_replays_exactly_and_equals_the_bench(
     from planner_core.runtime.service import load_context
     from planner_core.traces import load_trace
 
-    summary = demo(
-        trace_path=str(azure_conv_trace), config_path=str(DEFAULT_CONFIG), deployment="recommended",
-        startup_s=120.0, rate_scale=12.0, max_windows=8, database_url=database_url, report_dir=str(tmp_path),
-    )  # fmt: skip
+    summary = _run_demo(
+        database_url, DEFAULT_CONFIG, azure_conv_trace, "recommended", max_windows=8, report_dir=str(tmp_path)
+    )
     bursts = _rows(
         database_url,
         "SELECT s.reason, count(*) FROM tick_steps s JOIN ticks t ON t.id = s.tick_id "

@@ -249,7 +249,7 @@ def test_bench_adds_the_recommended_policy_at_each_knob_setting_and_draws_its_fr
     assert [p.name for p in policies] == ["planner", "planner@q0.9", "planner@q0"]
     assert all(isinstance(p, PlannerPolicy) for p in policies)
     quantiles = [p.config.throughput_horizon_quantile for p in policies]  # type: ignore[union-attr]
-    assert quantiles == [0.75, 0.9, 0.0]
+    assert quantiles == [0.0, 0.9, 0.0]  # the shipped policy keeps the knob off
     assert policies[1].config.throughput_decode_target_utilization == 0.7  # type: ignore[union-attr]
     runs = run_bench(policies, trace, FWD, SimSpec(), ttft_ms=500, itl_ms=50)
     points = knob_points(runs)

@@ -148,7 +148,8 @@ _reals = st.floats(min_value=0, max_value=1e12, allow_nan=False)
 valid_fpm = st.builds(
     ForwardPassMetrics,
     component=st.sampled_from(Component),
-    worker_id=st.text(st.characters(exclude_characters="\x00"), min_size=1, max_size=200),
+    # A worker id arrives as UTF-8 bytes, which cannot hold a lone surrogate (category Cs).
+    worker_id=st.text(st.characters(exclude_characters="\x00", exclude_categories=("Cs",)), min_size=1, max_size=200),
     dp_rank=_counts,
     counter_id=_sums,
     wall_time_s=_reals,

@@ -9,7 +9,7 @@ export NO_MKDOCS_2_WARNING := 1
 # statsmodels fits are 10-20x slower when OpenBLAS threads fight other processes on a small machine
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: venv demo test lint docs clean dynamo-env
+.PHONY: venv demo test explore lint docs clean dynamo-env
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ docs: $(STAMP)
 
 test: lint docs
 	$(VENV)/bin/python -m pytest -q
+
+# The property tests with fresh random examples (`make test` uses a fixed set); a failure is kept in .hypothesis/.
+explore: $(STAMP)
+	PLANNER_HYPOTHESIS_PROFILE=explore $(VENV)/bin/python -m pytest -q -p no:cacheprovider $$(grep -l "@given" tests/*.py)
 
 # The Dynamo comparison environment: Dynamo 1.6.1's own planner and mocker in a virtualenv of their own, for
 # `planner bench --policies dynamo-1.6.1,...`, `python -m planner_core.lab.compare_mocker` and the Dynamo tests

@@ -555,42 +555,48 @@ def _combine_agg(
     return combined
 
 
-def _unplaced_signal(inputs: SlaLoadInputs, n: int, signal: _Signal, steps: list[StepRecord]) -> _Signal:
-    """Requests the router could not place raise a hold or a scale-down to one replica up (see the module
-    docstring); without a report, or with nothing unplaced, the signal stands."""
-    unplaced = inputs.unplaced
+def unplaced_signal(
+    component: Component, num_workers: int, desired: int, unplaced: UnplacedRequests | None
+) -> tuple[int, StepRecord | None]:
+    """The pool's proposal after the requests the router could not place (see the module docstring), and its step.
+
+    Args:
+        component: the pool.
+        num_workers: its workers now.
+        desired: what the signals before this one propose.
+        unplaced: the router's report since the last tick; None: no report (no step, `desired` stands).
+
+    Returns:
+        N + 1 (`unplaced_requests`) when a request found no engine within the SLO or waits at the frontend and
+        `desired` adds no replica; else `desired` (`no_change` when everything was placed).
+    """
     if unplaced is None:
-        return signal
-    short = unplaced.num_unplaced > 0 or unplaced.num_waiting > 0
+        return desired, None
     counts = (
         f"{unplaced.num_unplaced} requests found no engine predicted within the SLO since the last tick "
         f"({unplaced.num_rejected} rejected), {unplaced.num_waiting} wait at the frontend"
     )
-    if not short:
-        steps.append(
-            StepRecord(
-                step=StepName.UNPLACED_SIGNAL,
-                component=inputs.component,
-                value=0,
-                reason=ReasonCode.NO_CHANGE,
-                detail=f"the router placed every request ({counts})",
-            )
-        )
-        return signal
-    raised = signal.desired <= n
-    steps.append(
-        StepRecord(
+    if unplaced.num_unplaced == 0 and unplaced.num_waiting == 0:
+        return desired, StepRecord(
             step=StepName.UNPLACED_SIGNAL,
-            component=inputs.component,
-            value=unplaced.num_unplaced + unplaced.num_waiting,
-            reason=ReasonCode.UNPLACED_REQUESTS,
-            detail=f"{counts}: "
-            + (f"{n} -> {n + 1}" if raised else f"the signal already adds a replica ({n} -> {signal.desired})"),
+            component=component,
+            value=0,
+            reason=ReasonCode.NO_CHANGE,
+            detail=f"the router placed every request ({counts})",
         )
+    raised = max(desired, num_workers + 1)
+    return raised, StepRecord(
+        step=StepName.UNPLACED_SIGNAL,
+        component=component,
+        value=unplaced.num_unplaced + unplaced.num_waiting,
+        reason=ReasonCode.UNPLACED_REQUESTS,
+        detail=f"{counts}: "
+        + (
+            f"{num_workers} -> {raised}"
+            if desired <= num_workers
+            else f"the signal already adds a replica ({num_workers} -> {desired})"
+        ),
     )
-    if not raised:
-        return signal
-    return _Signal(desired=n + 1, reason=ReasonCode.SCALE_UP, refused=False)
 
 
 def tail_latency_signal(
@@ -738,7 +744,11 @@ def calculate_load_replicas(inputs: SlaLoadInputs, model: ForwardPassModel) -> t
             signal = _Signal(desired=desired_by_tail, reason=tail_step.reason, refused=signal.refused)
 
     if signal.reason is not ReasonCode.INSUFFICIENT_DATA:
-        signal = _unplaced_signal(inputs, n, signal, steps)
+        desired_by_router, unplaced_step = unplaced_signal(component, n, signal.desired, inputs.unplaced)
+        if unplaced_step is not None:
+            steps.append(unplaced_step)
+        if desired_by_router != signal.desired:
+            signal = _Signal(desired=desired_by_router, reason=ReasonCode.SCALE_UP, refused=False)
     desired, final_steps = finalize_load_proposal(
         component,
         current=n,

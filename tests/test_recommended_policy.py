@@ -59,17 +59,15 @@ def reversals(sizes: list[tuple[int, int]], pool: int) -> list[int]:
     return [i for (_, before), (i, after) in zip(changes, changes[1:], strict=False) if (before > 0) != (after > 0)]
 
 
-@pytest.mark.xfail(
-    reason="KNOWN DEFECT, open: since this session's merges the search finds steady loads where the prompt pool "
-    "flaps (e.g. 28.75 req/s, ISL 3699, OSL 20: 3 -> 5 -> 4 -> 3 within the hold), with the horizon knob off too; "
-    "see the closing note of 2026-11-26",
-    strict=False,
-)
 @settings(max_examples=20, deadline=None)
 # loads the search found flapping before the scale-down margin: decode 3 -> 2 -> 3 within minutes
 @example(rate_rps=43.75, mean_isl=1210.0, mean_osl=516.0, seed=1)
 @example(rate_rps=42.75, mean_isl=1212.0, mean_osl=520.0, seed=2)
 @example(rate_rps=36.875, mean_isl=890.0, mean_osl=20.0, seed=1)
+# long prompts at a prefill size boundary (found with the start-up horizon knob on, which raised 3 -> 5 -> 4 within
+# 300 s: its headroom is added after the hold; the shipped policy has the knob off)
+@example(rate_rps=28.75, mean_isl=3699.0, mean_osl=20.0, seed=1)
+@example(rate_rps=27.97, mean_isl=3667.0, mean_osl=20.0, seed=2)
 @given(
     rate_rps=st.floats(2.0, 120.0),
     mean_isl=st.floats(200.0, 4000.0),
@@ -79,12 +77,16 @@ def reversals(sizes: list[tuple[int, int]], pool: int) -> list[int]:
 def test_steady_load_does_not_flap(rate_rps: float, mean_isl: float, mean_osl: float, seed: int) -> None:
     """At steady load, after a warm-up, no change of a pool is undone within the scale-down hold (450 s), and a
     pool makes at most one excursion (one reversal) in the 25 minutes observed. A steady load can still sit at a
-    size boundary, where a window's p99 burst lifts a pool and the hold brings it back later (an excursion every
-    hold time at most): that is the bound this checks, not a constant size."""
+    size boundary, where a window's p99 burst lifts a pool and the hold brings it back later: that is the one
+    excursion allowed, not a constant size."""
+    assert_no_flapping(settled_sizes(PLANNER, steady_trace(rate_rps, mean_isl, mean_osl, seed)))
+
+
+def assert_no_flapping(sizes: list[tuple[int, int]]) -> None:
+    """The check of the property above, for both pools."""
     hold_windows = (
         PLANNER.config.throughput_scale_down_hold_seconds / PLANNER.config.throughput_adjustment_interval_seconds
     )
-    sizes = settled_sizes(PLANNER, steady_trace(rate_rps, mean_isl, mean_osl, seed))
     for pool in (0, 1):
         turns = reversals(sizes, pool)
         assert len(turns) <= 1, f"pool {pool} flaps at steady load: {[size[pool] for size in sizes]}"
@@ -92,6 +94,17 @@ def test_steady_load_does_not_flap(rate_rps: float, mean_isl: float, mean_osl: f
         for turn in turns:
             previous = max(i for i in changed_at if i < turn)
             assert turn - previous >= hold_windows, f"pool {pool} undid a change within the hold: {sizes}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="KNOWN DEFECT, open: 2 req/s of ~4000-token prompts (gamma-distributed, so a few reach ~14k tokens): "
+    "about one window in ten holds a 0.25 s burst whose p99 sizing needs 1.01 prefill engines; the pool goes "
+    "1 -> 2, back to 1 after the hold, and up again two windows later at the next such burst. The per-window p99 "
+    "burst is a noisy estimate at low rates; this test starts passing (and so fails, strict) once it is steadier.",
+)
+def test_low_rate_long_prompt_bursts_do_not_flap() -> None:
+    assert_no_flapping(settled_sizes(PLANNER, steady_trace(2.0, 3980.0, 20.0, 65535)))
 
 
 def test_the_flap_check_sees_flapping() -> None:

@@ -178,3 +178,39 @@ def arbitrate(arbitration: ArbitrationRound) -> tuple[GpuGrant, ...]:
                 granted[claim.deployment] = grant(claim, gpus, reason)
             spare_gpus = 0
     return tuple(granted[claim.deployment] for claim in claims)
+
+
+def round_to_jsonable(arbitration: ArbitrationRound) -> dict:
+    """The round as JSON values (what `arbitration_rounds.inputs` stores); `round_from_jsonable` inverts it."""
+    return {
+        "budget_gpus": arbitration.budget_gpus,
+        "claims": [
+            {
+                "deployment": claim.deployment,
+                "proposed_gpus": claim.proposed_gpus,
+                "min_gpus": claim.min_gpus,
+                "max_gpus": claim.max_gpus,
+                "priority": claim.priority,
+                "weight": claim.weight,  # a float round-trips exactly through JSONB
+            }
+            for claim in arbitration.claims
+        ],
+    }
+
+
+def round_from_jsonable(data: dict) -> ArbitrationRound:
+    """Inverse of `round_to_jsonable`."""
+    return ArbitrationRound(
+        budget_gpus=int(data["budget_gpus"]),
+        claims=tuple(
+            GpuClaim(
+                deployment=str(claim["deployment"]),
+                proposed_gpus=int(claim["proposed_gpus"]),
+                min_gpus=int(claim["min_gpus"]),
+                max_gpus=None if claim["max_gpus"] is None else int(claim["max_gpus"]),
+                priority=int(claim["priority"]),
+                weight=float(claim["weight"]),
+            )
+            for claim in data["claims"]
+        ),
+    )

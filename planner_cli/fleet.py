@@ -134,6 +134,81 @@ def cmd_fleet_replay(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
+def _bench_config(directory: Path, load_interval_s: float) -> Path:
+    """The recommended policy with the load loop on at `load_interval_s` (its profile path made absolute)."""
+    import yaml
+
+    from planner_core.data import DEFAULT_CONFIG
+
+    body = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    body["profile_results_dir"] = str((DEFAULT_CONFIG.parent / body["profile_results_dir"]).resolve())
+    body["enable_load_scaling"] = True
+    body["load_adjustment_interval_seconds"] = load_interval_s
+    path = directory / "fleet-bench.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def cmd_fleet_bench(args: argparse.Namespace) -> int:
+    """A fresh database on the planner's Postgres server (dropped afterwards unless --keep), N members, measure."""
+    import dataclasses
+    import tempfile
+    import uuid
+
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from planner_core.runtime.fleet_bench import run_fleet_bench
+    from planner_core.runtime.store.db import get_engine, resolve_owner_database_url, to_libpq_uri
+    from planner_core.runtime.store.migrate import upgrade
+
+    owner = resolve_owner_database_url(RuntimeSettings())
+    name = f"fleet_bench_{uuid.uuid4().hex[:8]}"
+    url = make_url(owner).set(database=name).render_as_string(hide_password=False)
+    with psycopg.connect(to_libpq_uri(owner), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        upgrade(url)
+        with tempfile.TemporaryDirectory() as directory:
+            config = args.config or _bench_config(Path(directory), args.interval)
+            result = run_fleet_bench(
+                url,
+                config,
+                num_deployments=args.deployments,
+                duration_s=args.duration,
+                interval_s=args.interval,
+                realtime=args.realtime,
+                max_concurrent=args.max_concurrent,
+                budget_gpus=args.budget,
+            )
+        print(json.dumps(dataclasses.asdict(result), indent=2))
+    finally:
+        get_engine(url).dispose()
+        if not args.keep:
+            with psycopg.connect(to_libpq_uri(owner), autocommit=True) as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        else:
+            print(f"kept database {name}", file=sys.stderr)
+    return 0
+
+
+def cmd_fleet_bytes(args: argparse.Namespace) -> int:
+    from planner_core.domain import Loop
+    from planner_core.runtime.fleet import stored_bytes_per_tick
+    from planner_core.runtime.store import repository as repo
+
+    with _sessions().begin() as session:
+        ids = None
+        if args.deployment:
+            deployment = repo.find_deployment(session, args.deployment)
+            if deployment is None:
+                raise LookupError(f"deployment {args.deployment!r}: not recorded")
+            ids = [deployment.id]
+        sizes = stored_bytes_per_tick(session, Loop(args.loop), ids)
+    print(json.dumps(sizes, indent=2))
+    return 0
+
+
 def _aware(text: str) -> dt.datetime:
     value = dt.datetime.fromisoformat(text)
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
@@ -176,3 +251,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     replay = fsub.add_parser("replay", help="run a recorded arbitration round again and compare")
     replay.add_argument("round_id", type=int)
     replay.set_defaults(func=cmd_fleet_replay)
+    bench = fsub.add_parser("bench", help="N simulated deployments in a fresh database: CPU, latency, bytes per tick")
+    bench.add_argument("--deployments", type=int, default=10, help="simulated deployments (default 10)")
+    bench.add_argument("--duration", type=float, default=60.0, help="seconds of fleet time (default 60)")
+    bench.add_argument("--interval", type=float, default=5.0, help="fleet and load-loop interval, s (default 5)")
+    bench.add_argument("--realtime", action="store_true", help="keep wall-clock time (else rounds back to back)")
+    bench.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
+    bench.add_argument("--budget", type=int, default=None, help="fleet GPU budget (default 3 per deployment)")
+    bench.add_argument("--config", type=Path, default=None, help="members' config (default: the recommended "
+                       "policy with the load loop on)")  # fmt: skip
+    bench.add_argument("--keep", action="store_true", help="keep the benchmark's database")
+    bench.set_defaults(func=cmd_fleet_bench)
+    size = fsub.add_parser("bytes", help="mean bytes stored per tick, by table")
+    size.add_argument("--loop", choices=["load", "throughput"], default="load")
+    size.add_argument("--deployment", default=None, help="only this deployment's ticks")
+    size.set_defaults(func=cmd_fleet_bytes)

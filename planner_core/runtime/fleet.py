@@ -362,3 +362,40 @@ def replay_round(session: Session, round_id: int) -> tuple[bool, tuple[GpuGrant,
 
 def members_configs(contexts: dict[str, PlannerContext]) -> dict[str, PlannerConfig]:
     return {name: ctx.config for name, ctx in contexts.items()}
+
+
+# The tables holding what one tick recorded, keyed by its id (the audit log too: its rows name their tick).
+TICK_TABLES = (
+    "ticks",
+    "traffic_observations",
+    "worker_observations",
+    "fpm_snapshots",
+    "predictions",
+    "proposals",
+    "tick_steps",
+    "planner_states",
+    "decisions",
+    "audit_log",
+)
+
+
+def stored_bytes_per_tick(session: Session, loop: Loop, deployment_ids: list[int] | None = None) -> dict[str, float]:
+    """Mean bytes stored per tick of `loop`, by table: the size of each row as stored (`pg_column_size` of the
+    whole row: its header and columns, TOAST-compressed where Postgres compressed them), indexes not counted.
+    `deployment_ids`: only those deployments' ticks (default: all). The key "total" sums the tables; "num_ticks"
+    says how many ticks the mean is over."""
+    where = "t.loop = :loop" + ("" if deployment_ids is None else " AND t.deployment_id = ANY(:ids)")
+    params = {"loop": loop.value, "ids": deployment_ids or []}
+    num_ticks = repo.query_rows(session, f"SELECT count(*) AS n FROM ticks t WHERE {where}", **params)[0]["n"]
+    result: dict[str, float] = {"num_ticks": float(num_ticks)}
+    if num_ticks == 0:
+        return result
+    total = 0.0
+    for table in TICK_TABLES:
+        key = "t.id = r.id" if table == "ticks" else "t.id = r.tick_id"
+        sql = f"SELECT coalesce(sum(pg_column_size(r.*)), 0) AS b FROM {table} r JOIN ticks t ON {key} WHERE {where}"
+        table_bytes = float(repo.query_rows(session, sql, **params)[0]["b"]) / num_ticks
+        result[table] = table_bytes
+        total += table_bytes
+    result["total"] = total
+    return result

@@ -197,3 +197,22 @@ def prefect_api_url(tmp_path_factory) -> str:
 
     with prefect_api(log_file=home / "server.log") as url, temporary_settings(updates={PREFECT_API_URL: url}):
         yield url
+
+
+def test_fleet_bench_counts_what_it_ran(database_url, tmp_path, profile_dir) -> None:
+    """Three simulated deployments for 3 rounds of 5 s on simulated time: every load slot ticked once, the first
+    round's throughput slot too, nothing missed or failed, and the measured sizes are the database's."""
+    from planner_core.runtime.fleet_bench import run_fleet_bench
+
+    config = write_config(tmp_path, enable_load_scaling=True, load_adjustment_interval_seconds=5)
+    result = run_fleet_bench(database_url, config, num_deployments=3, duration_s=15.0, max_concurrent=2)
+    assert (result.num_rounds, result.num_load_ticks, result.num_throughput_ticks) == (3, 9, 3)
+    assert (result.missed_ticks, result.num_failed_ticks) == (0, 0)
+    assert result.tick_ms_p50 > 0 and result.tick_ms_p99 >= result.tick_ms_p50
+    assert result.cpu_s_planner > 0
+    [(load_bytes,)] = _rows(
+        database_url,
+        "SELECT sum(pg_column_size(t.*)) FROM ticks t WHERE t.loop = 'load'",
+    )
+    assert result.bytes_per_load_tick > load_bytes / 9  # the tick rows alone are a part of the total
+    assert _rows(database_url, "SELECT count(*) FROM arbitration_rounds") == [(3,)]

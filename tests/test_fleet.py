@@ -216,3 +216,32 @@ def test_fleet_bench_counts_what_it_ran(database_url, tmp_path, profile_dir) -> 
     )
     assert result.bytes_per_load_tick > load_bytes / 9  # the tick rows alone are a part of the total
     assert _rows(database_url, "SELECT count(*) FROM arbitration_rounds") == [(3,)]
+
+
+def test_two_control_planes_at_once_tick_each_slot_once(database_url, tmp_path, profile_dir) -> None:
+    """Two control planes running the same rounds at the same time: every due tick is recorded once (the member's
+    row lock and the tick's identity), one arbitration round per slot, no plane fails."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from planner_core.runtime.fleet import ContextCache, run_round
+
+    config = write_config(tmp_path, enable_load_scaling=True, load_adjustment_interval_seconds=5)
+    with session_factory(database_url).begin() as session:
+        members = [add_member(session, f"m{i}", config, min_gpus=1, priority=i % 2) for i in range(4)]
+        set_budget(session, 6)
+    cache = ContextCache(database_url)
+    contexts = {m.name: cache.get(m) for m in members}
+    slots = [SLOT + dt.timedelta(seconds=5 * k) for k in range(3)]
+    with ThreadPoolExecutor(2) as planes, ThreadPoolExecutor(2) as pool_a, ThreadPoolExecutor(2) as pool_b:
+        results = []
+        for at in slots:
+            a = planes.submit(run_round, database_url, members, contexts, at, pool_a)
+            b = planes.submit(run_round, database_url, members, contexts, at, pool_b)
+            results.append((a.result(), b.result()))
+    # slot 0: 4 load + 4 throughput ticks; slots 1, 2: 4 load ticks each
+    assert [a.num_ticked + b.num_ticked for a, b in results] == [8, 4, 4]
+    assert all(not a.failed and not b.failed for a, b in results)
+    assert [(a.grants is None) != (b.grants is None) for a, b in results] == [True, True, True]
+    counts = _rows(database_url, "SELECT scheduled_at, count(*) FROM ticks GROUP BY 1 ORDER BY 1")
+    assert counts == [(slots[0], 8), (slots[1], 4), (slots[2], 4)]
+    assert _rows(database_url, "SELECT count(*) FROM arbitration_rounds") == [(3,)]

@@ -19,6 +19,8 @@ from __future__ import annotations
 import datetime as dt
 import math
 import threading
+import time
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +39,9 @@ from planner_core.policy.arbitration import (
     round_to_jsonable,
 )
 from planner_core.policy.bounds import guard_gpu_budget
-from planner_core.runtime.service import PlannerContext, default_workers, load_context
+from planner_core.runtime.service import PlannerContext, default_workers, load_context, run_execution, run_tick
 from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.models import (
     ArbitrationGrantRow,
     ArbitrationRoundRow,
@@ -399,3 +402,55 @@ def stored_bytes_per_tick(session: Session, loop: Loop, deployment_ids: list[int
         total += table_bytes
     result["total"] = total
     return result
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundResult:
+    """What one fleet round did (`run_round`)."""
+
+    num_ticked: int  # ticks this round recorded (a tick another control plane recorded first is not counted)
+    num_missed: int
+    tick_ms: tuple[float, ...]  # wall time of each member tick (`run_tick`), recorded or skipped
+    failed: dict[str, str]  # member -> one line
+    grants: tuple[GpuGrant, ...] | None  # None: no budget, or the round was recorded by another control plane
+    executed: tuple[str, ...]
+
+
+def run_round(
+    database_url: str,
+    members: list[FleetMember],
+    contexts: dict[str, PlannerContext],
+    at: dt.datetime,
+    pool: Executor,
+) -> RoundResult:
+    """One fleet round without Prefect (the benchmark's; the `fleet-tick` flow does the same as task runs): the
+    due ticks on `pool`, each its own transaction; the arbitration; the execution of every pending decision."""
+    sessions = session_factory(database_url)
+    configs = {name: ctx.config for name, ctx in contexts.items()}
+    with sessions.begin() as session:
+        due = due_ticks(session, members, configs, at)
+
+    def tick_one(item: DueTick) -> tuple[float, bool, str | None]:
+        began = time.perf_counter()
+        try:
+            recorded = run_tick(contexts[item.deployment], item.loop, item.scheduled_at, None).tick_id is not None
+            problem = None
+        except Exception as exc:  # noqa: BLE001 - a failing member is reported, the others go on
+            recorded, problem = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return (time.perf_counter() - began) * 1000.0, recorded, problem
+
+    outcomes = list(pool.map(tick_one, due))
+    failed = {item.deployment: problem for item, (_, _, problem) in zip(due, outcomes, strict=True) if problem}
+    with sessions.begin() as session:
+        grants = arbitrate_round(session, at, members, contexts)
+        pending = [member.name for member in members if repo.pending_decisions(session, member.deployment_id)]
+    for name in pending:
+        run_execution(contexts[name], at)
+    return RoundResult(
+        num_ticked=sum(recorded for _, recorded, _ in outcomes),
+        num_missed=sum(item.num_missed for item in due),
+        tick_ms=tuple(ms for ms, _, _ in outcomes),
+        failed=failed,
+        grants=grants,
+        executed=tuple(pending),
+    )

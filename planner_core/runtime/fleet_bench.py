@@ -34,12 +34,10 @@ from planner_core.runtime.fleet import (
     ContextCache,
     FleetMember,
     add_member,
-    arbitrate_round,
-    due_ticks,
+    run_round,
     set_budget,
     stored_bytes_per_tick,
 )
-from planner_core.runtime.service import run_execution, run_tick
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
@@ -145,23 +143,12 @@ def run_fleet_bench(
         set_budget(session, budget_gpus if budget_gpus is not None else 3 * num_deployments)
     cache = ContextCache(database_url)
     contexts = {member.name: cache.get(member) for member in members}
-    configs = {name: ctx.config for name, ctx in contexts.items()}
-    by_name = {member.name: member for member in members}
     num_rounds = int(duration_s // interval_s)
     start = (
         dt.datetime.fromtimestamp(math.floor(time.time() / interval_s) * interval_s + interval_s, tz=dt.UTC)
         if realtime
         else BENCH_EPOCH
     )
-
-    def tick_one(item) -> tuple[float, bool]:
-        began = time.perf_counter()
-        try:
-            run_tick(contexts[item.deployment], item.loop, item.scheduled_at, None)
-            ok = True
-        except Exception:  # noqa: BLE001 - a failing member is counted, the others go on
-            ok = False
-        return (time.perf_counter() - began) * 1000.0, ok
 
     with sessions.begin() as session:
         pg_cpu_before, db_bytes_before = _postgres_cpu_s(session), _database_bytes(session)
@@ -189,19 +176,10 @@ def run_fleet_bench(
                         for fpm in _reports(i, now, prefill, decode)
                     ]
                     insert_fpm_samples(session, member.deployment_id, samples)
-            with sessions.begin() as session:
-                due = due_ticks(session, members, configs, now)
-            missed += sum(item.num_missed for item in due)
-            for ms, ok in pool.map(tick_one, due):
-                tick_ms.append(ms)
-                failed += not ok
-            with sessions.begin() as session:
-                arbitrate_round(session, now, members, contexts)
-                pending = {
-                    name for name, member in by_name.items() if repo.pending_decisions(session, member.deployment_id)
-                }
-            for name in sorted(pending):
-                run_execution(contexts[name], now)
+            result = run_round(database_url, members, contexts, now, pool)
+            missed += result.num_missed
+            tick_ms.extend(result.tick_ms)
+            failed += len(result.failed)
             with sessions.begin() as session:  # the simulated orchestrator: every written target is ready at once
                 session.execute(
                     text(

@@ -17,6 +17,7 @@ import logging
 import math
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from prefect import flow, get_run_logger, tags, task
 from prefect.cache_policies import NO_CACHE
@@ -34,6 +35,7 @@ from planner_core.runtime.fleet import (
     arbitrate_round,
     due_ticks,
     list_members,
+    run_round,
 )
 from planner_core.runtime.redact import redact_text
 from planner_core.runtime.service import run_execution, run_tick
@@ -118,14 +120,52 @@ def execute_member(member: FleetMember, database_url: str) -> list[dict]:
     ]
 
 
+@task(name="fleet-round", task_run_name="fleet-round {scheduled_at:%Y-%m-%d %H:%M:%S}", cache_policy=NO_CACHE)
+def fleet_round(database_url: str, scheduled_at: dt.datetime, members: list[FleetMember], max_concurrent: int) -> dict:
+    """The whole round (ticks, arbitration, executions) as one task run: `run_round` on a thread pool."""
+    cache = context_cache(database_url)
+    contexts = {member.name: cache.get(member) for member in members}
+    with ThreadPoolExecutor(max_workers=max_concurrent) as pool:
+        result = run_round(database_url, members, contexts, scheduled_at, pool)
+    for name, problem in result.failed.items():
+        _logger().error("%s: tick failed: %s", name, problem)
+    _logger().info(
+        "fleet round %s: %d ticks recorded, %d missed, %d failed, %d executed",
+        scheduled_at.isoformat(), result.num_ticked, result.num_missed, len(result.failed), len(result.executed),
+    )  # fmt: skip
+    return {
+        "scheduled_at": scheduled_at.isoformat(),
+        "num_ticked": result.num_ticked,
+        "missed": result.num_missed,
+        "failed": result.failed,
+        "grants": [
+            {
+                "deployment": g.deployment,
+                "proposed_gpus": g.proposed_gpus,
+                "granted_gpus": g.granted_gpus,
+                "reason": g.reason.value,
+            }
+            for g in result.grants or ()
+        ],  # fmt: skip
+        "executed": list(result.executed),
+    }
+
+
 def _one_line(exc: BaseException) -> str:
     return redact_text(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
 
 @flow(name="fleet-tick", log_prints=False, task_runner=ThreadPoolTaskRunner(max_workers=DEFAULT_MAX_CONCURRENT))
-def fleet_tick(scheduled_at: dt.datetime | None = None, database_url: str | None = None) -> dict:
+def fleet_tick(
+    scheduled_at: dt.datetime | None = None,
+    database_url: str | None = None,
+    task_per_member: bool = True,
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+) -> dict:
     """Tick every due member, arbitrate the GPU budget, execute pending decisions. `scheduled_at`: the slot (the
-    flow run's scheduled start when None)."""
+    flow run's scheduled start when None). `task_per_member` False runs the whole round as one task run
+    (`fleet-round`, `run_round` on `max_concurrent` threads): each member's tick is a line of its log instead of a
+    task run of its own, which costs the Prefect server far less per member (see the fleet docs' figures)."""
     url = database_url or resolve_database_url(RuntimeSettings())
     if scheduled_at is None:
         scheduled_at = dt.datetime.fromtimestamp(flow_run.scheduled_start_time.timestamp(), tz=dt.UTC)
@@ -140,6 +180,11 @@ def fleet_tick(scheduled_at: dt.datetime | None = None, database_url: str | None
         except Exception as exc:  # noqa: BLE001 - a member whose config cannot load is reported, the rest tick
             failed[member.name] = _one_line(exc)
             _logger().error("%s: context not loaded: %s", member.name, failed[member.name])
+    if not task_per_member:
+        return fleet_round(url, scheduled_at, loaded, max_concurrent) | {
+            "num_members": len(members),
+            "failed_to_load": failed,
+        }
     configs = {member.name: cache.get(member).config for member in loaded}
     with session_factory(url).begin() as session:
         due = due_ticks(session, loaded, configs, scheduled_at)
@@ -174,13 +219,22 @@ def fleet_tick(scheduled_at: dt.datetime | None = None, database_url: str | None
     }
 
 
-def run_fleet_tick(scheduled_at: dt.datetime, database_url: str, max_concurrent: int) -> dict:
+def run_fleet_tick(
+    scheduled_at: dt.datetime, database_url: str, max_concurrent: int, *, task_per_member: bool = True
+) -> dict:
     """One fleet tick with `max_concurrent` member ticks at a time."""
     runner = ThreadPoolTaskRunner(max_workers=max_concurrent)
-    return fleet_tick.with_options(task_runner=runner)(scheduled_at=scheduled_at, database_url=database_url)
+    return fleet_tick.with_options(task_runner=runner)(
+        scheduled_at=scheduled_at,
+        database_url=database_url,
+        task_per_member=task_per_member,
+        max_concurrent=max_concurrent,
+    )
 
 
-def serve_fleet(interval_s: float, max_concurrent: int, stop: threading.Event | None = None) -> None:
+def serve_fleet(
+    interval_s: float, max_concurrent: int, stop: threading.Event | None = None, *, task_per_member: bool = True
+) -> None:
     """Run a fleet tick at every slot of `interval_s` (aligned to the epoch) until `stop` is set or Ctrl-C.
 
     A tick that overruns its slot makes the next run start at the newest slot: slots in between are not run (the
@@ -191,8 +245,8 @@ def serve_fleet(interval_s: float, max_concurrent: int, stop: threading.Event | 
         next_slot_s = math.floor(time.time() / interval_s) * interval_s + interval_s
         if stop.wait(max(0.0, next_slot_s - time.time())):
             break
-        summary = run_fleet_tick(dt.datetime.fromtimestamp(next_slot_s, tz=dt.UTC), url, max_concurrent)
+        at = dt.datetime.fromtimestamp(next_slot_s, tz=dt.UTC)
+        summary = run_fleet_tick(at, url, max_concurrent, task_per_member=task_per_member)
         logging.getLogger(__name__).info(
-            "fleet tick %s: %d ticks, %d failed, %d missed",
-            summary["scheduled_at"], len(summary["ticks"]), len(summary["failed"]), summary["missed"],
-        )  # fmt: skip
+            "fleet tick %s: %d failed, %d missed", summary["scheduled_at"], len(summary["failed"]), summary["missed"]
+        )

@@ -98,7 +98,9 @@ def cmd_fleet_tick(args: argparse.Namespace) -> int:
         from flows.fleet import run_fleet_tick
         from planner_core.runtime.store.db import resolve_database_url
 
-        summary = run_fleet_tick(at, resolve_database_url(settings), args.max_concurrent)
+        summary = run_fleet_tick(
+            at, resolve_database_url(settings), args.max_concurrent, task_per_member=not args.one_task
+        )
     print(json.dumps(summary, indent=2))
     return 0 if not summary["failed"] else 1
 
@@ -116,7 +118,7 @@ def cmd_fleet_serve(args: argparse.Namespace) -> int:
         from flows.fleet import serve_fleet
 
         try:
-            serve_fleet(args.interval, args.max_concurrent)
+            serve_fleet(args.interval, args.max_concurrent, task_per_member=not args.one_task)
         except KeyboardInterrupt:
             pass
     print("planner fleet serve: stopped", file=sys.stderr)
@@ -242,11 +244,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--interval", type=float, default=5.0, help="seconds between fleet ticks (default 5)")
     serve.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
     serve.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
+    serve.add_argument("--one-task", action="store_true", help="each round as one task run, not one per member "
+                       "(far less Prefect server work per member)")  # fmt: skip
     serve.set_defaults(func=cmd_fleet_serve)
     tick = fsub.add_parser("tick", help="one fleet tick now (or --at a time) and print its summary")
     tick.add_argument("--at", type=_aware, default=None, help="the slot time (ISO 8601; default now)")
     tick.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
     tick.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
+    tick.add_argument("--one-task", action="store_true", help="the round as one task run, not one per member")
     tick.set_defaults(func=cmd_fleet_tick)
     replay = fsub.add_parser("replay", help="run a recorded arbitration round again and compare")
     replay.add_argument("round_id", type=int)

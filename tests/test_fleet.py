@@ -168,6 +168,12 @@ def test_fleet_tick_ticks_members_arbitrates_and_executes(prefect_api_url, datab
     assert again["ticks"] == [] and again["grants"] == []
     assert _rows(database_url, "SELECT count(*) FROM ticks WHERE scheduled_at = %s", SLOT) == [(3,)]
 
+    # The next slot as one task run for the whole round: the same ticks, round and broken member.
+    batched = run_fleet_tick(SLOT + dt.timedelta(seconds=60), database_url, max_concurrent=2, task_per_member=False)
+    assert (batched["num_ticked"], set(batched["failed_to_load"])) == (3, {"broken"})
+    assert len(batched["grants"]) == 3
+    assert _rows(database_url, "SELECT count(*) FROM arbitration_rounds") == [(2,)]
+
     # Each member's tick is its own Prefect task run, named and tagged after its deployment.
     import asyncio
 

@@ -219,7 +219,9 @@ def _aware(text: str) -> dt.datetime:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the `deployments` and `fleet` command groups' parsers."""
     deployments = sub.add_parser("deployments", help="the fleet: register managed deployments and the GPU budget")
-    dsub = deployments.add_subparsers(dest="deployments_command", required=True, metavar="ACTION")
+    dsub = deployments.add_subparsers(
+        dest="deployments_command", required=True, metavar="ACTION", help="what to do with the fleet's registry"
+    )
     add = dsub.add_parser("add", help="register (or update) a deployment in the fleet")
     add.add_argument("name", help="the managed deployment's name")
     add.add_argument("--config", type=Path, required=True, help="its PlannerConfig file")
@@ -232,14 +234,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(func=cmd_list)
     remove = dsub.add_parser("remove", help="take a deployment out of the fleet (its records stay)")
-    remove.add_argument("name")
+    remove.add_argument("name", help="the member to remove")
     remove.set_defaults(func=cmd_remove)
     budget = dsub.add_parser("budget", help="set the fleet's GPU budget ('none' removes it)")
-    budget.add_argument("gpus", type=_budget_value, metavar="GPUS")
+    budget.add_argument("gpus", type=_budget_value, metavar="GPUS", help="GPUs, or 'none'")
     budget.set_defaults(func=cmd_budget)
 
     fleet = sub.add_parser("fleet", help="run the fleet control plane: every member's ticks, one GPU budget")
-    fsub = fleet.add_subparsers(dest="fleet_command", required=True, metavar="ACTION")
+    fsub = fleet.add_subparsers(dest="fleet_command", required=True, metavar="ACTION", help="what to run")
     serve = fsub.add_parser("serve", help="a fleet tick at every slot of --interval until Ctrl-C")
     serve.add_argument("--interval", type=float, default=5.0, help="seconds between fleet ticks (default 5)")
     serve.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
@@ -254,7 +256,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     tick.add_argument("--one-task", action="store_true", help="the round as one task run, not one per member")
     tick.set_defaults(func=cmd_fleet_tick)
     replay = fsub.add_parser("replay", help="run a recorded arbitration round again and compare")
-    replay.add_argument("round_id", type=int)
+    replay.add_argument("round_id", type=int, help="the round (arbitration_rounds.id)")
     replay.set_defaults(func=cmd_fleet_replay)
     bench = fsub.add_parser("bench", help="N simulated deployments in a fresh database: CPU, latency, bytes per tick")
     bench.add_argument("--deployments", type=int, default=10, help="simulated deployments (default 10)")
@@ -268,6 +270,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--keep", action="store_true", help="keep the benchmark's database")
     bench.set_defaults(func=cmd_fleet_bench)
     size = fsub.add_parser("bytes", help="mean bytes stored per tick, by table")
-    size.add_argument("--loop", choices=["load", "throughput"], default="load")
+    size.add_argument("--loop", choices=["load", "throughput"], default="load", help="which ticks")
     size.add_argument("--deployment", default=None, help="only this deployment's ticks")
     size.set_defaults(func=cmd_fleet_bytes)

@@ -105,14 +105,17 @@ def _reports(member_index: int, at: dt.datetime, num_prefill: int, num_decode: i
 
 
 def _postgres_cpu_s(session) -> float:
-    """CPU seconds used so far by the Postgres server's processes (the postmaster and its children)."""
+    """CPU seconds used so far by the Postgres server: the postmaster's own, its exited backends' (the children
+    times the postmaster has reaped) and its live children's. Backends that exit between two readings count in
+    the reaped times, so connections opened and closed during the run are not lost."""
     pid = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
     server = psutil.Process(pid).parent()
-    total = 0.0
-    for process in [server, *server.children(recursive=True)]:
+    times = server.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for process in server.children(recursive=True):
         try:
-            times = process.cpu_times()
-            total += times.user + times.system
+            child = process.cpu_times()
+            total += child.user + child.system
         except psutil.NoSuchProcess:
             continue
     return total

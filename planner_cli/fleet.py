@@ -136,7 +136,7 @@ def cmd_fleet_replay(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
-def _bench_config(directory: Path, load_interval_s: float) -> Path:
+def bench_config(directory: Path, load_interval_s: float) -> Path:
     """The recommended policy with the load loop on at `load_interval_s` (its profile path made absolute)."""
     import yaml
 
@@ -172,7 +172,7 @@ def cmd_fleet_bench(args: argparse.Namespace) -> int:
     try:
         upgrade(url)
         with tempfile.TemporaryDirectory() as directory:
-            config = args.config or _bench_config(Path(directory), args.interval)
+            config = args.config or bench_config(Path(directory), args.interval)
             result = run_fleet_bench(
                 url,
                 config,

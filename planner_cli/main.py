@@ -22,6 +22,7 @@ from planner_cli import (
     completion,
     db,
     demo,
+    fleet,
     forecast,
     history,
     ingest,
@@ -37,7 +38,7 @@ from planner_core.runtime.store.migrate import SchemaOutOfDate
 
 # In the order `planner --help` lists them.
 COMMAND_GROUPS = (
-    db, demo, serve, capacity, perf, report, bench, history, audit, chaos, forecast, k8s, keda, ingest, sim,
+    db, demo, serve, fleet, capacity, perf, report, bench, history, audit, chaos, forecast, k8s, keda, ingest, sim,
     completion,
 )  # fmt: skip
 

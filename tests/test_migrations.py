@@ -37,6 +37,10 @@ TABLES = {
     "replay_runs",
     "replay_ticks",
     "prune_watermarks",
+    "fleet_members",
+    "fleet_budget",
+    "arbitration_rounds",
+    "arbitration_grants",
 }
 VIEWS = {
     "decision_history",

@@ -479,3 +479,70 @@ class PruneWatermarkRow(Base):
     loop: Mapped[str] = mapped_column(String(20), primary_key=True)
     pruned_through: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+
+
+class FleetMemberRow(Base):
+    """A managed deployment ticked by the fleet control plane, with its share of the GPU budget (migration 0014)."""
+
+    __tablename__ = "fleet_members"
+    __table_args__ = (
+        CheckConstraint("min_gpus >= 0", name="min_gpus_non_negative"),
+        CheckConstraint("max_gpus IS NULL OR max_gpus >= min_gpus", name="max_over_min"),
+        CheckConstraint("weight > 0", name="weight_positive"),
+        {"comment": "Managed deployments ticked by the fleet control plane, with their share of the GPU budget"},
+    )
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), primary_key=True)
+    config_path: Mapped[str] = mapped_column(Text, comment="The PlannerConfig file the deployment runs")
+    min_gpus: Mapped[int] = mapped_column(Integer, comment="GPUs it always keeps, whatever the budget")
+    max_gpus: Mapped[int | None] = mapped_column(Integer, comment="GPUs it may never exceed; NULL: no maximum")
+    priority: Mapped[int] = mapped_column(Integer, comment="Higher is served first when over budget")
+    weight: Mapped[float] = mapped_column(comment="Share within its priority tier (> 0)")
+    added_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+
+
+class FleetBudgetRow(Base):
+    """The fleet's GPU budget: one row, or none (no budget, nothing arbitrated)."""
+
+    __tablename__ = "fleet_budget"
+    __table_args__ = (
+        CheckConstraint("id = 1", name="single_row"),
+        CheckConstraint("budget_gpus >= 0", name="non_negative"),
+        {"comment": "The fleet's GPU budget (one row); no row: no fleet budget, nothing is arbitrated"},
+    )
+    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    budget_gpus: Mapped[int] = mapped_column(Integer, comment="GPUs the whole fleet may use")
+    updated_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+
+
+class ArbitrationRoundRow(Base):
+    """One arbitration of the fleet's GPU budget, with the inputs it ran on."""
+
+    __tablename__ = "arbitration_rounds"
+    __table_args__ = ({"comment": "One GPU budget arbitration across the fleet per fleet tick"},)
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    scheduled_at: Mapped[dt.datetime] = mapped_column(unique=True)
+    budget_gpus: Mapped[int] = mapped_column(Integer)
+    inputs: Mapped[dict[str, Any]] = mapped_column(
+        comment="The ArbitrationRound (budget and claims) that arbitrate() ran on: replay reads it"
+    )
+    recorded_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+
+
+class ArbitrationGrantRow(Base):
+    """One deployment's grant in a round, with its reason and the decision it capped."""
+
+    __tablename__ = "arbitration_grants"
+    __table_args__ = ({"comment": "Each deployment's GPU grant in an arbitration round, with its reason code"},)
+    round_id: Mapped[int] = mapped_column(ForeignKey("arbitration_rounds.id"), primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), primary_key=True)
+    decision_id: Mapped[int | None] = mapped_column(
+        ForeignKey("decisions.id"), comment="The pending decision it applied to"
+    )
+    proposed_gpus: Mapped[int] = mapped_column(Integer)
+    request_gpus: Mapped[int] = mapped_column(Integer)
+    granted_gpus: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(60))
+    proposed_prefill: Mapped[int | None] = mapped_column(Integer, comment="The decision's targets before the grant")
+    proposed_decode: Mapped[int | None] = mapped_column(Integer)
+    granted_prefill: Mapped[int | None] = mapped_column(Integer, comment="The decision's targets under the grant")
+    granted_decode: Mapped[int | None] = mapped_column(Integer)

@@ -1,0 +1,252 @@
+"""The fleet control plane: one `fleet-tick` flow run per interval ticks every due member of the fleet.
+
+Each due (deployment, loop) slot is one task run (`fleet-member-tick`, named and tagged after its deployment, so the
+Prefect UI lists each deployment's ticks), mapped over a thread pool of `max_concurrent` workers; each tick is its
+own transaction (`run_tick`), so a failing deployment fails its own task run and never blocks the others. After
+the ticks, one task arbitrates the fleet's GPU budget and records the round; then the members with a pending
+decision are executed right away, each in its own transaction, instead of waiting for an execution poll.
+
+`serve_fleet` runs the flow in-process at every slot of the fleet interval: members' contexts (configs, perf
+models, plugins) are loaded once per process and reloaded when a config file changes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from prefect import flow, get_run_logger, tags, task
+from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
+from prefect.futures import wait
+from prefect.runtime import flow_run, task_run
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from flows.ticks import collect_traffic, tick_summary_line
+from planner_core.domain import Loop
+from planner_core.runtime.fleet import (
+    ContextCache,
+    DueTick,
+    FleetMember,
+    arbitrate_round,
+    due_ticks,
+    list_members,
+    run_round,
+)
+from planner_core.runtime.redact import redact_text
+from planner_core.runtime.service import run_execution, run_tick
+from planner_core.runtime.settings import RuntimeSettings
+from planner_core.runtime.store.db import resolve_database_url, session_factory
+from planner_core.runtime.store.repository import pending_decisions
+
+DEFAULT_MAX_CONCURRENT = 4
+_CACHES: dict[str, ContextCache] = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def context_cache(database_url: str) -> ContextCache:
+    """The process's context cache for a database (kept between flow runs of `serve_fleet`)."""
+    with _CACHES_LOCK:
+        return _CACHES.setdefault(database_url, ContextCache(database_url))
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
+
+
+@task(name="fleet-member-tick", task_run_name="{due.deployment} {due.loop.value}-tick", cache_policy=NO_CACHE)
+def tick_member(due: DueTick, member: FleetMember, database_url: str) -> dict:
+    """One member's tick for one loop and slot, in its own transaction (skipped if already recorded)."""
+    ctx = context_cache(database_url).get(member)
+    collected = None
+    if due.loop is Loop.THROUGHPUT or ctx.config.load_tail_latency_scaling:
+        interval_s = (
+            ctx.config.throughput_adjustment_interval_seconds
+            if due.loop is Loop.THROUGHPUT
+            else ctx.config.load_adjustment_interval_seconds
+        )
+        window_start = due.scheduled_at - dt.timedelta(seconds=interval_s)
+        collected = collect_traffic.fn(ctx.config, ctx.service, window_start, due.scheduled_at, ctx.planner)
+    result = run_tick(
+        ctx,
+        due.loop,
+        due.scheduled_at,
+        None if collected is None else collected.observation,
+        flow_run_id=str(flow_run.id or ""),
+        task_run_id=str(task_run.id or ""),
+        traffic_problem=None if collected is None or due.loop is Loop.LOAD else collected.problem,
+        curve_problem=None if collected is None or due.loop is Loop.LOAD else collected.curve_problem,
+    )
+    if result.outcome is None:
+        return {"deployment": due.deployment, "loop": due.loop.value, "tick_id": None, "skipped": "already recorded"}
+    _logger().info("%s", tick_summary_line(due.deployment, due.loop, due.scheduled_at, result.outcome))
+    return {
+        "deployment": due.deployment,
+        "loop": due.loop.value,
+        "tick_id": result.tick_id,
+        "reason": result.outcome.reason.value,
+        "missed": due.num_missed,
+    }
+
+
+@task(name="fleet-arbitrate", cache_policy=NO_CACHE)
+def arbitrate_task(database_url: str, scheduled_at: dt.datetime, members: list[FleetMember]) -> list[dict]:
+    """One arbitration of the fleet budget over every member with a loaded context, recorded in one transaction."""
+    cache = context_cache(database_url)
+    contexts = {member.name: cache.get(member) for member in members}
+    with session_factory(database_url).begin() as session:
+        grants = arbitrate_round(session, scheduled_at, members, contexts)
+    return [
+        {"deployment": g.deployment, "proposed_gpus": g.proposed_gpus, "granted_gpus": g.granted_gpus,
+         "reason": g.reason.value}
+        for g in grants or ()
+    ]  # fmt: skip
+
+
+@task(name="fleet-member-execute", task_run_name="{member.name} execute", cache_policy=NO_CACHE)
+def execute_member(member: FleetMember, database_url: str) -> list[dict]:
+    """Apply the member's newest pending decision through its connector (its own transaction)."""
+    ctx = context_cache(database_url).get(member)
+    return [
+        {"decision_id": s.decision_id, "outcome": s.outcome.value, "status": s.status.value}
+        for s in run_execution(ctx, dt.datetime.now(dt.UTC))
+    ]
+
+
+@task(name="fleet-round", task_run_name="fleet-round {scheduled_at:%Y-%m-%d %H:%M:%S}", cache_policy=NO_CACHE)
+def fleet_round(database_url: str, scheduled_at: dt.datetime, members: list[FleetMember], max_concurrent: int) -> dict:
+    """The whole round (ticks, arbitration, executions) as one task run: `run_round` on a thread pool."""
+    cache = context_cache(database_url)
+    contexts = {member.name: cache.get(member) for member in members}
+    with ThreadPoolExecutor(max_workers=max_concurrent) as pool:
+        result = run_round(database_url, members, contexts, scheduled_at, pool)
+    for name, problem in result.failed.items():
+        _logger().error("%s: tick failed: %s", name, problem)
+    _logger().info(
+        "fleet round %s: %d ticks recorded, %d missed, %d failed, %d executed",
+        scheduled_at.isoformat(), result.num_ticked, result.num_missed, len(result.failed), len(result.executed),
+    )  # fmt: skip
+    return {
+        "scheduled_at": scheduled_at.isoformat(),
+        "num_ticked": result.num_ticked,
+        "missed": result.num_missed,
+        "failed": result.failed,
+        "grants": [
+            {
+                "deployment": g.deployment,
+                "proposed_gpus": g.proposed_gpus,
+                "granted_gpus": g.granted_gpus,
+                "reason": g.reason.value,
+            }
+            for g in result.grants or ()
+        ],  # fmt: skip
+        "executed": list(result.executed),
+    }
+
+
+def _one_line(exc: BaseException) -> str:
+    return redact_text(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+@flow(name="fleet-tick", log_prints=False, task_runner=ThreadPoolTaskRunner(max_workers=DEFAULT_MAX_CONCURRENT))
+def fleet_tick(
+    scheduled_at: dt.datetime | None = None,
+    database_url: str | None = None,
+    task_per_member: bool = True,
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+) -> dict:
+    """Tick every due member, arbitrate the GPU budget, execute pending decisions. `scheduled_at`: the slot (the
+    flow run's scheduled start when None). `task_per_member` False runs the whole round as one task run
+    (`fleet-round`, `run_round` on `max_concurrent` threads): each member's tick is a line of its log instead of a
+    task run of its own, which costs the Prefect server far less per member (see the fleet docs' figures)."""
+    url = database_url or resolve_database_url(RuntimeSettings())
+    if scheduled_at is None:
+        scheduled_at = dt.datetime.fromtimestamp(flow_run.scheduled_start_time.timestamp(), tz=dt.UTC)
+    cache = context_cache(url)
+    with session_factory(url).begin() as session:
+        members = list_members(session)
+    loaded, failed = [], {}
+    for member in members:
+        try:
+            cache.get(member)
+            loaded.append(member)
+        except Exception as exc:  # noqa: BLE001 - a member whose config cannot load is reported, the rest tick
+            failed[member.name] = _one_line(exc)
+            _logger().error("%s: context not loaded: %s", member.name, failed[member.name])
+    if not task_per_member:
+        return fleet_round(url, scheduled_at, loaded, max_concurrent) | {
+            "num_members": len(members),
+            "failed_to_load": failed,
+        }
+    configs = {member.name: cache.get(member).config for member in loaded}
+    with session_factory(url).begin() as session:
+        due = due_ticks(session, loaded, configs, scheduled_at)
+    by_name = {member.name: member for member in loaded}
+    futures = []
+    for item in due:
+        with tags("fleet", f"deployment:{item.deployment}"):
+            futures.append(tick_member.submit(item, by_name[item.deployment], url))
+    wait(futures)
+    ticks = []
+    for item, future in zip(due, futures, strict=True):
+        if future.state.is_completed():
+            ticks.append(future.result())
+        else:
+            failed[item.deployment] = _one_line(future.state.result(raise_on_failure=False))
+    grants = arbitrate_task(url, scheduled_at, loaded)
+    with session_factory(url).begin() as session:
+        to_execute = [member for member in loaded if pending_decisions(session, member.deployment_id)]
+    executions = []
+    for member in to_execute:
+        with tags("fleet", f"deployment:{member.name}"):
+            executions.append(execute_member.submit(member, url))
+    wait(executions)
+    return {
+        "scheduled_at": scheduled_at.isoformat(),
+        "num_members": len(members),
+        "ticks": ticks,
+        "missed": sum(item.num_missed for item in due),
+        "failed": failed,
+        "grants": grants,
+        "executed": [m.name for m, f in zip(to_execute, executions, strict=True) if f.state.is_completed()],
+    }
+
+
+def run_fleet_tick(
+    scheduled_at: dt.datetime, database_url: str, max_concurrent: int, *, task_per_member: bool = True
+) -> dict:
+    """One fleet tick with `max_concurrent` member ticks at a time."""
+    runner = ThreadPoolTaskRunner(max_workers=max_concurrent)
+    return fleet_tick.with_options(task_runner=runner)(
+        scheduled_at=scheduled_at,
+        database_url=database_url,
+        task_per_member=task_per_member,
+        max_concurrent=max_concurrent,
+    )
+
+
+def serve_fleet(
+    interval_s: float, max_concurrent: int, stop: threading.Event | None = None, *, task_per_member: bool = True
+) -> None:
+    """Run a fleet tick at every slot of `interval_s` (aligned to the epoch) until `stop` is set or Ctrl-C.
+
+    A tick that overruns its slot makes the next run start at the newest slot: slots in between are not run (the
+    members count them as missed ticks), so the fleet never falls further behind."""
+    url = resolve_database_url(RuntimeSettings())
+    stop = stop or threading.Event()
+    while not stop.is_set():
+        next_slot_s = math.floor(time.time() / interval_s) * interval_s + interval_s
+        if stop.wait(max(0.0, next_slot_s - time.time())):
+            break
+        at = dt.datetime.fromtimestamp(next_slot_s, tz=dt.UTC)
+        summary = run_fleet_tick(at, url, max_concurrent, task_per_member=task_per_member)
+        logging.getLogger(__name__).info(
+            "fleet tick %s: %d failed, %d missed", summary["scheduled_at"], len(summary["failed"]), summary["missed"]
+        )

@@ -1,0 +1,275 @@
+"""`planner deployments` (the fleet's registry and GPU budget) and `planner fleet` (serve, one tick, replay)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+from planner_core.runtime.settings import RuntimeSettings
+
+
+def _sessions():
+    from planner_core.runtime.store.db import resolve_database_url, resolve_owner_database_url, session_factory
+    from planner_core.runtime.store.migrate import upgrade
+
+    settings = RuntimeSettings()
+    upgrade(resolve_owner_database_url(settings))  # the registry's tables may be new (idempotent)
+    return session_factory(resolve_database_url(settings))
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    from planner_core.runtime.fleet import add_member
+
+    with _sessions().begin() as session:
+        member = add_member(
+            session,
+            args.name,
+            args.config,
+            min_gpus=args.min_gpus,
+            max_gpus=args.max_gpus,
+            priority=args.priority,
+            weight=args.weight,
+        )
+    print(f"{member.name}: {member.config_path} (min {member.min_gpus}, max {member.max_gpus}, "
+          f"priority {member.priority}, weight {member.weight:g})")  # fmt: skip
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from planner_core.runtime.fleet import get_budget, list_members
+
+    with _sessions().begin() as session:
+        members, budget = list_members(session), get_budget(session)
+    if args.json:
+        rows = [
+            {"name": m.name, "config_path": m.config_path, "min_gpus": m.min_gpus, "max_gpus": m.max_gpus,
+             "priority": m.priority, "weight": m.weight}
+            for m in members
+        ]  # fmt: skip
+        print(json.dumps({"budget_gpus": budget, "members": rows}))
+        return 0
+    print(f"fleet budget: {'none' if budget is None else f'{budget} GPUs'}")
+    for m in members:
+        ceiling = "-" if m.max_gpus is None else m.max_gpus
+        print(f"{m.name}\tmin {m.min_gpus}\tmax {ceiling}\tpriority {m.priority}\tweight {m.weight:g}\t{m.config_path}")
+    return 0
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    from planner_core.runtime.fleet import remove_member
+
+    with _sessions().begin() as session:
+        removed = remove_member(session, args.name)
+    if not removed:
+        raise LookupError(f"deployment {args.name!r}: not a member of the fleet")
+    print(f"{args.name}: removed from the fleet (its records stay)")
+    return 0
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    from planner_core.runtime.fleet import set_budget
+
+    gpus = None if args.gpus == "none" else int(args.gpus)
+    with _sessions().begin() as session:
+        set_budget(session, gpus)
+    print(f"fleet budget: {'none' if gpus is None else f'{gpus} GPUs'}")
+    return 0
+
+
+def _budget_value(text: str) -> str:
+    if text == "none" or text.isdigit():
+        return text
+    raise argparse.ArgumentTypeError(f"GPUS must be a whole number >= 0 or 'none', got {text!r}")
+
+
+def cmd_fleet_tick(args: argparse.Namespace) -> int:
+    from planner_cli.common import prefect_environment
+
+    settings = RuntimeSettings()
+    _sessions()
+    prefect_environment(settings)
+    from flows.prefect_server import prefect_api
+
+    at = args.at or dt.datetime.now(dt.UTC)
+    with prefect_api(port=args.port, exit_when_lost=True):
+        from flows.fleet import run_fleet_tick
+        from planner_core.runtime.store.db import resolve_database_url
+
+        summary = run_fleet_tick(
+            at, resolve_database_url(settings), args.max_concurrent, task_per_member=not args.one_task
+        )
+    print(json.dumps(summary, indent=2))
+    return 0 if not summary["failed"] else 1
+
+
+def cmd_fleet_serve(args: argparse.Namespace) -> int:
+    from planner_cli.common import prefect_environment
+
+    settings = RuntimeSettings()
+    _sessions()
+    prefect_environment(settings)
+    from flows.prefect_server import prefect_api
+
+    with prefect_api(port=args.port, exit_when_lost=True) as api_url:
+        print(f"Prefect UI: {api_url.removesuffix('/api')}", file=sys.stderr)
+        from flows.fleet import serve_fleet
+
+        try:
+            serve_fleet(args.interval, args.max_concurrent, task_per_member=not args.one_task)
+        except KeyboardInterrupt:
+            pass
+    print("planner fleet serve: stopped", file=sys.stderr)
+    return 0
+
+
+def cmd_fleet_replay(args: argparse.Namespace) -> int:
+    from planner_core.runtime.fleet import replay_round
+
+    with _sessions().begin() as session:
+        same, grants = replay_round(session, args.round_id)
+    for g in grants:
+        print(f"{g.deployment}\tproposed {g.proposed_gpus}\tgranted {g.granted_gpus}\t{g.reason.value}")
+    print(f"round {args.round_id}: {'identical to the record' if same else 'DIFFERS from the record'}")
+    return 0 if same else 1
+
+
+def bench_config(directory: Path, load_interval_s: float) -> Path:
+    """The recommended policy with the load loop on at `load_interval_s` (its profile path made absolute)."""
+    import yaml
+
+    from planner_core.data import DEFAULT_CONFIG
+
+    body = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    body["profile_results_dir"] = str((DEFAULT_CONFIG.parent / body["profile_results_dir"]).resolve())
+    body["enable_load_scaling"] = True
+    body["load_adjustment_interval_seconds"] = load_interval_s
+    path = directory / "fleet-bench.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def cmd_fleet_bench(args: argparse.Namespace) -> int:
+    """A fresh database on the planner's Postgres server (dropped afterwards unless --keep), N members, measure."""
+    import dataclasses
+    import tempfile
+    import uuid
+
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from planner_core.runtime.fleet_bench import run_fleet_bench
+    from planner_core.runtime.store.db import get_engine, resolve_owner_database_url, to_libpq_uri
+    from planner_core.runtime.store.migrate import upgrade
+
+    owner = resolve_owner_database_url(RuntimeSettings())
+    name = f"fleet_bench_{uuid.uuid4().hex[:8]}"
+    url = make_url(owner).set(database=name).render_as_string(hide_password=False)
+    with psycopg.connect(to_libpq_uri(owner), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    try:
+        upgrade(url)
+        with tempfile.TemporaryDirectory() as directory:
+            config = args.config or bench_config(Path(directory), args.interval)
+            result = run_fleet_bench(
+                url,
+                config,
+                num_deployments=args.deployments,
+                duration_s=args.duration,
+                interval_s=args.interval,
+                realtime=args.realtime,
+                max_concurrent=args.max_concurrent,
+                budget_gpus=args.budget,
+            )
+        print(json.dumps(dataclasses.asdict(result), indent=2))
+    finally:
+        get_engine(url).dispose()
+        if not args.keep:
+            with psycopg.connect(to_libpq_uri(owner), autocommit=True) as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        else:
+            print(f"kept database {name}", file=sys.stderr)
+    return 0
+
+
+def cmd_fleet_bytes(args: argparse.Namespace) -> int:
+    from planner_core.domain import Loop
+    from planner_core.runtime.fleet import stored_bytes_per_tick
+    from planner_core.runtime.store import repository as repo
+
+    with _sessions().begin() as session:
+        ids = None
+        if args.deployment:
+            deployment = repo.find_deployment(session, args.deployment)
+            if deployment is None:
+                raise LookupError(f"deployment {args.deployment!r}: not recorded")
+            ids = [deployment.id]
+        sizes = stored_bytes_per_tick(session, Loop(args.loop), ids)
+    print(json.dumps(sizes, indent=2))
+    return 0
+
+
+def _aware(text: str) -> dt.datetime:
+    value = dt.datetime.fromisoformat(text)
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `deployments` and `fleet` command groups' parsers."""
+    deployments = sub.add_parser("deployments", help="the fleet: register managed deployments and the GPU budget")
+    dsub = deployments.add_subparsers(
+        dest="deployments_command", required=True, metavar="ACTION", help="what to do with the fleet's registry"
+    )
+    add = dsub.add_parser("add", help="register (or update) a deployment in the fleet")
+    add.add_argument("name", help="the managed deployment's name")
+    add.add_argument("--config", type=Path, required=True, help="its PlannerConfig file")
+    add.add_argument("--min-gpus", type=int, default=0, help="GPUs it always keeps (default 0)")
+    add.add_argument("--max-gpus", type=int, default=None, help="GPUs it may never exceed (default: no maximum)")
+    add.add_argument("--priority", type=int, default=0, help="higher is served first over budget (default 0)")
+    add.add_argument("--weight", type=float, default=1.0, help="share within its priority (default 1)")
+    add.set_defaults(func=cmd_add)
+    listing = dsub.add_parser("list", help="the members and the budget")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.set_defaults(func=cmd_list)
+    remove = dsub.add_parser("remove", help="take a deployment out of the fleet (its records stay)")
+    remove.add_argument("name", help="the member to remove")
+    remove.set_defaults(func=cmd_remove)
+    budget = dsub.add_parser("budget", help="set the fleet's GPU budget ('none' removes it)")
+    budget.add_argument("gpus", type=_budget_value, metavar="GPUS", help="GPUs, or 'none'")
+    budget.set_defaults(func=cmd_budget)
+
+    fleet = sub.add_parser("fleet", help="run the fleet control plane: every member's ticks, one GPU budget")
+    fsub = fleet.add_subparsers(dest="fleet_command", required=True, metavar="ACTION", help="what to run")
+    serve = fsub.add_parser("serve", help="a fleet tick at every slot of --interval until Ctrl-C")
+    serve.add_argument("--interval", type=float, default=5.0, help="seconds between fleet ticks (default 5)")
+    serve.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
+    serve.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
+    serve.add_argument("--one-task", action="store_true", help="each round as one task run, not one per member "
+                       "(far less Prefect server work per member)")  # fmt: skip
+    serve.set_defaults(func=cmd_fleet_serve)
+    tick = fsub.add_parser("tick", help="one fleet tick now (or --at a time) and print its summary")
+    tick.add_argument("--at", type=_aware, default=None, help="the slot time (ISO 8601; default now)")
+    tick.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
+    tick.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
+    tick.add_argument("--one-task", action="store_true", help="the round as one task run, not one per member")
+    tick.set_defaults(func=cmd_fleet_tick)
+    replay = fsub.add_parser("replay", help="run a recorded arbitration round again and compare")
+    replay.add_argument("round_id", type=int, help="the round (arbitration_rounds.id)")
+    replay.set_defaults(func=cmd_fleet_replay)
+    bench = fsub.add_parser("bench", help="N simulated deployments in a fresh database: CPU, latency, bytes per tick")
+    bench.add_argument("--deployments", type=int, default=10, help="simulated deployments (default 10)")
+    bench.add_argument("--duration", type=float, default=60.0, help="seconds of fleet time (default 60)")
+    bench.add_argument("--interval", type=float, default=5.0, help="fleet and load-loop interval, s (default 5)")
+    bench.add_argument("--realtime", action="store_true", help="keep wall-clock time (else rounds back to back)")
+    bench.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
+    bench.add_argument("--budget", type=int, default=None, help="fleet GPU budget (default 3 per deployment)")
+    bench.add_argument("--config", type=Path, default=None, help="members' config (default: the recommended "
+                       "policy with the load loop on)")  # fmt: skip
+    bench.add_argument("--keep", action="store_true", help="keep the benchmark's database")
+    bench.set_defaults(func=cmd_fleet_bench)
+    size = fsub.add_parser("bytes", help="mean bytes stored per tick, by table")
+    size.add_argument("--loop", choices=["load", "throughput"], default="load", help="which ticks")
+    size.add_argument("--deployment", default=None, help="only this deployment's ticks")
+    size.set_defaults(func=cmd_fleet_bytes)

@@ -1,0 +1,456 @@
+"""The fleet at the I/O edge: the registry of managed deployments, which ticks are due, and the GPU budget
+arbitration recorded per round.
+
+One control plane ticks many deployments (`flows.fleet`); this module holds what it does with the database, so the
+flow stays orchestration only and tests and the scale benchmark call the same code without Prefect:
+
+- the registry (`fleet_members`, `fleet_budget`): `add_member`, `remove_member`, `list_members`, `set_budget`;
+- `ContextCache`: each member's `PlannerContext`, loaded once per process and again when its config file changes;
+- `due_ticks`: each member's loops on their own intervals, aligned to the epoch, so a slot's scheduled time is the
+  tick's identity (a second control plane, or a retry, finds the tick recorded and skips it);
+- `arbitrate_round`: the members' claims (their newest pending decision, else what they run now, in GPUs) go to
+  the pure `arbitrate`; a pending decision above its grant is cut under it by the deployment's own GPU guard, and
+  the round, its inputs and every grant with its reason are recorded in one transaction;
+- `replay_round`: run a recorded round again and compare.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import threading
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from planner_core.config import PlannerConfig, load_config
+from planner_core.domain import Loop
+from planner_core.policy.arbitration import (
+    ArbitrationRound,
+    GpuClaim,
+    GpuGrant,
+    arbitrate,
+    round_from_jsonable,
+    round_to_jsonable,
+)
+from planner_core.policy.bounds import guard_gpu_budget
+from planner_core.runtime.service import PlannerContext, default_workers, load_context, run_execution, run_tick
+from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.db import session_factory
+from planner_core.runtime.store.models import (
+    ArbitrationGrantRow,
+    ArbitrationRoundRow,
+    Deployment,
+    FleetBudgetRow,
+    FleetMemberRow,
+    Tick,
+)
+
+
+class FleetError(ValueError):
+    """A registry command that cannot be done (one line naming the deployment, the field and the value)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetMember:
+    """A registered deployment and its share of the fleet budget."""
+
+    name: str
+    deployment_id: int
+    config_path: str
+    min_gpus: int
+    max_gpus: int | None
+    priority: int
+    weight: float
+
+
+def _check_share(name: str, min_gpus: int, max_gpus: int | None, weight: float) -> None:
+    if min_gpus < 0:
+        raise FleetError(f"deployment {name!r}: min_gpus must be >= 0, got {min_gpus}")
+    if max_gpus is not None and max_gpus < min_gpus:
+        raise FleetError(f"deployment {name!r}: max_gpus {max_gpus} is below min_gpus {min_gpus}")
+    if not (weight > 0 and math.isfinite(weight)):
+        raise FleetError(f"deployment {name!r}: weight must be a finite number > 0, got {weight}")
+
+
+def add_member(
+    session: Session,
+    name: str,
+    config_path: Path,
+    *,
+    min_gpus: int = 0,
+    max_gpus: int | None = None,
+    priority: int = 0,
+    weight: float = 1.0,
+) -> FleetMember:
+    """Register (or update) `name` to run `config_path` in the fleet; the config is loaded and checked first.
+
+    Raises:
+        ConfigError: the config file is bad (one line).
+        FleetError: the share is bad (one line).
+    """
+    _check_share(name, min_gpus, max_gpus, weight)
+    path = str(config_path.resolve())
+    loaded = load_config(path)
+    deployment = repo.ensure_deployment(session, name, loaded.policy)
+    values = {
+        "config_path": path,
+        "min_gpus": min_gpus,
+        "max_gpus": max_gpus,
+        "priority": priority,
+        "weight": weight,
+    }
+    session.execute(
+        pg_insert(FleetMemberRow)
+        .values(deployment_id=deployment.id, **values)
+        .on_conflict_do_update(index_elements=["deployment_id"], set_=values)
+    )
+    repo.audit(session, "fleet_member_added", {"name": name, **values}, deployment_id=deployment.id)
+    return FleetMember(name=name, deployment_id=deployment.id, **values)
+
+
+def remove_member(session: Session, name: str) -> bool:
+    """Take `name` out of the fleet (its ticks and decisions stay); False when it was not a member."""
+    deployment = repo.find_deployment(session, name)
+    if deployment is None:
+        return False
+    row = session.get(FleetMemberRow, deployment.id)
+    if row is None:
+        return False
+    session.delete(row)
+    repo.audit(session, "fleet_member_removed", {"name": name}, deployment_id=deployment.id)
+    return True
+
+
+def list_members(session: Session) -> list[FleetMember]:
+    """Every member, by name."""
+    rows = session.execute(
+        select(Deployment.name, FleetMemberRow).join(Deployment, Deployment.id == FleetMemberRow.deployment_id)
+    ).all()
+    return sorted(
+        (
+            FleetMember(
+                name=name,
+                deployment_id=row.deployment_id,
+                config_path=row.config_path,
+                min_gpus=row.min_gpus,
+                max_gpus=row.max_gpus,
+                priority=row.priority,
+                weight=row.weight,
+            )
+            for name, row in rows
+        ),
+        key=lambda member: member.name,
+    )
+
+
+def set_budget(session: Session, budget_gpus: int | None) -> None:
+    """Set the fleet's GPU budget; None removes it (nothing is arbitrated then)."""
+    if budget_gpus is not None and budget_gpus < 0:
+        raise FleetError(f"fleet budget: budget_gpus must be >= 0, got {budget_gpus}")
+    existing = session.get(FleetBudgetRow, 1)
+    if budget_gpus is None:
+        if existing is not None:
+            session.delete(existing)
+    else:
+        session.execute(
+            pg_insert(FleetBudgetRow)
+            .values(id=1, budget_gpus=budget_gpus)
+            .on_conflict_do_update(index_elements=["id"], set_={"budget_gpus": budget_gpus, "updated_at": func.now()})
+        )
+    repo.audit(session, "fleet_budget_set", {"budget_gpus": budget_gpus})
+
+
+def get_budget(session: Session) -> int | None:
+    row = session.get(FleetBudgetRow, 1)
+    return None if row is None else row.budget_gpus
+
+
+class ContextCache:
+    """Each member's `PlannerContext`, loaded once and reloaded when its config file changes (thread-safe: the
+    fleet flow ticks members from a thread pool)."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self._contexts: dict[tuple[str, str], tuple[int, PlannerContext]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, member: FleetMember) -> PlannerContext:
+        key = (member.name, member.config_path)
+        mtime_ns = Path(member.config_path).stat().st_mtime_ns
+        with self._lock:
+            cached = self._contexts.get(key)
+            if cached is not None and cached[0] == mtime_ns:
+                return cached[1]
+        ctx = load_context(self.database_url, member.name, member.config_path)
+        with self._lock:
+            self._contexts[key] = (mtime_ns, ctx)
+        return ctx
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DueTick:
+    """One member's loop whose newest slot has no tick yet."""
+
+    deployment: str
+    loop: Loop
+    scheduled_at: dt.datetime
+    num_missed: int  # slots between the last recorded tick and this one that were never ticked
+
+
+def loop_intervals_s(config: PlannerConfig) -> dict[Loop, float]:
+    """The member's active loops and their intervals (s)."""
+    intervals = {}
+    if config.throughput_scaling_active:
+        intervals[Loop.THROUGHPUT] = float(config.throughput_adjustment_interval_seconds)
+    if config.load_scaling_active:
+        intervals[Loop.LOAD] = float(config.load_adjustment_interval_seconds)
+    return intervals
+
+
+def slot_at(now: dt.datetime, interval_s: float) -> dt.datetime:
+    """The newest slot of an interval at `now`: slots are aligned to the epoch, so every control plane agrees."""
+    return dt.datetime.fromtimestamp(math.floor(now.timestamp() / interval_s) * interval_s, tz=dt.UTC)
+
+
+def due_ticks(
+    session: Session, members: list[FleetMember], configs: dict[str, PlannerConfig], now: dt.datetime
+) -> list[DueTick]:
+    """Every member's loop whose newest slot at `now` is not recorded yet, with the slots it missed since its last
+    tick (one query for the newest tick of every member and loop)."""
+    newest = {
+        (deployment_id, loop): at
+        for deployment_id, loop, at in session.execute(
+            select(Tick.deployment_id, Tick.loop, func.max(Tick.scheduled_at))
+            .where(Tick.deployment_id.in_([member.deployment_id for member in members]))
+            .group_by(Tick.deployment_id, Tick.loop)
+        )
+    }
+    due = []
+    for member in members:
+        for loop, interval_s in loop_intervals_s(configs[member.name]).items():
+            slot = slot_at(now, interval_s)
+            last = newest.get((member.deployment_id, loop.value))
+            if last is not None and last >= slot:
+                continue
+            missed = 0 if last is None else max(0, round((slot - last).total_seconds() / interval_s) - 1)
+            due.append(DueTick(deployment=member.name, loop=loop, scheduled_at=slot, num_missed=missed))
+    return due
+
+
+def _gpus(config: PlannerConfig, prefill: int, decode: int) -> int:
+    return prefill * config.prefill_gpus_per_engine + decode * config.decode_gpus_per_engine
+
+
+def arbitrate_round(
+    session: Session, scheduled_at: dt.datetime, members: list[FleetMember], contexts: dict[str, PlannerContext]
+) -> tuple[GpuGrant, ...] | None:
+    """Arbitrate the fleet budget for the round at `scheduled_at` and record it; None without a budget or when the
+    round is already recorded. Runs in the caller's transaction, holding every member's row lock, so no tick or
+    execution of a member changes its decisions meanwhile.
+
+    A member's claim is its newest pending decision (pools it leaves unset at their expected count), else its
+    expected counts, in GPUs. A pending decision above its grant is cut under it by the member's own GPU guard
+    (`guard_gpu_budget` with the grant as ceiling, its minimum endpoints as floors); the original and the cut
+    targets are recorded with the grant.
+    """
+    budget_gpus = get_budget(session)
+    if budget_gpus is None or not members:
+        return None
+    claims, pending, current = [], {}, {}
+    for member in sorted(members, key=lambda m: m.deployment_id):  # one lock order: no deadlock with a 2nd plane
+        repo.lock_deployment(session, member.deployment_id)
+    for member in members:
+        ctx = contexts[member.name]
+        workers = ctx.connector.worker_counts(session, member.deployment_id, default=default_workers(ctx.config))
+        now_counts = (workers.expected_prefill, workers.expected_decode)
+        decisions = repo.pending_decisions(session, member.deployment_id)
+        newest = decisions[-1] if decisions else None
+        proposed = now_counts
+        if newest is not None:
+            proposed = (
+                now_counts[0] if newest.target_prefill is None else newest.target_prefill,
+                now_counts[1] if newest.target_decode is None else newest.target_decode,
+            )
+        pending[member.name], current[member.name] = newest, (now_counts, proposed)
+        claims.append(
+            GpuClaim(
+                deployment=member.name,
+                proposed_gpus=_gpus(ctx.config, *proposed),
+                min_gpus=member.min_gpus,
+                max_gpus=member.max_gpus,
+                priority=member.priority,
+                weight=member.weight,
+            )
+        )
+    arbitration = ArbitrationRound(budget_gpus=budget_gpus, claims=tuple(claims))
+    grants = arbitrate(arbitration)
+    round_id = session.scalar(
+        pg_insert(ArbitrationRoundRow)
+        .values(scheduled_at=scheduled_at, budget_gpus=budget_gpus, inputs=round_to_jsonable(arbitration))
+        .on_conflict_do_nothing(index_elements=["scheduled_at"])
+        .returning(ArbitrationRoundRow.id)
+    )
+    if round_id is None:
+        return None
+    by_name = {member.name: member for member in members}
+    for grant in grants:
+        member, decision = by_name[grant.deployment], pending[grant.deployment]
+        row = ArbitrationGrantRow(
+            round_id=round_id,
+            deployment_id=member.deployment_id,
+            proposed_gpus=grant.proposed_gpus,
+            request_gpus=grant.request_gpus,
+            granted_gpus=grant.granted_gpus,
+            reason=grant.reason.value,
+        )
+        if decision is not None:
+            config = contexts[grant.deployment].config
+            now_counts, proposed = current[grant.deployment]
+            row.decision_id = decision.id
+            row.proposed_prefill, row.proposed_decode = decision.target_prefill, decision.target_decode
+            if grant.granted_gpus < grant.proposed_gpus:
+                (prefill, decode), step = guard_gpu_budget(
+                    now_counts,
+                    proposed,
+                    prefill_gpus=config.prefill_gpus_per_engine,
+                    decode_gpus=config.decode_gpus_per_engine,
+                    min_gpu_budget=-1,
+                    max_gpu_budget=grant.granted_gpus,
+                    prefill_floor=config.prefill_min_endpoint_effective,
+                    decode_floor=config.decode_min_endpoint_effective,
+                )
+                # a pool the decision left unset stays unset: the cut never scales a pool the planner does not manage
+                decision.target_prefill = None if decision.target_prefill is None else prefill
+                decision.target_decode = None if decision.target_decode is None else decode
+                repo.audit(
+                    session,
+                    "decision_arbitrated",
+                    {
+                        "round_id": round_id,
+                        "granted_gpus": grant.granted_gpus,
+                        "reason": grant.reason.value,
+                        "from": [row.proposed_prefill, row.proposed_decode],
+                        "to": [decision.target_prefill, decision.target_decode],
+                        "guard": step.reason.value,
+                    },
+                    deployment_id=member.deployment_id,
+                    tick_id=decision.tick_id,
+                    decision_id=decision.id,
+                )
+            row.granted_prefill, row.granted_decode = decision.target_prefill, decision.target_decode
+        session.add(row)
+    session.flush()
+    return grants
+
+
+def replay_round(session: Session, round_id: int) -> tuple[bool, tuple[GpuGrant, ...]]:
+    """Run a recorded round's inputs through `arbitrate` again: (same grants and reasons as recorded, the grants)."""
+    recorded = session.get(ArbitrationRoundRow, round_id)
+    if recorded is None:
+        raise FleetError(f"arbitration round {round_id}: not recorded")
+    grants = arbitrate(round_from_jsonable(recorded.inputs))
+    names = dict(session.execute(select(Deployment.id, Deployment.name)).tuples().all())
+    stored = sorted(
+        (names[row.deployment_id], row.granted_gpus, row.reason)
+        for row in session.scalars(select(ArbitrationGrantRow).where(ArbitrationGrantRow.round_id == round_id))
+    )
+    return stored == sorted((g.deployment, g.granted_gpus, g.reason.value) for g in grants), grants
+
+
+def members_configs(contexts: dict[str, PlannerContext]) -> dict[str, PlannerConfig]:
+    return {name: ctx.config for name, ctx in contexts.items()}
+
+
+# The tables holding what one tick recorded, keyed by its id (the audit log too: its rows name their tick).
+TICK_TABLES = (
+    "ticks",
+    "traffic_observations",
+    "worker_observations",
+    "fpm_snapshots",
+    "predictions",
+    "proposals",
+    "tick_steps",
+    "planner_states",
+    "decisions",
+    "audit_log",
+)
+
+
+def stored_bytes_per_tick(session: Session, loop: Loop, deployment_ids: list[int] | None = None) -> dict[str, float]:
+    """Mean bytes stored per tick of `loop`, by table: the size of each row as stored (`pg_column_size` of the
+    whole row: its header and columns, TOAST-compressed where Postgres compressed them), indexes not counted.
+    `deployment_ids`: only those deployments' ticks (default: all). The key "total" sums the tables; "num_ticks"
+    says how many ticks the mean is over."""
+    where = "t.loop = :loop" + ("" if deployment_ids is None else " AND t.deployment_id = ANY(:ids)")
+    params = {"loop": loop.value, "ids": deployment_ids or []}
+    num_ticks = repo.query_rows(session, f"SELECT count(*) AS n FROM ticks t WHERE {where}", **params)[0]["n"]
+    result: dict[str, float] = {"num_ticks": float(num_ticks)}
+    if num_ticks == 0:
+        return result
+    total = 0.0
+    for table in TICK_TABLES:
+        key = "t.id = r.id" if table == "ticks" else "t.id = r.tick_id"
+        sql = f"SELECT coalesce(sum(pg_column_size(r.*)), 0) AS b FROM {table} r JOIN ticks t ON {key} WHERE {where}"
+        table_bytes = float(repo.query_rows(session, sql, **params)[0]["b"]) / num_ticks
+        result[table] = table_bytes
+        total += table_bytes
+    result["total"] = total
+    return result
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundResult:
+    """What one fleet round did (`run_round`)."""
+
+    num_ticked: int  # ticks this round recorded (a tick another control plane recorded first is not counted)
+    num_missed: int
+    tick_ms: tuple[float, ...]  # wall time of each member tick (`run_tick`), recorded or skipped
+    failed: dict[str, str]  # member -> one line
+    grants: tuple[GpuGrant, ...] | None  # None: no budget, or the round was recorded by another control plane
+    executed: tuple[str, ...]
+
+
+def run_round(
+    database_url: str,
+    members: list[FleetMember],
+    contexts: dict[str, PlannerContext],
+    at: dt.datetime,
+    pool: Executor,
+) -> RoundResult:
+    """One fleet round without Prefect (the benchmark's; the `fleet-tick` flow does the same as task runs): the
+    due ticks on `pool`, each its own transaction; the arbitration; the execution of every pending decision."""
+    sessions = session_factory(database_url)
+    configs = {name: ctx.config for name, ctx in contexts.items()}
+    with sessions.begin() as session:
+        due = due_ticks(session, members, configs, at)
+
+    def tick_one(item: DueTick) -> tuple[float, bool, str | None]:
+        began = time.perf_counter()
+        try:
+            recorded = run_tick(contexts[item.deployment], item.loop, item.scheduled_at, None).tick_id is not None
+            problem = None
+        except Exception as exc:  # noqa: BLE001 - a failing member is reported, the others go on
+            recorded, problem = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return (time.perf_counter() - began) * 1000.0, recorded, problem
+
+    outcomes = list(pool.map(tick_one, due))
+    failed = {item.deployment: problem for item, (_, _, problem) in zip(due, outcomes, strict=True) if problem}
+    with sessions.begin() as session:
+        grants = arbitrate_round(session, at, members, contexts)
+        pending = [member.name for member in members if repo.pending_decisions(session, member.deployment_id)]
+    for name in pending:
+        run_execution(contexts[name], at)
+    return RoundResult(
+        num_ticked=sum(recorded for _, recorded, _ in outcomes),
+        num_missed=sum(item.num_missed for item in due),
+        tick_ms=tuple(ms for ms, _, _ in outcomes),
+        failed=failed,
+        grants=grants,
+        executed=tuple(pending),
+    )

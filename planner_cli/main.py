@@ -27,6 +27,7 @@ from planner_cli import (
     ingest,
     k8s,
     keda,
+    live,
     perf,
     report,
     serve,
@@ -38,7 +39,7 @@ from planner_core.runtime.store.migrate import SchemaOutOfDate
 # In the order `planner --help` lists them.
 COMMAND_GROUPS = (
     db, demo, serve, capacity, perf, report, bench, history, audit, chaos, forecast, k8s, keda, ingest, sim,
-    completion,
+    live, completion,
 )  # fmt: skip
 
 

@@ -261,6 +261,7 @@ class LocalConnector:
     """Scale engine processes on this machine; all its state is in Postgres (`local_workers`)."""
 
     name = "local"
+    running_statuses = RUNNING_STATUSES
 
     def __init__(
         self,
@@ -494,30 +495,7 @@ class LocalConnector:
         state = self._state(session, deployment_id, lock=True)
         if state is None:
             return []  # nothing started yet
-        ports = self._ports()
-        actions: list[str] = []
-        grace = dt.timedelta(seconds=self.settings.drain_grace_seconds)
-        for worker in self.workers(session, deployment_id, statuses=RUNNING_STATUSES):
-            running = is_running(worker)
-            status = LocalWorkerStatus(worker.status)
-            if status is LocalWorkerStatus.DRAINING:
-                if not running:
-                    self._end(session, worker, LocalWorkerStatus.STOPPED, now, "exited after SIGTERM")
-                    actions.append(f"{worker.role} worker {worker.id} (pid {worker.pid}) stopped")
-                elif worker.drain_started_at is not None and now - worker.drain_started_at >= grace:
-                    _signal_group(worker, signal.SIGKILL)
-                    self._end(
-                        session, worker, LocalWorkerStatus.KILLED, now, f"SIGKILL after {grace.total_seconds():g} s"
-                    )
-                    actions.append(f"{worker.role} worker {worker.id} (pid {worker.pid}) killed after the grace period")
-            elif not running:
-                why = f"process {worker.pid} exited while {status.value}; log {worker.log_path}"
-                self._end(session, worker, LocalWorkerStatus.DIED, now, why)
-                actions.append(f"{worker.role} worker {worker.id} (pid {worker.pid}) died")
-            elif status is LocalWorkerStatus.STARTING and self._registered(worker, ports):
-                worker.status = LocalWorkerStatus.READY.value
-                worker.ready_at = now
-                actions.append(f"{worker.role} worker {worker.id} (pid {worker.pid}) ready")
+        actions = self._check_workers(session, deployment_id, now)
         session.flush()
         replaced = self._bring_to(session, deployment_id, self._targets(state), now, state.decision_id)
         actions += [f"replace: {action}" for action in replaced]
@@ -548,6 +526,39 @@ class LocalConnector:
         elif actions:
             repo.audit(session, "local_reconciled", {"actions": actions}, deployment_id=deployment_id)
         return actions
+
+    def _check_workers(self, session: Session, deployment_id: int, now: dt.datetime) -> list[str]:
+        """Look at every worker that should have a process: the dead are marked `died`, finished drains
+        `stopped`, drains past the grace period SIGKILLed, registered workers `ready`; what was found."""
+        ports = self._ports()
+        actions: list[str] = []
+        grace = dt.timedelta(seconds=self.settings.drain_grace_seconds)
+        for worker in self.workers(session, deployment_id, statuses=RUNNING_STATUSES):
+            running = is_running(worker)
+            status = LocalWorkerStatus(worker.status)
+            if status is LocalWorkerStatus.DRAINING:
+                if not running:
+                    self._end(session, worker, LocalWorkerStatus.STOPPED, now, "exited after SIGTERM")
+                    actions.append(f"{worker.role} worker {worker.id} (pid {worker.pid}) stopped")
+                elif worker.drain_started_at is not None and now - worker.drain_started_at >= grace:
+                    _signal_group(worker, signal.SIGKILL)
+                    self._end(
+                        session, worker, LocalWorkerStatus.KILLED, now, f"SIGKILL after {grace.total_seconds():g} s"
+                    )
+                    actions.append(f"{worker.role} worker {worker.id} (pid {worker.pid}) killed after the grace period")
+            elif not running:
+                why = f"process {worker.pid} exited while {status.value}; log {worker.log_path}"
+                self._end(session, worker, LocalWorkerStatus.DIED, now, why)
+                actions.append(f"{worker.role} worker {worker.id} (pid {worker.pid}) died")
+            elif status is LocalWorkerStatus.STARTING and self._registered(worker, ports):
+                worker.status = LocalWorkerStatus.READY.value
+                worker.ready_at = now
+                actions.append(f"{worker.role} worker {worker.id} (pid {worker.pid}) ready")
+        return actions
+
+    def finish_drains(self, session: Session, deployment_id: int, now: dt.datetime) -> list[str]:
+        """`_check_workers` alone, with no replacement: for the shutdown after `stop_all`."""
+        return self._check_workers(session, deployment_id, now)
 
     def _reached(self, session: Session, deployment_id: int, state: LocalConnectorStateRow) -> bool:
         workers = self.workers(session, deployment_id, statuses=RUNNING_STATUSES)

@@ -81,9 +81,13 @@ def _wait_for(what: str, probe, timeout_s: float, process: subprocess.Popen | No
 # --------------------------------------------------------------------------------------------------------
 
 
-def write_trace(out: Path, *, start_s: float, duration_s: float, speedup: float, max_isl: int, max_osl: int) -> int:
+def write_trace(
+    out: Path, *, start_s: float, duration_s: float, speedup: float, keep_every: int, max_isl: int, max_osl: int
+) -> int:
     """A Mooncake JSONL for aiperf: the Azure conversation trace's requests in [start_s, start_s + duration_s *
-    speedup) of its first arrival, timestamps divided by `speedup` (ms), lengths capped. Returns the request count."""
+    speedup) of its first arrival, timestamps divided by `speedup` (ms), every `keep_every`-th request kept (with
+    `keep_every == speedup` the rate is the trace's, its rises and falls `speedup` times faster), lengths capped.
+    Returns the request count."""
     import csv
 
     rows: list[tuple[float, int, int]] = []
@@ -91,6 +95,7 @@ def write_trace(out: Path, *, start_s: float, duration_s: float, speedup: float,
         reader = csv.reader(f)
         next(reader)
         first: float | None = None
+        index = 0
         for stamp, isl, osl in reader:
             t = dt.datetime.fromisoformat(stamp[:26]).timestamp()
             first = t if first is None else first
@@ -99,11 +104,34 @@ def write_trace(out: Path, *, start_s: float, duration_s: float, speedup: float,
                 continue
             if offset >= duration_s * speedup:
                 break
+            index += 1
+            if (index - 1) % keep_every:
+                continue
             rows.append((offset / speedup, min(int(isl), max_isl), max(1, min(int(osl), max_osl))))
     with out.open("w") as f:
         for t, isl, osl in rows:
             f.write(json.dumps({"timestamp": round(t * 1000), "input_length": isl, "output_length": osl}) + "\n")
     return len(rows)
+
+
+def write_slowed_profile(out: Path, slowdown: float) -> Path:
+    """The H200 profile with every latency `slowdown` times longer and every throughput as many times lower: an
+    engine that slow, for the mocker's timing and the planner's capacity model alike (both read this folder).
+
+    Why: at the real H200 speed one engine serves ~27 requests/s of the trace's sizes, so scaling past one engine
+    would need more HTTP streams than a 2-core machine carries next to the frontend and aiperf; slowed k times,
+    the same decisions happen at 1/k of the request rate (and the SLA is k times looser)."""
+    import numpy as np
+
+    for part, scaled in (
+        ("selected_prefill_interpolation", {"prefill_ttft": slowdown, "prefill_thpt_per_gpu": 1 / slowdown}),
+        ("selected_decode_interpolation", {"z_itl": slowdown, "z_thpt_per_gpu": 1 / slowdown}),
+    ):
+        with np.load(PROFILE_DIR / part / "raw_data.npz") as npz:
+            arrays = {key: npz[key] * scaled.get(key, 1) if key in scaled else npz[key] for key in npz.files}
+        (out / part).mkdir(parents=True, exist_ok=True)
+        np.savez(out / part / "raw_data.npz", **arrays)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -151,6 +179,7 @@ class RunSpec:
     max_workers: int
     trace: Path
     nice: int
+    profile_dir: Path
 
 
 def _config(spec: RunSpec, run_dir: Path, env: dict[str, str], prometheus_url: str) -> Path:
@@ -163,9 +192,10 @@ def _config(spec: RunSpec, run_dir: Path, env: dict[str, str], prometheus_url: s
         "model_name": MODEL_NAME,
         "backend": "vllm",
         "optimization_target": "sla",
+        "throughput_algorithm": "engine_capacity",  # the sizing that handles the aggregated pool
         "ttft_ms": spec.ttft_ms,
         "itl_ms": spec.itl_ms,
-        "profile_results_dir": str(PROFILE_DIR),
+        "profile_results_dir": str(spec.profile_dir),
         "enable_throughput_scaling": spec.adaptive,
         "enable_load_scaling": False,
         "throughput_adjustment_interval_seconds": spec.interval_s,
@@ -235,7 +265,7 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
         "DYNAMO_PYTHON": tools["dynamo"],
         "PLANNER_LOCAL_MODEL_DIR": tools["model"],
         "PLANNER_LOCAL_MODEL_NAME": MODEL_NAME,
-        "PLANNER_LOCAL_PROFILE_DIR": str(PROFILE_DIR),
+        "PLANNER_LOCAL_PROFILE_DIR": str(spec.profile_dir),
         "PYTHONPATH": str(STUBS_DIR),
     }
     prometheus_url = f"http://127.0.0.1:{prometheus_port}"
@@ -446,7 +476,7 @@ def _table(runs: list[dict], spec: RunSpec) -> str:
         ("workers started (died)", lambda r: f"{r.get('num_workers_started')} ({r.get('num_workers_died')})"),
         ("ticks / decisions", lambda r: f"{r.get('num_ticks')} / {r.get('num_decisions')}"),
         ("scale-ups / scale-downs", lambda r: f"{r.get('scale_ups')} / {r.get('scale_downs')}"),
-        ("applied decisions acknowledged", lambda r: f"{r.get('acknowledged_decisions')} of {r.get('applied_decisions')}"),
+        ("applied decisions acknowledged", lambda r: f"{r.get('acknowledged_decisions')} of {r.get('applied_decisions')}"),  # noqa: E501
         ("CPU idle mean / min", lambda r: f"{_pct(r.get('cpu_idle_mean'))} / {_pct(r.get('cpu_idle_min'))}"),
         ("recorded ticks replay identical", lambda r: _replayed(r.get("replay"))),
     ]  # fmt: skip
@@ -486,6 +516,7 @@ def cmd_live(args: argparse.Namespace) -> int:
             start_s=args.trace_start_s,
             duration_s=args.duration_s,
             speedup=args.speedup,
+            keep_every=args.keep_every,
             max_isl=args.max_isl,
             max_osl=args.max_osl,
         )
@@ -498,6 +529,7 @@ def cmd_live(args: argparse.Namespace) -> int:
             "max_workers": args.max_workers,
             "trace": trace,
             "nice": args.nice,
+            "profile_dir": write_slowed_profile(root / f"profile-x{args.slowdown:g}", args.slowdown),
         }
         specs = [RunSpec(name="planner", adaptive=True, fixed_size=1, **common)]
         if args.fixed_size:
@@ -520,15 +552,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the live command's parser."""
     live = sub.add_parser("live", help="scale Dynamo's frontend + mocker engines under aiperf traffic; compare")
     live.add_argument("--out", type=Path, default=Path(".planner/live"), help="folder of the runs")
-    live.add_argument("--duration-s", type=float, default=420.0, help="traffic per run (s)")
-    live.add_argument("--speedup", type=float, default=4.0, help="trace time compression")
-    live.add_argument("--trace-start-s", type=float, default=0.0, help="offset into the Azure conversation trace")
+    live.add_argument("--duration-s", type=float, default=400.0, help="traffic per run (s)")
+    live.add_argument("--speedup", type=float, default=3.0, help="trace time compression")
+    live.add_argument("--keep-every", type=int, default=3, help="keep every N-th request of the trace")
+    live.add_argument("--trace-start-s", type=float, default=480.0, help="offset into the Azure conversation trace (s)")
     live.add_argument("--max-isl", type=int, default=2048, help="cap on prompt tokens")
     live.add_argument("--max-osl", type=int, default=256, help="cap on output tokens")
-    live.add_argument("--ttft-ms", type=float, default=300.0)
-    live.add_argument("--itl-ms", type=float, default=10.0)
+    live.add_argument(
+        "--slowdown",
+        type=float,
+        default=8.0,
+        help="engines (mocker and the planner's model) this many times slower than the H200 profile",
+    )
+    live.add_argument("--ttft-ms", type=float, default=2000.0, help="TTFT SLA (ms)")
+    live.add_argument("--itl-ms", type=float, default=100.0, help="ITL SLA (ms)")
     live.add_argument("--interval-s", type=float, default=30.0, help="throughput adjustment interval")
     live.add_argument("--max-workers", type=int, default=4, help="GPU budget (one GPU per engine)")
-    live.add_argument("--fixed-size", type=int, default=2, help="engines of the fixed-size run; 0 = no such run")
+    live.add_argument("--fixed-size", type=int, default=3, help="engines of the fixed-size run; 0 = no such run")
     live.add_argument("--nice", type=int, default=10, help="niceness of the engines and aiperf")
     live.set_defaults(func=cmd_live)

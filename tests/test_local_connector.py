@@ -110,18 +110,21 @@ def make_ctx(database_url, tmp_path, monkeypatch, profile_dir):
     kv = tmp_path / "kv"
     created = []
 
-    def make(*extra: str, grace_s: float = 5.0, command: list[str] | None = None):
-        path = write_config(
-            tmp_path,
-            mode="agg",
-            environment="local",
-            local_workers={
-                "decode_command": command or [sys.executable, STANDIN, "--namespace", "${NS}", *extra],
-                "env": {"NS": "dynamo"},
-                "discovery_dir": str(kv),
-                "drain_grace_seconds": grace_s,
-            },
-        )
+    def make(
+        *extra: str,
+        grace_s: float = 5.0,
+        command: list[str] | None = None,
+        discovery_dir: Path | None = None,
+        default_command: bool = False,
+    ):
+        local_workers: dict = {
+            "env": {"NS": "dynamo"},
+            "discovery_dir": str(discovery_dir or kv),
+            "drain_grace_seconds": grace_s,
+        }
+        if not default_command:  # else the mocker, the default command
+            local_workers["decode_command"] = command or [sys.executable, STANDIN, "--namespace", "${NS}", *extra]
+        path = write_config(tmp_path, mode="agg", environment="local", local_workers=local_workers)
         ctx = load_context(database_url, NAME, path)
         with ctx.sessions.begin() as session:
             repo.ensure_deployment(session, NAME, ctx.config)

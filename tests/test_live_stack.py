@@ -74,7 +74,23 @@ def frontend(tmp_path):
         process.wait()
 
 
-def _chat(url: str) -> dict:
+def _chat(url: str, timeout_s: float = 60.0) -> dict:
+    """One chat completion; the frontend learns of a newly registered engine's model a moment after it registers,
+    so a 404 is retried until `timeout_s`."""
+    import time
+    import urllib.error
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return _chat_once(url)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404 or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def _chat_once(url: str) -> dict:
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
     request = urllib.request.Request(
         f"{url}/v1/chat/completions", json.dumps(body).encode(), {"content-type": "application/json"}

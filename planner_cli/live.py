@@ -180,6 +180,7 @@ class RunSpec:
     trace: Path
     nice: int
     profile_dir: Path
+    cooldown_s: float
 
 
 def _config(spec: RunSpec, run_dir: Path, env: dict[str, str], prometheus_url: str) -> Path:
@@ -200,8 +201,9 @@ def _config(spec: RunSpec, run_dir: Path, env: dict[str, str], prometheus_url: s
         "enable_load_scaling": False,
         "throughput_adjustment_interval_seconds": spec.interval_s,
         "load_predictor": "constant",
+        # the fixed-size run: the same planner pinned between min and max (the config needs one loop on)
         "min_endpoint": 1 if spec.adaptive else spec.fixed_size,
-        "max_gpu_budget": spec.max_workers,
+        "max_gpu_budget": spec.max_workers if spec.adaptive else spec.fixed_size,
         "metric_pulling_prometheus_endpoint": prometheus_url,
         "execution_interval_seconds": 5,
         "report_interval_hours": None,
@@ -329,10 +331,14 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
             preexec_fn=(lambda: os.nice(spec.nice)) if spec.nice else None,  # noqa: PLW1509 - only os.nice
             check=False,
         )  # fmt: skip
-        cpu.stop()
         ended = dt.datetime.now(dt.UTC)
         figures["aiperf_exit"] = aiperf.returncode
-    figures.update(_db_figures(database_url, started, ended))
+        # the planner keeps running after the traffic (scale-downs it decides now still reach the processes and
+        # are acknowledged); GPU-seconds and attainment are over the traffic only
+        time.sleep(spec.cooldown_s)
+        cpu.stop()
+    figures.update(_db_figures(database_url, started, ended, initial_size=1 if spec.adaptive else spec.fixed_size))
+    figures["cooldown_s"] = spec.cooldown_s
     figures.update(_aiperf_figures(run_dir / "aiperf", spec))
     figures["cpu_idle_mean"] = sum(cpu.samples) / len(cpu.samples) if cpu.samples else None
     figures["cpu_idle_min"] = min(cpu.samples) if cpu.samples else None
@@ -364,7 +370,7 @@ def _stop_workers(database_url: str, config: Path) -> None:
         time.sleep(1)
 
 
-def _db_figures(database_url: str, started: dt.datetime, ended: dt.datetime) -> dict:
+def _db_figures(database_url: str, started: dt.datetime, ended: dt.datetime, *, initial_size: int) -> dict:
     from sqlalchemy import text
 
     from planner_core.runtime.store.db import session_factory
@@ -385,20 +391,15 @@ def _db_figures(database_url: str, started: dt.datetime, ended: dt.datetime) -> 
     for _role, start, _ready, end, _status in workers:
         a, b = max(start, started), min(end or ended, ended)
         gpu_s += max(0.0, (b - a).total_seconds())  # one GPU per engine, over the traffic's span
-    previous = None
+    previous = initial_size  # the minimum endpoints, started before any decision
     ups = downs = 0
-    changes = []
+    applied = []
     for _id, target, status, _reason, _at in decisions:
         if status in ("applied", "acknowledged") and target is not None:
-            if previous is not None and target > previous:
-                ups += 1
-            elif previous is not None and target < previous:
-                downs += 1
-            changes.append((target, status))
+            ups += target > previous
+            downs += target < previous
+            applied.append((target, status))
             previous = target
-        elif previous is None and status == "noop":
-            previous = target
-    applied = [c for c in changes]
     return {
         "num_workers_started": len(workers),
         "num_workers_died": sum(1 for w in workers if w[4] == "died"),
@@ -415,7 +416,8 @@ def _db_figures(database_url: str, started: dt.datetime, ended: dt.datetime) -> 
 
 
 def _aiperf_figures(out_dir: Path, spec: RunSpec) -> dict:
-    """Per-request TTFT and mean ITL from aiperf's record export; attainment = both within the SLA."""
+    """Per-request TTFT and mean ITL from aiperf's record export; attainment = both within the SLA, over every
+    request sent (a failed one, e.g. timed out, missed it)."""
     records = sorted(out_dir.rglob("profile_export.jsonl"))
     if not records:
         return {"aiperf_records": 0}
@@ -436,12 +438,13 @@ def _aiperf_figures(out_dir: Path, spec: RunSpec) -> dict:
         num_itl_ok += itl_ms <= spec.itl_ms
         ok += ttft_ms <= spec.ttft_ms and itl_ms <= spec.itl_ms
     ttfts.sort()
+    sent = num + errors
     return {
         "aiperf_records": num,
         "aiperf_errors": errors,
-        "attainment": ok / num if num else None,
-        "ttft_attainment": num_ttft_ok / num if num else None,
-        "itl_attainment": num_itl_ok / num if num else None,
+        "attainment": ok / sent if sent else None,
+        "ttft_attainment": num_ttft_ok / sent if sent else None,
+        "itl_attainment": num_itl_ok / sent if sent else None,
         "ttft_p50_ms": ttfts[len(ttfts) // 2] if ttfts else None,
         "ttft_p99_ms": ttfts[int(0.99 * (len(ttfts) - 1))] if ttfts else None,
     }
@@ -529,6 +532,7 @@ def cmd_live(args: argparse.Namespace) -> int:
             "max_workers": args.max_workers,
             "trace": trace,
             "nice": args.nice,
+            "cooldown_s": args.cooldown_s,
             "profile_dir": write_slowed_profile(root / f"profile-x{args.slowdown:g}", args.slowdown),
         }
         specs = [RunSpec(name="planner", adaptive=True, fixed_size=1, **common)]
@@ -569,5 +573,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     live.add_argument("--interval-s", type=float, default=30.0, help="throughput adjustment interval")
     live.add_argument("--max-workers", type=int, default=4, help="GPU budget (one GPU per engine)")
     live.add_argument("--fixed-size", type=int, default=3, help="engines of the fixed-size run; 0 = no such run")
+    live.add_argument(
+        "--cooldown-s", type=float, default=90.0, help="the planner keeps running this long after the traffic"
+    )
     live.add_argument("--nice", type=int, default=10, help="niceness of the engines and aiperf")
     live.set_defaults(func=cmd_live)

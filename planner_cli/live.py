@@ -501,7 +501,35 @@ def _replayed(r: dict | None) -> str:
     return "-" if r is None else f"{r['identical']} of {r['ticks']} ({r['differing']} differ)"
 
 
+def summarize(root: Path, spec: RunSpec) -> list[dict]:
+    """The figures of the runs under `root` read again from their databases and aiperf exports (keeping the CPU
+    and replay figures measured during the run)."""
+    from planner_core.runtime.settings import RuntimeSettings
+    from planner_core.runtime.store.db import resolve_database_url, stop_embedded_database
+
+    runs = []
+    for figures_file in sorted(root.glob("*/figures.json"), key=lambda f: f.parent.name != "planner"):
+        figures = json.loads(figures_file.read_text())
+        run_dir = figures_file.parent
+        os.environ["PLANNER_DATA_DIR"] = str(run_dir / "data")
+        database_url = resolve_database_url(RuntimeSettings())
+        started, ended = (dt.datetime.fromisoformat(figures[k]) for k in ("started", "ended"))
+        initial = 1 if run_dir.name == "planner" else int(run_dir.name.removeprefix("fixed-"))
+        figures.update(_db_figures(database_url, started, ended, initial_size=initial))
+        figures.update(_aiperf_figures(run_dir / "aiperf", spec))
+        stop_embedded_database(run_dir / "data" / "pg")
+        runs.append(figures)
+    return runs
+
+
 def cmd_live(args: argparse.Namespace) -> int:
+    if args.summarize:
+        spec = RunSpec(
+            name="", adaptive=True, fixed_size=0, duration_s=0, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
+            interval_s=0, max_workers=0, trace=args.out, nice=0, profile_dir=args.out, cooldown_s=0,
+        )  # fmt: skip
+        print(_table(summarize(args.out.resolve(), spec), spec))
+        return 0
     try:
         tools = {
             "dynamo": _tool("DYNAMO_PYTHON", REPO / ".dynamo-venv" / "bin" / "python", "dynamo-env"),
@@ -576,5 +604,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     live.add_argument(
         "--cooldown-s", type=float, default=90.0, help="the planner keeps running this long after the traffic"
     )
+    live.add_argument("--summarize", action="store_true", help="only print the table of the runs already in --out")
     live.add_argument("--nice", type=int, default=10, help="niceness of the engines and aiperf")
     live.set_defaults(func=cmd_live)

@@ -197,7 +197,7 @@ def _config(spec: RunSpec, run_dir: Path, env: dict[str, str], prometheus_url: s
         "ttft_ms": spec.ttft_ms,
         "itl_ms": spec.itl_ms,
         "profile_results_dir": str(spec.profile_dir),
-        "enable_throughput_scaling": spec.adaptive,
+        "enable_throughput_scaling": True,  # the fixed-size run too: pinned by min_endpoint = max_gpu_budget
         "enable_load_scaling": False,
         "throughput_adjustment_interval_seconds": spec.interval_s,
         "load_predictor": "constant",
@@ -563,7 +563,7 @@ def cmd_live(args: argparse.Namespace) -> int:
             "cooldown_s": args.cooldown_s,
             "profile_dir": write_slowed_profile(root / f"profile-x{args.slowdown:g}", args.slowdown),
         }
-        specs = [RunSpec(name="planner", adaptive=True, fixed_size=1, **common)]
+        specs = [RunSpec(name="planner", adaptive=True, fixed_size=1, **common)] if not args.fixed_only else []
         if args.fixed_size:
             specs.append(RunSpec(name=f"fixed-{args.fixed_size}", adaptive=False, fixed_size=args.fixed_size, **common))
         runs = []
@@ -574,7 +574,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     except LiveError as exc:
         print(f"planner live: {exc}", file=sys.stderr)
         return 2
-    table = _table(runs, specs[0])
+    table = _table(summarize(root, specs[0]), specs[0])
     (root / "summary.md").write_text(table + "\n")
     print(table)
     return 0
@@ -604,6 +604,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     live.add_argument(
         "--cooldown-s", type=float, default=90.0, help="the planner keeps running this long after the traffic"
     )
+    live.add_argument("--fixed-only", action="store_true", help="only the fixed-size run")
     live.add_argument("--summarize", action="store_true", help="only print the table of the runs already in --out")
     live.add_argument("--nice", type=int, default=10, help="niceness of the engines and aiperf")
     live.set_defaults(func=cmd_live)

@@ -9,7 +9,7 @@ export NO_MKDOCS_2_WARNING := 1
 # statsmodels fits are 10-20x slower when OpenBLAS threads fight other processes on a small machine
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: venv demo test explore lint docs clean dynamo-env
+.PHONY: venv demo test explore lint docs clean dynamo-env live-env live test-live
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,36 @@ $(DYNAMO_STAMP): $(DYNAMO_REQUIREMENTS)
 	@touch $@
 
 dynamo-env: $(DYNAMO_STAMP)
+
+# The live environment (`planner live`): aiperf 0.13 in a virtualenv of its own (its pins clash with ours), and the
+# weightless model folder Dynamo's frontend and mocker serve, a small tokenizer trained locally with the
+# `tokenizers` package aiperf brings (nothing is downloaded from a model hub).
+AIPERF_VENV := .aiperf-venv
+AIPERF_VERSION := 0.13.0
+AIPERF_STAMP := $(AIPERF_VENV)/.installed-$(AIPERF_VERSION)
+LIVE_MODEL := .planner/live-model
+
+$(AIPERF_STAMP):
+	@test -x $(AIPERF_VENV)/bin/python || $(PYTHON) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/python -m pip install -q --upgrade pip
+	$(AIPERF_VENV)/bin/python -m pip install -q aiperf==$(AIPERF_VERSION)
+	@rm -f $(AIPERF_VENV)/.installed-*
+	@touch $@
+
+$(LIVE_MODEL)/config.json: $(AIPERF_STAMP) planner_core/lab/dynamo/make_tiny_model.py
+	$(AIPERF_VENV)/bin/python planner_core/lab/dynamo/make_tiny_model.py $(LIVE_MODEL)
+
+live-env: $(AIPERF_STAMP) $(LIVE_MODEL)/config.json
+	@command -v prometheus >/dev/null || apt-get install -y -q prometheus
+
+# The planner scaling Dynamo's frontend + mocker engines under aiperf traffic, then a fixed-size run of the same
+# traffic; prints the comparison (LIVE_ARGS: e.g. --duration-s 600 --fixed-size 2).
+live: $(STAMP) $(DYNAMO_STAMP) live-env
+	nice -n 5 $(VENV)/bin/planner live $(LIVE_ARGS)
+
+# The live stack's integration test (a few minutes: real frontend, engines, Prometheus); not in `make test`.
+test-live: $(STAMP) $(DYNAMO_STAMP) live-env
+	PLANNER_LIVE_TESTS=1 $(VENV)/bin/python -m pytest -q tests/test_live_stack.py
 
 clean:
 	-$(VENV)/bin/planner db stop

@@ -28,6 +28,7 @@ from planner_cli import (
     ingest,
     k8s,
     keda,
+    live,
     perf,
     report,
     serve,
@@ -39,7 +40,7 @@ from planner_core.runtime.store.migrate import SchemaOutOfDate
 # In the order `planner --help` lists them.
 COMMAND_GROUPS = (
     db, demo, serve, fleet, capacity, perf, report, bench, history, audit, chaos, forecast, k8s, keda, ingest, sim,
-    completion,
+    live, completion,
 )  # fmt: skip
 
 

@@ -120,6 +120,7 @@ class EnvironmentKind(enum.StrEnum):
     KUBERNETES_WORKLOADS = "kubernetes-workloads"  # plain Deployments/StatefulSets, one per role
     VIRTUAL = "virtual"
     GLOBAL_PLANNER = "global-planner"
+    LOCAL = "local"  # engine processes on this machine, started and stopped by the planner (`local_workers`)
 
 
 class WorkloadKind(enum.StrEnum):
@@ -1288,6 +1289,57 @@ class KubernetesWorkloadsConfig(BaseModel):
         return tuple((role, key, getattr(self, key)) for role, key in keyed if getattr(self, key) is not None)
 
 
+# Dynamo's mocker engine (`python -m dynamo.mocker`), the default worker command of `environment: local`: file
+# discovery and the TCP request plane, so it needs no etcd or NATS; its timing comes from a planner profile.
+MOCKER_COMMAND = (
+    "${DYNAMO_PYTHON}", "-m", "dynamo.mocker",
+    "--model-path", "${PLANNER_LOCAL_MODEL_DIR}", "--model-name", "${PLANNER_LOCAL_MODEL_NAME}",
+    "--discovery-backend", "file", "--request-plane", "tcp",
+    "--disaggregation-mode", "${DISAGGREGATION_MODE}",
+    "--planner-profile-data", "${PLANNER_LOCAL_PROFILE_DIR}",
+)  # fmt: skip
+
+
+class LocalWorkersConfig(BaseModel):
+    """How `environment: local` runs engine processes on this machine: one command template per role.
+
+    A template is an argument list; `${NAME}` in it is replaced by the worker's `ROLE` (prefill or decode),
+    `DISAGGREGATION_MODE` (prefill, decode, or agg in mode agg), `WORKER_ID` (the row id), else by `env` here, else
+    by the environment (a name found nowhere is an error naming the field).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    prefill_command: tuple[str, ...] = Field(
+        default=MOCKER_COMMAND,
+        min_length=1,
+        description="Argument list starting a prefill worker (the mocker by default).",
+    )
+    decode_command: tuple[str, ...] = Field(
+        default=MOCKER_COMMAND,
+        min_length=1,
+        description="Argument list starting a decode (in mode agg: aggregated) worker (the mocker by default).",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables of every worker.")
+    discovery_dir: str | None = Field(
+        default=None,
+        description=(
+            "Dynamo's file discovery store (DYN_FILE_KV): a worker is ready once it registered there; "
+            "None = DYN_FILE_KV, and when that is unset too a running worker counts as ready."
+        ),
+    )
+    log_dir: str | None = Field(
+        default=None, description="Folder of the workers' log files; None = local-workers/ in the data folder."
+    )
+    drain_grace_seconds: Number = Field(
+        **_INTERVAL, default=30.0, ge=0, description="Seconds a draining worker has after SIGTERM before SIGKILL."
+    )
+    nice: Whole = Field(default=0, ge=0, le=19, description="Niceness the workers run at (0 = as the planner).")
+
+    def command(self, role: Component) -> tuple[str, ...]:
+        return self.prefill_command if role is Component.PREFILL else self.decode_command
+
+
 # The workload keys each mode needs (the others must be unset: a workload the planner ignores is a slip).
 _WORKLOAD_KEYS: dict[PlannerMode, tuple[str, ...]] = {
     PlannerMode.DISAGG: ("prefill", "decode"),
@@ -1339,6 +1391,10 @@ class ServiceConfig(BaseModel):
     kubernetes_workloads: KubernetesWorkloadsConfig | None = Field(
         default=None,
         description="For environment kubernetes-workloads: the Deployment/StatefulSet of each role (name or selector).",
+    )
+    local_workers: LocalWorkersConfig | None = Field(
+        default=None,
+        description="For environment local: the command of each role's engine process (the mocker by default).",
     )
     # 10 s matches the check interval of Dynamo's virtual connector (SCALING_CHECK_INTERVAL).
     execution_interval_seconds: Number = Field(
@@ -1410,6 +1466,8 @@ class PlannerFile(BaseModel):
             violations.append(
                 _rule("environment", environment, "must be 'kubernetes-workloads' when kubernetes_workloads is set")
             )
+        if self.service.local_workers is not None and environment is not EnvironmentKind.LOCAL:
+            violations.append(_rule("environment", environment, "must be 'local' when local_workers is set"))
         _raise_rules(violations)
         return self
 

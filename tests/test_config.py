@@ -449,10 +449,10 @@ RULE_CASES = [
     ),
     (
         "environment-unknown",
-        {"environment": "local"},
+        {"environment": "circus"},  # Dynamo 0.x's process manager; `local` is an environment of its own now
         "environment",
-        "'local'",
-        "kubernetes, kubernetes-workloads, virtual, global-planner",
+        "'circus'",
+        "kubernetes, kubernetes-workloads, virtual, global-planner, local",
     ),
     ("backend-unknown", {"backend": "llamacpp"}, "backend", "'llamacpp'", "vllm, sglang, trtllm, mocker"),
     (

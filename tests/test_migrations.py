@@ -32,6 +32,8 @@ TABLES = {
     "executions",
     "virtual_connector_state",
     "virtual_decisions",
+    "local_workers",
+    "local_connector_state",
     "audit_log",
     "audit_chain_head",
     "replay_runs",

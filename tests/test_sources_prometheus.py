@@ -86,12 +86,13 @@ T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     [
         (
             TrafficQueries(),
-            'sum(increase(dynamo_frontend_requests_started_total{dynamo_namespace="dynamo"}[60000ms]))',
+            # Dynamo's frontend exports no dynamo_namespace label: a series without it matches too
+            'sum(increase(dynamo_frontend_requests_started_total{dynamo_namespace=~"dynamo|"}[60000ms]))',
         ),
         (
             TrafficQueries(namespace="prod-a", model_name="Llama-3.1"),
             # the model matches whole, case-insensitively; regex metacharacters are escaped
-            'sum(increase(dynamo_frontend_requests_started_total{dynamo_namespace="prod-a",'
+            'sum(increase(dynamo_frontend_requests_started_total{dynamo_namespace=~"prod\\\\-a|",'
             'model=~"(?i)Llama\\\\-3\\\\.1"}[60000ms]))',
         ),
         (
@@ -111,8 +112,8 @@ def test_mean_and_metadata_queries() -> None:
     """Means are sum(increase(_sum)) / sum(increase(_count)); KV hit rate always from the router series."""
     queries = TrafficQueries(namespace="a-b", backend=Backend.VLLM)
     assert queries.mean("dynamo_frontend_input_sequence_tokens", "5s") == (
-        'sum(increase(dynamo_frontend_input_sequence_tokens_sum{dynamo_namespace="a-b"}[5s])) / '
-        'sum(increase(dynamo_frontend_input_sequence_tokens_count{dynamo_namespace="a-b"}[5s]))'
+        'sum(increase(dynamo_frontend_input_sequence_tokens_sum{dynamo_namespace=~"a\\\\-b|"}[5s])) / '
+        'sum(increase(dynamo_frontend_input_sequence_tokens_count{dynamo_namespace=~"a\\\\-b|"}[5s]))'
     )
     assert 'dynamo_component_router_kv_hit_rate_sum{dynamo_namespace="a_b"}[5s]' in queries.kv_hit_rate("5s")
     assert queries.accept_length("5s").startswith("1 + (sum(rate(vllm:spec_decode_num_accepted_tokens_total{")
@@ -977,3 +978,13 @@ def test_arrivals_failing_alone_keep_the_observation(
         problems = {row.event: row.detail.get("problem") for row in rows}
         assert problems["arrival_curve_unavailable"] == collected.curve_problem
         assert "traffic_unavailable" not in problems  # the traffic was there
+
+
+def test_real_prometheus_other_namespace_has_no_series(live_prometheus: LiveSetup, tmp_path: Path) -> None:
+    """A series without `dynamo_namespace` matches (Dynamo's frontend exports none), one of another namespace
+    does not: the simulated frontend's series say namespace "dynamo"."""
+    live = live_prometheus
+    loaded = load_config(_live_config(tmp_path, live, namespace="other-ns"))
+    live.wait_until(BUSY_WINDOW[1] + 0.5)
+    collected = collect_from_source(loaded.policy, loaded.service, live.at(BUSY_WINDOW[0]), live.at(BUSY_WINDOW[1]))
+    assert collected.observation is None and collected.problem_kind == NoTrafficDataKind.NO_SERIES

@@ -39,6 +39,7 @@ from planner_core.domain import Loop, PlannerState, TickInputs, TickOutcome, Tra
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.pipeline import PluginLoadError
 from planner_core.planner import Planner, build_planner
+from planner_core.runtime.connectors.local import LocalConnector
 from planner_core.runtime.connectors.virtual import VirtualConnector
 from planner_core.runtime.plugin_client import connect_remote_plugins, take_remote_answers
 from planner_core.runtime.settings import RuntimeSettings
@@ -68,6 +69,7 @@ class PlannerContext:
     warmup_trace: Path | None = None  # `load_predictor_warmup_trace`, relative paths taken from the config's folder
     # `environment: kubernetes` (DGD) or `kubernetes-workloads` (Deployments/StatefulSets): built by connect_cluster
     kubernetes: KubernetesConnector | WorkloadConnector | None = None
+    local: LocalConnector | None = None  # `environment: local`: built by load_context
 
     @property
     def config(self) -> PlannerConfig:
@@ -87,7 +89,7 @@ class PlannerContext:
         return session_factory(self.database_url)
 
     @property
-    def connector(self) -> VirtualConnector | KubernetesConnector | WorkloadConnector:
+    def connector(self) -> VirtualConnector | KubernetesConnector | WorkloadConnector | LocalConnector:
         """The connector the config's `environment` names.
 
         `global-planner` has no connector of its own yet and uses the virtual connector, as before.
@@ -98,6 +100,10 @@ class PlannerContext:
             if self.kubernetes is None or self.kubernetes.name != environment.value:
                 raise RuntimeError(f"environment '{environment.value}' needs the connector connect_cluster builds")
             return self.kubernetes
+        if environment is EnvironmentKind.LOCAL:
+            if self.local is None:
+                raise RuntimeError("environment 'local' needs the connector load_context builds")
+            return self.local
         return VirtualConnector(timeout_s=self.service.virtual_connector_timeout_seconds)
 
 
@@ -180,6 +186,14 @@ def load_context(database_url: str, deployment: str, config_path: str | Path) ->
     ctx = context_for_config(
         database_url, deployment, config, config_path, kubernetes=kubernetes, service=loaded.service
     )
+    if config.environment is EnvironmentKind.LOCAL:
+        local = LocalConnector.from_config(
+            config,
+            loaded.service.local_workers,
+            data_dir=RuntimeSettings().data_dir.resolve(),
+            config_dir=config_path.resolve().parent,
+        )
+        ctx = dataclasses.replace(ctx, local=local)
     return dataclasses.replace(ctx, planner=connect_remote_plugins(ctx.planner))
 
 
@@ -350,9 +364,21 @@ def _warm_started(session: Session, deployment_id: int, ctx: PlannerContext) -> 
 
 
 def run_execution(ctx: PlannerContext, now: dt.datetime) -> list[ExecutionSummary]:
-    """Apply the deployment's newest pending decision through its connector (one transaction)."""
+    """Apply the deployment's newest pending decision through its connector (one transaction).
+
+    The local connector first reconciles its processes with the sizes in force (dead workers replaced, drains
+    finished, a reached decision acknowledged) and, before the deployment's first decision, starts the minimum
+    endpoints.
+    """
     with ctx.sessions.begin() as session:
         deployment = repo.find_deployment(session, ctx.deployment)
         if deployment is None:
-            return []
-        return execute_pending(session, deployment.id, ctx.connector, now)
+            if ctx.local is None:
+                return []
+            deployment = repo.ensure_deployment(session, ctx.deployment, ctx.config)
+        connector = ctx.connector
+        if isinstance(connector, LocalConnector):
+            repo.lock_deployment(session, deployment.id)
+            connector.ensure_started(session, deployment.id, default_workers(ctx.config), now)
+            connector.reconcile(session, deployment.id, now)
+        return execute_pending(session, deployment.id, connector, now)

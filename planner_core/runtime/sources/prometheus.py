@@ -166,8 +166,13 @@ class TrafficQueries:
 
     @property
     def engine_selector(self) -> str:
-        """Label matchers of frontend and engine series: namespace as written, model case-insensitive."""
-        return label_selector(dynamo_namespace=self.namespace, model_regex=self.model_name)
+        """Label matchers of frontend and engine series: namespace as written, model case-insensitive.
+
+        Dynamo 1.6.1's frontend exports its `dynamo_frontend_*` series with `model` but without
+        `dynamo_namespace` (seen on its `/metrics`; `planner live` scrapes it), so a series without the label
+        matches as well; one with another namespace does not.
+        """
+        return label_selector(dynamo_namespace=self.namespace, model_regex=self.model_name, namespace_optional=True)
 
     def requests(self, window: str, *, started: bool = True) -> str:
         counter = self.series.requests_started if started else self.series.requests_total
@@ -232,9 +237,16 @@ def _quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def label_selector(*, dynamo_namespace: str, model_regex: str | None = None) -> str:
-    """`{dynamo_namespace="ns"[,model=~"(?i)name"]}`; the model matches whole and case-insensitively."""
-    matchers = [f"dynamo_namespace={_quote(dynamo_namespace)}"]
+def label_selector(*, dynamo_namespace: str, model_regex: str | None = None, namespace_optional: bool = False) -> str:
+    """`{dynamo_namespace="ns"[,model=~"(?i)name"]}`; the model matches whole and case-insensitively.
+
+    With `namespace_optional` a series without the label matches too (`dynamo_namespace=~"ns|"`: Prometheus reads
+    a missing label as the empty string).
+    """
+    if namespace_optional:
+        matchers = [f"dynamo_namespace=~{_quote(re.escape(dynamo_namespace) + '|')}"]
+    else:
+        matchers = [f"dynamo_namespace={_quote(dynamo_namespace)}"]
     if model_regex:
         matchers.append(f"model=~{_quote('(?i)' + re.escape(model_regex))}")
     return "{" + ",".join(matchers) + "}"

@@ -75,6 +75,20 @@ class ExecutionOutcome(enum.StrEnum):
     BLOCKED_NOT_READY = "blocked_not_ready"  # the orchestrator's deployment is not ready (Kubernetes); kept pending
     SUPERSEDED = "superseded"  # skipped because a newer decision exists
     FAILED = "failed"  # the connector raised
+    # the connector repaired its pools towards the decision in force (local: a dead worker replaced, a drain
+    # finished, the targets reached); recorded against that decision, its status unchanged
+    RECONCILED = "reconciled"
+
+
+class LocalWorkerStatus(enum.StrEnum):
+    """Lifecycle of one engine process of the local connector."""
+
+    STARTING = "starting"  # running, not registered with the frontend yet
+    READY = "ready"  # registered with the frontend (or running, without a discovery store)
+    DRAINING = "draining"  # sent SIGTERM on scale-down; SIGKILL when the grace period ends
+    STOPPED = "stopped"  # exited after SIGTERM
+    KILLED = "killed"  # did not exit within the grace period: SIGKILL
+    DIED = "died"  # exited while it should have been serving (reported, and replaced)
 
 
 def _enum_check(name: str, column: str, values: type[enum.Enum]) -> CheckConstraint:
@@ -326,6 +340,39 @@ class ExecutionRow(Base):
     outcome: Mapped[str] = mapped_column(String(40))
     detail: Mapped[str] = mapped_column(Text)
     recorded_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+
+
+class LocalWorkerRow(Base):
+    """One engine process the local connector started; what it needs to find the process again after a restart."""
+
+    __tablename__ = "local_workers"
+    __table_args__ = (_enum_check("status", "status", LocalWorkerStatus),)
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), index=True)
+    role: Mapped[str] = mapped_column(String(20))
+    pid: Mapped[int]
+    # the process' start time in clock ticks since boot (/proc/PID/stat): a recycled pid never matches it
+    proc_start_ticks: Mapped[int] = mapped_column(BigInteger)
+    command: Mapped[list] = mapped_column(JSONB)
+    log_path: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(20))
+    decision_id: Mapped[int | None] = mapped_column(ForeignKey("decisions.id"))  # the decision that started it
+    started_at: Mapped[dt.datetime]
+    ready_at: Mapped[dt.datetime | None]
+    drain_started_at: Mapped[dt.datetime | None]
+    ended_at: Mapped[dt.datetime | None]
+    end_detail: Mapped[str | None] = mapped_column(Text)
+
+
+class LocalConnectorStateRow(Base):
+    """The pool sizes the local connector keeps, and the decision they come from (None = the minimum endpoints)."""
+
+    __tablename__ = "local_connector_state"
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), primary_key=True)
+    target_prefill: Mapped[int]
+    target_decode: Mapped[int]
+    decision_id: Mapped[int | None] = mapped_column(ForeignKey("decisions.id"))
+    updated_at: Mapped[dt.datetime]
 
 
 class VirtualConnectorStateRow(Base):

@@ -8,7 +8,7 @@ Locks: new tables only.
 Downgrade: drops the four tables (the registry and the recorded rounds are lost; ticks and decisions stay).
 
 Revision ID: 0014
-Revises: 0011
+Revises: 0013
 Create Date: 2026-11-26 19:00:00
 """
 
@@ -19,7 +19,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0014"
-down_revision: str | None = "0011"
+down_revision: str | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

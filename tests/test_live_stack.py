@@ -1,0 +1,136 @@
+"""The local connector against Dynamo's own runtime: its frontend and mocker engines (file discovery, no GPU).
+
+A few minutes on a 2-core machine (each mocker takes 10-30 s to register), so it runs only with
+PLANNER_LIVE_TESTS=1 (`make test-live`); it needs the Dynamo environment (`make dynamo-env`) and the tiny model
+folder (`make live-env`), and says which is missing instead of passing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from planner_core.lab.sim.dynamo_policy import find_dynamo_python
+from planner_core.runtime.store.models import LocalWorkerStatus
+from tests.test_local_connector import (  # noqa: F401, F811 - make_ctx is a fixture
+    NAME,
+    T0,
+    alive,
+    counts,
+    decision_status,
+    make_ctx,
+    settle,
+    workers,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL_DIR = Path(os.environ.get("PLANNER_LIVE_MODEL_DIR", REPO / ".planner" / "live-model"))
+PROFILE_DIR = REPO / "planner_core" / "data" / "profiles" / "H200_TP1P_TP1D"
+STUBS_DIR = REPO / "planner_core" / "lab" / "dynamo" / "stubs"
+R = LocalWorkerStatus.READY
+
+pytestmark = [
+    pytest.mark.skipif(
+        not os.environ.get("PLANNER_LIVE_TESTS"),
+        reason="minutes with Dynamo's frontend and mocker engines: run `make test-live` (PLANNER_LIVE_TESTS=1)",
+    ),
+    pytest.mark.skipif(
+        find_dynamo_python() is None,
+        reason="needs the Dynamo environment: run `make dynamo-env` (or set $DYNAMO_PYTHON)",
+    ),
+    pytest.mark.skipif(
+        not (MODEL_DIR / "config.json").is_file(), reason=f"no model folder {MODEL_DIR}: run `make live-env`"
+    ),
+]
+
+
+@pytest.fixture
+def frontend(tmp_path):
+    """Dynamo's frontend on file discovery; yields (its URL, the discovery folder)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kv = tmp_path / "kv"
+    kv.mkdir()
+    env = {**os.environ, "DYN_FILE_KV": str(kv), "PYTHONPATH": str(STUBS_DIR)}
+    log = (tmp_path / "frontend.log").open("ab")
+    process = subprocess.Popen(  # noqa: S603
+        [find_dynamo_python(), "-m", "dynamo.frontend", "--http-port", str(port), "--discovery-backend", "file"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        yield f"http://127.0.0.1:{port}", kv
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _chat(url: str, timeout_s: float = 60.0) -> dict:
+    """One chat completion; the frontend learns of a newly registered engine's model a moment after it registers,
+    so a 404 is retried until `timeout_s`."""
+    import time
+    import urllib.error
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return _chat_once(url)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404 or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def _chat_once(url: str) -> dict:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions", json.dumps(body).encode(), {"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+        return json.loads(response.read())
+
+
+def test_mocker_engines_scale_up_down_and_a_killed_one_is_replaced(make_ctx, frontend, monkeypatch) -> None:  # noqa: F811
+    url, kv = frontend
+    for name, value in {
+        "DYNAMO_PYTHON": find_dynamo_python(),
+        "PLANNER_LOCAL_MODEL_DIR": str(MODEL_DIR),
+        "PLANNER_LOCAL_MODEL_NAME": "tiny",
+        "PLANNER_LOCAL_PROFILE_DIR": str(PROFILE_DIR),
+        "PYTHONPATH": str(STUBS_DIR),
+    }.items():
+        monkeypatch.setenv(name, value)
+    ctx = make_ctx(discovery_dir=kv, default_command=True, grace_s=20)
+    settle(ctx, lambda: len(workers(ctx, R)) == 1, timeout_s=120)  # the minimum endpoint, the mocker by default
+    assert _chat(url)["choices"][0]["message"]["content"] is not None  # served through the frontend
+
+    up = record(ctx, 0, 2)
+    settle(ctx, lambda: decision_status(ctx, up) == "acknowledged", timeout_s=120)
+    assert counts(ctx) == (2, 2) and all(alive(w) for w in workers(ctx, R))
+
+    victim = workers(ctx, R)[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    settle(ctx, lambda: len(workers(ctx, R)) == 2 and victim.id not in [w.id for w in workers(ctx, R)], timeout_s=120)
+    assert [w.id for w in workers(ctx, LocalWorkerStatus.DIED)] == [victim.id]
+
+    down = record(ctx, 1, 1)
+    settle(ctx, lambda: decision_status(ctx, down) == "acknowledged", timeout_s=120)
+    stopped = workers(ctx, LocalWorkerStatus.STOPPED, LocalWorkerStatus.KILLED)
+    assert len(stopped) == 1 and not alive(stopped[0])
+    assert counts(ctx) == (1, 1)
+    assert _chat(url)["choices"][0]["message"]["content"] is not None  # the remaining engine still serves
+
+
+def record(ctx, minute: int, num_decode: int) -> int:
+    from tests.conftest import record_decision
+
+    return record_decision(ctx, NAME, T0 + dt.timedelta(minutes=minute), None, num_decode)

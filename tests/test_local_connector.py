@@ -1,0 +1,240 @@
+"""The local connector: its pure plan and parsers, and real worker processes (a stand-in engine that registers
+in a file discovery store like Dynamo's) started, drained, killed, adopted and replaced through the outbox."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from planner_core.config import ConfigError, PlannerMode, load_config
+from planner_core.domain import Component
+from planner_core.runtime.connectors.local import (
+    LocalConnectorError,
+    PoolPlan,
+    WorkerView,
+    disaggregation_mode,
+    parse_listening_inodes,
+    parse_proc_stat,
+    plan_pool,
+    process_start_ticks,
+    registered_ports,
+    render_command,
+)
+from planner_core.runtime.service import default_workers, load_context, run_execution
+from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.models import AuditLogRow, DecisionRow, ExecutionRow, LocalWorkerRow, LocalWorkerStatus
+from tests.conftest import record_decision, write_config
+
+STANDIN = str(Path(__file__).with_name("local_worker_standin.py"))
+NAME = "local-test"
+T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+S, R, D = LocalWorkerStatus.STARTING, LocalWorkerStatus.READY, LocalWorkerStatus.DRAINING
+
+
+# --- pure parts ---------------------------------------------------------------------------------------------
+
+
+def views(*statuses: LocalWorkerStatus) -> list[WorkerView]:
+    return [WorkerView(worker_id=i + 1, status=s) for i, s in enumerate(statuses)]
+
+
+def test_plan_starts_the_missing_workers_and_ignores_draining_ones() -> None:
+    assert plan_pool(Component.DECODE, views(R, D, D), 3) == PoolPlan(
+        role=Component.DECODE, target=3, num_live=1, num_start=2
+    )
+    assert not plan_pool(Component.DECODE, views(R, S), 2).changes
+
+
+def test_plan_drains_not_ready_workers_first_then_the_newest() -> None:
+    # ids 1..5: ready, starting, ready, starting, ready -> drain the starting ones (newest first), then ready 5
+    plan = plan_pool(Component.PREFILL, views(R, S, R, S, R), 2)
+    assert plan.drain == (4, 2, 5) and plan.num_start == 0
+    assert plan_pool(Component.PREFILL, views(R, R), 0).drain == (2, 1)
+    with pytest.raises(ValueError, match="target of prefill = -1"):
+        plan_pool(Component.PREFILL, views(), -1)
+
+
+def test_render_command_substitutes_and_names_a_missing_variable() -> None:
+    argv = render_command(
+        ["${PY}", "-m", "x", "--mode", "${ROLE}", "$$literal"], {"PY": "/p", "ROLE": "decode"}, field="f"
+    )
+    assert argv == ["/p", "-m", "x", "--mode", "decode", "$literal"]
+    with pytest.raises(LocalConnectorError, match=r"^local_workers.decode_command\[1\] = '\$\{NOPE\}': variable NOPE"):
+        render_command(["a", "${NOPE}"], {}, field="local_workers.decode_command")
+    assert disaggregation_mode(PlannerMode.AGG, Component.DECODE) == "agg"
+    assert disaggregation_mode(PlannerMode.DISAGG, Component.PREFILL) == "prefill"
+
+
+def test_proc_parsers() -> None:
+    stat = "4242 (python -c (x)) S 1 4242 4242 0 -1 4194560 " + " ".join(["0"] * 12) + " 987654 rest"
+    assert parse_proc_stat(stat) == ("S", 987654)
+    tcp = (
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        "   0: 0100007F:A5AD 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5551 1\n"
+        "   1: 0100007F:1F90 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 5552 1\n"
+    )
+    assert parse_listening_inodes(tcp) == {5551: 0xA5AD}  # the established socket is not listening
+    assert process_start_ticks(os.getpid()) is not None
+
+
+def test_registered_ports_reads_generate_endpoints_of_the_namespace() -> None:
+    def entry(namespace: str, endpoint: str, port: int) -> str:
+        return (
+            f'{{"namespace":"{namespace}","endpoint":"{endpoint}",'
+            f'"transport":{{"tcp":"192.0.2.2:{port}/80eb/{namespace}/backend/{endpoint}"}}}}'
+        )
+
+    texts = [entry("dynamo", "generate", 42829), entry("other", "generate", 1), entry("dynamo", "kv_query", 2), "{half"]
+    assert registered_ports(texts, namespace="dynamo") == {42829}
+
+
+def test_local_workers_requires_environment_local(tmp_path) -> None:
+    path = write_config(tmp_path, local_workers={"drain_grace_seconds": 1})
+    with pytest.raises(ConfigError, match="environment"):
+        load_config(path)
+
+
+# --- real processes ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def make_ctx(database_url, tmp_path, monkeypatch, profile_dir):
+    monkeypatch.setenv("PLANNER_DATA_DIR", str(tmp_path / "data"))
+    kv = tmp_path / "kv"
+    created = []
+
+    def make(
+        *extra: str,
+        grace_s: float = 5.0,
+        command: list[str] | None = None,
+        discovery_dir: Path | None = None,
+        default_command: bool = False,
+    ):
+        local_workers: dict = {
+            "env": {"NS": "dynamo"},
+            "discovery_dir": str(discovery_dir or kv),
+            "drain_grace_seconds": grace_s,
+        }
+        if not default_command:  # else the mocker, the default command
+            local_workers["decode_command"] = command or [sys.executable, STANDIN, "--namespace", "${NS}", *extra]
+        path = write_config(tmp_path, mode="agg", environment="local", local_workers=local_workers)
+        ctx = load_context(database_url, NAME, path)
+        with ctx.sessions.begin() as session:
+            repo.ensure_deployment(session, NAME, ctx.config)
+        created.append(ctx)
+        return ctx
+
+    yield make
+    for ctx in created[:1]:  # every process any context started, by pid (they lead their own process group)
+        with ctx.sessions.begin() as session:
+            for row in session.scalars(select(LocalWorkerRow)):
+                if process_start_ticks(row.pid) == row.proc_start_ticks:
+                    os.killpg(row.pid, signal.SIGKILL)
+
+
+def workers(ctx, *statuses: LocalWorkerStatus) -> list[LocalWorkerRow]:
+    with ctx.sessions.begin() as session:
+        rows = session.scalars(select(LocalWorkerRow).order_by(LocalWorkerRow.id)).all()
+        session.expunge_all()
+    return [r for r in rows if not statuses or LocalWorkerStatus(r.status) in statuses]
+
+
+def settle(ctx, done, timeout_s: float = 15.0) -> None:
+    """Run the execution flow's work (reconcile + outbox) until `done()` or the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run_execution(ctx, dt.datetime.now(dt.UTC))
+        if done():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not settled in {timeout_s} s: {[(w.id, w.status, w.pid) for w in workers(ctx)]}")
+
+
+def decision_status(ctx, decision_id: int) -> str:
+    with ctx.sessions.begin() as session:
+        return session.get(DecisionRow, decision_id).status
+
+
+def alive(row: LocalWorkerRow) -> bool:
+    return process_start_ticks(row.pid) == row.proc_start_ticks
+
+
+def counts(ctx) -> tuple[int, int]:
+    with ctx.sessions.begin() as session:
+        deployment = repo.find_deployment(session, NAME)
+        got = ctx.connector.worker_counts(session, deployment.id, default=default_workers(ctx.config))
+    return got.ready_decode, got.expected_decode
+
+
+def test_scale_up_and_down_reach_real_processes_and_are_acknowledged(make_ctx) -> None:
+    ctx = make_ctx("--register-after-s", "0.3")
+    settle(ctx, lambda: len(workers(ctx, R)) == 1)  # the minimum endpoint, before any decision
+    assert counts(ctx) == (1, 1)
+
+    up = record_decision(ctx, NAME, T0, None, 3)
+    settle(ctx, lambda: decision_status(ctx, up) == "acknowledged")
+    ready = workers(ctx, R)
+    assert len(ready) == 3 and all(alive(w) for w in ready)
+    assert counts(ctx) == (3, 3)
+
+    # a planner restarted now (a new context, a new connector) adopts the three running workers
+    restarted = make_ctx("--register-after-s", "0.3")
+    run_execution(restarted, dt.datetime.now(dt.UTC))
+    assert counts(restarted) == (3, 3)
+    assert [w.id for w in workers(restarted, R)] == [w.id for w in ready]
+
+    down = record_decision(restarted, NAME, T0 + dt.timedelta(minutes=1), None, 1)
+    settle(restarted, lambda: decision_status(restarted, down) == "acknowledged")
+    stopped = workers(restarted, LocalWorkerStatus.STOPPED)
+    assert len(stopped) == 2 and not any(alive(w) for w in stopped)
+    assert [w.id for w in workers(restarted, R)] == [ready[0].id]  # the oldest stays
+    with restarted.sessions.begin() as session:
+        outcomes = session.execute(
+            select(ExecutionRow.decision_id, ExecutionRow.outcome, ExecutionRow.connector).order_by(ExecutionRow.id)
+        ).all()
+        started = session.scalars(select(AuditLogRow.detail).where(AuditLogRow.event == "local_worker_started")).all()
+    assert (up, "applied", "local") in outcomes and (down, "applied", "local") in outcomes
+    assert (up, "reconciled", "local") in outcomes and (down, "reconciled", "local") in outcomes
+    assert len(started) == 3
+
+
+def test_a_killed_worker_is_detected_and_replaced(make_ctx) -> None:
+    ctx = make_ctx()
+    up = record_decision(ctx, NAME, T0, None, 2)
+    settle(ctx, lambda: decision_status(ctx, up) == "acknowledged")
+    victim = workers(ctx, R)[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    settle(ctx, lambda: len(workers(ctx, R)) == 2 and victim.id not in [w.id for w in workers(ctx, R)])
+    [died] = workers(ctx, LocalWorkerStatus.DIED)
+    assert died.id == victim.id and "exited while ready" in died.end_detail
+    with ctx.sessions.begin() as session:
+        details = session.scalars(
+            select(ExecutionRow.detail).where(ExecutionRow.decision_id == up, ExecutionRow.outcome == "reconciled")
+        ).all()
+    assert any(
+        f"worker {victim.id} (pid {victim.pid}) died" in d and "replace: start decode worker" in d for d in details
+    )
+
+
+def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(make_ctx) -> None:
+    ctx = make_ctx("--ignore-sigterm", grace_s=0.5)
+    up = record_decision(ctx, NAME, T0, None, 2)
+    settle(ctx, lambda: decision_status(ctx, up) == "acknowledged")
+    down = record_decision(ctx, NAME, T0 + dt.timedelta(minutes=1), None, 1)
+    settle(ctx, lambda: decision_status(ctx, down) == "acknowledged")
+    [killed] = workers(ctx, LocalWorkerStatus.KILLED)
+    assert "SIGKILL after 0.5 s" in killed.end_detail and not alive(killed)
+
+
+def test_a_bad_command_fails_the_decision_attempt_in_one_line(make_ctx) -> None:
+    ctx = make_ctx(command=[sys.executable, "${MISSING_VARIABLE}"])
+    with pytest.raises(LocalConnectorError, match=r"decode_command\[1\] = '\$\{MISSING_VARIABLE\}'"):
+        run_execution(ctx, dt.datetime.now(dt.UTC))  # the minimum endpoint cannot start: said at once
+    assert workers(ctx) == []

@@ -393,8 +393,7 @@ class _Tick:
                 self._failed(
                     spec,
                     ReasonCode.SKIP_TICK_TIMEOUT,
-                    f"finished after the tick deadline ({budget_s:g} s);"
-                    " result discarded",
+                    f"finished after the tick deadline ({budget_s:g} s); result discarded",
                     elapsed_s,
                 )
                 return None

@@ -165,6 +165,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _commit() -> str | None:
+    """The code's git commit (None outside a git checkout), so a report says what it measured."""
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+    except OSError:
+        return None
+    return result.stdout.strip() or None if result.returncode == 0 else None
+
+
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -456,6 +468,7 @@ def _report(
     by_fault = {fault: sum(1 for k in run.kills if k.fault == fault) for fault in FAULTS}
     return {
         "command": " ".join(["planner", *args.argv]),
+        "commit": _commit(),
         "started_at": started_at.isoformat(timespec="seconds"),
         "finished": chain is not None,
         "duration_s": round((dt.datetime.now(dt.UTC) - started_at).total_seconds(), 1),

@@ -116,6 +116,20 @@ class ChaosRun:
 
     # --- Postgres -----------------------------------------------------------------------------------------
 
+    def stop_postgres(self) -> None:
+        """Stop the run's embedded Postgres (fast shutdown; SIGKILL if it is still there after 60 s), whoever
+        started it last (this process, or a demo after a Postgres kill): the run leaves no server behind."""
+        from planner_core.runtime.store.db import stop_embedded_database
+
+        pid = _postmaster_pid(self.pg_dir)
+        if pid is None or not stop_embedded_database(self.pg_dir):
+            return
+        deadline = time.monotonic() + 60
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            self.kill_postgres()
+
     def kill_postgres(self) -> bool:
         """SIGKILL the postmaster (its backends exit when they notice). False if it was not running."""
         pid_file = self.pg_dir / "postmaster.pid"
@@ -132,6 +146,35 @@ class ChaosRun:
                 break
             time.sleep(0.05)
         return True
+
+
+def _postmaster_pid(pg_dir: Path) -> int | None:
+    try:
+        return int((pg_dir / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _commit() -> str | None:
+    """The code's git commit (None outside a git checkout), so a report says what it measured."""
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+    except OSError:
+        return None
+    return result.stdout.strip() or None if result.returncode == 0 else None
 
 
 def _interrupt(*_: object) -> None:
@@ -349,12 +392,12 @@ def run_chaos(args: argparse.Namespace) -> dict[str, Any]:
     run = ChaosRun(folder=folder, port=port, env=env)
     started_at = dt.datetime.now(dt.UTC)
     wall_started = time.monotonic()
-    run.owner_url()  # the embedded server, initialised before any kill (a first initialisation is not a target)
     rounds: list[dict[str, Any]] = []
     num_attempts = 0
-    # SIGTERM (a stopped run) unwinds like Ctrl-C, so the `finally` below stops the Prefect server it started
+    # SIGTERM (a stopped run) unwinds like Ctrl-C, so the `finally` below stops the servers it started
     signal.signal(signal.SIGTERM, _interrupt)
     try:
+        run.owner_url()  # the embedded server, initialised before any kill (a first initialisation is not a target)
         run.start_prefect()
         baseline_s = run_baseline(run, args)
         print(f"baseline: {args.windows} windows in {baseline_s:.1f} s", file=sys.stderr)
@@ -399,6 +442,7 @@ def run_chaos(args: argparse.Namespace) -> dict[str, Any]:
         if run.demo is not None and run.demo.poll() is None:
             _kill(run.demo)  # an interrupted run leaves no demo behind
         run.stop_prefect()
+        run.stop_postgres()  # on success, error, Ctrl-C or SIGTERM alike
     report = _report(args, run, rounds, baseline, baseline_s, num_attempts, started_at, chain)
     _write_report(args, report)
     return report
@@ -424,6 +468,7 @@ def _report(
     by_fault = {fault: sum(1 for k in run.kills if k.fault == fault) for fault in FAULTS}
     return {
         "command": " ".join(["planner", *args.argv]),
+        "commit": _commit(),
         "started_at": started_at.isoformat(timespec="seconds"),
         "finished": chain is not None,
         "duration_s": round((dt.datetime.now(dt.UTC) - started_at).total_seconds(), 1),

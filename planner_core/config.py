@@ -488,7 +488,8 @@ class PluginOverrideConfig(BaseModel):
         priority: merge precedence; smaller wins (its SET is the recommendation, its `final` wins).
         interval_seconds: run at most this often (s); 0 means every tick.
         hold_policy: what the plugin contributes while not due.
-        timeout_seconds: a run that takes longer (measured only when the caller passes a clock) is discarded.
+        timeout_seconds: a run that takes longer (measured only when the caller passes a clock) is discarded; refused
+            for a builtin plugin, which is never timed (a decision must not depend on the machine's speed).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -499,7 +500,7 @@ class PluginOverrideConfig(BaseModel):
     )
     hold_policy: HoldPolicy | None = Field(default=None, description="What the plugin contributes while not due.")
     timeout_seconds: Number | None = Field(
-        **_INTERVAL, default=None, gt=0, description="Seconds after which a run is discarded."
+        **_INTERVAL, default=None, gt=0, description="Seconds after which a run is discarded (not for builtin plugins)."
     )
 
 

@@ -883,6 +883,63 @@ def test_same_inputs_same_outcome_and_inputs_untouched() -> None:
         state.num_load_ticks = 0  # type: ignore[misc]
 
 
+@dataclass
+class LoadedMachineClock:
+    """A monotonic clock on an overloaded machine: each read is `step_s` later, so every plugin run (read before and
+    after) seems to take `step_s` seconds."""
+
+    step_s: float
+    now_s: float = 0.0
+
+    def __call__(self) -> float:
+        self.now_s += self.step_s
+        return self.now_s
+
+
+@pytest.mark.parametrize("seconds_per_run", [6.0, 100.0])  # over the 5 s plugin timeout; over the 30 s tick deadline
+def test_builtin_plugins_decide_alike_however_slow_the_machine(seconds_per_run: float) -> None:
+    """A live tick (with a clock) on a machine so loaded that each builtin plugin takes over its 5 s timeout, or
+    the whole 30 s tick deadline, decides, explains and carries state exactly as the same tick without a clock
+    (replay): a decision never depends on how fast the machine is (a run's rerun after a crash decides alike)."""
+    inputs = throughput_inputs(traffic(6000, 2000, 500), workers(3, 4))
+    config = make_config()
+    unhurried = tick(inputs, PlannerState(), config, FAKE)
+    assert desired(unhurried) == {Component.PREFILL: 20, Component.DECODE: 50}  # sizing worked out above
+    loaded = tick(inputs, PlannerState(), config, FAKE, clock=LoadedMachineClock(seconds_per_run))
+    assert loaded == unhurried
+    assert not [s for s in loaded.steps if s.reason in (ReasonCode.PLUGIN_TIMEOUT, ReasonCode.SKIP_TICK_TIMEOUT)]
+
+
+def test_a_slow_user_plugin_is_still_timed_beside_untimed_builtins() -> None:
+    """The wall clock still holds a user's in-process plugin to its timeout (its result discarded, recorded), while
+    the builtin plugins beside it, just as slow, decide as without a clock."""
+    from planner_core.domain import OverrideType, ReplicaOverride
+    from planner_core.pipeline import FunctionPlugin, Phase, PluginResult, PluginSpec
+
+    cap = ReplicaOverride(component=Component.DECODE, kind=OverrideType.AT_MOST, replicas=7)
+    user = FunctionPlugin(
+        PluginSpec(plugin_id="user_cap", phase=Phase.CONSTRAIN), lambda _: PluginResult(overrides=(cap,))
+    )
+    inputs = throughput_inputs(traffic(6000, 2000, 500), workers(3, 4))
+    config = make_config()
+    assert desired(tick(inputs, PlannerState(), config, FAKE, (user,)))[Component.DECODE] == 7  # the cap, unhurried
+    loaded = tick(inputs, PlannerState(), config, FAKE, (user,), clock=LoadedMachineClock(6.0))
+    [timed_out] = [s for s in loaded.steps if s.step == "constrain:user_cap"]
+    assert timed_out.reason is ReasonCode.PLUGIN_TIMEOUT and timed_out.value == 6.0
+    assert desired(loaded) == {Component.PREFILL: 20, Component.DECODE: 50}  # the builtin's sizing, uncapped
+
+
+def test_a_timeout_override_of_a_builtin_plugin_is_refused() -> None:
+    """`plugins.overrides.<builtin>.timeout_seconds` would do nothing (builtins are not timed): a one-line error."""
+    from planner_core.pipeline import PluginConfigError
+    from planner_core.pipeline.builtin import builtin_plugins
+    from planner_core.pipeline.loader import configured
+
+    config = make_config(plugins={"overrides": {"builtin_load_predict": {"timeout_seconds": 1}}})
+    with pytest.raises(PluginConfigError, match=r"plugins\.overrides\.builtin_load_predict\.timeout_seconds' = 1"):
+        configured(builtin_plugins(Loop.THROUGHPUT, FAKE)[0], config)
+
+
 # --- realistic sizing with the shipped profile ------------------------------------------------------------------
 
 

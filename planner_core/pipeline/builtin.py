@@ -94,7 +94,7 @@ def _decide(reason: ReasonCode, detail: str) -> StepRecord:
 class LoadPredictPlugin:
     """PREDICT: validate the window's traffic, feed the predictor, forecast the next window."""
 
-    spec: PluginSpec = PluginSpec(plugin_id=PREDICT_ID, phase=Phase.PREDICT, priority=0)
+    spec: PluginSpec = PluginSpec(plugin_id=PREDICT_ID, phase=Phase.PREDICT, priority=0, wall_clock_limits=False)
 
     def run(self, context: PipelineContext) -> PluginResult:
         traffic = context.inputs.traffic
@@ -133,7 +133,7 @@ class ThroughputProposePlugin:
     """PROPOSE: replicas per pool for the forecast (see `planner_core.policy.throughput`)."""
 
     perf: ThroughputPerfModel | None
-    spec: PluginSpec = PluginSpec(plugin_id=THROUGHPUT_ID, phase=Phase.PROPOSE, priority=20)
+    spec: PluginSpec = PluginSpec(plugin_id=THROUGHPUT_ID, phase=Phase.PROPOSE, priority=20, wall_clock_limits=False)
 
     def run(self, context: PipelineContext) -> PluginResult:
         config, inputs, state = context.config, context.inputs, context.state
@@ -630,7 +630,7 @@ class LoadProposePlugin:
     """PROPOSE: +/-1 per pool from the engines' latest forward-pass metrics."""
 
     bootstrap: ForwardPassModel | None  # before the online models are ready (profile or precomputed table)
-    spec: PluginSpec = PluginSpec(plugin_id=LOAD_ID, phase=Phase.PROPOSE, priority=10)
+    spec: PluginSpec = PluginSpec(plugin_id=LOAD_ID, phase=Phase.PROPOSE, priority=10, wall_clock_limits=False)
 
     def run(self, context: PipelineContext) -> PluginResult:
         from planner_core.perf.online import OnlineForwardPassModel, observe_fpm, readiness_step, serving_samples

@@ -164,6 +164,12 @@ def configured(plugin: Plugin, config: PlannerConfig, *, source: str = "config")
     if override.hold_policy is not None:
         changes["hold_policy"] = override.hold_policy
     if override.timeout_seconds is not None:
+        if not plugin.spec.wall_clock_limits:
+            raise PluginConfigError(
+                f"{source}: field 'plugins.overrides.{plugin_id}.timeout_seconds' = {override.timeout_seconds!r}:"
+                " this plugin is not held to the wall clock (builtin plugins are pure; their decisions must not"
+                " depend on the machine's speed)"
+            )
         changes["timeout_s"] = override.timeout_seconds
     try:
         spec = dataclasses.replace(plugin.spec, **changes)  # type: ignore[arg-type]

@@ -2,7 +2,9 @@
 
 `run_pipeline(plugins, inputs, state, config, *, clock=None)` is pure apart from the optional `clock` (a callable
 returning monotonic seconds) used only for deadlines: without a clock, and with plugins that are themselves pure,
-the outcome depends only on the arguments, so a recorded tick replays exactly. The caller collected `inputs`
+the outcome depends only on the arguments, so a recorded tick replays exactly. The clock never limits a plugin whose
+spec says `wall_clock_limits=False` (the builtin plugins: the planner's own pure code), so with no user in-process
+plugin a live tick decides as its replay does however slow the machine is. The caller collected `inputs`
 (`schedule.observations_needed` tells it what the due plugins read); OBSERVE plugins then add named observations
 (a chain like PREDICT: first writer wins per name), recorded as steps and seen by every later plugin.
 `inputs.loop` is not used: which logic runs on a tick follows from the plugins' intervals, not from a loop name.
@@ -16,14 +18,16 @@ Per tick:
 * PREDICT is a chain: each plugin sees the fields written before it and only fills the empty ones; `final` ends
   the chain. The other phases are merged with `merge.merge_overrides`, each against the previous phase's result
   (PROPOSE against the expected worker counts). A REJECT stops the pipeline (EXECUTE = skip_short_circuit).
-* A plugin that raises, returns something unusable or overruns its `timeout_s` is recorded and skipped; the tick
+* A plugin that raises, returns something unusable or overruns its `timeout_s` (plugins with `wall_clock_limits`
+  only) is recorded and skipped; the tick
   goes on. Its schedule is not advanced (it is retried on the next tick) and its held result is dropped. A
   `PluginFailure` it raises is recorded with its own reason (e.g. PLUGIN_TIMEOUT for a remote deadline). A plugin
   with a circuit breaker (`breaker.py`) counts the failure; while its breaker is open it is not called.
-* Deadline: with a clock, the whole tick has `scheduling.tick_max_duration_seconds`. Python cannot preempt a
-  running plugin, so overruns are detected when the plugin returns: a plugin that finishes after the deadline has
-  its result discarded, later plugins are not run and EXECUTE is skip_tick_timeout. The clock is read once at the
-  start and twice per plugin run (before and after).
+* Deadline: with a clock, the plugins with `wall_clock_limits` have `scheduling.tick_max_duration_seconds` in
+  all (the builtin plugins' run times do not count: a loaded machine must not change a decision). Python cannot
+  preempt a running plugin, so overruns are detected when the plugin returns: a plugin whose run takes the sum past
+  the deadline has its result discarded, later plugins are not run and EXECUTE is skip_tick_timeout. The clock is
+  read twice per plugin run (before and after).
 * EXECUTE: if no override spoke about any pool, skip_no_targets. Otherwise the final invariants apply to every
   managed pool, whoever proposed it: the minimum endpoints, then the GPU budget (`policy.bounds`). Pools whose
   target equals the expected count are unchanged; if none changed, skip_no_targets, else apply (advisory when
@@ -196,7 +200,8 @@ class _Tick:
         self.runs: list[PluginRun] = []
         self.components = managed_components(config.mode)
         self.expected = {c: inputs.workers.expected(c) for c in self.components}
-        self.deadline: float | None = None
+        # seconds the plugins held to the wall clock have run so far this tick (the tick deadline's budget)
+        self.timed_spent_s = 0.0
         self.stop: ReasonCode | None = None  # SKIP_SHORT_CIRCUIT or SKIP_TICK_TIMEOUT once the pipeline stopped
         self.stop_detail = ""
         self.predictions = PartialPrediction()
@@ -352,8 +357,10 @@ class _Tick:
                         detail=f"cool-down over (opened at t={schedule.circuit_opened_at_s:g}): one trial call",
                     )
                 )
-        started = self.clock() if self.clock is not None else None
-        if started is not None and self.deadline is not None and started >= self.deadline:
+        # Only plugins with wall_clock_limits are held to time; the others (builtin, pure) are just measured.
+        timed = self.clock is not None and spec.wall_clock_limits
+        budget_s = self.config.scheduling.tick_max_duration_seconds
+        if timed and self.timed_spent_s >= budget_s:
             self._stop(ReasonCode.SKIP_TICK_TIMEOUT, "the tick deadline passed")
             self._record(spec, ReasonCode.SKIP_TICK_TIMEOUT, "not run: the tick deadline passed")
             return None
@@ -368,27 +375,25 @@ class _Tick:
             produced=frozenset(self.produced),
             observations=tuple(self.observations),
         )
+        started = self.clock() if self.clock is not None else None
         try:
             result = plugin.run(context)
         except PluginFailure as failure:  # a failure the plugin classified itself (e.g. a remote deadline)
-            elapsed = self.clock() - started if self.clock is not None and started is not None else None
-            self._failed(spec, failure.reason, _one_line(failure.detail), elapsed)
+            self._failed(spec, failure.reason, _one_line(failure.detail), self._spent(started, timed))
             return None
         except Exception as exc:  # a plugin's failure is recorded, never propagated: the tick goes on
-            elapsed = self.clock() - started if self.clock is not None and started is not None else None
-            self._failed(spec, ReasonCode.PLUGIN_RAISED, _one_line(f"{type(exc).__name__}: {exc}"), elapsed)
+            self._failed(
+                spec, ReasonCode.PLUGIN_RAISED, _one_line(f"{type(exc).__name__}: {exc}"), self._spent(started, timed)
+            )
             return None
-        elapsed_s = None
-        if self.clock is not None and started is not None:
-            finished = self.clock()
-            elapsed_s = finished - started
-            if self.deadline is not None and finished > self.deadline:
+        elapsed_s = self._spent(started, timed)
+        if timed and elapsed_s is not None:
+            if self.timed_spent_s > budget_s:
                 self._stop(ReasonCode.SKIP_TICK_TIMEOUT, f"the tick deadline passed while {spec.plugin_id} ran")
                 self._failed(
                     spec,
                     ReasonCode.SKIP_TICK_TIMEOUT,
-                    f"finished after the tick deadline ({self.config.scheduling.tick_max_duration_seconds:g} s);"
-                    " result discarded",
+                    f"finished after the tick deadline ({budget_s:g} s); result discarded",
                     elapsed_s,
                 )
                 return None
@@ -546,9 +551,16 @@ class _Tick:
 
     # --- the tick ----------------------------------------------------------------------------------------------
 
+    def _spent(self, started: float | None, timed: bool) -> float | None:
+        """Seconds since `started` (None without a clock), added to the tick deadline's budget when `timed`."""
+        if self.clock is None or started is None:
+            return None
+        elapsed_s = self.clock() - started
+        if timed:
+            self.timed_spent_s += elapsed_s
+        return elapsed_s
+
     def run(self) -> PipelineOutcome:
-        if self.clock is not None:
-            self.deadline = self.clock() + self.config.scheduling.tick_max_duration_seconds
         self._observe()
         self._predict()
 

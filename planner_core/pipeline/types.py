@@ -127,8 +127,12 @@ class PluginSpec:
         requires_produced_fields: fields earlier plugins must have produced this tick (`PRODUCED_FIELDS`); until
             they exist the plugin is skipped without advancing its schedule.
         timeout_s: a run taking longer (measured when the caller passes a clock) is discarded; None means
-            `DEFAULT_PLUGIN_TIMEOUT_S`.
+            `DEFAULT_PLUGIN_TIMEOUT_S`. Not applied when `wall_clock_limits` is False.
         breaker: a circuit breaker for this plugin; None (in-process plugins by default) means none.
+        wall_clock_limits: whether the pipeline holds the plugin to `timeout_s` and to the tick deadline when the
+            caller passes a clock. False for the builtin plugins: they are the planner's own pure code, so their
+            run time says nothing but how loaded the machine is, and a decision must not depend on it (a live tick
+            and its replay, or a run and its rerun after a crash, decide alike).
     """
 
     plugin_id: str
@@ -140,6 +144,7 @@ class PluginSpec:
     requires_produced_fields: tuple[str, ...] = ()
     timeout_s: float | None = None
     breaker: BreakerSpec | None = None
+    wall_clock_limits: bool = True
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, requirement: str) -> ValueError:
@@ -167,6 +172,8 @@ class PluginSpec:
             raise bad("timeout_s", self.timeout_s, "must be None or a finite number of seconds > 0")
         if self.breaker is not None and not isinstance(self.breaker, BreakerSpec):
             raise bad("breaker", self.breaker, "must be None or a BreakerSpec")
+        if not isinstance(self.wall_clock_limits, bool):
+            raise bad("wall_clock_limits", self.wall_clock_limits, "must be True or False")
 
     @property
     def every_tick(self) -> bool:

@@ -53,6 +53,7 @@ def embedded_database_url(pg_dir: Path) -> str:
     pg_dir.parent.mkdir(parents=True, exist_ok=True)
     if not (pg_dir / "PG_VERSION").exists():
         _initialise_atomically(pg_dir)
+    _forget_dead_server(pg_dir)
     try:
         server = pgserver.get_server(pg_dir, cleanup_mode=None)
         return to_sqlalchemy_url(server.get_uri())
@@ -62,6 +63,22 @@ def embedded_database_url(pg_dir: Path) -> str:
             f"the embedded database under {pg_dir} does not start ({type(exc).__name__}: {detail}); its log is "
             f"{pg_dir / 'log'}; if it holds nothing you need, remove that folder and run again to start afresh"
         ) from exc
+
+
+def _forget_dead_server(pg_dir: Path) -> None:
+    """Drop pgserver's handle on `pg_dir` when its postmaster is gone (killed, crashed), so the next call starts
+    the server again: pgserver hands out the handle it made first in this process without checking the server."""
+    from pgserver.postgres_server import PostgresServer
+
+    handle = PostgresServer._instances.get(pg_dir)
+    if handle is None:
+        return
+    pid_file = pg_dir / "postmaster.pid"
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        del PostgresServer._instances[pg_dir]  # no pid file, or no such process: the server is down
 
 
 def _initialise_atomically(pg_dir: Path) -> None:

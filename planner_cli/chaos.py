@@ -394,8 +394,11 @@ def run_chaos(args: argparse.Namespace) -> dict[str, Any]:
     wall_started = time.monotonic()
     rounds: list[dict[str, Any]] = []
     num_attempts = 0
-    # SIGTERM (a stopped run) unwinds like Ctrl-C, so the `finally` below stops the servers it started
+    # SIGTERM (a stopped run) unwinds like Ctrl-C, so the `finally` below stops the servers it started; SIGINT is
+    # set too, since a process started in the background by a shell inherits SIGINT ignored and Ctrl-C (or a
+    # SIGINT sent to it) would otherwise be lost
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         run.owner_url()  # the embedded server, initialised before any kill (a first initialisation is not a target)
         run.start_prefect()

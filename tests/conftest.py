@@ -223,3 +223,23 @@ def drop_login(url: str, name: str) -> None:
     with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
         conn.execute(f"DROP OWNED BY {name}")
         conn.execute(f"DROP ROLE {name}")
+
+
+@pytest.fixture(scope="session")
+def prefect_api_url(tmp_path_factory) -> str:
+    """A real Prefect server (with its scheduler) for the session, with its own home and SQLite database. One for
+    the whole session: Prefect's event worker is a process-wide service bound to the first API URL it saw, so a
+    second server in the same session would miss the task runs of the tests that use it.
+
+    Prefect's `prefect_test_harness` is not used because its server runs no scheduler, and the serve test needs
+    scheduled runs.
+    """
+    home = tmp_path_factory.mktemp("prefect-home")
+    os.environ["PREFECT_HOME"] = str(home)
+    os.environ.pop("PREFECT_API_URL", None)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.prefect_server import prefect_api
+
+    with prefect_api(log_file=home / "server.log") as url, temporary_settings(updates={PREFECT_API_URL: url}):
+        yield url

@@ -58,7 +58,10 @@ def test_a_small_chaos_run_loses_and_duplicates_nothing(tmp_path) -> None:
     assert report["finished"] and report["num_kills"] == 2 == len(report["kills"])
     # one of each (a `demo-after-tick` that saw no new tick in time falls back to a plain kill, and says so)
     assert report["kills_by_fault"]["postgres"] == 1 and sum(report["kills_by_fault"].values()) == 2
-    assert report["num_demo_attempts"] >= 3  # two faulted attempts, then one that completes
+    # each kill that ended its attempt (the demo killed, or failing after the Postgres kill) takes one more; a demo
+    # can also ride out the Postgres kill (it had written everything already) and finish its attempt
+    ended_attempts = sum(1 for kill in report["kills"] if kill["demo_exit"] != 0)
+    assert ended_attempts >= 1 and report["num_demo_attempts"] >= 1 + ended_attempts
     for figure in ("duplicate_ticks", "duplicate_decisions", "lost_ticks", "lost_decisions", "changed_ticks"):
         assert report[figure] == 0, figure
     assert report["num_rounds"] >= 1 and report["rounds_identical"] == report["num_rounds"]

@@ -191,20 +191,6 @@ def test_fleet_tick_ticks_members_arbitrates_and_executes(prefect_api_url, datab
     assert ("gold throughput-tick", ["deployment:gold", "fleet"]) in runs
 
 
-@pytest.fixture(scope="session")
-def prefect_api_url(tmp_path_factory) -> str:
-    """A real Prefect server for the session (as in test_flows)."""
-    home = tmp_path_factory.mktemp("prefect-home")
-    os.environ["PREFECT_HOME"] = str(home)
-    os.environ.pop("PREFECT_API_URL", None)
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from flows.prefect_server import prefect_api
-
-    with prefect_api(log_file=home / "server.log") as url, temporary_settings(updates={PREFECT_API_URL: url}):
-        yield url
-
-
 def test_fleet_bench_counts_what_it_ran(database_url, tmp_path, profile_dir) -> None:
     """Three simulated deployments for 3 rounds of 5 s on simulated time: every load slot ticked once, the first
     round's throughput slot too, nothing missed or failed, and the measured sizes are the database's."""

@@ -23,24 +23,6 @@ from tests.conftest import REPO_ROOT, write_config
 pytestmark = pytest.mark.prefect
 
 
-@pytest.fixture(scope="session")
-def prefect_api_url(tmp_path_factory) -> str:
-    """A real Prefect server (with its scheduler) for the session, with its own home and SQLite database.
-
-    Prefect's `prefect_test_harness` is not used because its server runs no scheduler, and the serve test needs
-    scheduled runs.
-    """
-    home = tmp_path_factory.mktemp("prefect-home")
-    os.environ["PREFECT_HOME"] = str(home)
-    os.environ.pop("PREFECT_API_URL", None)
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from flows.prefect_server import prefect_api
-
-    with prefect_api(log_file=home / "server.log") as url, temporary_settings(updates={PREFECT_API_URL: url}):
-        yield url
-
-
 def _rows(url: str, sql: str, *params):
     with psycopg.connect(to_libpq_uri(url)) as conn:
         return conn.execute(sql, params).fetchall()

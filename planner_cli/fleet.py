@@ -155,42 +155,30 @@ def cmd_fleet_bench(args: argparse.Namespace) -> int:
     """A fresh database on the planner's Postgres server (dropped afterwards unless --keep), N members, measure."""
     import dataclasses
     import tempfile
-    import uuid
 
-    import psycopg
     from sqlalchemy.engine import make_url
 
     from planner_core.runtime.fleet_bench import run_fleet_bench
-    from planner_core.runtime.store.db import get_engine, resolve_owner_database_url, to_libpq_uri
-    from planner_core.runtime.store.migrate import upgrade
+    from planner_core.runtime.store.db import scratch_database
 
-    owner = resolve_owner_database_url(RuntimeSettings())
-    name = f"fleet_bench_{uuid.uuid4().hex[:8]}"
-    url = make_url(owner).set(database=name).render_as_string(hide_password=False)
-    with psycopg.connect(to_libpq_uri(owner), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    try:
-        upgrade(url)
-        with tempfile.TemporaryDirectory() as directory:
-            config = args.config or bench_config(Path(directory), args.interval)
-            result = run_fleet_bench(
-                url,
-                config,
-                num_deployments=args.deployments,
-                duration_s=args.duration,
-                interval_s=args.interval,
-                realtime=args.realtime,
-                max_concurrent=args.max_concurrent,
-                budget_gpus=args.budget,
-            )
-        print(json.dumps(dataclasses.asdict(result), indent=2))
-    finally:
-        get_engine(url).dispose()
-        if not args.keep:
-            with psycopg.connect(to_libpq_uri(owner), autocommit=True) as conn:
-                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        else:
-            print(f"kept database {name}", file=sys.stderr)
+    with scratch_database("fleet_bench", keep=args.keep) as url:
+        try:
+            with tempfile.TemporaryDirectory() as directory:
+                config = args.config or bench_config(Path(directory), args.interval)
+                result = run_fleet_bench(
+                    url,
+                    config,
+                    num_deployments=args.deployments,
+                    duration_s=args.duration,
+                    interval_s=args.interval,
+                    realtime=args.realtime,
+                    max_concurrent=args.max_concurrent,
+                    budget_gpus=args.budget,
+                )
+            print(json.dumps(dataclasses.asdict(result), indent=2))
+        finally:
+            if args.keep:
+                print(f"kept database {make_url(url).database}", file=sys.stderr)
     return 0
 
 

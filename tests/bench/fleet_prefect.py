@@ -17,12 +17,9 @@ import os
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import psutil
-import psycopg
-from sqlalchemy.engine import make_url
 
 
 def _cpu_s(processes: list[psutil.Process]) -> float:
@@ -43,17 +40,9 @@ def main(num_members: int, num_rounds: int, one_task: bool) -> dict:
     from planner_cli.fleet import bench_config
     from planner_core.runtime.fleet import add_member, set_budget
     from planner_core.runtime.fleet_bench import BENCH_EPOCH
-    from planner_core.runtime.settings import RuntimeSettings
-    from planner_core.runtime.store.db import get_engine, resolve_owner_database_url, session_factory, to_libpq_uri
-    from planner_core.runtime.store.migrate import upgrade
+    from planner_core.runtime.store.db import scratch_database, session_factory
 
-    owner = resolve_owner_database_url(RuntimeSettings())
-    name = f"fleet_prefect_{uuid.uuid4().hex[:6]}"
-    url = make_url(owner).set(database=name).render_as_string(hide_password=False)
-    with psycopg.connect(to_libpq_uri(owner), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    try:
-        upgrade(url)
+    with scratch_database("fleet_prefect") as url:
         config = bench_config(Path(tempfile.mkdtemp()), 5.0)
         with session_factory(url).begin() as session:
             for index in range(num_members):
@@ -91,10 +80,6 @@ def main(num_members: int, num_rounds: int, one_task: bool) -> dict:
             "cpu_ms_per_member_tick_flow_process": 1000 * cpu_s / max(1, num_ticks),
             "cpu_ms_per_member_tick_prefect_server": 1000 * server_s / max(1, num_ticks),
         }
-    finally:
-        get_engine(url).dispose()
-        with psycopg.connect(to_libpq_uri(owner), autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 if __name__ == "__main__":

@@ -100,17 +100,24 @@ class _Publisher(threading.Thread):
         self.endpoint, self.seed, self.rate_hz, self.t0 = endpoint, seed, rate_hz, t0
         self.sent_at_s: list[float] = []
         self.stop = threading.Event()
+        self.subscribed = threading.Event()  # set once the ingest's subscription has arrived (or never, on failure)
 
     def run(self) -> None:
         from planner_core.runtime.ingest import FpmPublisher
 
         with FpmPublisher(self.endpoint) as publisher:
+            # a PUB socket drops what it sends before the subscription arrives: the first ingest is listening
+            # already, so wait for it rather than count those messages as lost
+            if not publisher.wait_for_subscriber(timeout_s=60.0):
+                return
+            self.subscribed.set()
+            start_s = time.monotonic() - self.t0
             index = 0
             while not self.stop.is_set():
                 publisher.publish(synthetic_message(self.seed, index))
                 self.sent_at_s.append(time.monotonic() - self.t0)
                 index += 1
-                ahead_s = self.t0 + index / self.rate_hz - time.monotonic()
+                ahead_s = self.t0 + start_s + index / self.rate_hz - time.monotonic()
                 if ahead_s > 0:
                     self.stop.wait(ahead_s)
 
@@ -218,6 +225,9 @@ def run_ingest_leg(
     leg.start_ingest()
     publisher = _Publisher(leg.endpoint, seed, rate_hz, leg.t0)
     publisher.start()
+    if not publisher.subscribed.wait(timeout=90.0):
+        leg.stop_ingest()
+        raise RuntimeError(f"the ingest leg's publisher saw no subscription from planner ingest on {leg.endpoint}")
     try:
         for number in range(1, num_kills + 1):
             time.sleep(rng.uniform(0.5, 4.0))

@@ -48,7 +48,7 @@ from typing import Any
 
 from planner_cli.chaos_ingest import INGEST_FAULTS, ingest_leg_clean, run_ingest_leg
 from planner_cli.common import DEFAULT_TRACE
-from planner_core.data import DEFAULT_CONFIG
+from planner_core.data import CHAOS_CONFIG
 from planner_core.runtime.settings import RuntimeSettings
 
 FAULTS = ("demo-random", "demo-after-tick", "postgres", "prefect")
@@ -77,6 +77,7 @@ class ChaosRun:
     prefect: subprocess.Popen | None = None
     demo: subprocess.Popen | None = None  # the demo attempt running now
     kills: list[Kill] = field(default_factory=list)
+    commit: str | None = None  # the code's commit when the run began (the checkout may move while it runs)
 
     @property
     def pg_dir(self) -> Path:
@@ -396,7 +397,7 @@ def run_chaos(args: argparse.Namespace) -> dict[str, Any]:
         "DO_NOT_TRACK": "1",
         "OPENBLAS_NUM_THREADS": "1",
     }
-    run = ChaosRun(folder=folder, port=port, env=env)
+    run = ChaosRun(folder=folder, port=port, env=env, commit=_commit())
     started_at = dt.datetime.now(dt.UTC)
     wall_started = time.monotonic()
     rounds: list[dict[str, Any]] = []
@@ -494,7 +495,7 @@ def _report(
     by_fault |= {fault: 0 if ingest is None else ingest["kills_by_fault"][fault] for fault in INGEST_FAULTS}
     return {
         "command": " ".join(["planner", *args.argv]),
-        "commit": _commit(),
+        "commit": run.commit,
         "started_at": started_at.isoformat(timespec="seconds"),
         "finished": chain is not None,
         "duration_s": round((dt.datetime.now(dt.UTC) - started_at).total_seconds(), 1),
@@ -584,7 +585,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     chaos.add_argument("--windows", type=int, default=12, help="throughput windows of each demo run")
     chaos.add_argument("--seed", type=int, default=0, help="seed of the fault draws and their moments")
     chaos.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="the demo's trace")
-    chaos.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the demo's PlannerConfig")
+    chaos.add_argument(
+        "--config", type=Path, default=CHAOS_CONFIG,
+        help="the demo's PlannerConfig (default: the recommended policy without its scale-down hold: it decides often)",
+    )  # fmt: skip
     chaos.add_argument("--rate-scale", type=float, default=12.0, help="the demo's --rate-scale")
     chaos.add_argument(
         "--data-dir", type=Path, default=None,

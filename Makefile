@@ -9,7 +9,7 @@ export NO_MKDOCS_2_WARNING := 1
 # statsmodels fits are 10-20x slower when OpenBLAS threads fight other processes on a small machine
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: venv demo test explore lint docs clean dynamo-env live-env live test-live
+.PHONY: venv demo test explore lint docs clean dynamo-env live-env live test-live test-workers
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -89,6 +89,10 @@ live: $(STAMP) $(DYNAMO_STAMP) live-env
 	nice -n 5 $(VENV)/bin/planner live $(LIVE_ARGS)
 
 # The live stack's integration test (a few minutes: real frontend, engines, Prometheus); not in `make test`.
+# The fleet on two real Prefect process workers (prefect.yaml's `fleet` deployment): a minute or two.
+test-workers: $(STAMP)
+	PLANNER_WORKER_TESTS=1 $(VENV)/bin/python -m pytest -q tests/test_fleet_workers.py
+
 test-live: $(STAMP) $(DYNAMO_STAMP) live-env
 	PLANNER_LIVE_TESTS=1 $(VENV)/bin/python -m pytest -q tests/test_live_stack.py
 

@@ -28,17 +28,19 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     retention_minutes = settings.fpm_retention_minutes if args.retention_minutes is None else args.retention_minutes
     if retention_minutes <= 0:
         raise ValueError(f"--retention-minutes = {retention_minutes!r}: must be > 0")
-    bind = args.bind or ([] if args.connect else [settings.fpm_bind])
+    bind = args.bind or ([] if args.connect or args.dynamo_discovery else [settings.fpm_bind])
     curve = None
     if settings.fpm_curve_secret_key_file is not None or settings.fpm_curve_clients_dir is not None:
         from planner_core.runtime.ingest import CurveServer
 
         curve = CurveServer.load(settings.fpm_curve_secret_key_file, settings.fpm_curve_clients_dir)
     ingest = FpmIngest(
-        url, deployment_id, bind=bind, connect=args.connect or (), retention_s=retention_minutes * 60, curve=curve
-    )
+        url, deployment_id, bind=bind, connect=args.connect or (), retention_s=retention_minutes * 60, curve=curve,
+        dynamo_discovery=args.dynamo_discovery,
+    )  # fmt: skip
     print(
-        f"ingesting forward-pass metrics for deployment '{deployment}' on {', '.join(ingest.endpoints)} "
+        f"ingesting forward-pass metrics for deployment '{deployment}' on {', '.join(ingest.endpoints) or '-'}"
+        f"{'' if args.dynamo_discovery is None else f' and from the publishers in {args.dynamo_discovery}'} "
         f"(retention {retention_minutes:g} min); stop with Ctrl-C or SIGTERM",
         file=sys.stderr,
         flush=True,
@@ -82,6 +84,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--bind", action="append", default=[], help="ZMQ endpoint to bind (repeatable; default PLANNER_FPM_BIND)"
     )
     ingest.add_argument("--connect", action="append", default=[], help="ZMQ endpoint of a publisher to connect to")
+    ingest.add_argument(
+        "--dynamo-discovery", type=Path, default=None, metavar="DIR",
+        help="a Dynamo file discovery store (DYN_FILE_KV): read the forward-pass metrics its engines publish",
+    )  # fmt: skip
     add_deployment_argument(ingest, records=True)
     ingest.add_argument("--config", type=Path, default=None, help="config used if the deployment does not exist yet")
     ingest.add_argument(

@@ -309,6 +309,15 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
             )
         )  # fmt: skip
         stack.callback(_stop_workers, database_url, config)  # after serve stops (exit order is reversed)
+        # the engines' forward-pass metrics (Dynamo's event plane, found in the discovery store) into Postgres
+        stack.enter_context(
+            _process(
+                [sys.executable, "-m", "planner_cli", "ingest", "--dynamo-discovery", str(run_dir / "kv"),
+                 "--deployment", DEPLOYMENT, "--config", str(config)],
+                logs / "ingest.log",
+                base_env,
+            )
+        )  # fmt: skip
         _wait_for(
             "the first engine registered with the frontend",
             lambda: MODEL_NAME.encode() in _get(f"http://127.0.0.1:{frontend_port}/v1/models"),
@@ -387,6 +396,13 @@ def _db_figures(database_url: str, started: dt.datetime, ended: dt.datetime, *, 
         ).all()
         num_ticks = session.scalar(text("SELECT count(*) FROM ticks"))
         executions = session.execute(text("SELECT outcome, count(*) FROM executions GROUP BY outcome")).all()
+        fpm = session.execute(
+            text(
+                "SELECT count(*), count(DISTINCT worker_id), count(*) FILTER (WHERE wall_time_s > 0) "
+                "FROM fpm_samples WHERE received_at BETWEEN :a AND :b"
+            ),
+            {"a": started, "b": ended},
+        ).one()
     gpu_s = 0.0
     for _role, start, _ready, end, _status in workers:
         a, b = max(start, started), min(end or ended, ended)
@@ -412,6 +428,9 @@ def _db_figures(database_url: str, started: dt.datetime, ended: dt.datetime, *, 
         "applied_decisions": len(applied),
         "acknowledged_decisions": sum(1 for _t, s in applied if s == "acknowledged"),
         "executions": dict(executions),
+        "fpm_samples": fpm[0],
+        "fpm_engines": fpm[1],
+        "fpm_busy_samples": fpm[2],
     }
 
 
@@ -480,6 +499,8 @@ def _table(runs: list[dict], spec: RunSpec) -> str:
         ("ticks / decisions", lambda r: f"{r.get('num_ticks')} / {r.get('num_decisions')}"),
         ("scale-ups / scale-downs", lambda r: f"{r.get('scale_ups')} / {r.get('scale_downs')}"),
         ("applied decisions acknowledged", lambda r: f"{r.get('acknowledged_decisions')} of {r.get('applied_decisions')}"),  # noqa: E501
+        ("forward-pass samples stored (busy; engines)",
+         lambda r: f"{r.get('fpm_samples')} ({r.get('fpm_busy_samples')}; {r.get('fpm_engines')})"),
         ("CPU idle mean / min", lambda r: f"{_pct(r.get('cpu_idle_mean'))} / {_pct(r.get('cpu_idle_min'))}"),
         ("recorded ticks replay identical", lambda r: _replayed(r.get("replay"))),
     ]  # fmt: skip

@@ -25,11 +25,14 @@ from sqlalchemy import func, select
 from planner_core.config import load_config
 from planner_core.domain import Component, ForwardPassMetrics, Loop, QueuedRequests, ScheduledRequests
 from planner_core.runtime.ingest import (
+    DYNAMO_FPM_TOPIC,
     DropReason,
     FpmDecodeError,
     FpmIngest,
     FpmPublisher,
+    decode_dynamo_fpm_event,
     decode_fpm_message,
+    discover_dynamo_fpm_publishers,
     encode_fpm_message,
     serve_until_signalled,
 )
@@ -413,7 +416,7 @@ def test_planner_ingest_command_stops_on_sigterm(deployment, tmp_path: Path) -> 
 def test_ingest_refuses_to_start_without_endpoints(deployment) -> None:
     """No endpoint, or one ZMQ cannot bind, is a one-line error before anything runs."""
     url, deployment_id, _ = deployment
-    with pytest.raises(ValueError, match="at least one endpoint"):
+    with pytest.raises(ValueError, match="needs an endpoint to bind or connect to, or a Dynamo discovery store"):
         FpmIngest(url, deployment_id)
     with pytest.raises(ValueError, match="ZMQ endpoint nonsense://x"):
         FpmIngest(url, deployment_id, bind=["nonsense://x"])
@@ -448,3 +451,134 @@ def test_rows_postgres_refuses_are_dropped_not_retried_forever(deployment) -> No
         assert (ingest.stats.db_errors, ingest.stats.lost_pending, list(ingest.pending())) == (1, 2, [])
     finally:
         ingest.close()
+
+
+# --- Dynamo's own publishers (event plane, discovery store) -----------------------------------------------------
+
+# One message as a Dynamo 1.6.1 mocker started with --disaggregation-mode prefill published it (an idle heartbeat),
+# captured on this project's development machine on 2026-11-26 from the ZMQ endpoint of its discovery entry.
+MOCKER_PUBLISHER_ID = 5480502554058692
+MOCKER_FRAMES = [bytes.fromhex(h) for h in (
+    "666f72776172642d706173732d6d657472696373",
+    "0013787cefecdfc4",
+    "0000000000000026",
+    "010000020885ac7075626c69736865725f6964cf0013787cefecdfc4a873657175656e636526ac7075626c69736865645f6174cf00"
+    "0001a219f70474a5746f706963b4666f72776172642d706173732d6d657472696373a77061796c6f6164c501ab87a776657273696f"
+    "6e01a9776f726b65725f6964b43133373835383538383031313438303433383335a764705f72616e6b00aa636f756e7465725f6964"
+    "27a977616c6c5f74696d65cb0000000000000000b27363686564756c65645f726571756573747387b46e756d5f70726566696c6c5f"
+    "726571756573747300b273756d5f70726566696c6c5f746f6b656e7300b27661725f70726566696c6c5f6c656e677468cb00000000"
+    "00000000b573756d5f70726566696c6c5f6b765f746f6b656e7300b36e756d5f6465636f64655f726571756573747300b473756d5f"
+    "6465636f64655f6b765f746f6b656e7300b47661725f6465636f64655f6b765f746f6b656e73cb0000000000000000af7175657565"
+    "645f726571756573747386b46e756d5f70726566696c6c5f726571756573747300b273756d5f70726566696c6c5f746f6b656e7300"
+    "b27661725f70726566696c6c5f6c656e677468cb0000000000000000b36e756d5f6465636f64655f726571756573747300b473756d"
+    "5f6465636f64655f6b765f746f6b656e7300b47661725f6465636f64655f6b765f746f6b656e73cb0000000000000000",
+)]  # fmt: skip
+
+
+def dynamo_event(fpm: ForwardPassMetrics, publisher_id: int, sequence: int) -> list[bytes]:
+    """The four frames Dynamo's event plane publishes for `fpm` (the layout of MOCKER_FRAMES)."""
+    payload = encode_fpm_message(fpm)[1]
+    envelope = msgpack.packb(
+        {"publisher_id": publisher_id, "sequence": sequence, "published_at": 1795731873492,
+         "topic": DYNAMO_FPM_TOPIC.decode(), "payload": payload},
+        use_bin_type=True,
+    )  # fmt: skip
+    header = bytes([1]) + len(envelope).to_bytes(4, "big")
+    return [DYNAMO_FPM_TOPIC, publisher_id.to_bytes(8, "big"), sequence.to_bytes(8, "big"), header + envelope]
+
+
+def test_a_message_captured_from_dynamos_mocker_decodes_with_its_pool_from_the_discovery() -> None:
+    fpm, version = decode_dynamo_fpm_event(MOCKER_FRAMES, {MOCKER_PUBLISHER_ID: P})
+    assert (fpm.component, fpm.worker_id, fpm.counter_id, version) == (P, "13785858801148043835", 39, 1)
+    assert fpm.is_idle_heartbeat
+    built = dynamo_event(busy(D, "d-7", 5), publisher_id=42, sequence=3)
+    assert decode_dynamo_fpm_event(built, {42: D}) == (busy(D, "d-7", 5), 1)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason", "detail"),
+    [
+        (lambda f: f, DropReason.UNKNOWN_PUBLISHER, "publisher 5480502554058692 is not in the discovery store"),
+        (lambda f: f[:3], DropReason.BAD_FRAMES, "3 frames"),
+        (lambda f: [f[0], f[1][:4], f[2], f[3]], DropReason.BAD_FRAMES, "8 bytes each"),
+        (lambda f: [*f[:3], bytes([2]) + f[3][1:]], DropReason.BAD_FRAMES, "envelope format 2"),
+        (lambda f: [*f[:3], f[3][:-1]], DropReason.BAD_FRAMES, "length 520 for 519 bytes"),
+        (lambda f: [*f[:3], f[3][:5] + b"\xc1" * 520], DropReason.NOT_MSGPACK, ""),
+        (lambda f: [*f[:3], f[3] + b"x" * 70_000], DropReason.OVERSIZED, "envelope of"),
+    ],
+)
+def test_malformed_dynamo_events_are_classified(mutate, reason: DropReason, detail: str) -> None:
+    with pytest.raises(FpmDecodeError) as error:
+        decode_dynamo_fpm_event(mutate(list(MOCKER_FRAMES)), {})
+    assert error.value.reason is reason and detail in str(error.value)
+
+
+def _register(discovery: Path, name: str, *, topic: str, component: str, instance_id: int, endpoint: str) -> Path:
+    """An event-channel entry as Dynamo's file discovery writes it."""
+    import json
+
+    channels = discovery / "v1" / "event_channels"
+    channels.mkdir(parents=True, exist_ok=True)
+    entry = channels / name
+    entry.write_text(json.dumps({
+        "type": "EventChannel",
+        "scope": {"kind": "endpoint", "endpoint": {"namespace": "dynamo", "component": component, "name": "generate"}},
+        "topic": topic, "instance_id": instance_id, "transport": {"kind": "Zmq", "config": {"endpoint": endpoint}},
+    }))  # fmt: skip
+    return entry
+
+
+def test_discovery_finds_each_publisher_and_its_pool(tmp_path: Path) -> None:
+    """Prefill engines register as component `prefill`; decode and aggregated ones as another (decode pool); other
+    topics and unreadable entries are skipped."""
+    _register(tmp_path, "a", topic="forward-pass-metrics", component="prefill", instance_id=1, endpoint="tcp://h:1")
+    _register(tmp_path, "b", topic="forward-pass-metrics", component="backend", instance_id=2, endpoint="tcp://h:2")
+    _register(tmp_path, "c", topic="kv-events", component="backend", instance_id=3, endpoint="tcp://h:3")
+    (tmp_path / "v1" / "event_channels" / "d").write_text("{not json")
+    assert discover_dynamo_fpm_publishers(tmp_path) == {"tcp://h:1": (1, P), "tcp://h:2": (2, D)}
+    assert discover_dynamo_fpm_publishers(tmp_path / "missing") == {}
+
+
+def test_the_ingest_reads_publishers_it_finds_in_a_dynamo_discovery_store(deployment, tmp_path: Path) -> None:
+    """Two engines that bind their own PUB sockets and register them as Dynamo's do: the ingest connects to both,
+    stores their samples under the pool of each registration, and lets go of one whose entry is removed."""
+    import zmq
+
+    url, deployment_id, _ = deployment
+    context = zmq.Context.instance()
+    sockets, entries = {}, {}
+    for publisher_id, component in ((11, "prefill"), (12, "backend")):
+        sock = context.socket(zmq.PUB)
+        port = sock.bind_to_random_port("tcp://127.0.0.1")
+        sockets[publisher_id] = sock
+        entries[publisher_id] = _register(
+            tmp_path, f"fpm-{publisher_id}", topic="forward-pass-metrics", component=component,
+            instance_id=publisher_id, endpoint=f"tcp://127.0.0.1:{port}",
+        )  # fmt: skip
+    ingest = FpmIngest(url, deployment_id, dynamo_discovery=tmp_path, discovery_every_s=0.1, flush_interval_s=0.05)
+    stop = threading.Event()
+    thread = threading.Thread(target=ingest.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        sent = 0
+        deadline = time.monotonic() + 15
+        while ingest.stats.stored < 4:  # PUB drops what it sends before the ingest has connected: keep sending
+            assert time.monotonic() < deadline, ingest.stats.summary()
+            sent += 1
+            sockets[11].send_multipart(dynamo_event(busy(P, "p-0", sent), 11, sent))
+            sockets[12].send_multipart(dynamo_event(busy(D, "d-0", sent), 12, sent))
+            time.sleep(0.05)
+        entries[12].unlink()
+        deadline = time.monotonic() + 10
+        while len(ingest.endpoints) != 1:
+            assert time.monotonic() < deadline, ingest.endpoints
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        for sock in sockets.values():
+            sock.close(linger=0)
+    with session_factory(url).begin() as session:
+        stored = session.execute(select(FpmSampleRow.component, FpmSampleRow.worker_id).distinct()).all()
+    assert sorted(stored) == [("decode", "d-0"), ("prefill", "p-0")]
+    assert ingest.stats.dropped.get(DropReason.UNKNOWN_PUBLISHER, 0) == 0

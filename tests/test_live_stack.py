@@ -134,3 +134,55 @@ def record(ctx, minute: int, num_decode: int) -> int:
     from tests.conftest import record_decision
 
     return record_decision(ctx, NAME, T0 + dt.timedelta(minutes=minute), None, num_decode)
+
+
+def test_the_ingest_stores_what_dynamos_engines_publish(make_ctx, frontend, monkeypatch, database_url) -> None:  # noqa: F811
+    """A mocker engine started by the local connector publishes its forward-pass metrics on Dynamo's event plane;
+    the ingest finds it in the discovery store and stores its heartbeats and, once it serves a request, its busy
+    iterations, under the engine's worker id (the decimal of its instance id) and the decode pool (aggregated)."""
+    import threading
+    import time
+
+    from sqlalchemy import select
+
+    from planner_core.runtime.ingest import FpmIngest
+    from planner_core.runtime.store import repository as repo
+    from planner_core.runtime.store.db import session_factory
+    from planner_core.runtime.store.models import FpmSampleRow
+
+    url, kv = frontend
+    for name, value in {
+        "DYNAMO_PYTHON": find_dynamo_python(),
+        "PLANNER_LOCAL_MODEL_DIR": str(MODEL_DIR),
+        "PLANNER_LOCAL_MODEL_NAME": "tiny",
+        "PLANNER_LOCAL_PROFILE_DIR": str(PROFILE_DIR),
+        "PYTHONPATH": str(STUBS_DIR),
+    }.items():
+        monkeypatch.setenv(name, value)
+    ctx = make_ctx(discovery_dir=kv, default_command=True, grace_s=20)
+    settle(ctx, lambda: len(workers(ctx, R)) == 1, timeout_s=120)
+    with ctx.sessions.begin() as session:
+        deployment_id = repo.find_deployment(session, NAME).id
+    ingest = FpmIngest(database_url, deployment_id, dynamo_discovery=kv, discovery_every_s=0.5, flush_interval_s=0.1)
+    stop = threading.Event()
+    thread = threading.Thread(target=ingest.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        _chat(url)
+        deadline = time.monotonic() + 60
+        while True:
+            with session_factory(database_url).begin() as session:
+                rows = session.execute(
+                    select(FpmSampleRow.component, FpmSampleRow.worker_id, FpmSampleRow.wall_time_s)
+                ).all()
+            if any(wall > 0 for *_, wall in rows) and any(wall == 0 for *_, wall in rows):
+                break
+            assert time.monotonic() < deadline, (rows, ingest.stats.summary())
+            _chat(url)
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    instances = [p.name.rsplit("%2F", 1)[-1] for p in (kv / "v1" / "instances").iterdir() if "generate" in p.name]
+    assert {(component, worker) for component, worker, _ in rows} == {("decode", str(int(instances[0], 16)))}
+    assert ingest.stats.num_dropped == 0

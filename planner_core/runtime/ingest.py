@@ -35,6 +35,7 @@ encrypted. Without it, anyone who reaches the socket can publish samples: keep i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import enum
@@ -42,6 +43,7 @@ import logging
 import math
 import random
 import signal
+import struct
 import threading
 import time
 from collections import deque
@@ -62,6 +64,10 @@ from planner_core.runtime.store.fpm import FpmSample, delete_fpm_samples_before,
 log = logging.getLogger("planner.ingest")
 
 TOPIC_PREFIX = b"fpm."
+# Dynamo's event plane (its engines' own publishers): the topic, and the envelope's format byte and header.
+DYNAMO_FPM_TOPIC = b"forward-pass-metrics"
+DYNAMO_ENVELOPE_FORMAT = 1
+_ENVELOPE_HEADER = struct.Struct(">BI")
 MAX_MESSAGE_BYTES = 64 * 1024  # a real message is ~250 bytes; anything near this is not forward-pass metrics
 # ZMQ's own cap: a peer that sends more is disconnected by ZMQ before we see it (a memory guard, not counted).
 # Four times our own limit, so that oversized messages up to it still arrive to be counted.
@@ -104,6 +110,7 @@ class DropReason(enum.StrEnum):
     BAD_FRAMES = "bad_frames"  # not [topic, payload], or a topic other than fpm.prefill / fpm.decode
     NOT_MSGPACK = "not_msgpack"  # the payload is not exactly one msgpack value
     BAD_SCHEMA = "bad_schema"  # msgpack, but not a ForwardPassMetrics (field missing, mistyped or out of range)
+    UNKNOWN_PUBLISHER = "unknown_publisher"  # a Dynamo event from a publisher not (or no longer) in the discovery
 
 
 class FpmDecodeError(ValueError):
@@ -167,10 +174,88 @@ def decode_fpm_message(
         component = Component(topic[len(TOPIC_PREFIX) :].decode("ascii"))
     except (UnicodeDecodeError, ValueError):
         raise FpmDecodeError(DropReason.BAD_FRAMES, f"unknown pool in topic {topic[:40]!r}") from None
+    return _decode_metrics(component, _unpack(payload))
+
+
+def _unpack(payload: bytes) -> Any:
     try:
-        body = msgpack.unpackb(payload, raw=False, strict_map_key=True)  # size already bounded above
+        return msgpack.unpackb(payload, raw=False, strict_map_key=True)  # the caller bounded its size
     except Exception as exc:  # msgpack raises many types (ExtraData, FormatError, StackError, ...): all mean garbage
         raise FpmDecodeError(DropReason.NOT_MSGPACK, f"{type(exc).__name__}: {str(exc)[:80]}") from None
+
+
+def decode_dynamo_fpm_event(
+    frames: Sequence[bytes], components: Mapping[int, Component], *, max_bytes: int = MAX_MESSAGE_BYTES
+) -> tuple[ForwardPassMetrics, int | None]:
+    """Decode one message of Dynamo's event plane on its `forward-pass-metrics` topic, as Dynamo 1.6.1's engines
+    (and its mocker) publish them on the ZMQ socket each binds and registers in the discovery store.
+
+    Four frames: the topic, the publisher's id (8 bytes, big-endian), the sequence number (8 bytes), and the
+    envelope: a format byte (1), the length of what follows (4 bytes, big-endian) and a msgpack map
+    `{publisher_id, sequence, published_at, topic, payload}` whose `payload` is the msgpack `ForwardPassMetrics`
+    this module's own messages carry. Neither says which pool the engine serves: `components` maps each
+    publisher id found in the discovery store (`discover_dynamo_fpm_publishers`) to its pool.
+
+    Raises:
+        FpmDecodeError: as `decode_fpm_message`; `UNKNOWN_PUBLISHER` for a publisher not in `components`.
+    """
+    if len(frames) != 4 or frames[0] != DYNAMO_FPM_TOPIC:
+        raise FpmDecodeError(
+            DropReason.BAD_FRAMES, f"{len(frames)} frames on topic {frames[0][:40]!r}, expected Dynamo's 4 on "
+            f"{DYNAMO_FPM_TOPIC!r}" if frames else "no frames",
+        )  # fmt: skip
+    envelope = frames[3]
+    if len(envelope) > max_bytes:
+        raise FpmDecodeError(DropReason.OVERSIZED, f"envelope of {len(envelope)} bytes, limit {max_bytes}")
+    if len(frames[1]) != 8 or len(frames[2]) != 8:
+        raise FpmDecodeError(DropReason.BAD_FRAMES, "publisher id and sequence must be 8 bytes each")
+    publisher_id = int.from_bytes(frames[1], "big")
+    if len(envelope) < _ENVELOPE_HEADER.size:
+        raise FpmDecodeError(DropReason.BAD_FRAMES, f"envelope of {len(envelope)} bytes: no header")
+    envelope_format, length = _ENVELOPE_HEADER.unpack_from(envelope)
+    if envelope_format != DYNAMO_ENVELOPE_FORMAT or length != len(envelope) - _ENVELOPE_HEADER.size:
+        raise FpmDecodeError(
+            DropReason.BAD_FRAMES, f"envelope format {envelope_format}, length {length} for "
+            f"{len(envelope) - _ENVELOPE_HEADER.size} bytes (expected format {DYNAMO_ENVELOPE_FORMAT})",
+        )  # fmt: skip
+    outer = _unpack(envelope[_ENVELOPE_HEADER.size :])
+    if not isinstance(outer, dict) or not isinstance(outer.get("payload"), bytes):
+        raise _schema_error("envelope", outer, "a map with a binary payload")
+    component = components.get(publisher_id)
+    if component is None:
+        raise FpmDecodeError(DropReason.UNKNOWN_PUBLISHER, f"publisher {publisher_id} is not in the discovery store")
+    return _decode_metrics(component, _unpack(outer["payload"]))
+
+
+def discover_dynamo_fpm_publishers(discovery_dir: Path) -> dict[str, tuple[int, Component]]:
+    """The forward-pass metrics publishers registered in a Dynamo file discovery store (`DYN_FILE_KV`): their ZMQ
+    endpoint -> (publisher id, pool). The pool is the registering endpoint's component: `prefill` for prefill
+    engines, the decode pool otherwise (decode engines, and aggregated ones, whose one pool is counted as decode).
+    Entries that cannot be read (being written, removed meanwhile) are skipped: the next scan sees them."""
+    import json
+
+    found: dict[str, tuple[int, Component]] = {}
+    channels = discovery_dir / "v1" / "event_channels"
+    try:
+        entries = list(channels.iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            channel = json.loads(entry.read_text(encoding="utf-8"))
+            if channel.get("topic") != DYNAMO_FPM_TOPIC.decode() or channel["transport"]["kind"] != "Zmq":
+                continue
+            endpoint = channel["transport"]["config"]["endpoint"]
+            component_name = channel["scope"]["endpoint"]["component"]
+            publisher_id = int(channel["instance_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        found[endpoint] = (publisher_id, Component.PREFILL if component_name == "prefill" else Component.DECODE)
+    return found
+
+
+def _decode_metrics(component: Component, body: Any) -> tuple[ForwardPassMetrics, int | None]:
+    """The `ForwardPassMetrics` of a decoded msgpack body (strict: module docstring)."""
     if not isinstance(body, dict):
         raise _schema_error("message", body, "a map")
     worker_id = body.get("worker_id", "")
@@ -394,6 +479,9 @@ class FpmIngest:
         max_message_bytes: larger payloads are dropped as `oversized`.
         lock_timeout_s, statement_timeout_s: the database session's `lock_timeout` and `statement_timeout`.
         curve: authenticate publishers with ZeroMQ CURVE (module docstring); None = no authentication.
+        dynamo_discovery: a Dynamo file discovery store (`DYN_FILE_KV`): the ingest connects to every forward-pass
+            metrics publisher registered there (Dynamo's engines bind their own), checked every
+            `discovery_every_s`, and reads their event-plane messages (`decode_dynamo_fpm_event`).
     """
 
     def __init__(
@@ -414,9 +502,15 @@ class FpmIngest:
         statement_timeout_s: float = STATEMENT_TIMEOUT_S,
         curve: CurveServer | None = None,
         context: zmq.Context | None = None,
+        dynamo_discovery: Path | None = None,
+        discovery_every_s: float = 2.0,
     ) -> None:
-        if not bind and not connect:
-            raise ValueError("the ingest needs at least one endpoint to bind or connect to")
+        if not bind and not connect and dynamo_discovery is None:
+            raise ValueError("the ingest needs an endpoint to bind or connect to, or a Dynamo discovery store")
+        self.dynamo_discovery = dynamo_discovery
+        self.discovery_every_s = discovery_every_s
+        self._dynamo_publishers: dict[str, tuple[int, Component]] = {}  # endpoint -> (publisher id, pool)
+        self._publisher_pools: dict[int, Component] = {}
         self.deployment_id = deployment_id
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
@@ -452,6 +546,8 @@ class FpmIngest:
         self._socket.setsockopt(zmq.RCVHWM, RCVHWM)  # ZMQ drops silently beyond its high-water mark
         self._socket.setsockopt(zmq.MAXMSGSIZE, ZMQ_MAX_MESSAGE_BYTES)
         self._socket.setsockopt(zmq.SUBSCRIBE, TOPIC_PREFIX)
+        if dynamo_discovery is not None:
+            self._socket.setsockopt(zmq.SUBSCRIBE, DYNAMO_FPM_TOPIC)
         self.endpoints: list[str] = []
         try:
             for endpoint in bind:
@@ -470,7 +566,10 @@ class FpmIngest:
         """Decode one message and queue it for the next flush (counted as a heartbeat when idle), or count a drop."""
         self.stats.received += 1
         try:
-            fpm, version = decode_fpm_message(frames, max_bytes=self.max_message_bytes)
+            if self.dynamo_discovery is not None and frames and frames[0] == DYNAMO_FPM_TOPIC:
+                fpm, version = decode_dynamo_fpm_event(frames, self._publisher_pools, max_bytes=self.max_message_bytes)
+            else:
+                fpm, version = decode_fpm_message(frames, max_bytes=self.max_message_bytes)
         except FpmDecodeError as exc:
             self.stats.dropped[exc.reason] = self.stats.dropped.get(exc.reason, 0) + 1
             self._limiter.warning(f"drop-{exc.reason}", "dropped a forward-pass metrics message: %s", exc)
@@ -484,6 +583,28 @@ class FpmIngest:
             self.stats.lost_pending += 1
             self._limiter.warning("full", "forward-pass queue full (%d samples): dropping the oldest", self.max_pending)
         self._pending.append(FpmSample(fpm=fpm, received_at=received_at, version=version))
+
+    def rescan_discovery(self) -> None:
+        """Connect to the publishers newly registered in the Dynamo discovery store, and disconnect from those gone
+        (an engine stopped or drained); their pools are what `decode_dynamo_fpm_event` tags samples with."""
+        if self.dynamo_discovery is None:
+            return
+        found = discover_dynamo_fpm_publishers(self.dynamo_discovery)
+        for endpoint in self._dynamo_publishers.keys() - found.keys():
+            with contextlib.suppress(zmq.ZMQError):  # already gone
+                self._socket.disconnect(endpoint)
+            self.endpoints.remove(endpoint)
+            log.info("forward-pass metrics publisher %s left the discovery store", endpoint)
+        for endpoint in found.keys() - self._dynamo_publishers.keys():
+            try:
+                self._socket.connect(endpoint)
+            except zmq.ZMQError as exc:
+                self._limiter.warning(f"connect-{endpoint}", "cannot connect to publisher %s: %s", endpoint, exc)
+                continue
+            self.endpoints.append(endpoint)
+            log.info("forward-pass metrics publisher %s (%s) in the discovery store", endpoint, found[endpoint][1])
+        self._dynamo_publishers = {e: found[e] for e in found if e in self.endpoints}
+        self._publisher_pools = {publisher_id: pool for publisher_id, pool in found.values()}
 
     def _drain(self) -> None:
         """Take what the socket holds now, up to one batch, without blocking."""
@@ -555,8 +676,12 @@ class FpmIngest:
         poller.register(self._socket, zmq.POLLIN)
         now = time.monotonic()
         next_flush, next_expire, next_stats = now + self.flush_interval_s, now, now + stats_every_s
+        next_discovery = now
         try:
             while not stop.is_set():
+                if now >= next_discovery:
+                    self.rescan_discovery()
+                    next_discovery = now + self.discovery_every_s
                 if poller.poll(timeout=100):  # wake at least every 100 ms to notice `stop`
                     self._drain()
                 now = time.monotonic()

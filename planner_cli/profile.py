@@ -151,6 +151,10 @@ def _mocker_timing(dynamo: str, source_dir: Path, out: Path):
     )
 
 
+def _rps(value: float | None) -> str:
+    return "none (SLA unreachable)" if value is None else f"{value:.3f}"
+
+
 def _round_trip(args: argparse.Namespace) -> int:
     from planner_cli import live
     from planner_core.config import MOCKER_COMMAND
@@ -227,10 +231,40 @@ def _round_trip(args: argparse.Namespace) -> int:
     with contextlib.suppress(RuntimeError):
         write_plots(descaled_dir, prefill, decode, title="Measured mocker, descaled, vs the H200 profile",
                     reference=(h200.prefill, h200.decode))  # fmt: skip
+    # The same sweep points timed by each reference, descaled: the mocker's own timing there is what a perfect
+    # profiler would have written (so measured vs it is the profiler's error); the source there tells the sweep's
+    # coarseness apart from the mocker's fitting of its source.
     capacity = {"source": _capacity(live.PROFILE_DIR), "measured": _capacity(descaled_dir)}
+    for against, comparison in comparisons.items():
+        by_role = {role: [row for row in comparison.rows if row[0] == role.value] for role in Role}
+        points_dir = out / f"{against}-at-points"
+        write_profile(
+            points_dir,
+            PrefillProfile(
+                isl=prefill.isl,
+                ttft_ms=[row[4] / slowdown for row in by_role[Role.PREFILL]],
+                thpt_per_gpu=[row[1] / (row[4] / slowdown / 1000.0) for row in by_role[Role.PREFILL]],
+            ),
+            DecodeProfile(
+                kv_usage=decode.kv_usage,
+                context_length=decode.context_length,
+                itl_ms=[row[4] / slowdown for row in by_role[Role.DECODE]],
+                thpt_per_gpu=[row[1] / (row[4] / slowdown / 1000.0) for row in by_role[Role.DECODE]],
+                max_kv_tokens=decode.max_kv_tokens,
+            ),
+        )
+        capacity[f"{against}_at_points"] = _capacity(points_dir)
+    # the seed-004 TTFT/TPOT files of the measured profile (`planner profile-json`), beside it
+    subprocess.run(  # noqa: S603 - our own command
+        [sys.executable, "-m", "planner_cli", "profile-json", "--from", "dynamo", "--profile", str(descaled_dir),
+         "--model", live.MODEL_NAME, "--out-dir", str(descaled_dir)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
     key = "requests_per_s_per_gpu"
     src_rps, meas_rps = capacity["source"][key], capacity["measured"][key]
     capacity_error = None if not src_rps or meas_rps is None else meas_rps / src_rps - 1.0
+    model_rps = capacity["mocker_model_at_points"][key]
+    profiler_capacity_error = None if not model_rps or meas_rps is None else meas_rps / model_rps - 1.0
     roles = {
         against: {
             role.value: {
@@ -264,6 +298,7 @@ def _round_trip(args: argparse.Namespace) -> int:
         "capacity_check": CAPACITY_CHECK,
         "capacity_relative_error": capacity_error,
         "capacity_within_tolerance": capacity_error is not None and abs(capacity_error) <= CAPACITY_TOLERANCE,
+        "capacity_relative_error_vs_mocker_model": profiler_capacity_error,
     }
     (out / "roundtrip.json").write_text(json.dumps(report, indent=1) + "\n")
     for against, by_role in roles.items():
@@ -274,8 +309,9 @@ def _round_trip(args: argparse.Namespace) -> int:
             )
     print(
         f"capacity at ISL {CAPACITY_CHECK['isl']}/OSL {CAPACITY_CHECK['osl']}, TTFT {CAPACITY_CHECK['ttft_ms']:g} ms/"
-        f"ITL {CAPACITY_CHECK['itl_ms']:g} ms: source {src_rps} req/s/GPU, measured {meas_rps} req/s/GPU "
-        f"({'n/a' if capacity_error is None else f'{100 * capacity_error:+.1f} %'}); {out / 'roundtrip.json'}"
+        f"ITL {CAPACITY_CHECK['itl_ms']:g} ms: source {_rps(src_rps)} req/s/GPU, measured {_rps(meas_rps)} req/s/GPU "
+        f"({'n/a' if capacity_error is None else f'{100 * capacity_error:+.1f} %'}); the mocker's own timing at the "
+        f"same points {_rps(model_rps)} req/s/GPU; {out / 'roundtrip.json'}"
     )
     return 0
 
@@ -286,7 +322,62 @@ def _round_trip(args: argparse.Namespace) -> int:
 
 
 def _aic(args: argparse.Namespace) -> int:
-    raise ValueError("--aic: not built yet")
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from planner_core.lab.aic import parse_grid, resolve_aic_python
+    from planner_core.lab.profile_aic import AicProfileSpec, profile_from_aic
+    from planner_core.lab.profiler import write_plots, write_profile
+    from planner_core.perf.profile import load_profile
+
+    spec = AicProfileSpec(
+        model=args.model or "nvidia/Llama-3.1-8B-Instruct-FP8",
+        aic_model=args.aic_model,
+        gemm_quant=args.gemm_quant,
+        gpu=args.gpu,
+        backend=args.backend,
+        isl=args.isl,
+        osl=args.osl,
+        ttft_ms=args.ttft_ms,
+        itl_ms=args.itl_ms,
+        tp_grid=parse_grid("--tp-grid", args.tp_grid),
+    )
+    _ = spec.system  # an unknown GPU fails before aiconfigurator starts
+    aic_python = resolve_aic_python(args.aic_python)
+    console = Console(stderr=True)
+    columns = (TextColumn("aiconfigurator"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task("estimates", total=len(spec.calls()))
+        result = profile_from_aic(spec, aic_python=aic_python, on_estimate=lambda _e: bar.advance(task))
+    print(
+        f"{spec.model} on {spec.system} ({spec.backend}), ISL {spec.isl}, OSL {spec.osl}, TTFT <= {spec.ttft_ms:g} ms, "
+        f"ITL <= {spec.itl_ms:g} ms; aiconfigurator {result.aiconfigurator_version}, {result.num_estimates} "
+        f"estimates ({result.num_failed} failed)"
+    )
+    for role, ranking, what in (
+        ("prefill", result.prefill_ranking, f"TTFT at ISL {spec.isl}"),
+        ("decode", result.decode_ranking, f"ITL at context {spec.target_context}"),
+    ):
+        for rank, choice in enumerate(ranking):
+            tag = "chosen  " if rank == 0 else "runner-up"
+            batch = f", batch {choice.batch}" if role == "decode" else ""
+            sla = "meets the target" if choice.meets_sla else choice.reason
+            print(
+                f"  {role:7} {tag} {choice.config} ({choice.num_gpus} GPU): {what} {choice.latency_ms:.2f} ms{batch}, "
+                f"{choice.thpt_per_gpu:,.0f} tokens/s/GPU ({sla})"
+            )
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_profile(args.out, result.prefill, result.decode)
+    label = f"{result.prefill_ranking[0].config} prefill, {result.decode_ranking[0].config} decode"
+    try:
+        write_plots(
+            args.out, result.prefill, result.decode, title=f"{spec.model} on {spec.system}: {label} (aiconfigurator)"
+        )
+    except RuntimeError as exc:
+        print(f"planner profile: {exc}", file=sys.stderr)
+    load_profile(args.out)  # what the planner will read, checked now
+    print(f"{args.out}: the profile of {label}")
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -334,6 +425,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--aic", action="store_true", help="from aiconfigurator estimates: pick the best configuration per role"
     )
     p.add_argument("--gpu", default="H200", help="--aic: GPU (H200, H100, B200, ...)")
+    p.add_argument("--backend", default="vllm", help="--aic: vllm, sglang or trtllm")
+    p.add_argument("--tp-grid", default="1,2,4,8", help="--aic: tensor-parallel sizes to compare")
+    p.add_argument("--isl", type=int, default=3000, help="--aic: target ISL (tokens) the choice is made at")
+    p.add_argument("--osl", type=int, default=300, help="--aic: target OSL (tokens); decode context ISL + OSL/2")
+    p.add_argument(
+        "--aic-model", default="meta-llama/Meta-Llama-3.1-8B", help="--aic: the model aiconfigurator is asked about"
+    )
+    p.add_argument("--gemm-quant", default="fp8", help="--aic: aiconfigurator GEMM quant mode")
+    p.add_argument("--aic-python", default=None, help="--aic: interpreter with aiconfigurator (default: this one)")
     p.add_argument("--ttft-ms", type=float, default=200.0, help="--aic: TTFT target (ms)")
     p.add_argument("--itl-ms", type=float, default=10.0, help="--aic: ITL target (ms)")
     p.set_defaults(func=cmd_profile)

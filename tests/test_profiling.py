@@ -242,3 +242,33 @@ def test_unreachable_endpoint_and_unknown_model_are_one_line(engine, tmp_path):
     with pytest.raises(ProfilerError, match=r"model 'other' is not served \(served: m\)$"):
         run_sweep(engine, "other", points, tmp_path)
     assert not (tmp_path / MEASUREMENTS_FILE).exists()  # nothing measured, nothing written
+
+
+# --------------------------------------------------------------------------------------------------------
+# Choosing the parallel configuration (`planner profile --aic`)
+# --------------------------------------------------------------------------------------------------------
+
+
+def test_rank_prefill_best_throughput_per_gpu_meeting_ttft():
+    from planner_core.perf.profiling import rank_prefill
+
+    # TP1 misses 200 ms; TP2 and TP4 meet it, TP2 with more tokens/s per GPU (3000 / 0.15 / 2 > 3000 / 0.09 / 4)
+    ranking = rank_prefill({("TP1", 1): 250.0, ("TP2", 2): 150.0, ("TP4", 4): 90.0}, isl=3000, ttft_target_ms=200)
+    assert [c.config for c in ranking] == ["TP2", "TP4", "TP1"]
+    assert ranking[0].thpt_per_gpu == pytest.approx(3000 / 0.150 / 2)
+    assert ranking[-1].reason == "ttft_over_target" and not ranking[-1].meets_sla
+
+
+def test_rank_decode_largest_fitting_batch_under_itl():
+    from planner_core.perf.profiling import rank_decode
+
+    table = {
+        ("TP1", 1): {1: (5.0, True), 16: (9.0, True), 64: (12.0, True)},  # batch 16: 16 / 9 ms
+        ("TP2", 2): {1: (4.0, True), 16: (6.0, True), 64: (9.5, True)},  # batch 64: 64 / 9.5 ms / 2 GPUs
+        ("TP4", 4): {1: (11.0, True)},  # misses at batch 1
+        ("TP8", 8): {1: (3.0, False)},  # does not fit
+    }
+    ranking = rank_decode(table, itl_target_ms=10.0)
+    assert [(c.config, c.batch) for c in ranking[:2]] == [("TP2", 64), ("TP1", 16)]
+    assert ranking[0].thpt_per_gpu == pytest.approx(64 / 0.0095 / 2)
+    assert {c.config: c.reason for c in ranking[2:]} == {"TP4": "no_batch_meets_itl", "TP8": "does_not_fit_memory"}

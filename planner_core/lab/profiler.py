@@ -316,10 +316,9 @@ def _figures(prefill: PrefillProfile, decode: DecodeProfile, reference: tuple[Pr
     thpt_ax.plot(prefill.isl, prefill.thpt_per_gpu, "o-", label="measured")
     if reference is not None:
         ref = reference[0]
-        ttft_ax.plot(ref.isl, ref.ttft_ms, "x--", color="grey", label="reference")
-        thpt_ax.plot(ref.isl, ref.thpt_per_gpu, "x--", color="grey", label="reference")
-        ttft_ax.set_xlim(0, max(prefill.isl) * 1.1)
-        thpt_ax.set_xlim(0, max(prefill.isl) * 1.1)
+        shown = ref.isl <= prefill.isl.max() * 1.2  # the reference over the measured range only
+        ttft_ax.plot(ref.isl[shown], ref.ttft_ms[shown], "x--", color="grey", label="reference")
+        thpt_ax.plot(ref.isl[shown], ref.thpt_per_gpu[shown], "x--", color="grey", label="reference")
     ttft_ax.set(xlabel="ISL (tokens)", ylabel="TTFT (ms)", title="Prefill: TTFT, one request at a time")
     thpt_ax.set(xlabel="ISL (tokens)", ylabel="tokens/s/GPU", title="Prefill throughput per GPU")
     for ax in (ttft_ax, thpt_ax):

@@ -29,6 +29,9 @@ import numpy as np
 from planner_core.perf.profile import DecodeProfile, EngineProfile, PrefillProfile
 
 __all__ = [
+    "ConfigChoice",
+    "rank_decode",
+    "rank_prefill",
     "DEFAULT_DECODE_BATCHES",
     "DEFAULT_DECODE_CONTEXTS",
     "DEFAULT_PREFILL_ISLS",
@@ -378,3 +381,97 @@ def compare_profiles(
         return float(value) * time_scale
 
     return compare_with(measured, lambda isl: reference.prefill_interpolator.ttft_ms(isl) * time_scale, itl_ms_at)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Choosing a parallel configuration per role from estimates (`planner profile --aic`)
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigChoice:
+    """One parallel configuration of one role at the target request shape.
+
+    Attributes:
+        role: prefill or decode.
+        config: its label, e.g. `TP2`.
+        num_gpus: GPUs per engine.
+        latency_ms: prefill: TTFT at the target ISL (batch 1); decode: ITL at the chosen batch.
+        batch: decode: the largest batch of the grid meeting the ITL target and fitting in memory (else 1).
+        thpt_per_gpu: tokens/s/GPU at that point (prefill: ISL / TTFT; decode: batch / ITL), per GPU.
+        meets_sla: the latency meets the role's target.
+        reason: why it cannot be chosen, or "" (e.g. `ttft_over_target`, `no_batch_meets_itl`).
+    """
+
+    role: Role
+    config: str
+    num_gpus: int
+    latency_ms: float
+    batch: int
+    thpt_per_gpu: float
+    meets_sla: bool
+    reason: str = ""
+
+
+def _ranked(choices: list[ConfigChoice]) -> tuple[ConfigChoice, ...]:
+    # those meeting the SLA first, by throughput per GPU; then the others by latency (closest to the target)
+    return tuple(sorted(choices, key=lambda c: (not c.meets_sla, -c.thpt_per_gpu if c.meets_sla else c.latency_ms)))
+
+
+def rank_prefill(
+    ttft_ms_by_config: dict[tuple[str, int], float], *, isl: int, ttft_target_ms: float
+) -> tuple[ConfigChoice, ...]:
+    """Prefill configurations at batch 1 and the target ISL, best first.
+
+    Args:
+        ttft_ms_by_config: `(label, num_gpus) -> TTFT (ms)` at `isl`.
+    """
+    choices = [
+        ConfigChoice(
+            role=Role.PREFILL,
+            config=label,
+            num_gpus=gpus,
+            latency_ms=ttft,
+            batch=1,
+            thpt_per_gpu=isl / (ttft / 1000.0) / gpus,
+            meets_sla=ttft <= ttft_target_ms,
+            reason="" if ttft <= ttft_target_ms else "ttft_over_target",
+        )
+        for (label, gpus), ttft in ttft_ms_by_config.items()
+    ]
+    return _ranked(choices)
+
+
+def rank_decode(
+    itl_ms_by_config: dict[tuple[str, int], dict[int, tuple[float, bool]]], *, itl_target_ms: float
+) -> tuple[ConfigChoice, ...]:
+    """Decode configurations at the target context, best first.
+
+    Args:
+        itl_ms_by_config: `(label, num_gpus) -> {batch: (ITL ms, fits in memory)}` at the target context.
+    """
+    choices = []
+    for (label, gpus), by_batch in itl_ms_by_config.items():
+        fitting = {b: itl for b, (itl, fits) in by_batch.items() if fits}
+        meeting = [b for b, itl in fitting.items() if itl <= itl_target_ms]
+        if meeting:
+            batch = max(meeting)
+            reason = ""
+        elif fitting:
+            batch, reason = min(fitting), "no_batch_meets_itl"
+        else:
+            batch, reason = min(by_batch), "does_not_fit_memory"
+        itl = by_batch[batch][0]
+        choices.append(
+            ConfigChoice(
+                role=Role.DECODE,
+                config=label,
+                num_gpus=gpus,
+                latency_ms=itl,
+                batch=batch,
+                thpt_per_gpu=batch / (itl / 1000.0) / gpus,
+                meets_sla=not reason,
+                reason=reason,
+            )
+        )
+    return _ranked(choices)

@@ -45,15 +45,18 @@ def _sweep(args: argparse.Namespace):
 
 def measure(args: argparse.Namespace, endpoint: str, out: Path, *, reference=None):
     """Run the sweep against `endpoint` (resuming), write the profile and plots; the measured EngineProfile."""
+    import asyncio
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from planner_core.lab.profiler import engine_kv_capacity, run_sweep, write_plots, write_profile
+    from planner_core.lab.profiler import check_endpoint, engine_kv_capacity, run_sweep, write_plots, write_profile
     from planner_core.perf.profile import load_profile
     from planner_core.perf.profiling import aggregate_profile, plan_sweep
 
     spec = _sweep(args)
     points = plan_sweep(spec)
+    asyncio.run(check_endpoint(endpoint, args.model))  # unreachable or wrong model: say so before anything else
     max_kv_tokens = args.max_kv_tokens or engine_kv_capacity(endpoint, args.model)
     if max_kv_tokens is None:
         raise ValueError(f"--max-kv-tokens: {endpoint}/metrics does not publish the engine's KV capacity; give it")

@@ -52,7 +52,9 @@ class AicProfileSpec:
     kvcache_quant: str | None = None
     tp_grid: tuple[int, ...] = (1, 2, 4, 8)
     isl_grid: tuple[int, ...] = (128, 512, 1024, 2048, 4096, 8192)
-    decode_batch_grid: tuple[int, ...] = (1, 4, 16, 32, 64, 128, 256, 512)
+    # the choice is made at the target context, so the batch grid is finer there than at the profile's other contexts
+    choice_batch_grid: tuple[int, ...] = (1, 4, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+    decode_batch_grid: tuple[int, ...] = (1, 4, 16, 64, 128, 256, 512)
     ctx_grid: tuple[int, ...] = (1024, 8192)
 
     @property
@@ -88,8 +90,8 @@ class AicProfileSpec:
             ]
             out += [
                 ("decode", tp, b, ctx, {**base, "mode": "static_gen", "batch_size": b, "isl": ctx, "osl": 2})
-                for b in self.decode_batch_grid
                 for ctx in contexts
+                for b in (self.choice_batch_grid if ctx == self.target_context else self.decode_batch_grid)
             ]
         return out
 

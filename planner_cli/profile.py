@@ -374,7 +374,11 @@ def _aic(args: argparse.Namespace) -> int:
     label = f"{result.prefill_ranking[0].config} prefill, {result.decode_ranking[0].config} decode"
     try:
         write_plots(
-            args.out, result.prefill, result.decode, title=f"{spec.model} on {spec.system}: {label} (aiconfigurator)"
+            args.out,
+            result.prefill,
+            result.decode,
+            title=f"{spec.model} on {spec.system}: {label} (aiconfigurator)",
+            label="aiconfigurator",
         )
     except RuntimeError as exc:
         print(f"planner profile: {exc}", file=sys.stderr)

@@ -4,6 +4,7 @@ streams tokens on a known schedule. Fast (about a second): the live round trip i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 import time
@@ -272,3 +273,42 @@ def test_rank_decode_largest_fitting_batch_under_itl():
     assert [(c.config, c.batch) for c in ranking[:2]] == [("TP2", 64), ("TP1", 16)]
     assert ranking[0].thpt_per_gpu == pytest.approx(64 / 0.0095 / 2)
     assert {c.config: c.reason for c in ranking[2:]} == {"TP4": "no_batch_meets_itl", "TP8": "does_not_fit_memory"}
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("aiconfigurator") is None,
+    reason="aiconfigurator not installed: run `make venv` (it installs the aic extra)",
+)
+def test_profile_from_aiconfigurator_on_a_tiny_grid(tmp_path):
+    import sys
+
+    from planner_core.lab.profile_aic import AicProfileSpec, profile_from_aic
+
+    spec = AicProfileSpec(
+        model="nvidia/Llama-3.1-8B-Instruct-FP8",
+        aic_model="meta-llama/Meta-Llama-3.1-8B",
+        gemm_quant="fp8",
+        gpu="h200",
+        isl=1024,
+        osl=64,
+        ttft_ms=200.0,
+        itl_ms=10.0,
+        tp_grid=(1, 2),
+        isl_grid=(),
+        choice_batch_grid=(1, 64),
+        ctx_grid=(),
+    )
+    result = profile_from_aic(spec, aic_python=sys.executable)
+    assert result.num_estimates == 2 * (1 + 2) and result.num_failed == 0  # per TP: the target ISL, two batches
+    assert {c.config for c in result.prefill_ranking} == {"TP1", "TP2"}
+    best = result.prefill_ranking[0]
+    # per GPU, one engine of TP1 prefills more than one of TP2 (TP2 is not twice as fast), and both meet 200 ms
+    assert best.config == "TP1" and best.meets_sla and result.prefill_ranking[1].meets_sla
+    assert best.thpt_per_gpu > result.prefill_ranking[1].thpt_per_gpu
+    decode = result.decode_ranking[0]
+    assert decode.meets_sla and decode.latency_ms <= 10.0 and decode.batch in (1, 64)
+    write_profile(tmp_path, result.prefill, result.decode)
+    loaded = load_profile(tmp_path)
+    assert loaded.prefill.isl.tolist() == [1024]
+    assert loaded.decode.context_length.tolist() == [1056, 1056]
+    assert loaded.decode.max_kv_tokens == 64 * 1056  # the most batch x context aiconfigurator says fits

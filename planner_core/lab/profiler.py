@@ -304,7 +304,12 @@ def write_profile(out_dir: Path, prefill: PrefillProfile, decode: DecodeProfile)
     return written
 
 
-def _figures(prefill: PrefillProfile, decode: DecodeProfile, reference: tuple[PrefillProfile, DecodeProfile] | None):
+def _figures(
+    prefill: PrefillProfile,
+    decode: DecodeProfile,
+    reference: tuple[PrefillProfile, DecodeProfile] | None,
+    label: str,
+):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -312,8 +317,8 @@ def _figures(prefill: PrefillProfile, decode: DecodeProfile, reference: tuple[Pr
 
     figures = {}
     fig, (ttft_ax, thpt_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    ttft_ax.plot(prefill.isl, prefill.ttft_ms, "o-", label="measured")
-    thpt_ax.plot(prefill.isl, prefill.thpt_per_gpu, "o-", label="measured")
+    ttft_ax.plot(prefill.isl, prefill.ttft_ms, "o-", label=label)
+    thpt_ax.plot(prefill.isl, prefill.thpt_per_gpu, "o-", label=label)
     if reference is not None:
         ref = reference[0]
         shown = ref.isl <= prefill.isl.max() * 1.2  # the reference over the measured range only
@@ -371,6 +376,7 @@ def write_plots(
     *,
     title: str,
     reference: tuple[PrefillProfile, DecodeProfile] | None = None,
+    label: str = "measured",
 ) -> list[Path]:
     """`prefill_performance.png`, `decode_performance.png` and `profile.html` (the plots inline as PNG data and
     the measured values as tables: one file, no network). Needs matplotlib.
@@ -379,7 +385,7 @@ def write_plots(
         ProfilerError: matplotlib is not installed.
     """
     try:
-        figures, plt = _figures(prefill, decode, reference)
+        figures, plt = _figures(prefill, decode, reference, label)
     except ImportError as exc:
         raise ProfilerError(f"plots need matplotlib ({exc}); the profile itself is written") from exc
     written, inline = [], {}

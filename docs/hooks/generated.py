@@ -450,7 +450,8 @@ def render_profile_roundtrip(path: Path) -> str:
         f"({'within' if record['capacity_within_tolerance'] else 'not within'} 10 %); measured vs the mocker's own "
         f"timing at the same points: {_pct_signed(record.get('capacity_relative_error_vs_mocker_model'))}.",
         "",
-        "| role | batch | ISL / context | measured (ms, slowed engine) | source (ms) | error | mocker timing (ms) | error |",
+        "| role | batch | ISL / context | measured (ms, slowed engine) | source (ms) | error | mocker timing (ms) "
+        "| error |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for src, mock in zip(record["points"]["source"], record["points"]["mocker_model"], strict=True):

@@ -281,6 +281,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a profile is read by the planner, maybe as another user
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

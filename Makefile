@@ -9,7 +9,7 @@ export NO_MKDOCS_2_WARNING := 1
 # statsmodels fits are 10-20x slower when OpenBLAS threads fight other processes on a small machine
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: venv demo test explore lint docs clean dynamo-env live-env live test-live profile-roundtrip
+.PHONY: venv demo test explore lint docs clean dynamo-env live-env live test-live test-workers profile-roundtrip
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -87,6 +87,10 @@ live-env: $(AIPERF_STAMP) $(LIVE_MODEL)/config.json
 # traffic; prints the comparison (LIVE_ARGS: e.g. --duration-s 600 --fixed-size 2).
 live: $(STAMP) $(DYNAMO_STAMP) live-env
 	nice -n 5 $(VENV)/bin/planner live $(LIVE_ARGS)
+
+# The fleet on two real Prefect process workers (prefect.yaml's `fleet` deployment): a minute or two.
+test-workers: $(STAMP)
+	PLANNER_WORKER_TESTS=1 $(VENV)/bin/python -m pytest -q tests/test_fleet_workers.py
 
 # The live stack's integration tests (a few minutes: real frontend, engines, Prometheus); not in `make test`.
 test-live: $(STAMP) $(DYNAMO_STAMP) live-env

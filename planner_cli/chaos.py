@@ -19,10 +19,14 @@ Postgres and its own Prefect server:
    decision history (time, targets, status, acknowledged), duplicates (two ticks at one scheduled time, two
    decisions of one tick), losses (a baseline tick or decision missing) and extras; the audit chain is verified.
 
-The JSON report (`--report`) has the kill counts by kind, each kill's log line and the per-round comparison.
-The demo runs the tick and the execution in one process (Prefect runs the tasks in-process), so "the tick
-process" and "the execution process" are that one process, killed at different moments; the demo runs no FPM
-ingest (its traffic comes from the simulator, and it runs no load loop), so there is no ingest process to kill.
+Before the demo leg, `--ingest-kills N` runs the ingest leg (`planner_cli.chaos_ingest`): kill -9 of a
+`planner ingest` process, and of Postgres under it, while a publisher sends numbered forward-pass metrics; the
+stored samples are checked against the messages sent.
+
+The JSON report (`--report`) has the kill counts by kind, each kill's log line, the per-round comparison and the
+ingest leg's check. The demo runs the tick and the execution in one process (Prefect runs the tasks in-process),
+so "the tick process" and "the execution process" are that one process, killed at different moments; the demo
+runs no FPM ingest (its traffic comes from the simulator), which is why the ingest has a leg of its own.
 """
 
 from __future__ import annotations
@@ -42,8 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from planner_cli.chaos_ingest import INGEST_FAULTS, ingest_leg_clean, run_ingest_leg
 from planner_cli.common import DEFAULT_TRACE
-from planner_core.data import DEFAULT_CONFIG
+from planner_core.data import CHAOS_CONFIG
 from planner_core.runtime.settings import RuntimeSettings
 
 FAULTS = ("demo-random", "demo-after-tick", "postgres", "prefect")
@@ -72,6 +77,7 @@ class ChaosRun:
     prefect: subprocess.Popen | None = None
     demo: subprocess.Popen | None = None  # the demo attempt running now
     kills: list[Kill] = field(default_factory=list)
+    commit: str | None = None  # the code's commit when the run began (the checkout may move while it runs)
 
     @property
     def pg_dir(self) -> Path:
@@ -209,7 +215,9 @@ def _tick_count(url: str, deployment: str) -> int | None:
 
 def _demo_command(args: argparse.Namespace, deployment: str) -> list[str]:
     return [
-        sys.executable, "-m", "planner_cli.main", "demo", "--trace", str(args.trace), "--config", str(args.config),
+        # resolved: the demo runs in the run's folder, so a path relative to the caller's folder would not be found
+        sys.executable, "-m", "planner_cli.main", "demo", "--trace", str(args.trace.resolve()),
+        "--config", str(args.config.resolve()),
         "--deployment", deployment, "--max-windows", str(args.windows), "--rate-scale", str(args.rate_scale),
     ]  # fmt: skip
 
@@ -389,7 +397,7 @@ def run_chaos(args: argparse.Namespace) -> dict[str, Any]:
         "DO_NOT_TRACK": "1",
         "OPENBLAS_NUM_THREADS": "1",
     }
-    run = ChaosRun(folder=folder, port=port, env=env)
+    run = ChaosRun(folder=folder, port=port, env=env, commit=_commit())
     started_at = dt.datetime.now(dt.UTC)
     wall_started = time.monotonic()
     rounds: list[dict[str, Any]] = []
@@ -399,12 +407,23 @@ def run_chaos(args: argparse.Namespace) -> dict[str, Any]:
     # SIGINT sent to it) would otherwise be lost
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
+    ingest: dict[str, Any] | None = None
+    baseline: dict[str, list] = {"ticks": [], "decisions": []}
+    baseline_s = 0.0
     try:
         run.owner_url()  # the embedded server, initialised before any kill (a first initialisation is not a target)
-        run.start_prefect()
-        baseline_s = run_baseline(run, args)
-        print(f"baseline: {args.windows} windows in {baseline_s:.1f} s", file=sys.stderr)
-        baseline = _sequences(run.owner_url(), "baseline")
+        if args.ingest_kills > 0:
+            ingest = run_ingest_leg(
+                run, num_kills=args.ingest_kills, config=args.config.resolve(), seed=args.seed,
+                rate_hz=args.ingest_rate_hz, rng=rng, port=_free_port(), reconnect_s=args.ingest_reconnect_s,
+                log=lambda line: print(line, file=sys.stderr),
+            )  # fmt: skip
+            print(f"ingest leg: {_ingest_summary(ingest)}", file=sys.stderr)
+        if args.kills > 0:
+            run.start_prefect()
+            baseline_s = run_baseline(run, args)
+            print(f"baseline: {args.windows} windows in {baseline_s:.1f} s", file=sys.stderr)
+            baseline = _sequences(run.owner_url(), "baseline")
         round_no = 0
 
         def out_of_time() -> bool:
@@ -436,7 +455,9 @@ def run_chaos(args: argparse.Namespace) -> dict[str, Any]:
             result["num_kills"] = len(run.kills) - kills_before
             rounds.append(result)
             print(f"round {round_no}: {result}", file=sys.stderr)
-            _write_report(args, _report(args, run, rounds, baseline, baseline_s, num_attempts, started_at, None))
+            _write_report(
+                args, _report(args, run, rounds, baseline, baseline_s, num_attempts, started_at, None, ingest)
+            )
         url = to_sqlalchemy_url(run.owner_url())
         with session_factory(url).begin() as session:
             chain = verify_chain(session)
@@ -446,7 +467,7 @@ def run_chaos(args: argparse.Namespace) -> dict[str, Any]:
             _kill(run.demo)  # an interrupted run leaves no demo behind
         run.stop_prefect()
         run.stop_postgres()  # on success, error, Ctrl-C or SIGTERM alike
-    report = _report(args, run, rounds, baseline, baseline_s, num_attempts, started_at, chain)
+    report = _report(args, run, rounds, baseline, baseline_s, num_attempts, started_at, chain, ingest)
     _write_report(args, report)
     return report
 
@@ -466,19 +487,23 @@ def _report(
     num_attempts: int,
     started_at: dt.datetime,
     chain: Any,
+    ingest: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The JSON report; `chain` (the audit chain check) is None while the run is still going."""
+    """The JSON report; `chain` (the audit chain check) is None while the run is still going, `ingest` (the
+    ingest leg's result) None when it did not run. `num_kills` and `kills_by_fault` count both legs."""
     by_fault = {fault: sum(1 for k in run.kills if k.fault == fault) for fault in FAULTS}
+    by_fault |= {fault: 0 if ingest is None else ingest["kills_by_fault"][fault] for fault in INGEST_FAULTS}
     return {
         "command": " ".join(["planner", *args.argv]),
-        "commit": _commit(),
+        "commit": run.commit,
         "started_at": started_at.isoformat(timespec="seconds"),
         "finished": chain is not None,
         "duration_s": round((dt.datetime.now(dt.UTC) - started_at).total_seconds(), 1),
         "seed": args.seed,
         "windows": args.windows,
         "baseline_s": round(baseline_s, 1),
-        "num_kills": len(run.kills),
+        "num_kills": sum(by_fault.values()),
+        "num_demo_kills": len(run.kills),
         "kills_by_fault": by_fault,
         "num_demo_attempts": num_attempts,
         "hung_demos_killed": sum(1 for k in run.kills if "hung" in k.note),
@@ -497,21 +522,37 @@ def _report(
         "audit_chain": None
         if chain is None
         else {"ok": chain.ok, "num_rows": chain.num_rows, "broken": chain.broken and chain.broken.line()},
+        "ingest": ingest,
         "rounds": rounds,
         "kills": [k.__dict__ for k in run.kills],
         "folder": str(run.folder),
     }
 
 
+def _ingest_summary(ingest: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in ingest.items() if k != "faults"}
+
+
 def cmd_chaos(args: argparse.Namespace) -> int:
-    if args.kills < 1 or args.windows < 2:
-        raise ValueError(f"--kills = {args.kills}, --windows = {args.windows}: need at least 1 kill and 2 windows")
+    if args.kills < 0 or args.ingest_kills < 0 or args.kills + args.ingest_kills < 1:
+        raise ValueError(
+            f"--kills = {args.kills}, --ingest-kills = {args.ingest_kills}: need at least 1 kill in all, none negative"
+        )
+    if args.windows < 2:
+        raise ValueError(f"--windows = {args.windows}: need at least 2 windows")
+    if not args.ingest_rate_hz > 0 or not args.ingest_reconnect_s >= 0:
+        raise ValueError(
+            f"--ingest-rate-hz = {args.ingest_rate_hz}, --ingest-reconnect-s = {args.ingest_reconnect_s}: "
+            "need a rate > 0 and a reconnection allowance >= 0"
+        )
     unknown = sorted(set(args.faults) - set(FAULTS))
     if unknown:
         known = ", ".join(FAULTS)
         raise ValueError(f"--faults = {','.join(args.faults)}: unknown {', '.join(unknown)} (known: {known})")
     report = run_chaos(args)
-    summary = {k: v for k, v in report.items() if k not in ("rounds", "kills")}
+    summary = {k: v for k, v in report.items() if k not in ("rounds", "kills", "ingest")}
+    if report["ingest"] is not None:
+        summary["ingest"] = _ingest_summary(report["ingest"])
     print(json.dumps(summary, indent=2, default=str))
     clean = (
         report["duplicate_ticks"] == report["duplicate_decisions"] == 0
@@ -519,6 +560,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
         and report["extra_ticks"] == report["extra_decisions"] == 0
         and report["rounds_identical"] == report["num_rounds"]
         and report["audit_chain"]["ok"]
+        and (report["ingest"] is None or ingest_leg_clean(report["ingest"]))
     )
     return 0 if clean else 1
 
@@ -528,11 +570,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     chaos = sub.add_parser(
         "chaos", help="kill -9 the demo, Postgres and Prefect at random; report duplicated or lost decisions"
     )
-    chaos.add_argument("--kills", type=int, default=10, help="faults to inject in all")
+    chaos.add_argument("--kills", type=int, default=10, help="faults to inject over demo runs (0: no demo leg)")
+    chaos.add_argument(
+        "--ingest-kills", type=int, default=0,
+        help="faults to inject under a running FPM ingest first (kill -9 of the ingest, or of Postgres under it)",
+    )  # fmt: skip
+    chaos.add_argument(
+        "--ingest-rate-hz", type=float, default=50.0, help="forward-pass messages per second the ingest leg publishes"
+    )
+    chaos.add_argument(
+        "--ingest-reconnect-s", type=float, default=1.0,
+        help="after a restarted ingest listens, how long a message may still be lost (publisher reconnection)",
+    )  # fmt: skip
     chaos.add_argument("--windows", type=int, default=12, help="throughput windows of each demo run")
     chaos.add_argument("--seed", type=int, default=0, help="seed of the fault draws and their moments")
     chaos.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="the demo's trace")
-    chaos.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the demo's PlannerConfig")
+    chaos.add_argument(
+        "--config", type=Path, default=CHAOS_CONFIG,
+        help="the demo's PlannerConfig (default: the recommended policy without its scale-down hold: it decides often)",
+    )  # fmt: skip
     chaos.add_argument("--rate-scale", type=float, default=12.0, help="the demo's --rate-scale")
     chaos.add_argument(
         "--data-dir", type=Path, default=None,

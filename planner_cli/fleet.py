@@ -38,6 +38,23 @@ def cmd_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sync(args: argparse.Namespace) -> int:
+    """Register every config file of a folder (one transaction: all or nothing)."""
+    from planner_core.runtime.fleet import read_fleet_folder, sync_members
+
+    declared = read_fleet_folder(args.folder)  # every file checked before anything is written
+    with _sessions().begin() as session:
+        plan = sync_members(session, declared, prune=args.prune, dry_run=args.dry_run)
+    mark = " (dry run: nothing written)" if args.dry_run else ""
+    for label, names in (("added", plan.added), ("updated", plan.updated), ("unchanged", plan.unchanged),
+                         ("removed", plan.removed)):  # fmt: skip
+        if names:
+            print(f"{label}{mark}: {', '.join(names)}")
+    if plan.kept:
+        print(f"not in {args.folder}, kept (--prune removes them): {', '.join(plan.kept)}")
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from planner_core.runtime.fleet import get_budget, list_members
 
@@ -218,6 +235,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     add.add_argument("--priority", type=int, default=0, help="higher is served first over budget (default 0)")
     add.add_argument("--weight", type=float, default=1.0, help="share within its priority (default 1)")
     add.set_defaults(func=cmd_add)
+    sync = dsub.add_parser(
+        "sync", help="register every config file of a folder (name and share from each file's `fleet:` section)"
+    )
+    sync.add_argument("folder", type=Path, help="folder of PlannerConfig files (.yaml, .yml, .json)")
+    sync.add_argument("--prune", action="store_true", help="remove members the folder does not declare")
+    sync.add_argument("--dry-run", action="store_true", help="print what would change, change nothing")
+    sync.set_defaults(func=cmd_sync)
     listing = dsub.add_parser("list", help="the members and the budget")
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(func=cmd_list)

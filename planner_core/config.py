@@ -53,6 +53,7 @@ __all__ = [
     "ConfigError",
     "EngineLimitsConfig",
     "EnvironmentKind",
+    "FleetShareConfig",
     "KubernetesWorkloadsConfig",
     "LengthQuantile",
     "LengthSizing",
@@ -1301,6 +1302,31 @@ MOCKER_COMMAND = (
 )  # fmt: skip
 
 
+class FleetShareConfig(BaseModel):
+    """This deployment's share of the fleet's GPU budget, for `planner deployments sync FOLDER` (which registers every
+    config file of a folder; `planner deployments add` takes the same values as options)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="The managed deployment's name; None = the file's name without its suffix.",
+    )
+    min_gpus: Whole = Field(default=0, ge=0, **_GPUS, description="GPUs it always keeps, over budget or not.")
+    max_gpus: Whole | None = Field(default=None, ge=0, **_GPUS, description="GPUs it may never exceed; None = no cap.")
+    priority: Whole = Field(default=0, **_PRIORITY, description="Higher is served first when over budget.")
+    weight: Number = Field(default=1.0, gt=0, **_MAGNITUDE, description="Its share within its priority.")
+
+    @model_validator(mode="after")
+    def _max_not_below_min(self) -> FleetShareConfig:
+        if self.max_gpus is not None and self.max_gpus < self.min_gpus:
+            raise ValueError(f"max_gpus {self.max_gpus} is below min_gpus {self.min_gpus}")
+        return self
+
+
 class LocalWorkersConfig(BaseModel):
     """How `environment: local` runs engine processes on this machine: one command template per role.
 
@@ -1396,6 +1422,10 @@ class ServiceConfig(BaseModel):
     local_workers: LocalWorkersConfig | None = Field(
         default=None,
         description="For environment local: the command of each role's engine process (the mocker by default).",
+    )
+    fleet: FleetShareConfig | None = Field(
+        default=None,
+        description="Its name and share of the GPU budget when a fleet registers it from a folder of config files.",
     )
     # 10 s matches the check interval of Dynamo's virtual connector (SCALING_CHECK_INTERVAL).
     execution_interval_seconds: Number = Field(

@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("docs_hooks_generated", REPO_ROOT / "docs" / "hooks" / "generated.py")
 assert _spec is not None and _spec.loader is not None
@@ -136,3 +138,38 @@ def test_profile_roundtrip_record_renders_its_tables(tmp_path):
     assert text.count("\n| prefill |") + text.count("\n| decode |") == num_points
     assert "| the mocker's own timing table | decode |" in text
     assert "run `make profile-roundtrip`" in hooks.render_profile_roundtrip(tmp_path / "missing.json")
+
+
+def test_chaos_reports_render_one_column_per_run_newest_first(tmp_path: Path) -> None:
+    """Two reports: the newer one (with an ingest leg) first; the older one, which lacks figures a later version
+    counts, shows "-" in their cells; a file that is not a report is refused, naming it."""
+    base = {
+        "command": "planner chaos --kills 2", "commit": "0123456789abcdef", "duration_s": 600.0, "num_kills": 2,
+        "kills_by_fault": {"demo-random": 1, "demo-after-tick": 0, "postgres": 1, "prefect": 0},
+        "num_demo_attempts": 3, "hung_demos_killed": 0, "num_rounds": 1, "baseline_ticks": 14,
+        "baseline_decisions": 1, "rounds_identical": 1, "duplicate_ticks": 0, "duplicate_decisions": 0,
+        "lost_ticks": 0, "lost_decisions": 0, "extra_ticks": 0, "extra_decisions": 0,
+        "audit_chain": {"ok": True, "num_rows": 40, "broken": None},
+    }  # fmt: skip
+    old = base | {"started_at": "2026-01-01T10:00:00+00:00"}
+    new = base | {
+        "started_at": "2026-01-02T10:00:00+00:00", "num_kills": 5, "changed_ticks": 0, "changed_decisions": 0,
+        "kills_by_fault": base["kills_by_fault"] | {"ingest": 2, "postgres-under-ingest": 1},
+        "ingest": {"num_sent": 1000, "num_stored": 950, "duplicated": 0, "changed": 0, "extra": 0,
+                   "lost_explained": 50, "lost_unexplained": 0},
+    }  # fmt: skip
+    (tmp_path / "a-old.json").write_text(json.dumps(old), encoding="utf-8")
+    (tmp_path / "b-new.json").write_text(json.dumps(new), encoding="utf-8")
+    lines = hooks.render_chaos_records(tmp_path).splitlines()
+    assert lines[0] == "| | `b-new` | `a-old` |"
+    assert "| date (UTC) | 2026-01-02T10:00:00 | 2026-01-01T10:00:00 |" in lines
+    assert "| kills in all | 5 | 2 |" in lines
+    assert "| ingest / postgres-under-ingest | 2 / 1 | - |" in lines
+    assert "| changed ticks / decisions | 0 / 0 | - |" in lines
+    assert "| messages lost: while no ingest listened / otherwise | 50 / 0 | - |" in lines
+    assert "| audit chain | intact, 40 rows | intact, 40 rows |" in lines
+    assert "- `b-new`: `planner chaos --kills 2`" in lines
+    (tmp_path / "c-bad.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"c-bad\.json: not a `planner chaos --report` file"):
+        hooks.render_chaos_records(tmp_path)
+    assert "holds no report" in hooks.render_chaos_records(tmp_path / "none")

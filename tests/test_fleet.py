@@ -12,14 +12,17 @@ import sys
 import psycopg
 import pytest
 
+from planner_core.config import ConfigError
 from planner_core.runtime.fleet import (
     FleetError,
     add_member,
     due_ticks,
     list_members,
+    read_fleet_folder,
     remove_member,
     replay_round,
     set_budget,
+    sync_members,
 )
 from planner_core.runtime.service import load_context
 from planner_core.runtime.store.db import session_factory, to_libpq_uri
@@ -90,6 +93,81 @@ def test_cli_add_list_budget_remove(database_url, tmp_path, profile_dir) -> None
     assert gone.returncode == 2 and "deployment 'nobody': not a member of the fleet" in gone.stderr
     assert planner("deployments", "remove", "chat").returncode == 0
     assert "chat" not in planner("deployments", "list").stdout
+
+
+def _fleet_folder(tmp_path, shares: dict[str, dict | None]):
+    """A folder with one config file per entry, named `<entry>.yaml`, whose `fleet:` section is the entry's value."""
+    import shutil
+
+    folder = tmp_path / "fleet"
+    folder.mkdir(exist_ok=True)
+    for stem, share in shares.items():
+        written = write_config(tmp_path) if share is None else write_config(tmp_path, fleet=share)
+        shutil.move(written, folder / f"{stem}.yaml")
+    return folder
+
+
+def test_sync_registers_a_folder_updates_and_prunes(database_url, tmp_path, profile_dir) -> None:
+    """A folder of config files is the fleet: each file a member named by `fleet.name` or its file name, with the
+    share of its `fleet:` section; a second sync adds, updates and (with --prune) removes, and says what it did."""
+    folder = _fleet_folder(tmp_path, {"chat": {"min_gpus": 2, "max_gpus": 8, "priority": 1, "weight": 2}, "b": None})
+    sessions = session_factory(database_url)
+    with sessions.begin() as session:
+        add_member(session, "legacy", write_config(tmp_path))  # registered by hand, not in the folder
+        plan = sync_members(session, read_fleet_folder(folder), prune=False)
+    assert (plan.added, plan.updated, plan.unchanged, plan.removed, plan.kept) == (
+        ("b", "chat"), (), (), (), ("legacy",)
+    )  # fmt: skip
+    with sessions.begin() as session:
+        members = {m.name: (m.min_gpus, m.max_gpus, m.priority, m.weight) for m in list_members(session)}
+    assert members == {"b": (0, None, 0, 1.0), "chat": (2, 8, 1, 2.0), "legacy": (0, None, 0, 1.0)}
+
+    (folder / "b.yaml").unlink()
+    _fleet_folder(tmp_path, {"chat": {"min_gpus": 4, "max_gpus": 8, "priority": 1, "weight": 2},
+                             "x": {"name": "batch"}})  # fmt: skip
+    with sessions.begin() as session:
+        preview = sync_members(session, read_fleet_folder(folder), prune=True, dry_run=True)
+    with sessions.begin() as session:
+        assert [m.name for m in list_members(session)] == ["b", "chat", "legacy"]  # the dry run wrote nothing
+        plan = sync_members(session, read_fleet_folder(folder), prune=True)
+    assert plan == preview
+    assert (plan.added, plan.updated, plan.unchanged, plan.removed, plan.kept) == (
+        ("batch",), ("chat",), (), ("b", "legacy"), ()
+    )  # fmt: skip
+    with sessions.begin() as session:
+        assert {m.name: m.min_gpus for m in list_members(session)} == {"batch": 0, "chat": 4}
+        assert sync_members(session, read_fleet_folder(folder), prune=True).unchanged == ("batch", "chat")
+
+
+def test_sync_refuses_a_bad_folder_writing_nothing(database_url, tmp_path, profile_dir) -> None:
+    """A bad file anywhere in the folder, or two files naming one deployment: one line naming the file and the
+    field, and the registry is left as it was."""
+    folder = _fleet_folder(tmp_path, {"good": None, "bad": {"min_gpus": 4, "max_gpus": 2}})
+    with pytest.raises(ConfigError) as error:
+        read_fleet_folder(folder)
+    message = str(error.value)
+    assert "bad.yaml" in message and "max_gpus 2 is below min_gpus 4" in message and "\n" not in message
+    (folder / "bad.yaml").unlink()
+    _fleet_folder(tmp_path, {"other": {"name": "good"}})
+    with pytest.raises(FleetError, match=r"other\.yaml: deployment 'good' is also declared by .*good\.yaml"):
+        read_fleet_folder(folder)
+    with pytest.raises(FleetError, match="missing: not a folder"):
+        read_fleet_folder(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FleetError, match=r"empty: no config file \(\.yaml, \.yml, \.json\) in it"):
+        read_fleet_folder(tmp_path / "empty")
+    assert _rows(database_url, "SELECT count(*) FROM fleet_members") == [(0,)]
+
+
+def test_cli_sync(database_url, tmp_path, profile_dir) -> None:
+    env = dict(os.environ, PLANNER_DATABASE_URL=database_url, PYTHONPATH=str(REPO_ROOT))
+    folder = _fleet_folder(tmp_path, {"chat": {"priority": 2}})
+    command = [sys.executable, "-m", "planner_cli", "deployments", "sync", str(folder)]
+    dry = subprocess.run([*command, "--dry-run"], env=env, capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0 and dry.stdout.strip() == "added (dry run: nothing written): chat", dry.stderr
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "added: chat", done.stderr
+    assert _rows(database_url, "SELECT priority FROM fleet_members") == [(2,)]
 
 
 def test_due_ticks_follow_each_members_intervals_and_count_missed_slots(database_url, tmp_path, profile_dir) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -238,3 +239,35 @@ def test_a_bad_command_fails_the_decision_attempt_in_one_line(make_ctx) -> None:
     with pytest.raises(LocalConnectorError, match=r"decode_command\[1\] = '\$\{MISSING_VARIABLE\}'"):
         run_execution(ctx, dt.datetime.now(dt.UTC))  # the minimum endpoint cannot start: said at once
     assert workers(ctx) == []
+
+
+def test_a_start_failing_midway_stops_the_workers_it_had_started(make_ctx, monkeypatch) -> None:
+    """A decision from 1 to 4 workers whose third new process cannot start: the attempt is recorded as failed in
+    one line, its savepoint rolls back the rows of the two workers it had started, and their processes are killed
+    with them instead of running on unrecorded (nothing would ever count, drain or stop them); the worker from
+    before the decision runs on."""
+    import errno
+
+    from planner_core.runtime.connectors import local as local_module
+
+    ctx = make_ctx()
+    real_popen = subprocess.Popen
+    spawned: list[subprocess.Popen] = []
+
+    def popen_failing_the_fourth(*args, **kwargs):
+        if len(spawned) == 3:
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+        spawned.append(real_popen(*args, **kwargs))
+        return spawned[-1]
+
+    monkeypatch.setattr(local_module.subprocess, "Popen", popen_failing_the_fourth)
+    run_execution(ctx, dt.datetime.now(dt.UTC))  # the minimum endpoint: one worker
+    [first] = workers(ctx)
+    up = record_decision(ctx, NAME, T0, None, 4)
+    [summary] = run_execution(ctx, dt.datetime.now(dt.UTC))
+    assert summary.decision_id == up and summary.outcome.value == "failed"
+    assert summary.detail.startswith("LocalConnectorError: ") and "cannot start: Resource temporarily" in summary.detail
+    assert [(w.id, alive(w)) for w in workers(ctx)] == [(first.id, True)]  # the two new rows rolled back
+    assert len(spawned) == 3
+    for process in spawned[1:]:
+        assert process.wait(timeout=10) == -signal.SIGKILL  # killed with their rows, not left running

@@ -19,6 +19,9 @@ Two markers in the Markdown sources are replaced while the site builds (nothing 
 - `<!-- bench-engines -->` (benchmarks.md): the records of `docs/results/dynamo-engine/` (the same benches served by
   Dynamo's replay, `--engine dynamo`) beside the default engine's record of the same name, one table per name with
   both runs' dates and commits, then each Dynamo-engine record in full.
+- `<!-- chaos-records -->` (operations.md): the JSON reports of `planner chaos --report` kept in
+  `docs/results/chaos/`, newest first: one column per run with its date, command, commit, kills by fault, rounds,
+  what was duplicated, lost, extra or changed, the audit chain and the ingest leg's check.
 
 The renderers are plain functions of their inputs (`config_reference`, `render_bench_records`,
 `render_router_records`), so tests can call them without MkDocs.
@@ -54,6 +57,7 @@ ROUTER_MARKER = "<!-- router-records -->"
 STARTUP_MARKER = "<!-- startup-records -->"
 ENGINES_MARKER = "<!-- bench-engines -->"
 PROFILE_MARKER = "<!-- profile-roundtrip -->"
+CHAOS_MARKER = "<!-- chaos-records -->"
 # Records of `planner bench --engine dynamo` (Dynamo 1.6.1's replay), named as their default-engine counterparts.
 DYNAMO_ENGINE_DIR = "dynamo-engine"
 
@@ -79,6 +83,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str: 
     if PROFILE_MARKER in markdown:
         record = Path(config["docs_dir"]) / "results" / "profile" / "roundtrip.json"
         markdown = markdown.replace(PROFILE_MARKER, render_profile_roundtrip(record))
+    if CHAOS_MARKER in markdown:
+        markdown = markdown.replace(CHAOS_MARKER, render_chaos_records(Path(config["docs_dir"]) / "results" / "chaos"))
     return markdown
 
 
@@ -466,3 +472,60 @@ def render_profile_roundtrip(path: Path) -> str:
 
 def _pct_signed(value: Any) -> str:
     return "n/a" if not _finite(value) else f"{100 * value:+.1f} %"
+
+
+# --- fault suite reports ------------------------------------------------------------------------------------------
+
+# (label, how to read it from a report); a report from an older version lacks some keys: its cell says "-"
+_CHAOS_ROWS: tuple[tuple[str, Any], ...] = (
+    ("date (UTC)", lambda r: str(r["started_at"]).replace("+00:00", "")),
+    ("wall time", lambda r: f"{r['duration_s'] / 60:.0f} min"),
+    ("commit", lambda r: f"`{str(r['commit'])[:10]}`"),
+    ("kills in all", lambda r: r["num_kills"]),
+    ("demo-random / demo-after-tick / postgres / prefect", lambda r: " / ".join(
+        str(r["kills_by_fault"].get(k, 0)) for k in ("demo-random", "demo-after-tick", "postgres", "prefect"))),
+    ("ingest / postgres-under-ingest", lambda r: " / ".join(
+        str(r["kills_by_fault"][k]) for k in ("ingest", "postgres-under-ingest"))),
+    ("demo attempts; hung demos killed", lambda r: f"{r['num_demo_attempts']}; {r['hung_demos_killed']}"),
+    ("rounds (baseline: ticks, decisions)", lambda r: f"{r['num_rounds']} ({r['baseline_ticks']}, "
+                                                      f"{r['baseline_decisions']})"),
+    ("rounds identical to the baseline", lambda r: f"{r['rounds_identical']} of {r['num_rounds']}"),
+    ("duplicated ticks / decisions", lambda r: f"{r['duplicate_ticks']} / {r['duplicate_decisions']}"),
+    ("lost ticks / decisions", lambda r: f"{r['lost_ticks']} / {r['lost_decisions']}"),
+    ("extra ticks / decisions", lambda r: f"{r['extra_ticks']} / {r['extra_decisions']}"),
+    ("changed ticks / decisions", lambda r: f"{r['changed_ticks']} / {r['changed_decisions']}"),
+    ("audit chain", lambda r: ("intact" if r["audit_chain"]["ok"] else f"broken: {r['audit_chain']['broken']}")
+                              + f", {r['audit_chain']['num_rows']} rows"),
+    ("FPM messages sent / stored", lambda r: f"{r['ingest']['num_sent']} / {r['ingest']['num_stored']}"),
+    ("samples duplicated / changed / extra", lambda r: " / ".join(
+        str(r["ingest"][k]) for k in ("duplicated", "changed", "extra"))),
+    ("messages lost: while no ingest listened / otherwise", lambda r: f"{r['ingest']['lost_explained']} / "
+                                                                      f"{r['ingest']['lost_unexplained']}"),
+)  # fmt: skip
+
+
+def _chaos_cell(read: Any, report: dict[str, Any]) -> str:
+    try:
+        value = read(report)
+    except (KeyError, TypeError):  # an older report's missing key, or no ingest leg (None)
+        return "-"
+    return str(value)
+
+
+def render_chaos_records(chaos_dir: Path) -> str:
+    """Markdown: one table, a column per `planner chaos` report in `chaos_dir` (newest first)."""
+    reports = []
+    for path in sorted(chaos_dir.glob("*.json")) if chaos_dir.is_dir() else []:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        if "kills_by_fault" not in report or "started_at" not in report:
+            raise ValueError(f"{path}: not a `planner chaos --report` file (no kills_by_fault or started_at)")
+        reports.append((path.stem, report))
+    if not reports:
+        return "No fault-suite run has been recorded yet: `docs/results/chaos/` holds no report.\n"
+    reports.sort(key=lambda item: str(item[1]["started_at"]), reverse=True)
+    lines = ["| | " + " | ".join(f"`{name}`" for name, _ in reports) + " |", "|---" * (len(reports) + 1) + "|"]
+    for label, read in _CHAOS_ROWS:
+        lines.append(f"| {label} | " + " | ".join(_chaos_cell(read, report) for _, report in reports) + " |")
+    lines.append("")
+    lines += [f"- `{name}`: `{report['command']}`" for name, report in reports]
+    return "\n".join(lines) + "\n"

@@ -30,3 +30,5 @@ POLICIES_DIR = CONFIGS_DIR / "policies"
 RECOMMENDED_POLICY = "planner"
 # What `planner serve` and `planner demo` run unless told otherwise: the recommended policy.
 DEFAULT_CONFIG = POLICIES_DIR / f"{RECOMMENDED_POLICY}.yaml"
+# What `planner chaos` runs: the recommended policy without its scale-down hold, so a short demo decides often.
+CHAOS_CONFIG = CONFIGS_DIR / "chaos.yaml"

@@ -5,6 +5,7 @@ One control plane ticks many deployments (`flows.fleet`); this module holds what
 flow stays orchestration only and tests and the scale benchmark call the same code without Prefect:
 
 - the registry (`fleet_members`, `fleet_budget`): `add_member`, `remove_member`, `list_members`, `set_budget`;
+  `read_fleet_folder` and `sync_members` register a folder of config files (GitOps: the folder is the fleet);
 - `ContextCache`: each member's `PlannerContext`, loaded once per process and again when its config file changes;
 - `due_ticks`: each member's loops on their own intervals, aligned to the epoch, so a slot's scheduled time is the
   tick's identity (a second control plane, or a retry, finds the tick recorded and skips it);
@@ -125,6 +126,112 @@ def remove_member(session: Session, name: str) -> bool:
     session.delete(row)
     repo.audit(session, "fleet_member_removed", {"name": name}, deployment_id=deployment.id)
     return True
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+@dataclass(frozen=True, slots=True)
+class FolderMember:
+    """A deployment as a folder of config files declares it: the file, and the name and share of its `fleet:`."""
+
+    name: str
+    config_path: Path
+    min_gpus: int
+    max_gpus: int | None
+    priority: int
+    weight: float
+
+
+def read_fleet_folder(folder: Path) -> list[FolderMember]:
+    """Every config file (`.yaml`, `.yml`, `.json`) directly in `folder`, loaded and checked, by name.
+
+    A file's deployment is named by its `fleet.name`, else by the file's name without the suffix; its share comes
+    from `fleet:` (defaults: min 0, no max, priority 0, weight 1). Files starting with `.` are skipped.
+
+    Raises:
+        FleetError: the folder is missing or holds no config file, or two files name the same deployment (one line).
+        ConfigError: a file is bad (one line starting with its path).
+    """
+    if not folder.is_dir():
+        raise FleetError(f"{folder}: not a folder")
+    paths = sorted(
+        path
+        for path in folder.iterdir()
+        if path.is_file() and path.suffix.lower() in CONFIG_SUFFIXES and not path.name.startswith(".")
+    )
+    if not paths:
+        raise FleetError(f"{folder}: no config file ({', '.join(CONFIG_SUFFIXES)}) in it")
+    members: dict[str, FolderMember] = {}
+    for path in paths:
+        share = load_config(path).service.fleet
+        name = share.name if share is not None and share.name is not None else path.stem
+        if name in members:
+            raise FleetError(f"{path}: deployment {name!r} is also declared by {members[name].config_path}")
+        members[name] = FolderMember(
+            name=name,
+            config_path=path.resolve(),
+            min_gpus=0 if share is None else share.min_gpus,
+            max_gpus=None if share is None else share.max_gpus,
+            priority=0 if share is None else share.priority,
+            weight=1.0 if share is None else share.weight,
+        )
+    return list(members.values())
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPlan:
+    """What `sync_members` does (or would do), each by name: members added, updated (file or share changed), left as
+    they were, removed (registered but not in the folder, with `prune`), and kept (not in the folder, no `prune`)."""
+
+    added: tuple[str, ...]
+    updated: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    removed: tuple[str, ...]
+    kept: tuple[str, ...]
+
+
+def plan_sync(current: list[FleetMember], declared: list[FolderMember], *, prune: bool) -> SyncPlan:
+    """Compare the registry with a folder's declarations (pure)."""
+    registered = {m.name: m for m in current}
+    added, updated, unchanged = [], [], []
+    for member in declared:
+        old = registered.get(member.name)
+        if old is None:
+            added.append(member.name)
+        elif (old.config_path, old.min_gpus, old.max_gpus, old.priority, old.weight) != (
+            str(member.config_path), member.min_gpus, member.max_gpus, member.priority, member.weight
+        ):  # fmt: skip
+            updated.append(member.name)
+        else:
+            unchanged.append(member.name)
+    names = {m.name for m in declared}
+    others = tuple(sorted(name for name in registered if name not in names))
+    return SyncPlan(
+        added=tuple(sorted(added)),
+        updated=tuple(sorted(updated)),
+        unchanged=tuple(sorted(unchanged)),
+        removed=others if prune else (),
+        kept=() if prune else others,
+    )
+
+
+def sync_members(session: Session, declared: list[FolderMember], *, prune: bool, dry_run: bool = False) -> SyncPlan:
+    """Make the registry match a folder's declarations, in the caller's transaction (all of it, or nothing if a
+    step fails); with `prune`, members the folder does not declare are removed (their records stay)."""
+    plan = plan_sync(list_members(session), declared, prune=prune)
+    if dry_run:
+        return plan
+    by_name = {m.name: m for m in declared}
+    for name in (*plan.added, *plan.updated):
+        member = by_name[name]
+        add_member(
+            session, name, member.config_path, min_gpus=member.min_gpus, max_gpus=member.max_gpus,
+            priority=member.priority, weight=member.weight,
+        )  # fmt: skip
+    for name in plan.removed:
+        remove_member(session, name)
+    return plan
 
 
 def list_members(session: Session) -> list[FleetMember]:

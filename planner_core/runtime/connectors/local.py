@@ -439,14 +439,23 @@ class LocalConnector:
         """Start or drain workers so that each managed pool has its target live workers; what was done."""
         live = self.workers(session, deployment_id, statuses=LIVE_STATUSES)
         actions: list[str] = []
-        for role in self.roles:
-            views = [WorkerView(worker_id=w.id, status=LocalWorkerStatus(w.status)) for w in live if w.role == role]
-            plan = plan_pool(role, views, targets[role])
-            for _ in range(plan.num_start):
-                row = self._start(session, deployment_id, role, now, decision_id)
-                actions.append(f"start {role.value} worker {row.id} (pid {row.pid})")
-            by_id = {w.id: w for w in live}
-            actions += [self._drain(session, by_id[worker_id], now, decision_id) for worker_id in plan.drain]
+        started: list[LocalWorkerRow] = []
+        try:
+            for role in self.roles:
+                views = [WorkerView(worker_id=w.id, status=LocalWorkerStatus(w.status)) for w in live if w.role == role]
+                plan = plan_pool(role, views, targets[role])
+                for _ in range(plan.num_start):
+                    row = self._start(session, deployment_id, role, now, decision_id)
+                    started.append(row)
+                    actions.append(f"start {role.value} worker {row.id} (pid {row.pid})")
+                by_id = {w.id: w for w in live}
+                actions += [self._drain(session, by_id[worker_id], now, decision_id) for worker_id in plan.drain]
+        except BaseException:
+            # The transaction that recorded these workers is rolled back with the error: their processes would
+            # run unrecorded (nothing would drain or count them), so they go with it.
+            for row in started:
+                _signal_group(row, signal.SIGKILL)
+            raise
         return actions
 
     def ensure_started(self, session: Session, deployment_id: int, default: WorkerCounts, now: dt.datetime) -> list:

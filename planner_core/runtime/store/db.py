@@ -17,7 +17,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import cache
 from pathlib import Path
 
@@ -145,7 +145,9 @@ def _stop_servers_of(pg_dir: Path) -> None:
                 proc.terminate()
                 proc.wait(5)
             except psutil.TimeoutExpired:
-                proc.kill()
+                with suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
+                    proc.kill()
+                    proc.wait(10)  # gone before its folder is removed or reused
             except psutil.NoSuchProcess:
                 pass
 

@@ -9,7 +9,7 @@ export NO_MKDOCS_2_WARNING := 1
 # statsmodels fits are 10-20x slower when OpenBLAS threads fight other processes on a small machine
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: venv demo test explore lint docs clean dynamo-env live-env live test-live test-workers
+.PHONY: venv demo test explore lint docs clean dynamo-env live-env live test-live test-workers profile-roundtrip
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -88,13 +88,22 @@ live-env: $(AIPERF_STAMP) $(LIVE_MODEL)/config.json
 live: $(STAMP) $(DYNAMO_STAMP) live-env
 	nice -n 5 $(VENV)/bin/planner live $(LIVE_ARGS)
 
-# The live stack's integration test (a few minutes: real frontend, engines, Prometheus); not in `make test`.
 # The fleet on two real Prefect process workers (prefect.yaml's `fleet` deployment): a minute or two.
 test-workers: $(STAMP)
 	PLANNER_WORKER_TESTS=1 $(VENV)/bin/python -m pytest -q tests/test_fleet_workers.py
 
+# The live stack's integration tests (a few minutes: real frontend, engines, Prometheus); not in `make test`.
 test-live: $(STAMP) $(DYNAMO_STAMP) live-env
-	PLANNER_LIVE_TESTS=1 $(VENV)/bin/python -m pytest -q tests/test_live_stack.py
+	PLANNER_LIVE_TESTS=1 $(VENV)/bin/python -m pytest -q tests/test_live_stack.py tests/test_profile_live.py
+
+# `planner profile` round trip: Dynamo's frontend + one mocker timed by the H200 profile, profiled over HTTP and
+# compared with its source (~4 min); the record goes to docs/results/profile/ (rendered in perf-models.md).
+PROFILE_RT := .planner/profile-roundtrip
+profile-roundtrip: $(STAMP) $(DYNAMO_STAMP) live-env
+	rm -rf $(PROFILE_RT)
+	nice -n 5 $(VENV)/bin/planner profile --round-trip --out $(PROFILE_RT) $(PROFILE_ARGS)
+	mkdir -p docs/results/profile
+	cp $(PROFILE_RT)/roundtrip.json docs/results/profile/roundtrip.json
 
 clean:
 	-$(VENV)/bin/planner db stop

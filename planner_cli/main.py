@@ -30,6 +30,7 @@ from planner_cli import (
     keda,
     live,
     perf,
+    profile,
     report,
     serve,
     sim,
@@ -39,8 +40,8 @@ from planner_core.runtime.store.migrate import SchemaOutOfDate
 
 # In the order `planner --help` lists them.
 COMMAND_GROUPS = (
-    db, demo, serve, fleet, capacity, perf, report, bench, history, audit, chaos, forecast, k8s, keda, ingest, sim,
-    live, completion,
+    db, demo, serve, fleet, capacity, perf, profile, report, bench, history, audit, chaos, forecast, k8s, keda, ingest,
+    sim, live, completion,
 )  # fmt: skip
 
 

@@ -129,6 +129,17 @@ def test_the_startup_marker_renders_the_startup_folder_only(tmp_path: Path) -> N
     assert "### code-s600" in startup and "| `planner@q0.9` | 97.0% |" in startup
 
 
+def test_profile_roundtrip_record_renders_its_tables(tmp_path):
+    record = REPO_ROOT / "docs" / "results" / "profile" / "roundtrip.json"
+    text = hooks.render_profile_roundtrip(record)
+    data = json.loads(record.read_text())
+    assert text.startswith(f"Recorded {data['date']} at commit `{data['commit']}`")
+    num_points = len(data["points"]["source"])
+    assert text.count("\n| prefill |") + text.count("\n| decode |") == num_points
+    assert "| the mocker's own timing table | decode |" in text
+    assert "run `make profile-roundtrip`" in hooks.render_profile_roundtrip(tmp_path / "missing.json")
+
+
 def test_chaos_reports_render_one_column_per_run_newest_first(tmp_path: Path) -> None:
     """Two reports: the newer one (with an ingest leg) first; the older one, which lacks figures a later version
     counts, shows "-" in their cells; a file that is not a report is refused, naming it."""

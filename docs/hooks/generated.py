@@ -13,6 +13,9 @@ Two markers in the Markdown sources are replaced while the site builds (nothing 
   place and its predictor's error.
 - `<!-- startup-records -->` (benchmarks.md): the same tables for the records of `docs/results/startup/` (the
   matrix at other start-up times).
+- `<!-- profile-roundtrip -->` (perf-models.md): the record `planner profile --round-trip` wrote to
+  `docs/results/profile/roundtrip.json`: per role the median and worst error of the measured profile against its
+  source and against the mocker's own timing, the points, and `planner capacity` on both profiles.
 - `<!-- bench-engines -->` (benchmarks.md): the records of `docs/results/dynamo-engine/` (the same benches served by
   Dynamo's replay, `--engine dynamo`) beside the default engine's record of the same name, one table per name with
   both runs' dates and commits, then each Dynamo-engine record in full.
@@ -53,6 +56,7 @@ BENCH_MARKER = "<!-- bench-records -->"
 ROUTER_MARKER = "<!-- router-records -->"
 STARTUP_MARKER = "<!-- startup-records -->"
 ENGINES_MARKER = "<!-- bench-engines -->"
+PROFILE_MARKER = "<!-- profile-roundtrip -->"
 CHAOS_MARKER = "<!-- chaos-records -->"
 # Records of `planner bench --engine dynamo` (Dynamo 1.6.1's replay), named as their default-engine counterparts.
 DYNAMO_ENGINE_DIR = "dynamo-engine"
@@ -76,6 +80,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str: 
     if ENGINES_MARKER in markdown:
         results = Path(config["docs_dir"]) / "results"
         markdown = markdown.replace(ENGINES_MARKER, render_engine_comparison(results, results / DYNAMO_ENGINE_DIR))
+    if PROFILE_MARKER in markdown:
+        record = Path(config["docs_dir"]) / "results" / "profile" / "roundtrip.json"
+        markdown = markdown.replace(PROFILE_MARKER, render_profile_roundtrip(record))
     if CHAOS_MARKER in markdown:
         markdown = markdown.replace(CHAOS_MARKER, render_chaos_records(Path(config["docs_dir"]) / "results" / "chaos"))
     return markdown
@@ -403,6 +410,68 @@ def render_router_records(routers_dir: Path) -> str:
                 lines.append("| " + " | ".join(cells) + " |")
         sections.append("\n".join(lines))
     return "\n\n".join(sections) + "\n"
+
+
+# --- profile round trip (`planner profile --round-trip`) -------------------------------------------------------------
+
+
+def render_profile_roundtrip(path: Path) -> str:
+    """The round-trip record as Markdown: error table per reference and role, capacity, then every point."""
+    if not path.is_file():
+        return f"*No round-trip record at `{path.name}` yet: run `make profile-roundtrip`.*"
+    record = json.loads(path.read_text())
+    names = {"source": "the source profile (H200, slowed)", "mocker_model": "the mocker's own timing table"}
+    lines = [
+        f"Recorded {record['date']} at commit `{record['commit']}` by `{record['command']}` "
+        f"({record['engine']}; slowdown x{record['slowdown']:g}; measured in {record['measure_s']:g} s).",
+        "",
+        "| measured vs | role | points | median \\|error\\| | worst error |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for against, by_role in record["roles"].items():
+        for role, figures in by_role.items():
+            lines.append(
+                f"| {names.get(against, against)} | {role} | {figures['num_points']} | "
+                f"{_pct(figures['median_abs_error'])} | {100 * figures['worst_error']:+.1f} % |"
+            )
+    check = record["capacity_check"]
+    lines += [
+        "",
+        f"`planner capacity` at ISL {check['isl']}, OSL {check['osl']}, TTFT {check['ttft_ms']:g} ms, "
+        f"ITL {check['itl_ms']:g} ms (the measured profile descaled by the slowdown):",
+        "",
+        "| profile | prefill tokens/s/GPU | decode tokens/s/GPU | decode ITL (ms) | requests/s/GPU |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, figures in record["capacity"].items():
+        lines.append(
+            f"| {name} | {_num(figures['prefill_tokens_per_s_per_gpu'], 0)} | "
+            f"{_num(figures['decode_tokens_per_s_per_gpu'], 0)} | {_num(figures['decode_itl_ms'], 2)} | "
+            f"{_num(figures['requests_per_s_per_gpu'], 2)} |"
+        )
+    error = record.get("capacity_relative_error")
+    lines += [
+        "",
+        f"Measured vs source: {'n/a' if error is None else f'{100 * error:+.1f} %'} "
+        f"({'within' if record['capacity_within_tolerance'] else 'not within'} 10 %); measured vs the mocker's own "
+        f"timing at the same points: {_pct_signed(record.get('capacity_relative_error_vs_mocker_model'))}.",
+        "",
+        "| role | batch | ISL / context | measured (ms, slowed engine) | source (ms) | error | mocker timing (ms) "
+        "| error |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for src, mock in zip(record["points"]["source"], record["points"]["mocker_model"], strict=True):
+        batch = "1" if src["role"] == "prefill" else f"{src['x']:g}"
+        lines.append(
+            f"| {src['role']} | {batch} | {src['y']:g} | {src['measured_ms']:.2f} | {src['reference_ms']:.2f} | "
+            f"{100 * src['relative_error']:+.1f} % | {mock['reference_ms']:.2f} | "
+            f"{100 * mock['relative_error']:+.1f} % |"
+        )
+    return "\n".join(lines)
+
+
+def _pct_signed(value: Any) -> str:
+    return "n/a" if not _finite(value) else f"{100 * value:+.1f} %"
 
 
 # --- fault suite reports ------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from planner_cli import (
     live,
     perf,
     report,
+    route_proxy,
     serve,
     sim,
 )
@@ -40,7 +41,7 @@ from planner_core.runtime.store.migrate import SchemaOutOfDate
 # In the order `planner --help` lists them.
 COMMAND_GROUPS = (
     db, demo, serve, fleet, capacity, perf, report, bench, history, audit, chaos, forecast, k8s, keda, ingest, sim,
-    live, completion,
+    live, route_proxy, completion,
 )  # fmt: skip
 
 

@@ -94,7 +94,7 @@ test-workers: $(STAMP)
 	PLANNER_WORKER_TESTS=1 $(VENV)/bin/python -m pytest -q tests/test_fleet_workers.py
 
 test-live: $(STAMP) $(DYNAMO_STAMP) live-env
-	PLANNER_LIVE_TESTS=1 $(VENV)/bin/python -m pytest -q tests/test_live_stack.py
+	PLANNER_LIVE_TESTS=1 $(VENV)/bin/python -m pytest -q tests/test_live_stack.py tests/test_live_route_proxy.py
 
 clean:
 	-$(VENV)/bin/planner db stop

@@ -38,6 +38,9 @@ PROFILE_DIR = REPO / "planner_core" / "data" / "profiles" / "H200_TP1P_TP1D"
 STUBS_DIR = REPO / "planner_core" / "lab" / "dynamo" / "stubs"
 AZURE_CONV = REPO / "planner_core" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 MODEL_NAME = "tiny"
+# aiperf's synthetic prompts (its Shakespeare corpus) hold 1.68 characters per token of the tiny model's tokenizer
+# (measured with `tokenizers` on that corpus); the routing proxy estimates prompt tokens with it
+CHARS_PER_TOKEN = 1.68
 DEPLOYMENT = "live"
 
 
@@ -181,6 +184,7 @@ class RunSpec:
     nice: int
     profile_dir: Path
     cooldown_s: float
+    router: str = "round-robin"  # or "slo": the frontend in direct mode behind `planner route-proxy`
 
 
 def _config(spec: RunSpec, run_dir: Path, env: dict[str, str], prometheus_url: str) -> Path:
@@ -261,7 +265,7 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
     from planner_core.runtime.store.db import resolve_database_url
 
     database_url = resolve_database_url(RuntimeSettings())  # starts the run's embedded Postgres
-    frontend_port, prometheus_port, prefect_port = _free_port(), _free_port(), _free_port()
+    frontend_port, prometheus_port, prefect_port, proxy_port = _free_port(), _free_port(), _free_port(), _free_port()
     dynamo_env = {**base_env, "DYN_FILE_KV": str(run_dir / "kv"), "PYTHONPATH": str(STUBS_DIR)}
     worker_env = {
         "DYNAMO_PYTHON": tools["dynamo"],
@@ -290,16 +294,31 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
                 logs / "prometheus.log",
             )
         )
+        direct = ["--router-mode", "direct"] if spec.router == "slo" else []
         frontend = stack.enter_context(
             _process(
                 [tools["dynamo"], "-m", "dynamo.frontend", "--http-port", str(frontend_port),
-                 "--discovery-backend", "file"],
+                 "--discovery-backend", "file", *direct],
                 logs / "frontend.log",
                 dynamo_env,
             )
         )  # fmt: skip
         _wait_for("Prometheus", lambda: _get(f"{prometheus_url}/-/ready"), 60, prometheus)
         _wait_for("Dynamo frontend", lambda: _get(f"http://127.0.0.1:{frontend_port}/metrics"), 120, frontend)
+        traffic_url = f"http://127.0.0.1:{frontend_port}"
+        if spec.router == "slo":
+            traffic_url = f"http://127.0.0.1:{proxy_port}"
+            proxy = stack.enter_context(
+                _process(
+                    [sys.executable, "-m", "planner_cli", "route-proxy", "--frontend", f"http://127.0.0.1:{frontend_port}",
+                     "--discovery-dir", str(run_dir / "kv"), "--profile", str(spec.profile_dir),
+                     "--ttft-ms", str(spec.ttft_ms), "--itl-ms", str(spec.itl_ms), "--port", str(proxy_port),
+                     "--chars-per-token", str(CHARS_PER_TOKEN)],
+                    logs / "route-proxy.log",
+                    base_env,
+                )
+            )  # fmt: skip
+            _wait_for("the routing proxy", lambda: _get(f"{traffic_url}/route/status"), 60, proxy)
         serve = stack.enter_context(
             _process(
                 [sys.executable, "-m", "planner_cli", "serve", "--config", str(config), "--port", str(prefect_port),
@@ -320,7 +339,7 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
         )  # fmt: skip
         _wait_for(
             "the first engine registered with the frontend",
-            lambda: MODEL_NAME.encode() in _get(f"http://127.0.0.1:{frontend_port}/v1/models"),
+            lambda: MODEL_NAME.encode() in _get(f"{traffic_url}/v1/models"),
             300,
             serve,
         )
@@ -328,7 +347,7 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
         cpu.start()
         aiperf = subprocess.run(  # noqa: S603 - our own command
             [
-                tools["aiperf"], "profile", "--model", MODEL_NAME, "--url", f"http://127.0.0.1:{frontend_port}",
+                tools["aiperf"], "profile", "--model", MODEL_NAME, "--url", traffic_url,
                 "--endpoint-type", "chat", "--streaming", "--tokenizer", tools["model"],
                 "--input-file", str(spec.trace), "--custom-dataset-type", "mooncake_trace", "--fixed-schedule",
                 "--output-artifact-dir", str(run_dir / "aiperf"), "--request-timeout-seconds", "120",
@@ -342,6 +361,9 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
         )  # fmt: skip
         ended = dt.datetime.now(dt.UTC)
         figures["aiperf_exit"] = aiperf.returncode
+        figures["router"] = spec.router
+        if spec.router == "slo":
+            figures["route_proxy"] = json.loads(_get(f"{traffic_url}/route/status"))
         # the planner keeps running after the traffic (scale-downs it decides now still reach the processes and
         # are acknowledged); GPU-seconds and attainment are over the traffic only
         time.sleep(spec.cooldown_s)
@@ -489,6 +511,7 @@ def _replay(database_url: str, start: dt.datetime, end: dt.datetime) -> dict:
 
 def _table(runs: list[dict], spec: RunSpec) -> str:
     rows = [
+        ("router", lambda r: r.get("router", "round-robin")),
         ("aiperf requests (errors)", lambda r: f"{r.get('aiperf_records')} ({r.get('aiperf_errors')})"),
         (f"attainment TTFT<={spec.ttft_ms:g} ms & ITL<={spec.itl_ms:g} ms", lambda r: _pct(r.get("attainment"))),
         ("  TTFT attainment", lambda r: _pct(r.get("ttft_attainment"))),
@@ -503,6 +526,7 @@ def _table(runs: list[dict], spec: RunSpec) -> str:
          lambda r: f"{r.get('fpm_samples')} ({r.get('fpm_busy_samples')}; {r.get('fpm_engines')})"),
         ("CPU idle mean / min", lambda r: f"{_pct(r.get('cpu_idle_mean'))} / {_pct(r.get('cpu_idle_min'))}"),
         ("recorded ticks replay identical", lambda r: _replayed(r.get("replay"))),
+        ("proxy: placed per worker / queued / overdue / rejected", lambda r: _proxied(r.get("route_proxy"))),
     ]  # fmt: skip
     header = "| | " + " | ".join(r["run"] for r in runs) + " |"
     lines = [header, "|---" * (len(runs) + 1) + "|"]
@@ -518,6 +542,13 @@ def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}"
 
 
+def _proxied(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    placed = "+".join(str(n) for _, n in sorted(r["placed"].items()))
+    return f"{placed or 0} / {r['queued']} / {r['overdue']} / {r['rejected']}"
+
+
 def _replayed(r: dict | None) -> str:
     return "-" if r is None else f"{r['identical']} of {r['ticks']} ({r['differing']} differ)"
 
@@ -529,13 +560,14 @@ def summarize(root: Path, spec: RunSpec) -> list[dict]:
     from planner_core.runtime.store.db import resolve_database_url, stop_embedded_database
 
     runs = []
-    for figures_file in sorted(root.glob("*/figures.json"), key=lambda f: f.parent.name != "planner"):
+    for figures_file in sorted(root.glob("*/figures.json"), key=lambda f: not f.parent.name.startswith("planner")):
         figures = json.loads(figures_file.read_text())
         run_dir = figures_file.parent
         os.environ["PLANNER_DATA_DIR"] = str(run_dir / "data")
         database_url = resolve_database_url(RuntimeSettings())
         started, ended = (dt.datetime.fromisoformat(figures[k]) for k in ("started", "ended"))
-        initial = 1 if run_dir.name == "planner" else int(run_dir.name.removeprefix("fixed-"))
+        name = run_dir.name
+        initial = 1 if name.startswith("planner") else int(name.removeprefix("fixed-").split("-")[0])
         figures.update(_db_figures(database_url, started, ended, initial_size=initial))
         figures.update(_aiperf_figures(run_dir / "aiperf", spec))
         stop_embedded_database(run_dir / "data" / "pg")
@@ -584,9 +616,13 @@ def cmd_live(args: argparse.Namespace) -> int:
             "cooldown_s": args.cooldown_s,
             "profile_dir": write_slowed_profile(root / f"profile-x{args.slowdown:g}", args.slowdown),
         }
-        specs = [RunSpec(name="planner", adaptive=True, fixed_size=1, **common)] if not args.fixed_only else []
+        suffix = "" if args.router == "round-robin" else f"-{args.router}"
+        common["router"] = args.router
+        specs = [RunSpec(name=f"planner{suffix}", adaptive=True, fixed_size=1, **common)] if not args.fixed_only else []
         if args.fixed_size:
-            specs.append(RunSpec(name=f"fixed-{args.fixed_size}", adaptive=False, fixed_size=args.fixed_size, **common))
+            specs.append(
+                RunSpec(name=f"fixed-{args.fixed_size}{suffix}", adaptive=False, fixed_size=args.fixed_size, **common)
+            )
         runs = []
         for spec in specs:
             print(f"run {spec.name}: starting", file=sys.stderr)
@@ -633,4 +669,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     live.add_argument("--fixed-only", action="store_true", help="only the fixed-size run")
     live.add_argument("--summarize", action="store_true", help="only print the table of the runs already in --out")
     live.add_argument("--nice", type=int, default=10, help="niceness of the engines and aiperf")
+    live.add_argument(
+        "--router",
+        choices=("round-robin", "slo"),
+        default="round-robin",
+        help="round-robin: the frontend's own router; slo: the frontend in direct mode behind `planner route-proxy`",
+    )
     live.set_defaults(func=cmd_live)

@@ -32,6 +32,7 @@ from planner_cli import (
     perf,
     profile,
     report,
+    route_proxy,
     serve,
     sim,
 )
@@ -41,7 +42,7 @@ from planner_core.runtime.store.migrate import SchemaOutOfDate
 # In the order `planner --help` lists them.
 COMMAND_GROUPS = (
     db, demo, serve, fleet, capacity, perf, profile, report, bench, history, audit, chaos, forecast, k8s, keda, ingest,
-    sim, live, completion,
+    sim, live, route_proxy, completion,
 )  # fmt: skip
 
 

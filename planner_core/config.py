@@ -928,15 +928,16 @@ class PlannerConfig(BaseModel):
         description="Fraction of the smaller size a pool's unrounded need must stay under to scale down; 0 = off.",
     )
 
-    # Start-up-aware horizon (ours; 0 = off, Dynamo sizes for the next window). Each pool is sized for the forecast
-    # raised by the q quantile of the ratios "peak rate observed over the start-up + interval after a forecast /
-    # that forecast", learned from the deployment's own windows (planner_core.policy.horizon). The one knob that
-    # trades GPU-hours for SLA attainment: higher q, more engines held for the bursts a start-up time ahead.
+    # Start-up-aware horizon (ours; 0 = off, Dynamo sizes for the next window). Each pool's need before rounding up
+    # is raised by the q quantile of its residuals "peak need observed over the start-up + interval after a tick -
+    # the need that tick planned" (engines), learned from the deployment's own windows (planner_core.policy.horizon),
+    # before the scale-down hold. The one knob that trades GPU-hours for SLA attainment: higher q, more engines held
+    # for the bursts a start-up time ahead.
     throughput_horizon_quantile: float = Field(
         default=0.0,
         ge=0,
         lt=1,
-        description="Quantile (0-1) of horizon peak / forecast the forecast is raised by; 0 = off (next window only).",
+        description="Quantile (0-1) of the horizon shortfalls (engines) each pool's need is raised by; 0 = off.",
     )
     # The start-up time the horizon assumes for a pool until one of its scale-ups has been seen through to ready;
     # from then on the pool's measured start-up (median of its last scale-ups) is used.

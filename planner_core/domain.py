@@ -167,7 +167,7 @@ class ReasonCode(enum.StrEnum):
     BURST_UNAVAILABLE = "burst_unavailable"  # burst sizing asked for, no arrival curve observed: mean rate only
     SCALE_DOWN_HELD = "scale_down_held"  # kept at the largest need of the hold time: a smaller need must last first
     # the start-up-aware horizon (ours): the demand over [now, now + start-up + interval]
-    HORIZON_HEADROOM = "horizon_headroom"  # forecast raised by the learned quantile of horizon peak / forecast
+    HORIZON_HEADROOM = "horizon_headroom"  # need raised by the learned quantile of horizon shortfalls (engines)
     HORIZON_NO_HISTORY = "horizon_no_history"  # no horizon has closed yet: the forecast alone
     HORIZON_SHORT_HISTORY = "horizon_short_history"  # too few closed horizons for the quantile: their largest ratio
     STARTUP_MEASURED = "startup_measured"  # the pool's start-up time from its own scale-ups (acknowledged -> ready)

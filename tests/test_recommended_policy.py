@@ -64,8 +64,8 @@ def reversals(sizes: list[tuple[int, int]], pool: int) -> list[int]:
 @example(rate_rps=43.75, mean_isl=1210.0, mean_osl=516.0, seed=1)
 @example(rate_rps=42.75, mean_isl=1212.0, mean_osl=520.0, seed=2)
 @example(rate_rps=36.875, mean_isl=890.0, mean_osl=20.0, seed=1)
-# long prompts at a prefill size boundary (found with the start-up horizon knob on, which raised 3 -> 5 -> 4 within
-# 300 s: its headroom is added after the hold; the shipped policy has the knob off)
+# long prompts at a prefill size boundary (with the start-up horizon knob on they once flapped 3 -> 5 -> 4 -> 3:
+# see the knob-on property below)
 @example(rate_rps=28.75, mean_isl=3699.0, mean_osl=20.0, seed=1)
 @example(rate_rps=27.97, mean_isl=3667.0, mean_osl=20.0, seed=2)
 @given(
@@ -80,6 +80,48 @@ def test_steady_load_does_not_flap(rate_rps: float, mean_isl: float, mean_osl: f
     size boundary, where a window's p99 burst lifts a pool and the hold brings it back later: that is the one
     excursion allowed, not a constant size."""
     assert_no_flapping(settled_sizes(PLANNER, steady_trace(rate_rps, mean_isl, mean_osl, seed)))
+
+
+# The recommended policy with the start-up horizon knob on (q = 0.75, the setting the bench's `planner@q0.75` rows
+# run): the policy as a user who turns the knob on gets it.
+HORIZON_PLANNER = Planner(
+    config=PLANNER.config.model_copy(update={"throughput_horizon_quantile": 0.75}), perf=PLANNER.perf
+)
+
+
+# The headroom was added to the rounded size after the scale-down hold: a 0.01-engine headroom added a whole engine
+# the hold did not keep, prefill 3 -> 5 -> 4 -> 3 with the 5 -> 4 300 s after the raise (the first case). Fixed
+# cases, not a search: the search finds the knob's own wandering below (a known defect, strict xfail).
+@pytest.mark.parametrize(
+    ("rate_rps", "mean_isl", "mean_osl", "seed"),
+    [
+        (28.75, 3699.0, 20.0, 1),
+        (27.97, 3667.0, 20.0, 2),
+        (42.75, 1212.0, 520.0, 2),
+        (43.75, 1210.0, 516.0, 1),
+        (36.875, 890.0, 20.0, 1),
+        (2.0, 3980.0, 20.0, 65535),
+    ],
+)
+def test_steady_load_does_not_flap_with_the_horizon_knob_on(
+    rate_rps: float, mean_isl: float, mean_osl: float, seed: int
+) -> None:
+    """The property above with the knob on: the headroom raises the need before the hold, so the hold keeps it."""
+    assert_no_flapping(settled_sizes(HORIZON_PLANNER, steady_trace(rate_rps, mean_isl, mean_osl, seed)))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="KNOWN DEFECT, open: with the knob on, ~15 req/s of long prompts at a prefill size boundary: the q0.75 "
+    "residual wanders across the boundary as horizons close (2 -> 3, 3 -> 2 after the hold, 2 -> 3 seven windows "
+    "later); with the knob off these loads hold one size. Found by the search the cases above replaced.",
+)
+@pytest.mark.parametrize(
+    ("rate_rps", "mean_isl", "seed"),
+    [(15.066517304197601, 3468.453543335732, 3839), (15.066517304197601, 1668.0, 3841)],
+)
+def test_the_horizon_headroom_does_not_wander_at_a_size_boundary(rate_rps: float, mean_isl: float, seed: int) -> None:
+    assert_no_flapping(settled_sizes(HORIZON_PLANNER, steady_trace(rate_rps, mean_isl, 20.0, seed)))
 
 
 def assert_no_flapping(sizes: list[tuple[int, int]]) -> None:

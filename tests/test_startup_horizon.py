@@ -165,6 +165,52 @@ def test_the_horizon_holds_prefill_through_the_lulls_between_repeat_bursts() -> 
     assert step.reason in (ReasonCode.HORIZON_HEADROOM, ReasonCode.HORIZON_SHORT_HISTORY) and step.value > 0
 
 
+def history_with_residual(residual: float, *, planned: float = 3.0, num_windows: int = 10) -> PlannerState:
+    """A state whose every closed horizon fell short of its plan by `residual` engines (both pools); the windows end
+    one interval before the tick at 660 s that `ordering_tick` runs."""
+    windows = tuple(
+        HorizonWindow(at_s=60.0 * (i + 1), planned_prefill=planned, observed_prefill=planned + residual,
+                      planned_decode=planned, observed_decode=planned + residual)
+        for i in range(num_windows)
+    )  # fmt: skip
+    return PlannerState(horizon_windows=windows)
+
+
+def ordering_tick(state: PlannerState, num_req: float = 2500.0, now_s: float = 660.0, prefill: int = 3):  # noqa: ANN201
+    """One throughput tick with the knob on and the 450 s scale-down hold; 2500 requests a minute (ISL 3000, OSL
+    300) need 2.491 prefill engines before rounding up."""
+    config = make_config(
+        throughput_algorithm="engine_capacity", throughput_horizon_quantile=0.75, throughput_scale_down_hold_seconds=450
+    )
+    return tick(throughput_inputs(traffic(num_req, 3000, 300), workers(prefill, 3), now_s=now_s), state, config, PERF)
+
+
+def test_the_headroom_raises_the_need_before_rounding_up() -> None:
+    """A 0.01-engine headroom on a need of 2.491 engines gives ceil(2.501) = 3, not the rounded 3 plus a whole
+    engine (ceil(3 + 0.01) = 4, what adding it to the size after the hold did); the step shows the sum."""
+    outcome = ordering_tick(history_with_residual(0.01))
+    (step,) = steps_named(outcome, "horizon", Component.PREFILL)
+    assert step.reason is ReasonCode.HORIZON_HEADROOM and step.value == pytest.approx(0.01)
+    assert desired(outcome)[Component.PREFILL] == 3
+    assert "need 2.491 + 0.010 = 2.501 engines: size max(3, ceil(2.501)) = 3" in step.detail
+    # the planned need recorded for this window is the need before the headroom (what the residuals measure)
+    assert outcome.next_state.horizon_windows[-1].planned_prefill == pytest.approx(2.491, abs=1e-3)
+
+
+def test_the_scale_down_hold_keeps_the_engines_the_headroom_adds() -> None:
+    """The headroom runs before the hold: a raise it causes (2.491 + 0.6 engines: 4) is a need the hold records,
+    so a later tick within the hold whose headroom is gone (no history) and whose need is lower keeps the 4."""
+    raised = ordering_tick(history_with_residual(0.6))
+    assert desired(raised)[Component.PREFILL] == 4
+    assert raised.next_state.recent_throughput_needs[-1].num_prefill == 4
+    later_state = dataclasses.replace(raised.next_state, horizon_windows=())
+    later = ordering_tick(later_state, num_req=1500.0, now_s=720.0, prefill=4)
+    (step,) = steps_named(later, "horizon", Component.PREFILL)
+    assert step.reason is ReasonCode.HORIZON_NO_HISTORY
+    (hold,) = steps_named(later, "scale_down_hold", Component.PREFILL)
+    assert hold.reason is ReasonCode.SCALE_DOWN_HELD and desired(later)[Component.PREFILL] == 4
+
+
 def test_a_higher_quantile_never_holds_less() -> None:
     sizes = [run_windows(q, BURSTY)[0] for q in (0.25, 0.5, 0.75, 0.95)]
     for lower, higher in zip(sizes, sizes[1:], strict=False):

@@ -169,14 +169,16 @@ class ThroughputProposePlugin:
                 sized[prompt_pool] = self._size_for_bursts(
                     context, prediction, shape, window_s, sized[prompt_pool], steps, unrounded, observed
                 )  # fmt: skip
+        if config.throughput_horizon_quantile > 0 and observed:
+            # before the hold and the margin: the raised size is a need the hold keeps, and the headroom is added to
+            # the need before rounding up (a headroom of 0.01 engine must not add a whole engine the hold ignores)
+            sized, state = _horizon_headroom(context, state, sized, unrounded, observed, components, steps)
         if config.throughput_scale_down_hold_seconds > 0:
             sized, state = _hold_scale_down(
                 sized, state, inputs, config.throughput_scale_down_hold_seconds, components, steps
             )
         if config.throughput_scale_down_margin > 0:
             sized = _scale_down_margin(sized, unrounded, inputs, config.throughput_scale_down_margin, steps)
-        if config.throughput_horizon_quantile > 0 and observed:
-            sized, state = _horizon_headroom(context, state, sized, observed, components, steps)
         desired: dict[Component, int] = {}
         for component in components:
             value, step = bound_min_endpoint(component, sized[component], floors[component])
@@ -423,16 +425,19 @@ def _horizon_headroom(
     context: PipelineContext,
     state: PlannerState,
     sized: dict[Component, int],
+    unrounded: dict[Component, float],
     observed: dict[Component, float],
     components: tuple[Component, ...],
     steps: list[StepRecord],
 ) -> tuple[dict[Component, int], PlannerState]:
-    """Ours: each pool raised by its learned headroom for its start-up horizon (`planner_core.policy.horizon`):
-    `ceil(size + headroom)`, where the size is the one the sizing, the scale-down hold and margin gave (what the
-    pool would hold without the headroom: the residuals measure its shortfall). This window's planned size and
-    observed need are recorded in the state."""
+    """Ours: each pool's need before rounding up raised by its learned headroom for its start-up horizon
+    (`planner_core.policy.horizon`), then rounded: `max(size, ceil(need + headroom))`. It runs before the scale-down
+    hold and margin, so the raised size is a need the hold keeps, and `unrounded` is raised in place so the margin
+    measures the raised need. The need before the headroom (what the sizing alone planned: the residuals measure
+    its shortfall) and the observed need are recorded in the state; a pool without an unrounded need plans its
+    size. Each pool gets a `horizon` step with the headroom and the size it gives."""
     config = context.config
-    planned = {component: float(value) for component, value in sized.items()}
+    planned = {component: unrounded.get(component, float(value)) for component, value in sized.items()}
     windows = record_window(state.horizon_windows, context.inputs.now_s, planned, observed)
     raised = dict(sized)
     for component in components:
@@ -447,8 +452,19 @@ def _horizon_headroom(
             quantile=config.throughput_horizon_quantile,
             component=component,
         )
-        steps.append(headroom_step)
-        raised[component] = math.ceil(sized[component] + headroom - 1e-9)
+        need = planned[component] + headroom
+        raised[component] = max(sized[component], math.ceil(need - 1e-9))
+        if component in unrounded:
+            unrounded[component] = need
+        steps.append(
+            dataclasses.replace(
+                headroom_step,
+                detail=(
+                    f"{headroom_step.detail}; need {planned[component]:.3f} + {headroom:.3f} = {need:.3f} engines: "
+                    f"size max({sized[component]}, ceil({need:.3f})) = {raised[component]}"
+                ),
+            )
+        )
     return raised, dataclasses.replace(state, horizon_windows=windows)
 
 

@@ -15,7 +15,8 @@ decision stays a pure function of the inputs and the state (replay is exact):
   just observed had (the same sizing on the observed rate and arrival curve). Once the `k = ceil((start-up +
   interval) / interval)` windows after a tick have been observed, that tick's horizon is closed and gives one
   residual `max(observed need over the k windows) - planned need`. Each pool's planned need is raised by the
-  split-conformal `q` quantile of its residuals (the `ceil((n + 1) q)`-th smallest of `n`), `q` =
+  split-conformal `q` quantile of its residuals (the `ceil((n + 1) q)`-th smallest of `n`) before it is rounded up
+  and before the scale-down hold (so the hold keeps what the headroom adds), `q` =
   `throughput_horizon_quantile`: the one knob that trades GPU-hours for SLA attainment (higher `q`, more engines,
   fewer bursts missed). With fewer residuals than that order statistic needs, the largest is used; with none, the
   planned need alone. The headroom is never negative: a plan above its horizon's needs is not cut by this rule.

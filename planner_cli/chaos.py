@@ -243,6 +243,15 @@ def _kill(process: subprocess.Popen) -> None:
     process.wait(timeout=30)
 
 
+def _kill_hung(process: subprocess.Popen) -> None:
+    """Kill a demo that neither finished nor failed, after asking it for every thread's stack (SIGUSR1: the CLI
+    prints them to its log), so the log says where it was waiting."""
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(signal.SIGUSR1)
+        time.sleep(2.0)
+    _kill(process)
+
+
 def run_baseline(run: ChaosRun, args: argparse.Namespace) -> float:
     """The uninterrupted demo; returns its wall time (s)."""
     started = time.monotonic()
@@ -293,8 +302,8 @@ def _inject(
         code = _wait(process, baseline_s * HUNG_FACTOR)
         note = "" if killed else "postmaster not running"
         if code is None:
-            _kill(process)
-            note = (note + "; " if note else "") + "demo hung after the Postgres kill: killed"
+            _kill_hung(process)
+            note = (note + "; " if note else "") + "demo hung after the Postgres kill: killed (stacks in its log)"
         run.owner_url()  # restart Postgres (crash recovery) before the next attempt
         return Kill(round_no, fault, after_s, code, note)
     run.kill_prefect()
@@ -302,8 +311,8 @@ def _inject(
     code = _wait(process, baseline_s * HUNG_FACTOR)
     note = ""
     if code is None:
-        _kill(process)
-        note = "demo hung after the Prefect restart: killed"
+        _kill_hung(process)
+        note = "demo hung after the Prefect restart: killed (stacks in its log)"
     return Kill(round_no, fault, after_s, code, note)
 
 

@@ -10,7 +10,9 @@ switches) is set, so `planner db url` stays fast.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 import warnings
 
@@ -60,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     # platformdirs falls back to /tmp/runtime-<uid> and says so in two lines on every command. The fallback works,
     # and it is the dir every pgserver process shares its lock in, so keep it and drop only that notice.
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+    if hasattr(signal, "SIGUSR1"):
+        # `kill -USR1 <pid>` prints every thread's stack to stderr and the command goes on: how to see where a
+        # command that seems stuck is waiting (`planner chaos` does it before killing a hung demo)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as given, for records of what was run
     try:

@@ -406,3 +406,30 @@ def test_no_runtime_dir_warning_without_xdg_runtime_dir() -> None:
             [sys.executable, "-m", "planner_cli.main", "db", "stop"], cwd=REPO_ROOT, env=env, timeout=60, check=False
         )
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_sigusr1_prints_where_a_command_waits_and_it_goes_on() -> None:
+    """`kill -USR1` on a command that seems stuck: every thread's stack on stderr, and the command carries on to
+    its own end (here: a publisher waiting 10 s for an ingest that never comes)."""
+    import signal
+    import subprocess
+    import time
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "planner_cli", "fpm-publish", "--connect", "tcp://127.0.0.1:9", "--seconds", "1"],
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+    )  # fmt: skip
+    def catches_sigusr1() -> bool:  # registered (else SIGUSR1 would end the process): the kernel's caught mask
+        with open(f"/proc/{process.pid}/status") as status:
+            mask = next(line for line in status if line.startswith("SigCgt:")).split()[1]
+        return bool(int(mask, 16) >> (signal.SIGUSR1 - 1) & 1)
+
+    deadline = time.monotonic() + 60
+    while not catches_sigusr1():
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.05)
+    time.sleep(1.0)  # on its way to, or in, the wait for a subscriber (10 s)
+    process.send_signal(signal.SIGUSR1)
+    _, stderr = process.communicate(timeout=60)
+    assert "most recent call first" in stderr and 'File "' in stderr  # a stack, wherever the command was
+    assert process.returncode == 2 and "no ingest subscribed within 10 s" in stderr.splitlines()[-1]

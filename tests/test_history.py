@@ -353,8 +353,8 @@ def test_prune_cli(prunable) -> None:
     dry = planner("db", "prune", "--older-than", "0", "--dry-run", env=env)
     assert dry.returncode == 0, dry.stderr
     # 12 throughput and 24 load ticks; the newest tick is a throughput tick, so all 24 load states go
-    assert "pruned: 36 ticks examined; would delete 0 fpm_snapshots, 24 tick_steps, 24 planner_states" in dry.stdout
+    assert "pruned: 36 ticks examined; would delete 24 tick_steps, 24 planner_states" in dry.stdout
     done = planner("db", "prune", "--older-than", "0", env=env)
-    assert "pruned: 36 ticks examined; deleted 0 fpm_snapshots, 24 tick_steps, 24 planner_states" in done.stdout
+    assert "pruned: 36 ticks examined; deleted 24 tick_steps, 24 planner_states" in done.stdout
     missing = planner("db", "prune", env=env)
     assert missing.returncode == 2 and "required: --older-than" in missing.stderr

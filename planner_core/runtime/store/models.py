@@ -241,19 +241,6 @@ for _what, _comment in _UNPLACED_COMMENTS.items():
         WorkerObservationRow.__table__.c[f"{_what}_{_pool}"].comment = _comment.format(pool=_pool)
 
 
-class FpmSnapshotRow(Base):
-    """Latest forward-pass metrics per engine (worker, dp_rank) as a tick saw them."""
-
-    __tablename__ = "fpm_snapshots"
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), index=True)
-    component: Mapped[str] = mapped_column(String(20))
-    worker_id: Mapped[str] = mapped_column(String(200))
-    dp_rank: Mapped[int]
-    wall_time_s: Mapped[float]
-    metrics: Mapped[dict[str, Any]]
-
-
 class PredictionRow(Base):
     """Forecast of the next window made by a throughput tick."""
 

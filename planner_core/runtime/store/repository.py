@@ -30,7 +30,6 @@ from planner_core.runtime.store.models import (
     DecisionRow,
     DecisionStatus,
     Deployment,
-    FpmSnapshotRow,
     PlannerConfigRow,
     PlannerStateRow,
     PredictionRow,
@@ -241,17 +240,8 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
             **_unplaced_columns(inputs),
         )
     )
-    for fpm in inputs.fpm:  # the forward-pass metrics the tick saw, one row per engine
-        session.add(
-            FpmSnapshotRow(
-                tick_id=tick_id,
-                component=fpm.component.value,
-                worker_id=fpm.worker_id,
-                dp_rank=fpm.dp_rank,
-                wall_time_s=fpm.wall_time_s,
-                metrics=to_jsonable(fpm),
-            )
-        )
+    # The forward-pass metrics the tick saw are stored once, in `ticks.inputs` (the view `fpm_snapshots` expands
+    # them one row per engine; migration 0015).
     if outcome.prediction is not None:
         session.add(
             PredictionRow(

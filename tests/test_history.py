@@ -141,7 +141,7 @@ def test_the_analyst_role_reads_every_view_and_table(analyst_url) -> None:
         "INSERT INTO deployments (name, mode, environment, config_hash) SELECT 'x', mode, environment, config_hash "
         "FROM deployments LIMIT 1",
         "UPDATE decisions SET status = 'failed'",
-        "DELETE FROM tick_steps",
+        "DELETE FROM tick_step_lists",
         "INSERT INTO replay_runs DEFAULT VALUES",
         "CREATE TABLE scratch (x int)",
     ],

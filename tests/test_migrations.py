@@ -25,7 +25,7 @@ TABLES = {
     "fpm_samples",
     "predictions",
     "proposals",
-    "tick_steps",
+    "tick_step_lists",
     "planner_states",
     "decisions",
     "executions",
@@ -52,6 +52,7 @@ VIEWS = {
     "replay_comparison",
     "tick_summary",
     "fpm_snapshots",
+    "tick_steps",
 }
 
 
@@ -169,7 +170,7 @@ def test_migration_0006_tick_summary_downgrades_and_upgrades_again(empty_databas
     assert _relation(url, grant)[1] == [(True,)]
 
     downgrade(url, "0005")
-    assert _views(url) == VIEWS - {"tick_summary", "fpm_snapshots"}
+    assert _views(url) == VIEWS - {"tick_summary", "fpm_snapshots", "tick_steps"}
     assert _relation(url, history_sql) == (columns, rows)
     assert _relation(url, uses_summary)[1] == [(False,)]
 
@@ -290,16 +291,16 @@ def test_migration_0008_bounds_why(empty_database_url, tmp_path, profile_dir) ->
     traffic = TrafficObservation(duration_s=60, num_req=3000, isl=3000, osl=300)
     tick_id = run_tick(ctx, Loop.THROUGHPUT, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), traffic).tick_id
     get_engine(url).dispose()
-    insert = (
-        "INSERT INTO tick_steps (tick_id, seq, step, reason, detail) "
-        "SELECT %s, %s + i, 'plugin', 'override_set', repeat(%s, %s) FROM generate_series(1, %s) i"
+    insert = (  # steps appended to the tick's explanation (`tick_step_lists`, migration 0015)
+        "UPDATE tick_step_lists SET steps = steps || (SELECT jsonb_agg(jsonb_build_array("
+        "'plugin', NULL, NULL, 'override_set', repeat(%s, %s))) FROM generate_series(1, %s)) WHERE tick_id = %s"
     )
     with psycopg.connect(to_libpq_uri(url)) as conn:
-        conn.execute(insert, (tick_id, 1000, "y", 300, 1))
+        conn.execute(insert, ("y", 300, 1, tick_id))
     [(why,)] = _relation(url, "SELECT why FROM decision_history")[1]
     assert why.endswith("; plugin: " + "y" * 157 + "...") and len(why) < 1500
     with psycopg.connect(to_libpq_uri(url)) as conn:
-        conn.execute(insert, (tick_id, 2000, "x", 100, 20))
+        conn.execute(insert, ("x", 100, 20, tick_id))
     [(why,)] = _relation(url, "SELECT why FROM decision_history")[1]
     assert len(why) == 1500 and why.endswith("x...")
 
@@ -337,9 +338,10 @@ def _load_tick_with_fpm(url: str, tmp_path, at: dt.datetime, engines: list[tuple
     return tick_id
 
 
-def test_migration_0015_keeps_one_copy_of_fpm(empty_database_url, tmp_path, profile_dir) -> None:
+def test_migration_0015_compact_tick_storage(empty_database_url, tmp_path, profile_dir) -> None:
     """0015 -> 0014 refills the `fpm_snapshots` table from `ticks.inputs` (the rows 0014's writer stored, one per
-    engine in the order of the inputs); 0014 -> 0015 on that data reads the same rows back through the view; a row
+    engine in the order of the inputs) and `tick_steps` from `tick_step_lists`; 0014 -> 0015 on that data reads the
+    same rows back through the views, one `tick_step_lists` row per tick, `decision_history` unchanged; a snapshot
     that is not in its tick's inputs makes the upgrade refuse, dropping nothing. (The planner refuses to run on an
     old schema, so the old rows are made by the downgrade.)"""
     url = empty_database_url
@@ -352,9 +354,17 @@ def test_migration_0015_keeps_one_copy_of_fpm(empty_database_url, tmp_path, prof
     assert [row[:3] for row in view] == [(first, "decode", "d-0"), (first, "prefill", "p-0"), (second, "decode", "d-1")]
     assert [row[5]["counter_id"] for row in view] == [1, 2, 1]
 
+    steps_sql = "SELECT tick_id, seq, step, component, value, reason, detail FROM tick_steps ORDER BY tick_id, seq"
+    steps = _relation(url, steps_sql)
+    assert len(steps[1]) > 10 and {row[0] for row in steps[1]} == {first, second}
+    history = _relation(url, "SELECT * FROM decision_history ORDER BY decision_id")
+
     downgrade(url, "0014")
     assert "fpm_snapshots" in _tables(url) and "fpm_snapshots" not in _views(url)
     assert _relation(url, _OLD_FPM_ROWS)[1] == view
+    assert "tick_steps" in _tables(url) and "tick_step_lists" not in _tables(url)
+    assert _relation(url, steps_sql) == steps  # the rows of 0014's table, as its writer stored them
+    assert _relation(url, "SELECT * FROM decision_history ORDER BY decision_id") == history
 
     with psycopg.connect(to_libpq_uri(url)) as conn:  # a row the inputs do not hold: the upgrade refuses
         conn.execute("UPDATE fpm_snapshots SET metrics = jsonb_set(metrics, '{counter_id}', '99') WHERE id = 1")
@@ -367,5 +377,14 @@ def test_migration_0015_keeps_one_copy_of_fpm(empty_database_url, tmp_path, prof
     upgrade(url)
     assert "fpm_snapshots" not in _tables(url) and "fpm_snapshots" in _views(url)
     assert _relation(url, _VIEW_FPM_ROWS)[1] == view
+    assert "tick_steps" in _views(url) and _relation(url, steps_sql) == steps  # 0014's rows migrated
+    assert _relation(url, "SELECT count(*) FROM tick_step_lists")[1] == [(2,)]  # one row per tick
+    assert _relation(url, "SELECT * FROM decision_history ORDER BY decision_id") == history
+    with psycopg.connect(to_libpq_uri(url)) as conn, pytest.raises(psycopg.errors.StringDataRightTruncation):
+        conn.execute(  # a step longer than the old column allowed is refused, as before
+            "UPDATE tick_step_lists SET steps = steps || jsonb_build_array(jsonb_build_array("
+            "repeat('x', 81), NULL, NULL, 'no_change', '')) WHERE tick_id = %s",
+            (first,),
+        )
     grants = "SELECT has_table_privilege('planner_analyst', 'fpm_snapshots', 'SELECT')"
     assert _relation(url, grants)[1] == [(True,)]

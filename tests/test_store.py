@@ -7,7 +7,7 @@ import datetime as dt
 
 import psycopg
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import DataError
 
 from planner_core.config import parse_config
@@ -35,7 +35,6 @@ from planner_core.runtime.store.models import (
     PlannerConfigRow,
     PlannerStateRow,
     Tick,
-    TickStepRow,
     TrafficObservationRow,
 )
 from planner_core.tick import tick
@@ -147,10 +146,10 @@ def test_replaying_recorded_ticks_reproduces_them_exactly(ctx) -> None:
             stored_state = from_jsonable(PlannerState, session.get(PlannerStateRow, row.id).state)
             assert outcome.next_state == stored_state
             assert outcome.reason.value == row.reason
-            stored_steps = [
+            stored_steps = [  # through the view over tick_step_lists (migration 0015)
                 (s.step, s.reason, s.detail)
-                for s in session.scalars(
-                    select(TickStepRow).where(TickStepRow.tick_id == row.id).order_by(TickStepRow.seq)
+                for s in session.execute(
+                    text("SELECT step, reason, detail FROM tick_steps WHERE tick_id = :id ORDER BY seq"), {"id": row.id}
                 )
             ]
             assert stored_steps == [(s.step, s.reason.value, s.detail) for s in outcome.steps]

@@ -132,12 +132,13 @@ def prune_history(
     return summary
 
 
-# Which child rows of a tick are pruned, by loop: table -> PruneCounts attribute.
+# Which child rows of a tick are pruned, by loop: table -> (PruneCounts attribute, what one row counts for: a
+# row of `tick_step_lists` holds all the steps of its tick, counted one by one as when they were rows).
 _PRUNED = {
     Loop.THROUGHPUT: {},
     Loop.LOAD: {
-        "tick_steps": "num_tick_steps",
-        "planner_states": "num_planner_states",
+        "tick_step_lists": ("num_tick_steps", "jsonb_array_length(steps)"),
+        "planner_states": ("num_planner_states", "1"),
     },
 }
 
@@ -175,12 +176,12 @@ def _prune_batch(
         return None
     counts = PruneCounts(num_ticks=len(rows))
     params = {"ids": [row.id for row in rows], "keep": keep}
-    for table, attribute in _PRUNED[loop].items():
+    for table, (attribute, weight) in _PRUNED[loop].items():
         kept = " AND NOT tick_id = ANY(:keep)"
         deleted = session.scalar(
             text(
-                f"WITH gone AS (DELETE FROM {table} WHERE tick_id = ANY(:ids){kept} RETURNING 1) "
-                "SELECT count(*) FROM gone"
+                f"WITH gone AS (DELETE FROM {table} WHERE tick_id = ANY(:ids){kept} RETURNING {weight} AS n) "
+                "SELECT coalesce(sum(n), 0) FROM gone"
             ),
             params,
         )
@@ -219,9 +220,9 @@ def _count_prunable(
     if num_ticks == 0:
         return None
     counts = PruneCounts(num_ticks=num_ticks)
-    for table, attribute in _PRUNED[loop].items():
+    for table, (attribute, weight) in _PRUNED[loop].items():
         kept = " AND NOT c.tick_id = ANY(:keep)"
-        sql = f"SELECT count(*) FROM {table} c WHERE c.tick_id IN (SELECT t.id {ticks}){kept}"
+        sql = f"SELECT coalesce(sum({weight}), 0) FROM {table} c WHERE c.tick_id IN (SELECT t.id {ticks}){kept}"
         setattr(counts, attribute, int(session.scalar(text(sql), params) or 0))
     return counts
 

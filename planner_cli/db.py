@@ -55,7 +55,7 @@ def _db_prune(url: str, args: argparse.Namespace) -> int:
     print(f"ticks scheduled before {summary.cutoff.isoformat(timespec='seconds')}:")
     for name, counts in summary.by_deployment.items():
         print(
-            f"  {name}: {counts.num_ticks} ticks examined; {verb} {counts.num_fpm_snapshots} fpm_snapshots, "
+            f"  {name}: {counts.num_ticks} ticks examined; {verb} "
             f"{counts.num_tick_steps} tick_steps, {counts.num_planner_states} planner_states"
         )
     if not summary.by_deployment:

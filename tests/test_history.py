@@ -141,7 +141,7 @@ def test_the_analyst_role_reads_every_view_and_table(analyst_url) -> None:
         "INSERT INTO deployments (name, mode, environment, config_hash) SELECT 'x', mode, environment, config_hash "
         "FROM deployments LIMIT 1",
         "UPDATE decisions SET status = 'failed'",
-        "DELETE FROM tick_steps",
+        "DELETE FROM tick_step_lists",
         "INSERT INTO replay_runs DEFAULT VALUES",
         "CREATE TABLE scratch (x int)",
     ],
@@ -353,8 +353,8 @@ def test_prune_cli(prunable) -> None:
     dry = planner("db", "prune", "--older-than", "0", "--dry-run", env=env)
     assert dry.returncode == 0, dry.stderr
     # 12 throughput and 24 load ticks; the newest tick is a throughput tick, so all 24 load states go
-    assert "pruned: 36 ticks examined; would delete 0 fpm_snapshots, 24 tick_steps, 24 planner_states" in dry.stdout
+    assert "pruned: 36 ticks examined; would delete 24 tick_steps, 24 planner_states" in dry.stdout
     done = planner("db", "prune", "--older-than", "0", env=env)
-    assert "pruned: 36 ticks examined; deleted 0 fpm_snapshots, 24 tick_steps, 24 planner_states" in done.stdout
+    assert "pruned: 36 ticks examined; deleted 24 tick_steps, 24 planner_states" in done.stdout
     missing = planner("db", "prune", env=env)
     assert missing.returncode == 2 and "required: --older-than" in missing.stderr

@@ -20,7 +20,7 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from planner_core.config import load_config
 from planner_core.domain import Component, ForwardPassMetrics, Loop, QueuedRequests, ScheduledRequests
@@ -40,7 +40,7 @@ from planner_core.runtime.service import fpm_max_age_s, load_context, run_tick
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples, latest_fpm
-from planner_core.runtime.store.models import FpmSampleRow, FpmSnapshotRow
+from planner_core.runtime.store.models import FpmSampleRow
 from tests.conftest import REPO_ROOT, write_config
 
 P, D = Component.PREFILL, Component.DECODE
@@ -303,7 +303,9 @@ def test_load_tick_sees_the_newest_sample_per_engine(deployment, profile_dir: Pa
     result = run_tick(ctx, Loop.LOAD, now, None)
     assert result.inputs.fpm == (busy(D, "d-0", 2), busy(P, "p-0", 5))
     with ctx.sessions.begin() as session:
-        snapshots = session.scalars(select(FpmSnapshotRow).where(FpmSnapshotRow.tick_id == result.tick_id)).all()
+        snapshots = session.execute(  # the view over ticks.inputs (migration 0015)
+            text("SELECT component, worker_id, metrics FROM fpm_snapshots WHERE tick_id = :id"), {"id": result.tick_id}
+        ).all()
         assert sorted((s.component, s.worker_id, s.metrics["counter_id"]) for s in snapshots) == [
             ("decode", "d-0", 2),
             ("prefill", "p-0", 5),

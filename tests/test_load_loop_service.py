@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from planner_core.domain import (
     Component,
@@ -28,7 +28,7 @@ from planner_core.pipeline import PluginConfigError
 from planner_core.runtime.service import PlannerContext, load_context, run_execution, run_tick
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
-from planner_core.runtime.store.models import DecisionRow, ExecutionRow, TickStepRow, VirtualConnectorStateRow
+from planner_core.runtime.store.models import DecisionRow, ExecutionRow, VirtualConnectorStateRow
 from tests.conftest import write_config
 from tests.test_plugin_packages import install_distribution, install_example
 
@@ -73,7 +73,10 @@ def publish(ctx: PlannerContext, at: dt.datetime, *reports: ForwardPassMetrics) 
 
 def stored_steps(ctx: PlannerContext, tick_id: int) -> list[tuple[str, str | None, str, float | None]]:
     with ctx.sessions.begin() as session:
-        rows = session.scalars(select(TickStepRow).where(TickStepRow.tick_id == tick_id).order_by(TickStepRow.seq))
+        rows = session.execute(  # the view over tick_step_lists (migration 0015)
+            text("SELECT step, component, reason, value FROM tick_steps WHERE tick_id = :id ORDER BY seq"),
+            {"id": tick_id},
+        )
         return [(row.step, row.component, row.reason, row.value) for row in rows]
 
 
@@ -149,7 +152,7 @@ def test_plugin_load_failures_are_steps_of_every_tick(database_url: str, tmp_pat
         assert steps[0][:3] == ("plugin_load:broken", None, ReasonCode.PLUGIN_LOAD_FAILED.value)
         assert any(step == "propose:business_hours_floor" for step, *_ in steps)
     with ctx.sessions.begin() as session:
-        detail = session.scalar(select(TickStepRow.detail).where(TickStepRow.step == "plugin_load:broken").limit(1))
+        detail = session.scalar(text("SELECT detail FROM tick_steps WHERE step = 'plugin_load:broken' LIMIT 1"))
     assert detail == (
         "plugin entry point 'broken' (broken_plugin_mod:make): RuntimeError: cannot reach the capacity service"
     )

@@ -22,11 +22,10 @@ TABLES = {
     "ticks",
     "traffic_observations",
     "worker_observations",
-    "fpm_snapshots",
     "fpm_samples",
     "predictions",
     "proposals",
-    "tick_steps",
+    "tick_step_lists",
     "planner_states",
     "decisions",
     "executions",
@@ -52,6 +51,8 @@ VIEWS = {
     "predictor_accuracy",
     "replay_comparison",
     "tick_summary",
+    "fpm_snapshots",
+    "tick_steps",
 }
 
 
@@ -169,7 +170,7 @@ def test_migration_0006_tick_summary_downgrades_and_upgrades_again(empty_databas
     assert _relation(url, grant)[1] == [(True,)]
 
     downgrade(url, "0005")
-    assert _views(url) == VIEWS - {"tick_summary"}
+    assert _views(url) == VIEWS - {"tick_summary", "fpm_snapshots", "tick_steps"}
     assert _relation(url, history_sql) == (columns, rows)
     assert _relation(url, uses_summary)[1] == [(False,)]
 
@@ -290,15 +291,100 @@ def test_migration_0008_bounds_why(empty_database_url, tmp_path, profile_dir) ->
     traffic = TrafficObservation(duration_s=60, num_req=3000, isl=3000, osl=300)
     tick_id = run_tick(ctx, Loop.THROUGHPUT, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), traffic).tick_id
     get_engine(url).dispose()
-    insert = (
-        "INSERT INTO tick_steps (tick_id, seq, step, reason, detail) "
-        "SELECT %s, %s + i, 'plugin', 'override_set', repeat(%s, %s) FROM generate_series(1, %s) i"
+    insert = (  # steps appended to the tick's explanation (`tick_step_lists`, migration 0015)
+        "UPDATE tick_step_lists SET steps = steps || (SELECT jsonb_agg(jsonb_build_array("
+        "'plugin', NULL, NULL, 'override_set', repeat(%s, %s))) FROM generate_series(1, %s)) WHERE tick_id = %s"
     )
     with psycopg.connect(to_libpq_uri(url)) as conn:
-        conn.execute(insert, (tick_id, 1000, "y", 300, 1))
+        conn.execute(insert, ("y", 300, 1, tick_id))
     [(why,)] = _relation(url, "SELECT why FROM decision_history")[1]
     assert why.endswith("; plugin: " + "y" * 157 + "...") and len(why) < 1500
     with psycopg.connect(to_libpq_uri(url)) as conn:
-        conn.execute(insert, (tick_id, 2000, "x", 100, 20))
+        conn.execute(insert, ("x", 100, 20, tick_id))
     [(why,)] = _relation(url, "SELECT why FROM decision_history")[1]
     assert len(why) == 1500 and why.endswith("x...")
+
+
+_FPM_COLUMNS = "SELECT tick_id, component, worker_id, dp_rank, wall_time_s, metrics FROM fpm_snapshots"
+_OLD_FPM_ROWS = f"{_FPM_COLUMNS} ORDER BY tick_id, id"
+_VIEW_FPM_ROWS = f"{_FPM_COLUMNS} ORDER BY tick_id, seq"
+
+
+def _load_tick_with_fpm(url: str, tmp_path, at: dt.datetime, engines: list[tuple[str, str]]) -> int:
+    """A load tick that saw one forward-pass report per (component, worker) in `engines`."""
+    from planner_core.domain import Component, ForwardPassMetrics, ScheduledRequests
+    from planner_core.runtime.store import repository as repo
+    from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
+
+    ctx = load_context(url, "fpm", write_config(tmp_path, enable_load_scaling=True, load_adjustment_interval_seconds=5))
+    with ctx.sessions.begin() as session:
+        samples = [
+            FpmSample(
+                fpm=ForwardPassMetrics(
+                    component=Component(component),
+                    worker_id=worker,
+                    counter_id=i + 1,
+                    wall_time_s=0.02 + i / 1000,
+                    scheduled=ScheduledRequests(num_decode_requests=i + 1, sum_decode_kv_tokens=1000 * (i + 1)),
+                ),
+                received_at=at - dt.timedelta(seconds=1),
+            )
+            for i, (component, worker) in enumerate(engines)
+        ]
+        insert_fpm_samples(session, repo.ensure_deployment(session, "fpm", ctx.config).id, samples)
+    tick_id = run_tick(ctx, Loop.LOAD, at, None).tick_id
+    get_engine(url).dispose()
+    assert tick_id is not None
+    return tick_id
+
+
+def test_migration_0015_compact_tick_storage(empty_database_url, tmp_path, profile_dir) -> None:
+    """0015 -> 0014 refills the `fpm_snapshots` table from `ticks.inputs` (the rows 0014's writer stored, one per
+    engine in the order of the inputs) and `tick_steps` from `tick_step_lists`; 0014 -> 0015 on that data reads the
+    same rows back through the views, one `tick_step_lists` row per tick, `decision_history` unchanged; a snapshot
+    that is not in its tick's inputs makes the upgrade refuse, dropping nothing. (The planner refuses to run on an
+    old schema, so the old rows are made by the downgrade.)"""
+    url = empty_database_url
+    upgrade(url)
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    first = _load_tick_with_fpm(url, tmp_path, at, [("decode", "d-0"), ("prefill", "p-0")])
+    second = _load_tick_with_fpm(url, tmp_path, at + dt.timedelta(seconds=20), [("decode", "d-1")])  # first's stale
+    assert "fpm_snapshots" not in _tables(url) and "fpm_snapshots" in _views(url)
+    view = _relation(url, _VIEW_FPM_ROWS)[1]
+    assert [row[:3] for row in view] == [(first, "decode", "d-0"), (first, "prefill", "p-0"), (second, "decode", "d-1")]
+    assert [row[5]["counter_id"] for row in view] == [1, 2, 1]
+
+    steps_sql = "SELECT tick_id, seq, step, component, value, reason, detail FROM tick_steps ORDER BY tick_id, seq"
+    steps = _relation(url, steps_sql)
+    assert len(steps[1]) > 10 and {row[0] for row in steps[1]} == {first, second}
+    history = _relation(url, "SELECT * FROM decision_history ORDER BY decision_id")
+
+    downgrade(url, "0014")
+    assert "fpm_snapshots" in _tables(url) and "fpm_snapshots" not in _views(url)
+    assert _relation(url, _OLD_FPM_ROWS)[1] == view
+    assert "tick_steps" in _tables(url) and "tick_step_lists" not in _tables(url)
+    assert _relation(url, steps_sql) == steps  # the rows of 0014's table, as its writer stored them
+    assert _relation(url, "SELECT * FROM decision_history ORDER BY decision_id") == history
+
+    with psycopg.connect(to_libpq_uri(url)) as conn:  # a row the inputs do not hold: the upgrade refuses
+        conn.execute("UPDATE fpm_snapshots SET metrics = jsonb_set(metrics, '{counter_id}', '99') WHERE id = 1")
+    with pytest.raises(RuntimeError, match="1 fpm_snapshots rows are not in their tick's inputs"):
+        upgrade(url)
+    assert "fpm_snapshots" in _tables(url)
+    with psycopg.connect(to_libpq_uri(url)) as conn:
+        conn.execute("UPDATE fpm_snapshots SET metrics = jsonb_set(metrics, '{counter_id}', '1') WHERE id = 1")
+
+    upgrade(url)
+    assert "fpm_snapshots" not in _tables(url) and "fpm_snapshots" in _views(url)
+    assert _relation(url, _VIEW_FPM_ROWS)[1] == view
+    assert "tick_steps" in _views(url) and _relation(url, steps_sql) == steps  # 0014's rows migrated
+    assert _relation(url, "SELECT count(*) FROM tick_step_lists")[1] == [(2,)]  # one row per tick
+    assert _relation(url, "SELECT * FROM decision_history ORDER BY decision_id") == history
+    with psycopg.connect(to_libpq_uri(url)) as conn, pytest.raises(psycopg.errors.StringDataRightTruncation):
+        conn.execute(  # a step longer than the old column allowed is refused, as before
+            "UPDATE tick_step_lists SET steps = steps || jsonb_build_array(jsonb_build_array("
+            "repeat('x', 81), NULL, NULL, 'no_change', '')) WHERE tick_id = %s",
+            (first,),
+        )
+    grants = "SELECT has_table_privilege('planner_analyst', 'fpm_snapshots', 'SELECT')"
+    assert _relation(url, grants)[1] == [(True,)]

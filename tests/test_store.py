@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 
 import psycopg
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import DataError
 
 from planner_core.config import parse_config
@@ -35,7 +36,6 @@ from planner_core.runtime.store.models import (
     PlannerConfigRow,
     PlannerStateRow,
     Tick,
-    TickStepRow,
     TrafficObservationRow,
 )
 from planner_core.tick import tick
@@ -103,7 +103,7 @@ def test_a_failing_record_leaves_nothing_half_written(ctx) -> None:
     before = {t: _count(ctx.database_url, t) for t in tables}
     later = T0 + dt.timedelta(seconds=60)
     inputs = TickInputs(now_s=later.timestamp(), loop=Loop.THROUGHPUT, workers=workers, traffic=BUSY)
-    too_long_step = StepRecord(step="x" * 500, reason=ReasonCode.NO_CHANGE)  # exceeds VARCHAR(80): insert fails
+    too_long_step = StepRecord(step="x" * 500, reason=ReasonCode.NO_CHANGE)  # over 80 characters: the insert fails
     outcome = TickOutcome(
         decision=ScalingDecision(num_prefill=3, num_decode=3), next_state=PlannerState(), steps=(too_long_step,)
     )
@@ -111,6 +111,34 @@ def test_a_failing_record_leaves_nothing_half_written(ctx) -> None:
         with ctx.sessions.begin() as session:
             record_outcome(session, "store-test", inputs, outcome)
     assert {t: _count(ctx.database_url, t) for t in tables} == before
+
+
+def test_steps_read_back_through_the_view_exactly(ctx) -> None:
+    """A tick's steps are one `tick_step_lists` row; the view `tick_steps` gives each back in order with its value
+    bit for bit, the non-finite ones (which JSON has no number for) included."""
+    run_tick(ctx, Loop.THROUGHPUT, T0, BUSY)
+    workers = run_tick(ctx, Loop.LOAD, T0, None).inputs.workers
+    later = T0 + dt.timedelta(seconds=60)
+    inputs = TickInputs(now_s=later.timestamp(), loop=Loop.THROUGHPUT, workers=workers, traffic=BUSY)
+    values = (0.1 + 0.2, 1e-300, -2.5, math.inf, -math.inf, math.nan, None)
+    steps = tuple(
+        StepRecord(step=f"s{i}", reason=ReasonCode.NO_CHANGE, component=Component.DECODE, value=v, detail=f"d{i}")
+        for i, v in enumerate(values)
+    )
+    outcome = TickOutcome(decision=ScalingDecision(), next_state=PlannerState(), steps=steps)
+    with ctx.sessions.begin() as session:
+        tick_id = record_outcome(session, "store-test", inputs, outcome)
+    with psycopg.connect(to_libpq_uri(ctx.database_url)) as conn:
+        rows = conn.execute(
+            "SELECT seq, step, component, value, reason, detail FROM tick_steps WHERE tick_id = %s ORDER BY seq",
+            (tick_id,),
+        ).fetchall()
+        assert conn.execute("SELECT count(*) FROM tick_step_lists WHERE tick_id = %s", (tick_id,)).fetchone() == (1,)
+    assert [(seq, step, component, reason, detail) for seq, step, component, _, reason, detail in rows] == [
+        (i, f"s{i}", "decode", "no_change", f"d{i}") for i in range(len(values))
+    ]
+    stored = [row[3] for row in rows]
+    assert stored[:5] == list(values[:5]) and math.isnan(stored[5]) and stored[6] is None
 
 
 def test_state_chains_from_tick_to_tick(ctx) -> None:
@@ -147,10 +175,10 @@ def test_replaying_recorded_ticks_reproduces_them_exactly(ctx) -> None:
             stored_state = from_jsonable(PlannerState, session.get(PlannerStateRow, row.id).state)
             assert outcome.next_state == stored_state
             assert outcome.reason.value == row.reason
-            stored_steps = [
+            stored_steps = [  # through the view over tick_step_lists (migration 0015)
                 (s.step, s.reason, s.detail)
-                for s in session.scalars(
-                    select(TickStepRow).where(TickStepRow.tick_id == row.id).order_by(TickStepRow.seq)
+                for s in session.execute(
+                    text("SELECT step, reason, detail FROM tick_steps WHERE tick_id = :id ORDER BY seq"), {"id": row.id}
                 )
             ]
             assert stored_steps == [(s.step, s.reason.value, s.detail) for s in outcome.steps]

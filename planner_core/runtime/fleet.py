@@ -46,6 +46,7 @@ from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.models import (
     ArbitrationGrantRow,
     ArbitrationRoundRow,
+    Base,
     Deployment,
     FleetBudgetRow,
     FleetMemberRow,
@@ -474,19 +475,21 @@ def members_configs(contexts: dict[str, PlannerContext]) -> dict[str, PlannerCon
     return {name: ctx.config for name, ctx in contexts.items()}
 
 
-# The tables holding what one tick recorded, keyed by its id (the audit log too: its rows name their tick).
-TICK_TABLES = (
-    "ticks",
-    "traffic_observations",
-    "worker_observations",
-    "fpm_snapshots",
-    "predictions",
-    "proposals",
-    "tick_steps",
-    "planner_states",
-    "decisions",
-    "audit_log",
-)
+def _tick_tables() -> tuple[str, ...]:
+    """The tables holding what one tick recorded, from the store's own table list: `ticks` and every table whose
+    `tick_id` references a tick (the audit log too: its rows name their tick), except `replay_ticks` (a replay's
+    comparison, written by `planner replay`, not by the tick). A table added to the models is counted unasked."""
+    referencing = sorted(
+        table.name
+        for table in Base.metadata.tables.values()
+        if "tick_id" in table.c
+        and any(fk.column.table.name == "ticks" for fk in table.c.tick_id.foreign_keys)
+        and table.name != "replay_ticks"
+    )
+    return ("ticks", *referencing)
+
+
+TICK_TABLES = _tick_tables()
 
 
 def stored_bytes_per_tick(session: Session, loop: Loop, deployment_ids: list[int] | None = None) -> dict[str, float]:

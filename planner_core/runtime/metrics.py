@@ -334,10 +334,9 @@ def recorded_gpu_hours(session: Session, deployment: str) -> float:
 _ENGINES_SQL = """
 SELECT f.component, f.worker_id, f.dp_rank, f.metrics
   FROM fpm_snapshots f
- WHERE f.tick_id = (SELECT max(f2.tick_id) FROM fpm_snapshots f2
-                      JOIN ticks t ON t.id = f2.tick_id
+ WHERE f.tick_id = (SELECT max(t.id) FROM ticks t
                       JOIN deployments dep ON dep.id = t.deployment_id
-                     WHERE dep.name = :deployment)
+                     WHERE dep.name = :deployment AND jsonb_array_length(COALESCE(t.inputs->'fpm', '[]')) > 0)
  ORDER BY f.component, f.worker_id, f.dp_rank
 """
 

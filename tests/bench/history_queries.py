@@ -60,12 +60,13 @@ SELECT setval(pg_get_serial_sequence('ticks', 'id'), (SELECT max(id) FROM ticks)
 INSERT INTO worker_observations SELECT id, 2, 3, 2, 3 FROM ticks;
 INSERT INTO planner_states (tick_id, deployment_id, state)
 SELECT id, deployment_id, jsonb_build_object('num_load_ticks', id) FROM ticks;
-INSERT INTO tick_steps (tick_id, seq, step, component, value, reason, detail)
-SELECT id, 0, 'load', NULL, NULL, 'no_fpm_data', 'no forward-pass metrics observed' FROM ticks WHERE loop = 'load';
-INSERT INTO tick_steps (tick_id, seq, step, component, value, reason, detail)
-SELECT t.id, s.seq, 'step' || s.seq, CASE WHEN s.seq %% 2 = 0 THEN 'prefill' ELSE 'decode' END, s.seq * 1.5,
-       CASE WHEN s.seq IN (0, 1, 13) THEN 'observed' ELSE 'within_range' END, 'generated'
-  FROM ticks t, generate_series(0, 13) AS s(seq) WHERE t.loop = 'throughput';
+INSERT INTO tick_step_lists (tick_id, steps)
+SELECT id, jsonb_build_array(jsonb_build_array('load', NULL, NULL, 'no_fpm_data', 'no forward-pass metrics observed'))
+  FROM ticks WHERE loop = 'load';
+INSERT INTO tick_step_lists (tick_id, steps)
+SELECT t.id, jsonb_agg(jsonb_build_array('step' || s.seq, CASE WHEN s.seq %% 2 = 0 THEN 'prefill' ELSE 'decode' END,
+       s.seq * 1.5, CASE WHEN s.seq IN (0, 1, 13) THEN 'observed' ELSE 'within_range' END, 'generated') ORDER BY s.seq)
+  FROM ticks t, generate_series(0, 13) AS s(seq) WHERE t.loop = 'throughput' GROUP BY t.id;
 INSERT INTO traffic_observations (tick_id, window_s, num_req, isl, osl, isl_p90, osl_p90, ttft_ms, itl_ms)
 SELECT id, 180, 3000 + 1500 * sin(extract(epoch FROM scheduled_at) / 86400 * 2 * pi()) + random() * 300,
        3000 + random() * 500, 300 + random() * 50, 5000, 600, 60 + random() * 300, 6 + random() * 6
@@ -186,7 +187,14 @@ def main() -> None:
                 conn.execute(GENERATE % params)  # one multi-statement script (simple protocol: no parameters)
             conn.execute("VACUUM ANALYZE")
             print(f"generated in {time.perf_counter() - started:.1f} s:")
-            for table in ("ticks", "tick_steps", "worker_observations", "planner_states", "decisions", "executions"):
+            for table in (
+                "ticks",
+                "tick_step_lists",
+                "worker_observations",
+                "planner_states",
+                "decisions",
+                "executions",
+            ):
                 count, size = conn.execute(
                     f"SELECT count(*), pg_size_pretty(pg_total_relation_size('{table}')) FROM {table}"
                 ).fetchone()

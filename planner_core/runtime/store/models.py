@@ -241,19 +241,6 @@ for _what, _comment in _UNPLACED_COMMENTS.items():
         WorkerObservationRow.__table__.c[f"{_what}_{_pool}"].comment = _comment.format(pool=_pool)
 
 
-class FpmSnapshotRow(Base):
-    """Latest forward-pass metrics per engine (worker, dp_rank) as a tick saw them."""
-
-    __tablename__ = "fpm_snapshots"
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), index=True)
-    component: Mapped[str] = mapped_column(String(20))
-    worker_id: Mapped[str] = mapped_column(String(200))
-    dp_rank: Mapped[int]
-    wall_time_s: Mapped[float]
-    metrics: Mapped[dict[str, Any]]
-
-
 class PredictionRow(Base):
     """Forecast of the next window made by a throughput tick."""
 
@@ -282,19 +269,13 @@ class ProposalRow(Base):
     reason: Mapped[str] = mapped_column(String(60))
 
 
-class TickStepRow(Base):
-    """One step of a tick's explanation: its value and reason code, in order."""
+class TickStepListRow(Base):
+    """A tick's explanation, all its steps in order in one row: a JSON array of `[step, component, value, reason,
+    detail]` (`repository.compact_steps`). The view `tick_steps` expands it one row per step (migration 0015)."""
 
-    __tablename__ = "tick_steps"
-    __table_args__ = (UniqueConstraint("tick_id", "seq"),)
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"))
-    seq: Mapped[int]
-    step: Mapped[str] = mapped_column(String(80))
-    component: Mapped[str | None] = mapped_column(String(20))
-    value: Mapped[float | None]
-    reason: Mapped[str] = mapped_column(String(60))
-    detail: Mapped[str] = mapped_column(Text)
+    __tablename__ = "tick_step_lists"
+    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
+    steps: Mapped[list[Any]]
 
 
 class PlannerStateRow(Base):

@@ -2,8 +2,6 @@
 
 What goes, for ticks scheduled before the cutoff (now - DAYS):
 
-* `fpm_snapshots` of every tick: raw per-engine forward-pass metrics (the tick's own copy of what it saw stays
-  in `ticks.inputs`, so replay does not need them);
 * `tick_steps` of load ticks: one explanation per 5 s tick, re-computable by `planner replay` while the states
   are kept;
 * `planner_states` of load ticks: the largest rows (each holds the whole load history).
@@ -12,7 +10,8 @@ The steps and state of the tick a newer tick starts from (the newest tick before
 loop's first tick after the cutoff chained from) are kept, so the live planner and replays from the cutoff on
 are unaffected.
 
-What stays: every `ticks` row with its inputs and headline reason, observations, predictions, proposals,
+What stays: every `ticks` row with its inputs (the forward-pass metrics the tick saw among them, the one copy the
+view `fpm_snapshots` reads since migration 0015) and headline reason, observations, predictions, proposals,
 throughput-tick steps and states, decisions, executions and the audit log (which the database refuses to
 delete, and which references the ticks). Pruned load ticks can no longer be compared by `planner replay`
 (reported as skipped); the throughput ticks between them still replay exactly, from the replayed state of the
@@ -44,20 +43,17 @@ class PruneCounts:
     """Rows deleted (or, in a dry run, that would be)."""
 
     num_ticks: int = 0  # ticks examined (their detail pruned)
-    num_fpm_snapshots: int = 0
     num_tick_steps: int = 0
     num_planner_states: int = 0
 
     def add(self, other: PruneCounts) -> None:
         self.num_ticks += other.num_ticks
-        self.num_fpm_snapshots += other.num_fpm_snapshots
         self.num_tick_steps += other.num_tick_steps
         self.num_planner_states += other.num_planner_states
 
     def to_json(self) -> dict[str, int]:
         return {
             "ticks": self.num_ticks,
-            "fpm_snapshots": self.num_fpm_snapshots,
             "tick_steps": self.num_tick_steps,
             "planner_states": self.num_planner_states,
         }
@@ -136,13 +132,13 @@ def prune_history(
     return summary
 
 
-# Which child rows of a tick are pruned, by loop: table -> PruneCounts attribute.
+# Which child rows of a tick are pruned, by loop: table -> (PruneCounts attribute, what one row counts for: a
+# row of `tick_step_lists` holds all the steps of its tick, counted one by one as when they were rows).
 _PRUNED = {
-    Loop.THROUGHPUT: {"fpm_snapshots": "num_fpm_snapshots"},
+    Loop.THROUGHPUT: {},
     Loop.LOAD: {
-        "fpm_snapshots": "num_fpm_snapshots",
-        "tick_steps": "num_tick_steps",
-        "planner_states": "num_planner_states",
+        "tick_step_lists": ("num_tick_steps", "jsonb_array_length(steps)"),
+        "planner_states": ("num_planner_states", "1"),
     },
 }
 
@@ -180,12 +176,12 @@ def _prune_batch(
         return None
     counts = PruneCounts(num_ticks=len(rows))
     params = {"ids": [row.id for row in rows], "keep": keep}
-    for table, attribute in _PRUNED[loop].items():
-        kept = " AND NOT tick_id = ANY(:keep)" if table != "fpm_snapshots" else ""
+    for table, (attribute, weight) in _PRUNED[loop].items():
+        kept = " AND NOT tick_id = ANY(:keep)"
         deleted = session.scalar(
             text(
-                f"WITH gone AS (DELETE FROM {table} WHERE tick_id = ANY(:ids){kept} RETURNING 1) "
-                "SELECT count(*) FROM gone"
+                f"WITH gone AS (DELETE FROM {table} WHERE tick_id = ANY(:ids){kept} RETURNING {weight} AS n) "
+                "SELECT coalesce(sum(n), 0) FROM gone"
             ),
             params,
         )
@@ -224,9 +220,9 @@ def _count_prunable(
     if num_ticks == 0:
         return None
     counts = PruneCounts(num_ticks=num_ticks)
-    for table, attribute in _PRUNED[loop].items():
-        kept = " AND NOT c.tick_id = ANY(:keep)" if table != "fpm_snapshots" else ""
-        sql = f"SELECT count(*) FROM {table} c WHERE c.tick_id IN (SELECT t.id {ticks}){kept}"
+    for table, (attribute, weight) in _PRUNED[loop].items():
+        kept = " AND NOT c.tick_id = ANY(:keep)"
+        sql = f"SELECT coalesce(sum({weight}), 0) FROM {table} c WHERE c.tick_id IN (SELECT t.id {ticks}){kept}"
         setattr(counts, attribute, int(session.scalar(text(sql), params) or 0))
     return counts
 

@@ -7,6 +7,8 @@ Every function takes a `Session` and never commits: the Prefect task (or CLI com
 from __future__ import annotations
 
 import datetime as dt
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,7 @@ from planner_core.domain import (
     PROMPT_ARRIVAL_INTERVALS_S,
     Component,
     PlannerState,
+    StepRecord,
     TickInputs,
     TickOutcome,
     from_jsonable,
@@ -30,13 +33,12 @@ from planner_core.runtime.store.models import (
     DecisionRow,
     DecisionStatus,
     Deployment,
-    FpmSnapshotRow,
     PlannerConfigRow,
     PlannerStateRow,
     PredictionRow,
     ProposalRow,
     Tick,
-    TickStepRow,
+    TickStepListRow,
     TrafficObservationRow,
     WorkerObservationRow,
 )
@@ -184,6 +186,25 @@ def _unplaced_columns(inputs: TickInputs) -> dict[str, int | None]:
     return columns
 
 
+def compact_steps(steps: Sequence[StepRecord]) -> list[list[Any]]:
+    """A tick's steps as stored in `tick_step_lists.steps`: one `[step, component, value, reason, detail]` array
+    per step, in order. A non-finite value is written as Postgres spells it ("Infinity", "NaN"), which JSON has
+    no number for; the view `tick_steps` casts it back to the same float8."""
+    return [
+        [
+            getattr(step.step, "value", step.step),
+            step.component.value if step.component else None,
+            step.value if step.value is None or math.isfinite(step.value) else _PG_FLOAT_WORDS[str(step.value)],
+            step.reason.value,
+            step.detail,
+        ]
+        for step in steps
+    ]
+
+
+_PG_FLOAT_WORDS = {"inf": "Infinity", "-inf": "-Infinity", "nan": "NaN"}
+
+
 def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcome: TickOutcome) -> int | None:
     """Insert a tick and everything it saw and decided. Returns the tick id, or None if already recorded."""
     tick_id = session.scalar(
@@ -241,17 +262,8 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
             **_unplaced_columns(inputs),
         )
     )
-    for fpm in inputs.fpm:  # the forward-pass metrics the tick saw, one row per engine
-        session.add(
-            FpmSnapshotRow(
-                tick_id=tick_id,
-                component=fpm.component.value,
-                worker_id=fpm.worker_id,
-                dp_rank=fpm.dp_rank,
-                wall_time_s=fpm.wall_time_s,
-                metrics=to_jsonable(fpm),
-            )
-        )
+    # The forward-pass metrics the tick saw are stored once, in `ticks.inputs` (the view `fpm_snapshots` expands
+    # them one row per engine; migration 0015).
     if outcome.prediction is not None:
         session.add(
             PredictionRow(
@@ -276,18 +288,8 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
                 reason=proposal.reason.value,
             )
         )
-    for seq, step in enumerate(outcome.steps):
-        session.add(
-            TickStepRow(
-                tick_id=tick_id,
-                seq=seq,
-                step=step.step,
-                component=step.component.value if step.component else None,
-                value=step.value,
-                reason=step.reason.value,
-                detail=step.detail,
-            )
-        )
+    if outcome.steps:
+        session.add(TickStepListRow(tick_id=tick_id, steps=compact_steps(outcome.steps)))
     session.add(
         PlannerStateRow(tick_id=tick_id, deployment_id=record.deployment_id, state=to_jsonable(outcome.next_state))
     )

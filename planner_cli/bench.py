@@ -21,6 +21,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from planner_core.lab.sim.benchmark import BenchRequest, benchmark
     from planner_core.lab.sim.des import NoEndpointAction, RouterPolicy
 
+    commit = code_commit()  # now: the checkout may move while a long bench runs, and the record names this code
     request = BenchRequest(
         trace=args.trace, profile=args.profile, rate_scale=args.rate_scale, compress=args.compress, shape=args.shape,
         shape_hours=args.shape_hours, shape_start_h=args.shape_start_h, perf_table=args.perf_table,
@@ -64,7 +65,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         else:
             args.json.write_text(text + "\n", encoding="utf-8")
     if args.record is not None:
-        args.record.write_text(json.dumps(bench_record(rows, args.argv), indent=1) + "\n", encoding="utf-8")
+        args.record.write_text(json.dumps(bench_record(rows, args.argv, commit), indent=1) + "\n", encoding="utf-8")
     if args.html is not None:
         figure = bench_figure(list(outcome.runs), outcome.trace, ttft_ms=request.ttft_ms, itl_ms=request.itl_ms)
         figure.write_html(str(args.html), include_plotlyjs=True)
@@ -81,11 +82,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_record(rows: list[dict], argv: list[str]) -> dict:
-    """The `--record` file: the rows with the date, the command and the commit that produced them (the docs'
-    benchmark pages are generated from these)."""
-    import datetime as dt
-    import shlex
+def code_commit() -> str | None:
+    """`git describe` of the code's checkout (None outside one: an installed package)."""
     import subprocess
 
     try:
@@ -93,9 +91,17 @@ def bench_record(rows: list[dict], argv: list[str]) -> dict:
             ["git", "-C", str(Path(__file__).resolve().parent), "describe", "--always", "--dirty"],
             capture_output=True, text=True, timeout=10, check=False,
         )  # fmt: skip
-        commit = described.stdout.strip() if described.returncode == 0 else None
-    except OSError:  # no git: an installed package
-        commit = None
+    except OSError:  # no git
+        return None
+    return described.stdout.strip() or None if described.returncode == 0 else None
+
+
+def bench_record(rows: list[dict], argv: list[str], commit: str | None) -> dict:
+    """The `--record` file: the rows with the date (when written), the command and the commit of the code that
+    produced them, taken when the bench began (the docs' benchmark pages are generated from these)."""
+    import datetime as dt
+    import shlex
+
     return {
         "format": "planner-bench-record/v1",
         "date": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),

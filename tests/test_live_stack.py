@@ -99,8 +99,8 @@ def _chat_once(url: str) -> dict:
         return json.loads(response.read())
 
 
-def test_mocker_engines_scale_up_down_and_a_killed_one_is_replaced(make_ctx, frontend, monkeypatch) -> None:  # noqa: F811
-    url, kv = frontend
+def _mocker_ctx(make_ctx, kv: Path, monkeypatch):  # noqa: F811
+    """A local-connector context whose workers are Dynamo's mocker (the default command) on discovery folder `kv`."""
     for name, value in {
         "DYNAMO_PYTHON": find_dynamo_python(),
         "PLANNER_LOCAL_MODEL_DIR": str(MODEL_DIR),
@@ -109,7 +109,12 @@ def test_mocker_engines_scale_up_down_and_a_killed_one_is_replaced(make_ctx, fro
         "PYTHONPATH": str(STUBS_DIR),
     }.items():
         monkeypatch.setenv(name, value)
-    ctx = make_ctx(discovery_dir=kv, default_command=True, grace_s=20)
+    return make_ctx(discovery_dir=kv, default_command=True, grace_s=20)
+
+
+def test_mocker_engines_scale_up_down_and_a_killed_one_is_replaced(make_ctx, frontend, monkeypatch) -> None:  # noqa: F811
+    url, kv = frontend
+    ctx = _mocker_ctx(make_ctx, kv, monkeypatch)
     settle(ctx, lambda: len(workers(ctx, R)) == 1, timeout_s=120)  # the minimum endpoint, the mocker by default
     assert _chat(url)["choices"][0]["message"]["content"] is not None  # served through the frontend
 
@@ -151,15 +156,7 @@ def test_the_ingest_stores_what_dynamos_engines_publish(make_ctx, frontend, monk
     from planner_core.runtime.store.models import FpmSampleRow
 
     url, kv = frontend
-    for name, value in {
-        "DYNAMO_PYTHON": find_dynamo_python(),
-        "PLANNER_LOCAL_MODEL_DIR": str(MODEL_DIR),
-        "PLANNER_LOCAL_MODEL_NAME": "tiny",
-        "PLANNER_LOCAL_PROFILE_DIR": str(PROFILE_DIR),
-        "PYTHONPATH": str(STUBS_DIR),
-    }.items():
-        monkeypatch.setenv(name, value)
-    ctx = make_ctx(discovery_dir=kv, default_command=True, grace_s=20)
+    ctx = _mocker_ctx(make_ctx, kv, monkeypatch)
     settle(ctx, lambda: len(workers(ctx, R)) == 1, timeout_s=120)
     with ctx.sessions.begin() as session:
         deployment_id = repo.find_deployment(session, NAME).id

@@ -10,7 +10,9 @@ switches) is set, so `planner db url` stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
+import io
 import os
 import signal
 import sys
@@ -64,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
     if hasattr(signal, "SIGUSR1"):
         # `kill -USR1 <pid>` prints every thread's stack to stderr and the command goes on: how to see where a
-        # command that seems stuck is waiting (`planner chaos` does it before killing a hung demo)
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        # command that seems stuck is waiting (`planner chaos` does it before killing a hung demo). Not when stderr
+        # is no file (called in-process with stderr captured): there is nowhere to write the stacks to.
+        with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as given, for records of what was run
     try:

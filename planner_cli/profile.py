@@ -129,7 +129,10 @@ def _capacity(profile_dir: Path) -> dict:
         "--osl", str(c["osl"]), "--ttft-ms", str(c["ttft_ms"]), "--itl-ms", str(c["itl_ms"]), "--json",
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=True)  # noqa: S603 - our own command
-    return {"command": "planner " + " ".join(command[3:]), **json.loads(done.stdout)}
+    shown = [*command[3:]]
+    with contextlib.suppress(ValueError):  # the record names the profile relative to where the command ran
+        shown[shown.index("--profile") + 1] = os.path.relpath(profile_dir)
+    return {"command": "planner " + " ".join(shown), **json.loads(done.stdout)}
 
 
 def _mocker_timing(dynamo: str, source_dir: Path, out: Path):

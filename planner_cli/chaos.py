@@ -52,8 +52,10 @@ from planner_core.data import CHAOS_CONFIG
 from planner_core.runtime.settings import RuntimeSettings
 
 FAULTS = ("demo-random", "demo-after-tick", "postgres", "prefect")
-HUNG_FACTOR = 3.0  # a demo still running this many baseline durations after a Postgres/Prefect fault is hung
+HUNG_FACTOR = 3.0  # a demo still running this many baseline durations after a Postgres/Prefect fault is hung ...
 POLL_S = 0.02
+# The demos' runtime settings: the defaults (their environment drops every PLANNER_ variable but the data dir).
+DEMO_SETTINGS = RuntimeSettings.model_construct()
 
 
 @dataclass
@@ -125,9 +127,9 @@ class ChaosRun:
     def stop_postgres(self) -> None:
         """Stop the run's embedded Postgres (fast shutdown; SIGKILL if it is still there after 60 s), whoever
         started it last (this process, or a demo after a Postgres kill): the run leaves no server behind."""
-        from planner_core.runtime.store.db import stop_embedded_database
+        from planner_core.runtime.store.db import postmaster_pid, stop_embedded_database
 
-        pid = _postmaster_pid(self.pg_dir)
+        pid = postmaster_pid(self.pg_dir)
         if pid is None or not stop_embedded_database(self.pg_dir):
             return
         deadline = time.monotonic() + 60
@@ -152,13 +154,6 @@ class ChaosRun:
                 break
             time.sleep(0.05)
         return True
-
-
-def _postmaster_pid(pg_dir: Path) -> int | None:
-    try:
-        return int((pg_dir / "postmaster.pid").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _alive(pid: int) -> bool:
@@ -243,6 +238,16 @@ def _kill(process: subprocess.Popen) -> None:
     process.wait(timeout=30)
 
 
+def hung_after_s(baseline_s: float, settings: RuntimeSettings) -> float:
+    """... plus the waits a demo riding a fault out may spend within its configured bounds: restarting the embedded
+    Postgres (or waiting for another process starting one), releasing its handle at exit, and the Prefect server's
+    silence before giving up. Beyond that the demo has broken a bound: it is hung. (The baseline's duration alone
+    misjudged a demo that restarted Postgres on a loaded machine and was finishing its exit: seed-26 round 33.)"""
+    from planner_core.runtime.store.db import EXIT_LOCK_TIMEOUT_S
+
+    return baseline_s * HUNG_FACTOR + settings.embedded_start_timeout_s + EXIT_LOCK_TIMEOUT_S + settings.prefect_lost_s
+
+
 def _kill_hung(process: subprocess.Popen) -> None:
     """Kill a demo that neither finished nor failed, after asking it for every thread's stack (SIGUSR1: the CLI
     prints them to its log), so the log says where it was waiting."""
@@ -299,7 +304,7 @@ def _inject(
         return Kill(round_no, fault, after_s, None)
     if fault == "postgres":
         killed = run.kill_postgres()
-        code = _wait(process, baseline_s * HUNG_FACTOR)
+        code = _wait(process, hung_after_s(baseline_s, DEMO_SETTINGS))
         note = "" if killed else "postmaster not running"
         if code is None:
             _kill_hung(process)
@@ -308,7 +313,7 @@ def _inject(
         return Kill(round_no, fault, after_s, code, note)
     run.kill_prefect()
     run.start_prefect()
-    code = _wait(process, baseline_s * HUNG_FACTOR)
+    code = _wait(process, hung_after_s(baseline_s, DEMO_SETTINGS))
     note = ""
     if code is None:
         _kill_hung(process)

@@ -515,6 +515,118 @@ def test_a_killed_embedded_server_is_started_again_by_the_same_process(tmp_path:
         _stop_test_servers(tmp_path)
 
 
+# pgserver's machine-wide lock: a process holding it does not stall another command's exit or start for good.
+# Every wait on it is bounded (found by a chaos run: a demo that had printed its summary did not exit while another
+# process on the machine held that lock, and was counted hung).
+
+_HOLD_PGSERVER_LOCK = """
+import sys, time
+from pgserver.postgres_server import PostgresServer
+assert PostgresServer._lock.acquire(timeout=30)
+print("holding", flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+_ATTACH_THEN_EXIT_ON_INPUT = """
+import sys
+from pathlib import Path
+from planner_core.runtime.store.db import embedded_database_url
+embedded_database_url(Path(sys.argv[1]))
+print("attached", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _hold_pgserver_lock(env: dict[str, str], seconds: float) -> subprocess.Popen:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_PGSERVER_LOCK, str(seconds)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+    return holder
+
+
+def test_exit_is_not_held_by_another_process_holding_pgservers_lock(tmp_path: Path) -> None:
+    """A command attached to the embedded database exits within the exit bound while another process holds
+    pgserver's lock (pgserver's own exit hook waits for that lock without limit)."""
+    import time
+
+    from planner_core.runtime.store.db import EXIT_LOCK_TIMEOUT_S
+
+    pg_dir = tmp_path / "data" / "pg"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    command = subprocess.Popen(
+        [sys.executable, "-c", _ATTACH_THEN_EXIT_ON_INPUT, str(pg_dir)], env=env, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    holder = None
+    try:
+        assert command.stdout is not None and command.stdout.readline().strip() == "attached"
+        holder = _hold_pgserver_lock(env, 120)
+        asked_at = time.monotonic()
+        command.communicate("exit\n", timeout=EXIT_LOCK_TIMEOUT_S + 60)
+        assert command.returncode == 0
+        # the bound plus the interpreter's own exit; pgserver's hook would wait the holder's 120 s
+        assert time.monotonic() - asked_at < EXIT_LOCK_TIMEOUT_S + 30
+    finally:
+        for process in (command, holder):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+        _stop_test_servers(tmp_path)
+
+
+def test_start_fails_in_one_line_when_pgservers_lock_stays_held(tmp_path: Path) -> None:
+    """Starting a stopped embedded database while another process holds pgserver's lock past
+    PLANNER_EMBEDDED_START_TIMEOUT_S ends in one line naming the lock, instead of waiting for as long as it is held."""
+    pg_dir = tmp_path / "data" / "pg"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    first = subprocess.run(
+        [sys.executable, "-c", _START_EMBEDDED, str(pg_dir)], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    _stop_test_servers(tmp_path)
+    holder = _hold_pgserver_lock(env, 120)
+    try:
+        second = subprocess.run(
+            [sys.executable, "-c", _START_EMBEDDED, str(pg_dir)], env=env | {"PLANNER_EMBEDDED_START_TIMEOUT_S": "2"},
+            capture_output=True, text=True, timeout=90,
+        )  # fmt: skip
+        assert second.returncode != 0
+        last = second.stderr.strip().splitlines()[-1]
+        assert "EmbeddedDatabaseError" in last and "within 2 s; another process holds pgserver's lock" in last, last
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+        _stop_test_servers(tmp_path)
+
+
+def test_a_zombie_postmaster_counts_as_gone(tmp_path: Path) -> None:
+    """A killed postmaster its parent has not reaped yet answers kill(pid, 0) but is dead: the process drops its
+    handle and waits for it to go before starting a new one (Postgres refuses to start while that pid exists)."""
+    from planner_core.runtime.store.db import _postmaster_state
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        import time
+
+        import psutil
+
+        deadline = time.monotonic() + 30
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:  # exited, not waited for: a zombie
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        (tmp_path / "postmaster.pid").write_text(f"{child.pid}\n{tmp_path}\n")
+        assert _postmaster_state(tmp_path) == "zombie"
+        (tmp_path / "postmaster.pid").write_text(f"{os.getpid()}\n{tmp_path}\n")
+        assert _postmaster_state(tmp_path) == "running"
+    finally:
+        child.wait(timeout=30)
+    (tmp_path / "postmaster.pid").write_text(f"{child.pid}\n{tmp_path}\n")
+    assert _postmaster_state(tmp_path) == "gone"  # reaped: no such process
+    (tmp_path / "postmaster.pid").unlink()
+    assert _postmaster_state(tmp_path) == "gone"
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Prefect lost mid-run: `planner demo` ends in one line with a non-zero status, within the configured time
 # ---------------------------------------------------------------------------------------------------------

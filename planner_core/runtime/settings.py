@@ -90,6 +90,11 @@ class RuntimeSettings(BaseSettings):
     prefect_lost_s: float = Field(
         default=30.0, gt=0, le=3600, description="seconds without an answer from the Prefect server before giving up"
     )
+    # The embedded Postgres (no PLANNER_DATABASE_URL): how long starting it, or waiting for another process that is
+    # starting one, may take before the command fails in one line.
+    embedded_start_timeout_s: float = Field(
+        default=60.0, gt=0, le=3600, description="seconds to start (or wait to start) the embedded Postgres"
+    )
     # The planner's own /metrics (`planner serve` with metric_reporting_prometheus_port set).
     metrics_bind: str = Field(
         default="127.0.0.1",

@@ -39,26 +39,35 @@ class EmbeddedDatabaseError(RuntimeError):
 _INIT_PREFIX = "pg.init-"  # first initialisations in progress: <data_dir>/pg.init-<pid>
 
 
-def embedded_database_url(pg_dir: Path) -> str:
+def embedded_database_url(pg_dir: Path, *, timeout_s: float | None = None) -> str:
     """Start (or attach to) the embedded Postgres under `pg_dir` and return its superuser's SQLAlchemy URL (the
     schema owner's: migrations run through it).
 
     The very first initialisation is atomic (`_initialise_atomically`): `pg_dir` appears only complete, so a kill
-    during it leaves nothing that breaks the next run.
+    during it leaves nothing that breaks the next run. Every wait is bounded by `timeout_s` (default: the
+    `embedded_start_timeout_s` setting): the start itself, and pgserver's lock (`_pgserver_lock`).
 
     Raises:
         EmbeddedDatabaseError: the server under `pg_dir` does not start (one line naming the folder and its log).
     """
     import pgserver  # heavy-ish; only needed when no external database is configured
 
+    if timeout_s is None:
+        timeout_s = RuntimeSettings().embedded_start_timeout_s
     pg_dir = pg_dir.expanduser().resolve()
     pg_dir.parent.mkdir(parents=True, exist_ok=True)
     if not (pg_dir / "PG_VERSION").exists():
-        _initialise_atomically(pg_dir)
+        _initialise_atomically(pg_dir, timeout_s)
     _forget_dead_server(pg_dir)
     try:
-        server = pgserver.get_server(pg_dir, cleanup_mode=None)
-        return to_sqlalchemy_url(server.get_uri())
+        if not _has_handle(pg_dir):  # a handle this process holds is handed out again without the lock
+            if _postmaster_state(pg_dir) != "running":
+                _start_in_child(pg_dir, timeout_s)
+            with _pgserver_lock(pg_dir, timeout_s):
+                _release_at_exit(pgserver.get_server(pg_dir, cleanup_mode=None))
+        return to_sqlalchemy_url(pgserver.get_server(pg_dir, cleanup_mode=None).get_uri())
+    except EmbeddedDatabaseError:
+        raise
     except Exception as exc:  # noqa: BLE001 - pgserver fails with asserts and subprocess errors: one line instead
         detail = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise EmbeddedDatabaseError(
@@ -67,23 +76,157 @@ def embedded_database_url(pg_dir: Path) -> str:
         ) from exc
 
 
-def _forget_dead_server(pg_dir: Path) -> None:
-    """Drop pgserver's handle on `pg_dir` when its postmaster is gone (killed, crashed), so the next call starts
-    the server again: pgserver hands out the handle it made first in this process without checking the server."""
+# pgserver serialises every start, attach and handle release of every process of this user through one file lock
+# (in the user's runtime dir) and waits for it without limit, at exit too; its start also polls, without limit, for
+# a postmaster that may have died meanwhile. One stuck holder (or a kill -9 of Postgres during a start) would stall
+# every planner command on the machine, at its start or at its exit. So: the lock is taken with a deadline before
+# pgserver takes it again (a process may relock a lock it holds), a stopped server is started in a child process
+# the deadline can kill, and at exit a handle is released only if the lock comes within `EXIT_LOCK_TIMEOUT_S`.
+EXIT_LOCK_TIMEOUT_S = 5.0
+_HANDLES_TO_RELEASE: dict[Path, object] = {}
+
+
+@contextmanager
+def _pgserver_lock(pg_dir: Path, timeout_s: float) -> Iterator[None]:
+    """Hold pgserver's lock, waiting at most `timeout_s`; pgserver's own `with` inside relocks and releases it."""
     from pgserver.postgres_server import PostgresServer
 
-    handle = PostgresServer._instances.get(pg_dir)
-    if handle is None:
-        return
-    pid_file = pg_dir / "postmaster.pid"
+    lock = PostgresServer._lock  # noqa: SLF001 - the lock pgserver takes, so that its wait has a bound
+    if not lock.acquire(timeout=timeout_s):
+        raise EmbeddedDatabaseError(
+            f"the embedded database under {pg_dir}: another process has held pgserver's lock {lock.path} for over "
+            f"{timeout_s:g} s (a stuck start?); `fuser {lock.path}` names it"
+        )
     try:
-        pid = int(pid_file.read_text().split()[0])
-        os.kill(pid, 0)
-    except (OSError, ValueError, IndexError):
-        del PostgresServer._instances[pg_dir]  # no pid file, or no such process: the server is down
+        yield
+    finally:
+        if lock.acquired:  # pgserver's release inside closed the file, and with it this process's hold
+            lock.release()
 
 
-def _initialise_atomically(pg_dir: Path) -> None:
+def _lock_holder_hint() -> str:
+    """A hint naming pgserver's lock if another process holds it now, else ""."""
+    from pgserver.postgres_server import PostgresServer
+
+    lock = PostgresServer._lock  # noqa: SLF001
+    if lock.acquire(blocking=False):
+        lock.release()
+        return ""
+    return f"; another process holds pgserver's lock {lock.path} (`fuser {lock.path}` names it)"
+
+
+def _has_handle(pg_dir: Path) -> bool:
+    from pgserver.postgres_server import PostgresServer
+
+    return pg_dir in PostgresServer._instances  # noqa: SLF001
+
+
+def _postmaster_state(pg_dir: Path) -> str:
+    """The postmaster's state: "running", "gone" (no postmaster.pid, or no such process) or "zombie" (killed, not
+    yet reaped by its parent: `kill(pid, 0)` still succeeds, and Postgres refuses to start while it exists)."""
+    import psutil  # a pgserver dependency
+
+    pid = postmaster_pid(pg_dir)
+    if pid is None:
+        return "gone"
+    try:
+        status = psutil.Process(pid).status()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "gone"
+    return "zombie" if status == psutil.STATUS_ZOMBIE else "running"
+
+
+def postmaster_pid(pg_dir: Path) -> int | None:
+    """The pid in `pg_dir`'s postmaster.pid, or None."""
+    try:
+        return int((pg_dir / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # no file, or a half-written one of a server killed while starting
+        return None
+
+
+# Run by `_start_in_child`: pgserver's start (pg_ctl, then its poll), in a process the deadline can kill.
+_START_SCRIPT = """
+import sys, warnings
+warnings.filterwarnings("ignore")
+import pgserver
+pgserver.get_server(sys.argv[1], cleanup_mode=None)
+"""
+
+
+def _start_in_child(pg_dir: Path, timeout_s: float) -> None:
+    """Start the stopped server under `pg_dir` in a child process, killed after `timeout_s` (module comment above).
+
+    A postmaster killed but not yet reaped (a zombie) is waited for first, within the same deadline."""
+    import subprocess
+    import sys
+
+    deadline = time.monotonic() + timeout_s
+    while _postmaster_state(pg_dir) == "zombie":
+        if time.monotonic() > deadline:
+            raise EmbeddedDatabaseError(
+                f"the embedded database under {pg_dir}: its killed server (pid {postmaster_pid(pg_dir)}) has not "
+                f"been reaped by its parent process for {timeout_s:g} s, and Postgres cannot start while it exists"
+            )
+        time.sleep(0.1)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _START_SCRIPT, str(pg_dir)],
+            capture_output=True, text=True, timeout=max(1.0, deadline - time.monotonic()),
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise EmbeddedDatabaseError(
+            f"the embedded database under {pg_dir} did not start within {timeout_s:g} s"
+            + (_lock_holder_hint() or f"; its log is {pg_dir / 'log'}")
+            + " (PLANNER_EMBEDDED_START_TIMEOUT_S sets the limit)"
+        ) from None
+    if done.returncode != 0:
+        lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        raise EmbeddedDatabaseError(
+            f"the embedded database under {pg_dir} does not start ({lines[-1][:200] if lines else done.returncode}); "
+            f"its log is {pg_dir / 'log'}; if it holds nothing you need, remove that folder and run again to start "
+            "afresh"
+        )
+
+
+def _release_at_exit(server: object) -> None:
+    """Replace pgserver's exit hook for `server` (it waits for the lock without limit) by `_release_handles`."""
+    import atexit
+
+    atexit.unregister(server._cleanup)  # type: ignore[attr-defined]  # noqa: SLF001
+    if not _HANDLES_TO_RELEASE:
+        atexit.register(_release_handles)
+    _HANDLES_TO_RELEASE[server.pgdata] = server  # type: ignore[attr-defined]
+
+
+def _release_handles() -> None:
+    """At exit: drop this process from each server's list of handles, if pgserver's lock comes within
+    `EXIT_LOCK_TIMEOUT_S`; else leave it (the list only decides which handle stops a server in pgserver's "stop"
+    and "delete" modes, which the planner uses only for its pid-named staging folders)."""
+    from pgserver.postgres_server import PostgresServer
+
+    lock = PostgresServer._lock  # noqa: SLF001
+    if not lock.acquire(timeout=EXIT_LOCK_TIMEOUT_S):
+        return
+    try:
+        for server in _HANDLES_TO_RELEASE.values():
+            with suppress(Exception):  # a handle whose server was killed meanwhile: nothing left to release
+                server._cleanup()  # type: ignore[attr-defined]  # noqa: SLF001 - mode None: list bookkeeping only
+    finally:
+        if lock.acquired:
+            lock.release()
+
+
+def _forget_dead_server(pg_dir: Path) -> None:
+    """Drop pgserver's handle on `pg_dir` when its postmaster is gone (killed, crashed; a zombie counts as gone), so
+    the next call starts the server again: pgserver hands out the handle it made first in this process without
+    checking the server."""
+    from pgserver.postgres_server import PostgresServer
+
+    if pg_dir in PostgresServer._instances and _postmaster_state(pg_dir) != "running":  # noqa: SLF001
+        del PostgresServer._instances[pg_dir]  # noqa: SLF001
+
+
+def _initialise_atomically(pg_dir: Path, timeout_s: float) -> None:
     """Create the database cluster in `<parent>/pg.init-<pid>`, start and stop it once, then rename it to `pg_dir`.
 
     A kill at any moment before the rename leaves only a `pg.init-*` folder, which the next first initialisation
@@ -105,13 +248,17 @@ def _initialise_atomically(pg_dir: Path) -> None:
         shutil.rmtree(staging)
     staging.mkdir()
     try:
-        server = pgserver.get_server(staging, cleanup_mode="stop")
+        with _pgserver_lock(staging, timeout_s):
+            server = pgserver.get_server(staging, cleanup_mode="stop")
+    except EmbeddedDatabaseError:
+        raise
     except Exception as exc:  # noqa: BLE001 - as in embedded_database_url
         raise EmbeddedDatabaseError(
             f"cannot initialise the embedded database in {staging} ({type(exc).__name__}: "
             f"{' '.join(str(exc).split())[:200]}); its log is {staging / 'log'}"
         ) from exc
-    server.cleanup()  # the last handle: pgserver stops the server ("stop" mode keeps the folder)
+    with _pgserver_lock(staging, timeout_s):
+        server.cleanup()  # the last handle: pgserver stops the server ("stop" mode keeps the folder)
     import atexit
 
     atexit.unregister(server._cleanup)  # noqa: SLF001 - done above; at exit it would look for the renamed folder
@@ -192,11 +339,8 @@ def with_user(url: str, user: str) -> str:
 def stop_embedded_database(pg_dir: Path) -> bool:
     """Stop the embedded server under `pg_dir` (fast shutdown). Returns False if none was running."""
     pid_file = pg_dir / "postmaster.pid"
-    if not pid_file.exists():
-        return False
-    try:
-        pid = int(pid_file.read_text().split()[0])
-    except (OSError, ValueError, IndexError):  # a half-written file of a server killed while starting
+    pid = postmaster_pid(pg_dir)
+    if pid is None:
         return False
     try:
         os.kill(pid, signal.SIGINT)  # postgres "fast" shutdown

@@ -412,6 +412,7 @@ def run_chaos(args: argparse.Namespace) -> dict[str, Any]:
         "OPENBLAS_NUM_THREADS": "1",
     }
     run = ChaosRun(folder=folder, port=port, env=env, commit=_commit())
+    print(f"run folder: {folder} (each demo attempt's log in logs/)", file=sys.stderr)
     started_at = dt.datetime.now(dt.UTC)
     wall_started = time.monotonic()
     rounds: list[dict[str, Any]] = []
@@ -539,8 +540,7 @@ def _report(
         "ingest": ingest,
         "rounds": rounds,
         "kills": [k.__dict__ for k in run.kills],
-        "folder": str(run.folder),
-    }
+    }  # no folder: a machine-local path, meaningless in a report kept elsewhere (printed at the start instead)
 
 
 def _ingest_summary(ingest: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 test: lint docs
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=30  # the slowest tests named in every run: CI has a time limit
 
 # The property tests with fresh random examples (`make test` uses a fixed set); a failure is kept in .hypothesis/.
 explore: $(STAMP)

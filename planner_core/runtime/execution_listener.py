@@ -20,6 +20,7 @@ notification or a poll racing a notification does nothing twice.
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import logging
 import threading
@@ -69,6 +70,7 @@ class ListenerStats:
     num_connects: int = 0
     num_connect_failures: int = 0
     num_run_failures: int = 0
+    num_finished: int = 0  # execution runs that returned (or failed)
 
 
 # An execution run: given why it runs, returns True when a decision is still pending afterwards.
@@ -99,7 +101,14 @@ class ExecutionListener:
         self._pending = False  # the last run left a decision pending
 
     def start(self) -> threading.Thread:
-        self._thread = threading.Thread(target=self.run, name=f"execution-listener-{self.deployment}", daemon=True)
+        # the thread runs in a copy of the caller's context: settings held in context variables (Prefect's API URL
+        # under `temporary_settings`) stay in force for its execution runs
+        self._thread = threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(self.run,),
+            name=f"execution-listener-{self.deployment}",
+            daemon=True,
+        )
         self._thread.start()
         return self._thread
 
@@ -132,6 +141,8 @@ class ExecutionListener:
             self.stats.num_run_failures += 1
             _log.warning("execution for %s (%s) failed: %s", self.deployment, trigger.value, _one_line(exc))
             return True
+        finally:
+            self.stats.num_finished += 1
 
     def _run_and_schedule(self, trigger: Trigger) -> float:
         """Run now; returns when the next run without a notification is due (monotonic s)."""

@@ -43,7 +43,6 @@ from planner_core.runtime.store.models import (
     WorkerObservationRow,
 )
 
-
 # The channel a tick's transaction notifies when it records a pending decision; the payload is the deployment's
 # name. Postgres delivers a NOTIFY only when its transaction commits, so a rolled-back tick wakes nobody.
 DECISIONS_CHANNEL = "planner_decisions"

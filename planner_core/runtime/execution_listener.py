@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from planner_core.runtime.redact import redact_text
 from planner_core.runtime.store.db import to_libpq_uri
 from planner_core.runtime.store.repository import DECISIONS_CHANNEL
 
@@ -124,7 +125,7 @@ class ExecutionListener:
                 self._uri, autocommit=True, connect_timeout=self.settings.connect_timeout_s, **_KEEPALIVES
             )
             conn.execute(f"LISTEN {DECISIONS_CHANNEL}")
-        except psycopg.Error as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure to listen is retried with backoff
             self.stats.num_connect_failures += 1
             _log.warning("execution listener for %s: cannot LISTEN: %s", self.deployment, _one_line(exc))
             return None
@@ -193,7 +194,7 @@ class ExecutionListener:
                     continue
                 try:
                     notified = self._wait_for_notify(conn, wait_s)
-                except psycopg.Error as exc:
+                except Exception as exc:  # noqa: BLE001 - whatever broke the connection, reconnect
                     _log.warning("execution listener for %s: connection lost: %s", self.deployment, _one_line(exc))
                     self.listening.clear()
                     conn.close()
@@ -210,4 +211,4 @@ class ExecutionListener:
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+    return redact_text(f"{type(exc).__name__}: {text[0] if text else ''}")  # a connection error may quote a URI

@@ -336,6 +336,11 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
     assert all(gap % 5 == pytest.approx(0, abs=1e-3) for gap in gaps_s), gaps_s
     assert all(flow_run for *_, flow_run in ticks)
     assert {reason for _, reason, _ in ticks} <= {"scale", "no_change"}
+    # decisions are executed by the serving process's listener (on their NOTIFY), no execution schedule any more
+    [(num_decisions, num_executed)] = _rows(
+        database_url, "SELECT count(*), count(*) FILTER (WHERE status <> 'pending') FROM decisions"
+    )
+    assert num_decisions == 0 or num_executed >= 1, (num_decisions, num_executed)
     # the flow passed the context's planner to the collect-traffic task: the replayed windows have their
     # prompt-arrival curve, so prefill is sized on the bursts (a window without requests would have none)
     bursts = _rows(

@@ -1,11 +1,14 @@
 """Serve the planner's deployments: `throughput-tick`, `load-tick`, `execute-decisions`, `planner-report` and
-`replay-ticks`.
+`replay-ticks`, and execute each recorded decision as soon as its tick commits.
 
 Interval schedules come from the config; each deployment allows one run at a time and cancels a new run that
 would overlap (`CANCEL_NEW`), so a slow tick is never run twice concurrently. The load-tick deployment is
 created paused when the config has load scaling off, so it is visible in the UI but does not run. The report
 deployment runs every `report_interval_hours` (without a schedule, on demand only, when that is unset).
-`replay-ticks` has no schedule: it runs when started from the UI (or `prefect deployment run`) with a range. With
+`replay-ticks` has no schedule: it runs when started from the UI (or `prefect deployment run`) with a range.
+`execute-decisions` has no schedule either: the serving process LISTENs for the NOTIFY a tick sends when it records
+a pending decision and runs the flow in-process right away, with a slow fallback poll
+(`execution_fallback_poll_seconds`) for a notification it missed. With
 `metric_reporting_prometheus_port` set, the serving process also exports the planner's Prometheus metrics.
 """
 
@@ -16,6 +19,7 @@ import contextlib
 import datetime as dt
 from pathlib import Path
 
+from prefect import tags
 from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 from prefect.logging.handlers import APILogWorker
 from prefect.runner import Runner
@@ -23,11 +27,13 @@ from prefect.runner import Runner
 from flows.replay import replay_ticks
 from flows.report import planner_report
 from flows.ticks import execute_decisions, load_tick, throughput_tick
-from planner_core.config import PlannerFile
+from planner_core.config import EnvironmentKind, PlannerFile
+from planner_core.runtime.execution_listener import ExecutionListener, ListenerSettings, Trigger
 from planner_core.runtime.service import served_config
 from planner_core.runtime.settings import DEFAULT_DEPLOYMENT, RuntimeSettings
 from planner_core.runtime.store.db import resolve_database_url, resolve_owner_database_url
 from planner_core.runtime.store.migrate import upgrade
+from planner_core.runtime.store.models import DecisionStatus
 
 NO_OVERLAP = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 
@@ -59,13 +65,15 @@ def build_deployments(loaded: PlannerFile, config_path: str, deployment: str) ->
             tags=tags,
             description="Reactive loop: correct the pools from per-engine load.",
         ),
+        # No schedule: the serving process runs this flow when a tick's NOTIFY arrives, with its own fallback
+        # poll (`execution_listener`); the deployment stays for runs started from the UI.
         execute_decisions.to_deployment(
             name=deployment,
-            interval=dt.timedelta(seconds=service.execution_interval_seconds),
             concurrency_limit=NO_OVERLAP,
             parameters=parameters,
             tags=tags,
-            description="Apply pending decisions through the connector and record each attempt.",
+            description="Apply pending decisions through the connector and record each attempt (on demand; "
+            "`planner serve` runs it on every recorded decision).",
         ),
         planner_report.to_deployment(
             name=deployment,
@@ -85,6 +93,26 @@ def build_deployments(loaded: PlannerFile, config_path: str, deployment: str) ->
             description="Re-run recorded ticks (give start and end) and report what differs; no schedule.",
         ),
     ]
+
+
+def execution_listener(database_url: str, deployment: str, config_path: str, loaded: PlannerFile) -> ExecutionListener:
+    """The serving process's execution: the `execute-decisions` flow, run in this process (a flow run in the UI,
+    tagged like the served deployments plus `trigger:<why>`) when a tick's NOTIFY for `deployment` arrives, on
+    (re)connection, and on the fallback poll; see `planner_core.runtime.execution_listener`."""
+    service = loaded.service
+    settings = ListenerSettings(
+        fallback_poll_s=float(service.execution_fallback_poll_seconds),
+        retry_s=float(service.execution_interval_seconds),
+        # the local connector replaces dead workers and finishes drains at each execution run
+        always_retry=loaded.policy.environment is EnvironmentKind.LOCAL,
+    )
+
+    def execute(trigger: Trigger) -> bool:
+        with tags("planner", f"deployment:{deployment}", f"trigger:{trigger.value}"):
+            results = execute_decisions(deployment=deployment, config_path=config_path)
+        return any(result["status"] == DecisionStatus.PENDING.value for result in results)
+
+    return ExecutionListener(database_url, deployment, execute, settings)
 
 
 class _GracefulRunner(Runner):
@@ -122,7 +150,12 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
     runner = _GracefulRunner(pause_on_shutdown=True)
     for runner_deployment in build_deployments(loaded, path, name):
         runner.add_deployment(runner_deployment)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(runner.start())
+    listener = execution_listener(database_url, name, path, loaded)
+    listener.start()
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(runner.start())
+    finally:
+        listener.close()  # at most a second's wait, plus the execution run in flight
     # send the runner's last log lines while the Prefect server is still up (it stops when the command returns)
     APILogWorker.drain_all(timeout=5)

@@ -6,7 +6,8 @@ when the config or `PLANNER_PROMETHEUS_ENDPOINT` names one, else the `PLANNER_TR
 prompt-arrival curve counted for the context's planner. A source without usable data makes the tick record
 `no_traffic_data` and hold, with the reason in the audit log; one whose arrivals alone fail gives the observation
 without the curve (the burst step says `burst_unavailable`), and the audit log says why. Load ticks read the
-newest ingested forward-pass metrics per engine (`planner ingest`). The execution flow applies pending decisions.
+newest ingested forward-pass metrics per engine (`planner ingest`). The execution flow applies pending decisions;
+`planner serve` runs it when a tick's NOTIFY arrives (`planner_core.runtime.execution_listener`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
+from pathlib import Path
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -24,6 +26,7 @@ from planner_core.config import PlannerConfig, ServiceConfig
 from planner_core.data import DEFAULT_CONFIG as SHIPPED_DEFAULT_CONFIG
 from planner_core.domain import Loop, TickOutcome, TrafficObservation
 from planner_core.planner import Planner
+from planner_core.runtime.fleet import ContextCache
 from planner_core.runtime.redact import redact_text
 from planner_core.runtime.service import PlannerContext, load_context, run_execution, run_tick
 from planner_core.runtime.settings import RuntimeSettings
@@ -210,8 +213,21 @@ def load_tick(deployment: str = "default", config_path: str | None = None) -> di
     return decide_and_record(ctx, Loop.LOAD, scheduled_at, None if collected is None else collected.observation)
 
 
+_EXECUTION_CONTEXTS: dict[str, ContextCache] = {}
+
+
+def _execution_context(deployment: str, config_path: str | None) -> PlannerContext:
+    """The context of an execution run, loaded once per process and reloaded when the config file changes:
+    `planner serve` runs executions in its own process on every notification, so the profile and connector are
+    not loaded again each time (a scheduled run in its own subprocess loads it once, as before)."""
+    settings = RuntimeSettings()
+    path = str(Path(config_path or settings.config or DEFAULT_CONFIG).resolve())
+    url = resolve_database_url(settings)
+    return _EXECUTION_CONTEXTS.setdefault(url, ContextCache(url)).load(deployment, path)
+
+
 @flow(name="execute-decisions", log_prints=False)
 def execute_decisions(deployment: str = "default", config_path: str | None = None) -> list[dict]:
     """Apply pending decisions through the connector (the outbox)."""
-    ctx = _context(deployment, config_path)
+    ctx = _execution_context(deployment, config_path)
     return apply_decisions(ctx, dt.datetime.now(dt.UTC))

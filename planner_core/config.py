@@ -1433,7 +1433,18 @@ class ServiceConfig(BaseModel):
         **_INTERVAL,
         default=10.0,
         gt=0,
-        description="Seconds between two runs of the execution flow applying pending decisions.",
+        description=(
+            "Seconds between two execution runs while a decision is still pending after an attempt (blocked or "
+            "failed), and, with environment local, between two reconciliations of the worker processes."
+        ),
+    )
+    # A decision is executed when its tick's NOTIFY arrives; this poll only catches one that was missed (listener
+    # restarted, connection lost), so it can be slow.
+    execution_fallback_poll_seconds: Number = Field(
+        **_INTERVAL,
+        default=60.0,
+        gt=0,
+        description="Seconds between two execution runs when no notification arrives (the listener's safety net).",
     )
     # Dynamo's SCALING_MAX_WAIT_TIME.
     virtual_connector_timeout_seconds: Number = Field(

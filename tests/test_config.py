@@ -128,6 +128,7 @@ DYNAMO_DEFAULTS = [
     # our extensions
     ("load_predictor_length_quantile", LengthQuantile.P90),
     ("execution_interval_seconds", 10.0),
+    ("execution_fallback_poll_seconds", 60.0),
     ("virtual_connector_timeout_seconds", 1800.0),
     ("prometheus_arrival_resolution_seconds", 1.0),
     ("load_policy", LoadPolicy.PER_ENGINE),
@@ -743,6 +744,7 @@ SERVICE_CHANGES = [
     ("metric_pulling_prometheus_endpoint", "http://prom:9090"),
     ("log_dir", "/var/log/planner"),
     ("execution_interval_seconds", 11.0),
+    ("execution_fallback_poll_seconds", 120.0),
     ("virtual_connector_timeout_seconds", 60.0),
     ("prometheus_arrival_resolution_seconds", 0.5),
     ("plugin_registration", {"a": 1}),

@@ -244,11 +244,12 @@ def test_deployments_take_schedules_from_the_config(tmp_path, profile_dir) -> No
     replay = deployments.pop("replay-ticks")
     assert replay.schedules in (None, [])  # run on demand from the UI
     assert replay.parameters == {"deployment": "prod", "config_dir": str(path.parent)}
-    intervals = {name: d.schedules[0].schedule.interval for name, d in deployments.items()}
+    # no 10 s poll: the serving process runs it on each decision's NOTIFY (tests/test_execution_listener.py)
+    assert deployments["execute-decisions"].schedules in (None, [])
+    intervals = {name: d.schedules[0].schedule.interval for name, d in deployments.items() if d.schedules}
     assert intervals == {
         "throughput-tick": dt.timedelta(seconds=120),
         "load-tick": dt.timedelta(seconds=5),
-        "execute-decisions": dt.timedelta(seconds=7),
         "planner-report": dt.timedelta(hours=24),  # report_interval_hours' default
     }
     for deployment in deployments.values():
@@ -309,6 +310,13 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
                     "SELECT scheduled_at, reason, flow_run_id FROM ticks "
                     "WHERE loop = 'throughput' ORDER BY scheduled_at",
                 )
+        # a pending decision committed now is executed by the serving process's listener on its NOTIFY, well before
+        # the 60 s fallback poll (the replayed windows above may decide no change, so one is recorded here)
+        decision_id = _record_pending_decision(database_url, "served")
+        executed_by = time.monotonic() + 30
+        while _rows(database_url, f"SELECT status FROM decisions WHERE id = {decision_id}")[0][0] == "pending":
+            assert time.monotonic() < executed_by, "the served deployment's decision was not executed"
+            time.sleep(0.2)
         scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).text
     finally:
         process.send_signal(signal.SIGTERM)
@@ -350,6 +358,20 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
     decision = "dynamo_planner_throughput_scaling_decision"
     [state] = [s.labels[decision] for s in families[decision].samples if s.value == 1]
     assert state in {"scale", "no_change"}
+
+
+def _record_pending_decision(database_url: str, deployment: str) -> int:
+    """Record a tick (of the throughput loop, in 2020: apart from the served ones) whose decision is 3P/3D."""
+    from planner_core.runtime.store import repository as repo
+    from planner_core.runtime.store.db import session_factory
+    from tests.conftest import record_decision
+
+    class _Sessions:  # what record_decision needs of a context
+        sessions = session_factory(database_url)
+
+    with _Sessions.sessions.begin() as session:
+        assert repo.find_deployment(session, deployment) is not None
+    return record_decision(_Sessions, deployment, dt.datetime(2020, 1, 1, tzinfo=dt.UTC), 3, 3)
 
 
 def _served_state(name: str) -> tuple[list[tuple[str, bool]], list[tuple[str, str]]]:

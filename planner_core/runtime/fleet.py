@@ -289,13 +289,17 @@ class ContextCache:
         self._lock = threading.Lock()
 
     def get(self, member: FleetMember) -> PlannerContext:
-        key = (member.name, member.config_path)
-        mtime_ns = Path(member.config_path).stat().st_mtime_ns
+        return self.load(member.name, member.config_path)
+
+    def load(self, name: str, config_path: str) -> PlannerContext:
+        """The context of deployment `name` served with `config_path` (also `planner serve`'s execution runs)."""
+        key = (name, config_path)
+        mtime_ns = Path(config_path).stat().st_mtime_ns
         with self._lock:
             cached = self._contexts.get(key)
             if cached is not None and cached[0] == mtime_ns:
                 return cached[1]
-        ctx = load_context(self.database_url, member.name, member.config_path)
+        ctx = load_context(self.database_url, name, config_path)
         with self._lock:
             self._contexts[key] = (mtime_ns, ctx)
         return ctx

@@ -43,6 +43,10 @@ from planner_core.runtime.store.models import (
     WorkerObservationRow,
 )
 
+# The channel a tick's transaction notifies when it records a pending decision; the payload is the deployment's
+# name. Postgres delivers a NOTIFY only when its transaction commits, so a rolled-back tick wakes nobody.
+DECISIONS_CHANNEL = "planner_decisions"
+
 
 def epoch_to_datetime(epoch_s: float) -> dt.datetime:
     """Seconds since the epoch -> aware UTC datetime (the form timestamps take in the database)."""
@@ -308,6 +312,8 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
         session.add(decision)
         session.flush()
         decision_id = decision.id
+        if status is DecisionStatus.PENDING:
+            notify_decision(session, record.deployment_id)
         audit(
             session,
             "decision_created",
@@ -330,6 +336,15 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
         decision_id=decision_id,
     )
     return tick_id
+
+
+def notify_decision(session: Session, deployment_id: int) -> None:
+    """Tell the execution listeners that this deployment has a pending decision (`DECISIONS_CHANNEL`, payload the
+    deployment's name); sent by Postgres when the caller's transaction commits, never if it rolls back."""
+    session.execute(
+        text("SELECT pg_notify(:channel, name) FROM deployments WHERE id = :id"),
+        {"channel": DECISIONS_CHANNEL, "id": deployment_id},
+    )
 
 
 def set_decision_status(

@@ -198,12 +198,12 @@ def test_every_state_of_a_multi_tick_run_reads_back_exactly(database_url, tmp_pa
     """States stored as deltas (migration 0016): over 45 ticks (load ticks every 5 s with forward-pass metrics,
     a throughput tick every minute), the state read back after each tick is the one the tick produced, value for
     value, and the JSON a whole copy would have stored; a full state starts the chain and again after
-    `FULL_STATE_EVERY` states, the rest are deltas, smaller in total than the states they stand for."""
+    `FULL_STATE_EVERY` states, the rest are deltas, each under half the size of a stored full state."""
+    from planner_cli.fleet import bench_config
     from planner_core.domain import to_jsonable
     from planner_core.runtime.fleet_bench import _reports
     from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
     from planner_core.state_delta import FULL_STATE_EVERY
-    from planner_cli.fleet import bench_config
 
     ctx = load_context(database_url, "state-deltas", bench_config(tmp_path, 5.0))  # load loop, online perf models
     produced = {}
@@ -221,7 +221,8 @@ def test_every_state_of_a_multi_tick_run_reads_back_exactly(database_url, tmp_pa
     with ctx.sessions.begin() as session:
         rows = session.execute(
             text(
-                "SELECT tick_id, state IS NOT NULL AS full, coalesce(pg_column_size(state), pg_column_size(delta)) AS stored_bytes "
+                "SELECT tick_id, state IS NOT NULL AS full, "
+                "coalesce(pg_column_size(state), pg_column_size(delta)) AS stored_bytes "
                 "FROM planner_states ORDER BY tick_id"
             )
         ).all()
@@ -235,7 +236,6 @@ def test_every_state_of_a_multi_tick_run_reads_back_exactly(database_url, tmp_pa
         num_samples = [len(produced[t].perf_models.decode.samples) for t in sorted(produced)]
         assert num_samples[-1] > num_samples[1] > 0
     delta_bytes = [row.stored_bytes for row in rows if not row.full]
-    print("stored bytes: full", rows[FULL_STATE_EVERY].stored_bytes, "deltas", delta_bytes)
     assert max(delta_bytes) < rows[FULL_STATE_EVERY].stored_bytes / 2
 
 

@@ -295,7 +295,7 @@ class PlannerStateRow(Base):
     tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
     deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"))
     # None is SQL NULL (not JSON null): the check tells a full row from a delta row by it. A delta is JSON text
-    # (not JSONB): nothing queries inside it, and text compresses to ~2/3 of what JSONB's binary form does.
+    # (not JSONB): nothing queries inside it, and the text is about 2/3 the size of JSONB's binary form.
     state: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
     delta: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     # A state a later delta needs cannot be deleted before that delta is rebuilt whole (`prune`).

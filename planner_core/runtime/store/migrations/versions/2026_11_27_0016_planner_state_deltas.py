@@ -5,10 +5,10 @@ a counter moves) but only in a few places; stored whole it was 2.0 kB of a load 
 bytes`, 3-deployment fleet bench). Now a tick's row holds either the full state (`state`) or a delta (`delta`,
 `planner_core.state_delta`) against the state of `base_tick_id` (the deployment's previous tick), with a full
 state at least every `FULL_STATE_EVERY` rows; `repository.state_json` rebuilds any state exactly.
-Creates: columns `planner_states.delta` (JSON text: nothing queries inside a delta, and text compresses better than
-JSONB's binary form) and `base_tick_id` (BIGINT, references `planner_states.tick_id`,
-indexed, so a state a later delta needs cannot be deleted), check `ck_planner_states_full_or_delta`;
-`toast_tuple_target = 128` on `planner_states` so a delta (most are under 2 kB) is compressed as well.
+Creates: columns `planner_states.delta` (JSON text: nothing queries inside a delta, and the text is about 2/3
+the size of JSONB's binary form) and `base_tick_id` (BIGINT, references `planner_states.tick_id`, indexed, so a
+state a later delta needs cannot be deleted), check `ck_planner_states_full_or_delta`. (A delta is not compressed
+by Postgres: rows under ~2 kB are never toasted, whatever `toast_tuple_target` says.)
 Changes: `planner_states.state` becomes nullable (NULL on a delta row). Existing rows stay full states.
 Locks: ACCESS EXCLUSIVE on `planner_states` while the columns and the check are added (no rewrite: the new
 columns are NULL, and the check is validated with one scan).
@@ -51,7 +51,6 @@ def upgrade() -> None:
         "planner_states",
         "(state IS NULL) <> (delta IS NULL) AND (delta IS NULL) = (base_tick_id IS NULL)",
     )
-    op.execute("ALTER TABLE planner_states SET (toast_tuple_target = 128)")
 
 
 _FULL_STATE = sa.text("SELECT state FROM planner_states WHERE tick_id = :id")
@@ -80,7 +79,6 @@ def downgrade() -> None:
     update = sa.text("UPDATE planner_states SET state = :state, delta = NULL, base_tick_id = NULL WHERE tick_id = :id")
     for tick_id, state in rebuilt.items():
         conn.execute(update.bindparams(sa.bindparam("state", type_=postgresql.JSONB)), {"id": tick_id, "state": state})
-    op.execute("ALTER TABLE planner_states RESET (toast_tuple_target)")
     op.drop_constraint(op.f("ck_planner_states_full_or_delta"), "planner_states", type_="check")
     op.drop_index(op.f("ix_planner_states_base_tick_id"), table_name="planner_states")
     op.drop_constraint(op.f("fk_planner_states_base_tick_id_planner_states"), "planner_states", type_="foreignkey")

@@ -13,6 +13,9 @@ A delta is one of:
 * `{"[": [segment, ...]}`: an array rebuilt from segments, each `[start, end]` (copy `old[start:end]`),
   `{"v": [item, ...]}` (new items) or `{"p": [index, delta]}` (item `old[index]` patched).
 
+Stored, a delta is its compact JSON text compressed with zlib (`encode_delta`, `decode_delta`): Postgres never
+compresses a row under ~2 kB, and a delta's text (about 1.1 kB at a load tick) compresses to about 0.45 kB.
+
 Equality is decided on the canonical JSON text, so `1` and `1.0`, or `0.0` and `-0.0`, are different values and
 `apply_delta(old, state_delta(old, new))` is `new` exactly, value for value and type for type.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import zlib
 from typing import Any
 
 FULL_STATE_EVERY = 32  # a full state at least every 32 states: reading the newest applies at most 31 deltas
@@ -91,6 +95,22 @@ def _list_delta(old: list[Any], new: list[Any]) -> dict[str, Any]:
         else:  # insert, or a replace of a different length
             segments.append({"v": new[j1:j2]})
     return {"[": segments}
+
+
+def encode_delta(delta: dict[str, Any]) -> bytes:
+    """A delta as stored: its compact JSON text, zlib-compressed (deterministic: same delta, same bytes)."""
+    return zlib.compress(json.dumps(delta, separators=(",", ":"), allow_nan=False).encode(), 9)
+
+
+def decode_delta(data: bytes) -> dict[str, Any]:
+    """The delta `encode_delta` stored; raises StateDeltaError if the bytes are not one."""
+    try:
+        delta = json.loads(zlib.decompress(data))
+    except (zlib.error, ValueError) as exc:
+        raise StateDeltaError(f"stored delta is not zlib-compressed JSON: {exc}") from exc
+    if not isinstance(delta, dict):
+        raise StateDeltaError(f"stored delta is a {type(delta).__name__}, not an object")
+    return delta
 
 
 def apply_delta(old: Any, delta: dict[str, Any] | None) -> Any:

@@ -401,6 +401,7 @@ def test_migration_0016_planner_state_deltas(empty_database_url, tmp_path, profi
     full states and the next tick is a delta again; a delta that does not fit its base makes the downgrade refuse,
     changing nothing."""
     from planner_core.runtime.store import repository as repo
+    from planner_core.state_delta import encode_delta
 
     url = empty_database_url
     upgrade(url)
@@ -430,7 +431,7 @@ def test_migration_0016_planner_state_deltas(empty_database_url, tmp_path, profi
         assert {tick_id: repo.state_json(session, tick_id) for tick_id in ids[:5]} == states
 
     with psycopg.connect(to_libpq_uri(url)) as conn:  # a delta that does not fit its base
-        conn.execute("""UPDATE planner_states SET delta = '{"[": []}' WHERE tick_id = %s""", (ids[5],))
+        conn.execute("UPDATE planner_states SET delta = %s WHERE tick_id = %s", (encode_delta({"[": []}), ids[5]))
     with pytest.raises(RuntimeError, match=f"tick {ids[5]}'s delta does not fit its base"):
         downgrade(url, "0015")
     assert "delta" in _columns(url, "planner_states") and _relation(url, kinds)[1] == [(5, 1)]

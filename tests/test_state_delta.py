@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner_core.state_delta import StateDeltaError, apply_delta, state_delta
+from planner_core.state_delta import StateDeltaError, apply_delta, decode_delta, encode_delta, state_delta
 
 # JSON as JSONB stores it: finite numbers, strings, booleans, null, arrays, objects.
 LEAF = st.one_of(
@@ -36,6 +36,8 @@ def test_applying_the_delta_gives_the_new_document_exactly(old, new) -> None:
     delta = state_delta(old, new)
     assert _text(apply_delta(old, delta)) == _text(new)
     assert (delta is None) == (_text(old) == _text(new))
+    if delta is not None:  # and as stored: compressed, read back, applied
+        assert _text(apply_delta(old, decode_delta(encode_delta(delta)))) == _text(new)
 
 
 @settings(max_examples=80, deadline=None)
@@ -84,3 +86,12 @@ def test_one_new_sample_in_a_long_list_costs_about_one_sample() -> None:
 def test_a_delta_that_does_not_fit_is_refused(old, delta, fragment) -> None:
     with pytest.raises(StateDeltaError, match=fragment):
         apply_delta(old, delta)
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [(b"not zlib", "not zlib-compressed JSON"), (__import__("zlib").compress(b"[1]"), "is a list, not an object")],
+)
+def test_stored_bytes_that_are_not_a_delta_are_refused(data, fragment) -> None:
+    with pytest.raises(StateDeltaError, match=fragment):
+        decode_delta(data)

@@ -46,7 +46,7 @@ from planner_core.runtime.service import PlannerContext, context_for_config, dec
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import get_engine
 from planner_core.runtime.store.models import ReplayMode, ReplayTickOutcome
-from planner_core.state_delta import apply_delta
+from planner_core.state_delta import apply_delta, decode_delta
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when running from one (for `git describe`)
 MAX_FIELDS_PER_SECTION = 12  # differing fields listed per section (reason, decision, ..., next_state)
@@ -380,7 +380,7 @@ def _with_states(reader: Connection, rows: Iterator[Any]) -> Iterator[Any]:
                 base = repo.state_json(reader, row.base_tick_id)
                 if base is None:  # the store's foreign key keeps a delta's base: only a damaged table lands here
                     raise ValueError(f"planner_states: tick {row.id}'s delta has no base (tick {row.base_tick_id})")
-            state = apply_delta(base, row.delta)
+            state = apply_delta(base, decode_delta(row.delta))
         values["has_state"] = state is not None
         values["state_rest"] = None if state is None else {k: v for k, v in state.items() if k != "load_history"}
         history = None if state is None else state.get("load_history")

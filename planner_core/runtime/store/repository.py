@@ -42,7 +42,14 @@ from planner_core.runtime.store.models import (
     TrafficObservationRow,
     WorkerObservationRow,
 )
-from planner_core.state_delta import FULL_STATE_EVERY, StateDeltaError, apply_delta, state_delta
+from planner_core.state_delta import (
+    FULL_STATE_EVERY,
+    StateDeltaError,
+    apply_delta,
+    decode_delta,
+    encode_delta,
+    state_delta,
+)
 
 
 def epoch_to_datetime(epoch_s: float) -> dt.datetime:
@@ -191,7 +198,7 @@ def _state_and_depth(session: Session | Any, tick_id: int) -> tuple[dict[str, An
         raise StateDeltaError(f"planner state of tick {tick_id}: its chain of deltas has no full state")
     state = rows[0].state
     for row in rows[1:]:
-        state = apply_delta(state, row.delta)
+        state = apply_delta(state, decode_delta(row.delta))
     if info is not None:
         info[_STATE_CACHE_KEY] = (tick_id, state, rows[0].depth)
     return state, rows[0].depth
@@ -213,7 +220,11 @@ def state_row_values(
     if previous is None or base_tick_id is None or previous[1] + 1 >= FULL_STATE_EVERY:
         return {"state": state, "delta": None, "base_tick_id": None}
     delta = state_delta(previous[0], state)
-    return {"state": None, "delta": delta if delta is not None else {"{": {}}, "base_tick_id": base_tick_id}
+    return {
+        "state": None,
+        "delta": encode_delta(delta if delta is not None else {"{": {}}),
+        "base_tick_id": base_tick_id,
+    }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,10 +5,10 @@ a counter moves) but only in a few places; stored whole it was 2.0 kB of a load 
 bytes`, 3-deployment fleet bench). Now a tick's row holds either the full state (`state`) or a delta (`delta`,
 `planner_core.state_delta`) against the state of `base_tick_id` (the deployment's previous tick), with a full
 state at least every `FULL_STATE_EVERY` rows; `repository.state_json` rebuilds any state exactly.
-Creates: columns `planner_states.delta` (JSON text: nothing queries inside a delta, and the text is about 2/3
-the size of JSONB's binary form) and `base_tick_id` (BIGINT, references `planner_states.tick_id`, indexed, so a
-state a later delta needs cannot be deleted), check `ck_planner_states_full_or_delta`. (A delta is not compressed
-by Postgres: rows under ~2 kB are never toasted, whatever `toast_tuple_target` says.)
+Creates: columns `planner_states.delta` (BYTEA: the delta's JSON text, zlib-compressed by
+`state_delta.encode_delta`, because Postgres never compresses a row under ~2 kB, whatever `toast_tuple_target`
+says) and `base_tick_id` (BIGINT, references `planner_states.tick_id`, indexed, so a state a later delta needs
+cannot be deleted), check `ck_planner_states_full_or_delta`.
 Changes: `planner_states.state` becomes nullable (NULL on a delta row). Existing rows stay full states.
 Locks: ACCESS EXCLUSIVE on `planner_states` while the columns and the check are added (no rewrite: the new
 columns are NULL, and the check is validated with one scan).
@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from planner_core.state_delta import StateDeltaError, apply_delta
+from planner_core.state_delta import StateDeltaError, apply_delta, decode_delta
 
 revision: str = "0016"
 down_revision: str | None = "0015"
@@ -35,7 +35,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.add_column("planner_states", sa.Column("delta", postgresql.JSON(astext_type=sa.Text()), nullable=True))
+    op.add_column("planner_states", sa.Column("delta", sa.LargeBinary(), nullable=True))
     op.add_column("planner_states", sa.Column("base_tick_id", sa.BigInteger(), nullable=True))
     op.alter_column("planner_states", "state", existing_type=postgresql.JSONB(astext_type=sa.Text()), nullable=True)
     op.create_foreign_key(
@@ -72,7 +72,7 @@ def downgrade() -> None:
                 "nothing was changed"
             )
         try:
-            rebuilt[row.tick_id] = apply_delta(base, row.delta)
+            rebuilt[row.tick_id] = apply_delta(base, decode_delta(row.delta))
         except StateDeltaError as exc:
             raise RuntimeError(f"planner_states: tick {row.tick_id}'s delta does not fit its base: {exc}") from exc
     # Every state is rebuilt before any row changes: a failure above leaves the table as it was.

@@ -16,35 +16,51 @@ A delta is one of:
 Stored, a delta is its compact JSON text compressed with zlib (`encode_delta`, `decode_delta`): Postgres never
 compresses a row under ~2 kB, and a delta's text (about 1.1 kB at a load tick) compresses to about 0.45 kB.
 
-Equality is decided on the canonical JSON text, so `1` and `1.0`, or `0.0` and `-0.0`, are different values and
+Equality is JSON equality (`_same`): `1` and `1.0`, or `0.0` and `-0.0`, are different values, so
 `apply_delta(old, state_delta(old, new))` is `new` exactly, value for value and type for type.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
+import math
 import zlib
 from typing import Any
 
 FULL_STATE_EVERY = 32  # a full state at least every 32 states: reading the newest applies at most 31 deltas
+_LOOKAHEAD = 16  # old items an array delta may skip (drop) to find the next equal one
 
 
 class StateDeltaError(ValueError):
     """A delta that does not fit the document it is applied to (a corrupt or mismatched chain)."""
 
 
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+_COMPACT = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps builds one per call
 
 
 def _size(value: Any) -> int:
-    return len(json.dumps(value, separators=(",", ":")))
+    return len(_COMPACT.encode(value))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same JSON value: Python's `==` (fast, in C) and then the types, which it ignores (1 == 1.0 == True,
+    0.0 == -0.0)."""
+    if a is b:
+        return True
+    if type(a) is not type(b) or a != b:
+        return False
+    if isinstance(a, dict):
+        return all(_same(value, b[key]) for key, value in a.items())
+    if isinstance(a, list):
+        return all(map(_same, a, b))
+    if isinstance(a, float):
+        return math.copysign(1.0, a) == math.copysign(1.0, b)
+    return True
 
 
 def state_delta(old: Any, new: Any) -> dict[str, Any] | None:
     """The delta taking `old` to `new`, or None when they are the same document."""
-    if _canonical(old) == _canonical(new):
+    if _same(old, new):
         return None
     return _delta(old, new)
 
@@ -65,7 +81,7 @@ def _dict_delta(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     for key, value in new.items():
         if key not in old:
             changed[key] = {"=": value}
-        elif _canonical(old[key]) != _canonical(value):
+        elif not _same(old[key], value):
             changed[key] = _delta(old[key], value)
     patch: dict[str, Any] = {"{": changed}
     removed = [key for key in old if key not in new]
@@ -75,25 +91,47 @@ def _dict_delta(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 def _list_delta(old: list[Any], new: list[Any]) -> dict[str, Any]:
-    old_keys = [_canonical(item) for item in old]
-    new_keys = [_canonical(item) for item in new]
-    matcher = difflib.SequenceMatcher(None, old_keys, new_keys, autojunk=False)
+    """Greedy, linear in the lengths: each new item is the next old item, an equal old item at most `_LOOKAHEAD`
+    further on (the items skipped are dropped, as retired samples are), the next old item patched, or a new item.
+    Any choice rebuilds `new` exactly; this one keeps a shifted window or a retired-and-appended sample set to a
+    few segments, without serialising every item (a general diff is quadratic on the windows' repeated values)."""
     segments: list[Any] = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            segments.append([i1, i2])
-        elif tag == "delete":
+    literal: list[Any] = []
+    run: list[int] | None = None  # [start, end) of old items being copied
+    cursor = 0  # the old item expected next
+
+    def flush() -> None:
+        nonlocal run, literal
+        if run is not None:
+            segments.append(run)
+            run = None
+        if literal:
+            segments.append({"v": literal})
+            literal = []
+
+    for item in new:
+        found = next((at for at in range(cursor, min(len(old), cursor + _LOOKAHEAD + 1)) if _same(old[at], item)), None)
+        if found is not None:
+            if literal:
+                flush()
+            if run is not None and run[1] == found:
+                run[1] += 1
+            else:
+                flush()
+                run = [found, found + 1]
+            cursor = found + 1
             continue
-        elif tag == "replace" and i2 - i1 == j2 - j1:
-            # same number of items replaced: patch each in place when that is shorter than writing it anew
-            for offset in range(i2 - i1):
-                item = _delta(old[i1 + offset], new[j1 + offset])
-                if "=" in item:
-                    segments.append({"v": [new[j1 + offset]]})
-                else:
-                    segments.append({"p": [i1 + offset, item]})
-        else:  # insert, or a replace of a different length
-            segments.append({"v": new[j1:j2]})
+        if cursor < len(old) and isinstance(item, (dict, list)) and type(item) is type(old[cursor]):
+            change = _delta(old[cursor], item)
+            if "=" not in change:  # patching the next old item is shorter than writing the item anew
+                flush()
+                segments.append({"p": [cursor, change]})
+                cursor += 1
+                continue
+        if run is not None:
+            flush()
+        literal.append(item)
+    flush()
     return {"[": segments}
 
 

@@ -305,6 +305,18 @@ def _detail_counts(url: str, before: dt.datetime) -> dict[str, tuple[int, int]]:
     return counts
 
 
+def _all_states(url: str) -> dict[int, dict]:
+    """Every stored planner state, rebuilt from its deltas, by tick id."""
+    from sqlalchemy import text
+
+    from planner_core.runtime.store import repository as repo
+    from planner_core.runtime.store.db import session_factory
+
+    with session_factory(url).begin() as session:
+        ids = session.scalars(text("SELECT tick_id FROM planner_states ORDER BY tick_id")).all()
+        return {tick_id: repo.state_json(session, tick_id) for tick_id in ids}
+
+
 def test_prune_deletes_only_the_old_load_tick_detail(prunable) -> None:
     """Before the cutoff: load ticks lose steps and states (bar the chain start); everything else stays."""
     url, times = prunable
@@ -312,6 +324,8 @@ def test_prune_deletes_only_the_old_load_tick_detail(prunable) -> None:
     now = cutoff + dt.timedelta(days=30)
     before = _detail_counts(url, cutoff)
     assert before["ticks"] == (20, 16) and before["planner_states"] == (20, 16)
+    states_before = _all_states(url)
+    assert _rows(url, "SELECT count(*) FROM planner_states WHERE delta IS NOT NULL")[0][0] == 34  # bar ticks 1 and 33
 
     dry = prune_history(url, older_than_days=30, now=now, dry_run=True)
     assert _detail_counts(url, cutoff) == before  # a dry run deletes nothing
@@ -327,6 +341,13 @@ def test_prune_deletes_only_the_old_load_tick_detail(prunable) -> None:
         assert after[table] == before[table], table
     events = _rows(url, "SELECT (detail->>'tick_steps')::int FROM audit_log WHERE event = 'history_pruned'")
     assert len(events) == 5 and sum(n for (n,) in events) == 13
+    # a state that stays but was a delta against a pruned one was first stored whole: every state that stays
+    # reads back as before (migration 0016)
+    states_after = _all_states(url)
+    assert len(states_after) == 7 + 16
+    assert states_after == {tick_id: states_before[tick_id] for tick_id in states_after}
+    [(num_whole,)] = _rows(url, "SELECT count(*) FROM planner_states WHERE state IS NOT NULL")
+    assert num_whole > 1
 
     again = prune_history(url, older_than_days=30, now=now)  # starts at the watermark: nothing left to examine
     assert again.total.num_ticks == 0 and again.num_batches == 0

@@ -388,3 +388,51 @@ def test_migration_0015_compact_tick_storage(empty_database_url, tmp_path, profi
         )
     grants = "SELECT has_table_privilege('planner_analyst', 'fpm_snapshots', 'SELECT')"
     assert _relation(url, grants)[1] == [(True,)]
+
+
+def _columns(url: str, table: str) -> list[str]:
+    sql = "SELECT column_name FROM information_schema.columns WHERE table_name = %s ORDER BY ordinal_position"
+    with psycopg.connect(to_libpq_uri(url)) as conn:
+        return [name for (name,) in conn.execute(sql, (table,))]
+
+
+def test_migration_0016_planner_state_deltas(empty_database_url, tmp_path, profile_dir) -> None:
+    """0016 -> 0015 stores every delta row's state whole, equal to what the chain rebuilt; 0015 -> 0016 keeps those
+    full states and the next tick is a delta again; a delta that does not fit its base makes the downgrade refuse,
+    changing nothing."""
+    from planner_core.runtime.store import repository as repo
+    from planner_core.state_delta import encode_delta
+
+    url = empty_database_url
+    upgrade(url)
+    ctx = load_context(url, "deltas", write_config(tmp_path))
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    traffic = TrafficObservation(duration_s=60, num_req=6000, isl=3000, osl=300)
+    ids = [run_tick(ctx, Loop.THROUGHPUT, at + dt.timedelta(minutes=i), traffic).tick_id for i in range(5)]
+    with ctx.sessions.begin() as session:
+        states = {tick_id: repo.state_json(session, tick_id) for tick_id in ids}
+    assert len({str(s) for s in states.values()}) == 5  # the state moved at every tick
+    kinds = (
+        "SELECT count(*) FILTER (WHERE state IS NOT NULL), count(*) FILTER (WHERE delta IS NOT NULL) "
+        "FROM planner_states"
+    )
+    assert _relation(url, kinds)[1] == [(1, 4)]
+
+    downgrade(url, "0015")
+    assert _columns(url, "planner_states") == ["tick_id", "deployment_id", "state"]
+    stored = _relation(url, "SELECT tick_id, state FROM planner_states ORDER BY tick_id")[1]
+    assert stored == sorted(states.items())
+
+    upgrade(url)
+    assert _relation(url, kinds)[1] == [(5, 0)]
+    ids.append(run_tick(ctx, Loop.THROUGHPUT, at + dt.timedelta(minutes=5), traffic).tick_id)
+    assert _relation(url, kinds)[1] == [(5, 1)]
+    with ctx.sessions.begin() as session:
+        assert {tick_id: repo.state_json(session, tick_id) for tick_id in ids[:5]} == states
+
+    with psycopg.connect(to_libpq_uri(url)) as conn:  # a delta that does not fit its base
+        conn.execute("UPDATE planner_states SET delta = %s WHERE tick_id = %s", (encode_delta({"[": []}), ids[5]))
+    with pytest.raises(RuntimeError, match=f"tick {ids[5]}'s delta does not fit its base"):
+        downgrade(url, "0015")
+    assert "delta" in _columns(url, "planner_states") and _relation(url, kinds)[1] == [(5, 1)]
+    get_engine(url).dispose()

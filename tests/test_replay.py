@@ -81,6 +81,23 @@ def test_a_recorded_run_replays_exactly_under_its_recorded_config(recorded, mode
     assert _snapshot(url) == before
 
 
+@pytest.mark.parametrize("mode", [ReplayMode.RECORDED, ReplayMode.CHAINED])
+def test_a_range_starting_inside_a_chain_of_deltas_replays_exactly(recorded, mode) -> None:
+    """Most states are stored as deltas (migration 0016): a range whose first tick's state, and the state it
+    starts from, are deltas whose full state lies before the range still replays exactly, across the next full
+    state."""
+    url, _, end = recorded
+    [(first_delta_at, num_full, num_delta)] = _rows(
+        url,
+        "SELECT (SELECT t.scheduled_at FROM ticks t JOIN planner_states s ON s.tick_id = t.id "
+        "         WHERE s.delta IS NOT NULL ORDER BY t.id OFFSET 9 LIMIT 1), "
+        "count(*) FILTER (WHERE state IS NOT NULL), count(*) FILTER (WHERE delta IS NOT NULL) FROM planner_states",
+    )
+    assert (num_full, num_delta) == (3, 72)  # ticks 1, 33 and 65 store the whole state
+    summary = replay(url, "replayed", first_delta_at, end, mode=mode)
+    assert summary.num_ticks == 75 - 10 and summary.num_identical == summary.num_ticks
+
+
 def test_the_recorded_run_made_decisions_worth_replaying(recorded) -> None:
     """The fixture's history is not trivial: it scaled, forecast with Kalman, and interleaved both loops."""
     url, _, _ = recorded
@@ -233,6 +250,7 @@ def test_a_state_recorded_before_a_field_was_added_still_replays_exactly(databas
     config = write_config(tmp_path)
     times = record_simulated_run(database_url, config, azure_conv_trace, "older", num_windows=4, load_every_s=None)
     start, end = times[0] - ONE_HOUR, times[-1] + dt.timedelta(seconds=1)
+    _store_every_state_whole(database_url)  # as states were stored before migration 0016
     with psycopg.connect(to_libpq_uri(database_url)) as conn:
         conn.execute("UPDATE planner_states SET state = state - 'recent_throughput_needs' - 'last_kv_hit_rate'")
     summary = replay(database_url, "older", start, end)
@@ -241,6 +259,28 @@ def test_a_state_recorded_before_a_field_was_added_still_replays_exactly(databas
         conn.execute("UPDATE planner_states SET state = jsonb_set(state, '{num_throughput_ticks}', '99')")
     summary = replay(database_url, "older", start, end)
     assert summary.num_differing == 4
+
+
+def _store_every_state_whole(url: str) -> None:
+    """Rewrite every delta row of `planner_states` as the full state it stands for (newest first, so that each
+    row is rebuilt from the chain as stored)."""
+    from sqlalchemy import text
+
+    from planner_core.runtime.store import repository as repo
+    from planner_core.runtime.store.db import session_factory
+
+    with session_factory(url).begin() as session:
+        ids = session.scalars(text("SELECT tick_id FROM planner_states WHERE delta IS NOT NULL")).all()
+        whole = {tick_id: repo.state_json(session, tick_id) for tick_id in ids}
+        for tick_id, state in whole.items():
+            session.execute(
+                text(
+                    "UPDATE planner_states SET state = CAST(:s AS jsonb), delta = NULL, base_tick_id = NULL "
+                    "WHERE tick_id = :id"
+                ),
+                {"s": json.dumps(state), "id": tick_id},
+            )
+        assert session.scalar(text("SELECT count(*) FROM planner_states WHERE state IS NULL")) == 0
 
 
 def test_service_settings_are_outside_the_replayed_policy(database_url, tmp_path, azure_conv_trace) -> None:

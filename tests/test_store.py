@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import math
 
 import psycopg
@@ -148,8 +149,9 @@ def test_state_chains_from_tick_to_tick(ctx) -> None:
     with ctx.sessions.begin() as session:
         row = session.get(Tick, second.tick_id)
         assert row.previous_tick_id == first.tick_id
-        stored = session.get(PlannerStateRow, second.tick_id)
-        assert from_jsonable(PlannerState, stored.state) == second.outcome.next_state
+        stored = repo.state_json(session, second.tick_id)  # a delta against the first tick's (migration 0016)
+        assert session.get(PlannerStateRow, second.tick_id).base_tick_id == first.tick_id
+        assert from_jsonable(PlannerState, stored) == second.outcome.next_state
     assert second.outcome.next_state.load_history.num_req == (6000.0, 6000.0)
     assert second.outcome.next_state.num_throughput_ticks == 2
 
@@ -167,12 +169,12 @@ def test_replaying_recorded_ticks_reproduces_them_exactly(ctx) -> None:
         assert len(ticks) == len(loads)
         for row in ticks:
             config = parse_config(session.get(PlannerConfigRow, row.config_hash).body).policy
-            previous = session.get(PlannerStateRow, row.previous_tick_id) if row.previous_tick_id else None
-            state = from_jsonable(PlannerState, previous.state) if previous else PlannerState()
+            previous = repo.state_json(session, row.previous_tick_id) if row.previous_tick_id else None
+            state = from_jsonable(PlannerState, previous) if previous else PlannerState()
             outcome = tick(
                 from_jsonable(TickInputs, row.inputs), state, config, ProfilePerfModel.load(config.profile_results_dir)
             )
-            stored_state = from_jsonable(PlannerState, session.get(PlannerStateRow, row.id).state)
+            stored_state = from_jsonable(PlannerState, repo.state_json(session, row.id))
             assert outcome.next_state == stored_state
             assert outcome.reason.value == row.reason
             stored_steps = [  # through the view over tick_step_lists (migration 0015)
@@ -190,6 +192,51 @@ def test_replaying_recorded_ticks_reproduces_them_exactly(ctx) -> None:
                     outcome.decision.num_prefill,
                     outcome.decision.num_decode,
                 )
+
+
+def test_every_state_of_a_multi_tick_run_reads_back_exactly(database_url, tmp_path) -> None:
+    """States stored as deltas (migration 0016): over 45 ticks (load ticks every 5 s with forward-pass metrics,
+    a throughput tick every minute), the state read back after each tick is the one the tick produced, value for
+    value, and the JSON a whole copy would have stored; a full state starts the chain and again after
+    `FULL_STATE_EVERY` states, the rest are deltas, each under half the size of a stored full state."""
+    from planner_cli.fleet import bench_config
+    from planner_core.domain import to_jsonable
+    from planner_core.runtime.fleet_bench import _reports
+    from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
+    from planner_core.state_delta import FULL_STATE_EVERY
+
+    ctx = load_context(database_url, "state-deltas", bench_config(tmp_path, 5.0))  # load loop, online perf models
+    produced = {}
+    for index in range(45):
+        at = T0 + dt.timedelta(seconds=5 * index)
+        if index % 12 == 0:
+            result = run_tick(ctx, Loop.THROUGHPUT, at, BUSY)
+        else:
+            with ctx.sessions.begin() as session:
+                deployment = repo.ensure_deployment(session, ctx.deployment, ctx.config)
+                samples = [FpmSample(fpm=f, received_at=at - dt.timedelta(seconds=1)) for f in _reports(0, at, 1, 1)]
+                insert_fpm_samples(session, deployment.id, samples)
+            result = run_tick(ctx, Loop.LOAD, at, None)
+        produced[result.tick_id] = result.outcome.next_state
+    with ctx.sessions.begin() as session:
+        rows = session.execute(
+            text(
+                "SELECT tick_id, state IS NOT NULL AS full, "
+                "coalesce(pg_column_size(state), pg_column_size(delta)) AS stored_bytes "
+                "FROM planner_states ORDER BY tick_id"
+            )
+        ).all()
+        assert [row.tick_id for row in rows] == sorted(produced)
+        assert [i for i, row in enumerate(rows) if row.full] == [0, FULL_STATE_EVERY]
+        for tick_id, state in produced.items():
+            stored = repo.state_json(session, tick_id)
+            assert from_jsonable(PlannerState, stored) == state, tick_id
+            assert stored == json.loads(json.dumps(to_jsonable(state))), tick_id
+        # the perf models learned at every load tick: each delta carries a real change
+        num_samples = [len(produced[t].perf_models.decode.samples) for t in sorted(produced)]
+        assert num_samples[-1] > num_samples[1] > 0
+    delta_bytes = [row.stored_bytes for row in rows if not row.full]
+    assert max(delta_bytes) < rows[FULL_STATE_EVERY].stored_bytes / 2
 
 
 def test_config_hash_is_stored_with_every_tick_and_changes_are_audited(database_url, tmp_path, profile_dir) -> None:

@@ -39,6 +39,7 @@ from planner_core.config import CircuitBreakerConfig
 from planner_core.domain import PluginSchedule, gpu_hours
 from planner_core.pipeline.breaker import CIRCUIT_GAUGE, circuit_state
 from planner_core.pipeline.types import BreakerSpec
+from planner_core.runtime.store import repository as repo
 
 PREFIX = "dynamo_planner_"
 
@@ -276,7 +277,7 @@ SELECT scheduled_at, gpus
 
 # The newest tick's plugin schedules and the external plugins of the config it ran under; the skips per plugin.
 _CIRCUITS_SQL = """
-SELECT t.scheduled_at, s.state -> 'pipeline' -> 'plugins' AS schedules,
+SELECT t.scheduled_at, s.tick_id AS state_tick_id,
        c.body -> 'scheduling' -> 'external_plugins' AS external
   FROM ticks t
   JOIN deployments d ON d.id = t.deployment_id
@@ -303,7 +304,8 @@ def _plugin_circuits(session: Session, deployment: str) -> tuple[PluginCircuit, 
     if row is None or not row["external"]:
         return ()
     skips = {r["plugin_id"]: int(r["n"]) for r in session.execute(text(_CIRCUIT_SKIPS_SQL), params).mappings()}
-    schedules = {entry["plugin_id"]: entry for entry in row["schedules"] or ()}
+    state = repo.state_json(session, row["state_tick_id"]) or {}  # whole or rebuilt from deltas (migration 0016)
+    schedules = {entry["plugin_id"]: entry for entry in state.get("pipeline", {}).get("plugins") or ()}
     now_s = row["scheduled_at"].timestamp()
     circuits = []
     for entry in row["external"]:

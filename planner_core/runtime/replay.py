@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -42,22 +43,21 @@ from sqlalchemy import Connection, text
 from planner_core.config import PlannerConfig, config_hash, load_config, parse_config
 from planner_core.domain import LoadHistory, PlannerState, TickInputs, TickOutcome, from_jsonable, to_jsonable
 from planner_core.runtime.service import PlannerContext, context_for_config, decide, initial_state
+from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import get_engine
 from planner_core.runtime.store.models import ReplayMode, ReplayTickOutcome
+from planner_core.state_delta import apply_delta, decode_delta
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when running from one (for `git describe`)
 MAX_FIELDS_PER_SECTION = 12  # differing fields listed per section (reason, decision, ..., next_state)
 _COPY_BATCH = 10_000
 
-# One row per tick: the recorded tick, its outcome in comparable form, and its state after. The state's load
-# history (the bulk of it) is sent only when it differs from the previous row's: load ticks leave it unchanged,
-# so a week of 5 s ticks transfers a few thousand histories instead of ~120k.
+# One row per tick: the recorded tick, its outcome in comparable form, and its state after, whole or as a delta
+# against the previous tick's (`_with_states` rebuilds it; migration 0016).
 _TICKS_SQL = """
 SELECT t.id, t.loop, t.scheduled_at, t.config_hash, t.reason, t.inputs, t.previous_tick_id,
        s.tick_id IS NOT NULL AS has_state,
-       s.state - 'load_history' AS state_rest,
-       CASE WHEN s.state -> 'load_history' IS NOT DISTINCT FROM lag(s.state -> 'load_history') OVER (ORDER BY t.id)
-            THEN NULL ELSE s.state -> 'load_history' END AS load_history,
+       s.state, s.delta, s.base_tick_id,
        d.target_prefill, d.target_decode, d.status AS decision_status,
        (SELECT json_agg(json_build_object('step', x.step, 'component', x.component, 'value', x.value,
                                           'reason', x.reason, 'detail', x.detail) ORDER BY x.seq)
@@ -221,8 +221,11 @@ def replay(
             },
         )
         comparer = _Comparer(reader, contexts, mode)
-        rows = reader.execution_options(stream_results=True, yield_per=2000).execute(
-            text(_TICKS_SQL), {**range_params, "first_id": first_id or 0, "last_id": last_id or 0}
+        rows = _with_states(
+            reader,
+            reader.execution_options(stream_results=True, yield_per=2000).execute(
+                text(_TICKS_SQL), {**range_params, "first_id": first_id or 0, "last_id": last_id or 0}
+            ),
         )
         counts = {outcome: 0 for outcome in ReplayTickOutcome}
         differences: list[TickDifference] = []
@@ -358,6 +361,43 @@ class _Result:
         )
 
 
+def _with_states(reader: Connection, rows: Iterator[Any]) -> Iterator[Any]:
+    """The ticks' rows with each state rebuilt: `state_rest` (the state without its load history) and
+    `load_history`, the latter only when it differs from the previous row's (load ticks leave it unchanged, so a
+    week of 5 s ticks parses a few thousand histories instead of ~120k). A delta's base is the previous row's
+    state, or read from the store for the first row of the range."""
+    previous: tuple[int, dict[str, Any]] | None = None  # (tick id, rebuilt state) of the newest row with a state
+    previous_history: Any = None
+    for row in rows:
+        values = dict(row._mapping)
+        state: dict[str, Any] | None = None
+        if row.state is not None:
+            state = row.state
+        elif row.delta is not None:
+            if previous is not None and previous[0] == row.base_tick_id:
+                base = previous[1]
+            else:
+                base = repo.state_json(reader, row.base_tick_id)
+                if base is None:  # the store's foreign key keeps a delta's base: only a damaged table lands here
+                    raise ValueError(f"planner_states: tick {row.id}'s delta has no base (tick {row.base_tick_id})")
+            state = apply_delta(base, decode_delta(row.delta))
+        values["has_state"] = state is not None
+        values["state_rest"] = None if state is None else {k: v for k, v in state.items() if k != "load_history"}
+        history = None if state is None else state.get("load_history")
+        values["load_history"] = None if state is None or _same_json(history, previous_history) else history
+        if state is not None:
+            previous, previous_history = (row.id, state), history
+        else:
+            previous_history = None
+        yield SimpleNamespace(**values)
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
 class _Comparer:
     """Walks the recorded ticks in order, replays each and compares; keeps the parsed load histories it can reuse."""
 
@@ -444,9 +484,7 @@ class _Comparer:
         """The state a tick started from when it is not the previous row's: fetched, initial, or None if pruned."""
         if row.previous_tick_id is None:
             return initial_state(self._contexts.for_tick(self._reader, row.config_hash))
-        state = self._reader.scalar(
-            text("SELECT state FROM planner_states WHERE tick_id = :id"), {"id": row.previous_tick_id}
-        )
+        state = repo.state_json(self._reader, row.previous_tick_id)
         return None if state is None else from_jsonable(PlannerState, state)
 
     # --- comparison -----------------------------------------------------------------------------------------

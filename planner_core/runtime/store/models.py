@@ -279,14 +279,27 @@ class TickStepListRow(Base):
 
 
 class PlannerStateRow(Base):
-    """The planner state after a tick (JSONB); replaying tick N needs only the row of tick N-1."""
+    """The planner state after a tick (JSONB): either whole (`state`) or as a delta (`delta`,
+    `planner_core.state_delta`) against the state of `base_tick_id`, the deployment's previous tick; a full state
+    at least every `FULL_STATE_EVERY` rows (migration 0016). `repository.state_json` rebuilds any of them."""
 
     __tablename__ = "planner_states"
     # A deployment's newest state (`latest_state`, every tick) in one index probe; migration 0003.
-    __table_args__ = (Index("ix_planner_states_deployment_id_tick_id", "deployment_id", "tick_id"),)
+    __table_args__ = (
+        Index("ix_planner_states_deployment_id_tick_id", "deployment_id", "tick_id"),
+        CheckConstraint(
+            "(state IS NULL) <> (delta IS NULL) AND (delta IS NULL) = (base_tick_id IS NULL)",
+            name="full_or_delta",
+        ),
+    )
     tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
     deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"))
-    state: Mapped[dict[str, Any]]
+    # None is SQL NULL (not JSON null): the check tells a full row from a delta row by it. A delta is stored
+    # zlib-compressed (`state_delta.encode_delta`): Postgres never compresses a row this small.
+    state: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
+    delta: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # A state a later delta needs cannot be deleted before that delta is rebuilt whole (`prune`).
+    base_tick_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("planner_states.tick_id"), index=True)
 
 
 class DecisionRow(Base):

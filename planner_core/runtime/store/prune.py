@@ -27,15 +27,16 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from planner_core.domain import Loop
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import session_factory
-from planner_core.runtime.store.models import Deployment, PruneWatermarkRow
+from planner_core.runtime.store.models import Deployment, PlannerStateRow, PruneWatermarkRow
 
 
 @dataclass(slots=True, kw_only=True)
@@ -176,6 +177,8 @@ def _prune_batch(
         return None
     counts = PruneCounts(num_ticks=len(rows))
     params = {"ids": [row.id for row in rows], "keep": keep}
+    if "planner_states" in _PRUNED[loop]:
+        _rebuild_dependents_whole(session, params)
     for table, (attribute, weight) in _PRUNED[loop].items():
         kept = " AND NOT tick_id = ANY(:keep)"
         deleted = session.scalar(
@@ -201,6 +204,27 @@ def _prune_batch(
         deployment_id=deployment_id,
     )
     return counts
+
+
+def _rebuild_dependents_whole(session: Session, params: dict[str, Any]) -> None:
+    """A state that stays but is a delta against a state about to be deleted is first stored whole (migration
+    0016; the foreign key `base_tick_id` refuses the delete otherwise). All are rebuilt before any is rewritten."""
+    dependents = session.scalars(
+        text(
+            """SELECT tick_id FROM planner_states
+                WHERE base_tick_id = ANY(:ids) AND NOT base_tick_id = ANY(:keep)
+                  AND (NOT tick_id = ANY(:ids) OR tick_id = ANY(:keep))
+                ORDER BY tick_id"""
+        ),
+        params,
+    ).all()
+    whole = {tick_id: repo.state_json(session, tick_id) for tick_id in dependents}
+    for tick_id, state in whole.items():
+        session.execute(
+            update(PlannerStateRow)
+            .where(PlannerStateRow.tick_id == tick_id)
+            .values(state=state, delta=None, base_tick_id=None)
+        )
 
 
 def _count_prunable(

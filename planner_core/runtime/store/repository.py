@@ -42,6 +42,14 @@ from planner_core.runtime.store.models import (
     TrafficObservationRow,
     WorkerObservationRow,
 )
+from planner_core.state_delta import (
+    FULL_STATE_EVERY,
+    StateDeltaError,
+    apply_delta,
+    decode_delta,
+    encode_delta,
+    state_delta,
+)
 
 # The channel a tick's transaction notifies when it records a pending decision; the payload is the deployment's
 # name. Postgres delivers a NOTIFY only when its transaction commits, so a rolled-back tick wakes nobody.
@@ -153,15 +161,74 @@ def tick_exists(session: Session, deployment_id: int, loop: str, scheduled_at: d
 
 def latest_state(session: Session, deployment_id: int) -> tuple[int | None, PlannerState]:
     """The state after the most recently recorded tick of the deployment, and that tick's id."""
-    row = session.scalar(
-        select(PlannerStateRow)
+    tick_id = session.scalar(
+        select(PlannerStateRow.tick_id)
         .where(PlannerStateRow.deployment_id == deployment_id)
         .order_by(PlannerStateRow.tick_id.desc())
         .limit(1)
     )
-    if row is None:
+    if tick_id is None:
         return None, PlannerState()
-    return row.tick_id, from_jsonable(PlannerState, row.state)
+    state = state_json(session, tick_id)
+    assert state is not None  # the row was just found, in this transaction
+    return tick_id, from_jsonable(PlannerState, state)
+
+
+# The stored rows a tick's state is rebuilt from: the tick's own row, then its base's, ... back to a full state.
+_STATE_CHAIN_SQL = """
+WITH RECURSIVE chain AS (
+    SELECT tick_id, base_tick_id, state, delta, 0 AS depth FROM planner_states WHERE tick_id = :tick_id
+    UNION ALL
+    SELECT p.tick_id, p.base_tick_id, p.state, p.delta, c.depth + 1
+      FROM planner_states p JOIN chain c ON p.tick_id = c.base_tick_id
+     WHERE c.state IS NULL
+)
+SELECT tick_id, state, delta, depth FROM chain ORDER BY depth DESC
+"""
+_STATE_CACHE_KEY = "planner_state_json"  # Session.info: (tick_id, state JSON, deltas since the full state)
+
+
+def _state_and_depth(session: Session | Any, tick_id: int) -> tuple[dict[str, Any], int] | None:
+    """The stored state after `tick_id` as JSON and how many deltas lie between it and its full state; None if
+    the tick has no state. The newest one read is remembered in the session (the next tick writes its delta)."""
+    info = session.info if isinstance(session, Session) else None  # a Connection's info outlives the transaction
+    cached = info.get(_STATE_CACHE_KEY) if info is not None else None
+    if cached is not None and cached[0] == tick_id:
+        return cached[1], cached[2]
+    rows = session.execute(text(_STATE_CHAIN_SQL), {"tick_id": tick_id}).all()
+    if not rows:
+        return None
+    if rows[0].state is None:
+        raise StateDeltaError(f"planner state of tick {tick_id}: its chain of deltas has no full state")
+    state = rows[0].state
+    for row in rows[1:]:
+        state = apply_delta(state, decode_delta(row.delta))
+    if info is not None:
+        info[_STATE_CACHE_KEY] = (tick_id, state, rows[0].depth)
+    return state, rows[0].depth
+
+
+def state_json(session: Session | Any, tick_id: int) -> dict[str, Any] | None:
+    """The planner state after `tick_id` as stored (JSON, rebuilt from its deltas); None if it has none (pruned,
+    or a tick that recorded no state). Takes a Session or a Connection."""
+    found = _state_and_depth(session, tick_id)
+    return None if found is None else found[0]
+
+
+def state_row_values(
+    previous: tuple[dict[str, Any], int] | None, state: dict[str, Any], base_tick_id: int | None
+) -> dict[str, Any]:
+    """The `planner_states` columns storing `state`: a delta against the previous tick's state (`previous`: its
+    JSON and its deltas since a full state), or the full state when there is no previous one or the chain has
+    reached `FULL_STATE_EVERY` states."""
+    if previous is None or base_tick_id is None or previous[1] + 1 >= FULL_STATE_EVERY:
+        return {"state": state, "delta": None, "base_tick_id": None}
+    delta = state_delta(previous[0], state)
+    return {
+        "state": None,
+        "delta": encode_delta(delta if delta is not None else {"{": {}}),
+        "base_tick_id": base_tick_id,
+    }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -294,9 +361,10 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
         )
     if outcome.steps:
         session.add(TickStepListRow(tick_id=tick_id, steps=compact_steps(outcome.steps)))
-    session.add(
-        PlannerStateRow(tick_id=tick_id, deployment_id=record.deployment_id, state=to_jsonable(outcome.next_state))
-    )
+    next_state = to_jsonable(outcome.next_state)
+    previous = None if record.previous_tick_id is None else _state_and_depth(session, record.previous_tick_id)
+    values = state_row_values(previous, next_state, record.previous_tick_id)
+    session.add(PlannerStateRow(tick_id=tick_id, deployment_id=record.deployment_id, **values))
     session.flush()
     decision_id = None
     if not outcome.decision.is_empty:

@@ -16,6 +16,7 @@ from planner_core.lab.sim.bench import FixedPolicy, OraclePolicy, PlannerPolicy,
 from planner_core.lab.sim.des import ClusterSimulator, SimSpec, window_observation
 from planner_core.lab.sim.dynamo_engine import (
     ReplayView,
+    _bracket_guess,
     _size_replay_window,
     dynamo_bench,
     fpm_from_snapshot,
@@ -116,10 +117,10 @@ def test_the_engine_oracle_searches_prefill_with_wide_decode_then_decode() -> No
     fewer prefill workers: (3, 2)."""
     replayed: list[tuple[int, int]] = []
 
-    def met(size: tuple[int, int]) -> int:
+    def met(size: tuple[int, int]) -> tuple[int, int]:
         replayed.append(size)
         prefill, decode = size
-        return 100 if prefill >= 3 and decode >= (2 if prefill == 3 else 1) else 50
+        return 100 if prefill >= 3 else 50, 100 if prefill >= 3 and decode >= (2 if prefill == 3 else 1) else 50
 
     window = OracleWindow(
         index=0, start_s=0.0, num_requests=100, num_attainable=100, num_required=99, num_prefill=1, num_decode=1,
@@ -129,6 +130,50 @@ def test_the_engine_oracle_searches_prefill_with_wide_decode_then_decode() -> No
     assert (sized.num_prefill, sized.num_decode, sized.feasible, sized.num_met) == (3, 2, True, 100)
     assert all(decode == 4 for prefill, decode in replayed[:3])  # the prefill search ran with max(4, 2 * 1 + 2)
     assert sized.num_simulations == len(set(replayed)) == len(replayed)  # each size replayed once
+
+
+def test_the_bracket_approximation_searches_ttft_at_the_guessed_decode_and_one_pair() -> None:
+    """The same window, searched by the bracket approximation from the guess (4, 2): the prefill search replays at
+    the guessed decode size (2) and counts TTFT only: (4, 2) and (3, 2) meet, the gallop's next step (1, 2) fails
+    and the bisection's (2, 2) too, so P = 3; the decode search starts from (3, 2) (already replayed) and stops at
+    (3, 1), which fails; no (P + 1) pair."""
+    replayed: list[tuple[int, int]] = []
+
+    def met(size: tuple[int, int]) -> tuple[int, int]:
+        replayed.append(size)
+        prefill, decode = size
+        return 100 if prefill >= 3 else 50, 100 if prefill >= 3 and decode >= (2 if prefill == 3 else 1) else 50
+
+    window = OracleWindow(
+        index=0, start_s=0.0, num_requests=100, num_attainable=100, num_required=99, num_prefill=1, num_decode=1,
+        num_ttft_met=0, num_met=0, feasible=True, num_simulations=0,
+    )  # fmt: skip
+    sized = _size_replay_window(window, met, guess=(4, 2), settings=OracleSettings(), gpus=(1, 1), approximate=True)
+    assert (sized.num_prefill, sized.num_decode, sized.feasible, sized.num_met, sized.num_ttft_met) == (
+        3,
+        2,
+        True,
+        100,
+        100,
+    )
+    assert replayed == [(4, 2), (3, 2), (1, 2), (2, 2), (3, 1)]
+    assert sized.num_simulations == 5
+
+
+def test_the_bracket_guess_scales_our_oracle_by_the_previous_windows_ratio() -> None:
+    """Window 1's guess: our simulator's (10, 2) times Dynamo's / ours in window 0 ((6, 1) / (4, 1)): (15, 2); the
+    first window starts from our simulator's answer as it is."""
+
+    def window(index: int, size: tuple[int, int], required: int = 10) -> OracleWindow:
+        return OracleWindow(
+            index=index, start_s=180.0 * index, num_requests=10, num_attainable=10, num_required=required,
+            num_prefill=size[0], num_decode=size[1], num_ttft_met=10, num_met=10, feasible=True, num_simulations=1,
+        )  # fmt: skip
+
+    ours = [window(0, (4, 1)), window(1, (10, 2))]
+    assert _bracket_guess(ours, 0, []) == (4, 1)
+    assert _bracket_guess(ours, 1, [window(0, (6, 1))]) == (15, 2)
+    assert _bracket_guess(ours, 1, [window(0, (6, 1), required=0)]) == (10, 2)  # an empty window teaches nothing
 
 
 @pytest.mark.skipif(

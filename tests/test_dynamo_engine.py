@@ -25,7 +25,7 @@ from planner_core.lab.sim.dynamo_engine import (
     write_replay_trace,
 )
 from planner_core.lab.sim.dynamo_policy import find_dynamo_python, fpm_message
-from planner_core.lab.sim.oracle import OracleSettings, OracleWindow
+from planner_core.lab.sim.oracle import OracleSettings, OracleWindow, oracle_windows
 from planner_core.perf.model import ProfilePerfModel
 from tests.conftest import PROFILE_DIR
 from tests.test_bench import busy_trace
@@ -221,6 +221,34 @@ def test_the_bench_runs_in_dynamos_replay_with_the_policies_in_its_loop() -> Non
     assert math.isfinite(rows["dynamo-1.6.1"].row.gpu_hours) and rows["dynamo-1.6.1"].row.gpu_hours > 0
 
 
+@pytest.mark.skipif(
+    find_dynamo_python() is None,
+    reason="needs the Dynamo comparison environment: run `make dynamo-env` (or set $DYNAMO_PYTHON)",
+)
+def test_the_bracket_oracle_replays_from_our_simulators_answers_and_its_sizes_meet_the_target() -> None:
+    """The bracket approximation in Dynamo's replay, on the same four minutes: our simulator's oracle is asked once,
+    every window is searched in Dynamo's engine from it, and every size kept met its window's requirement there."""
+    trace = busy_trace(900, 240.0)
+    perf = ProfilePerfModel.load(PROFILE_DIR)
+    fwd = perf.forward_pass_model()
+    spec = SimSpec(decode_limits=EngineLimits(max_kv_tokens=perf.profiled_max_kv_tokens() or 2_000_000), startup_s=30)
+    asked: list[int] = []
+
+    def bracket():  # noqa: ANN202
+        asked.append(1)
+        return oracle_windows(trace, fwd, spec, ttft_ms=500.0, itl_ms=50.0, window_s=120.0)
+
+    policies, runs = dynamo_bench(
+        ["oracle"], lambda _names: [], trace, spec, ttft_ms=500.0, itl_ms=50.0, window_s=120.0,
+        settings=OracleSettings(), initial="min", dynamo_python=None, profile_dir=Path(PROFILE_DIR), bracket=bracket,
+    )  # fmt: skip
+    oracle_policy = policies[0]
+    assert isinstance(oracle_policy, OraclePolicy) and asked == [1] and len(oracle_policy.sizes) == 2
+    assert all(w.num_simulations > 0 for w in oracle_policy.windows)
+    assert all(w.num_met >= w.num_required > 0 for w in oracle_policy.windows if w.feasible)
+    assert runs[0].row.sla_attainment >= 0.95 * runs[0].row.attainable
+
+
 def test_the_engine_is_a_bench_option_and_a_missing_interpreter_is_one_line(tmp_path: Path) -> None:
     from planner_cli.main import build_parser
     from planner_core.lab.sim.dynamo_engine import ReplayBridge
@@ -228,6 +256,10 @@ def test_the_engine_is_a_bench_option_and_a_missing_interpreter_is_one_line(tmp_
 
     assert build_parser().parse_args(["bench", "--trace", "t.csv"]).engine == "sim"
     assert build_parser().parse_args(["bench", "--trace", "t.csv", "--engine", "dynamo"]).engine == "dynamo"
+    assert build_parser().parse_args(["bench", "--trace", "t.csv"]).dynamo_oracle == "exact"
+    assert build_parser().parse_args(["bench", "--trace", "t.csv", "--dynamo-oracle", "bracket"]).dynamo_oracle == (
+        "bracket"
+    )
     missing = tmp_path / "no-python"
     with pytest.raises(DynamoPlannerError, match=f"--engine dynamo: --dynamo-python {missing}: No such file"):
         ReplayBridge(str(missing))

@@ -111,6 +111,27 @@ def test_the_replay_view_observes_through_the_simulators_function() -> None:
     assert view.worker_counts().expected_decode == 4 and view.targets() == (None, 4)
 
 
+def test_a_load_loop_policy_decides_on_the_replay_view() -> None:
+    """The threshold policy (load loop on) ticks on the view as on our simulator: its load tick asks for what the
+    router could not place (nothing on Dynamo's replay) and the engines' forward-pass metrics; a conv-x12 bench on
+    Dynamo's engine stopped at this policy when the view had no `unplaced` (2026-11-27)."""
+    trace = busy_trace(400, 240.0)
+    perf = ProfilePerfModel.load(PROFILE_DIR)
+    fwd = perf.forward_pass_model()
+    spec = SimSpec(decode_limits=EngineLimits(max_kv_tokens=perf.profiled_max_kv_tokens() or 2_000_000))
+    base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1}
+    (policy,) = build_policies(["threshold"], base, trace, perf, fwd, spec, window_s=60, initial="min")
+    assert isinstance(policy, PlannerPolicy) and policy.config.load_scaling_active
+    view = ReplayView(trace)
+    load_s = float(policy.config.load_adjustment_interval_seconds)
+    snapshot = {"active_prefill_count": 1, "active_decode_count": 1, "non_draining_prefill_count": 1,
+                "non_draining_decode_count": 1, "active_prefill_ids": [0], "active_decode_ids": [0]}  # fmt: skip
+    view.absorb(load_s, snapshot)
+    assert view.unplaced(0.0, load_s) == ()
+    policy.decide(load_s, view)
+    assert policy.state.num_load_ticks == 1
+
+
 def test_the_engine_oracle_searches_prefill_with_wide_decode_then_decode() -> None:
     """A window where a size meets the target when P >= 3 and D >= 2 (with P = 3) or D >= 1 (with P = 4): the
     search finds P = 3 with a wide decode pool, then D(3) = 2 and D(4) = 1; both cost 5 GPUs, and the tie goes to

@@ -220,6 +220,10 @@ class ReplayView:
     def latest_fpm(self) -> tuple[ForwardPassMetrics, ...]:
         return tuple(fpm_from_snapshot(pool, fpm) for (pool, _, _), fpm in sorted(self._fpm.items()))
 
+    def unplaced(self, start_s: float, end_s: float) -> tuple[()]:  # noqa: ARG002 - the simulator's signature
+        """Nothing: Dynamo's replay router queues every request (as our simulator's routers other than `slo`)."""
+        return ()
+
     def observe(self, start_s: float, end_s: float, *, planner: Planner | None = None):  # noqa: ANN201
         """The window [start_s, end_s) by `window_observation`, with Dynamo's latency and hit-rate figures."""
         ttft_ms, itl_ms, kv_hit_rate = merged_latency(

@@ -34,7 +34,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         tpot_profile=args.tpot_profile, ttft_dispatch_threshold=args.ttft_dispatch_threshold,
         tpot_dispatch_threshold=args.tpot_dispatch_threshold, no_endpoint=NoEndpointAction(args.no_endpoint),
         adaptive_pd=not args.no_adaptive_pd, horizon_quantiles=tuple(args.horizon_quantiles),
-        engine=args.engine,
+        engine=args.engine, dynamo_oracle=args.dynamo_oracle,
     )  # fmt: skip
     to_stdout = args.json is not None and str(args.json) == "-"
     print("bench: sizing the policies (the oracle simulates every window at several sizes)...", file=sys.stderr)
@@ -272,6 +272,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--engine", choices=("sim", "dynamo"), default="sim",
         help="what serves the requests: our simulator, or Dynamo 1.6.1's offline replay (its mocker engines, with "
         "every policy in its loop and its own oracle; needs `make dynamo-env` or --dynamo-python)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--dynamo-oracle", choices=("exact", "bracket"), default="exact",
+        help="--engine dynamo: the oracle's exact per-window search in Dynamo's replay, or its cheaper approximation "
+        "starting from our simulator's oracle (fewer replays per window; its error is measured in docs/benchmarks.md)",
     )  # fmt: skip
     bench.add_argument("--json", type=Path, default=None, help="write the rows as JSON to FILE ('-': stdout)")
     bench.add_argument("--html", type=Path, default=None, help="write a Plotly page of replicas, load and latency")

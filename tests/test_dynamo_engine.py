@@ -16,6 +16,7 @@ from planner_core.lab.sim.bench import FixedPolicy, OraclePolicy, PlannerPolicy,
 from planner_core.lab.sim.des import ClusterSimulator, SimSpec, window_observation
 from planner_core.lab.sim.dynamo_engine import (
     ReplayView,
+    _bracket_guess,
     _size_replay_window,
     dynamo_bench,
     fpm_from_snapshot,
@@ -24,7 +25,7 @@ from planner_core.lab.sim.dynamo_engine import (
     write_replay_trace,
 )
 from planner_core.lab.sim.dynamo_policy import find_dynamo_python, fpm_message
-from planner_core.lab.sim.oracle import OracleSettings, OracleWindow
+from planner_core.lab.sim.oracle import OracleSettings, OracleWindow, oracle_windows
 from planner_core.perf.model import ProfilePerfModel
 from tests.conftest import PROFILE_DIR
 from tests.test_bench import busy_trace
@@ -110,16 +111,37 @@ def test_the_replay_view_observes_through_the_simulators_function() -> None:
     assert view.worker_counts().expected_decode == 4 and view.targets() == (None, 4)
 
 
+def test_a_load_loop_policy_decides_on_the_replay_view() -> None:
+    """The threshold policy (load loop on) ticks on the view as on our simulator: its load tick asks for what the
+    router could not place (nothing on Dynamo's replay) and the engines' forward-pass metrics; a conv-x12 bench on
+    Dynamo's engine stopped at this policy when the view had no `unplaced` (2026-11-27)."""
+    trace = busy_trace(400, 240.0)
+    perf = ProfilePerfModel.load(PROFILE_DIR)
+    fwd = perf.forward_pass_model()
+    spec = SimSpec(decode_limits=EngineLimits(max_kv_tokens=perf.profiled_max_kv_tokens() or 2_000_000))
+    base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1}
+    (policy,) = build_policies(["threshold"], base, trace, perf, fwd, spec, window_s=60, initial="min")
+    assert isinstance(policy, PlannerPolicy) and policy.config.load_scaling_active
+    view = ReplayView(trace)
+    load_s = float(policy.config.load_adjustment_interval_seconds)
+    snapshot = {"active_prefill_count": 1, "active_decode_count": 1, "non_draining_prefill_count": 1,
+                "non_draining_decode_count": 1, "active_prefill_ids": [0], "active_decode_ids": [0]}  # fmt: skip
+    view.absorb(load_s, snapshot)
+    assert view.unplaced(0.0, load_s) == ()
+    policy.decide(load_s, view)
+    assert policy.state.num_load_ticks == 1
+
+
 def test_the_engine_oracle_searches_prefill_with_wide_decode_then_decode() -> None:
     """A window where a size meets the target when P >= 3 and D >= 2 (with P = 3) or D >= 1 (with P = 4): the
     search finds P = 3 with a wide decode pool, then D(3) = 2 and D(4) = 1; both cost 5 GPUs, and the tie goes to
     fewer prefill workers: (3, 2)."""
     replayed: list[tuple[int, int]] = []
 
-    def met(size: tuple[int, int]) -> int:
+    def met(size: tuple[int, int]) -> tuple[int, int]:
         replayed.append(size)
         prefill, decode = size
-        return 100 if prefill >= 3 and decode >= (2 if prefill == 3 else 1) else 50
+        return 100 if prefill >= 3 else 50, 100 if prefill >= 3 and decode >= (2 if prefill == 3 else 1) else 50
 
     window = OracleWindow(
         index=0, start_s=0.0, num_requests=100, num_attainable=100, num_required=99, num_prefill=1, num_decode=1,
@@ -129,6 +151,50 @@ def test_the_engine_oracle_searches_prefill_with_wide_decode_then_decode() -> No
     assert (sized.num_prefill, sized.num_decode, sized.feasible, sized.num_met) == (3, 2, True, 100)
     assert all(decode == 4 for prefill, decode in replayed[:3])  # the prefill search ran with max(4, 2 * 1 + 2)
     assert sized.num_simulations == len(set(replayed)) == len(replayed)  # each size replayed once
+
+
+def test_the_bracket_approximation_searches_ttft_at_the_guessed_decode_and_one_pair() -> None:
+    """The same window, searched by the bracket approximation from the guess (4, 2): the prefill search replays at
+    the guessed decode size (2) and counts TTFT only: (4, 2) and (3, 2) meet, the gallop's next step (1, 2) fails
+    and the bisection's (2, 2) too, so P = 3; the decode search starts from (3, 2) (already replayed) and stops at
+    (3, 1), which fails; no (P + 1) pair."""
+    replayed: list[tuple[int, int]] = []
+
+    def met(size: tuple[int, int]) -> tuple[int, int]:
+        replayed.append(size)
+        prefill, decode = size
+        return 100 if prefill >= 3 else 50, 100 if prefill >= 3 and decode >= (2 if prefill == 3 else 1) else 50
+
+    window = OracleWindow(
+        index=0, start_s=0.0, num_requests=100, num_attainable=100, num_required=99, num_prefill=1, num_decode=1,
+        num_ttft_met=0, num_met=0, feasible=True, num_simulations=0,
+    )  # fmt: skip
+    sized = _size_replay_window(window, met, guess=(4, 2), settings=OracleSettings(), gpus=(1, 1), approximate=True)
+    assert (sized.num_prefill, sized.num_decode, sized.feasible, sized.num_met, sized.num_ttft_met) == (
+        3,
+        2,
+        True,
+        100,
+        100,
+    )
+    assert replayed == [(4, 2), (3, 2), (1, 2), (2, 2), (3, 1)]
+    assert sized.num_simulations == 5
+
+
+def test_the_bracket_guess_scales_our_oracle_by_the_previous_windows_ratio() -> None:
+    """Window 1's guess: our simulator's (10, 2) times Dynamo's / ours in window 0 ((6, 1) / (4, 1)): (15, 2); the
+    first window starts from our simulator's answer as it is."""
+
+    def window(index: int, size: tuple[int, int], required: int = 10) -> OracleWindow:
+        return OracleWindow(
+            index=index, start_s=180.0 * index, num_requests=10, num_attainable=10, num_required=required,
+            num_prefill=size[0], num_decode=size[1], num_ttft_met=10, num_met=10, feasible=True, num_simulations=1,
+        )  # fmt: skip
+
+    ours = [window(0, (4, 1)), window(1, (10, 2))]
+    assert _bracket_guess(ours, 0, []) == (4, 1)
+    assert _bracket_guess(ours, 1, [window(0, (6, 1))]) == (15, 2)
+    assert _bracket_guess(ours, 1, [window(0, (6, 1), required=0)]) == (10, 2)  # an empty window teaches nothing
 
 
 @pytest.mark.skipif(
@@ -176,6 +242,34 @@ def test_the_bench_runs_in_dynamos_replay_with_the_policies_in_its_loop() -> Non
     assert math.isfinite(rows["dynamo-1.6.1"].row.gpu_hours) and rows["dynamo-1.6.1"].row.gpu_hours > 0
 
 
+@pytest.mark.skipif(
+    find_dynamo_python() is None,
+    reason="needs the Dynamo comparison environment: run `make dynamo-env` (or set $DYNAMO_PYTHON)",
+)
+def test_the_bracket_oracle_replays_from_our_simulators_answers_and_its_sizes_meet_the_target() -> None:
+    """The bracket approximation in Dynamo's replay, on the same four minutes: our simulator's oracle is asked once,
+    every window is searched in Dynamo's engine from it, and every size kept met its window's requirement there."""
+    trace = busy_trace(900, 240.0)
+    perf = ProfilePerfModel.load(PROFILE_DIR)
+    fwd = perf.forward_pass_model()
+    spec = SimSpec(decode_limits=EngineLimits(max_kv_tokens=perf.profiled_max_kv_tokens() or 2_000_000), startup_s=30)
+    asked: list[int] = []
+
+    def bracket():  # noqa: ANN202
+        asked.append(1)
+        return oracle_windows(trace, fwd, spec, ttft_ms=500.0, itl_ms=50.0, window_s=120.0)
+
+    policies, runs = dynamo_bench(
+        ["oracle"], lambda _names: [], trace, spec, ttft_ms=500.0, itl_ms=50.0, window_s=120.0,
+        settings=OracleSettings(), initial="min", dynamo_python=None, profile_dir=Path(PROFILE_DIR), bracket=bracket,
+    )  # fmt: skip
+    oracle_policy = policies[0]
+    assert isinstance(oracle_policy, OraclePolicy) and asked == [1] and len(oracle_policy.sizes) == 2
+    assert all(w.num_simulations > 0 for w in oracle_policy.windows)
+    assert all(w.num_met >= w.num_required > 0 for w in oracle_policy.windows if w.feasible)
+    assert runs[0].row.sla_attainment >= 0.95 * runs[0].row.attainable
+
+
 def test_the_engine_is_a_bench_option_and_a_missing_interpreter_is_one_line(tmp_path: Path) -> None:
     from planner_cli.main import build_parser
     from planner_core.lab.sim.dynamo_engine import ReplayBridge
@@ -183,6 +277,10 @@ def test_the_engine_is_a_bench_option_and_a_missing_interpreter_is_one_line(tmp_
 
     assert build_parser().parse_args(["bench", "--trace", "t.csv"]).engine == "sim"
     assert build_parser().parse_args(["bench", "--trace", "t.csv", "--engine", "dynamo"]).engine == "dynamo"
+    assert build_parser().parse_args(["bench", "--trace", "t.csv"]).dynamo_oracle == "exact"
+    assert build_parser().parse_args(["bench", "--trace", "t.csv", "--dynamo-oracle", "bracket"]).dynamo_oracle == (
+        "bracket"
+    )
     missing = tmp_path / "no-python"
     with pytest.raises(DynamoPlannerError, match=f"--engine dynamo: --dynamo-python {missing}: No such file"):
         ReplayBridge(str(missing))

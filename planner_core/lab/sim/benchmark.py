@@ -22,7 +22,7 @@ from planner_core.lab.sim.bench import (
     run_bench,
 )
 from planner_core.lab.sim.des import NoEndpointAction, RouterPolicy, SimSpec, SloRouting
-from planner_core.lab.sim.oracle import OracleSettings
+from planner_core.lab.sim.oracle import OracleSettings, oracle_windows
 from planner_core.perf.forward import ForwardPassModel
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.perf.table import TablePerfModel
@@ -73,6 +73,8 @@ class BenchRequest:
     adaptive_pd: bool = True
     horizon_quantiles: tuple[float, ...] = ()  # the recommended policy again at each value of its horizon knob
     engine: str = "sim"  # "sim": our simulator; "dynamo": Dynamo 1.6.1's replay (`planner_core.lab.sim.dynamo_engine`)
+    # on Dynamo's engine: the oracle's exact per-window search, or its bracket approximation (`replay_oracle_windows`)
+    dynamo_oracle: str = "exact"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,11 +238,21 @@ def _dynamo_benchmark(request, names, base, trace, perf, fwd, spec, oracle, user
             initial="min", dynamo_python=request.dynamo_python, user_configs=user_configs,
         )  # fmt: skip
 
+    if request.dynamo_oracle not in ("exact", "bracket"):
+        raise ValueError(f"--dynamo-oracle: {request.dynamo_oracle!r} is neither 'exact' nor 'bracket'")
+
+    def bracket():  # noqa: ANN202 - our simulator's oracle windows, the approximation's starting sizes
+        return oracle_windows(
+            trace, fwd, spec, ttft_ms=request.ttft_ms, itl_ms=request.itl_ms,
+            window_s=request.throughput_interval_s, settings=oracle,
+        )  # fmt: skip
+
     source = getattr(getattr(perf, "profile", None), "source_dir", None)
     policies, runs = dynamo_bench(
         names, build, trace, spec, ttft_ms=request.ttft_ms, itl_ms=request.itl_ms,
         window_s=request.throughput_interval_s, settings=oracle, initial=request.initial,
         dynamo_python=request.dynamo_python, profile_dir=Path(source) if source and Path(source).is_dir() else None,
         num_configs=len(user_configs), on_policies_built=on_built, on_policy_done=on_done,
+        bracket=bracket if request.dynamo_oracle == "bracket" else None,
     )  # fmt: skip
     return BenchOutcome(trace=trace, policies=tuple(policies), runs=tuple(runs), warnings=tuple(warnings))

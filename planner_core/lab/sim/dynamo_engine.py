@@ -220,6 +220,10 @@ class ReplayView:
     def latest_fpm(self) -> tuple[ForwardPassMetrics, ...]:
         return tuple(fpm_from_snapshot(pool, fpm) for (pool, _, _), fpm in sorted(self._fpm.items()))
 
+    def unplaced(self, start_s: float, end_s: float) -> tuple[()]:  # noqa: ARG002 - the simulator's signature
+        """Nothing: Dynamo's replay router queues every request (as our simulator's routers other than `slo`)."""
+        return ()
+
     def observe(self, start_s: float, end_s: float, *, planner: Planner | None = None):  # noqa: ANN201
         """The window [start_s, end_s) by `window_observation`, with Dynamo's latency and hit-rate figures."""
         ttft_ms, itl_ms, kv_hit_rate = merged_latency(
@@ -406,6 +410,22 @@ class DynamoEngine:
     ) -> np.ndarray:
         """Per request of `scored`: within both targets when `sub` is replayed at `previous` until `switch_s` and
         at `size` from then on (instant scaling: start-up 0)."""
+        return self.window_masks(
+            sub, scored, previous=previous, size=size, switch_s=switch_s, ttft_ms=ttft_ms, itl_ms=itl_ms
+        )[1]
+
+    def window_masks(
+        self,
+        sub: RequestTrace,
+        scored: slice,
+        *,
+        previous: tuple[int, int],
+        size: tuple[int, int],
+        switch_s: float,
+        ttft_ms: float,
+        itl_ms: float,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`window_met`'s replay, per request of `scored`: (within the TTFT target, within both targets)."""
         path = self.workdir / "window.jsonl"
         shift_s = write_replay_trace(sub, path)
         switch_ms = max(0.0, (switch_s - shift_s) * 1000.0)
@@ -418,7 +438,8 @@ class DynamoEngine:
                        policy={"kind": "remote" if switches else "fixed"})  # fmt: skip
         replayed = self.bridge.run(job, on_initial=lambda: switch_ms, on_tick=on_tick)
         result = replay_result(sub, replayed, shift_s=shift_s)
-        return met_both(result, ttft_ms=ttft_ms, itl_ms=itl_ms)[scored]
+        ttft_met = met_both(result, ttft_ms=ttft_ms, itl_ms=math.inf)[scored]
+        return ttft_met, met_both(result, ttft_ms=ttft_ms, itl_ms=itl_ms)[scored]
 
 
 def met_both(result: SimResult, *, ttft_ms: float, itl_ms: float) -> np.ndarray:
@@ -446,6 +467,8 @@ def replay_oracle_windows(
     gpus: tuple[int, int] = (1, 1),
     num_windows: int | None = None,
     on_window: Callable[[OracleWindow], None] | None = None,
+    bracket: Sequence[OracleWindow] | None = None,
+    attainable_mask: np.ndarray | None = None,
 ) -> list[OracleWindow]:
     """The oracle's per-window search (`planner_core.lab.sim.oracle`, steps 1, 3 and 5) replayed in Dynamo's
     engine. Steps 2 and 4 differ:
@@ -460,7 +483,15 @@ def replay_oracle_windows(
       not hide a prefill shortage; D(P) is the fewest decode workers meeting it with P, and the cheaper in GPUs
       of (P, D(P)) and (P + 1, D(P + 1)) is kept (fewer prefill workers on a tie).
 
-    `num_windows` stops after that many windows."""
+    `num_windows` stops after that many windows.
+
+    With `bracket` (our simulator's oracle windows of the same trace and settings: `oracle_windows`), the search is
+    the cheaper approximation `planner bench --dynamo-oracle bracket` runs, whose error against this exact search
+    is measured in docs/benchmarks.md: each pool's search starts from our simulator's answer for the window scaled
+    by the ratio between the two engines' answers in the previous window (the guess then usually needs one
+    replay above and one below), only (P, D(P)) is searched (not P + 1), and, on a trace without prefix blocks
+    (nothing a cold cache could change) and given `attainable_mask` (the whole trace's replay on
+    `ATTAINABLE_SIZE`), a window's attainable requests are read from that mask instead of a replay of their own."""
     trace = engine.trace
     total = int(trace.duration_s // window_s) + 1 if trace.num_requests else 0
     total = total if num_windows is None else min(total, num_windows)
@@ -481,19 +512,24 @@ def replay_oracle_windows(
             sub = _sub_trace(trace, span)
             scored = slice(own.start - span.start, own.stop - span.start)
 
-            def met(size: tuple[int, int], *, sub=sub, scored=scored, previous=previous, start_s=start_s) -> int:  # noqa: ANN001
-                replayed = engine.window_met(
+            def met(size: tuple[int, int], *, sub=sub, scored=scored, previous=previous, start_s=start_s):  # noqa: ANN001, ANN202
+                ttft_met, both_met = engine.window_masks(
                     sub, scored, previous=previous or size, size=size, switch_s=start_s, ttft_ms=ttft_ms,
                     itl_ms=itl_ms,
                 )  # fmt: skip
-                return int(replayed.sum())
+                return int(ttft_met.sum()), int(both_met.sum())
 
-            num_attainable = met(ATTAINABLE_SIZE)
+            from_mask = bracket is not None and attainable_mask is not None and not trace.has_hashes
+            num_attainable = int(attainable_mask[own].sum()) if from_mask else met(ATTAINABLE_SIZE)[1]  # type: ignore[index]
             required = math.ceil(settings.target_attainment * num_attainable - 1e-9)
             window = dataclasses.replace(window, num_attainable=num_attainable, num_required=required)
             if required > 0:
-                window = _size_replay_window(window, met, guess=guess, settings=settings, gpus=gpus)
-                window = dataclasses.replace(window, num_simulations=window.num_simulations + 1)
+                if bracket is not None:
+                    guess = _bracket_guess(bracket, index, windows)
+                window = _size_replay_window(
+                    window, met, guess=guess, settings=settings, gpus=gpus, approximate=bracket is not None
+                )
+                window = dataclasses.replace(window, num_simulations=window.num_simulations + (not from_mask))
                 guess = (window.num_prefill, window.num_decode)
         previous = (window.num_prefill, window.num_decode)
         windows.append(window)
@@ -504,16 +540,21 @@ def replay_oracle_windows(
 
 def _size_replay_window(
     window: OracleWindow,
-    replay_met: Callable[[tuple[int, int]], int],
+    replay_met: Callable[[tuple[int, int]], tuple[int, int]],
     *,
     guess: tuple[int, int],
     settings: OracleSettings,
     gpus: tuple[int, int],
+    approximate: bool = False,
 ) -> OracleWindow:
-    """`replay_oracle_windows`' search for one window; `replay_met(size)` replays it at a size (each size once)."""
-    cache: dict[tuple[int, int], int] = {}
+    """`replay_oracle_windows`' search for one window; `replay_met(size)` replays it at a size (each size once) and
+    counts the window's requests within the TTFT target and within both. `approximate` (the bracket approximation):
+    P is the fewest prefill workers meeting the TTFT target at the guessed decode size (not both targets with a
+    generous decode pool: the replays at (P, guess) serve the decode search too), and only (P, D(P)) is searched,
+    not (P + 1, D(P + 1))."""
+    cache: dict[tuple[int, int], tuple[int, int]] = {}
 
-    def met(size: tuple[int, int]) -> int:
+    def met(size: tuple[int, int]) -> tuple[int, int]:
         if size not in cache:
             cache[size] = replay_met(size)
         return cache[size]
@@ -521,17 +562,31 @@ def _size_replay_window(
     required, cap = window.num_required, settings.max_replicas
     wide = min(cap, max(4, 2 * guess[1] + 2))
     num_prefill, num_decode, feasible = size_both_pools(
-        lambda n: met((n, wide)),
-        lambda p, n: met((p, n)),
+        (lambda n: met((n, guess[1]))[0]) if approximate else (lambda n: met((n, wide))[1]),
+        lambda p, n: met((p, n))[1],
         required=required,
         guess=guess,
         settings=settings,
         gpus=gpus,
+        one_prefill=approximate,
     )
     return dataclasses.replace(
-        window, num_prefill=num_prefill, num_decode=num_decode, num_met=met((num_prefill, num_decode)),
-        num_ttft_met=-1, feasible=feasible, num_simulations=len(cache),
+        window, num_prefill=num_prefill, num_decode=num_decode, num_met=met((num_prefill, num_decode))[1],
+        num_ttft_met=met((num_prefill, num_decode))[0], feasible=feasible, num_simulations=len(cache),
     )  # fmt: skip
+
+
+def _bracket_guess(bracket: Sequence[OracleWindow], index: int, done: Sequence[OracleWindow]) -> tuple[int, int]:
+    """The bracket approximation's starting size for window `index`: our simulator's answer for it, times the ratio
+    of the two engines' answers in the previous window with requests (1 before any), per pool."""
+    ours = bracket[index] if index < len(bracket) else bracket[-1]
+    ratio = [1.0, 1.0]
+    for previous in reversed(done):
+        if previous.num_required > 0 and previous.index < len(bracket):
+            sim = bracket[previous.index]
+            ratio = [previous.num_prefill / max(sim.num_prefill, 1), previous.num_decode / max(sim.num_decode, 1)]
+            break
+    return (max(1, round(ours.num_prefill * ratio[0])), max(1, round(ours.num_decode * ratio[1])))
 
 
 def _sub_trace(trace: RequestTrace, span: slice) -> RequestTrace:
@@ -601,11 +656,13 @@ def dynamo_bench(
     num_configs: int = 0,
     on_policies_built: Callable[[Sequence[ScalingPolicy]], None] | None = None,
     on_policy_done: Callable[[Any], None] | None = None,
+    bracket: Callable[[], Sequence[OracleWindow]] | None = None,
 ) -> tuple[list[ScalingPolicy], list[PolicyRun]]:
     """The bench on Dynamo's engine: `names` in order (the baselines from `replay_oracle_windows`, the others
     from `build`, which builds the named policies and then the `num_configs` config files as the default engine
     does), each served by Dynamo's replay. Planners start at the engine's oracle's first-window size with
-    `initial="oracle"`, at their minimum endpoints with "min"."""
+    `initial="oracle"`, at their minimum endpoints with "min". With `bracket` (our simulator's oracle windows, computed
+    when called; its time counts in the oracle's), the oracle is `replay_oracle_windows`' bracket approximation."""
     from planner_core.lab.sim.bench import BASELINE_NAMES
 
     if spec.aggregated:
@@ -626,6 +683,7 @@ def dynamo_bench(
                 windows = replay_oracle_windows(
                     engine, ttft_ms=ttft_ms, itl_ms=itl_ms, window_s=window_s, settings=settings,
                     gpus=gpus, num_windows=None if wants_baselines else 1,
+                    bracket=bracket() if bracket is not None else None, attainable_mask=attainable_mask,
                 )  # fmt: skip
             search_s = time.perf_counter() - started
             sizes = [(w.num_prefill, w.num_decode) for w in windows] or [(settings.min_prefill, settings.min_decode)]

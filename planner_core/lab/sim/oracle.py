@@ -455,11 +455,13 @@ def size_both_pools(
     guess: tuple[int, int],
     settings: OracleSettings,
     gpus: tuple[int, int],
+    one_prefill: bool = False,
 ) -> tuple[int, int, bool]:
     """Step 4's search for one window, whatever serves it: the fewest prefill engines whose requests meet TTFT
     (`prefill_met(n)` >= `required`), then for that size and one more the fewest decode engines meeting both targets
     (`both_met(p, n)`), keeping the pair of fewer GPUs. Returns (prefill, decode, feasible); an infeasible window
-    gets the best-scoring sizes instead. Both bench engines' oracles size their windows with it."""
+    gets the best-scoring sizes instead. Both bench engines' oracles size their windows with it. `one_prefill`
+    skips the second pair (Dynamo's engine's bracket approximation: fewer replays)."""
     cap = settings.max_replicas
     feasible = True
     num_prefill = smallest_meeting(
@@ -469,7 +471,8 @@ def size_both_pools(
         feasible = False
         num_prefill = _best_effort(prefill_met, floor=settings.min_prefill, cap=cap)
     candidates: list[tuple[int, int]] = []
-    for prefill in (num_prefill, num_prefill + 1) if feasible and num_prefill < cap else (num_prefill,):
+    both_pairs = feasible and num_prefill < cap and not one_prefill
+    for prefill in (num_prefill, num_prefill + 1) if both_pairs else (num_prefill,):
         decode = smallest_meeting(
             lambda n, p=prefill: both_met(p, n) >= required,
             guess=candidates[0][1] if candidates else guess[1],

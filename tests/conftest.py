@@ -160,11 +160,9 @@ def write_config(directory: Path, **overrides: object) -> Path:
     return path
 
 
-def record_decision(ctx, deployment_name: str, at, num_prefill: int | None, num_decode: int | None) -> int:
-    """Record a throughput tick of `deployment_name` at `at` (a datetime) whose decision is the given targets, with
-    the real repository (1 ready and expected worker per pool); returns the decision id."""
-    from sqlalchemy import select
-
+def decision_outcome(at, num_prefill: int | None, num_decode: int | None):
+    """A throughput tick's inputs at `at` (a datetime; 1 ready and expected worker per pool) and an outcome deciding
+    the given targets: what `record_decision` records (and a bench that times the commit itself)."""
     from planner_core.domain import (
         Loop,
         PlannerState,
@@ -174,7 +172,6 @@ def record_decision(ctx, deployment_name: str, at, num_prefill: int | None, num_
         TickOutcome,
         WorkerCounts,
     )
-    from planner_core.runtime.store.models import DecisionRow
 
     workers = WorkerCounts(ready_prefill=1, ready_decode=1, expected_prefill=1, expected_decode=1)
     inputs = TickInputs(now_s=at.timestamp(), loop=Loop.THROUGHPUT, workers=workers)
@@ -184,6 +181,17 @@ def record_decision(ctx, deployment_name: str, at, num_prefill: int | None, num_
         steps=(),
         reason=ReasonCode.SCALE,
     )
+    return inputs, outcome
+
+
+def record_decision(ctx, deployment_name: str, at, num_prefill: int | None, num_decode: int | None) -> int:
+    """Record a throughput tick of `deployment_name` at `at` (a datetime) whose decision is the given targets, with
+    the real repository (1 ready and expected worker per pool); returns the decision id."""
+    from sqlalchemy import select
+
+    from planner_core.runtime.store.models import DecisionRow
+
+    inputs, outcome = decision_outcome(at, num_prefill, num_decode)
     with ctx.sessions.begin() as session:
         tick_id = record_outcome(session, deployment_name, inputs, outcome)
         return session.scalar(select(DecisionRow.id).where(DecisionRow.tick_id == tick_id))

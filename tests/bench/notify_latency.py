@@ -65,26 +65,10 @@ def _commit_decision(ctx, at: dt.datetime, targets: int) -> tuple[int, dt.dateti
     give latencies below zero) and how long the commit call took."""
     from sqlalchemy import select
 
-    from planner_core.domain import (
-        Loop,
-        PlannerState,
-        ReasonCode,
-        ScalingDecision,
-        TickInputs,
-        TickOutcome,
-        WorkerCounts,
-    )
     from planner_core.runtime.store.models import DecisionRow
-    from tests.conftest import record_outcome
+    from tests.conftest import decision_outcome, record_outcome
 
-    workers = WorkerCounts(ready_prefill=1, ready_decode=1, expected_prefill=1, expected_decode=1)
-    inputs = TickInputs(now_s=at.timestamp(), loop=Loop.THROUGHPUT, workers=workers)
-    outcome = TickOutcome(
-        decision=ScalingDecision(num_prefill=targets, num_decode=targets),
-        next_state=PlannerState(),
-        steps=(),
-        reason=ReasonCode.SCALE,
-    )
+    inputs, outcome = decision_outcome(at, targets, targets)
     with ctx.sessions() as session:
         tick_id = record_outcome(session, NAME, inputs, outcome)
         decision_id = session.scalar(select(DecisionRow.id).where(DecisionRow.tick_id == tick_id))

@@ -127,24 +127,27 @@ class ChaosRun:
     def stop_postgres(self) -> None:
         """Stop the run's embedded Postgres (fast shutdown; SIGKILL if it is still there after 60 s), whoever
         started it last (this process, or a demo after a Postgres kill): the run leaves no server behind."""
-        from planner_core.runtime.store.db import postmaster_pid, stop_embedded_database
+        from planner_core.runtime.store.db import postmaster_pid, process_alive, stop_embedded_database
 
         pid = postmaster_pid(self.pg_dir)
         if pid is None or not stop_embedded_database(self.pg_dir):
             return
         deadline = time.monotonic() + 60
-        while _alive(pid) and time.monotonic() < deadline:
+        while process_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _alive(pid):
+        if process_alive(pid):
             self.kill_postgres()
 
     def kill_postgres(self) -> bool:
         """SIGKILL the postmaster (its backends exit when they notice). False if it was not running."""
-        pid_file = self.pg_dir / "postmaster.pid"
+        from planner_core.runtime.store.db import postmaster_pid
+
+        pid = postmaster_pid(self.pg_dir)
+        if pid is None:
+            return False
         try:
-            pid = int(pid_file.read_text().split()[0])
             os.kill(pid, signal.SIGKILL)
-        except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+        except ProcessLookupError:
             return False
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # wait for the postmaster to be gone before anyone restarts it
@@ -154,16 +157,6 @@ class ChaosRun:
                 break
             time.sleep(0.05)
         return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _commit() -> str | None:

@@ -87,21 +87,33 @@ _HANDLES_TO_RELEASE: dict[Path, object] = {}
 
 
 @contextmanager
-def _pgserver_lock(pg_dir: Path, timeout_s: float) -> Iterator[None]:
-    """Hold pgserver's lock, waiting at most `timeout_s`; pgserver's own `with` inside relocks and releases it."""
+def _holding_pgserver_lock(timeout_s: float) -> Iterator[bool]:
+    """Try to hold pgserver's lock for at most `timeout_s`; yields whether it is held. pgserver's own `with` inside
+    relocks it and, on leaving, releases it."""
     from pgserver.postgres_server import PostgresServer
 
     lock = PostgresServer._lock  # noqa: SLF001 - the lock pgserver takes, so that its wait has a bound
-    if not lock.acquire(timeout=timeout_s):
-        raise EmbeddedDatabaseError(
-            f"the embedded database under {pg_dir}: another process has held pgserver's lock {lock.path} for over "
-            f"{timeout_s:g} s (a stuck start?); `fuser {lock.path}` names it"
-        )
+    held = lock.acquire(timeout=timeout_s)
     try:
-        yield
+        yield held
     finally:
         if lock.acquired:  # pgserver's release inside closed the file, and with it this process's hold
             lock.release()
+
+
+@contextmanager
+def _pgserver_lock(pg_dir: Path, timeout_s: float) -> Iterator[None]:
+    """Hold pgserver's lock, waiting at most `timeout_s`, else fail in one line naming it."""
+    with _holding_pgserver_lock(timeout_s) as held:
+        if not held:
+            from pgserver.postgres_server import PostgresServer
+
+            path = PostgresServer._lock.path  # noqa: SLF001
+            raise EmbeddedDatabaseError(
+                f"the embedded database under {pg_dir}: another process has held pgserver's lock {path} for over "
+                f"{timeout_s:g} s (a stuck start?); `fuser {path}` names it"
+            )
+        yield
 
 
 def _lock_holder_hint() -> str:
@@ -202,18 +214,12 @@ def _release_handles() -> None:
     """At exit: drop this process from each server's list of handles, if pgserver's lock comes within
     `EXIT_LOCK_TIMEOUT_S`; else leave it (the list only decides which handle stops a server in pgserver's "stop"
     and "delete" modes, which the planner uses only for its pid-named staging folders)."""
-    from pgserver.postgres_server import PostgresServer
-
-    lock = PostgresServer._lock  # noqa: SLF001
-    if not lock.acquire(timeout=EXIT_LOCK_TIMEOUT_S):
-        return
-    try:
+    with _holding_pgserver_lock(EXIT_LOCK_TIMEOUT_S) as held:
+        if not held:
+            return
         for server in _HANDLES_TO_RELEASE.values():
             with suppress(Exception):  # a handle whose server was killed meanwhile: nothing left to release
                 server._cleanup()  # type: ignore[attr-defined]  # noqa: SLF001 - mode None: list bookkeeping only
-    finally:
-        if lock.acquired:
-            lock.release()
 
 
 def _forget_dead_server(pg_dir: Path) -> None:
@@ -222,7 +228,7 @@ def _forget_dead_server(pg_dir: Path) -> None:
     checking the server."""
     from pgserver.postgres_server import PostgresServer
 
-    if pg_dir in PostgresServer._instances and _postmaster_state(pg_dir) != "running":  # noqa: SLF001
+    if _has_handle(pg_dir) and _postmaster_state(pg_dir) != "running":
         del PostgresServer._instances[pg_dir]  # noqa: SLF001
 
 
@@ -275,7 +281,7 @@ def _remove_abandoned_initialisations(parent: Path) -> None:
 
     for staging in parent.glob(f"{_INIT_PREFIX}*"):
         pid_text = staging.name.removeprefix(_INIT_PREFIX)
-        if pid_text.isdigit() and int(pid_text) != os.getpid() and _process_alive(int(pid_text)):
+        if pid_text.isdigit() and int(pid_text) != os.getpid() and process_alive(int(pid_text)):
             continue
         _stop_servers_of(staging)
         shutil.rmtree(staging, ignore_errors=True)
@@ -299,7 +305,8 @@ def _stop_servers_of(pg_dir: Path) -> None:
                 pass
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process `pid` exists (a zombie too; one owned by another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -16,7 +16,7 @@ A delta is one of:
 Stored, a delta is its compact JSON text compressed with zlib (`encode_delta`, `decode_delta`): Postgres never
 compresses a row under ~2 kB, and a delta's text (about 1.1 kB at a load tick) compresses to about 0.45 kB.
 
-Equality is JSON equality (`_same`): `1` and `1.0`, or `0.0` and `-0.0`, are different values, so
+Equality is JSON equality (`same_json`): `1` and `1.0`, or `0.0` and `-0.0`, are different values, so
 `apply_delta(old, state_delta(old, new))` is `new` exactly, value for value and type for type.
 """
 
@@ -42,7 +42,7 @@ def _size(value: Any) -> int:
     return len(_COMPACT.encode(value))
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_json(a: Any, b: Any) -> bool:
     """The same JSON value: Python's `==` (fast, in C) and then the types, which it ignores (1 == 1.0 == True,
     0.0 == -0.0)."""
     if a is b:
@@ -50,9 +50,9 @@ def _same(a: Any, b: Any) -> bool:
     if type(a) is not type(b) or a != b:
         return False
     if isinstance(a, dict):
-        return all(_same(value, b[key]) for key, value in a.items())
+        return all(same_json(value, b[key]) for key, value in a.items())
     if isinstance(a, list):
-        return all(map(_same, a, b))
+        return all(map(same_json, a, b))
     if isinstance(a, float):
         return math.copysign(1.0, a) == math.copysign(1.0, b)
     return True
@@ -60,7 +60,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def state_delta(old: Any, new: Any) -> dict[str, Any] | None:
     """The delta taking `old` to `new`, or None when they are the same document."""
-    if _same(old, new):
+    if same_json(old, new):
         return None
     return _delta(old, new)
 
@@ -81,7 +81,7 @@ def _dict_delta(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     for key, value in new.items():
         if key not in old:
             changed[key] = {"=": value}
-        elif not _same(old[key], value):
+        elif not same_json(old[key], value):
             changed[key] = _delta(old[key], value)
     patch: dict[str, Any] = {"{": changed}
     removed = [key for key in old if key not in new]
@@ -110,7 +110,8 @@ def _list_delta(old: list[Any], new: list[Any]) -> dict[str, Any]:
             literal = []
 
     for item in new:
-        found = next((at for at in range(cursor, min(len(old), cursor + _LOOKAHEAD + 1)) if _same(old[at], item)), None)
+        window = range(cursor, min(len(old), cursor + _LOOKAHEAD + 1))
+        found = next((at for at in window if same_json(old[at], item)), None)
         if found is not None:
             if literal:
                 flush()

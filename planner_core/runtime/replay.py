@@ -46,7 +46,7 @@ from planner_core.runtime.service import PlannerContext, context_for_config, dec
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import get_engine
 from planner_core.runtime.store.models import ReplayMode, ReplayTickOutcome
-from planner_core.state_delta import apply_delta, decode_delta
+from planner_core.state_delta import apply_delta, decode_delta, same_json
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when running from one (for `git describe`)
 MAX_FIELDS_PER_SECTION = 12  # differing fields listed per section (reason, decision, ..., next_state)
@@ -384,18 +384,12 @@ def _with_states(reader: Connection, rows: Iterator[Any]) -> Iterator[Any]:
         values["has_state"] = state is not None
         values["state_rest"] = None if state is None else {k: v for k, v in state.items() if k != "load_history"}
         history = None if state is None else state.get("load_history")
-        values["load_history"] = None if state is None or _same_json(history, previous_history) else history
+        values["load_history"] = None if state is None or same_json(history, previous_history) else history
         if state is not None:
             previous, previous_history = (row.id, state), history
         else:
             previous_history = None
         yield SimpleNamespace(**values)
-
-
-def _same_json(a: Any, b: Any) -> bool:
-    if a is None or b is None:
-        return a is b
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 class _Comparer:

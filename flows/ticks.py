@@ -37,10 +37,14 @@ from planner_core.runtime.store.db import resolve_database_url
 DEFAULT_CONFIG = str(SHIPPED_DEFAULT_CONFIG)
 
 
+def _config_path(config_path: str | None, settings: RuntimeSettings) -> str:
+    """The flow's config: its parameter, else `PLANNER_CONFIG`, else the shipped default."""
+    return config_path or (str(settings.config) if settings.config else DEFAULT_CONFIG)
+
+
 def _context(deployment: str, config_path: str | None) -> PlannerContext:
     settings = RuntimeSettings()
-    path = config_path or (str(settings.config) if settings.config else DEFAULT_CONFIG)
-    return load_context(resolve_database_url(settings), deployment, path)
+    return load_context(resolve_database_url(settings), deployment, _config_path(config_path, settings))
 
 
 def _scheduled_at() -> dt.datetime:
@@ -221,7 +225,7 @@ def _execution_context(deployment: str, config_path: str | None) -> PlannerConte
     `planner serve` runs executions in its own process on every notification, so the profile and connector are
     not loaded again each time (a scheduled run in its own subprocess loads it once, as before)."""
     settings = RuntimeSettings()
-    path = str(Path(config_path or settings.config or DEFAULT_CONFIG).resolve())
+    path = str(Path(_config_path(config_path, settings)).resolve())
     url = resolve_database_url(settings)
     return _EXECUTION_CONTEXTS.setdefault(url, ContextCache(url)).load(deployment, path)
 

@@ -397,23 +397,6 @@ class DynamoEngine:
             if close is not None:
                 close()
 
-    def window_met(
-        self,
-        sub: RequestTrace,
-        scored: slice,
-        *,
-        previous: tuple[int, int],
-        size: tuple[int, int],
-        switch_s: float,
-        ttft_ms: float,
-        itl_ms: float,
-    ) -> np.ndarray:
-        """Per request of `scored`: within both targets when `sub` is replayed at `previous` until `switch_s` and
-        at `size` from then on (instant scaling: start-up 0)."""
-        return self.window_masks(
-            sub, scored, previous=previous, size=size, switch_s=switch_s, ttft_ms=ttft_ms, itl_ms=itl_ms
-        )[1]
-
     def window_masks(
         self,
         sub: RequestTrace,
@@ -425,7 +408,8 @@ class DynamoEngine:
         ttft_ms: float,
         itl_ms: float,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """`window_met`'s replay, per request of `scored`: (within the TTFT target, within both targets)."""
+        """Per request of `scored`, when `sub` is replayed at `previous` until `switch_s` and at `size` from then on
+        (instant scaling: start-up 0): (within the TTFT target, within both targets)."""
         path = self.workdir / "window.jsonl"
         shift_s = write_replay_trace(sub, path)
         switch_ms = max(0.0, (switch_s - shift_s) * 1000.0)

@@ -26,6 +26,7 @@ TABLES = {
     "predictions",
     "proposals",
     "tick_step_lists",
+    "step_templates",
     "planner_states",
     "decisions",
     "executions",
@@ -291,16 +292,18 @@ def test_migration_0008_bounds_why(empty_database_url, tmp_path, profile_dir) ->
     traffic = TrafficObservation(duration_s=60, num_req=3000, isl=3000, osl=300)
     tick_id = run_tick(ctx, Loop.THROUGHPUT, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), traffic).tick_id
     get_engine(url).dispose()
-    insert = (  # steps appended to the tick's explanation (`tick_step_lists`, migration 0015)
-        "UPDATE tick_step_lists SET steps = steps || (SELECT jsonb_agg(jsonb_build_array("
-        "'plugin', NULL, NULL, 'override_set', repeat(%s, %s))) FROM generate_series(1, %s)) WHERE tick_id = %s"
+    insert = (  # steps appended to the tick's explanation (`tick_step_lists` with `step_templates`, migration 0018)
+        "WITH t AS (INSERT INTO step_templates (step, reason, template) VALUES ('plugin', 'override_set', "
+        "repeat(%(text)s, %(n)s)) RETURNING id) "
+        "UPDATE tick_step_lists SET packed = packed || repeat(';' || (SELECT id FROM t) || ',', %(steps)s) "
+        "WHERE tick_id = %(tick)s"
     )
     with psycopg.connect(to_libpq_uri(url)) as conn:
-        conn.execute(insert, ("y", 300, 1, tick_id))
+        conn.execute(insert, {"text": "y", "n": 300, "steps": 1, "tick": tick_id})
     [(why,)] = _relation(url, "SELECT why FROM decision_history")[1]
     assert why.endswith("; plugin: " + "y" * 157 + "...") and len(why) < 1500
     with psycopg.connect(to_libpq_uri(url)) as conn:
-        conn.execute(insert, ("x", 100, 20, tick_id))
+        conn.execute(insert, {"text": "x", "n": 100, "steps": 20, "tick": tick_id})
     [(why,)] = _relation(url, "SELECT why FROM decision_history")[1]
     assert len(why) == 1500 and why.endswith("x...")
 
@@ -374,7 +377,7 @@ def test_migration_0015_compact_tick_storage(empty_database_url, tmp_path, profi
     with psycopg.connect(to_libpq_uri(url)) as conn:
         conn.execute("UPDATE fpm_snapshots SET metrics = jsonb_set(metrics, '{counter_id}', '1') WHERE id = 1")
 
-    upgrade(url)
+    upgrade(url, "0015")  # the steps as 0015 stores them (0018 packs them: test_migration_0018_step_templates)
     assert "fpm_snapshots" not in _tables(url) and "fpm_snapshots" in _views(url)
     assert _relation(url, _VIEW_FPM_ROWS)[1] == view
     assert "tick_steps" in _views(url) and _relation(url, steps_sql) == steps  # 0014's rows migrated
@@ -435,4 +438,50 @@ def test_migration_0016_planner_state_deltas(empty_database_url, tmp_path, profi
     with pytest.raises(RuntimeError, match=f"tick {ids[5]}'s delta does not fit its base"):
         downgrade(url, "0015")
     assert "delta" in _columns(url, "planner_states") and _relation(url, kinds)[1] == [(5, 1)]
+    get_engine(url).dispose()
+
+
+def test_migration_0018_step_templates(empty_database_url, tmp_path, profile_dir) -> None:
+    """0018 -> 0016 gives every tick its steps back as the JSON arrays 0016's writer stored (non-finite values as
+    words); 0016 -> 0018 packs those rows into templates and numbers and the view reads every step back the same,
+    details with the placeholder character and both delimiters included; `decision_history` unchanged."""
+    from planner_core.domain import PlannerState, ReasonCode, ScalingDecision, StepRecord, TickInputs, TickOutcome
+    from tests.conftest import record_outcome
+
+    url = empty_database_url
+    upgrade(url)
+    ctx = load_context(url, "packing", write_config(tmp_path))
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    traffic = TrafficObservation(duration_s=60, num_req=6000, isl=3000, osl=300)
+    run_tick(ctx, Loop.THROUGHPUT, at, traffic)
+    workers = run_tick(ctx, Loop.LOAD, at, None).inputs.workers
+    details = ("", "a\x1fb 1,2;3", "-1.5e-07 x 2e+05", "no numbers", "p0: 399.50 ms")
+    values = (None, float("inf"), 0.1 + 0.2, float("nan"), 7)
+    steps = tuple(
+        StepRecord(step=f"s{i}", reason=ReasonCode.NO_CHANGE, value=v, detail=d)
+        for i, (v, d) in enumerate(zip(values, details, strict=True))
+    )
+    inputs = TickInputs(now_s=(at + dt.timedelta(minutes=1)).timestamp(), loop=Loop.THROUGHPUT, workers=workers)
+    with ctx.sessions.begin() as session:
+        record_outcome(
+            session, "packing", inputs, TickOutcome(decision=ScalingDecision(), next_state=PlannerState(), steps=steps)
+        )
+    steps_sql = (
+        "SELECT tick_id, seq, step, component, value::text, reason, detail FROM tick_steps ORDER BY tick_id, seq"
+    )
+    view = _relation(url, steps_sql)
+    assert len(view[1]) > 20 and [row[6] for row in view[1][-5:]] == list(details)
+    history = _relation(url, "SELECT * FROM decision_history ORDER BY decision_id")
+    get_engine(url).dispose()
+
+    downgrade(url, "0016")
+    assert "step_templates" not in _tables(url) and "steps" in _columns(url, "tick_step_lists")
+    assert _relation(url, steps_sql) == view
+    last = _relation(url, "SELECT steps FROM tick_step_lists ORDER BY tick_id DESC LIMIT 1")[1][0][0]
+    assert [step[2] for step in last] == [None, "Infinity", 0.30000000000000004, "NaN", 7]
+
+    upgrade(url)
+    assert "packed" in _columns(url, "tick_step_lists") and "steps" not in _columns(url, "tick_step_lists")
+    assert _relation(url, steps_sql) == view
+    assert _relation(url, "SELECT * FROM decision_history ORDER BY decision_id") == history
     get_engine(url).dispose()

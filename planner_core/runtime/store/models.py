@@ -19,6 +19,7 @@ from sqlalchemy import (
     DateTime,
     Double,
     ForeignKey,
+    Identity,
     Index,
     Integer,
     LargeBinary,
@@ -269,13 +270,48 @@ class ProposalRow(Base):
     reason: Mapped[str] = mapped_column(String(60))
 
 
+STEP_TEMPLATES_COMMENT = (
+    "What the same step of many ticks shares: its name, component, reason and detail with each number replaced by "
+    "a placeholder (chr(31)); tick_step_lists.packed holds the numbers (migration 0018)"
+)
+
+
+class StepTemplateRow(Base):
+    """What the same step of many ticks shares: name, component, reason and the detail with its numbers taken out
+    (`step_packing`); stored once, referenced by id from `tick_step_lists.packed` (migration 0018). The column
+    bounds are the ones a step always had."""
+
+    __tablename__ = "step_templates"
+    __table_args__ = (
+        Index(
+            "uq_step_templates_key",
+            func.md5(text("template")),
+            "step",
+            "component",
+            "reason",
+            unique=True,
+            postgresql_nulls_not_distinct=True,
+        ),
+        {"comment": STEP_TEMPLATES_COMMENT},
+    )
+    id: Mapped[int] = mapped_column(Integer, Identity(), primary_key=True)
+    step: Mapped[str] = mapped_column(String(80))
+    component: Mapped[str | None] = mapped_column(String(20))
+    reason: Mapped[str] = mapped_column(String(60))
+    template: Mapped[str] = mapped_column(Text)
+
+
 class TickStepListRow(Base):
-    """A tick's explanation, all its steps in order in one row: a JSON array of `[step, component, value, reason,
-    detail]` (`repository.compact_steps`). The view `tick_steps` expands it one row per step (migration 0015)."""
+    """A tick's explanation, all its steps in order in one row: per step its template id, value and the numbers of
+    its detail (`step_packing.pack_steps`). The view `tick_steps` gives it back one row per step (migrations 0015,
+    0018)."""
 
     __tablename__ = "tick_step_lists"
+    __table_args__ = (
+        CheckConstraint(r"packed ~ '^[0-9]+,[^;,]*(,[^;,]*)*(;[0-9]+,[^;,]*(,[^;,]*)*)*$'", name="packed_form"),
+    )
     tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
-    steps: Mapped[list[Any]]
+    packed: Mapped[str] = mapped_column(Text)
 
 
 class PlannerStateRow(Base):

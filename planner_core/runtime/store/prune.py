@@ -138,7 +138,7 @@ def prune_history(
 _PRUNED = {
     Loop.THROUGHPUT: {},
     Loop.LOAD: {
-        "tick_step_lists": ("num_tick_steps", "jsonb_array_length(steps)"),
+        "tick_step_lists": ("num_tick_steps", "array_length(string_to_array(packed, ';'), 1)"),
         "planner_states": ("num_planner_states", "1"),
     },
 }

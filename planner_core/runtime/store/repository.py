@@ -7,8 +7,6 @@ Every function takes a `Session` and never commits: the Prefect task (or CLI com
 from __future__ import annotations
 
 import datetime as dt
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +19,6 @@ from planner_core.domain import (
     PROMPT_ARRIVAL_INTERVALS_S,
     Component,
     PlannerState,
-    StepRecord,
     TickInputs,
     TickOutcome,
     from_jsonable,
@@ -42,6 +39,7 @@ from planner_core.runtime.store.models import (
     TrafficObservationRow,
     WorkerObservationRow,
 )
+from planner_core.runtime.store.step_packing import pack_steps
 from planner_core.state_delta import (
     FULL_STATE_EVERY,
     StateDeltaError,
@@ -257,25 +255,6 @@ def _unplaced_columns(inputs: TickInputs) -> dict[str, int | None]:
     return columns
 
 
-def compact_steps(steps: Sequence[StepRecord]) -> list[list[Any]]:
-    """A tick's steps as stored in `tick_step_lists.steps`: one `[step, component, value, reason, detail]` array
-    per step, in order. A non-finite value is written as Postgres spells it ("Infinity", "NaN"), which JSON has
-    no number for; the view `tick_steps` casts it back to the same float8."""
-    return [
-        [
-            getattr(step.step, "value", step.step),
-            step.component.value if step.component else None,
-            step.value if step.value is None or math.isfinite(step.value) else _PG_FLOAT_WORDS[str(step.value)],
-            step.reason.value,
-            step.detail,
-        ]
-        for step in steps
-    ]
-
-
-_PG_FLOAT_WORDS = {"inf": "Infinity", "-inf": "-Infinity", "nan": "NaN"}
-
-
 def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcome: TickOutcome) -> int | None:
     """Insert a tick and everything it saw and decided. Returns the tick id, or None if already recorded."""
     tick_id = session.scalar(
@@ -360,7 +339,7 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
             )
         )
     if outcome.steps:
-        session.add(TickStepListRow(tick_id=tick_id, steps=compact_steps(outcome.steps)))
+        session.add(TickStepListRow(tick_id=tick_id, packed=pack_steps(session, outcome.steps)))
     next_state = to_jsonable(outcome.next_state)
     previous = None if record.previous_tick_id is None else _state_and_depth(session, record.previous_tick_id)
     values = state_row_values(previous, next_state, record.previous_tick_id)

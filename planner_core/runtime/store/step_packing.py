@@ -1,0 +1,141 @@
+"""How a tick's explanation is stored: its steps as shared templates plus each tick's numbers (migration 0018).
+
+A load tick's explanation is ~30 steps whose sentences repeat from tick to tick with other numbers ("p0: TTFT
+399.50 ms (13961 queued tokens ...)"). Each step is split into a template, its step name, component, reason and
+detail with every number replaced by a placeholder (`PLACEHOLDER`), and the numbers; templates are stored once
+in `step_templates` (a few dozen per deployment), and a tick stores one line in `tick_step_lists.packed`:
+per step `template_id,value,number,number,...`, steps separated by `;`. The view `tick_steps` puts every step
+back together in SQL, character for character (`step_detail`, migration 0018).
+
+The split is lossless by construction: the numbers are the detail's own substrings (never reformatted), and a
+literal placeholder character in a detail is taken out like a number, so joining the template's parts with the
+numbers gives the detail back. Only the delimiters `,` and `;` must not occur in a number or a value, which the
+token pattern and `value_text` guarantee.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from planner_core.domain import StepRecord
+
+PLACEHOLDER = "\x1f"  # ASCII unit separator: where a number stood in a template
+# The same pattern as migration 0018's (Postgres ARE and Python agree on it: no alternation order subtleties
+# beyond the placeholder, which cannot start a number).
+NUMBER_TOKEN = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?|\x1f")
+STEP_SEPARATOR = ";"
+FIELD_SEPARATOR = ","
+
+_PG_FLOAT_WORDS = {"inf": "Infinity", "-inf": "-Infinity", "nan": "NaN"}
+
+
+@dataclass(frozen=True, slots=True)
+class StepTemplate:
+    """What a step's row shares with the same step of other ticks: everything but its value and numbers."""
+
+    step: str
+    component: str | None
+    reason: str
+    template: str
+
+    @property
+    def template_md5(self) -> str:
+        """md5 of the template as Postgres' `md5(template)` computes it (hex of its UTF-8 bytes): the index key."""
+        return hashlib.md5(self.template.encode("utf-8"), usedforsecurity=False).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class SplitStep:
+    template: StepTemplate
+    value: str  # '' for no value
+    numbers: tuple[str, ...]
+
+
+def value_text(value: float | None) -> str:
+    """The step's value as `float8` reads it back exactly: Python's shortest round-trip repr, Postgres' words for
+    the non-finite values, '' for none."""
+    if value is None:
+        return ""
+    number = float(value)
+    if not math.isfinite(number):
+        return _PG_FLOAT_WORDS[str(number)]
+    return repr(value) if isinstance(value, int) else repr(number)
+
+
+def split_step(step: StepRecord) -> SplitStep:
+    """A step as its template and the numbers its detail holds, in order."""
+    template = StepTemplate(
+        step=getattr(step.step, "value", step.step),
+        component=step.component.value if step.component else None,
+        reason=step.reason.value,
+        template=NUMBER_TOKEN.sub(PLACEHOLDER, step.detail),
+    )
+    return SplitStep(template=template, value=value_text(step.value), numbers=tuple(NUMBER_TOKEN.findall(step.detail)))
+
+
+def join_detail(template: str, numbers: Sequence[str]) -> str:
+    """The detail back from its template and numbers (what the SQL function `step_detail` does)."""
+    parts = template.split(PLACEHOLDER)
+    if len(parts) != len(numbers) + 1:
+        raise ValueError(f"template has {len(parts) - 1} placeholders, {len(numbers)} numbers given")
+    return "".join(part + number for part, number in zip(parts, (*numbers, ""), strict=True))
+
+
+_FIND_TEMPLATES = text(
+    "SELECT id, step, component, reason, template FROM step_templates WHERE md5(template) = ANY(:md5s)"
+)
+_INSERT_TEMPLATE = text(
+    "INSERT INTO step_templates (step, component, reason, template) "
+    "VALUES (:step, :component, :reason, :template) ON CONFLICT DO NOTHING"
+)
+
+
+def template_ids(session: Session, templates: set[StepTemplate]) -> dict[StepTemplate, int]:
+    """The id of every template, inserting the new ones (in the caller's transaction, so a tick that rolls back
+    leaves none behind). A template another transaction is inserting at the same time is waited for by the
+    insert and read by the second look (a new statement sees what committed meanwhile)."""
+    ids: dict[StepTemplate, int] = {}
+
+    def look() -> None:
+        md5s = sorted({template.template_md5 for template in templates if template not in ids})
+        for row in session.execute(_FIND_TEMPLATES, {"md5s": md5s}):
+            key = StepTemplate(step=row.step, component=row.component, reason=row.reason, template=row.template)
+            if key in templates:
+                ids[key] = row.id
+
+    look()
+    missing = [template for template in templates if template not in ids]
+    if missing:
+        # sorted, so two transactions inserting the same new templates take their index locks in one order
+        for template in sorted(missing, key=lambda t: (t.step, t.component or "", t.reason, t.template)):
+            session.execute(
+                _INSERT_TEMPLATE,
+                {
+                    "step": template.step,
+                    "component": template.component,
+                    "reason": template.reason,
+                    "template": template.template,
+                },
+            )
+        look()
+    unresolved = [template for template in templates if template not in ids]
+    if unresolved:
+        first = unresolved[0]
+        raise RuntimeError(f"step_templates: no row for step {first.step!r} reason {first.reason!r} after inserting it")
+    return ids
+
+
+def pack_steps(session: Session, steps: Sequence[StepRecord]) -> str:
+    """A tick's steps as stored in `tick_step_lists.packed` (see the module docstring)."""
+    split = [split_step(step) for step in steps]
+    ids = template_ids(session, {item.template for item in split})
+    return STEP_SEPARATOR.join(
+        FIELD_SEPARATOR.join((str(ids[item.template]), item.value, *item.numbers)) for item in split
+    )

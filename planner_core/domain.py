@@ -1169,17 +1169,52 @@ class TickOutcome:
 # --- JSON form ------------------------------------------------------------------------------------------------
 
 
-def to_jsonable(value: Any) -> Any:
-    """Turn a dataclass/enum/tuple tree into JSON-compatible values (dicts, lists, str, numbers)."""
+def to_jsonable(value: Any, *, omit_defaults: bool = False) -> Any:
+    """Turn a dataclass/enum/tuple tree into JSON-compatible values (dicts, lists, str, numbers).
+
+    With `omit_defaults`, a dataclass field holding exactly its default (same type and value, the sign of a zero
+    included) is left out: `from_jsonable` fills it back in, so the tree reads back equal with less to store. What
+    was stored that way depends on the defaults staying what they are (pinned by tests/test_stored_defaults.py)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {
+            f.name: to_jsonable(getattr(value, f.name), omit_defaults=omit_defaults)
+            for f in dataclasses.fields(value)
+            if not (omit_defaults and _holds_default(f, getattr(value, f.name)))
+        }
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple | list):
-        return [to_jsonable(v) for v in value]
+        return [to_jsonable(v, omit_defaults=omit_defaults) for v in value]
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return repr(value)  # JSONB has no NaN/inf; keep them visible as strings
     return value
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    """A dataclass field's default value (its factory's product), or `dataclasses.MISSING` for a required field."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _holds_default(f: dataclasses.Field, value: Any) -> bool:
+    default = field_default(f)
+    return default is not dataclasses.MISSING and _strictly_equal(value, default)
+
+
+def _strictly_equal(a: Any, b: Any) -> bool:
+    """Equal and of the same types all the way down (1 is not 1.0, 0.0 is not -0.0): what reads back the same."""
+    if type(a) is not type(b):
+        return False
+    if dataclasses.is_dataclass(a):
+        return all(_strictly_equal(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    if isinstance(a, tuple | list):
+        return len(a) == len(b) and all(_strictly_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float):
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    return a == b
 
 
 def _coerce(annotation: str, raw: Any) -> Any:

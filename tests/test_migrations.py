@@ -485,3 +485,27 @@ def test_migration_0018_step_templates(empty_database_url, tmp_path, profile_dir
     assert _relation(url, steps_sql) == view
     assert _relation(url, "SELECT * FROM decision_history ORDER BY decision_id") == history
     get_engine(url).dispose()
+
+
+def test_migration_0019_compact_tick_inputs(empty_database_url, tmp_path, profile_dir) -> None:
+    """At 0019 a tick's inputs are stored as compact JSON text without the fields at their defaults, and the view
+    `fpm_snapshots` gives every engine's whole metrics back; 0019 -> 0018 writes the left-out counters back into
+    JSONB inputs (0015's view reads the same rows); 0018 -> 0019 reads them the same again."""
+    url = empty_database_url
+    upgrade(url)
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    tick_id = _load_tick_with_fpm(url, tmp_path, at, [("decode", "d-0"), ("prefill", "p-0")])
+    [(stored,)] = _relation(url, f"SELECT inputs::text FROM ticks WHERE id = {tick_id}")[1]
+    assert ", " not in stored and '"queued"' not in stored and '"dp_rank"' not in stored  # compact, no defaults
+    view = _relation(url, _VIEW_FPM_ROWS)[1]
+    assert [row[5]["queued"] for row in view] == [{**{k: 0 for k in view[0][5]["queued"]}}] * 2
+    assert view[0][5]["scheduled"]["sum_decode_kv_tokens"] == 1000 and view[0][5]["lifecycle"] == "serving"
+
+    downgrade(url, "0018")
+    assert _relation(url, _VIEW_FPM_ROWS)[1] == view
+    [(whole,)] = _relation(url, f"SELECT inputs->'fpm' FROM ticks WHERE id = {tick_id}")[1]
+    assert whole == [row[5] for row in view]
+
+    upgrade(url)
+    assert _relation(url, _VIEW_FPM_ROWS)[1] == view
+    get_engine(url).dispose()

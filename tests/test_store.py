@@ -333,3 +333,26 @@ def test_unplaced_requests_are_stored_per_pool(ctx) -> None:
         ]
         stored = session.scalar(select(Tick.inputs).where(Tick.id == tick_id))
     assert from_jsonable(TickInputs, stored).unplaced == unplaced
+
+
+def test_a_load_tick_that_decides_nothing_appends_no_audit_row(ctx) -> None:
+    """Quiet load ticks are recorded in `ticks` only; a load tick that decides, and every throughput tick, append
+    `tick_recorded` (with the decision's own events)."""
+    run_tick(ctx, Loop.THROUGHPUT, T0, BUSY)
+    workers = run_tick(ctx, Loop.LOAD, T0, None).inputs.workers
+
+    def events_after(at: dt.datetime, decision: ScalingDecision) -> list[str]:
+        with ctx.sessions.begin() as session:
+            last_id = session.scalar(select(func.max(AuditLogRow.id)))
+            inputs = TickInputs(now_s=at.timestamp(), loop=Loop.LOAD, workers=workers)
+            outcome = TickOutcome(decision=decision, next_state=PlannerState(), steps=())
+            assert record_outcome(session, "store-test", inputs, outcome) is not None
+            return list(
+                session.scalars(select(AuditLogRow.event).where(AuditLogRow.id > last_id).order_by(AuditLogRow.id))
+            )
+
+    assert events_after(T0 + dt.timedelta(seconds=5), ScalingDecision()) == []
+    assert events_after(T0 + dt.timedelta(seconds=10), ScalingDecision(num_prefill=2)) == [
+        "decision_created",
+        "tick_recorded",
+    ]

@@ -338,7 +338,7 @@ SELECT f.component, f.worker_id, f.dp_rank, f.metrics
   FROM fpm_snapshots f
  WHERE f.tick_id = (SELECT max(t.id) FROM ticks t
                       JOIN deployments dep ON dep.id = t.deployment_id
-                     WHERE dep.name = :deployment AND jsonb_array_length(COALESCE(t.inputs->'fpm', '[]')) > 0)
+                     WHERE dep.name = :deployment AND json_array_length(COALESCE(t.inputs->'fpm', '[]')) > 0)
  ORDER BY f.component, f.worker_id, f.dp_rank
 """
 

@@ -31,7 +31,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSON, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from planner_core.domain import PROMPT_ARRIVAL_INTERVALS_S
@@ -142,7 +142,8 @@ class Tick(Base):
     recorded_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
     config_hash: Mapped[str] = mapped_column(ForeignKey("planner_configs.config_hash"))
     reason: Mapped[str] = mapped_column(String(60))
-    inputs: Mapped[dict[str, Any]]
+    # JSON text without the fields at their defaults (`to_jsonable(..., omit_defaults=True)`; migration 0019)
+    inputs: Mapped[dict[str, Any]] = mapped_column(JSON)
     previous_tick_id: Mapped[int | None] = mapped_column(ForeignKey("ticks.id"))
     decide_ms: Mapped[float]
     flow_run_id: Mapped[str | None] = mapped_column(String(64))

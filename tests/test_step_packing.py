@@ -135,14 +135,14 @@ def test_two_transactions_inserting_the_same_new_template_both_get_its_id(ctx) -
 
     def first() -> None:
         with ctx[0].sessions.begin() as session:
-            results["first"] = template_ids(session, {template})[template]
+            results["first"] = template_ids(session, {template})[0][template]
             first_inserted.set()
             threading.Event().wait(1.0)  # hold the uncommitted row while the second inserts
 
     def second() -> None:
         first_inserted.wait(10)
         with ctx[0].sessions.begin() as session:
-            results["second"] = template_ids(session, {template})[template]
+            results["second"] = template_ids(session, {template})[0][template]
 
     threads = [threading.Thread(target=first), threading.Thread(target=second)]
     for thread in threads:
@@ -152,3 +152,58 @@ def test_two_transactions_inserting_the_same_new_template_both_get_its_id(ctx) -
     assert results["first"] == results["second"]
     with psycopg.connect(to_libpq_uri(ctx[0].database_url)) as conn:
         assert conn.execute("SELECT count(*) FROM step_templates WHERE template = 'new \x1f'").fetchone() == (1,)
+
+
+def _count_template_reads(ctx, record) -> int:
+    """How many statements read `step_templates` while `record()` runs."""
+    from sqlalchemy import event
+
+    engine = ctx[0].sessions.kw["bind"]
+    reads = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:  # noqa: ANN001
+        if "FROM step_templates" in statement:
+            reads.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        record()
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    return len(reads)
+
+
+def test_templates_a_committed_tick_used_are_not_read_again(ctx) -> None:
+    steps = (StepRecord(step="demand", reason=ReasonCode.NO_CHANGE, detail="cached 1"),)
+    assert _count_template_reads(ctx, lambda: _record(ctx, T0 + dt.timedelta(minutes=1), steps)) > 0
+    assert _count_template_reads(ctx, lambda: _record(ctx, T0 + dt.timedelta(minutes=2), steps)) == 0
+
+
+def test_an_id_learned_in_a_rolled_back_tick_is_not_kept(ctx) -> None:
+    """The rolled-back tick inserted a template and learned its id; the next tick must not use that id."""
+    new = StepRecord(step="demand", reason=ReasonCode.NO_CHANGE, detail="rolled back 1")
+    bad = StepRecord(step="x" * 81, reason=ReasonCode.NO_CHANGE)
+    with pytest.raises(Exception, match="too long"):
+        _record(ctx, T0 + dt.timedelta(minutes=1), (new, bad))
+    tick_id = _record(ctx, T0 + dt.timedelta(minutes=2), (new,))
+    assert [row[5] for row in _view(ctx[0].database_url, tick_id)] == ["rolled back 1"]
+
+
+def test_ids_cached_before_the_table_was_made_again_are_not_used(ctx, tmp_path) -> None:
+    """A connection that cached ids, then the table dropped and created again (a downgrade and upgrade): the steps'
+    insert sees the table changed, and the ids are looked up again."""
+    from planner_core.runtime.store.migrate import downgrade, upgrade
+
+    url = ctx[0].database_url
+    first = (StepRecord(step="demand", reason=ReasonCode.NO_CHANGE, detail="a 1"),)
+    _record(ctx, T0 + dt.timedelta(minutes=1), first)
+    downgrade(url, "0016")
+    upgrade(url)
+    with psycopg.connect(to_libpq_uri(url)) as conn:  # different templates take the ids the cache holds
+        conn.execute("DELETE FROM step_templates")
+        conn.execute(
+            "INSERT INTO step_templates (step, reason, template) SELECT 'other', 'no_change', 'x' || g "
+            "FROM generate_series(1, 50) g"
+        )
+    tick_id = _record(ctx, T0 + dt.timedelta(minutes=2), first)
+    assert [row[1:] for row in _view(url, tick_id)] == [("demand", None, None, "no_change", "a 1")]

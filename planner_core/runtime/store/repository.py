@@ -38,11 +38,10 @@ from planner_core.runtime.store.models import (
     PredictionRow,
     ProposalRow,
     Tick,
-    TickStepListRow,
     TrafficObservationRow,
     WorkerObservationRow,
 )
-from planner_core.runtime.store.step_packing import pack_steps
+from planner_core.runtime.store.step_packing import record_steps
 from planner_core.state_delta import (
     FULL_STATE_EVERY,
     StateDeltaError,
@@ -347,7 +346,7 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
             )
         )
     if outcome.steps:
-        session.add(TickStepListRow(tick_id=tick_id, packed=pack_steps(session, outcome.steps)))
+        record_steps(session, tick_id, outcome.steps)
     next_state = to_jsonable(outcome.next_state)
     previous = None if record.previous_tick_id is None else _state_and_depth(session, record.previous_tick_id)
     values = state_row_values(previous, next_state, record.previous_tick_id)

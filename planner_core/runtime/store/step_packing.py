@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.orm import Session
 
 from planner_core.domain import StepRecord
@@ -95,12 +95,35 @@ _INSERT_TEMPLATE = text(
     "INSERT INTO step_templates (step, component, reason, template) "
     "VALUES (:step, :component, :reason, :template) ON CONFLICT DO NOTHING"
 )
+_TABLE_OID = text("SELECT 'step_templates'::regclass::oid")
+# The steps' row, written only while `step_templates` is the table the cached ids were read from.
+_INSERT_PACKED = text(
+    "INSERT INTO tick_step_lists (tick_id, packed) SELECT :tick_id, :packed "
+    "WHERE 'step_templates'::regclass::oid = :table_oid"
+)
+
+# Known template ids are kept per database connection (`Connection.info` lives as long as the connection, which
+# never changes database), keyed by the table's oid; ids learned in a transaction are added only once it commits,
+# so a rolled-back insert never leaves an id behind.
+_CACHE = "planner_step_templates"
+_LEARNED = "planner_step_templates_learned"
 
 
-def template_ids(session: Session, templates: set[StepTemplate]) -> dict[StepTemplate, int]:
-    """The id of every template, inserting the new ones (in the caller's transaction, so a tick that rolls back
-    leaves none behind). A template another transaction is inserting at the same time is waited for by the
-    insert and read by the second look (a new statement sees what committed meanwhile)."""
+@dataclass(slots=True)
+class _KnownTemplates:
+    table_oid: int
+    ids: dict[StepTemplate, int]
+
+
+def template_ids(session: Session, templates: set[StepTemplate]) -> tuple[dict[StepTemplate, int], int]:
+    """The id of every template, inserting the new ones (in the caller's transaction), and the oid of the table
+    they were read from. A template another transaction is inserting at the same time is waited for by the insert
+    and read by the second look (a new statement sees what committed meanwhile)."""
+    connection_info = session.connection().info
+    known: _KnownTemplates | None = connection_info.get(_CACHE)
+    if known is not None and all(template in known.ids for template in templates):
+        return {template: known.ids[template] for template in templates}, known.table_oid
+    table_oid = int(session.execute(_TABLE_OID).scalar_one())
     ids: dict[StepTemplate, int] = {}
 
     def look() -> None:
@@ -129,13 +152,38 @@ def template_ids(session: Session, templates: set[StepTemplate]) -> dict[StepTem
     if unresolved:
         first = unresolved[0]
         raise RuntimeError(f"step_templates: no row for step {first.step!r} reason {first.reason!r} after inserting it")
-    return ids
+    _learn_on_commit(session, connection_info, table_oid, ids)
+    return ids, table_oid
 
 
-def pack_steps(session: Session, steps: Sequence[StepRecord]) -> str:
-    """A tick's steps as stored in `tick_step_lists.packed` (see the module docstring)."""
+def _learn_on_commit(session: Session, connection_info: dict, table_oid: int, ids: dict[StepTemplate, int]) -> None:
+    session.info.setdefault(_LEARNED, []).append((connection_info, table_oid, ids))
+
+
+@event.listens_for(Session, "after_commit")
+def _publish(session: Session) -> None:
+    for connection_info, table_oid, ids in session.info.pop(_LEARNED, ()):
+        known = connection_info.get(_CACHE)
+        if known is None or known.table_oid != table_oid:
+            known = connection_info[_CACHE] = _KnownTemplates(table_oid=table_oid, ids={})
+        known.ids.update(ids)
+
+
+@event.listens_for(Session, "after_soft_rollback")
+def _forget(session: Session, _previous_transaction: object) -> None:
+    session.info.pop(_LEARNED, None)  # any rollback, a savepoint's too: learn nothing from this transaction
+
+
+def record_steps(session: Session, tick_id: int, steps: Sequence[StepRecord]) -> None:
+    """Store a tick's steps (`tick_step_lists.packed`, see the module docstring)."""
     split = [split_step(step) for step in steps]
-    ids = template_ids(session, {item.template for item in split})
-    return STEP_SEPARATOR.join(
-        FIELD_SEPARATOR.join((str(ids[item.template]), item.value, *item.numbers)) for item in split
-    )
+    for _attempt in range(2):
+        ids, table_oid = template_ids(session, {item.template for item in split})
+        packed = STEP_SEPARATOR.join(
+            FIELD_SEPARATOR.join((str(ids[item.template]), item.value, *item.numbers)) for item in split
+        )
+        params = {"tick_id": tick_id, "packed": packed, "table_oid": table_oid}
+        if session.execute(_INSERT_PACKED, params).rowcount == 1:
+            return
+        session.connection().info.pop(_CACHE, None)  # the table was made again since the ids were cached
+    raise RuntimeError(f"tick_step_lists: tick {tick_id}'s steps could not be stored (step_templates keeps changing)")

@@ -41,6 +41,7 @@ from planner_core.data import AZURE_CODE_TRACE, AZURE_CONV_TRACE, H200_PROFILE_D
 from planner_core.domain import EngineLimits
 from planner_core.lab.sim.des import ClusterSimulator, RouterPolicy, SimSpec
 from planner_core.lab.sim.dynamo_engine import ReplayBridge, _sub_trace, write_replay_trace
+from planner_core.perf.forward import ForwardPassModel
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.traces import RequestTrace, load_trace
 
@@ -157,7 +158,14 @@ def dynamo_window(
 
 
 def sim_window(
-    sub: RequestTrace, own: slice, *, size: tuple[int, int], router: RouterPolicy, spec: SimSpec, fwd, target_ms: float  # noqa: ANN001
+    sub: RequestTrace,
+    own: slice,
+    *,
+    size: tuple[int, int],
+    router: RouterPolicy,
+    spec: SimSpec,
+    fwd: ForwardPassModel,
+    target_ms: float,
 ) -> dict[str, Any]:
     """`sub` served at `size` by our simulator with `router`; figures for the requests of `own`."""
     started = time.perf_counter()
@@ -172,7 +180,7 @@ class SlowerPrefill:
     """An engine model whose prefill iterations take `factor` times as long (decode unchanged): our simulator
     with Dynamo's measured prefill throughput, to tell a capacity difference from a scheduling one."""
 
-    def __init__(self, fwd, factor: float) -> None:  # noqa: ANN001
+    def __init__(self, fwd: ForwardPassModel, factor: float) -> None:
         self._fwd, self.factor = fwd, factor
 
     def is_ready(self) -> bool:
@@ -198,7 +206,13 @@ def burst_of(sub: RequestTrace, own: slice) -> RequestTrace:
 
 
 def flat_out(
-    burst: RequestTrace, *, bridge: ReplayBridge | None, spec: SimSpec, fwd, max_kv_tokens: int, workdir: Path  # noqa: ANN001
+    burst: RequestTrace,
+    *,
+    bridge: ReplayBridge | None,
+    spec: SimSpec,
+    fwd: ForwardPassModel,
+    max_kv_tokens: int,
+    workdir: Path | None,
 ) -> dict[str, float]:
     """Prompt tokens per second one prefill engine computes on `burst` (everything queued at 0), in our simulator
     and (with a bridge) in Dynamo's engine; decode has `FLAT_OUT_DECODE` engines so that it never holds prefill
@@ -208,7 +222,7 @@ def flat_out(
     sim = ClusterSimulator(burst, fwd, spec, num_prefill=1, num_decode=FLAT_OUT_DECODE)
     sim.run_to_completion(grace_s=24 * 3600.0)
     out = {"sim_tok_s": tokens / float(np.nanmax(sim.result().ttft_s))}
-    if bridge is not None:
+    if bridge is not None and workdir is not None:
         path, report = workdir / "burst.jsonl", workdir / "burst-report.jsonl"
         write_replay_trace(burst, path)
         bridge.run({
@@ -222,7 +236,13 @@ def flat_out(
 
 
 def policy_runs(
-    trace: RequestTrace, *, policy: str, ttft_ms: float, itl_ms: float, slowdown: float, window_s: float = 180.0,
+    trace: RequestTrace,
+    *,
+    policy: str,
+    ttft_ms: float,
+    itl_ms: float,
+    slowdown: float,
+    window_s: float = 180.0,
     startup_s: float = 120.0,
 ) -> list[dict[str, Any]]:
     """`policy` over the whole trace on our simulator, as `planner bench` runs it (least-loaded router, our engine
@@ -253,8 +273,10 @@ def policy_runs(
             run = run_bench(built, trace, model, engines, ttft_ms=ttft_ms, itl_ms=itl_ms)[0]
             rows.append({"router": router.value, "prefill_slowdown": factor, "ttft_met": run.row.ttft_attainment,
                          "sla_met": run.row.sla_attainment, "gpu_hours": run.row.gpu_hours})  # fmt: skip
-            print(f"{policy} on our simulator, router {router.value:12} prefill x{factor:.3f}: TTFT met "
-                  f"{run.row.ttft_attainment:.2%}, SLA met {run.row.sla_attainment:.2%}, {run.row.gpu_hours:.2f} GPU-h")
+            print(
+                f"{policy} on our simulator, router {router.value:12} prefill x{factor:.3f}: TTFT met "
+                f"{run.row.ttft_attainment:.2%}, SLA met {run.row.sla_attainment:.2%}, {run.row.gpu_hours:.2f} GPU-h"
+            )
     return rows
 
 
@@ -314,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     window = {
         "trace": args.trace, "rate_scale": args.rate_scale, "index": args.window, "start_s": start_s,
         "end_s": end_s, "num_requests": own.stop - own.start, "rate_rps": (own.stop - own.start) / args.window_s,
-        "isl_mean": float(isl.mean()), "isl_p90": float(np.percentile(isl, 90)), "isl_p99": float(np.percentile(isl, 99)),
+        "isl_mean": float(isl.mean()), "isl_p90": float(np.percentile(isl, 90)),
+        "isl_p99": float(np.percentile(isl, 99)),
         "prompt_tok_s": float(isl.sum()) / args.window_s,
         # what one of our prefill engines computes flat out: full iterations of max_num_batched_tokens
         "sim_prefill_capacity_tok_s": spec.prefill_limits.max_num_batched_tokens
@@ -332,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             capacity = flat_out(burst_of(sub, mine), bridge=bridge, spec=spec, fwd=fwd, max_kv_tokens=max_kv_tokens,
                                 workdir=Path(folder))  # fmt: skip
             window["flat_out_tok_s"] = capacity
-            print("one prefill engine flat out on the window's prompts (all queued at once): "
-                  + ", ".join(f"{k[:-6]} {v:.0f} tok/s = {v / window['isl_mean']:.1f} req/s" for k, v in capacity.items()))
+            rates = [f"{k[:-6]} {v:.0f} tok/s = {v / window['isl_mean']:.1f} req/s" for k, v in capacity.items()]
+            print("one prefill engine flat out on the window's prompts (all queued at once): " + ", ".join(rates))
             header = f"{'engine':9} {'router':12} {'P/D':>5} {'met':>7} {'p50':>6} {'p90':>6} {'p99':>6}"
             print(header + "   mean ms all: queue prefill handoff step | missed: queue prefill handoff step  spread")
             # our simulator as it is, then (with Dynamo measured) with its prefill iterations as slow as Dynamo's
@@ -354,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
                 assert bridge is not None
                 for p in sizes:
                     row = dynamo_window(bridge, sub, mine, size=(p, args.decode), router=router,
-                                        max_kv_tokens=max_kv_tokens, target_ms=args.ttft_ms, workdir=Path(folder))  # fmt: skip
+                                        max_kv_tokens=max_kv_tokens, target_ms=args.ttft_ms,
+                                        workdir=Path(folder))  # fmt: skip
                     runs.append({"engine": "dynamo", "router": router, "num_prefill": p, "num_decode": args.decode,
                                  **row})  # fmt: skip
                     _print_row(runs[-1])

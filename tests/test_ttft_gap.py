@@ -1,6 +1,7 @@
 """The TTFT-gap measurement's pure helpers (planner_core/lab/ttft_gap.py): Dynamo's per-request report cut into
 TTFT parts, the window's statistics, the fewest size meeting a target, the slowed engine model, and our
-simulator's side of the flat-out measurement. Dynamo's side runs only in the command (see docs/benchmarks.md)."""
+simulator's side of the flat-out measurement; with the Dynamo comparison environment, Dynamo's side on a short
+burst (the command itself and its figures: docs/simulator-and-benchmark.md, "Where the TTFT goes")."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ import pytest
 from planner_core.data import H200_PROFILE_DIR
 from planner_core.domain import EngineLimits
 from planner_core.lab.sim.des import SimSpec
+from planner_core.lab.sim.dynamo_engine import ReplayBridge
+from planner_core.lab.sim.dynamo_policy import find_dynamo_python
 from planner_core.lab.ttft_gap import (
+    TTFT_PARTS,
     SlowerPrefill,
     burst_of,
+    dynamo_window,
     fewest_meeting,
     flat_out,
     parse_sizes,
@@ -105,3 +110,51 @@ def test_flat_out_on_our_simulator_is_full_iterations_and_a_slower_model_is_prop
     slow = flat_out(burst, bridge=None, spec=spec, fwd=SlowerPrefill(fwd, 1.1), max_kv_tokens=2_000_000,
                     workdir=None)["sim_tok_s"]  # fmt: skip
     assert slow == pytest.approx(fast / 1.1, rel=0.01)
+
+
+@pytest.mark.skipif(
+    find_dynamo_python() is None,
+    reason="needs the Dynamo comparison environment: run `make dynamo-env` (or set $DYNAMO_PYTHON)",
+)
+def test_dynamos_report_cuts_every_ttft_into_parts_and_its_prefill_is_measured_flat_out(tmp_path) -> None:  # noqa: ANN001
+    """A 20 s burst on one prefill engine in Dynamo's replay: the parts of each request's TTFT from its report add
+    up to the TTFT it reports, a larger pool queues less, and its flat-out prefill is within 15 % of ours (the
+    mocker's timing comes from the same profile)."""
+    count = 300
+    rng = np.random.default_rng(7)
+    trace = RequestTrace(source="test", start_epoch_s=0.0, arrival_s=np.sort(rng.uniform(0.0, 20.0, count)),
+                         isl=rng.integers(500, 6000, count), osl=np.full(count, 4))  # fmt: skip
+    own = slice(0, count)
+    perf = ProfilePerfModel.load(H200_PROFILE_DIR)
+    fwd = perf.forward_pass_model()
+    max_kv = perf.profiled_max_kv_tokens() or 2_000_000
+    spec = SimSpec(prefill_limits=EngineLimits(), decode_limits=EngineLimits(max_kv_tokens=max_kv), startup_s=0.0)
+    bridge = ReplayBridge(None)
+    try:
+        rows = {
+            p: dynamo_window(
+                bridge,
+                trace,
+                own,
+                size=(p, 1),
+                router="round_robin",
+                max_kv_tokens=max_kv,
+                target_ms=500.0,
+                workdir=tmp_path,
+            )  # fmt: skip
+            for p in (1, 3)
+        }
+        capacity = flat_out(burst_of(trace, own), bridge=bridge, spec=spec, fwd=fwd, max_kv_tokens=max_kv,
+                            workdir=tmp_path)  # fmt: skip
+    finally:
+        bridge.close()
+    for row in rows.values():
+        assert row["num_requests"] == count
+        summary = row["parts"]["all"]
+        # the means of the parts add up to the mean TTFT, itself between the percentiles
+        assert all(np.isfinite(summary[k]) and summary[k] >= 0 for k in TTFT_PARTS)
+        mean_ttft = sum(summary.values())
+        assert row["p50_ms"] * 0.3 < mean_ttft < row["p99_ms"]
+    assert rows[3]["parts"]["all"]["queue_ms"] < rows[1]["parts"]["all"]["queue_ms"]
+    assert rows[3]["met"] >= rows[1]["met"]
+    assert 0.85 < capacity["dynamo_tok_s"] / capacity["sim_tok_s"] < 1.15

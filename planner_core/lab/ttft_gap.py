@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         met = {r["num_prefill"]: r["met"] for r in runs if (r["engine"], r["router"]) == (engine, router)}
         fewest = fewest_meeting(met, args.target)
         needed[f"{engine}/{router}"] = fewest
-        rps = f"{window['rate_rps'] / fewest:.2f} req/s per engine" if fewest else "not met in the sizes tried"
+        rps = f"{window['rate_rps'] / fewest:.2f} req/s per engine at the window's mean rate" if fewest else "not met"
         print(f"fewest prefill meeting {args.target:.0%} of the window within {args.ttft_ms:g} ms: {engine}/{router}: "
               f"{fewest} ({rps})")  # fmt: skip
     whole = []

@@ -26,7 +26,8 @@ Usage:
 JOB: {"trace": Mooncake JSONL path, "num_prefill": n, "num_decode": n, "startup_s": s, "out": path,
 "policy": {"kind": ..., "config": {...}, "capabilities": {...}} (config and capabilities for `dynamo`),
 "profile": dir (optional), "engine": {"num_gpu_blocks": n, "block_size": n, ...} (optional mocker limits),
-"router": "round_robin" | "kv_router" (optional)}.
+"router": "round_robin" | "kv_router" (optional), "report_jsonl": path (optional: Dynamo's per-request
+timestamps, one JSON object a line)}.
 """
 
 # ruff: noqa: T201 - a command-line script: its protocol is printed
@@ -142,6 +143,7 @@ def run_job(job: dict[str, Any], protocol: IO[str], engines: dict[Any, tuple[dic
             trace_format="mooncake",
             capture_per_request=True,
             scaling_policy=policy,
+            **({"report_jsonl_path": job["report_jsonl"]} if job.get("report_jsonl") else {}),
         )
     finally:
         if server is not None:

@@ -24,8 +24,15 @@ def cmd_db(args: argparse.Namespace) -> int:
         print("stopped" if stopped else f"no embedded server running under {settings.embedded_pg_dir}")
         return 0
     if args.action == "upgrade":
-        upgrade(resolve_owner_database_url(settings))  # migrations run as the schema's owner
-        print("schema at head")
+        import datetime as dt
+
+        from planner_core.runtime.store.db import get_engine
+        from planner_core.runtime.store.partitions import ensure_partitions_ahead
+
+        owner_url = resolve_owner_database_url(settings)
+        upgrade(owner_url)  # migrations run as the schema's owner
+        created = ensure_partitions_ahead(get_engine(owner_url), dt.datetime.now(dt.UTC))
+        print(f"schema at head; {created} tick partitions created ahead")
         return 0
     url = resolve_database_url(settings)
     if args.action == "prune":

@@ -48,6 +48,7 @@ from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.execution import ExecutionSummary, execute_pending
 from planner_core.runtime.store.fpm import latest_fpm
 from planner_core.runtime.store.migrate import check_schema_current, upgrade
+from planner_core.runtime.store.partitions import ensure_partitions_ahead
 from planner_core.runtime.warmup import warm_history
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when a Kubernetes connector is used (~0.4 s)
@@ -301,6 +302,9 @@ def run_tick(
     (why the source had no observation) and `curve_problem` (why the observation has no prompt-arrival curve)
     are written to the audit log with the tick (`traffic_unavailable`, `arrival_curve_unavailable`).
     """
+    # The tick's day's partitions and the next day's, each in its own short transaction before the tick's: a
+    # dictionary lookup when known, so the tick's own transaction never waits on DDL (store/partitions.py).
+    ensure_partitions_ahead(ctx.sessions.kw["bind"], scheduled_at, days_ahead=1)
     with ctx.sessions.begin() as session:
         deployment = repo.ensure_deployment(session, ctx.deployment, ctx.config)
         repo.lock_deployment(session, deployment.id)

@@ -34,9 +34,11 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from planner_core.domain import Loop
+from planner_core.runtime.store import partitions
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.models import Deployment, PlannerStateRow, PruneWatermarkRow
+from planner_core.state_delta import partition_day
 
 
 @dataclass(slots=True, kw_only=True)
@@ -274,3 +276,107 @@ def _chain_starts(session: Session, deployment_id: int, cutoff: dt.datetime) -> 
         if previous is not None:
             keep.add(previous)
     return sorted(keep)
+
+
+# ------------------------------------------------------------------------------------------------ partition drop
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DroppedDay:
+    """One day's partitions dropped (or, in a dry run, that would be): the rows each table held that day."""
+
+    day: dt.date
+    num_ticks: int
+    rows: dict[str, int]  # table -> rows (the tick tables, `ticks` included)
+
+
+@dataclass(slots=True, kw_only=True)
+class DropSummary:
+    """What `drop_partitions` did: the days dropped oldest first, and those kept although old enough."""
+
+    cutoff: dt.datetime
+    dry_run: bool
+    dropped: list[DroppedDay] = field(default_factory=list)
+    kept: dict[dt.date, str] = field(default_factory=dict)  # day -> why it was kept
+
+
+def drop_partitions(
+    database_url: str,
+    *,
+    older_than_days: float,
+    now: dt.datetime,
+    dry_run: bool = False,
+    on_day: Callable[[DroppedDay], None] | None = None,
+) -> DropSummary:
+    """Drop every day's partitions of the tick tables (`partitions.TICK_TABLES`) that lie entirely before
+    `now - older_than_days`, oldest first, each day in its own transaction with a `partitions_dropped` audit
+    event (the day, the cutoff, the ticks and rows per table it held).
+
+    Never dropped: a day holding the newest tick of a deployment and loop, or the newest planner state of a
+    deployment (the state the live planner starts its next tick from). `decisions`, `executions` and the audit log
+    are not partitioned and keep every row (a decision's or audit row's `tick_id` may then name a dropped tick).
+    No delta chain of planner states crosses a day (`state_delta.same_partition`), so no state left is stranded.
+
+    Raises:
+        ValueError: `older_than_days` below 1 (a partition is a whole day).
+    """
+    if not older_than_days >= 1:
+        raise ValueError(f"--drop-partitions-older-than = {older_than_days!r}: must be >= 1 day (partitions are days)")
+    cutoff = now - dt.timedelta(days=older_than_days)
+    summary = DropSummary(cutoff=cutoff, dry_run=dry_run)
+    sessions = session_factory(database_url)
+    with sessions.begin() as session:
+        days = [day for day in partitions.partition_days(session) if _day_end(day) <= cutoff]
+    for day in days:
+        with sessions.begin() as session:
+            why = _why_kept(session, day)
+            if why is not None:
+                summary.kept[day] = why
+                continue
+            rows = {
+                table: int(session.scalar(text(f"SELECT count(*) FROM {partitions.partition_name(table, day)}")) or 0)
+                for table in partitions.TICK_TABLES
+            }
+            dropped = DroppedDay(day=day, num_ticks=rows["ticks"], rows=rows)
+            if not dry_run:
+                session.execute(text("SELECT planner_drop_tick_partitions(CAST(:day AS date))"), {"day": day})
+                repo.audit(
+                    session,
+                    "partitions_dropped",
+                    {"day": day.isoformat(), "cutoff": cutoff.isoformat(), "ticks": dropped.num_ticks, "rows": rows},
+                )
+        if not dry_run:
+            partitions.forget(session.get_bind(), day)
+        summary.dropped.append(dropped)
+        if on_day is not None:
+            on_day(dropped)
+    return summary
+
+
+def _day_end(day: dt.date) -> dt.datetime:
+    return dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC) + dt.timedelta(days=1)
+
+
+def _why_kept(session: Session, day: dt.date) -> str | None:
+    """Why `day`'s partitions must stay, or None: the day holds the newest tick of a deployment and loop, or a
+    deployment's newest planner state (what `repository.latest_state` starts the next tick from). One index probe
+    per deployment and loop: the newest rows, wherever they are."""
+    newest = session.execute(
+        text(
+            """SELECT d.name, l.loop, n.scheduled_at, s.tick_id, s.scheduled_at AS state_at
+                 FROM deployments d
+                CROSS JOIN (VALUES ('throughput'), ('load')) AS l(loop)
+                 LEFT JOIN LATERAL (SELECT t.scheduled_at FROM ticks t
+                                     WHERE t.deployment_id = d.id AND t.loop = l.loop
+                                     ORDER BY t.scheduled_at DESC LIMIT 1) n ON true
+                 LEFT JOIN LATERAL (SELECT p.tick_id, p.scheduled_at FROM planner_states p
+                                     WHERE p.deployment_id = d.id ORDER BY p.tick_id DESC LIMIT 1) s ON true
+                ORDER BY d.name, l.loop"""
+        )
+    ).all()
+    for row in newest:
+        if row.scheduled_at is not None and partition_day(row.scheduled_at) == day:
+            return f"holds the newest {row.loop} tick of {row.name}"
+        if row.state_at is not None and partition_day(row.state_at) == day:
+            return f"holds the newest planner state of {row.name} (tick {row.tick_id})"
+    return None

@@ -110,9 +110,11 @@ DECLARE
     suffix text := '_p' || to_char(day, 'YYYYMMDD');
 BEGIN
     PERFORM pg_advisory_xact_lock({PARTITION_LOCK_KEY});
-    -- the tables referencing ticks first, ticks last
+    -- the tables referencing ticks first, ticks last; detached first, since a partition of a table other tables
+    -- reference cannot be dropped while attached (Postgres checks no row references it when it is detached)
     FOREACH t IN ARRAY {_ARRAY.replace("ARRAY['ticks', ", "ARRAY[")} || ARRAY['ticks'] LOOP
         IF to_regclass('public.' || t || suffix) IS NOT NULL THEN
+            EXECUTE format('ALTER TABLE public.%I DETACH PARTITION public.%I', t, t || suffix);
             EXECUTE format('DROP TABLE public.%I', t || suffix);
             dropped := dropped + 1;
         END IF;

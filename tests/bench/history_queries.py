@@ -26,7 +26,8 @@ import psycopg
 
 from planner_core.runtime.store.db import get_engine, to_libpq_uri, to_sqlalchemy_url
 from planner_core.runtime.store.migrate import upgrade
-from planner_core.runtime.store.prune import prune_history
+from planner_core.runtime.store.prune import drop_partitions, prune_history
+from planner_core.runtime.store.repository import _BOUND, _STATE_CHAIN_SQL
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 DEPLOYMENTS = {"bench": 80, "other": 20}  # days of history each
@@ -37,6 +38,10 @@ INSERT INTO planner_configs (config_hash, body) VALUES ('bench', '{"ttft_ms": 20
   "prefill_engine_num_gpu": null, "decode_engine_num_gpu": null}');
 INSERT INTO deployments (id, name, mode, environment, config_hash) VALUES
   (1, 'bench', 'disagg', 'virtual', 'bench'), (2, 'other', 'disagg', 'virtual', 'bench');
+
+-- the tick tables' daily partitions (migration 0017), created as the planner would, ahead of the rows
+SELECT planner_tick_partitions(((%(t0)s::timestamptz AT TIME ZONE 'UTC') + make_interval(days => d))::date)
+  FROM generate_series(0, %(bench_days)s) AS d;
 
 -- ticks in time order (ids follow the recording order, as live ticks' do): a throughput tick every 36th slot
 CREATE TEMP TABLE slots AS
@@ -57,25 +62,31 @@ SELECT n, deployment_id, loop, at, 'bench',
                 UNION ALL SELECT deployment_id, i, at, 'throughput' FROM slots WHERE i %% 36 = 0) x) y;
 SELECT setval(pg_get_serial_sequence('ticks', 'id'), (SELECT max(id) FROM ticks));
 
-INSERT INTO worker_observations SELECT id, 2, 3, 2, 3 FROM ticks;
-INSERT INTO planner_states (tick_id, deployment_id, state)
-SELECT id, deployment_id, jsonb_build_object('num_load_ticks', id) FROM ticks;
-INSERT INTO tick_step_lists (tick_id, steps)
-SELECT id, jsonb_build_array(jsonb_build_array('load', NULL, NULL, 'no_fpm_data', 'no forward-pass metrics observed'))
+INSERT INTO worker_observations (tick_id, scheduled_at, ready_prefill, ready_decode, expected_prefill, expected_decode)
+SELECT id, scheduled_at, 2, 3, 2, 3 FROM ticks;
+INSERT INTO planner_states (tick_id, scheduled_at, deployment_id, state)
+SELECT id, scheduled_at, deployment_id, jsonb_build_object('num_load_ticks', id) FROM ticks;
+INSERT INTO tick_step_lists (tick_id, scheduled_at, steps)
+SELECT id, scheduled_at,
+       jsonb_build_array(jsonb_build_array('load', NULL, NULL, 'no_fpm_data', 'no forward-pass metrics observed'))
   FROM ticks WHERE loop = 'load';
-INSERT INTO tick_step_lists (tick_id, steps)
-SELECT t.id, jsonb_agg(jsonb_build_array('step' || s.seq, CASE WHEN s.seq %% 2 = 0 THEN 'prefill' ELSE 'decode' END,
+INSERT INTO tick_step_lists (tick_id, scheduled_at, steps)
+SELECT t.id, t.scheduled_at,
+       jsonb_agg(jsonb_build_array('step' || s.seq, CASE WHEN s.seq %% 2 = 0 THEN 'prefill' ELSE 'decode' END,
        s.seq * 1.5, CASE WHEN s.seq IN (0, 1, 13) THEN 'observed' ELSE 'within_range' END, 'generated') ORDER BY s.seq)
-  FROM ticks t, generate_series(0, 13) AS s(seq) WHERE t.loop = 'throughput' GROUP BY t.id;
-INSERT INTO traffic_observations (tick_id, window_s, num_req, isl, osl, isl_p90, osl_p90, ttft_ms, itl_ms)
-SELECT id, 180, 3000 + 1500 * sin(extract(epoch FROM scheduled_at) / 86400 * 2 * pi()) + random() * 300,
+  FROM ticks t, generate_series(0, 13) AS s(seq) WHERE t.loop = 'throughput' GROUP BY t.id, t.scheduled_at;
+INSERT INTO traffic_observations (tick_id, scheduled_at, window_s, num_req, isl, osl, isl_p90, osl_p90, ttft_ms,
+                                  itl_ms)
+SELECT id, scheduled_at, 180, 3000 + 1500 * sin(extract(epoch FROM scheduled_at) / 86400 * 2 * pi()) + random() * 300,
        3000 + random() * 500, 300 + random() * 50, 5000, 600, 60 + random() * 300, 6 + random() * 6
   FROM ticks WHERE loop = 'throughput';
-INSERT INTO predictions (tick_id, predictor, num_req, isl, osl, reason, quantile, isl_quantile, osl_quantile)
-SELECT tick_id, 'kalman', num_req * (0.9 + random() * 0.2), isl, osl, 'predicted', 'p90', isl_p90, osl_p90
+INSERT INTO predictions (tick_id, scheduled_at, predictor, num_req, isl, osl, reason, quantile, isl_quantile,
+                         osl_quantile)
+SELECT tick_id, scheduled_at, 'kalman', num_req * (0.9 + random() * 0.2), isl, osl, 'predicted', 'p90', isl_p90, osl_p90
   FROM traffic_observations;
-INSERT INTO proposals (tick_id, component, current, desired, reason)
-SELECT id, c, 2, 2, 'no_change' FROM ticks, unnest(ARRAY['prefill', 'decode']) AS c WHERE loop = 'throughput';
+INSERT INTO proposals (tick_id, scheduled_at, component, current, desired, reason)
+SELECT id, scheduled_at, c, 2, 2, 'no_change'
+  FROM ticks, unnest(ARRAY['prefill', 'decode']) AS c WHERE loop = 'throughput';
 INSERT INTO decisions (tick_id, deployment_id, target_prefill, target_decode, reason, status, created_at,
                        status_changed_at)
 SELECT id, deployment_id, 3, 4, 'scale', 'acknowledged', scheduled_at, scheduled_at FROM ticks WHERE reason = 'scale';
@@ -122,6 +133,19 @@ QUERIES = (
     (
         "latest state (every live tick)",
         "SELECT tick_id FROM planner_states WHERE deployment_id = 1 ORDER BY tick_id DESC LIMIT 1",
+    ),
+    (
+        "newest state's chain, bounded to its day",
+        _STATE_CHAIN_SQL.format(bound=_BOUND.format(p=""), bound_p=_BOUND.format(p="p."))
+        .replace(":tick_id", "(SELECT max(id) FROM ticks WHERE deployment_id = 1)")
+        .replace(":lo", "date_trunc('day', %(end)s, 'UTC')")
+        .replace(":hi", "date_trunc('day', %(end)s, 'UTC') + interval '1 day'"),
+    ),
+    (
+        "newest state's chain, unbounded",
+        _STATE_CHAIN_SQL.format(bound="", bound_p="").replace(
+            ":tick_id", "(SELECT max(id) FROM ticks WHERE deployment_id = 1)"
+        ),
     ),
     (
         "prune batch (5000 oldest load ticks)",
@@ -226,6 +250,14 @@ def main() -> None:
         started = time.perf_counter()
         again = prune_history(url, older_than_days=30, now=end + dt.timedelta(seconds=1))
         print(f"prune again (nothing new): {again.total.num_ticks} ticks in {time.perf_counter() - started:.2f} s")
+        # Retention by partition (migration 0017): the oldest two days, each dropped in its own transaction.
+        now = T0 + dt.timedelta(days=2 + 30)
+        started = time.perf_counter()
+        dropped = drop_partitions(url, older_than_days=30, now=now)
+        elapsed = time.perf_counter() - started
+        for day in dropped.dropped:
+            print(f"drop partitions of {day.day}: {day.num_ticks:,} ticks, rows {day.rows}")
+        print(f"drop-partitions-older-than 30 (2 days): {elapsed:.2f} s, {elapsed / len(dropped.dropped):.2f} s a day")
     finally:
         get_engine(url).dispose()
         if server is not None:

@@ -162,6 +162,9 @@ class Tick(Base):
     deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"))
     loop: Mapped[str] = mapped_column(String(20))
     scheduled_at: Mapped[dt.datetime] = mapped_column(primary_key=True)
+    # The table's key is (id, scheduled_at) (a partitioned table's keys hold its partition key); the id alone
+    # names a tick, so the ORM looks rows up by it (`session.get(Tick, id)`).
+    __mapper_args__ = {"primary_key": [id]}
     recorded_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
     config_hash: Mapped[str] = mapped_column(ForeignKey("planner_configs.config_hash"))
     reason: Mapped[str] = mapped_column(String(60))
@@ -179,6 +182,7 @@ class TrafficObservationRow(Base):
     __table_args__ = _of_tick()
     tick_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     scheduled_at: Mapped[dt.datetime] = _tick_time()
+    __mapper_args__ = {"primary_key": [tick_id]}  # one row per tick: the ORM looks it up by the tick id
     window_s: Mapped[float]
     num_req: Mapped[float]
     isl: Mapped[float]
@@ -243,6 +247,7 @@ class WorkerObservationRow(Base):
     __table_args__ = _of_tick()
     tick_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     scheduled_at: Mapped[dt.datetime] = _tick_time()
+    __mapper_args__ = {"primary_key": [tick_id]}  # one row per tick: the ORM looks it up by the tick id
     ready_prefill: Mapped[int]
     ready_decode: Mapped[int]
     expected_prefill: Mapped[int]
@@ -276,6 +281,7 @@ class PredictionRow(Base):
     __table_args__ = _of_tick()
     tick_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     scheduled_at: Mapped[dt.datetime] = _tick_time()
+    __mapper_args__ = {"primary_key": [tick_id]}  # one row per tick: the ORM looks it up by the tick id
     predictor: Mapped[str] = mapped_column(String(40))
     num_req: Mapped[float]
     isl: Mapped[float]
@@ -294,6 +300,7 @@ class ProposalRow(Base):
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     tick_id: Mapped[int] = mapped_column(BigInteger)
     scheduled_at: Mapped[dt.datetime] = _tick_time()
+    __mapper_args__ = {"primary_key": [id]}
     component: Mapped[str] = mapped_column(String(20))
     current: Mapped[int]
     desired: Mapped[int]
@@ -308,6 +315,7 @@ class TickStepListRow(Base):
     __table_args__ = _of_tick()
     tick_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     scheduled_at: Mapped[dt.datetime] = _tick_time()
+    __mapper_args__ = {"primary_key": [tick_id]}  # one row per tick: the ORM looks it up by the tick id
     steps: Mapped[list[Any]]
 
 
@@ -327,6 +335,7 @@ class PlannerStateRow(Base):
     )
     tick_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     scheduled_at: Mapped[dt.datetime] = _tick_time()
+    __mapper_args__ = {"primary_key": [tick_id]}  # one row per tick: the ORM looks it up by the tick id
     deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"))
     # None is SQL NULL (not JSON null): the check tells a full row from a delta row by it. A delta is stored
     # zlib-compressed (`state_delta.encode_delta`): Postgres never compresses a row this small.

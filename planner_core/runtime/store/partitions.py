@@ -66,7 +66,8 @@ def ensure_partition(session: Session, at: dt.datetime) -> int:
     if _is_known(database, day):
         return 0
     created = int(session.scalar(_CREATE, {"day": day}) or 0)
-    _known[(database, day)] = time.monotonic()
+    if created == 0:  # there already, committed; what this transaction created is known once it commits
+        _known[(database, day)] = time.monotonic()
     return created
 
 

@@ -377,6 +377,7 @@ def _why_kept(session: Session, day: dt.date) -> str | None:
     for row in newest:
         if row.scheduled_at is not None and partition_day(row.scheduled_at) == day:
             return f"holds the newest {row.loop} tick of {row.name}"
+    for row in newest:
         if row.state_at is not None and partition_day(row.state_at) == day:
             return f"holds the newest planner state of {row.name} (tick {row.tick_id})"
     return None

@@ -89,10 +89,13 @@ BEGIN
     -- two planners creating the same day: the second waits here, then finds them all
     PERFORM pg_advisory_xact_lock({PARTITION_LOCK_KEY});
     FOREACH t IN ARRAY {_ARRAY} LOOP
-        IF to_regclass('public.' || t || suffix) IS NULL THEN
-            EXECUTE format('CREATE TABLE public.%I PARTITION OF public.%I FOR VALUES FROM (%L) TO (%L)%s',
-                           t || suffix, t, lo, lo + interval '1 day',
-                           CASE WHEN t = 'tick_step_lists' THEN ' WITH (toast_tuple_target = 128)' ELSE '' END);
+        -- IF NOT EXISTS: this session's catalog cache may not show yet what the lock holder committed; the
+        -- statement itself looks again under its own lock. Created by this transaction: its row's xmin is ours.
+        EXECUTE format('CREATE TABLE IF NOT EXISTS public.%I PARTITION OF public.%I FOR VALUES FROM (%L) TO (%L)%s',
+                       t || suffix, t, lo, lo + interval '1 day',
+                       CASE WHEN t = 'tick_step_lists' THEN ' WITH (toast_tuple_target = 128)' ELSE '' END);
+        IF (SELECT c.xmin = pg_current_xact_id()::xid FROM pg_class c
+             WHERE c.oid = to_regclass('public.' || t || suffix)) THEN
             created := created + 1;
         END IF;
     END LOOP;

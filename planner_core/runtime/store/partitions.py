@@ -20,6 +20,7 @@ process forgets the days it drops at once (`forget`).
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 from typing import Any
 
@@ -42,6 +43,30 @@ KNOWN_FOR_S = 60.0  # how long a day found or created is trusted without asking 
 
 _CREATE = text("SELECT planner_tick_partitions(CAST(:day AS date))")
 _known: dict[tuple[str, dt.date], float] = {}  # (database URL, day) -> monotonic time it was last confirmed
+
+
+_PARTITION_NAME = re.compile(r"_p\d{8}$")
+
+
+def is_partition(name: str | None) -> bool:
+    """Whether a table name is a day's partition (`ticks_p20260105`): Alembic's autogenerate leaves those alone,
+    the models describe the partitioned tables."""
+    return name is not None and _PARTITION_NAME.search(name) is not None and name[: -len("_p20260105")] in TICK_TABLES
+
+
+def include_name(name: str | None, type_: str, _parent_names: object) -> bool:
+    """Alembic's `include_name` hook: every object but the tick tables' partitions (and their indexes)."""
+    if type_ == "table":
+        return not is_partition(name)
+    return True
+
+
+def include_object(item: Any, _name: str | None, type_: str, _reflected: bool, _compare_to: Any) -> bool:
+    """Alembic's `include_object` hook: not the foreign keys Postgres keeps per partition of `ticks` (a composite
+    foreign key to a partitioned table is one constraint per referenced partition in the catalog)."""
+    if type_ == "foreign_key_constraint":
+        return not is_partition(item.referred_table.name)
+    return True
 
 
 def partition_name(table: str, day: dt.date) -> str:

@@ -316,3 +316,29 @@ def test_migration_0017_downgrade_refuses_when_a_decision_names_a_dropped_tick(e
     assert _partitions_of(url, "ticks") == ["ticks_p20260109", "ticks_p20260110"]
     with ctx.sessions.begin() as session:
         assert partition_days(session) == [dt.date(2026, 1, 9), dt.date(2026, 1, 10)]
+
+
+def test_drop_partitions_cli(database_url, tmp_path) -> None:
+    """`planner db prune --drop-partitions-older-than DAYS`: a dry run lists the old days with their counts and
+    drops nothing; the run drops them and says how; a day holding the newest tick is reported kept;
+    `--deployment` is refused in one line (a day's partitions hold every deployment)."""
+    from tests.test_cli import planner
+
+    ctx = load_context(database_url, "cli", write_config(tmp_path))
+    _day_of_ticks(ctx, dt.datetime(2026, 1, 5, 12, 0, tzinfo=UTC), 2)
+    _day_of_ticks(ctx, dt.datetime(2026, 1, 6, 12, 0, tzinfo=UTC), 1)
+    env = {"PLANNER_DATABASE_URL": database_url}
+    dry = planner("db", "prune", "--drop-partitions-older-than", "1", "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "2026-01-05: would drop 2 ticks (2 traffic_observations, 2 worker_observations" in dry.stdout
+    assert "2026-01-06: kept, holds the newest throughput tick of cli" in dry.stdout
+    assert "ticks_p20260105" in _partitions_of(database_url, "ticks")
+    done = planner("db", "prune", "--drop-partitions-older-than", "1", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "2026-01-05: dropped 2 ticks" in done.stdout
+    assert "2026-01-07: dropped 0 ticks" in done.stdout  # created ahead by the tick of the 6th, never used
+    assert "2 days, each one transaction with its partitions_dropped audit event" in done.stdout
+    assert "ticks_p20260105" not in _partitions_of(database_url, "ticks")
+    refused = planner("db", "prune", "--drop-partitions-older-than", "1", "--deployment", "cli", env=env)
+    assert refused.returncode == 2
+    assert "a day's partitions hold every deployment" in refused.stderr

@@ -50,6 +50,7 @@ from planner_core.runtime.store.fpm import latest_fpm
 from planner_core.runtime.store.migrate import check_schema_current, upgrade
 from planner_core.runtime.store.partitions import ensure_partitions_ahead
 from planner_core.runtime.warmup import warm_history
+from planner_core.state_delta import partition_start
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when a Kubernetes connector is used (~0.4 s)
     from planner_core.runtime.connectors.kubernetes import KubernetesConnector
@@ -316,7 +317,9 @@ def run_tick(
             since = scheduled_at - dt.timedelta(seconds=fpm_max_age_s(ctx.config))
             fpm = latest_fpm(session, deployment.id, since, until=scheduled_at)
         inputs = TickInputs(now_s=scheduled_at.timestamp(), loop=loop, workers=workers, traffic=traffic, fpm=fpm)
-        previous_tick_id, state = repo.latest_state(session, deployment.id)
+        # the previous tick is normally today's or yesterday's: read those partitions first (store/repository.py)
+        since = partition_start(scheduled_at) - dt.timedelta(days=1)
+        previous_tick_id, state = repo.latest_state(session, deployment.id, since=since)
         if previous_tick_id is None and ctx.warmup_trace is not None:
             state = _warm_started(session, deployment.id, ctx)
         take_remote_answers(ctx.planner)  # nothing left over from a tick that failed before being recorded

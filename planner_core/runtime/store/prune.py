@@ -38,7 +38,7 @@ from planner_core.runtime.store import partitions
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.models import Deployment, PlannerStateRow, PruneWatermarkRow
-from planner_core.state_delta import partition_day
+from planner_core.state_delta import partition_day, partition_start
 
 
 @dataclass(slots=True, kw_only=True)
@@ -178,14 +178,23 @@ def _prune_batch(
     if not rows:
         return None
     counts = PruneCounts(num_ticks=len(rows))
-    params = {"ids": [row.id for row in rows], "keep": keep}
+    # The batch's time range: Postgres reads only those days' partitions (migration 0017). A state a delta of the
+    # batch is based on lies in the same day as that delta, so before the end of the last tick's day.
+    params = {
+        "ids": [row.id for row in rows],
+        "keep": keep,
+        "lo": rows[0].scheduled_at,
+        "hi": rows[-1].scheduled_at,
+        "day_end": partition_start(rows[-1].scheduled_at) + dt.timedelta(days=1),
+    }
     if "planner_states" in _PRUNED[loop]:
         _rebuild_dependents_whole(session, params)
     for table, (attribute, weight) in _PRUNED[loop].items():
         kept = " AND NOT tick_id = ANY(:keep)"
         deleted = session.scalar(
             text(
-                f"WITH gone AS (DELETE FROM {table} WHERE tick_id = ANY(:ids){kept} RETURNING {weight} AS n) "
+                f"WITH gone AS (DELETE FROM {table} WHERE tick_id = ANY(:ids){kept} "
+                f"AND scheduled_at >= :lo AND scheduled_at <= :hi RETURNING {weight} AS n) "
                 "SELECT coalesce(sum(n), 0) FROM gone"
             ),
             params,
@@ -210,11 +219,12 @@ def _prune_batch(
 
 def _rebuild_dependents_whole(session: Session, params: dict[str, Any]) -> None:
     """A state that stays but is a delta against a state about to be deleted is first stored whole (migration
-    0016; the foreign key `base_tick_id` refuses the delete otherwise). All are rebuilt before any is rewritten."""
+    0016), or it would have no base left. All are rebuilt before any is rewritten."""
     dependents = session.scalars(
         text(
             """SELECT tick_id FROM planner_states
                 WHERE base_tick_id = ANY(:ids) AND NOT base_tick_id = ANY(:keep)
+                  AND scheduled_at >= :lo AND scheduled_at < :day_end
                   AND (NOT tick_id = ANY(:ids) OR tick_id = ANY(:keep))
                 ORDER BY tick_id"""
         ),
@@ -248,7 +258,10 @@ def _count_prunable(
     counts = PruneCounts(num_ticks=num_ticks)
     for table, (attribute, weight) in _PRUNED[loop].items():
         kept = " AND NOT c.tick_id = ANY(:keep)"
-        sql = f"SELECT coalesce(sum({weight}), 0) FROM {table} c WHERE c.tick_id IN (SELECT t.id {ticks}){kept}"
+        sql = (
+            f"SELECT coalesce(sum({weight}), 0) FROM {table} c WHERE c.tick_id IN (SELECT t.id {ticks}){kept} "
+            "AND c.scheduled_at < :cutoff AND (CAST(:start AS timestamptz) IS NULL OR c.scheduled_at > :start)"
+        )
         setattr(counts, attribute, int(session.scalar(text(sql), params) or 0))
     return counts
 

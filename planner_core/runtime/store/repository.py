@@ -162,20 +162,34 @@ def tick_exists(session: Session, deployment_id: int, loop: str, scheduled_at: d
     )
 
 
-def latest_state(session: Session, deployment_id: int) -> tuple[int | None, PlannerState]:
-    """The state after the most recently recorded tick of the deployment, and that tick's id."""
-    newest = session.execute(
-        select(PlannerStateRow.tick_id, PlannerStateRow.scheduled_at)
-        .where(PlannerStateRow.deployment_id == deployment_id)
-        .order_by(PlannerStateRow.tick_id.desc())
-        .limit(1)
-    ).first()
+def latest_state(
+    session: Session, deployment_id: int, *, since: dt.datetime | None = None
+) -> tuple[int | None, PlannerState]:
+    """The state after the most recently recorded tick of the deployment (the highest tick id), and that tick's id.
+
+    `since`: look in the partitions from that time on first (the live tick passes the start of the day before its
+    own), and in every day only if none is there. Both read one index per day they cover, and Postgres plans a
+    query over every day's partitions in time growing with their number (measured on 80 days: ~12 ms planning
+    against ~0.3 ms for two days; docs/database-and-sql.md, Time partitions). With `since`, a tick recorded later
+    for an older day (a backfill) is not the start: the newest state of the recent days is."""
+    newest = None
+    if since is not None:
+        newest = session.execute(_LATEST_STATE_SINCE, {"deployment_id": deployment_id, "since": since}).first()
+    if newest is None:
+        newest = session.execute(_LATEST_STATE, {"deployment_id": deployment_id}).first()
     if newest is None:
         return None, PlannerState()
     tick_id = newest.tick_id
     state = state_json(session, tick_id, scheduled_at=newest.scheduled_at)
     assert state is not None  # the row was just found, in this transaction
     return tick_id, from_jsonable(PlannerState, state)
+
+
+# A deployment's newest state, in every day's partition or (`_SINCE`) in those from a time on only.
+_LATEST_STATE_SQL = """SELECT tick_id, scheduled_at FROM planner_states WHERE deployment_id = :deployment_id{since}
+                         ORDER BY tick_id DESC LIMIT 1"""
+_LATEST_STATE = text(_LATEST_STATE_SQL.format(since=""))
+_LATEST_STATE_SINCE = text(_LATEST_STATE_SQL.format(since=" AND scheduled_at >= :since"))
 
 
 # The stored rows a tick's state is rebuilt from: the tick's own row, then its base's, ... back to a full state.

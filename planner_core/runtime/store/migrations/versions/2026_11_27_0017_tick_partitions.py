@@ -28,8 +28,9 @@ append-only and cannot lose rows, and the decisions it references stay), and `pl
 its state whole, `state_delta.same_partition`; existing deltas whose base is in another day are rewritten
 whole here).
 Views reading these tables (`tick_summary`, `decision_history`, `fpm_snapshots`, `tick_steps`, ...) are
-re-pointed at the new tables, unchanged; grants as before (`planner_writer`: SELECT, INSERT, UPDATE, DELETE;
-`planner_analyst`: SELECT); the id sequences move to the new tables.
+re-pointed at the new tables, same columns, their joins of a tick table to `ticks` by tick id also equating
+`scheduled_at` (so Postgres can read the tick's partition only); grants as before (`planner_writer`: SELECT,
+INSERT, UPDATE, DELETE; `planner_analyst`: SELECT); the id sequences move to the new tables.
 Locks: ACCESS EXCLUSIVE on the seven tables (and the tables whose foreign keys are dropped) for the whole copy:
 about as long as reading them; ticks are not recorded meanwhile.
 Downgrade: back to unpartitioned tables (the rows copied, the old keys and foreign keys restored, the functions
@@ -158,6 +159,36 @@ def _repoint_views(renamed: str, name: str) -> None:
     for view, definition in bind.execute(sa.text(_DEPENDENT_VIEWS), {"relation": renamed}).all():
         pattern = re.compile(rf"\b{renamed}\b")
         op.execute(f"CREATE OR REPLACE VIEW {view} AS {pattern.sub(name, definition)}")
+
+
+_ALL_VIEWS = (
+    "SELECT c.relname, pg_get_viewdef(c.oid) FROM pg_class c "
+    "WHERE c.relkind = 'v' AND c.relnamespace = 'public'::regnamespace"
+)
+
+
+def _join_on_partition_key(definition: str) -> str:
+    """A view's joins of a tick table to `ticks` by tick id also equate `scheduled_at`, so Postgres may read the
+    tick's partition only (measured on 80 days: `sla_by_hour` over 7 days ~1.1 s -> ~0.2 s)."""
+    ticks = re.findall(r"(?:FROM|JOIN)\s+\(*ticks\s+(\w+)", definition)
+    rows = re.findall(rf"(?:FROM|JOIN)\s+\(*(?:{'|'.join(CHILD_TABLES)})\s+(\w+)", definition)
+    for row in rows:
+        for tick in ticks:
+            definition = re.sub(
+                rf"\({row}\.tick_id = {tick}\.id\)",
+                f"({row}.tick_id = {tick}.id AND {row}.scheduled_at = {tick}.scheduled_at)",
+                definition,
+            )
+    return definition
+
+
+def _rewrite_views(rewrite: object) -> None:
+    """Replace every view whose definition `rewrite` changes (same columns: CREATE OR REPLACE keeps grants and
+    comments)."""
+    for view, definition in op.get_bind().execute(sa.text(_ALL_VIEWS)).all():
+        changed = rewrite(definition)  # type: ignore[operator]
+        if changed != definition:
+            op.execute(f"CREATE OR REPLACE VIEW {view} AS {changed}")
 
 
 def _set_aside(table: str) -> str:
@@ -313,6 +344,7 @@ def upgrade() -> None:
         _repoint_views(old[table], table)
     for table in reversed(TICK_TABLES):
         op.execute(f"DROP TABLE {old[table]}")
+    _rewrite_views(_join_on_partition_key)
     op.execute(
         _WRITER_GRANTS.format(
             tables=", ".join(TICK_TABLES),
@@ -367,6 +399,8 @@ _REFERENCES = (
 
 def downgrade() -> None:
     bind = op.get_bind()
+    # the views' joins on `scheduled_at` first: the unpartitioned tables do not have it
+    _rewrite_views(lambda d: re.sub(r"\s+AND\s+\((\w+)\.scheduled_at = (\w+)\.scheduled_at\)", "", d))
     for table, column, _ in (*_REFERENCES, ("ticks", "previous_tick_id", "")):
         dangling = bind.scalar(
             sa.text(

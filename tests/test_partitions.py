@@ -345,3 +345,35 @@ def test_drop_partitions_cli(database_url, tmp_path) -> None:
     refused = planner("db", "prune", "--drop-partitions-older-than", "1", "--deployment", "cli", env=env)
     assert refused.returncode == 2
     assert "a day's partitions hold every deployment" in refused.stderr
+
+
+def test_a_tick_recorded_while_a_day_is_dropped_waits_and_records(database_url, tmp_path) -> None:
+    """A tick transaction that read the states (a lock on `planner_states`), then records (a lock on `ticks`),
+    while retention drops an old day (all seven tables, `ticks` first): the drop gives way (its lock timeout is
+    shorter than Postgres' deadlock timeout) and tries again; the tick records and the day is dropped."""
+    ctx = load_context(database_url, "busy", write_config(tmp_path))
+    _day_of_ticks(ctx, dt.datetime(2026, 1, 5, 12, 0, tzinfo=UTC), 2)
+    newest = _day_of_ticks(ctx, dt.datetime(2026, 1, 9, 12, 0, tzinfo=UTC), 1)[0]
+    read_states = threading.Event()
+    results: dict[str, object] = {}
+
+    def tick() -> None:
+        try:
+            inputs, outcome = decision_outcome(dt.datetime(2026, 1, 9, 12, 5, tzinfo=UTC), 1, 1)
+            with ctx.sessions.begin() as session:
+                deployment = repo.find_deployment(session, "busy")
+                previous, _ = repo.latest_state(session, deployment.id)
+                read_states.set()
+                time.sleep(1.5)  # the drop starts meanwhile and locks `ticks`
+                results["tick"] = record_outcome(session, "busy", inputs, outcome, previous_tick_id=previous)
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            results["tick"] = exc
+
+    thread = threading.Thread(target=tick)
+    thread.start()
+    assert read_states.wait(timeout=30)
+    summary = drop_partitions(database_url, older_than_days=1, now=dt.datetime(2026, 1, 9, tzinfo=UTC))
+    thread.join(timeout=60)
+    assert isinstance(results["tick"], int), results
+    assert dt.date(2026, 1, 5) in [d.day for d in summary.dropped]
+    assert _rows(database_url, "SELECT previous_tick_id FROM ticks WHERE id = %s", results["tick"]) == [(newest,)]

@@ -25,12 +25,14 @@ appends a `history_pruned` audit event with the counts. An interrupted prune lea
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from planner_core.domain import Loop
@@ -341,29 +343,60 @@ def drop_partitions(
     with sessions.begin() as session:
         days = [day for day in partitions.partition_days(session) if _day_end(day) <= cutoff]
     for day in days:
-        with sessions.begin() as session:
-            why = _why_kept(session, day)
-            if why is not None:
-                summary.kept[day] = why
-                continue
-            rows = {
-                table: int(session.scalar(text(f"SELECT count(*) FROM {partitions.partition_name(table, day)}")) or 0)
-                for table in partitions.TICK_TABLES
-            }
-            dropped = DroppedDay(day=day, num_ticks=rows["ticks"], rows=rows)
-            if not dry_run:
-                session.execute(text("SELECT planner_drop_tick_partitions(CAST(:day AS date))"), {"day": day})
-                repo.audit(
-                    session,
-                    "partitions_dropped",
-                    {"day": day.isoformat(), "cutoff": cutoff.isoformat(), "ticks": dropped.num_ticks, "rows": rows},
-                )
-        if not dry_run:
-            partitions.forget(session.get_bind(), day)
+        dropped = _drop_day(sessions, day, cutoff, dry_run, summary)
+        if dropped is None:
+            continue
         summary.dropped.append(dropped)
         if on_day is not None:
             on_day(dropped)
     return summary
+
+
+LOCK_TIMEOUT_MS = 500  # below Postgres' deadlock_timeout (1 s): the drop gives way before a tick could be the victim
+LOCK_ATTEMPTS = 20
+
+
+def _drop_day(
+    sessions: Any, day: dt.date, cutoff: dt.datetime, dry_run: bool, summary: DropSummary
+) -> DroppedDay | None:
+    """Drop (or count) one day in its own transaction; None if it is kept (the reason in `summary.kept`).
+
+    The drop locks the seven tables at once, `ticks` first as a tick's transaction takes them, waiting at most
+    `LOCK_TIMEOUT_MS` each time: a tick that holds one of them and waits for another makes the drop give up and
+    try again (up to `LOCK_ATTEMPTS` times) rather than be part of a deadlock in which Postgres might abort the
+    tick."""
+    for _attempt in range(LOCK_ATTEMPTS):
+        try:
+            with sessions.begin() as session:
+                if not dry_run:
+                    session.execute(text(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}"))
+                    tables = ", ".join(partitions.TICK_TABLES)
+                    session.execute(text(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE"))
+                why = _why_kept(session, day)
+                if why is not None:
+                    summary.kept[day] = why
+                    return None
+                rows = {
+                    table: int(
+                        session.scalar(text(f"SELECT count(*) FROM {partitions.partition_name(table, day)}")) or 0
+                    )
+                    for table in partitions.TICK_TABLES
+                }
+                dropped = DroppedDay(day=day, num_ticks=rows["ticks"], rows=rows)
+                if not dry_run:
+                    session.execute(text("SELECT planner_drop_tick_partitions(CAST(:day AS date))"), {"day": day})
+                    detail = {"day": day.isoformat(), "cutoff": cutoff.isoformat(), "ticks": dropped.num_ticks}
+                    repo.audit(session, "partitions_dropped", {**detail, "rows": rows})
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != "55P03":  # lock_not_available
+                raise
+            time.sleep(0.2)
+            continue
+        if not dry_run:
+            partitions.forget(session.get_bind(), day)
+        return dropped
+    summary.kept[day] = f"the tick tables stayed busy ({LOCK_ATTEMPTS} tries of {LOCK_TIMEOUT_MS} ms); try again"
+    return None
 
 
 def _day_end(day: dt.date) -> dt.datetime:

@@ -114,6 +114,8 @@ DECLARE
     suffix text := '_p' || to_char(day, 'YYYYMMDD');
 BEGIN
     PERFORM pg_advisory_xact_lock({PARTITION_LOCK_KEY});
+    -- every parent locked at once, `ticks` first as a tick's transaction takes them: no deadlock with a tick
+    LOCK TABLE {", ".join(TICK_TABLES)} IN ACCESS EXCLUSIVE MODE;
     -- the tables referencing ticks first, ticks last; detached first, since a partition of a table other tables
     -- reference cannot be dropped while attached (Postgres checks no row references it when it is detached)
     FOREACH t IN ARRAY {_ARRAY.replace("ARRAY['ticks', ", "ARRAY[")} || ARRAY['ticks'] LOOP

@@ -40,7 +40,8 @@ from planner_core.runtime.fleet import (
 from planner_core.runtime.redact import redact_text
 from planner_core.runtime.service import run_execution, run_tick
 from planner_core.runtime.settings import RuntimeSettings
-from planner_core.runtime.store.db import resolve_database_url, session_factory
+from planner_core.runtime.store.db import get_engine, resolve_database_url, session_factory
+from planner_core.runtime.store.partitions import ensure_partitions_ahead
 from planner_core.runtime.store.repository import pending_decisions
 
 DEFAULT_MAX_CONCURRENT = 4
@@ -240,6 +241,7 @@ def serve_fleet(
     A tick that overruns its slot makes the next run start at the newest slot: slots in between are not run (the
     members count them as missed ticks), so the fleet never falls further behind."""
     url = resolve_database_url(RuntimeSettings())
+    ensure_partitions_ahead(get_engine(url), dt.datetime.now(dt.UTC))  # today's and the next days' (each tick: its own)
     stop = stop or threading.Event()
     while not stop.is_set():
         next_slot_s = math.floor(time.time() / interval_s) * interval_s + interval_s

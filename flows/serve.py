@@ -31,9 +31,10 @@ from planner_core.config import EnvironmentKind, PlannerFile
 from planner_core.runtime.execution_listener import ExecutionListener, ListenerSettings, Trigger
 from planner_core.runtime.service import served_config
 from planner_core.runtime.settings import DEFAULT_DEPLOYMENT, RuntimeSettings
-from planner_core.runtime.store.db import resolve_database_url, resolve_owner_database_url
+from planner_core.runtime.store.db import get_engine, resolve_database_url, resolve_owner_database_url
 from planner_core.runtime.store.migrate import upgrade
 from planner_core.runtime.store.models import DecisionStatus
+from planner_core.runtime.store.partitions import ensure_partitions_ahead
 
 NO_OVERLAP = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 
@@ -135,6 +136,7 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
     path, loaded = served_config(config_path, settings)
     database_url = resolve_database_url(settings)
     upgrade(resolve_owner_database_url(settings))  # as the owner; the flows write through `database_url`
+    ensure_partitions_ahead(get_engine(database_url), dt.datetime.now(dt.UTC))  # today's and the next days'
     name = deployment or settings.deployment or DEFAULT_DEPLOYMENT
     if loaded.service.metric_reporting_prometheus_port:
         from planner_core.runtime.metrics import start_metrics_server

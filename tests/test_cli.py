@@ -370,7 +370,11 @@ def test_bash_completion_from_the_parser_tree() -> None:
     assert "complete -o default -F _planner_complete planner" in script
     assert {"db", "history", "report", "completion", "--version"} <= set(_complete(script, "planner", ""))
     assert _complete(script, "planner", "db", "") == ["url", "upgrade", "stop", "prune", "-h", "--help"]
-    assert set(_complete(script, "planner", "db", "prune", "--d")) == {"--deployment", "--dry-run"}
+    assert set(_complete(script, "planner", "db", "prune", "--d")) == {
+        "--deployment",
+        "--dry-run",
+        "--drop-partitions-older-than",
+    }
     assert _complete(script, "planner", "history", "--format", "") == ["table", "csv", "json"]
     assert _complete(script, "planner", "history", "--deployment", "x", "--f") == ["--format"]
     assert _complete(script, "planner", "completion", "") == ["bash", "zsh", "-h", "--help"]
@@ -419,6 +423,7 @@ def test_sigusr1_prints_where_a_command_waits_and_it_goes_on() -> None:
         [sys.executable, "-m", "planner_cli", "fpm-publish", "--connect", "tcp://127.0.0.1:9", "--seconds", "1"],
         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
     )  # fmt: skip
+
     def catches_sigusr1() -> bool:  # registered (else SIGUSR1 would end the process): the kernel's caught mask
         with open(f"/proc/{process.pid}/status") as status:
             mask = next(line for line in status if line.startswith("SigCgt:")).split()[1]

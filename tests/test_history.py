@@ -378,4 +378,4 @@ def test_prune_cli(prunable) -> None:
     done = planner("db", "prune", "--older-than", "0", env=env)
     assert "pruned: 36 ticks examined; deleted 24 tick_steps, 24 planner_states" in done.stdout
     missing = planner("db", "prune", env=env)
-    assert missing.returncode == 2 and "required: --older-than" in missing.stderr
+    assert missing.returncode == 2 and "--older-than --drop-partitions-older-than is required" in missing.stderr

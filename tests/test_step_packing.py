@@ -197,7 +197,7 @@ def test_ids_cached_before_the_table_was_made_again_are_not_used(ctx, tmp_path) 
     url = ctx[0].database_url
     first = (StepRecord(step="demand", reason=ReasonCode.NO_CHANGE, detail="a 1"),)
     _record(ctx, T0 + dt.timedelta(minutes=1), first)
-    downgrade(url, "0016")
+    downgrade(url, "0017")
     upgrade(url)
     with psycopg.connect(to_libpq_uri(url)) as conn:  # different templates take the ids the cache holds
         conn.execute("DELETE FROM step_templates")

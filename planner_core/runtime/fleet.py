@@ -46,12 +46,12 @@ from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.models import (
     ArbitrationGrantRow,
     ArbitrationRoundRow,
-    Base,
     Deployment,
     FleetBudgetRow,
     FleetMemberRow,
     Tick,
 )
+from planner_core.runtime.store.partitions import TICK_TABLES as PARTITIONED_TICK_TABLES
 
 
 class FleetError(ValueError):
@@ -480,17 +480,11 @@ def members_configs(contexts: dict[str, PlannerContext]) -> dict[str, PlannerCon
 
 
 def _tick_tables() -> tuple[str, ...]:
-    """The tables holding what one tick recorded, from the store's own table list: `ticks` and every table whose
-    `tick_id` references a tick (the audit log too: its rows name their tick), except `replay_ticks` (a replay's
-    comparison, written by `planner replay`, not by the tick). A table added to the models is counted unasked."""
-    referencing = sorted(
-        table.name
-        for table in Base.metadata.tables.values()
-        if "tick_id" in table.c
-        and any(fk.column.table.name == "ticks" for fk in table.c.tick_id.foreign_keys)
-        and table.name != "replay_ticks"
-    )
-    return ("ticks", *referencing)
+    """The tables holding what one tick recorded: the partitioned tick tables (`ticks` and the tables of one
+    tick's rows, `store.partitions.TICK_TABLES`), plus `decisions` and `audit_log`, whose rows name their tick
+    without a foreign key since migration 0017 (they are not partitioned: few rows, and the audit log may never
+    lose one). Not `replay_ticks`: a replay's comparison, written by `planner replay`, not by the tick."""
+    return (*PARTITIONED_TICK_TABLES, "decisions", "audit_log")
 
 
 TICK_TABLES = _tick_tables()

@@ -64,16 +64,19 @@ SELECT t.id, t.loop, t.scheduled_at, t.config_hash, t.reason, t.inputs, t.previo
           FROM tick_steps x WHERE x.tick_id = t.id) AS steps,
        (SELECT json_agg(json_build_object('component', p.component, 'current', p.current, 'desired', p.desired,
                                           'reason', p.reason) ORDER BY p.id)
-          FROM proposals p WHERE p.tick_id = t.id) AS proposals,
+          FROM proposals p WHERE p.tick_id = t.id AND p.scheduled_at = t.scheduled_at) AS proposals,
        CASE WHEN pr.tick_id IS NOT NULL THEN
            json_build_object('num_req', pr.num_req, 'isl', pr.isl, 'osl', pr.osl, 'reason', pr.reason,
                              'quantile', pr.quantile, 'isl_quantile', pr.isl_quantile,
                              'osl_quantile', pr.osl_quantile)
        END AS prediction
   FROM ticks t
-  LEFT JOIN planner_states s ON s.tick_id = t.id
+  -- `scheduled_at` in the joins: each row is in its tick's partition, and the range bounds which partitions
+  LEFT JOIN planner_states s ON s.tick_id = t.id AND s.scheduled_at = t.scheduled_at
+       AND s.scheduled_at >= :start AND s.scheduled_at < :end
   LEFT JOIN decisions d ON d.tick_id = t.id
-  LEFT JOIN predictions pr ON pr.tick_id = t.id
+  LEFT JOIN predictions pr ON pr.tick_id = t.id AND pr.scheduled_at = t.scheduled_at
+       AND pr.scheduled_at >= :start AND pr.scheduled_at < :end
  WHERE t.deployment_id = :deployment_id AND t.scheduled_at >= :start AND t.scheduled_at < :end
    AND t.id BETWEEN :first_id AND :last_id  -- bounds the primary-key scan to the range
  ORDER BY t.id
@@ -377,8 +380,9 @@ def _with_states(reader: Connection, rows: Iterator[Any]) -> Iterator[Any]:
             if previous is not None and previous[0] == row.base_tick_id:
                 base = previous[1]
             else:
-                base = repo.state_json(reader, row.base_tick_id)
-                if base is None:  # the store's foreign key keeps a delta's base: only a damaged table lands here
+                # a delta's base is in the delta's own day (migration 0017): read that partition only
+                base = repo.state_json(reader, row.base_tick_id, scheduled_at=row.scheduled_at)
+                if base is None:  # prune rebuilds a delta before deleting its base: only a damaged table lands here
                     raise ValueError(f"planner_states: tick {row.id}'s delta has no base (tick {row.base_tick_id})")
             state = apply_delta(base, decode_delta(row.delta))
         values["has_state"] = state is not None

@@ -48,7 +48,9 @@ from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.execution import ExecutionSummary, execute_pending
 from planner_core.runtime.store.fpm import latest_fpm
 from planner_core.runtime.store.migrate import check_schema_current, upgrade
+from planner_core.runtime.store.partitions import ensure_partitions_ahead
 from planner_core.runtime.warmup import warm_history
+from planner_core.state_delta import partition_start
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when a Kubernetes connector is used (~0.4 s)
     from planner_core.runtime.connectors.kubernetes import KubernetesConnector
@@ -301,6 +303,9 @@ def run_tick(
     (why the source had no observation) and `curve_problem` (why the observation has no prompt-arrival curve)
     are written to the audit log with the tick (`traffic_unavailable`, `arrival_curve_unavailable`).
     """
+    # The tick's day's partitions and the next day's, each in its own short transaction before the tick's: a
+    # dictionary lookup when known, so the tick's own transaction never waits on DDL (store/partitions.py).
+    ensure_partitions_ahead(ctx.sessions.kw["bind"], scheduled_at, days_ahead=1)
     with ctx.sessions.begin() as session:
         deployment = repo.ensure_deployment(session, ctx.deployment, ctx.config)
         repo.lock_deployment(session, deployment.id)
@@ -312,7 +317,9 @@ def run_tick(
             since = scheduled_at - dt.timedelta(seconds=fpm_max_age_s(ctx.config))
             fpm = latest_fpm(session, deployment.id, since, until=scheduled_at)
         inputs = TickInputs(now_s=scheduled_at.timestamp(), loop=loop, workers=workers, traffic=traffic, fpm=fpm)
-        previous_tick_id, state = repo.latest_state(session, deployment.id)
+        # the previous tick is normally today's or yesterday's: read those partitions first (store/repository.py)
+        since = partition_start(scheduled_at) - dt.timedelta(days=1)
+        previous_tick_id, state = repo.latest_state(session, deployment.id, since=since)
         if previous_tick_id is None and ctx.warmup_trace is not None:
             state = _warm_started(session, deployment.id, ctx)
         take_remote_answers(ctx.planner)  # nothing left over from a tick that failed before being recorded

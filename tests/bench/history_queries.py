@@ -26,7 +26,8 @@ import psycopg
 
 from planner_core.runtime.store.db import get_engine, to_libpq_uri, to_sqlalchemy_url
 from planner_core.runtime.store.migrate import upgrade
-from planner_core.runtime.store.prune import prune_history
+from planner_core.runtime.store.prune import drop_partitions, prune_history
+from planner_core.runtime.store.repository import _BOUND, _STATE_CHAIN_SQL
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 DEPLOYMENTS = {"bench": 80, "other": 20}  # days of history each
@@ -37,6 +38,10 @@ INSERT INTO planner_configs (config_hash, body) VALUES ('bench', '{"ttft_ms": 20
   "prefill_engine_num_gpu": null, "decode_engine_num_gpu": null}');
 INSERT INTO deployments (id, name, mode, environment, config_hash) VALUES
   (1, 'bench', 'disagg', 'virtual', 'bench'), (2, 'other', 'disagg', 'virtual', 'bench');
+
+-- the tick tables' daily partitions (migration 0017), created as the planner would, ahead of the rows
+SELECT planner_tick_partitions(((%(t0)s::timestamptz AT TIME ZONE 'UTC') + make_interval(days => d))::date)
+  FROM generate_series(0, %(bench_days)s) AS d;
 
 -- ticks in time order (ids follow the recording order, as live ticks' do): a throughput tick every 36th slot
 CREATE TEMP TABLE slots AS
@@ -57,25 +62,31 @@ SELECT n, deployment_id, loop, at, 'bench',
                 UNION ALL SELECT deployment_id, i, at, 'throughput' FROM slots WHERE i %% 36 = 0) x) y;
 SELECT setval(pg_get_serial_sequence('ticks', 'id'), (SELECT max(id) FROM ticks));
 
-INSERT INTO worker_observations SELECT id, 2, 3, 2, 3 FROM ticks;
-INSERT INTO planner_states (tick_id, deployment_id, state)
-SELECT id, deployment_id, jsonb_build_object('num_load_ticks', id) FROM ticks;
-INSERT INTO tick_step_lists (tick_id, steps)
-SELECT id, jsonb_build_array(jsonb_build_array('load', NULL, NULL, 'no_fpm_data', 'no forward-pass metrics observed'))
+INSERT INTO worker_observations (tick_id, scheduled_at, ready_prefill, ready_decode, expected_prefill, expected_decode)
+SELECT id, scheduled_at, 2, 3, 2, 3 FROM ticks;
+INSERT INTO planner_states (tick_id, scheduled_at, deployment_id, state)
+SELECT id, scheduled_at, deployment_id, jsonb_build_object('num_load_ticks', id) FROM ticks;
+INSERT INTO tick_step_lists (tick_id, scheduled_at, steps)
+SELECT id, scheduled_at,
+       jsonb_build_array(jsonb_build_array('load', NULL, NULL, 'no_fpm_data', 'no forward-pass metrics observed'))
   FROM ticks WHERE loop = 'load';
-INSERT INTO tick_step_lists (tick_id, steps)
-SELECT t.id, jsonb_agg(jsonb_build_array('step' || s.seq, CASE WHEN s.seq %% 2 = 0 THEN 'prefill' ELSE 'decode' END,
+INSERT INTO tick_step_lists (tick_id, scheduled_at, steps)
+SELECT t.id, t.scheduled_at,
+       jsonb_agg(jsonb_build_array('step' || s.seq, CASE WHEN s.seq %% 2 = 0 THEN 'prefill' ELSE 'decode' END,
        s.seq * 1.5, CASE WHEN s.seq IN (0, 1, 13) THEN 'observed' ELSE 'within_range' END, 'generated') ORDER BY s.seq)
-  FROM ticks t, generate_series(0, 13) AS s(seq) WHERE t.loop = 'throughput' GROUP BY t.id;
-INSERT INTO traffic_observations (tick_id, window_s, num_req, isl, osl, isl_p90, osl_p90, ttft_ms, itl_ms)
-SELECT id, 180, 3000 + 1500 * sin(extract(epoch FROM scheduled_at) / 86400 * 2 * pi()) + random() * 300,
+  FROM ticks t, generate_series(0, 13) AS s(seq) WHERE t.loop = 'throughput' GROUP BY t.id, t.scheduled_at;
+INSERT INTO traffic_observations (tick_id, scheduled_at, window_s, num_req, isl, osl, isl_p90, osl_p90, ttft_ms,
+                                  itl_ms)
+SELECT id, scheduled_at, 180, 3000 + 1500 * sin(extract(epoch FROM scheduled_at) / 86400 * 2 * pi()) + random() * 300,
        3000 + random() * 500, 300 + random() * 50, 5000, 600, 60 + random() * 300, 6 + random() * 6
   FROM ticks WHERE loop = 'throughput';
-INSERT INTO predictions (tick_id, predictor, num_req, isl, osl, reason, quantile, isl_quantile, osl_quantile)
-SELECT tick_id, 'kalman', num_req * (0.9 + random() * 0.2), isl, osl, 'predicted', 'p90', isl_p90, osl_p90
+INSERT INTO predictions (tick_id, scheduled_at, predictor, num_req, isl, osl, reason, quantile, isl_quantile,
+                         osl_quantile)
+SELECT tick_id, scheduled_at, 'kalman', num_req * (0.9 + random() * 0.2), isl, osl, 'predicted', 'p90', isl_p90, osl_p90
   FROM traffic_observations;
-INSERT INTO proposals (tick_id, component, current, desired, reason)
-SELECT id, c, 2, 2, 'no_change' FROM ticks, unnest(ARRAY['prefill', 'decode']) AS c WHERE loop = 'throughput';
+INSERT INTO proposals (tick_id, scheduled_at, component, current, desired, reason)
+SELECT id, scheduled_at, c, 2, 2, 'no_change'
+  FROM ticks, unnest(ARRAY['prefill', 'decode']) AS c WHERE loop = 'throughput';
 INSERT INTO decisions (tick_id, deployment_id, target_prefill, target_decode, reason, status, created_at,
                        status_changed_at)
 SELECT id, deployment_id, 3, 4, 'scale', 'acknowledged', scheduled_at, scheduled_at FROM ticks WHERE reason = 'scale';
@@ -124,6 +135,24 @@ QUERIES = (
         "SELECT tick_id FROM planner_states WHERE deployment_id = 1 ORDER BY tick_id DESC LIMIT 1",
     ),
     (
+        "latest state, the last two days only",
+        "SELECT tick_id FROM planner_states WHERE deployment_id = 1 AND scheduled_at >= %(end)s - interval '1 day' "
+        "ORDER BY tick_id DESC LIMIT 1",
+    ),
+    (
+        "newest state's chain, bounded to its day",
+        _STATE_CHAIN_SQL.format(bound=_BOUND.format(p=""), bound_p=_BOUND.format(p="p."))
+        .replace(":tick_id", "%(tick)s")
+        .replace(":lo", "date_trunc('day', %(end)s, 'UTC')")
+        .replace(":hi", "date_trunc('day', %(end)s, 'UTC') + interval '1 day'"),
+    ),
+    (
+        "newest state's chain, unbounded",
+        _STATE_CHAIN_SQL.format(bound="", bound_p="").replace(
+            ":tick_id", "%(tick)s"
+        ),
+    ),
+    (
         "prune batch (5000 oldest load ticks)",
         "SELECT id, scheduled_at FROM ticks WHERE deployment_id = 1 AND loop = 'load' "
         "AND scheduled_at < %(end)s - interval '30 days' ORDER BY scheduled_at LIMIT 5000",
@@ -146,12 +175,13 @@ INDEXES_0002 = {
 
 
 def measure(conn: psycopg.Connection, sql: str, params: dict, repeat: int) -> tuple[float, float, str]:
-    """Median and max execution time (ms) of `repeat` EXPLAIN ANALYZE runs, and the indexes the plan used."""
+    """Median and max time (ms, planning plus execution) of `repeat` EXPLAIN ANALYZE runs, and the indexes used."""
     times, plan = [], ""
     for _ in range(repeat):
-        rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params).fetchall()
+        rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS, SUMMARY ON) " + sql, params).fetchall()
         plan = "\n".join(r[0] for r in rows)
-        times.append(float(re.search(r"Execution Time: ([\d.]+) ms", plan).group(1)))
+        # planning counts too: Postgres plans a query over N partitions in time growing with N
+        times.append(sum(float(t) for t in re.findall(r"(?:Planning|Execution) Time: ([\d.]+) ms", plan)))
     indexes = sorted(set(re.findall(r"(?:Index|Index Only) Scan(?: Backward)? using (\w+)", plan)))
     scans = sorted(set(re.findall(r"Seq Scan on (\w+)", plan)))
     used = ", ".join(indexes) + (f"; seq scan: {', '.join(scans)}" if scans else "")
@@ -200,14 +230,15 @@ def main() -> None:
                 ).fetchone()
                 print(f"  {table:<22} {count:>10,} rows {size:>10}")
             end = conn.execute("SELECT max(scheduled_at) FROM ticks WHERE deployment_id = 1").fetchone()[0]
-            report(conn, {"end": end}, args.repeat, "with the 0003 indexes")
+            tick = conn.execute("SELECT max(id) FROM ticks WHERE deployment_id = 1").fetchone()[0]
+            report(conn, {"end": end, "tick": tick}, args.repeat, "with the 0003 indexes")
             for name in INDEXES_0003:
                 conn.execute(f"DROP INDEX {name}")
             for ddl in INDEXES_0002.values():
                 conn.execute(ddl)
             conn.execute("ANALYZE ticks")
             conn.execute("ANALYZE planner_states")
-            report(conn, {"end": end}, args.repeat, "without them (0002 indexes only)")
+            report(conn, {"end": end, "tick": tick}, args.repeat, "without them (0002 indexes only)")
             for name in INDEXES_0002:
                 conn.execute(f"DROP INDEX {name}")
             for name, ddl in INDEXES_0003.items():
@@ -226,6 +257,14 @@ def main() -> None:
         started = time.perf_counter()
         again = prune_history(url, older_than_days=30, now=end + dt.timedelta(seconds=1))
         print(f"prune again (nothing new): {again.total.num_ticks} ticks in {time.perf_counter() - started:.2f} s")
+        # Retention by partition (migration 0017): the oldest two days, each dropped in its own transaction.
+        now = T0 + dt.timedelta(days=2 + 30)
+        started = time.perf_counter()
+        dropped = drop_partitions(url, older_than_days=30, now=now)
+        elapsed = time.perf_counter() - started
+        for day in dropped.dropped:
+            print(f"drop partitions of {day.day}: {day.num_ticks:,} ticks, rows {day.rows}")
+        print(f"drop-partitions-older-than 30 (2 days): {elapsed:.2f} s, {elapsed / len(dropped.dropped):.2f} s a day")
     finally:
         get_engine(url).dispose()
         if server is not None:

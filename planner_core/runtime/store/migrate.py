@@ -9,6 +9,8 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
+from planner_core.runtime.store.partitions import forget_all
+
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 
@@ -22,10 +24,12 @@ def alembic_config(database_url: str) -> Config:
 
 def upgrade(database_url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(database_url), revision)
+    forget_all()  # the tick tables' partitions this process knew may be gone (store/partitions.py)
 
 
 def downgrade(database_url: str, revision: str = "base") -> None:
     command.downgrade(alembic_config(database_url), revision)
+    forget_all()
 
 
 def heads(database_url: str = "") -> list[str]:

@@ -19,6 +19,7 @@ from sqlalchemy import (
     DateTime,
     Double,
     ForeignKey,
+    ForeignKeyConstraint,
     Identity,
     Index,
     Integer,
@@ -92,6 +93,28 @@ class LocalWorkerStatus(enum.StrEnum):
     DIED = "died"  # exited while it should have been serving (reported, and replaced)
 
 
+# The tick tables are partitioned by `scheduled_at`, one partition per UTC day (migration 0017; partitions are
+# created by `store.partitions`, dropped by `planner db prune --drop-partitions-older-than`). Every table of one
+# tick's rows carries its tick's `scheduled_at` and references it by (tick_id, scheduled_at).
+PARTITIONED = {"postgresql_partition_by": "RANGE (scheduled_at)"}
+SCHEDULED_AT_COMMENT = (
+    "The scheduled time of the tick the row belongs to (copied from ticks.scheduled_at): the partition key "
+    "(migration 0017)"
+)
+DROPPED_TICK_COMMENT = (
+    "A tick id (no foreign key since migration 0017): may name a tick whose partition retention dropped"
+)
+
+
+def _of_tick(*args: Any) -> tuple[Any, ...]:
+    """`__table_args__` of a partitioned table of one tick's rows: the composite foreign key to its tick."""
+    return (*args, ForeignKeyConstraint(["tick_id", "scheduled_at"], ["ticks.id", "ticks.scheduled_at"]), PARTITIONED)
+
+
+def _tick_time() -> Any:
+    return mapped_column(DateTime(timezone=True), primary_key=True, comment=SCHEDULED_AT_COMMENT)
+
+
 def _enum_check(name: str, column: str, values: type[enum.Enum]) -> CheckConstraint:
     allowed = ", ".join(f"'{v.value}'" for v in values)
     return CheckConstraint(f"{column} IN ({allowed})", name=name)
@@ -134,17 +157,21 @@ class Tick(Base):
             text("date_trunc('hour', scheduled_at, 'UTC')"),
             postgresql_where=text("loop = 'throughput'"),
         ),
+        PARTITIONED,
     )
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
     deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"))
     loop: Mapped[str] = mapped_column(String(20))
-    scheduled_at: Mapped[dt.datetime]
+    scheduled_at: Mapped[dt.datetime] = mapped_column(primary_key=True)
+    # The table's key is (id, scheduled_at) (a partitioned table's keys hold its partition key); the id alone
+    # names a tick, so the ORM looks rows up by it (`session.get(Tick, id)`).
+    __mapper_args__ = {"primary_key": [id]}
     recorded_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
     config_hash: Mapped[str] = mapped_column(ForeignKey("planner_configs.config_hash"))
     reason: Mapped[str] = mapped_column(String(60))
     # JSON text without the fields at their defaults (`to_jsonable(..., omit_defaults=True)`; migration 0019)
     inputs: Mapped[dict[str, Any]] = mapped_column(JSON)
-    previous_tick_id: Mapped[int | None] = mapped_column(ForeignKey("ticks.id"))
+    previous_tick_id: Mapped[int | None] = mapped_column(BigInteger, comment=DROPPED_TICK_COMMENT)
     decide_ms: Mapped[float]
     flow_run_id: Mapped[str | None] = mapped_column(String(64))
     task_run_id: Mapped[str | None] = mapped_column(String(64))
@@ -154,7 +181,10 @@ class TrafficObservationRow(Base):
     """Frontend traffic the tick saw over its window."""
 
     __tablename__ = "traffic_observations"
-    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
+    __table_args__ = _of_tick()
+    tick_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    scheduled_at: Mapped[dt.datetime] = _tick_time()
+    __mapper_args__ = {"primary_key": [tick_id]}  # one row per tick: the ORM looks it up by the tick id
     window_s: Mapped[float]
     num_req: Mapped[float]
     isl: Mapped[float]
@@ -216,7 +246,10 @@ class WorkerObservationRow(Base):
     """Worker counts the tick saw (ready now, expected by the orchestrator)."""
 
     __tablename__ = "worker_observations"
-    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
+    __table_args__ = _of_tick()
+    tick_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    scheduled_at: Mapped[dt.datetime] = _tick_time()
+    __mapper_args__ = {"primary_key": [tick_id]}  # one row per tick: the ORM looks it up by the tick id
     ready_prefill: Mapped[int]
     ready_decode: Mapped[int]
     expected_prefill: Mapped[int]
@@ -247,7 +280,10 @@ class PredictionRow(Base):
     """Forecast of the next window made by a throughput tick."""
 
     __tablename__ = "predictions"
-    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
+    __table_args__ = _of_tick()
+    tick_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    scheduled_at: Mapped[dt.datetime] = _tick_time()
+    __mapper_args__ = {"primary_key": [tick_id]}  # one row per tick: the ORM looks it up by the tick id
     predictor: Mapped[str] = mapped_column(String(40))
     num_req: Mapped[float]
     isl: Mapped[float]
@@ -262,9 +298,11 @@ class ProposalRow(Base):
     """A loop's proposed replica count for one pool, with its reason."""
 
     __tablename__ = "proposals"
-    __table_args__ = (UniqueConstraint("tick_id", "component"),)
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"))
+    __table_args__ = _of_tick(UniqueConstraint("tick_id", "component", "scheduled_at"))
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    tick_id: Mapped[int] = mapped_column(BigInteger)
+    scheduled_at: Mapped[dt.datetime] = _tick_time()
+    __mapper_args__ = {"primary_key": [id]}
     component: Mapped[str] = mapped_column(String(20))
     current: Mapped[int]
     desired: Mapped[int]
@@ -308,10 +346,12 @@ class TickStepListRow(Base):
     0018)."""
 
     __tablename__ = "tick_step_lists"
-    __table_args__ = (
-        CheckConstraint(r"packed ~ '^[0-9]+,[^;,]*(,[^;,]*)*(;[0-9]+,[^;,]*(,[^;,]*)*)*$'", name="packed_form"),
+    __table_args__ = _of_tick(
+        CheckConstraint(r"packed ~ '^[0-9]+,[^;,]*(,[^;,]*)*(;[0-9]+,[^;,]*(,[^;,]*)*)*$'", name="packed_form")
     )
-    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
+    tick_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    scheduled_at: Mapped[dt.datetime] = _tick_time()
+    __mapper_args__ = {"primary_key": [tick_id]}  # one row per tick: the ORM looks it up by the tick id
     packed: Mapped[str] = mapped_column(Text)
 
 
@@ -322,21 +362,26 @@ class PlannerStateRow(Base):
 
     __tablename__ = "planner_states"
     # A deployment's newest state (`latest_state`, every tick) in one index probe; migration 0003.
-    __table_args__ = (
+    __table_args__ = _of_tick(
         Index("ix_planner_states_deployment_id_tick_id", "deployment_id", "tick_id"),
         CheckConstraint(
             "(state IS NULL) <> (delta IS NULL) AND (delta IS NULL) = (base_tick_id IS NULL)",
             name="full_or_delta",
         ),
     )
-    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
+    tick_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    scheduled_at: Mapped[dt.datetime] = _tick_time()
+    __mapper_args__ = {"primary_key": [tick_id]}  # one row per tick: the ORM looks it up by the tick id
     deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"))
     # None is SQL NULL (not JSON null): the check tells a full row from a delta row by it. A delta is stored
     # zlib-compressed (`state_delta.encode_delta`): Postgres never compresses a row this small.
     state: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
     delta: Mapped[bytes | None] = mapped_column(LargeBinary)
-    # A state a later delta needs cannot be deleted before that delta is rebuilt whole (`prune`).
-    base_tick_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("planner_states.tick_id"), index=True)
+    # The previous tick of the same deployment, always in the same partition (a tick whose previous tick is in
+    # another day stores its state whole: `state_delta.same_partition`), so dropping a day never strands a delta.
+    # No foreign key (a partitioned table's key includes `scheduled_at`); `prune` rebuilds a delta whole before it
+    # deletes its base.
+    base_tick_id: Mapped[int | None] = mapped_column(BigInteger, index=True)
 
 
 class DecisionRow(Base):
@@ -345,7 +390,7 @@ class DecisionRow(Base):
     __tablename__ = "decisions"
     __table_args__ = (_enum_check("status", "status", DecisionStatus),)
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), unique=True)
+    tick_id: Mapped[int] = mapped_column(BigInteger, unique=True, comment=DROPPED_TICK_COMMENT)
     deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), index=True)
     target_prefill: Mapped[int | None]
     target_decode: Mapped[int | None]
@@ -443,7 +488,7 @@ class AuditLogRow(Base):
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
     deployment_id: Mapped[int | None] = mapped_column(ForeignKey("deployments.id"))
-    tick_id: Mapped[int | None] = mapped_column(ForeignKey("ticks.id"))
+    tick_id: Mapped[int | None] = mapped_column(BigInteger, comment=DROPPED_TICK_COMMENT)
     decision_id: Mapped[int | None] = mapped_column(ForeignKey("decisions.id"))
     event: Mapped[str] = mapped_column(String(60))
     detail: Mapped[dict[str, Any]]
@@ -540,7 +585,7 @@ class ReplayTickRow(Base):
     __tablename__ = "replay_ticks"
     __table_args__ = (_enum_check("outcome", "outcome", ReplayTickOutcome),)
     run_id: Mapped[int] = mapped_column(ForeignKey("replay_runs.id", ondelete="CASCADE"), primary_key=True)
-    tick_id: Mapped[int] = mapped_column(ForeignKey("ticks.id"), primary_key=True)
+    tick_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, comment=DROPPED_TICK_COMMENT)
     outcome: Mapped[str] = mapped_column(String(20))
     reason: Mapped[str | None] = mapped_column(String(60))
     target_prefill: Mapped[int | None]

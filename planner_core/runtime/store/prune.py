@@ -25,18 +25,22 @@ appends a `history_pruned` audit event with the counts. An interrupted prune lea
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from planner_core.domain import Loop
+from planner_core.runtime.store import partitions
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.models import Deployment, PlannerStateRow, PruneWatermarkRow
+from planner_core.state_delta import partition_day, partition_start
 
 
 @dataclass(slots=True, kw_only=True)
@@ -176,14 +180,23 @@ def _prune_batch(
     if not rows:
         return None
     counts = PruneCounts(num_ticks=len(rows))
-    params = {"ids": [row.id for row in rows], "keep": keep}
+    # The batch's time range: Postgres reads only those days' partitions (migration 0017). A state a delta of the
+    # batch is based on lies in the same day as that delta, so before the end of the last tick's day.
+    params = {
+        "ids": [row.id for row in rows],
+        "keep": keep,
+        "lo": rows[0].scheduled_at,
+        "hi": rows[-1].scheduled_at,
+        "day_end": partition_start(rows[-1].scheduled_at) + dt.timedelta(days=1),
+    }
     if "planner_states" in _PRUNED[loop]:
         _rebuild_dependents_whole(session, params)
     for table, (attribute, weight) in _PRUNED[loop].items():
         kept = " AND NOT tick_id = ANY(:keep)"
         deleted = session.scalar(
             text(
-                f"WITH gone AS (DELETE FROM {table} WHERE tick_id = ANY(:ids){kept} RETURNING {weight} AS n) "
+                f"WITH gone AS (DELETE FROM {table} WHERE tick_id = ANY(:ids){kept} "
+                f"AND scheduled_at >= :lo AND scheduled_at <= :hi RETURNING {weight} AS n) "
                 "SELECT coalesce(sum(n), 0) FROM gone"
             ),
             params,
@@ -208,11 +221,12 @@ def _prune_batch(
 
 def _rebuild_dependents_whole(session: Session, params: dict[str, Any]) -> None:
     """A state that stays but is a delta against a state about to be deleted is first stored whole (migration
-    0016; the foreign key `base_tick_id` refuses the delete otherwise). All are rebuilt before any is rewritten."""
+    0016), or it would have no base left. All are rebuilt before any is rewritten."""
     dependents = session.scalars(
         text(
             """SELECT tick_id FROM planner_states
                 WHERE base_tick_id = ANY(:ids) AND NOT base_tick_id = ANY(:keep)
+                  AND scheduled_at >= :lo AND scheduled_at < :day_end
                   AND (NOT tick_id = ANY(:ids) OR tick_id = ANY(:keep))
                 ORDER BY tick_id"""
         ),
@@ -246,7 +260,10 @@ def _count_prunable(
     counts = PruneCounts(num_ticks=num_ticks)
     for table, (attribute, weight) in _PRUNED[loop].items():
         kept = " AND NOT c.tick_id = ANY(:keep)"
-        sql = f"SELECT coalesce(sum({weight}), 0) FROM {table} c WHERE c.tick_id IN (SELECT t.id {ticks}){kept}"
+        sql = (
+            f"SELECT coalesce(sum({weight}), 0) FROM {table} c WHERE c.tick_id IN (SELECT t.id {ticks}){kept} "
+            "AND c.scheduled_at < :cutoff AND (CAST(:start AS timestamptz) IS NULL OR c.scheduled_at > :start)"
+        )
         setattr(counts, attribute, int(session.scalar(text(sql), params) or 0))
     return counts
 
@@ -274,3 +291,139 @@ def _chain_starts(session: Session, deployment_id: int, cutoff: dt.datetime) -> 
         if previous is not None:
             keep.add(previous)
     return sorted(keep)
+
+
+# ------------------------------------------------------------------------------------------------ partition drop
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DroppedDay:
+    """One day's partitions dropped (or, in a dry run, that would be): the rows each table held that day."""
+
+    day: dt.date
+    num_ticks: int
+    rows: dict[str, int]  # table -> rows (the tick tables, `ticks` included)
+
+
+@dataclass(slots=True, kw_only=True)
+class DropSummary:
+    """What `drop_partitions` did: the days dropped oldest first, and those kept although old enough."""
+
+    cutoff: dt.datetime
+    dry_run: bool
+    dropped: list[DroppedDay] = field(default_factory=list)
+    kept: dict[dt.date, str] = field(default_factory=dict)  # day -> why it was kept
+
+
+def drop_partitions(
+    database_url: str,
+    *,
+    older_than_days: float,
+    now: dt.datetime,
+    dry_run: bool = False,
+    on_day: Callable[[DroppedDay], None] | None = None,
+) -> DropSummary:
+    """Drop every day's partitions of the tick tables (`partitions.TICK_TABLES`) that lie entirely before
+    `now - older_than_days`, oldest first, each day in its own transaction with a `partitions_dropped` audit
+    event (the day, the cutoff, the ticks and rows per table it held).
+
+    Never dropped: a day holding the newest tick of a deployment and loop, or the newest planner state of a
+    deployment (the state the live planner starts its next tick from). `decisions`, `executions` and the audit log
+    are not partitioned and keep every row (a decision's or audit row's `tick_id` may then name a dropped tick).
+    No delta chain of planner states crosses a day (`state_delta.same_partition`), so no state left is stranded.
+
+    Raises:
+        ValueError: `older_than_days` below 1 (a partition is a whole day).
+    """
+    if not older_than_days >= 1:
+        raise ValueError(f"--drop-partitions-older-than = {older_than_days!r}: must be >= 1 day (partitions are days)")
+    cutoff = now - dt.timedelta(days=older_than_days)
+    summary = DropSummary(cutoff=cutoff, dry_run=dry_run)
+    sessions = session_factory(database_url)
+    with sessions.begin() as session:
+        days = [day for day in partitions.partition_days(session) if _day_end(day) <= cutoff]
+    for day in days:
+        dropped = _drop_day(sessions, day, cutoff, dry_run, summary)
+        if dropped is None:
+            continue
+        summary.dropped.append(dropped)
+        if on_day is not None:
+            on_day(dropped)
+    return summary
+
+
+LOCK_TIMEOUT_MS = 500  # below Postgres' deadlock_timeout (1 s): the drop gives way before a tick could be the victim
+LOCK_ATTEMPTS = 20
+
+
+def _drop_day(
+    sessions: Any, day: dt.date, cutoff: dt.datetime, dry_run: bool, summary: DropSummary
+) -> DroppedDay | None:
+    """Drop (or count) one day in its own transaction; None if it is kept (the reason in `summary.kept`).
+
+    The drop locks the seven tables at once, `ticks` first as a tick's transaction takes them, waiting at most
+    `LOCK_TIMEOUT_MS` each time: a tick that holds one of them and waits for another makes the drop give up and
+    try again (up to `LOCK_ATTEMPTS` times) rather than be part of a deadlock in which Postgres might abort the
+    tick."""
+    for _attempt in range(LOCK_ATTEMPTS):
+        try:
+            with sessions.begin() as session:
+                if not dry_run:
+                    session.execute(text(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}"))
+                    tables = ", ".join(partitions.TICK_TABLES)
+                    session.execute(text(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE"))
+                why = _why_kept(session, day)
+                if why is not None:
+                    summary.kept[day] = why
+                    return None
+                rows = {
+                    table: int(
+                        session.scalar(text(f"SELECT count(*) FROM {partitions.partition_name(table, day)}")) or 0
+                    )
+                    for table in partitions.TICK_TABLES
+                }
+                dropped = DroppedDay(day=day, num_ticks=rows["ticks"], rows=rows)
+                if not dry_run:
+                    session.execute(text("SELECT planner_drop_tick_partitions(CAST(:day AS date))"), {"day": day})
+                    detail = {"day": day.isoformat(), "cutoff": cutoff.isoformat(), "ticks": dropped.num_ticks}
+                    repo.audit(session, "partitions_dropped", {**detail, "rows": rows})
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != "55P03":  # lock_not_available
+                raise
+            time.sleep(0.2)
+            continue
+        if not dry_run:
+            partitions.forget(session.get_bind(), day)
+        return dropped
+    summary.kept[day] = f"the tick tables stayed busy ({LOCK_ATTEMPTS} tries of {LOCK_TIMEOUT_MS} ms); try again"
+    return None
+
+
+def _day_end(day: dt.date) -> dt.datetime:
+    return dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC) + dt.timedelta(days=1)
+
+
+def _why_kept(session: Session, day: dt.date) -> str | None:
+    """Why `day`'s partitions must stay, or None: the day holds the newest tick of a deployment and loop, or a
+    deployment's newest planner state (what `repository.latest_state` starts the next tick from). One index probe
+    per deployment and loop: the newest rows, wherever they are."""
+    newest = session.execute(
+        text(
+            """SELECT d.name, l.loop, n.scheduled_at, s.tick_id, s.scheduled_at AS state_at
+                 FROM deployments d
+                CROSS JOIN (VALUES ('throughput'), ('load')) AS l(loop)
+                 LEFT JOIN LATERAL (SELECT t.scheduled_at FROM ticks t
+                                     WHERE t.deployment_id = d.id AND t.loop = l.loop
+                                     ORDER BY t.scheduled_at DESC LIMIT 1) n ON true
+                 LEFT JOIN LATERAL (SELECT p.tick_id, p.scheduled_at FROM planner_states p
+                                     WHERE p.deployment_id = d.id ORDER BY p.tick_id DESC LIMIT 1) s ON true
+                ORDER BY d.name, l.loop"""
+        )
+    ).all()
+    for row in newest:
+        if row.scheduled_at is not None and partition_day(row.scheduled_at) == day:
+            return f"holds the newest {row.loop} tick of {row.name}"
+    for row in newest:
+        if row.state_at is not None and partition_day(row.state_at) == day:
+            return f"holds the newest planner state of {row.name} (tick {row.tick_id})"
+    return None

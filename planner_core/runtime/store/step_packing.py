@@ -15,6 +15,7 @@ token pattern and `value_text` guarantee.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import math
 import re
@@ -98,7 +99,7 @@ _INSERT_TEMPLATE = text(
 _TABLE_OID = text("SELECT 'step_templates'::regclass::oid")
 # The steps' row, written only while `step_templates` is the table the cached ids were read from.
 _INSERT_PACKED = text(
-    "INSERT INTO tick_step_lists (tick_id, packed) SELECT :tick_id, :packed "
+    "INSERT INTO tick_step_lists (tick_id, scheduled_at, packed) SELECT :tick_id, :scheduled_at, :packed "
     "WHERE 'step_templates'::regclass::oid = :table_oid"
 )
 
@@ -174,7 +175,7 @@ def _forget(session: Session, _previous_transaction: object) -> None:
     session.info.pop(_LEARNED, None)  # any rollback, a savepoint's too: learn nothing from this transaction
 
 
-def record_steps(session: Session, tick_id: int, steps: Sequence[StepRecord]) -> None:
+def record_steps(session: Session, tick_id: int, scheduled_at: dt.datetime, steps: Sequence[StepRecord]) -> None:
     """Store a tick's steps (`tick_step_lists.packed`, see the module docstring)."""
     split = [split_step(step) for step in steps]
     for _attempt in range(2):
@@ -182,7 +183,7 @@ def record_steps(session: Session, tick_id: int, steps: Sequence[StepRecord]) ->
         packed = STEP_SEPARATOR.join(
             FIELD_SEPARATOR.join((str(ids[item.template]), item.value, *item.numbers)) for item in split
         )
-        params = {"tick_id": tick_id, "packed": packed, "table_oid": table_oid}
+        params = {"tick_id": tick_id, "scheduled_at": scheduled_at, "packed": packed, "table_oid": table_oid}
         if session.execute(_INSERT_PACKED, params).rowcount == 1:
             return
         session.connection().info.pop(_CACHE, None)  # the table was made again since the ids were cached

@@ -17,7 +17,7 @@ Downgrade: rebuilds `steps` from the view (every step, in order, with its value,
 then drops `packed`, the function and `step_templates`.
 
 Revision ID: 0018
-Revises: 0016
+Revises: 0017
 Create Date: 2026-11-27 05:00:00
 """
 
@@ -28,7 +28,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0018"
-down_revision: str | None = "0016"
+down_revision: str | None = "0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -147,7 +147,6 @@ def upgrade() -> None:
     op.drop_column("tick_step_lists", "steps")
     op.alter_column("tick_step_lists", "packed", existing_type=sa.Text(), nullable=False)
     op.create_check_constraint(op.f("ck_tick_step_lists_packed_form"), "tick_step_lists", PACKED_FORM)
-    op.execute("ALTER TABLE tick_step_lists RESET (toast_tuple_target)")  # a packed line is rarely worth compressing
     op.execute(
         "COMMENT ON VIEW tick_steps IS 'Every explanation step of every tick, one row per step in order (seq from "
         "0), put back together from tick_step_lists.packed and step_templates (migrations 0015, 0018).'"
@@ -162,7 +161,6 @@ def downgrade() -> None:
     op.drop_column("tick_step_lists", "packed")
     op.alter_column("tick_step_lists", "steps", existing_type=postgresql.JSONB(astext_type=sa.Text()), nullable=False)
     op.create_check_constraint(op.f("ck_tick_step_lists_steps_fit"), "tick_step_lists", "tick_steps_fit(steps)")
-    op.execute("ALTER TABLE tick_step_lists SET (toast_tuple_target = 128)")
     op.execute("DROP FUNCTION step_detail(text, text[])")
     op.drop_table("step_templates")
     op.execute(

@@ -17,6 +17,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from prefect import flow, get_run_logger, tags, task
@@ -32,6 +33,7 @@ from planner_core.runtime.fleet import (
     ContextCache,
     DueTick,
     FleetMember,
+    RoundResult,
     arbitrate_round,
     due_ticks,
     list_members,
@@ -74,6 +76,7 @@ def tick_member(due: DueTick, member: FleetMember, database_url: str) -> dict:
         )
         window_start = due.scheduled_at - dt.timedelta(seconds=interval_s)
         collected = collect_traffic.fn(ctx.config, ctx.service, window_start, due.scheduled_at, ctx.planner)
+    began = time.perf_counter()
     result = run_tick(
         ctx,
         due.loop,
@@ -84,8 +87,12 @@ def tick_member(due: DueTick, member: FleetMember, database_url: str) -> dict:
         traffic_problem=None if collected is None or due.loop is Loop.LOAD else collected.problem,
         curve_problem=None if collected is None or due.loop is Loop.LOAD else collected.curve_problem,
     )
+    tick_ms = (time.perf_counter() - began) * 1000.0
     if result.outcome is None:
-        return {"deployment": due.deployment, "loop": due.loop.value, "tick_id": None, "skipped": "already recorded"}
+        return {
+            "deployment": due.deployment, "loop": due.loop.value, "tick_id": None, "skipped": "already recorded",
+            "tick_ms": tick_ms,
+        }  # fmt: skip
     _logger().info("%s", tick_summary_line(due.deployment, due.loop, due.scheduled_at, result.outcome))
     return {
         "deployment": due.deployment,
@@ -93,6 +100,7 @@ def tick_member(due: DueTick, member: FleetMember, database_url: str) -> dict:
         "tick_id": result.tick_id,
         "reason": result.outcome.reason.value,
         "missed": due.num_missed,
+        "tick_ms": tick_ms,  # the wall time of `run_tick`, as `run_round` measures it
     }
 
 
@@ -148,6 +156,7 @@ def fleet_round(database_url: str, scheduled_at: dt.datetime, members: list[Flee
             for g in result.grants or ()
         ],  # fmt: skip
         "executed": list(result.executed),
+        "tick_ms": list(result.tick_ms),
     }
 
 
@@ -230,6 +239,36 @@ def run_fleet_tick(
         task_per_member=task_per_member,
         max_concurrent=max_concurrent,
     )
+
+
+def round_from_summary(summary: dict) -> RoundResult:
+    """A `fleet-tick` flow run's summary as the `RoundResult` `run_round` returns (for the scale benchmark)."""
+    if "ticks" in summary:  # a task run per member
+        ticks = summary["ticks"]
+        num_ticked = sum(tick["tick_id"] is not None for tick in ticks)
+        tick_ms = tuple(tick["tick_ms"] for tick in ticks)
+    else:  # the round as one task run
+        num_ticked, tick_ms = summary["num_ticked"], tuple(summary["tick_ms"])
+    return RoundResult(
+        num_ticked=num_ticked,
+        num_missed=summary["missed"],
+        tick_ms=tick_ms,
+        failed=dict(summary["failed"]) | dict(summary.get("failed_to_load", {})),
+        grants=None,
+        executed=tuple(summary["executed"]),
+    )
+
+
+def bench_round_runner(
+    database_url: str, max_concurrent: int, *, task_per_member: bool = True
+) -> Callable[[dt.datetime], RoundResult]:
+    """`planner fleet bench --prefect`'s rounds: each one `fleet-tick` flow run, exactly as `serve_fleet` runs it
+    (the Prefect API must be set). The flow ticks with the process's `context_cache(database_url)`."""
+
+    def run(at: dt.datetime) -> RoundResult:
+        return round_from_summary(run_fleet_tick(at, database_url, max_concurrent, task_per_member=task_per_member))
+
+    return run
 
 
 def serve_fleet(

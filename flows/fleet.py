@@ -129,12 +129,22 @@ def execute_member(member: FleetMember, database_url: str) -> list[dict]:
 
 
 @task(name="fleet-round", task_run_name="fleet-round {scheduled_at:%Y-%m-%d %H:%M:%S}", cache_policy=NO_CACHE)
-def fleet_round(database_url: str, scheduled_at: dt.datetime, members: list[FleetMember], max_concurrent: int) -> dict:
-    """The whole round (ticks, arbitration, executions) as one task run: `run_round` on a thread pool."""
+def fleet_round(
+    database_url: str,
+    scheduled_at: dt.datetime,
+    members: list[FleetMember],
+    max_concurrent: int,
+    due: list[DueTick] | None = None,
+) -> dict:
+    """The whole round (ticks, arbitration, executions) as one task run: `run_round` on a thread pool. Every tick
+    it records carries this task run's id (`ticks.task_run_id`)."""
     cache = context_cache(database_url)
     contexts = {member.name: cache.get(member) for member in members}
     with ThreadPoolExecutor(max_workers=max_concurrent) as pool:
-        result = run_round(database_url, members, contexts, scheduled_at, pool)
+        result = run_round(
+            database_url, members, contexts, scheduled_at, pool, due=due,
+            flow_run_id=str(flow_run.id or ""), task_run_id=str(task_run.id or ""),
+        )  # fmt: skip
     for name, problem in result.failed.items():
         _logger().error("%s: tick failed: %s", name, problem)
     _logger().info(
@@ -189,14 +199,15 @@ def fleet_tick(
         except Exception as exc:  # noqa: BLE001 - a member whose config cannot load is reported, the rest tick
             failed[member.name] = _one_line(exc)
             _logger().error("%s: context not loaded: %s", member.name, failed[member.name])
-    if not task_per_member:
-        return fleet_round(url, scheduled_at, loaded, max_concurrent) | {
-            "num_members": len(members),
-            "failed_to_load": failed,
-        }
     configs = {member.name: cache.get(member).config for member in loaded}
     with session_factory(url).begin() as session:
         due = due_ticks(session, loaded, configs, scheduled_at)
+    if not task_per_member:
+        # One task run for the round, tagged with every deployment it ticks: filtering the UI's task runs by
+        # `deployment:NAME` lists the rounds that ticked NAME, and each tick row names its task run.
+        with tags("fleet", *sorted({f"deployment:{item.deployment}" for item in due})):
+            summary = fleet_round(url, scheduled_at, loaded, max_concurrent, due)
+        return summary | {"num_members": len(members), "failed_to_load": failed}
     by_name = {member.name: member for member in loaded}
     futures = []
     for item in due:

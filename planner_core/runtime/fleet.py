@@ -536,18 +536,28 @@ def run_round(
     contexts: dict[str, PlannerContext],
     at: dt.datetime,
     pool: Executor,
+    *,
+    due: list[DueTick] | None = None,
+    flow_run_id: str | None = None,
+    task_run_id: str | None = None,
 ) -> RoundResult:
     """One fleet round without Prefect (the benchmark's; the `fleet-tick` flow does the same as task runs): the
-    due ticks on `pool`, each its own transaction; the arbitration; the execution of every pending decision."""
+    due ticks on `pool`, each its own transaction; the arbitration; the execution of every pending decision.
+
+    `due`: the round's due ticks when the caller has found them already (`due_ticks` at `at`); `flow_run_id`,
+    `task_run_id`: the Prefect run the round runs in (`fleet-round`), recorded with every tick it ticks."""
     sessions = session_factory(database_url)
     configs = {name: ctx.config for name, ctx in contexts.items()}
-    with sessions.begin() as session:
-        due = due_ticks(session, members, configs, at)
+    if due is None:
+        with sessions.begin() as session:
+            due = due_ticks(session, members, configs, at)
 
     def tick_one(item: DueTick) -> tuple[float, bool, str | None]:
         began = time.perf_counter()
         try:
-            recorded = run_tick(contexts[item.deployment], item.loop, item.scheduled_at, None).tick_id is not None
+            ctx = contexts[item.deployment]
+            result = run_tick(ctx, item.loop, item.scheduled_at, None, flow_run_id=flow_run_id, task_run_id=task_run_id)
+            recorded = result.tick_id is not None
             problem = None
         except Exception as exc:  # noqa: BLE001 - a failing member is reported, the others go on
             recorded, problem = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

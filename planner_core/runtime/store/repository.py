@@ -111,9 +111,15 @@ def _policy_hash_of_stored(session: Session, stored_hash: str) -> str | None:
 
 
 def ensure_deployment(session: Session, name: str, config: PlannerConfig) -> Deployment:
-    """Get or create the managed deployment `name`, recording a config change in the audit log."""
-    digest = register_config(session, config)
+    """Get or create the managed deployment `name`, recording a config change in the audit log.
+
+    Every tick calls this: when the deployment already runs this config (the usual case), its body is stored
+    already (`deployments.config_hash` references it) and is not sent to the database again."""
+    digest = config_hash(config)
     deployment = session.scalar(select(Deployment).where(Deployment.name == name))
+    if deployment is not None and deployment.config_hash == digest:
+        return deployment
+    register_config(session, config)
     if deployment is None:
         deployment = Deployment(
             name=name, mode=config.mode.value, environment=config.environment.value, config_hash=digest

@@ -34,7 +34,8 @@ class _Statements:
 
 def test_a_tick_of_an_unchanged_config_does_not_send_its_body_again(database_url, tmp_path, profile_dir) -> None:
     """The first tick stores the config body; later ticks of the same config do not touch `planner_configs`
-    (they used to upsert the whole body every tick); a changed config is stored and audited as before."""
+    (they used to upsert the whole body every tick) nor insert the connector's row again; a changed config is
+    stored and audited as before."""
     config = write_config(tmp_path)
     ctx = load_context(database_url, "chat", config)
     slot = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
@@ -44,12 +45,16 @@ def test_a_tick_of_an_unchanged_config_does_not_send_its_body_again(database_url
     with _Statements(database_url) as later:
         run_tick(ctx, Loop.THROUGHPUT, slot + dt.timedelta(seconds=60), None)
     assert [sql for sql in later if "planner_configs" in sql] == []
+    # the virtual connector's row is made by the first tick and only read after it
+    assert any("INSERT INTO virtual_connector_state" in sql for sql in first)
+    assert [sql for sql in later if "INSERT INTO virtual_connector_state" in sql] == []
     assert any("INSERT INTO ticks" in sql for sql in later)  # the tick itself was recorded
 
     changed = ctx.config.model_copy(update={"ttft_ms": 300.0})
     with session_factory(database_url).begin() as session:
         deployment = repo.ensure_deployment(session, "chat", changed)
         assert deployment.config_hash == repo.config_hash(changed)
+        session.flush()
         events = [row["event"] for row in repo.query_rows(session, "SELECT event FROM audit_log ORDER BY id")]
         stored = repo.query_rows(session, "SELECT count(*) AS n FROM planner_configs")[0]["n"]
     assert "config_changed" in events and stored == 2

@@ -20,12 +20,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from prefect import flow, get_run_logger, tags, task
+from prefect import Flow, flow, get_run_logger, tags, task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from prefect.futures import wait
 from prefect.runtime import flow_run, task_run
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.utilities.annotations import quote
 
 from flows.ticks import collect_traffic, tick_summary_line
 from planner_core.domain import Loop
@@ -43,7 +44,7 @@ from planner_core.runtime.redact import redact_text
 from planner_core.runtime.service import run_execution, run_tick
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.store.db import resolve_database_url, session_factory
-from planner_core.runtime.store.repository import pending_decisions
+from planner_core.runtime.store.repository import pending_decisions_of
 
 DEFAULT_MAX_CONCURRENT = 4
 _CACHES: dict[str, ContextCache] = {}
@@ -206,7 +207,7 @@ def fleet_tick(
         # One task run for the round, tagged with every deployment it ticks: filtering the UI's task runs by
         # `deployment:NAME` lists the rounds that ticked NAME, and each tick row names its task run.
         with tags("fleet", *sorted({f"deployment:{item.deployment}" for item in due})):
-            summary = fleet_round(url, scheduled_at, loaded, max_concurrent, due)
+            summary = fleet_round(url, scheduled_at, quote(loaded), max_concurrent, quote(due))
         return summary | {"num_members": len(members), "failed_to_load": failed}
     by_name = {member.name: member for member in loaded}
     futures = []
@@ -220,9 +221,10 @@ def fleet_tick(
             ticks.append(future.result())
         else:
             failed[item.deployment] = _one_line(future.state.result(raise_on_failure=False))
-    grants = arbitrate_task(url, scheduled_at, loaded)
+    grants = arbitrate_task(url, scheduled_at, quote(loaded))
     with session_factory(url).begin() as session:
-        to_execute = [member for member in loaded if pending_decisions(session, member.deployment_id)]
+        with_pending = pending_decisions_of(session, [member.deployment_id for member in loaded])
+    to_execute = [member for member in loaded if member.deployment_id in with_pending]
     executions = []
     for member in to_execute:
         with tags("fleet", f"deployment:{member.name}"):
@@ -239,12 +241,25 @@ def fleet_tick(
     }
 
 
+_FLOWS: dict[int, Flow] = {}
+
+
+def _fleet_tick_flow(max_concurrent: int) -> Flow:
+    """`fleet_tick` with a task runner of `max_concurrent` threads, made once per process: `with_options` builds
+    a new flow object (signature inspection, validation), which every round of `serve_fleet` used to pay."""
+    with _CACHES_LOCK:
+        if max_concurrent not in _FLOWS:
+            _FLOWS[max_concurrent] = fleet_tick.with_options(
+                task_runner=ThreadPoolTaskRunner(max_workers=max_concurrent)
+            )
+        return _FLOWS[max_concurrent]
+
+
 def run_fleet_tick(
     scheduled_at: dt.datetime, database_url: str, max_concurrent: int, *, task_per_member: bool = True
 ) -> dict:
     """One fleet tick with `max_concurrent` member ticks at a time."""
-    runner = ThreadPoolTaskRunner(max_workers=max_concurrent)
-    return fleet_tick.with_options(task_runner=runner)(
+    return _fleet_tick_flow(max_concurrent)(
         scheduled_at=scheduled_at,
         database_url=database_url,
         task_per_member=task_per_member,

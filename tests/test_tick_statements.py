@@ -58,3 +58,27 @@ def test_a_tick_of_an_unchanged_config_does_not_send_its_body_again(database_url
         events = [row["event"] for row in repo.query_rows(session, "SELECT event FROM audit_log ORDER BY id")]
         stored = repo.query_rows(session, "SELECT count(*) AS n FROM planner_configs")[0]["n"]
     assert "config_changed" in events and stored == 2
+
+
+def test_a_rounds_arbitration_locks_and_reads_decisions_in_one_statement_each(
+    database_url, tmp_path, profile_dir
+) -> None:
+    """The arbitration of a round locks every member and reads their pending decisions with one statement each,
+    however many members (it used to send two per member); the grants are those of the members' claims."""
+    from planner_core.runtime.fleet import add_member, arbitrate_round, set_budget
+    from tests.conftest import record_decision
+
+    slot = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+    sessions = session_factory(database_url)
+    with sessions.begin() as session:
+        members = [add_member(session, name, write_config(tmp_path), min_gpus=2) for name in ("a", "b", "c", "d")]
+        set_budget(session, 12)
+    contexts = {m.name: load_context(database_url, m.name, m.config_path) for m in members}
+    for name in ("a", "b", "c"):
+        record_decision(contexts[name], name, slot - dt.timedelta(seconds=60), 3, 3)
+    with _Statements(database_url) as sql, sessions.begin() as session:
+        grants = arbitrate_round(session, slot, members, contexts)
+    assert len([s for s in sql if "FROM decisions" in s]) == 1
+    assert len([s for s in sql if "FROM deployments" in s and "FOR UPDATE" in s]) == 1
+    assert sorted((g.deployment, g.proposed_gpus) for g in grants) == [("a", 6), ("b", 6), ("c", 6), ("d", 2)]
+    assert sum(g.granted_gpus for g in grants) <= 12

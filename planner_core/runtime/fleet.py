@@ -375,13 +375,14 @@ def arbitrate_round(
     if budget_gpus is None or not members:
         return None
     claims, pending, current = [], {}, {}
-    for member in sorted(members, key=lambda m: m.deployment_id):  # one lock order: no deadlock with a 2nd plane
-        repo.lock_deployment(session, member.deployment_id)
+    # one statement for every member's lock, in id order: no deadlock with a second control plane
+    repo.lock_deployments(session, [member.deployment_id for member in members])
+    decisions_of = repo.pending_decisions_of(session, [member.deployment_id for member in members])
     for member in members:
         ctx = contexts[member.name]
         workers = ctx.connector.worker_counts(session, member.deployment_id, default=default_workers(ctx.config))
         now_counts = (workers.expected_prefill, workers.expected_decode)
-        decisions = repo.pending_decisions(session, member.deployment_id)
+        decisions = decisions_of.get(member.deployment_id, [])
         newest = decisions[-1] if decisions else None
         proposed = now_counts
         if newest is not None:
@@ -567,7 +568,8 @@ def run_round(
     failed = {item.deployment: problem for item, (_, _, problem) in zip(due, outcomes, strict=True) if problem}
     with sessions.begin() as session:
         grants = arbitrate_round(session, at, members, contexts)
-        pending = [member.name for member in members if repo.pending_decisions(session, member.deployment_id)]
+        with_pending = repo.pending_decisions_of(session, [member.deployment_id for member in members])
+        pending = [member.name for member in members if member.deployment_id in with_pending]
     for name in pending:
         run_execution(contexts[name], at)
     return RoundResult(

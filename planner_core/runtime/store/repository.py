@@ -154,6 +154,14 @@ def lock_deployment(session: Session, deployment_id: int) -> None:
     session.execute(select(Deployment.id).where(Deployment.id == deployment_id).with_for_update())
 
 
+def lock_deployments(session: Session, deployment_ids: Sequence[int]) -> None:
+    """`lock_deployment` of many deployments in one statement, taken in id order (the one lock order every
+    caller uses, so two transactions locking overlapping sets cannot deadlock)."""
+    session.execute(
+        select(Deployment.id).where(Deployment.id.in_(deployment_ids)).order_by(Deployment.id).with_for_update()
+    ).all()
+
+
 def tick_exists(session: Session, deployment_id: int, loop: str, scheduled_at: dt.datetime) -> bool:
     return (
         session.scalar(
@@ -447,6 +455,19 @@ def pending_decisions(session: Session, deployment_id: int) -> list[DecisionRow]
             .order_by(DecisionRow.id)
         )
     )
+
+
+def pending_decisions_of(session: Session, deployment_ids: Sequence[int]) -> dict[int, list[DecisionRow]]:
+    """Pending decisions of many deployments in one query, each deployment's oldest first (a fleet round asks
+    for every member's; a deployment with none is absent)."""
+    pending: dict[int, list[DecisionRow]] = {}
+    for row in session.scalars(
+        select(DecisionRow)
+        .where(DecisionRow.deployment_id.in_(deployment_ids), DecisionRow.status == DecisionStatus.PENDING.value)
+        .order_by(DecisionRow.id)
+    ):
+        pending.setdefault(row.deployment_id, []).append(row)
+    return pending
 
 
 def query_rows(session: Session, sql: str, **params: Any) -> list[dict[str, Any]]:

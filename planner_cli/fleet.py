@@ -122,7 +122,7 @@ def cmd_fleet_tick(args: argparse.Namespace) -> int:
         from planner_core.runtime.store.db import resolve_database_url
 
         summary = run_fleet_tick(
-            at, resolve_database_url(settings), args.max_concurrent, task_per_member=not args.one_task
+            at, resolve_database_url(settings), args.max_concurrent, task_per_member=args.task_per_member
         )
     print(json.dumps(summary, indent=2))
     return 0 if not summary["failed"] else 1
@@ -141,7 +141,7 @@ def cmd_fleet_serve(args: argparse.Namespace) -> int:
         from flows.fleet import serve_fleet
 
         try:
-            serve_fleet(args.interval, args.max_concurrent, task_per_member=not args.one_task)
+            serve_fleet(args.interval, args.max_concurrent, task_per_member=args.task_per_member)
         except KeyboardInterrupt:
             pass
     print("planner fleet serve: stopped", file=sys.stderr)
@@ -190,7 +190,7 @@ def bench_with_prefect(url: str, config: Path, args: argparse.Namespace) -> Flee
         if pid is None:
             raise RuntimeError(f"the Prefect server at {api} is not this process's: its CPU cannot be counted")
         server = psutil.Process(pid)
-        task_per_member = not args.one_task
+        task_per_member = args.task_per_member
         # One flow run before the members exist: Prefect's first run (imports, the flow's registration, the
         # server's first requests) is not part of what a round costs.
         run_fleet_tick(BENCH_EPOCH, url, args.max_concurrent, task_per_member=task_per_member)
@@ -222,8 +222,8 @@ def cmd_fleet_bench(args: argparse.Namespace) -> int:
     from planner_core.runtime.fleet_bench import run_fleet_bench
     from planner_core.runtime.store.db import scratch_database
 
-    if args.one_task and not args.prefect:
-        print("planner fleet bench: error: --one-task is a mode of --prefect", file=sys.stderr)
+    if args.task_per_member and not args.prefect:
+        print("planner fleet bench: error: --task-per-member is a mode of --prefect", file=sys.stderr)
         return 2
     with contextlib.ExitStack() as stack:
         if args.prefect:
@@ -282,6 +282,16 @@ def _aware(text: str) -> dt.datetime:
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
+def _granularity(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """--one-task (the default) / --task-per-member: a round's task runs (docs/fleet.md, "The fleet tick")."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--one-task", dest="task_per_member", action="store_false", help=f"{prefix}each round as "
+                       "one task run tagged with the deployments it ticks (the default)")  # fmt: skip
+    group.add_argument("--task-per-member", dest="task_per_member", action="store_true", help=f"{prefix}a task "
+                       "run per member tick (several times the CPU per tick, see docs/fleet.md)")  # fmt: skip
+    parser.set_defaults(task_per_member=False)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the `deployments` and `fleet` command groups' parsers."""
     deployments = sub.add_parser("deployments", help="the fleet: register managed deployments and the GPU budget")
@@ -319,14 +329,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--interval", type=float, default=5.0, help="seconds between fleet ticks (default 5)")
     serve.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
     serve.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
-    serve.add_argument("--one-task", action="store_true", help="each round as one task run, not one per member "
-                       "(far less Prefect server work per member)")  # fmt: skip
+    _granularity(serve)
     serve.set_defaults(func=cmd_fleet_serve)
     tick = fsub.add_parser("tick", help="one fleet tick now (or --at a time) and print its summary")
     tick.add_argument("--at", type=_aware, default=None, help="the slot time (ISO 8601; default now)")
     tick.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
     tick.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
-    tick.add_argument("--one-task", action="store_true", help="the round as one task run, not one per member")
+    _granularity(tick)
     tick.set_defaults(func=cmd_fleet_tick)
     replay = fsub.add_parser("replay", help="run a recorded arbitration round again and compare")
     replay.add_argument("round_id", type=int, help="the round (arbitration_rounds.id)")
@@ -343,8 +352,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--keep", action="store_true", help="keep the benchmark's database")
     bench.add_argument("--prefect", action="store_true", help="run every round as a `fleet-tick` flow run on a "
                        "Prefect server of its own, and count that server's CPU")  # fmt: skip
-    bench.add_argument("--one-task", action="store_true", help="with --prefect: each round as one task run, "
-                       "not one per member")  # fmt: skip
+    _granularity(bench, "with --prefect: ")
     bench.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the result to PATH")
     bench.set_defaults(func=cmd_fleet_bench)
     size = fsub.add_parser("bytes", help="mean bytes stored per tick, by table")

@@ -18,7 +18,7 @@ from tests.conftest import write_config
 def _bench_args(**overrides: object) -> argparse.Namespace:
     values = {
         "deployments": 2, "duration": 10.0, "interval": 5.0, "realtime": False, "max_concurrent": 2,
-        "budget": None, "one_task": False,
+        "budget": None, "task_per_member": True,
     }  # fmt: skip
     return argparse.Namespace(**(values | overrides))
 
@@ -83,7 +83,7 @@ def test_bench_with_prefect_one_task_per_round(prefect_api_url, database_url, tm
     ticked, whose id each tick records; the server's CPU counted."""
     config = write_config(tmp_path, enable_load_scaling=True, load_adjustment_interval_seconds=5)
 
-    result = bench_with_prefect(database_url, config, _bench_args(one_task=True))
+    result = bench_with_prefect(database_url, config, _bench_args(task_per_member=False))
 
     assert (result.prefect, result.task_per_member) == (True, False)
     assert (result.num_load_ticks, result.num_throughput_ticks, result.missed_ticks) == (4, 2, 0)

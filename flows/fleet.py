@@ -136,14 +136,16 @@ def fleet_round(
     members: list[FleetMember],
     max_concurrent: int,
     due: list[DueTick] | None = None,
+    finish: bool = True,
 ) -> dict:
     """The whole round (ticks, arbitration, executions) as one task run: `run_round` on a thread pool. Every tick
-    it records carries this task run's id (`ticks.task_run_id`)."""
+    it records carries this task run's id (`ticks.task_run_id`). With `due` and `finish` False, only those ticks
+    (a part of a round too large for one task run's tags, `ROUND_TAGS_MAX`)."""
     cache = context_cache(database_url)
     contexts = {member.name: cache.get(member) for member in members}
     with ThreadPoolExecutor(max_workers=max_concurrent) as pool:
         result = run_round(
-            database_url, members, contexts, scheduled_at, pool, due=due,
+            database_url, members, contexts, scheduled_at, pool, due=due, finish=finish,
             flow_run_id=str(flow_run.id or ""), task_run_id=str(task_run.id or ""),
         )  # fmt: skip
     for name, problem in result.failed.items():
@@ -168,6 +170,43 @@ def fleet_round(
         ],  # fmt: skip
         "executed": list(result.executed),
         "tick_ms": list(result.tick_ms),
+    }
+
+
+# A task run's events (which the Prefect server records task runs from) relate at most 100 resources, its tags
+# among them: a run with more tags is never recorded. So a round's task run carries at most this many deployments.
+ROUND_TAGS_MAX = 64
+
+
+def _round_as_task_runs(
+    url: str, scheduled_at: dt.datetime, loaded: list[FleetMember], max_concurrent: int, due: list[DueTick]
+) -> dict:
+    """The round as one `fleet-round` task run tagged with every deployment it ticks (filtering the UI's task
+    runs by `deployment:NAME` lists the rounds that ticked NAME; each tick row names its task run), or, for more
+    than `ROUND_TAGS_MAX` deployments, one per part of them in turn, the last one arbitrating and executing."""
+    names = sorted({item.deployment for item in due})
+    parts = [names[start : start + ROUND_TAGS_MAX] for start in range(0, len(names), ROUND_TAGS_MAX)] or [[]]
+    summaries = []
+    for index, part in enumerate(parts):
+        in_part = set(part)
+        with tags("fleet", *(f"deployment:{name}" for name in part)):
+            summaries.append(
+                fleet_round(
+                    url,
+                    scheduled_at,
+                    quote(loaded),
+                    max_concurrent,
+                    quote([item for item in due if item.deployment in in_part]),
+                    finish=index == len(parts) - 1,
+                )  # fmt: skip
+            )
+    last = summaries[-1]
+    return last | {
+        "num_ticked": sum(summary["num_ticked"] for summary in summaries),
+        "missed": sum(summary["missed"] for summary in summaries),
+        "failed": {name: problem for summary in summaries for name, problem in summary["failed"].items()},
+        "tick_ms": [ms for summary in summaries for ms in summary["tick_ms"]],
+        "num_task_runs": len(summaries),
     }
 
 
@@ -204,11 +243,10 @@ def fleet_tick(
     with session_factory(url).begin() as session:
         due = due_ticks(session, loaded, configs, scheduled_at)
     if not task_per_member:
-        # One task run for the round, tagged with every deployment it ticks: filtering the UI's task runs by
-        # `deployment:NAME` lists the rounds that ticked NAME, and each tick row names its task run.
-        with tags("fleet", *sorted({f"deployment:{item.deployment}" for item in due})):
-            summary = fleet_round(url, scheduled_at, quote(loaded), max_concurrent, quote(due))
-        return summary | {"num_members": len(members), "failed_to_load": failed}
+        return _round_as_task_runs(url, scheduled_at, loaded, max_concurrent, due) | {
+            "num_members": len(members),
+            "failed_to_load": failed,
+        }
     by_name = {member.name: member for member in loaded}
     futures = []
     for item in due:

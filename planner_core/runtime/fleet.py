@@ -541,12 +541,14 @@ def run_round(
     due: list[DueTick] | None = None,
     flow_run_id: str | None = None,
     task_run_id: str | None = None,
+    finish: bool = True,
 ) -> RoundResult:
     """One fleet round without Prefect (the benchmark's; the `fleet-tick` flow does the same as task runs): the
     due ticks on `pool`, each its own transaction; the arbitration; the execution of every pending decision.
 
     `due`: the round's due ticks when the caller has found them already (`due_ticks` at `at`); `flow_run_id`,
-    `task_run_id`: the Prefect run the round runs in (`fleet-round`), recorded with every tick it ticks."""
+    `task_run_id`: the Prefect run the round runs in (`fleet-round`), recorded with every tick it ticks.
+    `finish` False: only the ticks (a part of the round's due ticks; the last part arbitrates and executes)."""
     sessions = session_factory(database_url)
     configs = {name: ctx.config for name, ctx in contexts.items()}
     if due is None:
@@ -566,12 +568,14 @@ def run_round(
 
     outcomes = list(pool.map(tick_one, due))
     failed = {item.deployment: problem for item, (_, _, problem) in zip(due, outcomes, strict=True) if problem}
-    with sessions.begin() as session:
-        grants = arbitrate_round(session, at, members, contexts)
-        with_pending = repo.pending_decisions_of(session, [member.deployment_id for member in members])
-        pending = [member.name for member in members if member.deployment_id in with_pending]
-    for name in pending:
-        run_execution(contexts[name], at)
+    grants, pending = None, []
+    if finish:
+        with sessions.begin() as session:
+            grants = arbitrate_round(session, at, members, contexts)
+            with_pending = repo.pending_decisions_of(session, [member.deployment_id for member in members])
+            pending = [member.name for member in members if member.deployment_id in with_pending]
+        for name in pending:
+            run_execution(contexts[name], at)
     return RoundResult(
         num_ticked=sum(recorded for _, recorded, _ in outcomes),
         num_missed=sum(item.num_missed for item in due),

@@ -17,14 +17,16 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from prefect import flow, get_run_logger, tags, task
+from prefect import Flow, flow, get_run_logger, tags, task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from prefect.futures import wait
 from prefect.runtime import flow_run, task_run
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.utilities.annotations import quote
 
 from flows.ticks import collect_traffic, tick_summary_line
 from planner_core.domain import Loop
@@ -32,6 +34,7 @@ from planner_core.runtime.fleet import (
     ContextCache,
     DueTick,
     FleetMember,
+    RoundResult,
     arbitrate_round,
     due_ticks,
     list_members,
@@ -42,7 +45,7 @@ from planner_core.runtime.service import run_execution, run_tick
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.store.db import get_engine, resolve_database_url, session_factory
 from planner_core.runtime.store.partitions import ensure_partitions_ahead
-from planner_core.runtime.store.repository import pending_decisions
+from planner_core.runtime.store.repository import pending_decisions_of
 
 DEFAULT_MAX_CONCURRENT = 4
 _CACHES: dict[str, ContextCache] = {}
@@ -75,6 +78,7 @@ def tick_member(due: DueTick, member: FleetMember, database_url: str) -> dict:
         )
         window_start = due.scheduled_at - dt.timedelta(seconds=interval_s)
         collected = collect_traffic.fn(ctx.config, ctx.service, window_start, due.scheduled_at, ctx.planner)
+    began = time.perf_counter()
     result = run_tick(
         ctx,
         due.loop,
@@ -85,8 +89,12 @@ def tick_member(due: DueTick, member: FleetMember, database_url: str) -> dict:
         traffic_problem=None if collected is None or due.loop is Loop.LOAD else collected.problem,
         curve_problem=None if collected is None or due.loop is Loop.LOAD else collected.curve_problem,
     )
+    tick_ms = (time.perf_counter() - began) * 1000.0
     if result.outcome is None:
-        return {"deployment": due.deployment, "loop": due.loop.value, "tick_id": None, "skipped": "already recorded"}
+        return {
+            "deployment": due.deployment, "loop": due.loop.value, "tick_id": None, "skipped": "already recorded",
+            "tick_ms": tick_ms,
+        }  # fmt: skip
     _logger().info("%s", tick_summary_line(due.deployment, due.loop, due.scheduled_at, result.outcome))
     return {
         "deployment": due.deployment,
@@ -94,6 +102,7 @@ def tick_member(due: DueTick, member: FleetMember, database_url: str) -> dict:
         "tick_id": result.tick_id,
         "reason": result.outcome.reason.value,
         "missed": due.num_missed,
+        "tick_ms": tick_ms,  # the wall time of `run_tick`, as `run_round` measures it
     }
 
 
@@ -122,12 +131,24 @@ def execute_member(member: FleetMember, database_url: str) -> list[dict]:
 
 
 @task(name="fleet-round", task_run_name="fleet-round {scheduled_at:%Y-%m-%d %H:%M:%S}", cache_policy=NO_CACHE)
-def fleet_round(database_url: str, scheduled_at: dt.datetime, members: list[FleetMember], max_concurrent: int) -> dict:
-    """The whole round (ticks, arbitration, executions) as one task run: `run_round` on a thread pool."""
+def fleet_round(
+    database_url: str,
+    scheduled_at: dt.datetime,
+    members: list[FleetMember],
+    max_concurrent: int,
+    due: list[DueTick] | None = None,
+    finish: bool = True,
+) -> dict:
+    """The whole round (ticks, arbitration, executions) as one task run: `run_round` on a thread pool. Every tick
+    it records carries this task run's id (`ticks.task_run_id`). With `due` and `finish` False, only those ticks
+    (a part of a round too large for one task run's tags, `ROUND_TAGS_MAX`)."""
     cache = context_cache(database_url)
     contexts = {member.name: cache.get(member) for member in members}
     with ThreadPoolExecutor(max_workers=max_concurrent) as pool:
-        result = run_round(database_url, members, contexts, scheduled_at, pool)
+        result = run_round(
+            database_url, members, contexts, scheduled_at, pool, due=due, finish=finish,
+            flow_run_id=str(flow_run.id or ""), task_run_id=str(task_run.id or ""),
+        )  # fmt: skip
     for name, problem in result.failed.items():
         _logger().error("%s: tick failed: %s", name, problem)
     _logger().info(
@@ -149,6 +170,44 @@ def fleet_round(database_url: str, scheduled_at: dt.datetime, members: list[Flee
             for g in result.grants or ()
         ],  # fmt: skip
         "executed": list(result.executed),
+        "tick_ms": list(result.tick_ms),
+    }
+
+
+# A task run's events (which the Prefect server records task runs from) relate at most 100 resources, its tags
+# among them: a run with more tags is never recorded. So a round's task run carries at most this many deployments.
+ROUND_TAGS_MAX = 64
+
+
+def _round_as_task_runs(
+    url: str, scheduled_at: dt.datetime, loaded: list[FleetMember], max_concurrent: int, due: list[DueTick]
+) -> dict:
+    """The round as one `fleet-round` task run tagged with every deployment it ticks (filtering the UI's task
+    runs by `deployment:NAME` lists the rounds that ticked NAME; each tick row names its task run), or, for more
+    than `ROUND_TAGS_MAX` deployments, one per part of them in turn, the last one arbitrating and executing."""
+    names = sorted({item.deployment for item in due})
+    parts = [names[start : start + ROUND_TAGS_MAX] for start in range(0, len(names), ROUND_TAGS_MAX)] or [[]]
+    summaries = []
+    for index, part in enumerate(parts):
+        in_part = set(part)
+        with tags("fleet", *(f"deployment:{name}" for name in part)):
+            summaries.append(
+                fleet_round(
+                    url,
+                    scheduled_at,
+                    quote(loaded),
+                    max_concurrent,
+                    quote([item for item in due if item.deployment in in_part]),
+                    finish=index == len(parts) - 1,
+                )  # fmt: skip
+            )
+    last = summaries[-1]
+    return last | {
+        "num_ticked": sum(summary["num_ticked"] for summary in summaries),
+        "missed": sum(summary["missed"] for summary in summaries),
+        "failed": {name: problem for summary in summaries for name, problem in summary["failed"].items()},
+        "tick_ms": [ms for summary in summaries for ms in summary["tick_ms"]],
+        "num_task_runs": len(summaries),
     }
 
 
@@ -181,14 +240,14 @@ def fleet_tick(
         except Exception as exc:  # noqa: BLE001 - a member whose config cannot load is reported, the rest tick
             failed[member.name] = _one_line(exc)
             _logger().error("%s: context not loaded: %s", member.name, failed[member.name])
-    if not task_per_member:
-        return fleet_round(url, scheduled_at, loaded, max_concurrent) | {
-            "num_members": len(members),
-            "failed_to_load": failed,
-        }
     configs = {member.name: cache.get(member).config for member in loaded}
     with session_factory(url).begin() as session:
         due = due_ticks(session, loaded, configs, scheduled_at)
+    if not task_per_member:
+        return _round_as_task_runs(url, scheduled_at, loaded, max_concurrent, due) | {
+            "num_members": len(members),
+            "failed_to_load": failed,
+        }
     by_name = {member.name: member for member in loaded}
     futures = []
     for item in due:
@@ -201,9 +260,10 @@ def fleet_tick(
             ticks.append(future.result())
         else:
             failed[item.deployment] = _one_line(future.state.result(raise_on_failure=False))
-    grants = arbitrate_task(url, scheduled_at, loaded)
+    grants = arbitrate_task(url, scheduled_at, quote(loaded))
     with session_factory(url).begin() as session:
-        to_execute = [member for member in loaded if pending_decisions(session, member.deployment_id)]
+        with_pending = pending_decisions_of(session, [member.deployment_id for member in loaded])
+    to_execute = [member for member in loaded if member.deployment_id in with_pending]
     executions = []
     for member in to_execute:
         with tags("fleet", f"deployment:{member.name}"):
@@ -220,17 +280,60 @@ def fleet_tick(
     }
 
 
+_FLOWS: dict[int, Flow] = {}
+
+
+def _fleet_tick_flow(max_concurrent: int) -> Flow:
+    """`fleet_tick` with a task runner of `max_concurrent` threads, made once per process: `with_options` builds
+    a new flow object (signature inspection, validation), which every round of `serve_fleet` used to pay."""
+    with _CACHES_LOCK:
+        if max_concurrent not in _FLOWS:
+            _FLOWS[max_concurrent] = fleet_tick.with_options(
+                task_runner=ThreadPoolTaskRunner(max_workers=max_concurrent)
+            )
+        return _FLOWS[max_concurrent]
+
+
 def run_fleet_tick(
     scheduled_at: dt.datetime, database_url: str, max_concurrent: int, *, task_per_member: bool = True
 ) -> dict:
     """One fleet tick with `max_concurrent` member ticks at a time."""
-    runner = ThreadPoolTaskRunner(max_workers=max_concurrent)
-    return fleet_tick.with_options(task_runner=runner)(
+    return _fleet_tick_flow(max_concurrent)(
         scheduled_at=scheduled_at,
         database_url=database_url,
         task_per_member=task_per_member,
         max_concurrent=max_concurrent,
     )
+
+
+def round_from_summary(summary: dict) -> RoundResult:
+    """A `fleet-tick` flow run's summary as the `RoundResult` `run_round` returns (for the scale benchmark)."""
+    if "ticks" in summary:  # a task run per member
+        ticks = summary["ticks"]
+        num_ticked = sum(tick["tick_id"] is not None for tick in ticks)
+        tick_ms = tuple(tick["tick_ms"] for tick in ticks)
+    else:  # the round as one task run
+        num_ticked, tick_ms = summary["num_ticked"], tuple(summary["tick_ms"])
+    return RoundResult(
+        num_ticked=num_ticked,
+        num_missed=summary["missed"],
+        tick_ms=tick_ms,
+        failed=dict(summary["failed"]) | dict(summary.get("failed_to_load", {})),
+        grants=None,
+        executed=tuple(summary["executed"]),
+    )
+
+
+def bench_round_runner(
+    database_url: str, max_concurrent: int, *, task_per_member: bool = True
+) -> Callable[[dt.datetime], RoundResult]:
+    """`planner fleet bench --prefect`'s rounds: each one `fleet-tick` flow run, exactly as `serve_fleet` runs it
+    (the Prefect API must be set). The flow ticks with the process's `context_cache(database_url)`."""
+
+    def run(at: dt.datetime) -> RoundResult:
+        return round_from_summary(run_fleet_tick(at, database_url, max_concurrent, task_per_member=task_per_member))
+
+    return run
 
 
 def serve_fleet(

@@ -56,6 +56,14 @@ def _flush_run_logs() -> None:
 
 LOST_EXIT_STATUS = 3
 
+_STARTED: list[subprocess.Popen] = []  # the servers `prefect_api` started and has not stopped yet
+
+
+def started_server_pid() -> int | None:
+    """The pid of the Prefect server `prefect_api` started and is running (None when it uses `PREFECT_API_URL`):
+    the root of the server's process tree, whose CPU `planner fleet bench --prefect` counts."""
+    return _STARTED[-1].pid if _STARTED else None
+
 
 class _ServerWatchdog:
     """Ends the process, in one line, when the Prefect server is lost (module docstring)."""
@@ -134,6 +142,7 @@ def prefect_api(
             stderr=subprocess.STDOUT,
         )
     watchdog = _ServerWatchdog(api_url, server, lost_after_s) if exit_when_lost else None
+    _STARTED.append(server)
     try:
         wait_healthy(api_url, timeout_s=120)
         os.environ["PREFECT_API_URL"] = api_url
@@ -145,6 +154,7 @@ def prefect_api(
             watchdog.stop()
         _flush_run_logs()
         os.environ.pop("PREFECT_API_URL", None)
+        _STARTED.remove(server)
         server.terminate()  # SIGTERM: the server shuts down cleanly
         try:
             server.wait(timeout=30)

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from planner_core.runtime.settings import RuntimeSettings
+
+if TYPE_CHECKING:
+    from planner_core.runtime.fleet_bench import FleetBenchResult
 
 
 def _sessions():
@@ -116,7 +122,7 @@ def cmd_fleet_tick(args: argparse.Namespace) -> int:
         from planner_core.runtime.store.db import resolve_database_url
 
         summary = run_fleet_tick(
-            at, resolve_database_url(settings), args.max_concurrent, task_per_member=not args.one_task
+            at, resolve_database_url(settings), args.max_concurrent, task_per_member=args.task_per_member
         )
     print(json.dumps(summary, indent=2))
     return 0 if not summary["failed"] else 1
@@ -135,7 +141,7 @@ def cmd_fleet_serve(args: argparse.Namespace) -> int:
         from flows.fleet import serve_fleet
 
         try:
-            serve_fleet(args.interval, args.max_concurrent, task_per_member=not args.one_task)
+            serve_fleet(args.interval, args.max_concurrent, task_per_member=args.task_per_member)
         except KeyboardInterrupt:
             pass
     print("planner fleet serve: stopped", file=sys.stderr)
@@ -168,8 +174,46 @@ def bench_config(directory: Path, load_interval_s: float) -> Path:
     return path
 
 
+def bench_with_prefect(url: str, config: Path, args: argparse.Namespace) -> FleetBenchResult:
+    """The benchmark with every round a `fleet-tick` flow run on the Prefect server `prefect_api` gives (started
+    here unless `PREFECT_API_URL` names one this process started), that server's process tree counted too."""
+    import psutil
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.fleet import bench_round_runner, context_cache, run_fleet_tick
+    from flows.prefect_server import prefect_api, started_server_pid
+    from planner_core.runtime.fleet_bench import BENCH_EPOCH, process_tree_cpu_s, run_fleet_bench
+
+    home = Path(os.environ.get("PREFECT_HOME", "."))
+    with prefect_api(log_file=home / "server.log") as api, temporary_settings(updates={PREFECT_API_URL: api}):
+        pid = started_server_pid()
+        if pid is None:
+            raise RuntimeError(f"the Prefect server at {api} is not this process's: its CPU cannot be counted")
+        server = psutil.Process(pid)
+        task_per_member = args.task_per_member
+        # One flow run before the members exist: Prefect's first run (imports, the flow's registration, the
+        # server's first requests) is not part of what a round costs.
+        run_fleet_tick(BENCH_EPOCH, url, args.max_concurrent, task_per_member=task_per_member)
+        return run_fleet_bench(
+            url,
+            config,
+            num_deployments=args.deployments,
+            duration_s=args.duration,
+            interval_s=args.interval,
+            realtime=args.realtime,
+            max_concurrent=args.max_concurrent,
+            budget_gpus=args.budget,
+            cache=context_cache(url),
+            round_runner=bench_round_runner(url, args.max_concurrent, task_per_member=task_per_member),
+            extra_cpu_s=lambda: process_tree_cpu_s(server),
+            prefect=True,
+            task_per_member=task_per_member,
+        )
+
+
 def cmd_fleet_bench(args: argparse.Namespace) -> int:
-    """A fresh database on the planner's Postgres server (dropped afterwards unless --keep), N members, measure."""
+    """A fresh database on the planner's Postgres server (dropped afterwards unless --keep), N members, measure.
+    With --prefect, a Prefect server of its own (a fresh PREFECT_HOME, removed afterwards) runs every round."""
     import dataclasses
     import tempfile
 
@@ -178,21 +222,38 @@ def cmd_fleet_bench(args: argparse.Namespace) -> int:
     from planner_core.runtime.fleet_bench import run_fleet_bench
     from planner_core.runtime.store.db import scratch_database
 
-    with scratch_database("fleet_bench", keep=args.keep) as url:
+    if args.task_per_member and not args.prefect:
+        print("planner fleet bench: error: --task-per-member is a mode of --prefect", file=sys.stderr)
+        return 2
+    with contextlib.ExitStack() as stack:
+        if args.prefect:
+            from planner_cli.common import prefect_environment
+
+            os.environ["PREFECT_HOME"] = stack.enter_context(tempfile.TemporaryDirectory(prefix="fleet-bench-prefect-"))
+            os.environ.pop("PREFECT_API_URL", None)  # a server of its own: the one whose CPU it can count
+            prefect_environment(RuntimeSettings())
+        url = stack.enter_context(scratch_database("fleet_bench", keep=args.keep))
         try:
             with tempfile.TemporaryDirectory() as directory:
                 config = args.config or bench_config(Path(directory), args.interval)
-                result = run_fleet_bench(
-                    url,
-                    config,
-                    num_deployments=args.deployments,
-                    duration_s=args.duration,
-                    interval_s=args.interval,
-                    realtime=args.realtime,
-                    max_concurrent=args.max_concurrent,
-                    budget_gpus=args.budget,
-                )
-            print(json.dumps(dataclasses.asdict(result), indent=2))
+                if args.prefect:
+                    result = bench_with_prefect(url, config, args)
+                else:
+                    result = run_fleet_bench(
+                        url,
+                        config,
+                        num_deployments=args.deployments,
+                        duration_s=args.duration,
+                        interval_s=args.interval,
+                        realtime=args.realtime,
+                        max_concurrent=args.max_concurrent,
+                        budget_gpus=args.budget,
+                    )
+            body = json.dumps(dataclasses.asdict(result), indent=2)
+            if args.json is not None:
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(body + "\n")
+            print(body)
         finally:
             if args.keep:
                 print(f"kept database {make_url(url).database}", file=sys.stderr)
@@ -219,6 +280,16 @@ def cmd_fleet_bytes(args: argparse.Namespace) -> int:
 def _aware(text: str) -> dt.datetime:
     value = dt.datetime.fromisoformat(text)
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def _granularity(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """--one-task (the default) / --task-per-member: a round's task runs (docs/fleet.md, "The fleet tick")."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--one-task", dest="task_per_member", action="store_false", help=f"{prefix}each round as "
+                       "one task run tagged with the deployments it ticks (the default)")  # fmt: skip
+    group.add_argument("--task-per-member", dest="task_per_member", action="store_true", help=f"{prefix}a task "
+                       "run per member tick (several times the CPU per tick, see docs/fleet.md)")  # fmt: skip
+    parser.set_defaults(task_per_member=False)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -258,14 +329,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--interval", type=float, default=5.0, help="seconds between fleet ticks (default 5)")
     serve.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
     serve.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
-    serve.add_argument("--one-task", action="store_true", help="each round as one task run, not one per member "
-                       "(far less Prefect server work per member)")  # fmt: skip
+    _granularity(serve)
     serve.set_defaults(func=cmd_fleet_serve)
     tick = fsub.add_parser("tick", help="one fleet tick now (or --at a time) and print its summary")
     tick.add_argument("--at", type=_aware, default=None, help="the slot time (ISO 8601; default now)")
     tick.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
     tick.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
-    tick.add_argument("--one-task", action="store_true", help="the round as one task run, not one per member")
+    _granularity(tick)
     tick.set_defaults(func=cmd_fleet_tick)
     replay = fsub.add_parser("replay", help="run a recorded arbitration round again and compare")
     replay.add_argument("round_id", type=int, help="the round (arbitration_rounds.id)")
@@ -280,6 +350,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--config", type=Path, default=None, help="members' config (default: the recommended "
                        "policy with the load loop on)")  # fmt: skip
     bench.add_argument("--keep", action="store_true", help="keep the benchmark's database")
+    bench.add_argument("--prefect", action="store_true", help="run every round as a `fleet-tick` flow run on a "
+                       "Prefect server of its own, and count that server's CPU")  # fmt: skip
+    _granularity(bench, "with --prefect: ")
+    bench.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the result to PATH")
     bench.set_defaults(func=cmd_fleet_bench)
     size = fsub.add_parser("bytes", help="mean bytes stored per tick, by table")
     size.add_argument("--loop", choices=["load", "throughput"], default="load", help="which ticks")

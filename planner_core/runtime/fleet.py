@@ -375,13 +375,14 @@ def arbitrate_round(
     if budget_gpus is None or not members:
         return None
     claims, pending, current = [], {}, {}
-    for member in sorted(members, key=lambda m: m.deployment_id):  # one lock order: no deadlock with a 2nd plane
-        repo.lock_deployment(session, member.deployment_id)
+    # one statement for every member's lock, in id order: no deadlock with a second control plane
+    repo.lock_deployments(session, [member.deployment_id for member in members])
+    decisions_of = repo.pending_decisions_of(session, [member.deployment_id for member in members])
     for member in members:
         ctx = contexts[member.name]
         workers = ctx.connector.worker_counts(session, member.deployment_id, default=default_workers(ctx.config))
         now_counts = (workers.expected_prefill, workers.expected_decode)
-        decisions = repo.pending_decisions(session, member.deployment_id)
+        decisions = decisions_of.get(member.deployment_id, [])
         newest = decisions[-1] if decisions else None
         proposed = now_counts
         if newest is not None:
@@ -530,18 +531,30 @@ def run_round(
     contexts: dict[str, PlannerContext],
     at: dt.datetime,
     pool: Executor,
+    *,
+    due: list[DueTick] | None = None,
+    flow_run_id: str | None = None,
+    task_run_id: str | None = None,
+    finish: bool = True,
 ) -> RoundResult:
     """One fleet round without Prefect (the benchmark's; the `fleet-tick` flow does the same as task runs): the
-    due ticks on `pool`, each its own transaction; the arbitration; the execution of every pending decision."""
+    due ticks on `pool`, each its own transaction; the arbitration; the execution of every pending decision.
+
+    `due`: the round's due ticks when the caller has found them already (`due_ticks` at `at`); `flow_run_id`,
+    `task_run_id`: the Prefect run the round runs in (`fleet-round`), recorded with every tick it ticks.
+    `finish` False: only the ticks (a part of the round's due ticks; the last part arbitrates and executes)."""
     sessions = session_factory(database_url)
     configs = {name: ctx.config for name, ctx in contexts.items()}
-    with sessions.begin() as session:
-        due = due_ticks(session, members, configs, at)
+    if due is None:
+        with sessions.begin() as session:
+            due = due_ticks(session, members, configs, at)
 
     def tick_one(item: DueTick) -> tuple[float, bool, str | None]:
         began = time.perf_counter()
         try:
-            recorded = run_tick(contexts[item.deployment], item.loop, item.scheduled_at, None).tick_id is not None
+            ctx = contexts[item.deployment]
+            result = run_tick(ctx, item.loop, item.scheduled_at, None, flow_run_id=flow_run_id, task_run_id=task_run_id)
+            recorded = result.tick_id is not None
             problem = None
         except Exception as exc:  # noqa: BLE001 - a failing member is reported, the others go on
             recorded, problem = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -549,11 +562,14 @@ def run_round(
 
     outcomes = list(pool.map(tick_one, due))
     failed = {item.deployment: problem for item, (_, _, problem) in zip(due, outcomes, strict=True) if problem}
-    with sessions.begin() as session:
-        grants = arbitrate_round(session, at, members, contexts)
-        pending = [member.name for member in members if repo.pending_decisions(session, member.deployment_id)]
-    for name in pending:
-        run_execution(contexts[name], at)
+    grants, pending = None, []
+    if finish:
+        with sessions.begin() as session:
+            grants = arbitrate_round(session, at, members, contexts)
+            with_pending = repo.pending_decisions_of(session, [member.deployment_id for member in members])
+            pending = [member.name for member in members if member.deployment_id in with_pending]
+        for name in pending:
+            run_execution(contexts[name], at)
     return RoundResult(
         num_ticked=sum(recorded for _, recorded, _ in outcomes),
         num_missed=sum(item.num_missed for item in due),

@@ -7,11 +7,16 @@ after the round, reports every written target as ready at once (the simulated or
 itself is the fleet's work: the due ticks on a thread pool (`run_tick`, one transaction each), one arbitration of
 the GPU budget, and the execution of pending decisions.
 
+The round runs in this process without Prefect (`run_round`), or, given a `round_runner`, as whatever that runs:
+`planner fleet bench --prefect` passes one that runs the real `fleet-tick` flow against a Prefect server it
+started, and `extra_cpu_s` then reads that server's CPU seconds, counted with the rest.
+
 With `realtime` each round starts at its wall-clock slot (a round that overruns makes the next slots late, and the
 members count the slots they missed); without it the rounds run back to back on simulated time from a fixed epoch,
 which measures capacity rather than keeping time.
 
-Measured: CPU seconds of this process and of the Postgres server's processes (psutil) per deployment-tick,
+Measured: CPU seconds of this process, of the Postgres server's processes (psutil) and of the Prefect server's
+(with a round runner that uses one) per deployment-tick,
 p50/p99 latency of a member's tick (its `run_tick`), p99 of a round, missed ticks, and the bytes stored per load
 and per throughput tick (`stored_bytes_per_tick`) plus the database's growth per tick.
 """
@@ -22,6 +27,7 @@ import datetime as dt
 import math
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +39,7 @@ from planner_core.domain import Component, ForwardPassMetrics, Loop, QueuedReque
 from planner_core.runtime.fleet import (
     ContextCache,
     FleetMember,
+    RoundResult,
     add_member,
     run_round,
     set_budget,
@@ -61,14 +68,18 @@ class FleetBenchResult:
     wall_s: float
     cpu_s_planner: float
     cpu_s_postgres: float
-    cpu_ms_per_deployment_tick: float  # planner + Postgres
-    cores_used: float  # (planner + Postgres CPU) / wall time
+    cpu_ms_per_deployment_tick: float  # planner + Postgres (+ the Prefect server with `prefect`)
+    cores_used: float  # (planner + Postgres + Prefect server CPU) / wall time
     tick_ms_p50: float
     tick_ms_p99: float
     round_ms_p99: float
     bytes_per_load_tick: float
     bytes_per_throughput_tick: float
     db_growth_bytes_per_tick: float
+    prefect: bool = False  # the rounds ran as `fleet-tick` flow runs on a Prefect server
+    task_per_member: bool | None = None  # with `prefect`: a task run per member tick (else one per round)
+    cpu_s_prefect: float = 0.0  # the Prefect server's process tree (0 without `prefect`)
+    cpu_ms_per_deployment_tick_prefect: float = 0.0  # its share of `cpu_ms_per_deployment_tick`
 
 
 def _reports(member_index: int, at: dt.datetime, num_prefill: int, num_decode: int) -> list[ForwardPassMetrics]:
@@ -105,11 +116,15 @@ def _reports(member_index: int, at: dt.datetime, num_prefill: int, num_decode: i
 
 
 def _postgres_cpu_s(session) -> float:
-    """CPU seconds used so far by the Postgres server: the postmaster's own, its exited backends' (the children
-    times the postmaster has reaped) and its live children's. Backends that exit between two readings count in
-    the reaped times, so connections opened and closed during the run are not lost."""
+    """CPU seconds used so far by the Postgres server (`process_tree_cpu_s` of the postmaster)."""
     pid = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
-    server = psutil.Process(pid).parent()
+    return process_tree_cpu_s(psutil.Process(pid).parent())
+
+
+def process_tree_cpu_s(server: psutil.Process) -> float:
+    """CPU seconds used so far by a server process and its descendants: its own, its exited children's (the
+    children times it has reaped) and its live descendants'. Children that exit between two readings count in
+    the reaped times, so backends or workers started and ended during the run are not lost."""
     times = server.cpu_times()
     total = times.user + times.system + times.children_user + times.children_system
     for process in server.children(recursive=True):
@@ -135,8 +150,18 @@ def run_fleet_bench(
     realtime: bool = False,
     max_concurrent: int = 4,
     budget_gpus: int | None = None,
+    cache: ContextCache | None = None,
+    round_runner: Callable[[dt.datetime], RoundResult] | None = None,
+    extra_cpu_s: Callable[[], float] | None = None,
+    prefect: bool = False,
+    task_per_member: bool | None = None,
 ) -> FleetBenchResult:
-    """Register `num_deployments` members running `config_path`, run the fleet for `duration_s`, measure."""
+    """Register `num_deployments` members running `config_path`, run the fleet for `duration_s`, measure.
+
+    `round_runner`: runs one round at a time (default: `run_round` here, without Prefect); `extra_cpu_s`: the CPU
+    seconds so far of the server it uses (the Prefect server), counted with the rest and reported apart; `cache`:
+    the contexts that runner ticks with (loaded here, before the clock starts); `prefect`, `task_per_member`:
+    how the runner runs the rounds, recorded in the result."""
     sessions = session_factory(database_url)
     with sessions.begin() as session:
         members: list[FleetMember] = [
@@ -144,7 +169,7 @@ def run_fleet_bench(
             for i in range(num_deployments)
         ]
         set_budget(session, budget_gpus if budget_gpus is not None else 3 * num_deployments)
-    cache = ContextCache(database_url)
+    cache = cache or ContextCache(database_url)
     contexts = {member.name: cache.get(member) for member in members}
     num_rounds = int(duration_s // interval_s)
     start = (
@@ -157,6 +182,7 @@ def run_fleet_bench(
         pg_cpu_before, db_bytes_before = _postgres_cpu_s(session), _database_bytes(session)
     process = psutil.Process()
     cpu_before = sum(process.cpu_times()[:2])
+    extra_before = extra_cpu_s() if extra_cpu_s is not None else 0.0
     wall_before = time.perf_counter()
     tick_ms, round_ms = [], []
     missed = failed = 0
@@ -179,7 +205,9 @@ def run_fleet_bench(
                         for fpm in _reports(i, now, prefill, decode)
                     ]
                     insert_fpm_samples(session, member.deployment_id, samples)
-            result = run_round(database_url, members, contexts, now, pool)
+            result = (
+                round_runner(now) if round_runner is not None else run_round(database_url, members, contexts, now, pool)
+            )
             missed += result.num_missed
             tick_ms.extend(result.tick_ms)
             failed += len(result.failed)
@@ -194,6 +222,7 @@ def run_fleet_bench(
             round_ms.append((time.perf_counter() - round_began) * 1000.0)
     wall_s = time.perf_counter() - wall_before
     cpu_s = sum(process.cpu_times()[:2]) - cpu_before
+    extra_s = extra_cpu_s() - extra_before if extra_cpu_s is not None else 0.0
     ids = [member.deployment_id for member in members]
     with sessions.begin() as session:
         pg_cpu_s = _postgres_cpu_s(session) - pg_cpu_before
@@ -220,12 +249,16 @@ def run_fleet_bench(
         wall_s=wall_s,
         cpu_s_planner=cpu_s,
         cpu_s_postgres=pg_cpu_s,
-        cpu_ms_per_deployment_tick=1000.0 * (cpu_s + pg_cpu_s) / max(1, num_ticks),
-        cores_used=(cpu_s + pg_cpu_s) / wall_s if wall_s > 0 else 0.0,
+        cpu_ms_per_deployment_tick=1000.0 * (cpu_s + pg_cpu_s + extra_s) / max(1, num_ticks),
+        cores_used=(cpu_s + pg_cpu_s + extra_s) / wall_s if wall_s > 0 else 0.0,
         tick_ms_p50=quantiles[49],
         tick_ms_p99=quantiles[98],
         round_ms_p99=round_q[98],
         bytes_per_load_tick=load_bytes.get("total", 0.0),
         bytes_per_throughput_tick=throughput_bytes.get("total", 0.0),
         db_growth_bytes_per_tick=db_growth / max(1, num_ticks),
+        prefect=prefect,
+        task_per_member=task_per_member,
+        cpu_s_prefect=extra_s,
+        cpu_ms_per_deployment_tick_prefect=1000.0 * extra_s / max(1, num_ticks),
     )

@@ -55,15 +55,20 @@ class ApplyResult:
 
 
 def _state_row(session: Session, deployment_id: int, *, lock: bool) -> VirtualConnectorStateRow:
-    session.execute(
-        pg_insert(VirtualConnectorStateRow)
-        .values(deployment_id=deployment_id)
-        .on_conflict_do_nothing(index_elements=["deployment_id"])
-    )
+    """The deployment's row, made on first use. Read first: every tick reads it, and only a deployment's first
+    read needs the insert (a statement a tick would otherwise send every time)."""
     query = select(VirtualConnectorStateRow).where(VirtualConnectorStateRow.deployment_id == deployment_id)
     if lock:
         query = query.with_for_update()
-    row = session.scalar(query.execution_options(populate_existing=True))
+    query = query.execution_options(populate_existing=True)
+    row = session.scalar(query)
+    if row is None:
+        session.execute(
+            pg_insert(VirtualConnectorStateRow)
+            .values(deployment_id=deployment_id)
+            .on_conflict_do_nothing(index_elements=["deployment_id"])
+        )
+        row = session.scalar(query)
     assert row is not None
     return row
 

@@ -380,7 +380,18 @@ def resolve_database_url(settings: RuntimeSettings | None = None) -> str:
     settings = settings or RuntimeSettings()
     if settings.database_url:
         return to_sqlalchemy_url(settings.database_url)
-    return embedded_writer_url(embedded_database_url(settings.embedded_pg_dir))
+    owner_url = embedded_database_url(settings.embedded_pg_dir)
+    # The writer login is made once per server: a flow run resolves the URL every time (a served tick, each
+    # fleet round run by a worker), and checking the roles costs a connection (a backend forked) and a DO block.
+    # Keyed by the postmaster's pid too, so a server started afresh in a new folder is checked again.
+    key = (owner_url, postmaster_pid(settings.embedded_pg_dir.expanduser().resolve()))
+    url = _WRITER_URLS.get(key)
+    if url is None:
+        url = _WRITER_URLS[key] = embedded_writer_url(owner_url)
+    return url
+
+
+_WRITER_URLS: dict[tuple[str, int | None], str] = {}  # (owner URL, postmaster pid) -> the writer's URL
 
 
 def resolve_owner_database_url(settings: RuntimeSettings | None = None) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,9 +115,15 @@ def _policy_hash_of_stored(session: Session, stored_hash: str) -> str | None:
 
 
 def ensure_deployment(session: Session, name: str, config: PlannerConfig) -> Deployment:
-    """Get or create the managed deployment `name`, recording a config change in the audit log."""
-    digest = register_config(session, config)
+    """Get or create the managed deployment `name`, recording a config change in the audit log.
+
+    Every tick calls this: when the deployment already runs this config (the usual case), its body is stored
+    already (`deployments.config_hash` references it) and is not sent to the database again."""
+    digest = config_hash(config)
     deployment = session.scalar(select(Deployment).where(Deployment.name == name))
+    if deployment is not None and deployment.config_hash == digest:
+        return deployment
+    register_config(session, config)
     if deployment is None:
         deployment = Deployment(
             name=name, mode=config.mode.value, environment=config.environment.value, config_hash=digest
@@ -149,6 +156,14 @@ def deployment_names(session: Session) -> list[str]:
 def lock_deployment(session: Session, deployment_id: int) -> None:
     """Serialise ticks and executions of one deployment for the rest of the transaction."""
     session.execute(select(Deployment.id).where(Deployment.id == deployment_id).with_for_update())
+
+
+def lock_deployments(session: Session, deployment_ids: Sequence[int]) -> None:
+    """`lock_deployment` of many deployments in one statement, taken in id order (the one lock order every
+    caller uses, so two transactions locking overlapping sets cannot deadlock)."""
+    session.execute(
+        select(Deployment.id).where(Deployment.id.in_(deployment_ids)).order_by(Deployment.id).with_for_update()
+    ).all()
 
 
 def tick_exists(session: Session, deployment_id: int, loop: str, scheduled_at: dt.datetime) -> bool:
@@ -486,6 +501,19 @@ def pending_decisions(session: Session, deployment_id: int) -> list[DecisionRow]
             .order_by(DecisionRow.id)
         )
     )
+
+
+def pending_decisions_of(session: Session, deployment_ids: Sequence[int]) -> dict[int, list[DecisionRow]]:
+    """Pending decisions of many deployments in one query, each deployment's oldest first (a fleet round asks
+    for every member's; a deployment with none is absent)."""
+    pending: dict[int, list[DecisionRow]] = {}
+    for row in session.scalars(
+        select(DecisionRow)
+        .where(DecisionRow.deployment_id.in_(deployment_ids), DecisionRow.status == DecisionStatus.PENDING.value)
+        .order_by(DecisionRow.id)
+    ):
+        pending.setdefault(row.deployment_id, []).append(row)
+    return pending
 
 
 def query_rows(session: Session, sql: str, **params: Any) -> list[dict[str, Any]]:

@@ -51,10 +51,9 @@ SELECT d.id AS deployment_id, s.i, %(t0)s::timestamptz + make_interval(secs => 5
 INSERT INTO ticks (id, deployment_id, loop, scheduled_at, config_hash, reason, inputs, previous_tick_id, decide_ms)
 SELECT n, deployment_id, loop, at, 'bench',
        CASE WHEN loop = 'load' THEN 'no_fpm_data' WHEN i %% 360 = 0 THEN 'scale' ELSE 'no_change' END,
-       jsonb_build_object('now_s', extract(epoch FROM at), 'loop', loop,
-                          'workers', jsonb_build_object('ready_prefill', 2, 'ready_decode', 3,
-                                                        'expected_prefill', 2, 'expected_decode', 3),
-                          'traffic', NULL, 'fpm', '[]'::jsonb),
+       json_build_object('now_s', extract(epoch FROM at), 'loop', loop,
+                         'workers', json_build_object('ready_prefill', 2, 'ready_decode', 3,
+                                                      'expected_prefill', 2, 'expected_decode', 3)),
        CASE WHEN first THEN NULL ELSE n - 1 END, 0.05
   FROM (SELECT *, row_number() OVER (ORDER BY deployment_id, at, loop) AS n,
                row_number() OVER (PARTITION BY deployment_id ORDER BY at, loop) = 1 AS first
@@ -66,15 +65,21 @@ INSERT INTO worker_observations (tick_id, scheduled_at, ready_prefill, ready_dec
 SELECT id, scheduled_at, 2, 3, 2, 3 FROM ticks;
 INSERT INTO planner_states (tick_id, scheduled_at, deployment_id, state)
 SELECT id, scheduled_at, deployment_id, jsonb_build_object('num_load_ticks', id) FROM ticks;
-INSERT INTO tick_step_lists (tick_id, scheduled_at, steps)
-SELECT id, scheduled_at,
-       jsonb_build_array(jsonb_build_array('load', NULL, NULL, 'no_fpm_data', 'no forward-pass metrics observed'))
+-- explanations as the planner stores them (migration 0018): shared templates, one packed line per tick
+INSERT INTO step_templates (step, component, reason, template)
+VALUES ('load', NULL, 'no_fpm_data', 'no forward-pass metrics observed');
+INSERT INTO step_templates (step, component, reason, template)
+SELECT 'step' || s.seq, CASE WHEN s.seq %% 2 = 0 THEN 'prefill' ELSE 'decode' END,
+       CASE WHEN s.seq IN (0, 1, 13) THEN 'observed' ELSE 'within_range' END, 'generated'
+  FROM generate_series(0, 13) AS s(seq);
+INSERT INTO tick_step_lists (tick_id, scheduled_at, packed)
+SELECT id, scheduled_at, (SELECT id FROM step_templates WHERE step = 'load') || ','
   FROM ticks WHERE loop = 'load';
-INSERT INTO tick_step_lists (tick_id, scheduled_at, steps)
-SELECT t.id, t.scheduled_at,
-       jsonb_agg(jsonb_build_array('step' || s.seq, CASE WHEN s.seq %% 2 = 0 THEN 'prefill' ELSE 'decode' END,
-       s.seq * 1.5, CASE WHEN s.seq IN (0, 1, 13) THEN 'observed' ELSE 'within_range' END, 'generated') ORDER BY s.seq)
-  FROM ticks t, generate_series(0, 13) AS s(seq) WHERE t.loop = 'throughput' GROUP BY t.id, t.scheduled_at;
+INSERT INTO tick_step_lists (tick_id, scheduled_at, packed)
+SELECT t.id, t.scheduled_at, p.line
+  FROM ticks t, (SELECT string_agg(st.id || ',' || (s.seq * 1.5)::text, ';' ORDER BY s.seq) AS line
+                   FROM generate_series(0, 13) AS s(seq) JOIN step_templates st ON st.step = 'step' || s.seq) p
+ WHERE t.loop = 'throughput';
 INSERT INTO traffic_observations (tick_id, scheduled_at, window_s, num_req, isl, osl, isl_p90, osl_p90, ttft_ms,
                                   itl_ms)
 SELECT id, scheduled_at, 180, 3000 + 1500 * sin(extract(epoch FROM scheduled_at) / 86400 * 2 * pi()) + random() * 300,

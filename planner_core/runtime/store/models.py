@@ -342,7 +342,7 @@ class StepTemplateRow(Base):
 
 class TickStepListRow(Base):
     """A tick's explanation, all its steps in order in one row: per step its template id, value and the numbers of
-    its detail (`step_packing.pack_steps`). The view `tick_steps` gives it back one row per step (migrations 0015,
+    its detail (`step_packing.record_steps`). The view `tick_steps` gives it back one row per step (migrations 0015,
     0018)."""
 
     __tablename__ = "tick_step_lists"

@@ -70,15 +70,20 @@ def value_text(value: float | None) -> str:
     return repr(value) if isinstance(value, int) else repr(number)
 
 
+# The same pattern as one group: `re.split` gives the text between numbers and the numbers in one pass.
+_SPLIT_AT_NUMBERS = re.compile(f"({NUMBER_TOKEN.pattern})")
+
+
 def split_step(step: StepRecord) -> SplitStep:
     """A step as its template and the numbers its detail holds, in order."""
+    pieces = _SPLIT_AT_NUMBERS.split(step.detail)  # text, number, text, ..., text
     template = StepTemplate(
         step=getattr(step.step, "value", step.step),
         component=step.component.value if step.component else None,
         reason=step.reason.value,
-        template=NUMBER_TOKEN.sub(PLACEHOLDER, step.detail),
+        template=PLACEHOLDER.join(pieces[0::2]),
     )
-    return SplitStep(template=template, value=value_text(step.value), numbers=tuple(NUMBER_TOKEN.findall(step.detail)))
+    return SplitStep(template=template, value=value_text(step.value), numbers=tuple(pieces[1::2]))
 
 
 def join_detail(template: str, numbers: Sequence[str]) -> str:

@@ -174,6 +174,18 @@ def bench_config(directory: Path, load_interval_s: float) -> Path:
     return path
 
 
+def bench_shape(args: argparse.Namespace) -> dict:
+    """The benchmark's fleet and timing from the command line, the same with and without Prefect."""
+    return {
+        "num_deployments": args.deployments,
+        "duration_s": args.duration,
+        "interval_s": args.interval,
+        "realtime": args.realtime,
+        "max_concurrent": args.max_concurrent,
+        "budget_gpus": args.budget,
+    }
+
+
 def bench_with_prefect(url: str, config: Path, args: argparse.Namespace) -> FleetBenchResult:
     """The benchmark with every round a `fleet-tick` flow run on the Prefect server `prefect_api` gives (started
     here unless `PREFECT_API_URL` names one this process started), that server's process tree counted too."""
@@ -197,12 +209,7 @@ def bench_with_prefect(url: str, config: Path, args: argparse.Namespace) -> Flee
         return run_fleet_bench(
             url,
             config,
-            num_deployments=args.deployments,
-            duration_s=args.duration,
-            interval_s=args.interval,
-            realtime=args.realtime,
-            max_concurrent=args.max_concurrent,
-            budget_gpus=args.budget,
+            **bench_shape(args),
             cache=context_cache(url),
             round_runner=bench_round_runner(url, args.max_concurrent, task_per_member=task_per_member),
             extra_cpu_s=lambda: process_tree_cpu_s(server),
@@ -239,16 +246,7 @@ def cmd_fleet_bench(args: argparse.Namespace) -> int:
                 if args.prefect:
                     result = bench_with_prefect(url, config, args)
                 else:
-                    result = run_fleet_bench(
-                        url,
-                        config,
-                        num_deployments=args.deployments,
-                        duration_s=args.duration,
-                        interval_s=args.interval,
-                        realtime=args.realtime,
-                        max_concurrent=args.max_concurrent,
-                        budget_gpus=args.budget,
-                    )
+                    result = run_fleet_bench(url, config, **bench_shape(args))
             body = json.dumps(dataclasses.asdict(result), indent=2)
             if args.json is not None:
                 args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,7 @@ MODEL_NAME = "tiny"
 # (measured with `tokenizers` on that corpus); the routing proxy estimates prompt tokens with it
 CHARS_PER_TOKEN = 1.68
 DEPLOYMENT = "live"
+DRAIN_GRACE_S = 20  # a drained engine's SIGTERM-to-SIGKILL grace
 
 
 class LiveError(RuntimeError):
@@ -178,46 +179,69 @@ class RunSpec:
     duration_s: float
     ttft_ms: float
     itl_ms: float
-    interval_s: float
+    interval_s: float | None  # None: the policy's own, divided by the trace compression
     max_workers: int
     trace: Path
     nice: int
     profile_dir: Path
     cooldown_s: float
     router: str = "round-robin"  # or "slo": the frontend in direct mode behind `planner route-proxy`
+    speedup: float = 1.0  # the trace's time compression: the policy's time constants are divided by it
+    initial_size: int = 1  # engines running when the run starts (the deployment the planner takes over)
+    command: str = ""  # the `planner live` command line and the code's commit, kept in the run's figures
+    commit: str | None = None
+
+
+def compressed_policy(policy: Path, speedup: float) -> dict:
+    """A policy file's settings with every time constant (`*_seconds`: the throughput window, the scale-down hold,
+    the assumed start-up) divided by the trace's compression: traffic replayed `speedup` times faster rises and
+    falls that much sooner, so the policy sees the same number of windows per rise as on the uncompressed trace."""
+    import yaml
+
+    body = yaml.safe_load(policy.read_text())
+    for key, value in list(body.items()):
+        if key.endswith("_seconds") and isinstance(value, int | float) and not isinstance(value, bool):
+            scaled = value / speedup
+            # the adjustment intervals are whole seconds
+            body[key] = max(1, round(scaled)) if key.endswith("interval_seconds") else scaled
+    return body
 
 
 def _config(spec: RunSpec, run_dir: Path, env: dict[str, str], prometheus_url: str) -> Path:
+    """The run's planner config: the recommended policy (what `planner serve` runs by default), time-compressed
+    with the trace, with the run's deployment facts: aggregated mocker engines on this machine, the slowed
+    profile, the run's SLA and budget, the frontend's metrics through Prometheus."""
     import yaml
 
-    body = {
-        "environment": "local",
-        "mode": "agg",
-        "namespace": "dynamo",
-        "model_name": MODEL_NAME,
-        "backend": "vllm",
-        "optimization_target": "sla",
-        "throughput_algorithm": "engine_capacity",  # the sizing that handles the aggregated pool
-        "ttft_ms": spec.ttft_ms,
-        "itl_ms": spec.itl_ms,
-        "profile_results_dir": str(spec.profile_dir),
-        "enable_throughput_scaling": True,  # the fixed-size run too: pinned by min_endpoint = max_gpu_budget
-        "enable_load_scaling": False,
-        "throughput_adjustment_interval_seconds": spec.interval_s,
-        "load_predictor": "constant",
-        # the fixed-size run: the same planner pinned between min and max (the config needs one loop on)
-        "min_endpoint": 1 if spec.adaptive else spec.fixed_size,
-        "max_gpu_budget": spec.max_workers if spec.adaptive else spec.fixed_size,
-        "metric_pulling_prometheus_endpoint": prometheus_url,
-        "execution_interval_seconds": 5,
-        "report_interval_hours": None,
-        "local_workers": {
-            "env": env,
-            "discovery_dir": str(run_dir / "kv"),
-            "drain_grace_seconds": 20,
-            "nice": spec.nice,
-        },
-    }
+    from planner_core.data import DEFAULT_CONFIG
+
+    body = compressed_policy(DEFAULT_CONFIG, spec.speedup)
+    if spec.interval_s is not None:
+        body["throughput_adjustment_interval_seconds"] = round(spec.interval_s)
+    body.update(
+        {
+            "environment": "local",
+            "mode": "agg",
+            "namespace": "dynamo",
+            "model_name": MODEL_NAME,
+            "ttft_ms": spec.ttft_ms,
+            "itl_ms": spec.itl_ms,
+            "profile_results_dir": str(spec.profile_dir),
+            # the fixed-size run: the same planner pinned between min and max (the config needs one loop on)
+            "min_endpoint": 1 if spec.adaptive else spec.fixed_size,
+            "max_gpu_budget": spec.max_workers if spec.adaptive else spec.fixed_size,
+            "metric_pulling_prometheus_endpoint": prometheus_url,
+            "execution_interval_seconds": 5,
+            "report_interval_hours": None,
+            "local_workers": {
+                "env": env,
+                "discovery_dir": str(run_dir / "kv"),
+                "drain_grace_seconds": DRAIN_GRACE_S,
+                "nice": spec.nice,
+                "initial_decode": spec.initial_size,
+            },
+        }
+    )
     path = run_dir / "planner.yaml"
     path.write_text(yaml.safe_dump(body))
     return path
@@ -263,8 +287,10 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
     os.environ["PLANNER_DATA_DIR"] = str(run_dir / "data")
     from planner_core.runtime.settings import RuntimeSettings
     from planner_core.runtime.store.db import resolve_database_url
+    from planner_core.runtime.store.migrate import upgrade
 
     database_url = resolve_database_url(RuntimeSettings())  # starts the run's embedded Postgres
+    upgrade(database_url)  # before serve and the ingest start side by side (the ingest refuses an unmigrated schema)
     frontend_port, prometheus_port, prefect_port, proxy_port = _free_port(), _free_port(), _free_port(), _free_port()
     dynamo_env = {**base_env, "DYN_FILE_KV": str(run_dir / "kv"), "PYTHONPATH": str(STUBS_DIR)}
     worker_env = {
@@ -281,7 +307,7 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
         f"scrape_configs: [{{job_name: frontend, static_configs: [{{targets: ['127.0.0.1:{frontend_port}']}}]}}]\n"
     )
     cpu = CpuSampler()
-    figures: dict = {"run": spec.name}
+    figures: dict = {"run": spec.name, "command": spec.command, "commit": spec.commit}
     with contextlib.ExitStack() as stack:
         prometheus = stack.enter_context(
             _process(
@@ -329,7 +355,7 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
         )  # fmt: skip
         stack.callback(_stop_workers, database_url, config)  # after serve stops (exit order is reversed)
         # the engines' forward-pass metrics (Dynamo's event plane, found in the discovery store) into Postgres
-        stack.enter_context(
+        ingest = stack.enter_context(
             _process(
                 [sys.executable, "-m", "planner_cli", "ingest", "--dynamo-discovery", str(run_dir / "kv"),
                  "--deployment", DEPLOYMENT, "--config", str(config)],
@@ -361,14 +387,19 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
         )  # fmt: skip
         ended = dt.datetime.now(dt.UTC)
         figures["aiperf_exit"] = aiperf.returncode
+        # a component that stopped during the traffic (its log in logs/ says why) makes the run's figures suspect
+        components = {"prometheus": prometheus, "frontend": frontend, "serve": serve, "ingest": ingest}
+        figures["components_exited"] = {name: p.returncode for name, p in components.items() if p.poll() is not None}
         figures["router"] = spec.router
         if spec.router == "slo":
             figures["route_proxy"] = json.loads(_get(f"{traffic_url}/route/status"))
         # the planner keeps running after the traffic (scale-downs it decides now still reach the processes and
         # are acknowledged); GPU-seconds and attainment are over the traffic only
         time.sleep(spec.cooldown_s)
+        figures["unsettled_decisions"] = _settle_decisions(database_url, timeout_s=DRAIN_GRACE_S + 40)
         cpu.stop()
-    figures.update(_db_figures(database_url, started, ended, initial_size=1 if spec.adaptive else spec.fixed_size))
+    figures["initial_size"] = spec.initial_size
+    figures.update(_db_figures(database_url, started, ended, initial_size=spec.initial_size))
     figures["cooldown_s"] = spec.cooldown_s
     figures.update(_aiperf_figures(run_dir / "aiperf", spec))
     figures["cpu_idle_mean"] = sum(cpu.samples) / len(cpu.samples) if cpu.samples else None
@@ -379,6 +410,24 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
     (run_dir / "figures.json").write_text(json.dumps(figures, indent=2, default=str))
     stop_embedded_database(run_dir / "data" / "pg")
     return figures
+
+
+def _settle_decisions(database_url: str, *, timeout_s: float) -> int:
+    """Wait (at most `timeout_s`) until no decision is pending or applied-but-unacknowledged, so a decision made
+    late in the cool-down is seen through (its workers drained or ready) before the stack stops; the number still
+    unsettled at the end."""
+    from sqlalchemy import text
+
+    from planner_core.runtime.store.db import session_factory
+
+    sessions = session_factory(database_url)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with sessions.begin() as session:
+            unsettled = session.scalar(text("SELECT count(*) FROM decisions WHERE status IN ('pending', 'applied')"))
+        if not unsettled or time.monotonic() >= deadline:
+            return int(unsettled or 0)
+        time.sleep(1)
 
 
 def _stop_workers(database_url: str, config: Path) -> None:
@@ -429,7 +478,7 @@ def _db_figures(database_url: str, started: dt.datetime, ended: dt.datetime, *, 
     for _role, start, _ready, end, _status in workers:
         a, b = max(start, started), min(end or ended, ended)
         gpu_s += max(0.0, (b - a).total_seconds())  # one GPU per engine, over the traffic's span
-    previous = initial_size  # the minimum endpoints, started before any decision
+    previous = initial_size  # the engines started before any decision
     ups = downs = 0
     applied = []
     for _id, target, status, _reason, _at in decisions:
@@ -509,11 +558,12 @@ def _replay(database_url: str, start: dt.datetime, end: dt.datetime) -> dict:
 # --------------------------------------------------------------------------------------------------------
 
 
-def _table(runs: list[dict], spec: RunSpec) -> str:
+def live_table(runs: list[dict], *, ttft_ms: float, itl_ms: float) -> str:
+    """The runs side by side (Markdown), as `planner live` prints them and the docs render its records."""
     rows = [
         ("router", lambda r: r.get("router", "round-robin")),
         ("aiperf requests (errors)", lambda r: f"{r.get('aiperf_records')} ({r.get('aiperf_errors')})"),
-        (f"attainment TTFT<={spec.ttft_ms:g} ms & ITL<={spec.itl_ms:g} ms", lambda r: _pct(r.get("attainment"))),
+        (f"attainment TTFT<={ttft_ms:g} ms & ITL<={itl_ms:g} ms", lambda r: _pct(r.get("attainment"))),
         ("  TTFT attainment", lambda r: _pct(r.get("ttft_attainment"))),
         ("  ITL attainment", lambda r: _pct(r.get("itl_attainment"))),
         ("TTFT p50 / p99 (ms)", lambda r: f"{_num(r.get('ttft_p50_ms'))} / {_num(r.get('ttft_p99_ms'))}"),
@@ -524,6 +574,7 @@ def _table(runs: list[dict], spec: RunSpec) -> str:
         ("applied decisions acknowledged", lambda r: f"{r.get('acknowledged_decisions')} of {r.get('applied_decisions')}"),  # noqa: E501
         ("forward-pass samples stored (busy; engines)",
          lambda r: f"{r.get('fpm_samples')} ({r.get('fpm_busy_samples')}; {r.get('fpm_engines')})"),
+        ("components that exited during the traffic", lambda r: _exited(r.get("components_exited"))),
         ("CPU idle mean / min", lambda r: f"{_pct(r.get('cpu_idle_mean'))} / {_pct(r.get('cpu_idle_min'))}"),
         ("recorded ticks replay identical", lambda r: _replayed(r.get("replay"))),
         ("proxy: placed per worker / queued / overdue / rejected", lambda r: _proxied(r.get("route_proxy"))),
@@ -549,6 +600,10 @@ def _proxied(r: dict | None) -> str:
     return f"{placed or 0} / {r['queued']} / {r['overdue']} / {r['rejected']}"
 
 
+def _exited(r: dict | None) -> str:
+    return "-" if r is None else ", ".join(f"{name} (exit {code})" for name, code in r.items()) or "none"
+
+
 def _replayed(r: dict | None) -> str:
     return "-" if r is None else f"{r['identical']} of {r['ticks']} ({r['differing']} differ)"
 
@@ -566,22 +621,36 @@ def summarize(root: Path, spec: RunSpec) -> list[dict]:
         os.environ["PLANNER_DATA_DIR"] = str(run_dir / "data")
         database_url = resolve_database_url(RuntimeSettings())
         started, ended = (dt.datetime.fromisoformat(figures[k]) for k in ("started", "ended"))
-        name = run_dir.name
-        initial = 1 if name.startswith("planner") else int(name.removeprefix("fixed-").split("-")[0])
-        figures.update(_db_figures(database_url, started, ended, initial_size=initial))
+        figures.update(_db_figures(database_url, started, ended, initial_size=figures.get("initial_size", 1)))
         figures.update(_aiperf_figures(run_dir / "aiperf", spec))
         stop_embedded_database(run_dir / "data" / "pg")
         runs.append(figures)
     return runs
 
 
+def live_record(runs: list[dict], spec: RunSpec) -> dict:
+    """The `--record` file: every run's figures (each with the command and commit that made it) under the SLA they
+    were scored against; the docs' live tables are generated from these."""
+    return {
+        "format": "planner-live-record/v1",
+        "date": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
+        "ttft_ms": spec.ttft_ms,
+        "itl_ms": spec.itl_ms,
+        "runs": [{k: v for k, v in run.items() if k not in ("started", "ended")} for run in runs],
+    }
+
+
 def cmd_live(args: argparse.Namespace) -> int:
     if args.summarize:
         spec = RunSpec(
             name="", adaptive=True, fixed_size=0, duration_s=0, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms,
-            interval_s=0, max_workers=0, trace=args.out, nice=0, profile_dir=args.out, cooldown_s=0,
+            interval_s=None, max_workers=0, trace=args.out, nice=0, profile_dir=args.out, cooldown_s=0,
         )  # fmt: skip
-        print(_table(summarize(args.out.resolve(), spec), spec))
+        runs = summarize(args.out.resolve(), spec)
+        if args.record:
+            args.record.parent.mkdir(parents=True, exist_ok=True)
+            args.record.write_text(json.dumps(live_record(runs, spec), indent=1, default=str) + "\n")
+        print(live_table(runs, ttft_ms=spec.ttft_ms, itl_ms=spec.itl_ms))
         return 0
     try:
         tools = {
@@ -615,7 +684,16 @@ def cmd_live(args: argparse.Namespace) -> int:
             "nice": args.nice,
             "cooldown_s": args.cooldown_s,
             "profile_dir": write_slowed_profile(root / f"profile-x{args.slowdown:g}", args.slowdown),
+            "speedup": args.speedup,
+            # both runs start from the same deployment: the planner takes over the fixed run's size
+            "initial_size": args.initial_size or args.fixed_size or 1,
         }
+        import shlex
+
+        from planner_cli.bench import code_commit
+
+        common["command"] = shlex.join(["planner", *getattr(args, "argv", [])])
+        common["commit"] = code_commit()
         suffix = "" if args.router == "round-robin" else f"-{args.router}"
         common["router"] = args.router
         specs = [RunSpec(name=f"planner{suffix}", adaptive=True, fixed_size=1, **common)] if not args.fixed_only else []
@@ -634,7 +712,8 @@ def cmd_live(args: argparse.Namespace) -> int:
     # read back in a fresh process: this one has engines cached on the runs' stopped embedded servers
     table = subprocess.run(  # noqa: S603 - our own command
         [sys.executable, "-m", "planner_cli", "live", "--summarize", "--out", str(root),
-         "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms)],
+         "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms),
+         *(["--record", str(args.record.resolve())] if args.record else [])],
         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
     ).stdout  # fmt: skip
     (root / "summary.md").write_text(table)
@@ -646,10 +725,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add the live command's parser."""
     live = sub.add_parser("live", help="scale Dynamo's frontend + mocker engines under aiperf traffic; compare")
     live.add_argument("--out", type=Path, default=Path(".planner/live"), help="folder of the runs")
-    live.add_argument("--duration-s", type=float, default=400.0, help="traffic per run (s)")
-    live.add_argument("--speedup", type=float, default=3.0, help="trace time compression")
-    live.add_argument("--keep-every", type=int, default=3, help="keep every N-th request of the trace")
-    live.add_argument("--trace-start-s", type=float, default=480.0, help="offset into the Azure conversation trace (s)")
+    live.add_argument("--duration-s", type=float, default=560.0, help="traffic per run (s)")
+    live.add_argument(
+        "--speedup", type=float, default=6.0, help="trace time compression (the policy's time constants too)"
+    )
+    live.add_argument("--keep-every", type=int, default=9, help="keep every N-th request of the trace")
+    live.add_argument("--trace-start-s", type=float, default=0.0, help="offset into the Azure conversation trace (s)")
     live.add_argument("--max-isl", type=int, default=2048, help="cap on prompt tokens")
     live.add_argument("--max-osl", type=int, default=256, help="cap on output tokens")
     live.add_argument(
@@ -660,14 +741,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     live.add_argument("--ttft-ms", type=float, default=2000.0, help="TTFT SLA (ms)")
     live.add_argument("--itl-ms", type=float, default=100.0, help="ITL SLA (ms)")
-    live.add_argument("--interval-s", type=float, default=30.0, help="throughput adjustment interval")
+    live.add_argument(
+        "--interval-s",
+        type=float,
+        default=None,
+        help="throughput adjustment interval (default: the recommended policy's, divided by --speedup)",
+    )
     live.add_argument("--max-workers", type=int, default=4, help="GPU budget (one GPU per engine)")
     live.add_argument("--fixed-size", type=int, default=3, help="engines of the fixed-size run; 0 = no such run")
     live.add_argument(
-        "--cooldown-s", type=float, default=90.0, help="the planner keeps running this long after the traffic"
+        "--initial-size",
+        type=int,
+        default=None,
+        help="engines running when the planner's run starts (default: --fixed-size, else 1)",
+    )
+    live.add_argument(
+        "--cooldown-s", type=float, default=60.0, help="the planner keeps running this long after the traffic"
     )
     live.add_argument("--fixed-only", action="store_true", help="only the fixed-size run")
     live.add_argument("--summarize", action="store_true", help="only print the table of the runs already in --out")
+    live.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the runs' figures with their command, commit and date to FILE (docs/results/live/)",
+    )
     live.add_argument("--nice", type=int, default=10, help="niceness of the engines and aiperf")
     live.add_argument(
         "--router",

@@ -1363,6 +1363,19 @@ class LocalWorkersConfig(BaseModel):
         **_INTERVAL, default=30.0, ge=0, description="Seconds a draining worker has after SIGTERM before SIGKILL."
     )
     nice: Whole = Field(default=0, ge=0, le=19, description="Niceness the workers run at (0 = as the planner).")
+    initial_prefill: Whole | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Prefill workers started before the first decision (the deployment as it runs when the planner takes "
+            "over); None = the minimum endpoints."
+        ),
+    )
+    initial_decode: Whole | None = Field(
+        default=None,
+        ge=0,
+        description="Decode (in mode agg: aggregated) workers started before the first decision; None = the minimum.",
+    )
 
     def command(self, role: Component) -> tuple[str, ...]:
         return self.prefill_command if role is Component.PREFILL else self.decode_command

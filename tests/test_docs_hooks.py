@@ -173,3 +173,27 @@ def test_chaos_reports_render_one_column_per_run_newest_first(tmp_path: Path) ->
     with pytest.raises(ValueError, match=r"c-bad\.json: not a `planner chaos --report` file"):
         hooks.render_chaos_records(tmp_path)
     assert "holds no report" in hooks.render_chaos_records(tmp_path / "none")
+
+
+def test_live_records_render_each_runs_command_and_the_live_table_newest_first(tmp_path: Path) -> None:
+    """Two `planner live --record` files: the newer first, each run named with its command and commit, the figures
+    in `planner live`'s own table; a file of another format is refused, naming it."""
+    run = {
+        "run": "planner", "command": "planner live --keep-every 12", "commit": "abc1234", "aiperf_records": 100,
+        "aiperf_errors": 0, "attainment": 0.995, "gpu_seconds": 1234.5, "scale_ups": 1, "scale_downs": 2,
+    }  # fmt: skip
+    fixed = run | {"run": "fixed-3", "attainment": 0.9976, "gpu_seconds": 1816.9, "scale_ups": 0, "scale_downs": 0}
+    old = {"format": "planner-live-record/v1", "date": "2026-01-01T00:00:00+00:00", "ttft_ms": 2000, "itl_ms": 100,
+           "runs": [run]}  # fmt: skip
+    new = old | {"date": "2026-01-02T00:00:00+00:00", "runs": [run, fixed]}
+    (tmp_path / "a.json").write_text(json.dumps(old), encoding="utf-8")
+    (tmp_path / "b.json").write_text(json.dumps(new), encoding="utf-8")
+    text = hooks.render_live_records(tmp_path)
+    assert text.index("**`b`**") < text.index("**`a`**")
+    assert "- `fixed-3`: `planner live --keep-every 12` at commit `abc1234`" in text
+    assert "| attainment TTFT<=2000 ms & ITL<=100 ms | 99.50 % | 99.76 % |" in text
+    assert "| GPU-seconds (1 GPU per engine) | 1234.5 | 1816.9 |" in text
+    (tmp_path / "c.json").write_text(json.dumps({"format": "planner-bench-record/v1"}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"c\.json: not a `planner live --record` file"):
+        hooks.render_live_records(tmp_path)
+    assert "holds no record" in hooks.render_live_records(tmp_path / "none")

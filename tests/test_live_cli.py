@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner_cli.live import RunSpec, _aiperf_figures, write_slowed_profile, write_trace
+from planner_cli.live import RunSpec, _aiperf_figures, compressed_policy, write_slowed_profile, write_trace
+from planner_core.config import load_config, parse_config
+from planner_core.data import DEFAULT_CONFIG
 from planner_core.perf.model import ProfilePerfModel
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "planner_core" / "data" / "profiles" / "H200_TP1P_TP1D"
@@ -62,3 +64,22 @@ def test_attainment_counts_both_targets_and_errors_apart(tmp_path) -> None:
     # (100, 10) and the one-token answer, of the five sent: the timed-out request missed the SLA
     assert figures["attainment"] == pytest.approx(2 / 5)
     assert (figures["ttft_attainment"], figures["itl_attainment"]) == (pytest.approx(3 / 5), pytest.approx(3 / 5))
+
+
+def test_the_live_policy_is_the_recommended_one_with_its_time_constants_compressed() -> None:
+    """Traffic replayed 6 times faster: the window, the scale-down hold and the assumed start-up are 6 times
+    shorter (the window stays whole seconds); every other setting is the recommended policy's own."""
+    shipped = load_config(DEFAULT_CONFIG).policy
+    body = compressed_policy(DEFAULT_CONFIG, 6.0)
+    body["profile_results_dir"] = str(PROFILE_DIR)
+    live = parse_config(body, "live").policy
+    assert live.throughput_adjustment_interval_seconds == round(shipped.throughput_adjustment_interval_seconds / 6)
+    assert live.throughput_scale_down_hold_seconds == shipped.throughput_scale_down_hold_seconds / 6
+    assert live.throughput_startup_seconds == shipped.throughput_startup_seconds / 6
+    timed = {
+        "throughput_adjustment_interval_seconds",
+        "throughput_scale_down_hold_seconds",
+        "throughput_startup_seconds",
+    }
+    same = {k for k in type(live).model_fields if k not in timed | {"profile_results_dir"}}
+    assert {k: getattr(live, k) for k in same} == {k: getattr(shipped, k) for k in same}

@@ -117,12 +117,15 @@ def make_ctx(database_url, tmp_path, monkeypatch, profile_dir):
         command: list[str] | None = None,
         discovery_dir: Path | None = None,
         default_command: bool = False,
+        initial_decode: int | None = None,
     ):
         local_workers: dict = {
             "env": {"NS": "dynamo"},
             "discovery_dir": str(discovery_dir or kv),
             "drain_grace_seconds": grace_s,
         }
+        if initial_decode is not None:
+            local_workers["initial_decode"] = initial_decode
         if not default_command:  # else the mocker, the default command
             local_workers["decode_command"] = command or [sys.executable, STANDIN, "--namespace", "${NS}", *extra]
         path = write_config(tmp_path, mode="agg", environment="local", local_workers=local_workers)
@@ -204,6 +207,17 @@ def test_scale_up_and_down_reach_real_processes_and_are_acknowledged(make_ctx) -
     assert (up, "applied", "local") in outcomes and (down, "applied", "local") in outcomes
     assert (up, "reconciled", "local") in outcomes and (down, "reconciled", "local") in outcomes
     assert len(started) == 3
+
+
+def test_the_initial_workers_start_before_any_decision_and_the_first_decision_resizes_them(make_ctx) -> None:
+    """A deployment taken over at 3 engines (`initial_decode`), above its minimum of 1: all three start before the
+    first decision, and that decision (to 2) drains one."""
+    ctx = make_ctx("--register-after-s", "0.3", initial_decode=3)
+    settle(ctx, lambda: len(workers(ctx, R)) == 3)
+    assert counts(ctx) == (3, 3)
+    down = record_decision(ctx, NAME, T0, None, 2)
+    settle(ctx, lambda: decision_status(ctx, down) == "acknowledged")
+    assert len(workers(ctx, R)) == 2 and counts(ctx) == (2, 2)
 
 
 def test_a_killed_worker_is_detected_and_replaced(make_ctx) -> None:

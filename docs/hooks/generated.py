@@ -19,6 +19,8 @@ Two markers in the Markdown sources are replaced while the site builds (nothing 
 - `<!-- bench-engines -->` (benchmarks.md): the records of `docs/results/dynamo-engine/` (the same benches served by
   Dynamo's replay, `--engine dynamo`) beside the default engine's record of the same name, one table per name with
   both runs' dates and commits, then each Dynamo-engine record in full.
+- `<!-- live-records -->` (operations.md): the records `planner live --record` wrote to `docs/results/live/`,
+  newest first: each run's command and commit, then the runs side by side in `planner live`'s own table.
 - `<!-- chaos-records -->` (operations.md): the JSON reports of `planner chaos --report` kept in
   `docs/results/chaos/`, newest first: one column per run with its date, command, commit, kills by fault, rounds,
   what was duplicated, lost, extra or changed, the audit chain and the ingest leg's check.
@@ -58,6 +60,7 @@ STARTUP_MARKER = "<!-- startup-records -->"
 ENGINES_MARKER = "<!-- bench-engines -->"
 PROFILE_MARKER = "<!-- profile-roundtrip -->"
 CHAOS_MARKER = "<!-- chaos-records -->"
+LIVE_MARKER = "<!-- live-records -->"
 # Records of `planner bench --engine dynamo` (Dynamo 1.6.1's replay), named as their default-engine counterparts.
 DYNAMO_ENGINE_DIR = "dynamo-engine"
 
@@ -85,6 +88,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str: 
         markdown = markdown.replace(PROFILE_MARKER, render_profile_roundtrip(record))
     if CHAOS_MARKER in markdown:
         markdown = markdown.replace(CHAOS_MARKER, render_chaos_records(Path(config["docs_dir"]) / "results" / "chaos"))
+    if LIVE_MARKER in markdown:
+        markdown = markdown.replace(LIVE_MARKER, render_live_records(Path(config["docs_dir"]) / "results" / "live"))
     return markdown
 
 
@@ -529,3 +534,31 @@ def render_chaos_records(chaos_dir: Path) -> str:
     lines.append("")
     lines += [f"- `{name}`: `{report['command']}`" for name, report in reports]
     return "\n".join(lines) + "\n"
+
+
+# --- live runs ------------------------------------------------------------------------------------------------------
+
+
+def render_live_records(live_dir: Path) -> str:
+    """Markdown: per `planner live --record` file in `live_dir` (newest first) its date, each run's command and
+    commit, and the runs' table as `planner live` prints it."""
+    from planner_cli.live import live_table
+
+    records = []
+    for path in sorted(live_dir.glob("*.json")) if live_dir.is_dir() else []:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if record.get("format") != "planner-live-record/v1":
+            raise ValueError(f"{path}: not a `planner live --record` file (format {record.get('format')!r})")
+        records.append((path.stem, record))
+    if not records:
+        return "No live run has been recorded yet: `docs/results/live/` holds no record.\n"
+    records.sort(key=lambda item: str(item[1]["date"]), reverse=True)
+    parts = []
+    for name, record in records:
+        runs = record["runs"]
+        lines = [f"**`{name}`** (recorded {record['date']}):", ""]
+        for run in runs:
+            lines.append(f"- `{run['run']}`: `{run.get('command') or '-'}` at commit `{run.get('commit') or '-'}`")
+        lines += ["", live_table(runs, ttft_ms=record["ttft_ms"], itl_ms=record["itl_ms"]), ""]
+        parts.append("\n".join(lines))
+    return "\n".join(parts)

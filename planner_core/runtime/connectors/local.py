@@ -459,13 +459,15 @@ class LocalConnector:
         return actions
 
     def ensure_started(self, session: Session, deployment_id: int, default: WorkerCounts, now: dt.datetime) -> list:
-        """Before any decision: keep the minimum endpoints (`default`'s expected counts) running."""
+        """Before any decision: start the configured initial workers (`initial_prefill` / `initial_decode`), else
+        the minimum endpoints (`default`'s expected counts), and keep them running."""
         if self._state(session, deployment_id, lock=True) is not None:
             return []  # sizes in force already: reconcile keeps them
+        initial_prefill, initial_decode = self.settings.initial_prefill, self.settings.initial_decode
         state = LocalConnectorStateRow(
             deployment_id=deployment_id,
-            target_prefill=default.expected_prefill,
-            target_decode=default.expected_decode,
+            target_prefill=default.expected_prefill if initial_prefill is None else initial_prefill,
+            target_decode=default.expected_decode if initial_decode is None else initial_decode,
             decision_id=None,
             updated_at=now,
         )

@@ -4,6 +4,7 @@ in a file discovery store like Dynamo's) started, drained, killed, adopted and r
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import signal
 import subprocess
@@ -17,16 +18,19 @@ from sqlalchemy import select
 from planner_core.config import ConfigError, PlannerMode, load_config
 from planner_core.domain import Component
 from planner_core.runtime.connectors.local import (
+    RESTART_BACKOFF_MAX_S,
     LocalConnectorError,
     PoolPlan,
     WorkerView,
     disaggregation_mode,
+    failed_start_streak,
     parse_listening_inodes,
     parse_proc_stat,
     plan_pool,
     process_start_ticks,
     registered_ports,
     render_command,
+    restart_delay_s,
 )
 from planner_core.runtime.service import default_workers, load_context, run_execution
 from planner_core.runtime.store import repository as repo
@@ -236,6 +240,31 @@ def test_a_killed_worker_is_detected_and_replaced(make_ctx) -> None:
     assert any(
         f"worker {victim.id} (pid {victim.pid}) died" in d and "replace: start decode worker" in d for d in details
     )
+
+
+def test_a_role_dying_at_start_is_restarted_with_a_backoff_not_on_every_run(make_ctx) -> None:
+    """A worker command that exits at once (a crash loop): over ~4 s of execution runs every 0.1 s, starts come
+    after 1 and 2 s of backoff (about 3 in all), not one per run (~40), and each hold says why."""
+    ctx = make_ctx(command=[sys.executable, "-c", "raise SystemExit(3)"])
+    deadline = time.monotonic() + 4.0
+    while time.monotonic() < deadline:
+        run_execution(ctx, dt.datetime.now(dt.UTC))
+        time.sleep(0.1)
+    rows = workers(ctx)
+    assert 2 <= len(rows) <= 5, [(w.id, w.status) for w in rows]
+    assert all(w.status == LocalWorkerStatus.DIED.value for w in rows[:-1])
+    with ctx.sessions.begin() as session:
+        details = session.scalars(select(AuditLogRow.detail).where(AuditLogRow.event == "local_reconciled")).all()
+    assert any("in a row died before getting ready; next start" in json.dumps(d) for d in details)
+
+
+def test_restart_delay_doubles_up_to_its_cap_and_a_ready_worker_ends_the_streak() -> None:
+    assert [restart_delay_s(n) for n in range(5)] == [0.0, 1.0, 2.0, 4.0, 8.0]
+    assert restart_delay_s(7) == RESTART_BACKOFF_MAX_S == restart_delay_s(10_000)
+    died, ready_died, stopped = ("died", None), ("died", T0), ("stopped", T0)
+    assert failed_start_streak([died, died, ready_died, died]) == 2
+    assert failed_start_streak([stopped, died]) == 0
+    assert failed_start_streak([]) == 0
 
 
 def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(make_ctx) -> None:

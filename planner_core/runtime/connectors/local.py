@@ -53,6 +53,9 @@ from planner_core.runtime.store.models import (
 LIVE_STATUSES = (LocalWorkerStatus.STARTING, LocalWorkerStatus.READY)  # serving, or about to
 RUNNING_STATUSES = (*LIVE_STATUSES, LocalWorkerStatus.DRAINING)  # a process is expected to exist
 GENERATE_ENDPOINT = "generate"  # the endpoint an engine registers to serve requests
+# A role whose workers keep dying before they ever get ready (a bad command, a missing model folder) is restarted
+# after 1, 2, 4, ... s, at most this long apart: a crash loop otherwise restarts it on every execution run
+RESTART_BACKOFF_MAX_S = 60.0
 
 
 class LocalConnectorError(ValueError):
@@ -99,6 +102,25 @@ def plan_pool(role: Component, workers: Iterable[WorkerView], target: int) -> Po
     surplus = len(live) - target
     order = sorted(live, key=lambda w: (w.status is LocalWorkerStatus.READY, -w.worker_id))
     return PoolPlan(role=role, target=target, num_live=len(live), drain=tuple(w.worker_id for w in order[:surplus]))
+
+
+def restart_delay_s(num_failed_starts: int) -> float:
+    """How long to wait before starting a role's next worker after `num_failed_starts` of its workers in a row died
+    before ever getting ready: 0 after none, then 1, 2, 4, ... s, at most `RESTART_BACKOFF_MAX_S`."""
+    if num_failed_starts <= 0:
+        return 0.0
+    return min(RESTART_BACKOFF_MAX_S, 2.0 ** min(num_failed_starts - 1, 32))
+
+
+def failed_start_streak(ended_newest_first: Iterable[tuple[str, dt.datetime | None]]) -> int:
+    """How many of a role's ended workers, newest first as (status, ready_at), died before ever getting ready
+    without a worker in between that got ready or ended otherwise (stopped, killed by a drain)."""
+    streak = 0
+    for status, ready_at in ended_newest_first:
+        if status != LocalWorkerStatus.DIED.value or ready_at is not None:
+            break
+        streak += 1
+    return streak
 
 
 def render_command(template: Sequence[str], variables: Mapping[str, str], *, field: str) -> list[str]:
@@ -508,7 +530,9 @@ class LocalConnector:
             return []  # nothing started yet
         actions = self._check_workers(session, deployment_id, now)
         session.flush()
-        replaced = self._bring_to(session, deployment_id, self._targets(state), now, state.decision_id)
+        targets, held = self._restart_holds(session, deployment_id, self._targets(state), now)
+        actions += held
+        replaced = self._bring_to(session, deployment_id, targets, now, state.decision_id)
         actions += [f"replace: {action}" for action in replaced]
         decision = session.get(DecisionRow, state.decision_id) if state.decision_id is not None else None
         if (
@@ -566,6 +590,36 @@ class LocalConnector:
                 worker.ready_at = now
                 actions.append(f"{worker.role} worker {worker.id} (pid {worker.pid}) ready")
         return actions
+
+    def _restart_holds(
+        self, session: Session, deployment_id: int, targets: dict[Component, int], now: dt.datetime
+    ) -> tuple[dict[Component, int], list[str]]:
+        """The targets a reconcile may start workers for now: a role in a crash loop (`failed_start_streak`) keeps
+        its live count (no start; drains still happen) until `restart_delay_s` has passed since its last death;
+        with what is held and why."""
+        live = self.workers(session, deployment_id, statuses=LIVE_STATUSES)
+        held: list[str] = []
+        allowed = dict(targets)
+        for role in self.roles:
+            num_live = sum(1 for w in live if w.role == role.value)
+            if targets[role] <= num_live:
+                continue
+            ended = session.execute(
+                select(LocalWorkerRow.status, LocalWorkerRow.ready_at, LocalWorkerRow.ended_at, LocalWorkerRow.log_path)
+                .where(LocalWorkerRow.deployment_id == deployment_id, LocalWorkerRow.role == role.value)
+                .where(LocalWorkerRow.ended_at.is_not(None))
+                .order_by(LocalWorkerRow.ended_at.desc(), LocalWorkerRow.id.desc())
+                .limit(64)
+            ).all()
+            streak = failed_start_streak((row.status, row.ready_at) for row in ended)
+            delay_s = restart_delay_s(streak)
+            if streak and (now - ended[0].ended_at).total_seconds() < delay_s:
+                allowed[role] = num_live
+                held.append(
+                    f"hold: {streak} {role.value} worker(s) in a row died before getting ready; next start "
+                    f"{delay_s:g} s after the last death (log {ended[0].log_path})"
+                )
+        return allowed, held
 
     def finish_drains(self, session: Session, deployment_id: int, now: dt.datetime) -> list[str]:
         """`_check_workers` alone, with no replacement: for the shutdown after `stop_all`."""

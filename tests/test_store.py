@@ -26,6 +26,7 @@ from planner_core.domain import (
     TrafficObservation,
     UnplacedRequests,
     from_jsonable,
+    inputs_from_stored,
 )
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.runtime.service import load_context, run_tick
@@ -172,7 +173,7 @@ def test_replaying_recorded_ticks_reproduces_them_exactly(ctx) -> None:
             previous = repo.state_json(session, row.previous_tick_id) if row.previous_tick_id else None
             state = from_jsonable(PlannerState, previous) if previous else PlannerState()
             outcome = tick(
-                from_jsonable(TickInputs, row.inputs), state, config, ProfilePerfModel.load(config.profile_results_dir)
+                inputs_from_stored(row.inputs), state, config, ProfilePerfModel.load(config.profile_results_dir)
             )
             stored_state = from_jsonable(PlannerState, repo.state_json(session, row.id))
             assert outcome.next_state == stored_state
@@ -332,7 +333,7 @@ def test_unplaced_requests_are_stored_per_pool(ctx) -> None:
             dict(zip(columns, (2, 7, 1, None, None), strict=True))
         ]
         stored = session.scalar(select(Tick.inputs).where(Tick.id == tick_id))
-    assert from_jsonable(TickInputs, stored).unplaced == unplaced
+    assert inputs_from_stored(stored).unplaced == unplaced
 
 
 def test_a_load_tick_that_decides_nothing_appends_no_audit_row(ctx) -> None:

@@ -41,7 +41,14 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from planner_core.config import PlannerConfig, config_hash, load_config, parse_config
-from planner_core.domain import LoadHistory, PlannerState, TickInputs, TickOutcome, from_jsonable, to_jsonable
+from planner_core.domain import (
+    LoadHistory,
+    PlannerState,
+    TickOutcome,
+    from_jsonable,
+    inputs_from_stored,
+    to_jsonable,
+)
 from planner_core.runtime.service import PlannerContext, context_for_config, decide, initial_state
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import get_engine
@@ -433,7 +440,7 @@ class _Comparer:
                 yield self._skipped(row, f"the state before tick {row.id} (tick {row.previous_tick_id}) was pruned")
                 continue
             try:
-                inputs = from_jsonable(TickInputs, row.inputs)
+                inputs = inputs_from_stored(row.inputs)
             except (KeyError, TypeError, ValueError) as exc:
                 chained_state = None
                 yield self._skipped(row, f"inputs not readable by this code: {exc}")

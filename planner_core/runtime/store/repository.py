@@ -26,6 +26,7 @@ from planner_core.domain import (
     TickInputs,
     TickOutcome,
     from_jsonable,
+    stored_inputs,
     to_jsonable,
 )
 from planner_core.runtime.redact import redact_value
@@ -339,7 +340,7 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
             scheduled_at=record.scheduled_at,
             config_hash=record.config_hash,
             reason=outcome.reason.value,
-            inputs=_compact_json(to_jsonable(inputs, omit_defaults=True)),
+            inputs=_compact_json(stored_inputs(inputs)),
             previous_tick_id=record.previous_tick_id,
             decide_ms=record.decide_ms,
             flow_run_id=record.flow_run_id,

@@ -1,0 +1,261 @@
+"""Worker counts and forward-pass metrics stored by position, state deltas compressed with a preset dictionary.
+
+Why: a load tick stored 2.7 kB (`planner fleet bytes`, 3-deployment fleet bench, 600 s); the goal is 2 kB. Of the
+`ticks` row (~0.86 kB) ~0.7 kB were the engines' forward-pass metrics in `ticks.inputs`, most of it their key
+names (`"sum_decode_kv_tokens":`), ~170 B an engine; and a planner-state delta (~0.48 kB compressed) spelled out
+the state's key names and a fit's sentence at every tick. Now `inputs.workers` and each engine of `inputs.fpm`
+are JSON arrays of their fields in declared order (`domain.stored_inputs`, trailing defaults left out; the order
+is pinned by tests/test_stored_defaults.py), ~100 B an engine; and a delta is zlib-compressed with a preset
+dictionary of that shared text (`state_delta.encode_delta`, whose zlib header names the dictionary), ~0.21 kB.
+The view `fpm_snapshots` expands the arrays back into the same rows and whole `metrics` objects as 0019's.
+Changes: every row of `ticks` (its `inputs` rewritten: same values, positional form); every delta row of
+`planner_states` (recompressed with the dictionary: the same delta); view `fpm_snapshots` (dropped and created
+again over the positional form: same columns, rows, grants and comment).
+Locks: ROW EXCLUSIVE on `ticks` and `planner_states` while every row is rewritten once (a tick recorded meanwhile by
+the old code would be in the old form: stop the planner first), ACCESS EXCLUSIVE briefly on the view.
+Downgrade: each row's inputs back to 0019's form (objects without their default fields, which 0019's view and
+reader fill back in), every delta recompressed without a dictionary (0016's form), 0019's view.
+
+Revision ID: 0020
+Revises: 0019
+Create Date: 2026-11-27 08:00:00
+"""
+
+import json
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import op
+
+from planner_core.state_delta import decode_delta, encode_delta
+
+revision: str = "0020"
+down_revision: str | None = "0019"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+# The positional records as this revision writes them: (field, default) in declared order, None for a required
+# field (pinned against the domain's dataclasses by tests/test_stored_defaults.py).
+SCHEDULED = (
+    ("num_prefill_requests", 0),
+    ("sum_prefill_tokens", 0),
+    ("var_prefill_length", 0.0),
+    ("sum_prefill_kv_tokens", 0),
+    ("num_decode_requests", 0),
+    ("sum_decode_kv_tokens", 0),
+    ("var_decode_kv_tokens", 0.0),
+)
+QUEUED = tuple(item for item in SCHEDULED if item[0] != "sum_prefill_kv_tokens")
+FPM = (
+    ("component", None),
+    ("worker_id", None),
+    ("dp_rank", 0),
+    ("counter_id", 0),
+    ("wall_time_s", 0.0),
+    ("scheduled", SCHEDULED),
+    ("queued", QUEUED),
+    ("lifecycle", "serving"),
+)
+WORKERS = (("ready_prefill", None), ("ready_decode", None), ("expected_prefill", None), ("expected_decode", None))
+_NESTED = {"scheduled": SCHEDULED, "queued": QUEUED}
+
+
+def _strictly_default(value: Any, default: Any) -> bool:
+    """The value `to_jsonable` leaves out: its default, of the same type (0 is not 0.0; -0.0 is not 0.0)."""
+    if default is None or type(value) is not type(default) or value != default:
+        return False
+    return not isinstance(value, float) or str(value) == str(default)
+
+
+def _left_out(value: Any, default: Any) -> bool:
+    return value == [] if default == [] else _strictly_default(value, default)
+
+
+def to_positional(record: dict[str, Any], layout: tuple[tuple[str, Any], ...]) -> list[Any]:
+    """An object of 0019's form (fields at their defaults left out, or present: older rows) as this revision's
+    array: every field in order, trailing defaults left out."""
+    items, defaults = [], []
+    for name, default in layout:
+        nested = _NESTED.get(name) if layout is FPM else None
+        if nested is not None:
+            items.append(to_positional(record.get(name, {}), nested))
+            defaults.append([])
+        else:
+            if name not in record and default is None:
+                raise RuntimeError(f"migration 0020: stored record {record!r} lacks its field {name!r}")
+            items.append(record.get(name, default))
+            defaults.append(default)
+    end = len(items)
+    while end > 0 and _left_out(items[end - 1], defaults[end - 1]):
+        end -= 1
+    return items[:end]
+
+
+def from_positional(row: list[Any], layout: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    """This revision's array as 0019's object: the fields not at their defaults."""
+    record: dict[str, Any] = {}
+    for (name, default), value in zip(layout, row, strict=False):
+        nested = _NESTED.get(name) if layout is FPM else None
+        if nested is not None:
+            value = from_positional(value, nested)
+            if value:
+                record[name] = value
+        elif not _strictly_default(value, default):
+            record[name] = value
+    return record
+
+
+def _with_inputs(convert: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Rewrite every tick's `inputs` through `convert`, a batch of ticks at a time."""
+    bind = op.get_bind()
+    select = sa.text(
+        "SELECT id, scheduled_at, inputs::text AS inputs FROM ticks WHERE id > :after ORDER BY id LIMIT 2000"
+    )
+    update = sa.text("UPDATE ticks SET inputs = CAST(:inputs AS json) WHERE id = :id AND scheduled_at = :at")
+    after = -1
+    while rows := bind.execute(select, {"after": after}).all():
+        bind.execute(
+            update,
+            [
+                {
+                    "id": r.id,
+                    "at": r.scheduled_at,
+                    "inputs": json.dumps(convert(json.loads(r.inputs)), separators=(",", ":")),
+                }
+                for r in rows
+            ],
+        )
+        after = rows[-1].id
+
+
+def _positional_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    inputs["workers"] = to_positional(inputs["workers"], WORKERS)
+    if inputs.get("fpm"):
+        inputs["fpm"] = [to_positional(engine, FPM) for engine in inputs["fpm"]]
+    return inputs
+
+
+def _object_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    inputs["workers"] = {name: value for (name, _), value in zip(WORKERS, inputs["workers"], strict=True)}
+    if inputs.get("fpm"):
+        inputs["fpm"] = [from_positional(engine, FPM) for engine in inputs["fpm"]]
+    return inputs
+
+
+def _recompress(encode: Callable[[dict[str, Any]], bytes]) -> None:
+    """Every stored delta decoded (whichever its compression) and stored again as `encode` writes it."""
+    bind = op.get_bind()
+    select = sa.text(
+        "SELECT tick_id, scheduled_at, delta FROM planner_states WHERE delta IS NOT NULL AND tick_id > :after "
+        "ORDER BY tick_id LIMIT 2000"
+    )
+    update = sa.text("UPDATE planner_states SET delta = :delta WHERE tick_id = :id AND scheduled_at = :at")
+    after = -1
+    while rows := bind.execute(select, {"after": after}).all():
+        bind.execute(
+            update, [{"id": r.tick_id, "at": r.scheduled_at, "delta": encode(decode_delta(r.delta))} for r in rows]
+        )
+        after = rows[-1].tick_id
+
+
+def _encode_0016(delta: dict[str, Any]) -> bytes:
+    """0016's form: the compact JSON text, zlib-compressed without a dictionary."""
+    return zlib.compress(json.dumps(delta, separators=(",", ":"), allow_nan=False).encode(), 9)
+
+
+def _value(field: str, default: Any) -> str:
+    """SQL for one field of a stored engine (`field`, a jsonb expression), or its default when left out."""
+    return field if default is None else f"COALESCE({field}, '{json.dumps(default)}'::jsonb)"
+
+
+def _whole(r: str) -> str:
+    """SQL for one engine's whole metrics object (as 0019's view gives it) from its positional array `r` (jsonb)."""
+    fields = []
+    for i, (name, default) in enumerate(FPM):
+        if name in _NESTED:
+            counters = (f"'{c}', {_value(f'{r}->{i}->{j}', d)}" for j, (c, d) in enumerate(_NESTED[name]))
+            fields.append(f"'{name}', jsonb_build_object({', '.join(counters)})")
+        else:
+            fields.append(f"'{name}', {_value(f'{r}->{i}', default)}")
+    return f"jsonb_build_object({', '.join(fields)})"
+
+
+FPM_SNAPSHOTS_VIEW = f"""
+CREATE VIEW fpm_snapshots AS
+SELECT t.id AS tick_id,
+       f.seq::int AS seq,
+       m.metrics->>'component' AS component,
+       m.metrics->>'worker_id' AS worker_id,
+       (m.metrics->>'dp_rank')::int AS dp_rank,
+       (m.metrics->>'wall_time_s')::float8 AS wall_time_s,
+       m.metrics
+  FROM ticks t
+ CROSS JOIN LATERAL json_array_elements(COALESCE(t.inputs->'fpm', '[]'::json)) WITH ORDINALITY AS f(raw, seq)
+ CROSS JOIN LATERAL (SELECT f.raw::jsonb AS r) e
+ CROSS JOIN LATERAL (SELECT {_whole("e.r")} AS metrics) m
+"""
+
+# 0019's definition, over objects without their default fields.
+_OLD_DEFAULTS = {
+    name: (dict(_NESTED[name]) if name in _NESTED else default) for name, default in FPM if default is not None
+}
+
+
+def _old_whole(metrics: str) -> str:
+    defaults, scheduled, queued = (json.dumps(v) for v in (_OLD_DEFAULTS, dict(SCHEDULED), dict(QUEUED)))
+    return (
+        f"('{defaults}'::jsonb || {metrics} || jsonb_build_object("
+        f"'scheduled', '{scheduled}'::jsonb || COALESCE({metrics}->'scheduled', '{{}}'::jsonb), "
+        f"'queued', '{queued}'::jsonb || COALESCE({metrics}->'queued', '{{}}'::jsonb)))"
+    )
+
+
+OLD_FPM_SNAPSHOTS_VIEW = f"""
+CREATE VIEW fpm_snapshots AS
+SELECT t.id AS tick_id,
+       f.seq::int AS seq,
+       m.metrics->>'component' AS component,
+       m.metrics->>'worker_id' AS worker_id,
+       (m.metrics->>'dp_rank')::int AS dp_rank,
+       (m.metrics->>'wall_time_s')::float8 AS wall_time_s,
+       m.metrics
+  FROM ticks t
+ CROSS JOIN LATERAL json_array_elements(COALESCE(t.inputs->'fpm', '[]'::json)) WITH ORDINALITY AS f(raw, seq)
+ CROSS JOIN LATERAL (SELECT {_old_whole("f.raw::jsonb")} AS metrics) m
+"""
+
+_GRANTS_AND_COMMENT = """
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'planner_analyst') THEN
+        GRANT SELECT ON fpm_snapshots TO planner_analyst;
+    END IF;
+    IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'planner_writer') THEN
+        GRANT SELECT ON fpm_snapshots TO planner_writer;
+    END IF;
+END
+$$;
+COMMENT ON VIEW fpm_snapshots IS {comment};
+"""
+_COMMENT = (  # 0019's words
+    "'The forward-pass metrics each tick saw, one row per engine, expanded from ticks.inputs (the one stored copy; "
+    "migration {revisions}).'"
+)
+
+
+def upgrade() -> None:
+    op.execute("DROP VIEW fpm_snapshots")
+    _with_inputs(_positional_inputs)
+    op.execute(FPM_SNAPSHOTS_VIEW)
+    op.execute(_GRANTS_AND_COMMENT.format(comment=_COMMENT.format(revisions="0015, 0019, 0020")))
+    _recompress(encode_delta)
+
+
+def downgrade() -> None:
+    _recompress(_encode_0016)
+    op.execute("DROP VIEW fpm_snapshots")
+    _with_inputs(_object_inputs)
+    op.execute(OLD_FPM_SNAPSHOTS_VIEW)
+    op.execute(_GRANTS_AND_COMMENT.format(comment=_COMMENT.format(revisions="0015, 0019")))

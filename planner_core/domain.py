@@ -1246,10 +1246,12 @@ def from_jsonable(cls: type[T], data: Mapping[str, Any]) -> T:
 # --- Stored tick inputs ---------------------------------------------------------------------------------------
 # `ticks.inputs` holds `to_jsonable(inputs, omit_defaults=True)` with two parts written by position instead of by
 # key (migration 0020): the worker counts, and each engine's forward-pass metrics, whose long key names were most
-# of a load tick's row. A positional record lists its dataclass's fields in their declared order (nested records
-# likewise: an engine's `scheduled` and `queued` counters), and leaves out the trailing fields that hold their
-# defaults (an idle queue, a serving engine). Stored ticks are read back by position: the field order of these
-# records is pinned by tests/test_stored_defaults.py with their defaults, and changing it needs a migration.
+# of a load tick's row; and without the two fields the tick's row holds in its own columns: `loop`, and `now_s`
+# when it is the tick's scheduled time (as every live tick's is) to the bit. A positional record lists its
+# dataclass's fields in their declared order (nested records likewise: an engine's `scheduled` and `queued`
+# counters), and leaves out the trailing fields that hold their defaults (an idle queue, a serving engine). Stored
+# ticks are read back by position: the field order of these records is pinned by tests/test_stored_defaults.py
+# with their defaults, and changing it needs a migration.
 POSITIONAL_IN_STORED_INPUTS = ("workers", "fpm")
 
 
@@ -1279,27 +1281,35 @@ def from_positional(cls: type[T], row: list[Any]) -> T:
     return cls(**kwargs)
 
 
-def stored_inputs(inputs: TickInputs) -> dict[str, Any]:
+def stored_inputs(inputs: TickInputs, scheduled_s: float) -> dict[str, Any]:
     """A tick's inputs as `ticks.inputs` stores them: without the fields at their defaults, the worker counts and
-    each engine's forward-pass metrics as positional arrays. `inputs_from_stored` reads them back equal."""
+    each engine's forward-pass metrics as positional arrays, without `loop` (the tick's column) and without
+    `now_s` if it is `scheduled_s` exactly (the tick's `scheduled_at` in epoch seconds, which is what its
+    column gives back). `inputs_from_stored` reads them back equal."""
     data = to_jsonable(inputs, omit_defaults=True)
+    del data["loop"]
+    if _strictly_equal(inputs.now_s, scheduled_s):
+        del data["now_s"]
     data["workers"] = to_positional(inputs.workers)
     if inputs.fpm:
         data["fpm"] = [to_positional(fpm) for fpm in inputs.fpm]
     return data
 
 
-def inputs_from_stored(data: Mapping[str, Any]) -> TickInputs:
-    """Inverse of `stored_inputs` (what replay reads from `ticks.inputs`)."""
+def inputs_from_stored(data: Mapping[str, Any], loop: Loop, scheduled_s: float) -> TickInputs:
+    """Inverse of `stored_inputs` (what replay reads from `ticks.inputs`), given the tick's `loop` and
+    `scheduled_at` in epoch seconds."""
     if not isinstance(data.get("workers"), list):
         raise ValueError(f"stored inputs: workers {data.get('workers')!r} is not a positional array (migration 0020)")
     kwargs = {
         f.name: _coerce(str(f.type), data[f.name])
         for f in dataclasses.fields(TickInputs)
-        if f.name in data and f.name not in POSITIONAL_IN_STORED_INPUTS
+        if f.name in data and f.name not in (*POSITIONAL_IN_STORED_INPUTS, "loop")
     }
+    kwargs.setdefault("now_s", scheduled_s)
     return TickInputs(
         **kwargs,
+        loop=loop,
         workers=from_positional(WorkerCounts, data["workers"]),
         fpm=tuple(from_positional(ForwardPassMetrics, row) for row in data.get("fpm", ())),
     )

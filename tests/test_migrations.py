@@ -575,7 +575,7 @@ def test_migration_0020_positional_inputs_and_delta_dictionary(empty_database_ur
         scheduled=ScheduledRequests(var_prefill_length=-0.0),
         lifecycle=EngineLifecycle.STARTING,
     )
-    later = (at + dt.timedelta(seconds=15)).timestamp()
+    later = (at + dt.timedelta(seconds=15)).timestamp() + 4e-7  # between microseconds: not a scheduled_at
     inputs = TickInputs(now_s=later, loop=Loop.LOAD, workers=result.inputs.workers, fpm=(*engines, starting))
     with ctx.sessions.begin() as session:
         outcome = TickOutcome(decision=ScalingDecision(), next_state=PlannerState(), steps=())
@@ -595,7 +595,14 @@ def test_migration_0020_positional_inputs_and_delta_dictionary(empty_database_ur
         return {flag for (flag,) in rows}
 
     positional = stored_inputs()
-    assert [inputs_from_stored(stored) for stored in positional] == [inputs for _, inputs in recorded]
+    rows = _relation(url, "SELECT loop, scheduled_at FROM ticks ORDER BY id")[1]
+    read = [
+        inputs_from_stored(stored, Loop(loop), when.timestamp())
+        for stored, (loop, when) in zip(positional, rows, strict=True)
+    ]
+    assert read == [inputs for _, inputs in recorded]
+    assert [sorted(stored) for stored in positional] == [["fpm", "workers"]] * 3 + [["fpm", "now_s", "workers"]]
+    assert positional[3]["now_s"] == later
     workers = recorded[2][1].workers
     assert positional[2]["workers"] == [
         workers.ready_prefill,

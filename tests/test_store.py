@@ -173,7 +173,10 @@ def test_replaying_recorded_ticks_reproduces_them_exactly(ctx) -> None:
             previous = repo.state_json(session, row.previous_tick_id) if row.previous_tick_id else None
             state = from_jsonable(PlannerState, previous) if previous else PlannerState()
             outcome = tick(
-                inputs_from_stored(row.inputs), state, config, ProfilePerfModel.load(config.profile_results_dir)
+                inputs_from_stored(row.inputs, Loop(row.loop), row.scheduled_at.timestamp()),
+                state,
+                config,
+                ProfilePerfModel.load(config.profile_results_dir),
             )
             stored_state = from_jsonable(PlannerState, repo.state_json(session, row.id))
             assert outcome.next_state == stored_state
@@ -333,7 +336,7 @@ def test_unplaced_requests_are_stored_per_pool(ctx) -> None:
             dict(zip(columns, (2, 7, 1, None, None), strict=True))
         ]
         stored = session.scalar(select(Tick.inputs).where(Tick.id == tick_id))
-    assert inputs_from_stored(stored).unplaced == unplaced
+    assert inputs_from_stored(stored, Loop.LOAD, later.timestamp()) == inputs
 
 
 def test_a_load_tick_that_decides_nothing_appends_no_audit_row(ctx) -> None:

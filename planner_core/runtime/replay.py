@@ -43,6 +43,7 @@ from sqlalchemy import Connection, text
 from planner_core.config import PlannerConfig, config_hash, load_config, parse_config
 from planner_core.domain import (
     LoadHistory,
+    Loop,
     PlannerState,
     TickOutcome,
     from_jsonable,
@@ -440,7 +441,7 @@ class _Comparer:
                 yield self._skipped(row, f"the state before tick {row.id} (tick {row.previous_tick_id}) was pruned")
                 continue
             try:
-                inputs = inputs_from_stored(row.inputs)
+                inputs = inputs_from_stored(row.inputs, Loop(row.loop), row.scheduled_at.timestamp())
             except (KeyError, TypeError, ValueError) as exc:
                 chained_state = None
                 yield self._skipped(row, f"inputs not readable by this code: {exc}")

@@ -340,7 +340,7 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
             scheduled_at=record.scheduled_at,
             config_hash=record.config_hash,
             reason=outcome.reason.value,
-            inputs=_compact_json(stored_inputs(inputs)),
+            inputs=_compact_json(stored_inputs(inputs, record.scheduled_at.timestamp())),
             previous_tick_id=record.previous_tick_id,
             decide_ms=record.decide_ms,
             flow_run_id=record.flow_run_id,

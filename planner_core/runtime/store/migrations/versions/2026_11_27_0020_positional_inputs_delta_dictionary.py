@@ -5,16 +5,18 @@ Why: a load tick stored 2.7 kB (`planner fleet bytes`, 3-deployment fleet bench,
 names (`"sum_decode_kv_tokens":`), ~170 B an engine; and a planner-state delta (~0.48 kB compressed) spelled out
 the state's key names and a fit's sentence at every tick. Now `inputs.workers` and each engine of `inputs.fpm`
 are JSON arrays of their fields in declared order (`domain.stored_inputs`, trailing defaults left out; the order
-is pinned by tests/test_stored_defaults.py), ~100 B an engine; and a delta is zlib-compressed with a preset
+is pinned by tests/test_stored_defaults.py), ~100 B an engine, and the inputs leave out `loop` and `now_s`
+where the row's `loop` and `scheduled_at` give them back exactly; and a delta is zlib-compressed with a preset
 dictionary of that shared text (`state_delta.encode_delta`, whose zlib header names the dictionary), ~0.21 kB.
 The view `fpm_snapshots` expands the arrays back into the same rows and whole `metrics` objects as 0019's.
-Changes: every row of `ticks` (its `inputs` rewritten: same values, positional form); every delta row of
+Changes: every row of `ticks` (its `inputs` rewritten: same values, the new form); every delta row of
 `planner_states` (recompressed with the dictionary: the same delta); view `fpm_snapshots` (dropped and created
 again over the positional form: same columns, rows, grants and comment).
 Locks: ROW EXCLUSIVE on `ticks` and `planner_states` while every row is rewritten once (a tick recorded meanwhile by
 the old code would be in the old form: stop the planner first), ACCESS EXCLUSIVE briefly on the view.
 Downgrade: each row's inputs back to 0019's form (objects without their default fields, which 0019's view and
-reader fill back in), every delta recompressed without a dictionary (0016's form), 0019's view.
+reader fill back in; `loop` and `now_s` written back), every delta recompressed without a dictionary (0016's
+form), 0019's view.
 
 Revision ID: 0020
 Revises: 0019
@@ -107,11 +109,11 @@ def from_positional(row: list[Any], layout: tuple[tuple[str, Any], ...]) -> dict
     return record
 
 
-def _with_inputs(convert: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-    """Rewrite every tick's `inputs` through `convert`, a batch of ticks at a time."""
+def _with_inputs(convert: Callable[[dict[str, Any], Any], dict[str, Any]]) -> None:
+    """Rewrite every tick's `inputs` through `convert(inputs, row)`, a batch of ticks at a time."""
     bind = op.get_bind()
     select = sa.text(
-        "SELECT id, scheduled_at, inputs::text AS inputs FROM ticks WHERE id > :after ORDER BY id LIMIT 2000"
+        "SELECT id, scheduled_at, loop, inputs::text AS inputs FROM ticks WHERE id > :after ORDER BY id LIMIT 2000"
     )
     update = sa.text("UPDATE ticks SET inputs = CAST(:inputs AS json) WHERE id = :id AND scheduled_at = :at")
     after = -1
@@ -122,7 +124,7 @@ def _with_inputs(convert: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
                 {
                     "id": r.id,
                     "at": r.scheduled_at,
-                    "inputs": json.dumps(convert(json.loads(r.inputs)), separators=(",", ":")),
+                    "inputs": json.dumps(convert(json.loads(r.inputs), r), separators=(",", ":")),
                 }
                 for r in rows
             ],
@@ -130,14 +132,23 @@ def _with_inputs(convert: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
         after = rows[-1].id
 
 
-def _positional_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+def _positional_inputs(inputs: dict[str, Any], row: Any) -> dict[str, Any]:
+    if inputs.get("loop") != row.loop:
+        raise RuntimeError(
+            f"migration 0020: tick {row.id}'s inputs say loop {inputs.get('loop')!r}, its row {row.loop!r}"
+        )
+    del inputs["loop"]
+    now_s = inputs["now_s"]
+    if isinstance(now_s, float) and now_s == row.scheduled_at.timestamp() and str(now_s)[0] != "-":
+        del inputs["now_s"]  # the row's scheduled_at gives it back exactly
     inputs["workers"] = to_positional(inputs["workers"], WORKERS)
     if inputs.get("fpm"):
         inputs["fpm"] = [to_positional(engine, FPM) for engine in inputs["fpm"]]
     return inputs
 
 
-def _object_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+def _object_inputs(inputs: dict[str, Any], row: Any) -> dict[str, Any]:
+    inputs = {"now_s": row.scheduled_at.timestamp(), "loop": row.loop, **inputs}
     inputs["workers"] = {name: value for (name, _), value in zip(WORKERS, inputs["workers"], strict=True)}
     if inputs.get("fpm"):
         inputs["fpm"] = [from_positional(engine, FPM) for engine in inputs["fpm"]]

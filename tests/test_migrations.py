@@ -420,8 +420,8 @@ def test_migration_0016_planner_state_deltas(empty_database_url, tmp_path, profi
     with ctx.sessions.begin() as session:
         states = {tick_id: repo.state_json(session, tick_id) for tick_id in ids}
     assert len({str(s) for s in states.values()}) == 5  # the state moved at every tick
-    kinds = (
-        "SELECT count(*) FILTER (WHERE state IS NOT NULL), count(*) FILTER (WHERE delta IS NOT NULL) "
+    kinds = (  # whole states (JSONB, or since 0020 a compressed delta without a base) and deltas
+        "SELECT count(*) FILTER (WHERE base_tick_id IS NULL), count(*) FILTER (WHERE base_tick_id IS NOT NULL) "
         "FROM planner_states"
     )
     assert _relation(url, kinds)[1] == [(1, 4)]
@@ -623,6 +623,9 @@ def test_migration_0020_positional_inputs_and_delta_dictionary(empty_database_ur
     }  # fmt: skip
     before = states()
     assert len(delta_flags()) == 1 and delta_flags() == {True}
+    whole = "SELECT count(*) FILTER (WHERE state IS NOT NULL), count(*) FILTER (WHERE base_tick_id IS NULL) "
+    whole += "FROM planner_states"
+    assert _relation(url, whole)[1] == [(0, 1)]  # the first tick's state: whole, compressed as a delta from nothing
 
     downgrade(url, "0019")
     objects = stored_inputs()
@@ -641,10 +644,11 @@ def test_migration_0020_positional_inputs_and_delta_dictionary(empty_database_ur
     }  # fmt: skip
     assert _relation(url, _VIEW_FPM_ROWS)[1] == view
     assert delta_flags() == {False}
+    assert _relation(url, whole)[1] == [(1, 1)]  # JSONB again
     assert states() == before
 
     upgrade(url)
     assert stored_inputs() == positional
     assert _relation(url, _VIEW_FPM_ROWS)[1] == view
-    assert delta_flags() == {True} and states() == before
+    assert delta_flags() == {True} and states() == before and _relation(url, whole)[1] == [(0, 1)]
     get_engine(url).dispose()

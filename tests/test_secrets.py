@@ -52,9 +52,7 @@ def _table_text(url: str) -> dict[str, str]:
     """Every table of the planner's database as text, one string per table (read as the owner)."""
     with psycopg.connect(to_libpq_uri(url)) as conn:
         tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
-        return {
-            table: "\n".join(r[0] for r in conn.execute(f'SELECT t::text FROM "{table}" t')) for table in tables
-        }
+        return {table: "\n".join(r[0] for r in conn.execute(f'SELECT t::text FROM "{table}" t')) for table in tables}
 
 
 def _files_holding(folder: Path, secrets: tuple[str, ...]) -> list[str]:

@@ -225,7 +225,7 @@ def test_every_state_of_a_multi_tick_run_reads_back_exactly(database_url, tmp_pa
     with ctx.sessions.begin() as session:
         rows = session.execute(
             text(
-                "SELECT tick_id, state IS NOT NULL AS full, "
+                "SELECT tick_id, base_tick_id IS NULL AS full, "
                 "coalesce(pg_column_size(state), pg_column_size(delta)) AS stored_bytes "
                 "FROM planner_states ORDER BY tick_id"
             )

@@ -384,6 +384,8 @@ def _with_states(reader: Connection, rows: Iterator[Any]) -> Iterator[Any]:
         state: dict[str, Any] | None = None
         if row.state is not None:
             state = row.state
+        elif row.delta is not None and row.base_tick_id is None:  # a full state, compressed (migration 0020)
+            state = apply_delta(None, decode_delta(row.delta))
         elif row.delta is not None:
             if previous is not None and previous[0] == row.base_tick_id:
                 base = previous[1]

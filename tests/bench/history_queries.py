@@ -153,9 +153,7 @@ QUERIES = (
     ),
     (
         "newest state's chain, unbounded",
-        _STATE_CHAIN_SQL.format(bound="", bound_p="").replace(
-            ":tick_id", "%(tick)s"
-        ),
+        _STATE_CHAIN_SQL.format(bound="", bound_p="").replace(":tick_id", "%(tick)s"),
     ),
     (
         "prune batch (5000 oldest load ticks)",

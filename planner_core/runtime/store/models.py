@@ -365,7 +365,7 @@ class PlannerStateRow(Base):
     __table_args__ = _of_tick(
         Index("ix_planner_states_deployment_id_tick_id", "deployment_id", "tick_id"),
         CheckConstraint(
-            "(state IS NULL) <> (delta IS NULL) AND (delta IS NULL) = (base_tick_id IS NULL)",
+            "(state IS NULL) <> (delta IS NULL) AND (state IS NULL OR base_tick_id IS NULL)",
             name="full_or_delta",
         ),
     )

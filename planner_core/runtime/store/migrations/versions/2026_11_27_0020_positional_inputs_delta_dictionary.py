@@ -9,14 +9,18 @@ is pinned by tests/test_stored_defaults.py), ~100 B an engine, and the inputs le
 where the row's `loop` and `scheduled_at` give them back exactly; and a delta is zlib-compressed with a preset
 dictionary of that shared text (`state_delta.encode_delta`, whose zlib header names the dictionary), ~0.21 kB.
 The view `fpm_snapshots` expands the arrays back into the same rows and whole `metrics` objects as 0019's.
-Changes: every row of `ticks` (its `inputs` rewritten: same values, the new form); every delta row of
-`planner_states` (recompressed with the dictionary: the same delta); view `fpm_snapshots` (dropped and created
-again over the positional form: same columns, rows, grants and comment).
-Locks: ROW EXCLUSIVE on `ticks` and `planner_states` while every row is rewritten once (a tick recorded meanwhile by
-the old code would be in the old form: stop the planner first), ACCESS EXCLUSIVE briefly on the view.
+Also a whole planner state (a full state starts each chain of deltas, every 32 states and every UTC day) is
+stored as a delta from nothing, `{"=": state}`, compressed the same way: ~3.4 kB where JSONB took ~5.5 kB.
+Changes: every row of `ticks` (its `inputs` rewritten: same values, the new form); every row of
+`planner_states` (a delta recompressed with the dictionary; a whole state moved from `state` to `delta`, without
+a base); check `ck_planner_states_full_or_delta` (now: `state` or `delta`, and `state` never with a base); view
+`fpm_snapshots` (dropped and created again over the positional form: same columns, rows, grants and comment).
+Locks: ROW EXCLUSIVE on `ticks` and `planner_states` while every row is rewritten once (a tick recorded meanwhile
+by the old code would be in the old form: stop the planner first), ACCESS EXCLUSIVE on `planner_states` while its
+check is replaced (it reads every row) and briefly on the view.
 Downgrade: each row's inputs back to 0019's form (objects without their default fields, which 0019's view and
 reader fill back in; `loop` and `now_s` written back), every delta recompressed without a dictionary (0016's
-form), 0019's view.
+form), every whole state back into `state` (JSONB), 0019's check and view.
 
 Revision ID: 0020
 Revises: 0019
@@ -30,8 +34,9 @@ from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
-from planner_core.state_delta import decode_delta, encode_delta
+from planner_core.state_delta import apply_delta, decode_delta, encode_delta
 
 revision: str = "0020"
 down_revision: str | None = "0019"
@@ -155,20 +160,42 @@ def _object_inputs(inputs: dict[str, Any], row: Any) -> dict[str, Any]:
     return inputs
 
 
-def _recompress(encode: Callable[[dict[str, Any]], bytes]) -> None:
-    """Every stored delta decoded (whichever its compression) and stored again as `encode` writes it."""
+def _restore_states(store: Callable[[Any], dict[str, Any]]) -> None:
+    """Every planner-state row rewritten as `store(row)` gives its columns, a batch of rows at a time."""
     bind = op.get_bind()
     select = sa.text(
-        "SELECT tick_id, scheduled_at, delta FROM planner_states WHERE delta IS NOT NULL AND tick_id > :after "
+        "SELECT tick_id, scheduled_at, state, delta, base_tick_id FROM planner_states WHERE tick_id > :after "
         "ORDER BY tick_id LIMIT 2000"
     )
-    update = sa.text("UPDATE planner_states SET delta = :delta WHERE tick_id = :id AND scheduled_at = :at")
+    update = sa.text(
+        "UPDATE planner_states SET state = :state, delta = :delta WHERE tick_id = :id AND scheduled_at = :at"
+    ).bindparams(sa.bindparam("state", type_=postgresql.JSONB(none_as_null=True)))
     after = -1
     while rows := bind.execute(select, {"after": after}).all():
-        bind.execute(
-            update, [{"id": r.tick_id, "at": r.scheduled_at, "delta": encode(decode_delta(r.delta))} for r in rows]
-        )
+        bind.execute(update, [{"id": r.tick_id, "at": r.scheduled_at, **store(r)} for r in rows])
         after = rows[-1].tick_id
+
+
+def _compressed(row: Any) -> dict[str, Any]:
+    """This revision's form: a delta with the dictionary, a whole state as a delta from nothing."""
+    delta = {"=": row.state} if row.state is not None else decode_delta(row.delta)
+    return {"state": None, "delta": encode_delta(delta)}
+
+
+def _as_0019(row: Any) -> dict[str, Any]:
+    """0019's form: a delta without a dictionary, a whole state as JSONB."""
+    if row.state is not None:
+        return {"state": row.state, "delta": None}
+    delta = decode_delta(row.delta)
+    if row.base_tick_id is None:
+        return {"state": apply_delta(None, delta), "delta": None}
+    return {"state": None, "delta": _encode_0016(delta)}
+
+
+_CHECK = "ALTER TABLE planner_states ADD CONSTRAINT ck_planner_states_full_or_delta CHECK ({})"
+_DROP_CHECK = "ALTER TABLE planner_states DROP CONSTRAINT ck_planner_states_full_or_delta"
+CHECK = "(state IS NULL) <> (delta IS NULL) AND (state IS NULL OR base_tick_id IS NULL)"
+OLD_CHECK = "(state IS NULL) <> (delta IS NULL) AND (delta IS NULL) = (base_tick_id IS NULL)"
 
 
 def _encode_0016(delta: dict[str, Any]) -> bytes:
@@ -261,11 +288,15 @@ def upgrade() -> None:
     _with_inputs(_positional_inputs)
     op.execute(FPM_SNAPSHOTS_VIEW)
     op.execute(_GRANTS_AND_COMMENT.format(comment=_COMMENT.format(revisions="0015, 0019, 0020")))
-    _recompress(encode_delta)
+    op.execute(_DROP_CHECK)
+    _restore_states(_compressed)
+    op.execute(_CHECK.format(CHECK))
 
 
 def downgrade() -> None:
-    _recompress(_encode_0016)
+    op.execute(_DROP_CHECK)
+    _restore_states(_as_0019)
+    op.execute(_CHECK.format(OLD_CHECK))
     op.execute("DROP VIEW fpm_snapshots")
     _with_inputs(_object_inputs)
     op.execute(OLD_FPM_SNAPSHOTS_VIEW)

@@ -202,7 +202,8 @@ def test_every_state_of_a_multi_tick_run_reads_back_exactly(database_url, tmp_pa
     """States stored as deltas (migration 0016): over 45 ticks (load ticks every 5 s with forward-pass metrics,
     a throughput tick every minute), the state read back after each tick is the one the tick produced, value for
     value, and the JSON a whole copy would have stored; a full state starts the chain and again after
-    `FULL_STATE_EVERY` states, the rest are deltas, each under half the size of a stored full state."""
+    `FULL_STATE_EVERY` states (compressed like the deltas: a delta from nothing), the rest are deltas, each under
+    half the size of a stored full state."""
     from planner_cli.fleet import bench_config
     from planner_core.domain import to_jsonable
     from planner_core.runtime.fleet_bench import _reports
@@ -225,13 +226,14 @@ def test_every_state_of_a_multi_tick_run_reads_back_exactly(database_url, tmp_pa
     with ctx.sessions.begin() as session:
         rows = session.execute(
             text(
-                "SELECT tick_id, base_tick_id IS NULL AS full, "
+                "SELECT tick_id, base_tick_id IS NULL AS full, state IS NULL AS compressed, "
                 "coalesce(pg_column_size(state), pg_column_size(delta)) AS stored_bytes "
                 "FROM planner_states ORDER BY tick_id"
             )
         ).all()
         assert [row.tick_id for row in rows] == sorted(produced)
         assert [i for i, row in enumerate(rows) if row.full] == [0, FULL_STATE_EVERY]
+        assert all(row.compressed for row in rows)  # whole states too: a delta from nothing (migration 0020)
         for tick_id, state in produced.items():
             stored = repo.state_json(session, tick_id)
             assert from_jsonable(PlannerState, stored) == state, tick_id

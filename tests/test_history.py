@@ -325,7 +325,7 @@ def test_prune_deletes_only_the_old_load_tick_detail(prunable) -> None:
     before = _detail_counts(url, cutoff)
     assert before["ticks"] == (20, 16) and before["planner_states"] == (20, 16)
     states_before = _all_states(url)
-    assert _rows(url, "SELECT count(*) FROM planner_states WHERE delta IS NOT NULL")[0][0] == 34  # bar ticks 1 and 33
+    assert _rows(url, "SELECT count(*) FROM planner_states WHERE base_tick_id IS NOT NULL")[0][0] == 34  # bar 1, 33
 
     dry = prune_history(url, older_than_days=30, now=now, dry_run=True)
     assert _detail_counts(url, cutoff) == before  # a dry run deletes nothing

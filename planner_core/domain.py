@@ -1243,6 +1243,78 @@ def from_jsonable(cls: type[T], data: Mapping[str, Any]) -> T:
     return cls(**kwargs)
 
 
+# --- Stored tick inputs ---------------------------------------------------------------------------------------
+# `ticks.inputs` holds `to_jsonable(inputs, omit_defaults=True)` with two parts written by position instead of by
+# key (migration 0020): the worker counts, and each engine's forward-pass metrics, whose long key names were most
+# of a load tick's row; and without the two fields the tick's row holds in its own columns: `loop`, and `now_s`
+# when it is the tick's scheduled time (as every live tick's is) to the bit. A positional record lists its
+# dataclass's fields in their declared order (nested records likewise: an engine's `scheduled` and `queued`
+# counters), and leaves out the trailing fields that hold their defaults (an idle queue, a serving engine). Stored
+# ticks are read back by position: the field order of these records is pinned by tests/test_stored_defaults.py
+# with their defaults, and changing it needs a migration.
+POSITIONAL_IN_STORED_INPUTS = ("workers", "fpm")
+
+
+def to_positional(value: Any) -> list[Any]:
+    """A dataclass as the JSON array of its fields in declared order (nested dataclasses as arrays too), without
+    the trailing fields that hold their defaults (same type and value, the sign of a zero included)."""
+    fields = dataclasses.fields(value)
+    items = [
+        to_positional(v) if dataclasses.is_dataclass(v) else to_jsonable(v)
+        for v in (getattr(value, f.name) for f in fields)
+    ]
+    end = len(fields)
+    while end > 0 and _holds_default(fields[end - 1], getattr(value, fields[end - 1].name)):
+        end -= 1
+    return items[:end]
+
+
+def from_positional(cls: type[T], row: list[Any]) -> T:
+    """Inverse of `to_positional`: the fields it left out take their defaults."""
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    if not isinstance(row, list) or len(row) > len(fields):
+        raise ValueError(f"{cls.__name__}: stored as {row!r}, not an array of at most {len(fields)} fields")
+    kwargs = {}
+    for f, raw in zip(fields, row, strict=False):
+        nested = _DATACLASSES.get(str(f.type))
+        kwargs[f.name] = from_positional(nested, raw) if nested is not None else _coerce(str(f.type), raw)
+    return cls(**kwargs)
+
+
+def stored_inputs(inputs: TickInputs, scheduled_s: float) -> dict[str, Any]:
+    """A tick's inputs as `ticks.inputs` stores them: without the fields at their defaults, the worker counts and
+    each engine's forward-pass metrics as positional arrays, without `loop` (the tick's column) and without
+    `now_s` if it is `scheduled_s` exactly (the tick's `scheduled_at` in epoch seconds, which is what its
+    column gives back). `inputs_from_stored` reads them back equal."""
+    data = to_jsonable(inputs, omit_defaults=True)
+    del data["loop"]
+    if _strictly_equal(inputs.now_s, scheduled_s):
+        del data["now_s"]
+    data["workers"] = to_positional(inputs.workers)
+    if inputs.fpm:
+        data["fpm"] = [to_positional(fpm) for fpm in inputs.fpm]
+    return data
+
+
+def inputs_from_stored(data: Mapping[str, Any], loop: Loop, scheduled_s: float) -> TickInputs:
+    """Inverse of `stored_inputs` (what replay reads from `ticks.inputs`), given the tick's `loop` and
+    `scheduled_at` in epoch seconds."""
+    if not isinstance(data.get("workers"), list):
+        raise ValueError(f"stored inputs: workers {data.get('workers')!r} is not a positional array (migration 0020)")
+    kwargs = {
+        f.name: _coerce(str(f.type), data[f.name])
+        for f in dataclasses.fields(TickInputs)
+        if f.name in data and f.name not in (*POSITIONAL_IN_STORED_INPUTS, "loop")
+    }
+    kwargs.setdefault("now_s", scheduled_s)
+    return TickInputs(
+        **kwargs,
+        loop=loop,
+        workers=from_positional(WorkerCounts, data["workers"]),
+        fpm=tuple(from_positional(ForwardPassMetrics, row) for row in data.get("fpm", ())),
+    )
+
+
 _DATACLASSES: dict[str, type] = {
     cls.__name__: cls
     for cls in (

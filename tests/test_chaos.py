@@ -161,9 +161,7 @@ def test_the_ingest_check_counts_each_kind_of_defect(database_url) -> None:
         IngestFault("ingest", at_s=6.5, ready_at_s=6.8, caught_up_at_s=6.2),  # window [6.2, 7.3]: explains 7
         IngestFault("postgres-under-ingest", at_s=7.9, ready_at_s=8.5, caught_up_at_s=7.5),  # explains nothing
     ]
-    result = check_ingest_leg(
-        database_url, seed=seed, faults=faults, sent_at_s=sent_at_s, rate_hz=1.0, reconnect_s=0.5
-    )
+    result = check_ingest_leg(database_url, seed=seed, faults=faults, sent_at_s=sent_at_s, rate_hz=1.0, reconnect_s=0.5)
     assert {k: result[k] for k in ("num_sent", "num_stored", "duplicated", "changed", "extra", "lost")} == {
         "num_sent": 10, "num_stored": 10, "duplicated": 1, "changed": 1, "extra": 1, "lost": 2,
     }  # fmt: skip

@@ -244,8 +244,15 @@ def test_dynamo_file_with_unsupported_sections_loads(tmp_path: Path) -> None:
         "scheduling": {
             "gateway": {"enabled": False},
             "external_plugins": [
-                {"plugin_id": "p", "plugin_type": "PROPOSE", "priority": 5, "endpoint": "grpc://127.0.0.1:50051",
-                 "hold_policy": "HOLD_LAST", "auth_token": "t", "protocol_version": "1.0"}
+                {
+                    "plugin_id": "p",
+                    "plugin_type": "PROPOSE",
+                    "priority": 5,
+                    "endpoint": "grpc://127.0.0.1:50051",
+                    "hold_policy": "HOLD_LAST",
+                    "auth_token": "t",
+                    "protocol_version": "1.0",
+                }
             ],
         },
     }

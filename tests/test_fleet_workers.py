@@ -90,9 +90,21 @@ def test_two_process_workers_share_the_fleet_without_ticking_a_slot_twice(
             logs.append(log_path)
             workers.append(
                 subprocess.Popen(
-                    [str(Path(sys.executable).parent / "prefect"), "worker", "start", "--pool", pool, "--name",
-                     f"worker-{number}", "--limit", "1"],
-                    env=env, cwd=REPO_ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
+                    [
+                        str(Path(sys.executable).parent / "prefect"),
+                        "worker",
+                        "start",
+                        "--pool",
+                        pool,
+                        "--name",
+                        f"worker-{number}",
+                        "--limit",
+                        "1",
+                    ],
+                    env=env,
+                    cwd=REPO_ROOT,
+                    stdout=log_path.open("wb"),
+                    stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )  # fmt: skip
             )

@@ -325,7 +325,7 @@ def test_prune_deletes_only_the_old_load_tick_detail(prunable) -> None:
     before = _detail_counts(url, cutoff)
     assert before["ticks"] == (20, 16) and before["planner_states"] == (20, 16)
     states_before = _all_states(url)
-    assert _rows(url, "SELECT count(*) FROM planner_states WHERE delta IS NOT NULL")[0][0] == 34  # bar ticks 1 and 33
+    assert _rows(url, "SELECT count(*) FROM planner_states WHERE base_tick_id IS NOT NULL")[0][0] == 34  # bar 1, 33
 
     dry = prune_history(url, older_than_days=30, now=now, dry_run=True)
     assert _detail_counts(url, cutoff) == before  # a dry run deletes nothing
@@ -346,7 +346,7 @@ def test_prune_deletes_only_the_old_load_tick_detail(prunable) -> None:
     states_after = _all_states(url)
     assert len(states_after) == 7 + 16
     assert states_after == {tick_id: states_before[tick_id] for tick_id in states_after}
-    [(num_whole,)] = _rows(url, "SELECT count(*) FROM planner_states WHERE state IS NOT NULL")
+    [(num_whole,)] = _rows(url, "SELECT count(*) FROM planner_states WHERE base_tick_id IS NULL")
     assert num_whole > 1
 
     again = prune_history(url, older_than_days=30, now=now)  # starts at the watermark: nothing left to examine

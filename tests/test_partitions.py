@@ -166,7 +166,7 @@ def test_a_state_delta_chain_restarts_at_a_day_boundary_and_replays_exactly(data
         produced[result.tick_id] = result.outcome.next_state
     rows = _rows(
         database_url,
-        "SELECT tick_id, scheduled_at, state IS NOT NULL, base_tick_id FROM planner_states ORDER BY tick_id",
+        "SELECT tick_id, scheduled_at, base_tick_id IS NULL, base_tick_id FROM planner_states ORDER BY tick_id",
     )
     ids = [row[0] for row in rows]
     assert [(row[2], row[3]) for row in rows] == [
@@ -283,7 +283,7 @@ def test_migration_0017_moves_rows_into_partitions_and_back(empty_database_url, 
     assert _partitions_of(url, "ticks") == ["ticks_p20260105", "ticks_p20260106"]
     assert {table: _rows(url, f"SELECT count(*) FROM {table}")[0][0] for table in TICK_TABLES} == table_rows
     assert _rows(url, "SELECT count(*) FROM ONLY ticks_p20260106") == [(2,)]
-    assert _rows(url, "SELECT state IS NOT NULL, base_tick_id FROM planner_states WHERE tick_id = %s", ids[2]) == [
+    assert _rows(url, "SELECT base_tick_id IS NULL, base_tick_id FROM planner_states WHERE tick_id = %s", ids[2]) == [
         (True, None)
     ]
     with ctx.sessions.begin() as session:

@@ -90,8 +90,9 @@ def test_a_range_starting_inside_a_chain_of_deltas_replays_exactly(recorded, mod
     [(first_delta_at, num_full, num_delta)] = _rows(
         url,
         "SELECT (SELECT t.scheduled_at FROM ticks t JOIN planner_states s ON s.tick_id = t.id "
-        "         WHERE s.delta IS NOT NULL ORDER BY t.id OFFSET 9 LIMIT 1), "
-        "count(*) FILTER (WHERE state IS NOT NULL), count(*) FILTER (WHERE delta IS NOT NULL) FROM planner_states",
+        "         WHERE s.base_tick_id IS NOT NULL ORDER BY t.id OFFSET 9 LIMIT 1), "
+        "count(*) FILTER (WHERE base_tick_id IS NULL), count(*) FILTER (WHERE base_tick_id IS NOT NULL) "
+        "FROM planner_states",
     )
     assert (num_full, num_delta) == (3, 72)  # ticks 1, 33 and 65 store the whole state
     summary = replay(url, "replayed", first_delta_at, end, mode=mode)

@@ -49,12 +49,19 @@ def _closed_port() -> int:
 
 
 def _table_text(url: str) -> dict[str, str]:
-    """Every table of the planner's database as text, one string per table (read as the owner)."""
+    """Every table of the planner's database as text, one string per table (read as the owner); planner states
+    decompressed too (deltas and, since migration 0020, whole states are stored zlib-compressed)."""
+    import json
+
+    from planner_core.state_delta import decode_delta
+
     with psycopg.connect(to_libpq_uri(url)) as conn:
         tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
-        return {
-            table: "\n".join(r[0] for r in conn.execute(f'SELECT t::text FROM "{table}" t')) for table in tables
-        }
+        text = {table: "\n".join(r[0] for r in conn.execute(f'SELECT t::text FROM "{table}" t')) for table in tables}
+        deltas = conn.execute("SELECT delta FROM planner_states WHERE delta IS NOT NULL").fetchall()
+        assert deltas  # the states the run stored: read back as text below
+        text["planner_states"] += "".join("\n" + json.dumps(decode_delta(bytes(d))) for (d,) in deltas)
+        return text
 
 
 def _files_holding(folder: Path, secrets: tuple[str, ...]) -> list[str]:

@@ -14,10 +14,18 @@ from tests.conftest import REPO_ROOT
 # Folders of one machine (home and work trees) and the team's library beside the checkout. Built from pieces so
 # that this file does not match itself.
 _OUTSIDE = re.compile(
-    r"""(?:["'`\s(=]|^)/(?:""" + "work|home|root|Users|mnt" + r""")/[\w.-]"""
-    + r"|\.\./" + "shared" + r"\b"
-    + r"|parents\[\d\]\s*/\s*[\"']" + "shared" + r"[\"']"
-    + r"|\.parent\s*/\s*[\"']" + "shared" + r"[\"']",
+    r"""(?:["'`\s(=]|^)/(?:"""
+    + "work|home|root|Users|mnt"
+    + r""")/[\w.-]"""
+    + r"|\.\./"
+    + "shared"
+    + r"\b"
+    + r"|parents\[\d\]\s*/\s*[\"']"
+    + "shared"
+    + r"[\"']"
+    + r"|\.parent\s*/\s*[\"']"
+    + "shared"
+    + r"[\"']",
     re.MULTILINE,
 )
 
@@ -53,7 +61,7 @@ def test_no_tracked_file_names_a_folder_outside_the_repository() -> None:
 
 def test_the_outside_path_check_catches_what_it_is_for() -> None:
     """The pattern above must find the kinds of path it exists to refuse (else the test above cannot fail)."""
-    catches = ['P = "/' + 'work/' + 'shared/perf"', "x: ../" + "shared/traces", 'ROOT.parent / "' + "shared" + '"']
+    catches = ['P = "/' + "work/" + 'shared/perf"', "x: ../" + "shared/traces", 'ROOT.parent / "' + "shared" + '"']
     passes = ['url = "http://host/' + 'work/x"', "planner_core/data/traces", '"/' + 'tmp/x"']
     assert all(_OUTSIDE.search(text) for text in catches)
     assert not any(_OUTSIDE.search(text) for text in passes)

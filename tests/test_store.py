@@ -26,6 +26,7 @@ from planner_core.domain import (
     TrafficObservation,
     UnplacedRequests,
     from_jsonable,
+    inputs_from_stored,
 )
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.runtime.service import load_context, run_tick
@@ -172,7 +173,10 @@ def test_replaying_recorded_ticks_reproduces_them_exactly(ctx) -> None:
             previous = repo.state_json(session, row.previous_tick_id) if row.previous_tick_id else None
             state = from_jsonable(PlannerState, previous) if previous else PlannerState()
             outcome = tick(
-                from_jsonable(TickInputs, row.inputs), state, config, ProfilePerfModel.load(config.profile_results_dir)
+                inputs_from_stored(row.inputs, Loop(row.loop), row.scheduled_at.timestamp()),
+                state,
+                config,
+                ProfilePerfModel.load(config.profile_results_dir),
             )
             stored_state = from_jsonable(PlannerState, repo.state_json(session, row.id))
             assert outcome.next_state == stored_state
@@ -198,7 +202,8 @@ def test_every_state_of_a_multi_tick_run_reads_back_exactly(database_url, tmp_pa
     """States stored as deltas (migration 0016): over 45 ticks (load ticks every 5 s with forward-pass metrics,
     a throughput tick every minute), the state read back after each tick is the one the tick produced, value for
     value, and the JSON a whole copy would have stored; a full state starts the chain and again after
-    `FULL_STATE_EVERY` states, the rest are deltas, each under half the size of a stored full state."""
+    `FULL_STATE_EVERY` states (compressed like the deltas: a delta from nothing), the rest are deltas, each under
+    half the size of a stored full state."""
     from planner_cli.fleet import bench_config
     from planner_core.domain import to_jsonable
     from planner_core.runtime.fleet_bench import _reports
@@ -221,13 +226,14 @@ def test_every_state_of_a_multi_tick_run_reads_back_exactly(database_url, tmp_pa
     with ctx.sessions.begin() as session:
         rows = session.execute(
             text(
-                "SELECT tick_id, state IS NOT NULL AS full, "
+                "SELECT tick_id, base_tick_id IS NULL AS full, state IS NULL AS compressed, "
                 "coalesce(pg_column_size(state), pg_column_size(delta)) AS stored_bytes "
                 "FROM planner_states ORDER BY tick_id"
             )
         ).all()
         assert [row.tick_id for row in rows] == sorted(produced)
         assert [i for i, row in enumerate(rows) if row.full] == [0, FULL_STATE_EVERY]
+        assert all(row.compressed for row in rows)  # whole states too: a delta from nothing (migration 0020)
         for tick_id, state in produced.items():
             stored = repo.state_json(session, tick_id)
             assert from_jsonable(PlannerState, stored) == state, tick_id
@@ -332,7 +338,7 @@ def test_unplaced_requests_are_stored_per_pool(ctx) -> None:
             dict(zip(columns, (2, 7, 1, None, None), strict=True))
         ]
         stored = session.scalar(select(Tick.inputs).where(Tick.id == tick_id))
-    assert from_jsonable(TickInputs, stored).unplaced == unplaced
+    assert inputs_from_stored(stored, Loop.LOAD, later.timestamp()) == inputs
 
 
 def test_a_load_tick_that_decides_nothing_appends_no_audit_row(ctx) -> None:

@@ -7,9 +7,11 @@ the stored inputs first."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -89,13 +91,7 @@ def test_the_defaults_stored_inputs_leave_out_are_pinned() -> None:
 
 def test_the_fpm_defaults_the_view_fills_in_are_the_domains() -> None:
     """Migration 0019's `fpm_snapshots` view puts the left-out fields back into each engine's `metrics`."""
-    from importlib import util
-    from pathlib import Path
-
-    path = next(Path(domain.__file__).parent.glob("runtime/store/migrations/versions/*_0019_*.py"))
-    spec = util.spec_from_file_location("migration_0019", path)
-    module = util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _migration("0019")
     assert module.FPM_DEFAULTS == PINNED_DEFAULTS["ForwardPassMetrics"]
 
 
@@ -116,7 +112,7 @@ _fpm = st.builds(
 )
 _inputs = st.builds(
     TickInputs,
-    now_s=st.sampled_from([0.0, 1767571495.0]),
+    now_s=st.sampled_from([0.0, -0.0, 1767571495.0]),
     loop=st.sampled_from(Loop),
     workers=st.builds(
         WorkerCounts, ready_prefill=_counts, ready_decode=_counts, expected_prefill=_counts, expected_decode=_counts
@@ -148,3 +144,95 @@ def test_inputs_without_their_defaults_read_back_strictly_equal(inputs: TickInpu
         assert math.copysign(1.0, fpm.queued.var_decode_kv_tokens) == math.copysign(
             1.0, fpm_back.queued.var_decode_kv_tokens
         )
+
+
+# The order of the fields stored by position (`domain.stored_inputs`, migration 0020). Stored ticks are read back by
+# position: a field moved, inserted before others or removed would make every stored tick read another value.
+POSITIONAL_ORDER = {
+    "WorkerCounts": ["ready_prefill", "ready_decode", "expected_prefill", "expected_decode"],
+    "ForwardPassMetrics": [
+        "component", "worker_id", "dp_rank", "counter_id", "wall_time_s", "scheduled", "queued", "lifecycle"
+    ],
+    "ScheduledRequests": [
+        "num_prefill_requests", "sum_prefill_tokens", "var_prefill_length", "sum_prefill_kv_tokens",
+        "num_decode_requests", "sum_decode_kv_tokens", "var_decode_kv_tokens",
+    ],
+    "QueuedRequests": [
+        "num_prefill_requests", "sum_prefill_tokens", "var_prefill_length", "num_decode_requests",
+        "sum_decode_kv_tokens", "var_decode_kv_tokens",
+    ],
+}  # fmt: skip
+
+
+def test_the_field_order_of_positional_records_is_pinned() -> None:
+    classes = {"WorkerCounts": WorkerCounts, "ForwardPassMetrics": ForwardPassMetrics}
+    classes |= {"ScheduledRequests": ScheduledRequests, "QueuedRequests": QueuedRequests}
+    assert {name: [f.name for f in dataclasses.fields(cls)] for name, cls in classes.items()} == POSITIONAL_ORDER
+    assert domain.POSITIONAL_IN_STORED_INPUTS == ("workers", "fpm")
+
+
+def _migration(revision: str):
+    from importlib import util
+    from pathlib import Path
+
+    path = next(Path(domain.__file__).parent.glob(f"runtime/store/migrations/versions/*_{revision}_*.py"))
+    spec = util.spec_from_file_location(f"migration_{revision}", path)
+    module = util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_migration_0020_converts_with_the_domains_order_and_defaults() -> None:
+    """Migration 0020's own copy of the positional layout (it converts stored rows and its view reads them) is the
+    domain's: the same fields in the same order, with the pinned defaults."""
+    module = _migration("0020")
+    fpm = PINNED_DEFAULTS["ForwardPassMetrics"]
+    assert [name for name, _ in module.FPM] == POSITIONAL_ORDER["ForwardPassMetrics"]
+    assert [name for name, _ in module.WORKERS] == POSITIONAL_ORDER["WorkerCounts"]
+    for name, default in module.FPM:
+        if name in ("scheduled", "queued"):
+            assert dict(default) == fpm[name] and [k for k, _ in default] == list(fpm[name])
+        else:
+            assert default == fpm.get(name) and type(default) is type(fpm.get(name))
+
+
+def test_an_engine_is_stored_as_its_fields_in_order_without_trailing_defaults() -> None:
+    workers = WorkerCounts(ready_prefill=4, ready_decode=1, expected_prefill=5, expected_decode=1)
+    decode = ForwardPassMetrics(
+        component=Component.DECODE,
+        worker_id="d0",
+        counter_id=12,
+        wall_time_s=0.0383,
+        scheduled=ScheduledRequests(num_decode_requests=188, sum_decode_kv_tokens=377342),
+    )
+    prefill = ForwardPassMetrics(
+        component=Component.PREFILL, worker_id="p0", queued=QueuedRequests(sum_prefill_tokens=18867)
+    )
+    inputs = TickInputs(now_s=1767571795.0, loop=Loop.LOAD, workers=workers, fpm=(decode, prefill))
+    stored = domain.stored_inputs(inputs, 1767571795.0)
+    text = json.dumps(stored, separators=(",", ":"))
+    assert text == (
+        '{"workers":[4,1,5,1],"fpm":[["decode","d0",0,12,0.0383,[0,0,0.0,0,188,377342]],'
+        '["prefill","p0",0,0,0.0,[],[0,18867]]]}'
+    )
+    assert domain.inputs_from_stored(json.loads(text), Loop.LOAD, 1767571795.0) == inputs
+    # `now_s` is stored only when the tick's scheduled time does not give it back to the bit
+    assert domain.stored_inputs(inputs, 1767571795.000001)["now_s"] == 1767571795.0
+
+
+def test_stored_inputs_in_another_form_are_refused_with_the_field() -> None:
+    with pytest.raises(ValueError, match="workers .* is not a positional array"):
+        domain.inputs_from_stored({"workers": {"ready_prefill": 1}}, Loop.LOAD, 0.0)
+    with pytest.raises(ValueError, match="ForwardPassMetrics: stored as .* not an array of at most 8 fields"):
+        domain.inputs_from_stored({"workers": [1, 1, 1, 1], "fpm": [{"component": "decode"}]}, Loop.LOAD, 0.0)
+
+
+@given(_inputs, st.sampled_from([0.0, 1767571495.0, 1767571495.5]))
+@settings(max_examples=300, deadline=None)
+def test_inputs_as_stored_read_back_strictly_equal(inputs: TickInputs, scheduled_s: float) -> None:
+    """What the store writes (`stored_inputs`, as JSON text) reads back (`inputs_from_stored`) the same value for
+    value and type for type, the sign of a zero included, whether `now_s` is the scheduled time or not."""
+    text = json.dumps(domain.stored_inputs(inputs, scheduled_s), separators=(",", ":"))
+    back = domain.inputs_from_stored(json.loads(text), inputs.loop, scheduled_s)
+    assert back == inputs
+    assert domain._strictly_equal(back, inputs)

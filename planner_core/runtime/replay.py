@@ -41,7 +41,15 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from planner_core.config import PlannerConfig, config_hash, load_config, parse_config
-from planner_core.domain import LoadHistory, PlannerState, TickInputs, TickOutcome, from_jsonable, to_jsonable
+from planner_core.domain import (
+    LoadHistory,
+    Loop,
+    PlannerState,
+    TickOutcome,
+    from_jsonable,
+    inputs_from_stored,
+    to_jsonable,
+)
 from planner_core.runtime.service import PlannerContext, context_for_config, decide, initial_state
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import get_engine
@@ -376,6 +384,8 @@ def _with_states(reader: Connection, rows: Iterator[Any]) -> Iterator[Any]:
         state: dict[str, Any] | None = None
         if row.state is not None:
             state = row.state
+        elif row.delta is not None and row.base_tick_id is None:  # a full state, compressed (migration 0020)
+            state = apply_delta(None, decode_delta(row.delta))
         elif row.delta is not None:
             if previous is not None and previous[0] == row.base_tick_id:
                 base = previous[1]
@@ -433,7 +443,7 @@ class _Comparer:
                 yield self._skipped(row, f"the state before tick {row.id} (tick {row.previous_tick_id}) was pruned")
                 continue
             try:
-                inputs = from_jsonable(TickInputs, row.inputs)
+                inputs = inputs_from_stored(row.inputs, Loop(row.loop), row.scheduled_at.timestamp())
             except (KeyError, TypeError, ValueError) as exc:
                 chained_state = None
                 yield self._skipped(row, f"inputs not readable by this code: {exc}")

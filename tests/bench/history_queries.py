@@ -51,9 +51,7 @@ SELECT d.id AS deployment_id, s.i, %(t0)s::timestamptz + make_interval(secs => 5
 INSERT INTO ticks (id, deployment_id, loop, scheduled_at, config_hash, reason, inputs, previous_tick_id, decide_ms)
 SELECT n, deployment_id, loop, at, 'bench',
        CASE WHEN loop = 'load' THEN 'no_fpm_data' WHEN i %% 360 = 0 THEN 'scale' ELSE 'no_change' END,
-       json_build_object('now_s', extract(epoch FROM at), 'loop', loop,
-                         'workers', json_build_object('ready_prefill', 2, 'ready_decode', 3,
-                                                      'expected_prefill', 2, 'expected_decode', 3)),
+       json_build_object('workers', json_build_array(2, 3, 2, 3)),  -- the form of migration 0020: now_s, loop from the row
        CASE WHEN first THEN NULL ELSE n - 1 END, 0.05
   FROM (SELECT *, row_number() OVER (ORDER BY deployment_id, at, loop) AS n,
                row_number() OVER (PARTITION BY deployment_id ORDER BY at, loop) = 1 AS first
@@ -153,9 +151,7 @@ QUERIES = (
     ),
     (
         "newest state's chain, unbounded",
-        _STATE_CHAIN_SQL.format(bound="", bound_p="").replace(
-            ":tick_id", "%(tick)s"
-        ),
+        _STATE_CHAIN_SQL.format(bound="", bound_p="").replace(":tick_id", "%(tick)s"),
     ),
     (
         "prune batch (5000 oldest load ticks)",

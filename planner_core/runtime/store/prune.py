@@ -235,9 +235,7 @@ def _rebuild_dependents_whole(session: Session, params: dict[str, Any]) -> None:
     whole = {tick_id: repo.state_json(session, tick_id) for tick_id in dependents}
     for tick_id, state in whole.items():
         session.execute(
-            update(PlannerStateRow)
-            .where(PlannerStateRow.tick_id == tick_id)
-            .values(state=state, delta=None, base_tick_id=None)
+            update(PlannerStateRow).where(PlannerStateRow.tick_id == tick_id).values(**repo.full_state_values(state))
         )
 
 

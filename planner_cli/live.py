@@ -286,11 +286,14 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
     base_env.pop("PLANNER_DATABASE_URL", None)
     os.environ["PLANNER_DATA_DIR"] = str(run_dir / "data")
     from planner_core.runtime.settings import RuntimeSettings
-    from planner_core.runtime.store.db import resolve_database_url
+    from planner_core.runtime.store.db import resolve_database_url, resolve_owner_database_url
     from planner_core.runtime.store.migrate import upgrade
 
-    database_url = resolve_database_url(RuntimeSettings())  # starts the run's embedded Postgres
-    upgrade(database_url)  # before serve and the ingest start side by side (the ingest refuses an unmigrated schema)
+    settings = RuntimeSettings()
+    database_url = resolve_database_url(settings)  # starts the run's embedded Postgres
+    # migrated (as the schema's owner) before serve and the ingest start side by side: the ingest refuses an
+    # unmigrated schema
+    upgrade(resolve_owner_database_url(settings))
     frontend_port, prometheus_port, prefect_port, proxy_port = _free_port(), _free_port(), _free_port(), _free_port()
     dynamo_env = {**base_env, "DYN_FILE_KV": str(run_dir / "kv"), "PYTHONPATH": str(STUBS_DIR)}
     worker_env = {

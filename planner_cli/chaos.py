@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from planner_cli.chaos_ingest import INGEST_FAULTS, ingest_leg_clean, run_ingest_leg
-from planner_cli.common import DEFAULT_TRACE
+from planner_cli.common import DEFAULT_TRACE, stop_like_ctrl_c
 from planner_core.data import CHAOS_CONFIG
 from planner_core.runtime.settings import RuntimeSettings
 
@@ -169,10 +169,6 @@ def _commit() -> str | None:
     except OSError:
         return None
     return result.stdout.strip() or None if result.returncode == 0 else None
-
-
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt
 
 
 def _free_port() -> int:
@@ -410,11 +406,9 @@ def run_chaos(args: argparse.Namespace) -> dict[str, Any]:
     wall_started = time.monotonic()
     rounds: list[dict[str, Any]] = []
     num_attempts = 0
-    # SIGTERM (a stopped run) unwinds like Ctrl-C, so the `finally` below stops the servers it started; SIGINT is
-    # set too, since a process started in the background by a shell inherits SIGINT ignored and Ctrl-C (or a
-    # SIGINT sent to it) would otherwise be lost
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
+    # SIGINT is set too, since a process started in the background by a shell inherits SIGINT ignored and Ctrl-C
+    # (or a SIGINT sent to it) would otherwise be lost
+    stop_like_ctrl_c()
     ingest: dict[str, Any] | None = None
     baseline: dict[str, list] = {"ticks": [], "decisions": []}
     baseline_s = 0.0

@@ -95,3 +95,15 @@ def print_example_queries(database_url: str, deployment: str) -> None:
     for title, sql, frame in example_query_frames(database_url, deployment):
         print(f"\n-- {title}\n{sql};\n")
         print(frame.to_string(index=False))
+
+
+def stop_like_ctrl_c() -> None:
+    """SIGTERM (a stopped run) unwinds like Ctrl-C from here on, so the command's `finally` blocks stop what it
+    started (servers, engines) instead of leaving them running."""
+    import signal
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)

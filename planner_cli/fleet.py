@@ -206,16 +206,31 @@ def bench_with_prefect(url: str, config: Path, args: argparse.Namespace) -> Flee
         # One flow run before the members exist: Prefect's first run (imports, the flow's registration, the
         # server's first requests) is not part of what a round costs.
         run_fleet_tick(BENCH_EPOCH, url, args.max_concurrent, task_per_member=task_per_member)
-        return run_fleet_bench(
-            url,
-            config,
-            **bench_shape(args),
-            cache=context_cache(url),
-            round_runner=bench_round_runner(url, args.max_concurrent, task_per_member=task_per_member),
-            extra_cpu_s=lambda: process_tree_cpu_s(server),
-            prefect=True,
-            task_per_member=task_per_member,
-        )
+        try:
+            return run_fleet_bench(
+                url,
+                config,
+                **bench_shape(args),
+                cache=context_cache(url),
+                round_runner=bench_round_runner(url, args.max_concurrent, task_per_member=task_per_member),
+                extra_cpu_s=lambda: process_tree_cpu_s(server),
+                prefect=True,
+                task_per_member=task_per_member,
+            )
+        finally:
+            _drain_prefect_clients()
+
+
+def _drain_prefect_clients(timeout_s: float = 30.0) -> None:
+    """Send the run events and logs still queued in this process while the bench's Prefect server is up: left for
+    the interpreter's exit, they are sent to a stopped server and the exit waits on them without end (seen after a
+    100-deployment run)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (EventsWorker, APILogWorker):
+        with contextlib.suppress(Exception):
+            service.drain_all(timeout=timeout_s)
 
 
 def cmd_fleet_bench(args: argparse.Namespace) -> int:

@@ -664,6 +664,9 @@ def cmd_live(args: argparse.Namespace) -> int:
         }
         if not tools["prometheus"]:
             raise LiveError("prometheus not found: apt-get install -y prometheus (Debian's package)")
+        from planner_cli.common import stop_like_ctrl_c
+
+        stop_like_ctrl_c()  # a stopped run stops its stack (each component is in a session of its own)
         root = args.out.resolve()
         root.mkdir(parents=True, exist_ok=True)
         trace = root / "trace.jsonl"

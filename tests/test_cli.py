@@ -438,3 +438,21 @@ def test_sigusr1_prints_where_a_command_waits_and_it_goes_on() -> None:
     _, stderr = process.communicate(timeout=60)
     assert "most recent call first" in stderr and 'File "' in stderr  # a stack, wherever the command was
     assert process.returncode == 2 and "no ingest subscribed within 10 s" in stderr.splitlines()[-1]
+
+
+def test_a_sigterm_unwinds_like_ctrl_c_so_finally_blocks_run(tmp_path) -> None:
+    """`stop_like_ctrl_c` (planner live, planner chaos): a SIGTERM raises KeyboardInterrupt in the command, so the
+    `finally` that stops what it started runs; without it the process dies with the finally skipped."""
+    marker = tmp_path / "cleaned-up"
+    script = (
+        "import os, signal, time\n"
+        "from planner_cli.common import stop_like_ctrl_c\n"
+        "stop_like_ctrl_c()\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(30)\n"
+        "finally:\n"
+        f"    open({str(marker)!r}, 'w').write('stopped')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert "KeyboardInterrupt" in result.stderr and marker.read_text() == "stopped"

@@ -183,11 +183,12 @@ INDEXES_0002 = {
 
 
 def measure(conn: psycopg.Connection, sql: str, params: dict, repeat: int) -> tuple[float, float, str]:
-    """Median and max time (ms, planning plus execution) of `repeat` EXPLAIN ANALYZE runs, and what the plan read:
+    """Median and max time (ms, planning plus execution) of `repeat` EXPLAIN ANALYZE runs (TIMING OFF: no clock
+    read per plan node and row, which would weigh on a nested loop's many small lookups), and what the plan read:
     the days (partitions that ran) per table, the indexes and sequential scans (partitions as `_p*`)."""
     times, plan = [], ""
     for _ in range(repeat):
-        rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS, SUMMARY ON) " + sql, params).fetchall()
+        rows = conn.execute("EXPLAIN (ANALYZE, TIMING OFF, BUFFERS, SUMMARY ON) " + sql, params).fetchall()
         plan = "\n".join(r[0] for r in rows)
         # planning counts too: Postgres plans a query over N partitions in time growing with N
         times.append(sum(float(t) for t in re.findall(r"(?:Planning|Execution) Time: ([\d.]+) ms", plan)))

@@ -10,6 +10,11 @@ use, puts the indexes back as they were before migration 0003 and measures again
 
     PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python tests/bench/history_queries.py
 
+`--days N` generates N days for `bench` (N/4 for `other`) instead; `--views-only` times the queries once, with the
+indexes as they are, and skips prune; `--compare-revision REV` then downgrades to REV (e.g. 0020, before migration
+0021's partition-pruning view definitions), times the queries again on the same rows and upgrades back; `--json
+PATH` writes every median with the command, date and row counts.
+
 Uses `--database-url` (a database it may fill and leave behind) or starts a throw-away pgserver under /tmp.
 """
 
@@ -17,15 +22,17 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import re
 import statistics
+import sys
 import tempfile
 import time
 
 import psycopg
 
 from planner_core.runtime.store.db import get_engine, to_libpq_uri, to_sqlalchemy_url
-from planner_core.runtime.store.migrate import upgrade
+from planner_core.runtime.store.migrate import downgrade, upgrade
 from planner_core.runtime.store.prune import drop_partitions, prune_history
 from planner_core.runtime.store.repository import _BOUND, _STATE_CHAIN_SQL
 
@@ -51,7 +58,7 @@ SELECT d.id AS deployment_id, s.i, %(t0)s::timestamptz + make_interval(secs => 5
 INSERT INTO ticks (id, deployment_id, loop, scheduled_at, config_hash, reason, inputs, previous_tick_id, decide_ms)
 SELECT n, deployment_id, loop, at, 'bench',
        CASE WHEN loop = 'load' THEN 'no_fpm_data' WHEN i %% 360 = 0 THEN 'scale' ELSE 'no_change' END,
-       json_build_object('workers', json_build_array(2, 3, 2, 3)),  -- the form of migration 0020: now_s, loop from the row
+       json_build_object('workers', json_build_array(2, 3, 2, 3)),  -- 0020's form: now_s, loop from the row
        CASE WHEN first THEN NULL ELSE n - 1 END, 0.05
   FROM (SELECT *, row_number() OVER (ORDER BY deployment_id, at, loop) AS n,
                row_number() OVER (PARTITION BY deployment_id ORDER BY at, loop) = 1 AS first
@@ -176,31 +183,59 @@ INDEXES_0002 = {
 
 
 def measure(conn: psycopg.Connection, sql: str, params: dict, repeat: int) -> tuple[float, float, str]:
-    """Median and max time (ms, planning plus execution) of `repeat` EXPLAIN ANALYZE runs, and the indexes used."""
+    """Median and max time (ms, planning plus execution) of `repeat` EXPLAIN ANALYZE runs (TIMING OFF: no clock
+    read per plan node and row, which would weigh on a nested loop's many small lookups), and what the plan read:
+    the days (partitions that ran) per table, the indexes and sequential scans (partitions as `_p*`)."""
     times, plan = [], ""
     for _ in range(repeat):
-        rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS, SUMMARY ON) " + sql, params).fetchall()
+        rows = conn.execute("EXPLAIN (ANALYZE, TIMING OFF, BUFFERS, SUMMARY ON) " + sql, params).fetchall()
         plan = "\n".join(r[0] for r in rows)
         # planning counts too: Postgres plans a query over N partitions in time growing with N
         times.append(sum(float(t) for t in re.findall(r"(?:Planning|Execution) Time: ([\d.]+) ms", plan)))
-    indexes = sorted(set(re.findall(r"(?:Index|Index Only) Scan(?: Backward)? using (\w+)", plan)))
-    scans = sorted(set(re.findall(r"Seq Scan on (\w+)", plan)))
-    used = ", ".join(indexes) + (f"; seq scan: {', '.join(scans)}" if scans else "")
+    # what was read: a partition's scan that ran (not pruned at run time) counts as one day of its table
+    read = [line for line in plan.splitlines() if "never executed" not in line]
+    days: dict[str, set[str]] = {}
+    for table, day in re.findall(r"Scan(?: Backward)?(?: using \w+)? on (\w+?)_p(\d{8})\b", "\n".join(read)):
+        days.setdefault(table, set()).add(day)
+    partitions = ", ".join(f"{table} {len(d)}" for table, d in sorted(days.items()))
+    indexes = sorted(
+        {re.sub(r"_p\d{8}", "_p*", i) for i in re.findall(r"(?:Index|Index Only) Scan(?: Backward)? using (\w+)", plan)}
+    )
+    scans = sorted({re.sub(r"_p\d{8}", "_p*", i) for i in re.findall(r"Seq Scan on (\w+)", plan)})
+    used = (
+        f"days read: {partitions or '-'}; " + ", ".join(indexes) + (f"; seq scan: {', '.join(scans)}" if scans else "")
+    )
     return statistics.median(times), max(times), used
 
 
-def report(conn: psycopg.Connection, params: dict, repeat: int, label: str) -> None:
+def report(conn: psycopg.Connection, params: dict, repeat: int, label: str) -> dict[str, dict[str, float | str]]:
+    """Time every query; returns {query: {"median_ms", "max_ms", "used"}} as printed."""
     print(f"\n{label}: median (max) of {repeat} EXPLAIN ANALYZE runs")
+    results: dict[str, dict[str, float | str]] = {}
     for name, sql in QUERIES:
         median, worst, used = measure(conn, sql, params, repeat)
         print(f"  {name:<40} {median:9.2f} ms ({worst:8.2f})   {used}")
+        results[name] = {"median_ms": round(median, 2), "max_ms": round(worst, 2), "used": used}
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--database-url", default=None, help="a database to fill (default: a throw-away pgserver)")
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--days", type=int, default=DEPLOYMENTS["bench"], help="days of history of `bench`")
+    parser.add_argument("--views-only", action="store_true", help="time the queries once; no index swap, no prune")
+    parser.add_argument("--compare-revision", default=None, help="also time the queries downgraded to this revision")
+    parser.add_argument("--json", default=None, help="write the medians to this file")
     args = parser.parse_args()
+    days = {"bench": args.days, "other": max(1, args.days // 4)}
+    record: dict = {
+        "command": " ".join(["tests/bench/history_queries.py", *sys.argv[1:]]),
+        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "days": days,
+        "repeat": args.repeat,
+        "results": {},
+    }
     server = None
     if args.database_url is None:
         import pgserver
@@ -213,7 +248,7 @@ def main() -> None:
         upgrade(url)
         started = time.perf_counter()
         with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
-            params = {"t0": f"'{T0.isoformat()}'", **{f"{name}_days": d for name, d in DEPLOYMENTS.items()}}
+            params = {"t0": f"'{T0.isoformat()}'", **{f"{name}_days": d for name, d in days.items()}}
             with conn.transaction():
                 conn.execute(GENERATE % params)  # one multi-statement script (simple protocol: no parameters)
             conn.execute("VACUUM ANALYZE")
@@ -230,9 +265,23 @@ def main() -> None:
                     f"SELECT count(*), pg_size_pretty(pg_total_relation_size('{table}')) FROM {table}"
                 ).fetchone()
                 print(f"  {table:<22} {count:>10,} rows {size:>10}")
+                record.setdefault("rows", {})[table] = count
             end = conn.execute("SELECT max(scheduled_at) FROM ticks WHERE deployment_id = 1").fetchone()[0]
             tick = conn.execute("SELECT max(id) FROM ticks WHERE deployment_id = 1").fetchone()[0]
-            report(conn, {"end": end, "tick": tick}, args.repeat, "with the 0003 indexes")
+            record["results"]["head"] = report(conn, {"end": end, "tick": tick}, args.repeat, "with the 0003 indexes")
+            if args.compare_revision:
+                downgrade(url, args.compare_revision)
+                record["results"][args.compare_revision] = report(
+                    conn, {"end": end, "tick": tick}, args.repeat, f"downgraded to {args.compare_revision}"
+                )
+                upgrade(url)
+            if args.json:
+                with open(args.json, "w") as out:
+                    json.dump(record, out, indent=2)
+                    out.write("\n")
+                print(f"wrote {args.json}")
+            if args.views_only:
+                return
             for name in INDEXES_0003:
                 conn.execute(f"DROP INDEX {name}")
             for ddl in INDEXES_0002.values():

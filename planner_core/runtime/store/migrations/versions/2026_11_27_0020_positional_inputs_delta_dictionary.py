@@ -220,7 +220,10 @@ def _whole(r: str) -> str:
     return f"jsonb_build_object({', '.join(fields)})"
 
 
-FPM_SNAPSHOTS_VIEW = f"""
+def _fpm_snapshots_view(metrics_joins: str) -> str:
+    """The `fpm_snapshots` definition, with `metrics_joins` making `m.metrics` (one engine's whole metrics object)
+    from `f.raw` (the element of `ticks.inputs->'fpm'` as stored)."""
+    return f"""
 CREATE VIEW fpm_snapshots AS
 SELECT t.id AS tick_id,
        f.seq::int AS seq,
@@ -231,9 +234,14 @@ SELECT t.id AS tick_id,
        m.metrics
   FROM ticks t
  CROSS JOIN LATERAL json_array_elements(COALESCE(t.inputs->'fpm', '[]'::json)) WITH ORDINALITY AS f(raw, seq)
- CROSS JOIN LATERAL (SELECT f.raw::jsonb AS r) e
- CROSS JOIN LATERAL (SELECT {_whole("e.r")} AS metrics) m
+{metrics_joins}
 """
+
+
+FPM_SNAPSHOTS_VIEW = _fpm_snapshots_view(
+    f""" CROSS JOIN LATERAL (SELECT f.raw::jsonb AS r) e
+ CROSS JOIN LATERAL (SELECT {_whole("e.r")} AS metrics) m"""
+)
 
 # 0019's definition, over objects without their default fields.
 _OLD_DEFAULTS = {
@@ -250,19 +258,9 @@ def _old_whole(metrics: str) -> str:
     )
 
 
-OLD_FPM_SNAPSHOTS_VIEW = f"""
-CREATE VIEW fpm_snapshots AS
-SELECT t.id AS tick_id,
-       f.seq::int AS seq,
-       m.metrics->>'component' AS component,
-       m.metrics->>'worker_id' AS worker_id,
-       (m.metrics->>'dp_rank')::int AS dp_rank,
-       (m.metrics->>'wall_time_s')::float8 AS wall_time_s,
-       m.metrics
-  FROM ticks t
- CROSS JOIN LATERAL json_array_elements(COALESCE(t.inputs->'fpm', '[]'::json)) WITH ORDINALITY AS f(raw, seq)
- CROSS JOIN LATERAL (SELECT {_old_whole("f.raw::jsonb")} AS metrics) m
-"""
+OLD_FPM_SNAPSHOTS_VIEW = _fpm_snapshots_view(
+    f""" CROSS JOIN LATERAL (SELECT {_old_whole("f.raw::jsonb")} AS metrics) m"""
+)
 
 _GRANTS_AND_COMMENT = """
 DO $$

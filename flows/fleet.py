@@ -28,8 +28,7 @@ from prefect.runtime import flow_run, task_run
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
-from flows.ticks import collect_traffic, tick_summary_line
-from planner_core.domain import Loop
+from flows.ticks import tick_summary_line
 from planner_core.runtime.fleet import (
     ContextCache,
     DueTick,
@@ -37,11 +36,13 @@ from planner_core.runtime.fleet import (
     RoundResult,
     arbitrate_round,
     due_ticks,
+    fleet_ceilings,
     list_members,
     run_round,
+    tick_fleet_member,
 )
 from planner_core.runtime.redact import redact_text
-from planner_core.runtime.service import run_execution, run_tick
+from planner_core.runtime.service import run_execution
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.store.db import get_engine, resolve_database_url, session_factory
 from planner_core.runtime.store.partitions import ensure_partitions_ahead
@@ -66,28 +67,12 @@ def _logger() -> logging.Logger | logging.LoggerAdapter:
 
 
 @task(name="fleet-member-tick", task_run_name="{due.deployment} {due.loop.value}-tick", cache_policy=NO_CACHE)
-def tick_member(due: DueTick, member: FleetMember, database_url: str) -> dict:
+def tick_member(due: DueTick, member: FleetMember, database_url: str, gpu_ceiling: int | None = None) -> dict:
     """One member's tick for one loop and slot, in its own transaction (skipped if already recorded)."""
     ctx = context_cache(database_url).get(member)
-    collected = None
-    if due.loop is Loop.THROUGHPUT or ctx.config.load_tail_latency_scaling:
-        interval_s = (
-            ctx.config.throughput_adjustment_interval_seconds
-            if due.loop is Loop.THROUGHPUT
-            else ctx.config.load_adjustment_interval_seconds
-        )
-        window_start = due.scheduled_at - dt.timedelta(seconds=interval_s)
-        collected = collect_traffic.fn(ctx.config, ctx.service, window_start, due.scheduled_at, ctx.planner)
     began = time.perf_counter()
-    result = run_tick(
-        ctx,
-        due.loop,
-        due.scheduled_at,
-        None if collected is None else collected.observation,
-        flow_run_id=str(flow_run.id or ""),
-        task_run_id=str(task_run.id or ""),
-        traffic_problem=None if collected is None or due.loop is Loop.LOAD else collected.problem,
-        curve_problem=None if collected is None or due.loop is Loop.LOAD else collected.curve_problem,
+    result = tick_fleet_member(
+        ctx, due, gpu_ceiling=gpu_ceiling, flow_run_id=str(flow_run.id or ""), task_run_id=str(task_run.id or "")
     )
     tick_ms = (time.perf_counter() - began) * 1000.0
     if result.outcome is None:
@@ -249,10 +234,13 @@ def fleet_tick(
             "failed_to_load": failed,
         }
     by_name = {member.name: member for member in loaded}
+    with session_factory(url).begin() as session:
+        ceilings = fleet_ceilings(session)
     futures = []
     for item in due:
+        member = by_name[item.deployment]
         with tags("fleet", f"deployment:{item.deployment}"):
-            futures.append(tick_member.submit(item, by_name[item.deployment], url))
+            futures.append(tick_member.submit(item, member, url, ceilings.get(member.deployment_id)))
     wait(futures)
     ticks = []
     for item, future in zip(due, futures, strict=True):

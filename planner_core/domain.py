@@ -84,6 +84,7 @@ class ReasonCode(enum.StrEnum):
     MIN_ENDPOINT_FLOOR = "min_endpoint_floor"  # raised to the minimum endpoint count
     DELTA_CAPPED = "delta_capped"  # change limited by max_throughput_scaling_replicas
     GPU_BUDGET_CAPPED = "gpu_budget_capped"  # scaled down proportionally to fit max_gpu_budget
+    FLEET_CEILING_CAPPED = "fleet_ceiling_capped"  # a fleet member's targets cut to what the fleet lets it grow to
     GPU_BUDGET_FLOORED = "gpu_budget_floored"  # scaled up proportionally to reach min_gpu_budget
     ADVISORY = "advisory"  # decision recorded but not to be executed
     SIZED_ON_MEAN = "sized_on_mean"  # capacity sized for the forecast mean ISL/OSL
@@ -533,6 +534,11 @@ class TickInputs:
     # What the out-of-process plugins answered during this tick (filled in by the runtime after the live tick,
     # recorded with the inputs): replay reads these answers and never calls a plugin.
     remote: tuple[RemoteAnswer, ...] = ()
+    # A fleet member's ceiling (GPUs): its grant at the fleet's newest arbitration round plus the GPUs that round
+    # left unallocated. The tick's decision grows no further (a want above it is still proposed, and reaches the
+    # next arbitration as the member's claim); it never forces a pool below its expected count. None: no fleet
+    # budget, or no round has granted this deployment anything yet.
+    gpu_ceiling: int | None = None
 
     def unplaced_for(self, component: Component) -> UnplacedRequests | None:
         """The unplaced-request report of `component`'s pool, if any."""
@@ -1075,6 +1081,7 @@ class StepName(enum.StrEnum):
     ENGINE_LOAD = "engine_load"
     EXECUTE = "execute"
     FLEET = "fleet"
+    FLEET_CEILING = "fleet_ceiling"
     FORWARD_PASS_MODEL = "forward_pass_model"
     GPU_BUDGET = "gpu_budget"
     HEADROOM = "headroom"

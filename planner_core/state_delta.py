@@ -51,45 +51,81 @@ def same_json(a: Any, b: Any) -> bool:
         return True
     if type(a) is not type(b) or a != b:
         return False
-    if isinstance(a, dict):
-        return all(same_json(value, b[key]) for key, value in a.items())
-    if isinstance(a, list):
-        return all(map(same_json, a, b))
+    if isinstance(a, dict | list):
+        return _same_size(a, b) is not None
     if isinstance(a, float):
         return math.copysign(1.0, a) == math.copysign(1.0, b)
     return True
+
+
+def _same_size(a: Any, b: Any) -> int | None:
+    """The length of `b`'s compact JSON text if `a` is the same JSON value, else None. Equal texts are the same
+    value, and the encoder (in C) compares a large unchanged subtree far faster than walking it in Python; only
+    values `==` calls equal whose texts differ (a 1 for a 1.0, a zero's sign, keys in another order) are walked,
+    to tell the types apart."""
+    if type(a) is not type(b) or a != b:
+        return None
+    if not isinstance(b, dict | list):
+        return _size(b) if same_json(a, b) else None
+    text = _COMPACT.encode(b)
+    if a is b or _COMPACT.encode(a) == text:
+        return len(text)
+    if isinstance(a, dict):
+        same = all(same_json(value, b[key]) for key, value in a.items())
+    else:
+        same = all(map(same_json, a, b))
+    return len(text) if same else None
 
 
 def state_delta(old: Any, new: Any) -> dict[str, Any] | None:
     """The delta taking `old` to `new`, or None when they are the same document."""
     if same_json(old, new):
         return None
-    return _delta(old, new)
+    return _delta(old, new)[0]
 
 
-def _delta(old: Any, new: Any) -> dict[str, Any]:
-    whole = {"=": new}
+_WHOLE_OVERHEAD = len('{"=":}')  # a whole value's delta is its text and these
+
+
+def _delta(old: Any, new: Any) -> tuple[dict[str, Any], int]:
+    """The delta taking `old` to `new` (documents that differ) and the length of `new`'s compact text: the patch
+    when it is shorter than the whole value, else the whole. The length is summed up from the parts an object's
+    keys already measured, so a subtree is encoded once, not once more at every level above it."""
     if isinstance(old, dict) and isinstance(new, dict):
-        patch = _dict_delta(old, new)
+        patch, new_size = _dict_delta(old, new)
     elif isinstance(old, list) and isinstance(new, list):
-        patch = _list_delta(old, new)
+        patch, new_size = _list_delta(old, new), _size(new)
     else:
-        return whole
-    return patch if _size(patch) < _size(whole) else whole
+        return {"=": new}, _size(new)
+    return (patch if _size(patch) < new_size + _WHOLE_OVERHEAD else {"=": new}), new_size
 
 
-def _dict_delta(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+_ABSENT = object()
+
+
+def _key_size(key: Any) -> int:
+    """Characters an object's key takes in compact JSON text, with its colon."""
+    return len(_COMPACT.encode(key)) + 1 if isinstance(key, str) else _size({key: 0}) - 3
+
+
+def _dict_delta(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """An object's patch, and the length of `new`'s compact text."""
     changed = {}
+    new_size = 2 + max(0, len(new) - 1)  # the braces and the commas
     for key, value in new.items():
-        if key not in old:
-            changed[key] = {"=": value}
-        elif not same_json(old[key], value):
-            changed[key] = _delta(old[key], value)
+        previous = old.get(key, _ABSENT)
+        value_size = None if previous is _ABSENT else _same_size(previous, value)
+        if value_size is None:
+            if previous is _ABSENT:
+                changed[key], value_size = {"=": value}, _size(value)
+            else:
+                changed[key], value_size = _delta(previous, value)
+        new_size += _key_size(key) + value_size
     patch: dict[str, Any] = {"{": changed}
     removed = [key for key in old if key not in new]
     if removed:
         patch["-"] = removed
-    return patch
+    return patch, new_size
 
 
 def _list_delta(old: list[Any], new: list[Any]) -> dict[str, Any]:
@@ -97,6 +133,9 @@ def _list_delta(old: list[Any], new: list[Any]) -> dict[str, Any]:
     further on (the items skipped are dropped, as retired samples are), the next old item patched, or a new item.
     Any choice rebuilds `new` exactly; this one keeps a shifted window or a retired-and-appended sample set to a
     few segments, without serialising every item (a general diff is quadratic on the windows' repeated values)."""
+    shifted = _shifted_window(old, new)
+    if shifted is not None:
+        return shifted
     segments: list[Any] = []
     literal: list[Any] = []
     run: list[int] | None = None  # [start, end) of old items being copied
@@ -125,7 +164,7 @@ def _list_delta(old: list[Any], new: list[Any]) -> dict[str, Any]:
             cursor = found + 1
             continue
         if cursor < len(old) and isinstance(item, (dict, list)) and type(item) is type(old[cursor]):
-            change = _delta(old[cursor], item)
+            change = _delta(old[cursor], item)[0]
             if "=" not in change:  # patching the next old item is shorter than writing the item anew
                 flush()
                 segments.append({"p": [cursor, change]})
@@ -135,6 +174,25 @@ def _list_delta(old: list[Any], new: list[Any]) -> dict[str, Any]:
             flush()
         literal.append(item)
     flush()
+    return {"[": segments}
+
+
+def _shifted_window(old: list[Any], new: list[Any]) -> dict[str, Any] | None:
+    """The greedy delta of `_list_delta` for its commonest case, found with a few comparisons of whole slices (in
+    C) instead of item by item: `new` is `old` without its first `k` items (`k` within the look-ahead), then new
+    items. `k` is the first old item equal to `new[0]`, as the greedy picks it; from there the greedy copies every
+    old item (each is the next one it looks at) and appends the rest. None when the lists are not so related."""
+    if not old or not new:
+        return None
+    first = next((at for at in range(min(len(old), _LOOKAHEAD + 1)) if same_json(old[at], new[0])), None)
+    if first is None:
+        return None
+    kept = len(old) - first
+    if kept > len(new) or old[first:] != new[:kept] or _COMPACT.encode(old[first:]) != _COMPACT.encode(new[:kept]):
+        return None
+    segments: list[Any] = [[first, len(old)]]
+    if kept < len(new):
+        segments.append({"v": new[kept:]})
     return {"[": segments}
 
 

@@ -315,3 +315,39 @@ def test_two_control_planes_at_once_tick_each_slot_once(database_url, tmp_path, 
     counts = _rows(database_url, "SELECT scheduled_at, count(*) FROM ticks GROUP BY 1 ORDER BY 1")
     assert counts == [(slots[0], 8), (slots[1], 4), (slots[2], 4)]
     assert _rows(database_url, "SELECT count(*) FROM arbitration_rounds") == [(3,)]
+
+
+def test_members_held_under_the_budget_decide_nothing_until_granted(database_url, tmp_path, profile_dir) -> None:
+    """Three members over 60 s of 5 s rounds with a budget of their minimums only (2 GPUs each): every member is
+    held where it is. With its fleet ceiling as a tick input, a held member proposes its want (which reaches the
+    arbitration as its claim, above its grant) and records no decision, instead of one per tick that the
+    arbitration cuts back to a no-op. The ticks replay identically with the recorded ceiling."""
+    from planner_cli.fleet import bench_config
+    from planner_core.runtime.fleet_bench import BENCH_EPOCH, run_fleet_bench
+    from planner_core.runtime.replay import replay
+
+    config = bench_config(tmp_path, 5.0)
+    result = run_fleet_bench(database_url, config, num_deployments=3, duration_s=60.0, budget_gpus=6)
+    assert (result.num_rounds, result.num_failed_ticks) == (12, 0)
+    # the members want more than the budget gives: their claims exceed their grants...
+    [(over,)] = _rows(database_url, "SELECT count(*) FROM arbitration_grants WHERE proposed_gpus > granted_gpus")
+    assert over > 0
+    # ...and their ticks say why they do not decide it
+    [(capped,)] = _rows(
+        database_url, "SELECT count(*) FROM tick_steps WHERE step = 'fleet_ceiling' AND reason = 'fleet_ceiling_capped'"
+    )
+    assert capped > 0
+    # no decision was cut to nothing by the arbitration or executed as a no-op
+    assert _rows(database_url, "SELECT count(*) FROM decisions WHERE status = 'noop'") == [(0,)]
+    [(with_ceiling,)] = _rows(database_url, "SELECT count(*) FROM ticks WHERE inputs::jsonb ? 'gpu_ceiling'")
+    assert with_ceiling > 0
+    with session_factory(database_url).begin() as session:
+        names = [member.name for member in list_members(session)]
+    capped_member = _rows(
+        database_url,
+        "SELECT d.name FROM tick_steps s JOIN ticks t ON t.id = s.tick_id JOIN deployments d ON d.id = t.deployment_id "
+        "WHERE s.reason = 'fleet_ceiling_capped' LIMIT 1",
+    )[0][0]
+    assert capped_member in names
+    summary = replay(database_url, capped_member, BENCH_EPOCH, BENCH_EPOCH + dt.timedelta(minutes=2))
+    assert summary.num_ticks > 0 and summary.num_identical == summary.num_ticks

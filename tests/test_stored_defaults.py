@@ -49,7 +49,7 @@ _SCHEDULED = {
 }
 _QUEUED = {k: v for k, v in _SCHEDULED.items() if k != "sum_prefill_kv_tokens"}
 PINNED_DEFAULTS = {
-    "TickInputs": {"traffic": None, "fpm": [], "unplaced": [], "remote": []},
+    "TickInputs": {"traffic": None, "fpm": [], "unplaced": [], "remote": [], "gpu_ceiling": None},
     "WorkerCounts": {},
     "TrafficObservation": _NO_TRAFFIC_FEATURES,
     "ForwardPassMetrics": {

@@ -735,6 +735,47 @@ def test_gpu_budget_is_never_exceeded_when_floors_fit(case: BudgetClampCase) -> 
     assert (desired.get(Component.PREFILL), desired.get(Component.DECODE)) == case.expected
 
 
+# --- a fleet member's ceiling ----------------------------------------------------------------------------------
+
+
+def test_fleet_ceiling_cuts_the_decision_but_the_proposals_keep_the_want() -> None:
+    """100 req/s wants 20P + 50D (70 GPUs, within the config's 100). Running 2P + 2D (4 GPUs) with a fleet ceiling
+    of 10 GPUs, the decision is cut by the budget guard's search to 10 GPUs, while the proposals still say 20P +
+    50D: what the fleet's arbitration reads as the member's claim."""
+    config = make_config(max_gpu_budget=100)
+    inputs = dataclasses.replace(throughput_inputs(traffic(6000, 2000, 500), workers(2, 2)), gpu_ceiling=10)
+    outcome = tick(inputs, PlannerState(), config, FAKE)
+    assert desired(outcome) == {Component.PREFILL: 20, Component.DECODE: 50}
+    [step] = steps_named(outcome, "fleet_ceiling")
+    assert (step.reason, step.value) == (ReasonCode.FLEET_CEILING_CAPPED, 10)
+    decided = (outcome.decision.num_prefill or 0) + (outcome.decision.num_decode or 0)
+    assert decided == 10 and outcome.decision.num_prefill >= 2 and outcome.decision.num_decode >= 2
+    # the same tick outside a fleet decides the whole want
+    free = tick(dataclasses.replace(inputs, gpu_ceiling=None), PlannerState(), config, FAKE)
+    assert (free.decision.num_prefill, free.decision.num_decode) == (20, 50)
+    assert steps_named(free, "fleet_ceiling") == []
+
+
+def test_fleet_ceiling_at_what_runs_holds_without_a_decision_and_never_shrinks() -> None:
+    """A ceiling at (or below) the GPUs the member runs leaves it where it is: no decision (nothing to execute,
+    nothing for the arbitration to cut), and never a scale-down forced by the ceiling itself."""
+    config = make_config(max_gpu_budget=100)
+    for ceiling in (4, 1):
+        inputs = dataclasses.replace(throughput_inputs(traffic(6000, 2000, 500), workers(2, 2)), gpu_ceiling=ceiling)
+        outcome = tick(inputs, PlannerState(), config, FAKE)
+        assert outcome.decision.is_empty
+        assert steps_named(outcome, "fleet_ceiling")[0].reason is ReasonCode.FLEET_CEILING_CAPPED
+        assert desired(outcome) == {Component.PREFILL: 20, Component.DECODE: 50}
+    # a want under the ceiling is decided as it is (a scale-down too)
+    inputs = dataclasses.replace(throughput_inputs(traffic(60, 2000, 500), workers(4, 4)), gpu_ceiling=8)
+    outcome = tick(inputs, PlannerState(), config, FAKE)
+    assert steps_named(outcome, "fleet_ceiling")[0].reason is ReasonCode.WITHIN_RANGE
+    assert (outcome.decision.num_prefill, outcome.decision.num_decode) == (
+        desired(outcome)[Component.PREFILL],
+        desired(outcome)[Component.DECODE],
+    )
+
+
 # --- both loops on, advisory, decisions per mode -------------------------------------------------------------
 
 

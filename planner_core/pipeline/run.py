@@ -81,7 +81,7 @@ from planner_core.pipeline.types import (
     PluginRun,
     PluginSpec,
 )
-from planner_core.policy.bounds import bound_min_endpoint, guard_config_budget, min_endpoints
+from planner_core.policy.bounds import bound_min_endpoint, fleet_ceiling, guard_config_budget, min_endpoints
 
 Clock = Callable[[], float]
 _MAX_ERROR_CHARS = 300
@@ -597,14 +597,17 @@ class _Tick:
         elif not touched:
             action, detail = ExecuteAction.SKIP_NO_TARGETS, "no plugin had an opinion about replica counts"
         else:
-            final = self._final_invariants(targets)
+            wanted = self._final_invariants(targets)
+            # The proposals are what the planner wants (a fleet's arbitration reads them as the member's claim);
+            # the decision is what the fleet's ceiling lets it have.
+            final = self._fleet_ceiling(wanted)
             changed = [c for c in self.components if final[c] != self.expected[c]]
             proposals = tuple(
                 ReplicaProposal(
                     component=c,
                     current=self.expected[c],
-                    desired=final[c],
-                    reason=ReasonCode.SCALE if c in changed else ReasonCode.NO_CHANGE,
+                    desired=wanted[c],
+                    reason=ReasonCode.SCALE if wanted[c] != self.expected[c] else ReasonCode.NO_CHANGE,
                 )
                 for c in self.components
             )
@@ -646,3 +649,11 @@ class _Tick:
         guarded, step = guard_config_budget(self.config, self.expected, final)
         self.steps.append(step)
         return guarded
+
+    def _fleet_ceiling(self, wanted: dict[Component, int]) -> dict[Component, int]:
+        """A fleet member's targets under its fleet ceiling (`TickInputs.gpu_ceiling`); unchanged outside a fleet."""
+        if self.inputs.gpu_ceiling is None:
+            return wanted
+        final, step = fleet_ceiling(self.config, self.expected, wanted, self.inputs.gpu_ceiling)
+        self.steps.append(step)
+        return final

@@ -97,10 +97,15 @@ def min_endpoints(config: PlannerConfig) -> dict[Component, int]:
 
 
 def guard_config_budget(
-    config: PlannerConfig, current: Mapping[Component, int], proposed: Mapping[Component, int]
+    config: PlannerConfig,
+    current: Mapping[Component, int],
+    proposed: Mapping[Component, int],
+    *,
+    max_gpu_budget: int | None = None,
 ) -> tuple[dict[Component, int], StepRecord]:
     """`guard_gpu_budget` with the config's GPU widths, budget band and minimums, for the pools the mode manages
-    (an unmanaged pool counts as empty). Returns the guarded targets of the managed pools and the step."""
+    (an unmanaged pool counts as empty). Returns the guarded targets of the managed pools and the step.
+    `max_gpu_budget`: a ceiling in place of the config's (a fleet member's, `fleet_ceiling`)."""
     components = managed_components(config.mode)
     floors = min_endpoints(config)
 
@@ -114,7 +119,7 @@ def guard_config_budget(
         prefill_gpus=config.prefill_gpus_per_engine,
         decode_gpus=config.decode_gpus_per_engine,
         min_gpu_budget=config.min_gpu_budget,
-        max_gpu_budget=config.max_gpu_budget,
+        max_gpu_budget=config.max_gpu_budget if max_gpu_budget is None else max_gpu_budget,
         prefill_floor=floors[Component.PREFILL] if Component.PREFILL in components else 0,
         decode_floor=floors[Component.DECODE] if Component.DECODE in components else 0,
     )
@@ -262,3 +267,37 @@ def _reconcile(
             return _reconcile(grown, prefill_gpus, decode_gpus, -1, max_gpu_budget, prefill_floor, decode_floor)
         return grown
     return proposed
+
+
+def fleet_ceiling(
+    config: PlannerConfig, current: Mapping[Component, int], targets: Mapping[Component, int], ceiling_gpus: int
+) -> tuple[dict[Component, int], StepRecord]:
+    """A fleet member's targets fitted under its fleet ceiling (`TickInputs.gpu_ceiling`) by the same guard as the
+    config's budget, never forcing a pool below its current count: the ceiling is raised to the GPUs the current
+    counts hold, so it only stops growth (the arbitration decides who shrinks, not this tick). The targets fit
+    the config's own budget already (`guard_config_budget` ran first). Step `fleet_ceiling`, reason
+    `fleet_ceiling_capped` when it cut a target, `within_range` otherwise."""
+    components = managed_components(config.mode)
+    widths = {Component.PREFILL: config.prefill_gpus_per_engine, Component.DECODE: config.decode_gpus_per_engine}
+    current_gpus = sum(current[c] * widths[c] for c in components)
+    ceiling = max(ceiling_gpus, current_gpus)
+    wanted_gpus = sum(targets[c] * widths[c] for c in components)
+    if wanted_gpus <= ceiling:
+        return dict(targets), StepRecord(
+            step=StepName.FLEET_CEILING,
+            value=ceiling,
+            reason=ReasonCode.WITHIN_RANGE,
+            detail=f"{wanted_gpus} GPUs within the fleet ceiling {ceiling} (granted + unallocated {ceiling_gpus})",
+        )
+    capped, _ = guard_config_budget(config, current, targets, max_gpu_budget=ceiling)
+    before = ", ".join(f"{c.value} {targets[c]}" for c in components)
+    after = ", ".join(f"{c.value} {capped[c]}" for c in components)
+    return capped, StepRecord(
+        step=StepName.FLEET_CEILING,
+        value=ceiling,
+        reason=ReasonCode.FLEET_CEILING_CAPPED,
+        detail=(
+            f"{before} ({wanted_gpus} GPUs) cut to {after} under the fleet ceiling {ceiling} GPUs "
+            f"(granted + unallocated {ceiling_gpus}, current {current_gpus})"
+        ),
+    )

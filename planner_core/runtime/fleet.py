@@ -9,9 +9,15 @@ flow stays orchestration only and tests and the scale benchmark call the same co
 - `ContextCache`: each member's `PlannerContext`, loaded once per process and again when its config file changes;
 - `due_ticks`: each member's loops on their own intervals, aligned to the epoch, so a slot's scheduled time is the
   tick's identity (a second control plane, or a retry, finds the tick recorded and skips it);
-- `arbitrate_round`: the members' claims (their newest pending decision, else what they run now, in GPUs) go to
-  the pure `arbitrate`; a pending decision above its grant is cut under it by the deployment's own GPU guard, and
-  the round, its inputs and every grant with its reason are recorded in one transaction;
+- `fleet_ceilings`: what each member may grow to in its next ticks (its grant at the newest round plus what that
+  round left unallocated), a tick input (`TickInputs.gpu_ceiling`): a member held under the budget proposes its want
+  but decides nothing while the budget has no room, instead of recording a decision each tick that the
+  arbitration then cuts back to what it runs;
+- `tick_fleet_member`: one member's tick, its traffic window collected first, the same in every fleet path;
+- `arbitrate_round`: the members' claims (what their tick this round wanted, else their newest pending decision,
+  else what they run now, in GPUs) go to the pure `arbitrate`; a pending decision above its grant is cut under it
+  by the deployment's own GPU guard, and the round, its inputs and every grant with its reason are recorded in
+  one transaction;
 - `replay_round`: run a recorded round again and compare.
 """
 
@@ -25,7 +31,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -40,7 +46,15 @@ from planner_core.policy.arbitration import (
     round_to_jsonable,
 )
 from planner_core.policy.bounds import guard_gpu_budget
-from planner_core.runtime.service import PlannerContext, default_workers, load_context, run_execution, run_tick
+from planner_core.runtime.service import (
+    PlannerContext,
+    TickResult,
+    default_workers,
+    load_context,
+    run_execution,
+    run_tick,
+)
+from planner_core.runtime.sources import collect_traffic
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.models import (
@@ -49,9 +63,9 @@ from planner_core.runtime.store.models import (
     Deployment,
     FleetBudgetRow,
     FleetMemberRow,
-    Tick,
 )
 from planner_core.runtime.store.partitions import TICK_TABLES as PARTITIONED_TICK_TABLES
+from planner_core.state_delta import partition_start
 
 
 class FleetError(ValueError):
@@ -330,19 +344,38 @@ def slot_at(now: dt.datetime, interval_s: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(math.floor(now.timestamp() / interval_s) * interval_s, tz=dt.UTC)
 
 
+# The newest tick of each member and loop: one index probe each (newest first, at most one row), in the partitions
+# from `since` on only; a `max()` grouped over the members' ticks read every tick of the day, a round growing
+# slower with the day's history.
+_NEWEST_TICKS = text("""
+SELECT m.id AS deployment_id, l.loop, newest.scheduled_at
+  FROM unnest(CAST(:ids AS bigint[])) AS m(id)
+ CROSS JOIN unnest(CAST(:loops AS text[])) AS l(loop)
+ CROSS JOIN LATERAL (
+       SELECT t.scheduled_at FROM ticks t
+        WHERE t.deployment_id = m.id AND t.loop = l.loop AND t.scheduled_at >= :since
+        ORDER BY t.scheduled_at DESC LIMIT 1) AS newest
+""")
+
+
 def due_ticks(
     session: Session, members: list[FleetMember], configs: dict[str, PlannerConfig], now: dt.datetime
 ) -> list[DueTick]:
     """Every member's loop whose newest slot at `now` is not recorded yet, with the slots it missed since its last
-    tick (one query for the newest tick of every member and loop)."""
+    tick (one statement for the newest tick of every member and loop: in the partitions of `now`'s day and the day
+    before, then in every day for those not found there)."""
+    ids = [member.deployment_id for member in members]
+    loops = [loop.value for loop in Loop]
+    since = partition_start(now) - dt.timedelta(days=1)
     newest = {
-        (deployment_id, loop): at
-        for deployment_id, loop, at in session.execute(
-            select(Tick.deployment_id, Tick.loop, func.max(Tick.scheduled_at))
-            .where(Tick.deployment_id.in_([member.deployment_id for member in members]))
-            .group_by(Tick.deployment_id, Tick.loop)
-        )
+        (row.deployment_id, row.loop): row.scheduled_at
+        for row in session.execute(_NEWEST_TICKS, {"ids": ids, "loops": loops, "since": since})
     }
+    stale = sorted({deployment_id for deployment_id in ids} - {deployment_id for deployment_id, _ in newest})
+    if stale:  # new members, or members idle for more than a day: look in every day
+        epoch = dt.datetime.fromtimestamp(0, tz=dt.UTC)
+        for row in session.execute(_NEWEST_TICKS, {"ids": stale, "loops": loops, "since": epoch}):
+            newest[(row.deployment_id, row.loop)] = row.scheduled_at
     due = []
     for member in members:
         for loop, interval_s in loop_intervals_s(configs[member.name]).items():
@@ -359,6 +392,63 @@ def _gpus(config: PlannerConfig, prefill: int, decode: int) -> int:
     return prefill * config.prefill_gpus_per_engine + decode * config.decode_gpus_per_engine
 
 
+# Each member's grant at the newest arbitration round, and the GPUs that round granted in all.
+_NEWEST_GRANTS = text("""
+SELECT g.deployment_id, g.granted_gpus, sum(g.granted_gpus) OVER () AS granted_in_all
+  FROM arbitration_grants g
+ WHERE g.round_id = (SELECT max(id) FROM arbitration_rounds)
+""")
+
+
+def fleet_ceilings(session: Session) -> dict[int, int]:
+    """Each member's ceiling for its next ticks (`TickInputs.gpu_ceiling`), by deployment id: its grant at the
+    newest arbitration round plus the GPUs of the budget (as set now) that round left unallocated, so a member
+    takes free GPUs at once and waits for the arbitration only when the budget is full. Empty without a budget
+    or before the first round; a member the newest round did not grant anything to has no ceiling."""
+    budget_gpus = get_budget(session)
+    if budget_gpus is None:
+        return {}
+    rows = session.execute(_NEWEST_GRANTS).all()
+    return {row.deployment_id: row.granted_gpus + max(0, budget_gpus - int(row.granted_in_all)) for row in rows}
+
+
+def tick_fleet_member(
+    ctx: PlannerContext,
+    due: DueTick,
+    *,
+    gpu_ceiling: int | None,
+    flow_run_id: str | None = None,
+    task_run_id: str | None = None,
+) -> TickResult:
+    """One member's tick for one loop and slot, in its own transaction (skipped if already recorded): the loop's
+    traffic window from the member's source first (the throughput loop's, and the load loop's when it scales on
+    tail latency), then `run_tick` with the member's ceiling. Every fleet path ticks a member through here."""
+    observation, traffic_problem, curve_problem = None, None, None
+    if due.loop is Loop.THROUGHPUT or ctx.config.load_tail_latency_scaling:
+        interval_s = (
+            ctx.config.throughput_adjustment_interval_seconds
+            if due.loop is Loop.THROUGHPUT
+            else ctx.config.load_adjustment_interval_seconds
+        )
+        window_start = due.scheduled_at - dt.timedelta(seconds=interval_s)
+        collected = collect_traffic(ctx.config, ctx.service, window_start, due.scheduled_at, planner=ctx.planner)
+        if collected is not None:
+            observation = collected.observation
+            if due.loop is Loop.THROUGHPUT:
+                traffic_problem, curve_problem = collected.problem, collected.curve_problem
+    return run_tick(
+        ctx,
+        due.loop,
+        due.scheduled_at,
+        observation,
+        flow_run_id=flow_run_id,
+        task_run_id=task_run_id,
+        traffic_problem=traffic_problem,
+        curve_problem=curve_problem,
+        gpu_ceiling=gpu_ceiling,
+    )
+
+
 def arbitrate_round(
     session: Session, scheduled_at: dt.datetime, members: list[FleetMember], contexts: dict[str, PlannerContext]
 ) -> tuple[GpuGrant, ...] | None:
@@ -366,8 +456,9 @@ def arbitrate_round(
     round is already recorded. Runs in the caller's transaction, holding every member's row lock, so no tick or
     execution of a member changes its decisions meanwhile.
 
-    A member's claim is its newest pending decision (pools it leaves unset at their expected count), else its
-    expected counts, in GPUs. A pending decision above its grant is cut under it by the member's own GPU guard
+    A member's claim is what its tick of this round wanted (its proposals: the targets before its fleet ceiling,
+    `TickInputs.gpu_ceiling`), else its newest pending decision (pools it leaves unset at their expected count),
+    else its expected counts, in GPUs. A pending decision above its grant is cut under it by the member's own GPU guard
     (`guard_gpu_budget` with the grant as ceiling, its minimum endpoints as floors); the original and the cut
     targets are recorded with the grant.
     """
@@ -378,6 +469,7 @@ def arbitrate_round(
     # one statement for every member's lock, in id order: no deadlock with a second control plane
     repo.lock_deployments(session, [member.deployment_id for member in members])
     decisions_of = repo.pending_decisions_of(session, [member.deployment_id for member in members])
+    wanted_of = _wanted_this_round(session, scheduled_at, [member.deployment_id for member in members])
     for member in members:
         ctx = contexts[member.name]
         workers = ctx.connector.worker_counts(session, member.deployment_id, default=default_workers(ctx.config))
@@ -390,6 +482,9 @@ def arbitrate_round(
                 now_counts[0] if newest.target_prefill is None else newest.target_prefill,
                 now_counts[1] if newest.target_decode is None else newest.target_decode,
             )
+        wanted = wanted_of.get(member.deployment_id)
+        if wanted is not None:
+            proposed = (wanted.get("prefill", proposed[0]), wanted.get("decode", proposed[1]))
         pending[member.name], current[member.name] = newest, (now_counts, proposed)
         claims.append(
             GpuClaim(
@@ -460,6 +555,22 @@ def arbitrate_round(
         session.add(row)
     session.flush()
     return grants
+
+
+# What each member's ticks of a round wanted, per pool (the higher of its two loops' when both ticked).
+_WANTED_THIS_ROUND = text("""
+SELECT t.deployment_id, p.component, max(p.desired) AS desired
+  FROM ticks t JOIN proposals p ON p.tick_id = t.id AND p.scheduled_at = t.scheduled_at
+ WHERE t.scheduled_at = :at AND t.deployment_id = ANY(CAST(:ids AS bigint[]))
+ GROUP BY t.deployment_id, p.component
+""")
+
+
+def _wanted_this_round(session: Session, at: dt.datetime, deployment_ids: list[int]) -> dict[int, dict[str, int]]:
+    wanted: dict[int, dict[str, int]] = {}
+    for row in session.execute(_WANTED_THIS_ROUND, {"at": at, "ids": deployment_ids}):
+        wanted.setdefault(row.deployment_id, {})[row.component] = int(row.desired)
+    return wanted
 
 
 def replay_round(session: Session, round_id: int) -> tuple[bool, tuple[GpuGrant, ...]]:
@@ -545,15 +656,22 @@ def run_round(
     `finish` False: only the ticks (a part of the round's due ticks; the last part arbitrates and executes)."""
     sessions = session_factory(database_url)
     configs = {name: ctx.config for name, ctx in contexts.items()}
+    by_name = {member.name: member for member in members}
     if due is None:
         with sessions.begin() as session:
             due = due_ticks(session, members, configs, at)
+
+    with sessions.begin() as session:
+        ceilings = fleet_ceilings(session)
 
     def tick_one(item: DueTick) -> tuple[float, bool, str | None]:
         began = time.perf_counter()
         try:
             ctx = contexts[item.deployment]
-            result = run_tick(ctx, item.loop, item.scheduled_at, None, flow_run_id=flow_run_id, task_run_id=task_run_id)
+            result = tick_fleet_member(
+                ctx, item, gpu_ceiling=ceilings.get(by_name[item.deployment].deployment_id),
+                flow_run_id=flow_run_id, task_run_id=task_run_id,
+            )  # fmt: skip
             recorded = result.tick_id is not None
             problem = None
         except Exception as exc:  # noqa: BLE001 - a failing member is reported, the others go on
@@ -568,8 +686,9 @@ def run_round(
             grants = arbitrate_round(session, at, members, contexts)
             with_pending = repo.pending_decisions_of(session, [member.deployment_id for member in members])
             pending = [member.name for member in members if member.deployment_id in with_pending]
-        for name in pending:
-            run_execution(contexts[name], at)
+        # each member's execution in its own transaction, on the pool like the ticks (a round's executions one
+        # after another took a second of a 100-member round)
+        list(pool.map(lambda name: run_execution(contexts[name], at), pending))
     return RoundResult(
         num_ticked=sum(recorded for _, recorded, _ in outcomes),
         num_missed=sum(item.num_missed for item in due),

@@ -66,7 +66,10 @@ _TICKS_SQL = """
 SELECT t.id, t.loop, t.scheduled_at, t.config_hash, t.reason, t.inputs, t.previous_tick_id,
        s.tick_id IS NOT NULL AS has_state,
        s.state, s.delta, s.base_tick_id,
-       d.target_prefill, d.target_decode, d.status AS decision_status,
+       -- a fleet member's decision as its tick made it: the targets before the arbitration cut them (its first grant)
+       CASE WHEN cut.decision_id IS NULL THEN d.target_prefill ELSE cut.proposed_prefill END AS target_prefill,
+       CASE WHEN cut.decision_id IS NULL THEN d.target_decode ELSE cut.proposed_decode END AS target_decode,
+       d.status AS decision_status,
        (SELECT json_agg(json_build_object('step', x.step, 'component', x.component, 'value', x.value,
                                           'reason', x.reason, 'detail', x.detail) ORDER BY x.seq)
           FROM tick_steps x WHERE x.tick_id = t.id) AS steps,
@@ -83,6 +86,8 @@ SELECT t.id, t.loop, t.scheduled_at, t.config_hash, t.reason, t.inputs, t.previo
   LEFT JOIN planner_states s ON s.tick_id = t.id AND s.scheduled_at = t.scheduled_at
        AND s.scheduled_at >= :start AND s.scheduled_at < :end
   LEFT JOIN decisions d ON d.tick_id = t.id
+  LEFT JOIN LATERAL (SELECT g.decision_id, g.proposed_prefill, g.proposed_decode FROM arbitration_grants g
+                      WHERE g.decision_id = d.id ORDER BY g.round_id LIMIT 1) AS cut ON true
   LEFT JOIN predictions pr ON pr.tick_id = t.id AND pr.scheduled_at = t.scheduled_at
        AND pr.scheduled_at >= :start AND pr.scheduled_at < :end
  WHERE t.deployment_id = :deployment_id AND t.scheduled_at >= :start AND t.scheduled_at < :end

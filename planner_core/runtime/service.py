@@ -72,6 +72,8 @@ class PlannerContext:
     # `environment: kubernetes` (DGD) or `kubernetes-workloads` (Deployments/StatefulSets): built by connect_cluster
     kubernetes: KubernetesConnector | WorkloadConnector | None = None
     local: LocalConnector | None = None  # `environment: local`: built by load_context
+    # The newest state this context recorded, kept between its ticks (a cache the tick checks against the database)
+    memo: repo.TickMemo = dataclasses.field(default_factory=repo.TickMemo, compare=False)
 
     @property
     def config(self) -> PlannerConfig:
@@ -296,12 +298,14 @@ def run_tick(
     task_run_id: str | None = None,
     traffic_problem: str | None = None,
     curve_problem: str | None = None,
+    gpu_ceiling: int | None = None,
 ) -> TickResult:
     """Run and record one tick in a single transaction; a tick already recorded is skipped, not redone.
 
     A load tick reads the newest forward-pass metrics per engine from the ingested samples. `traffic_problem`
     (why the source had no observation) and `curve_problem` (why the observation has no prompt-arrival curve)
     are written to the audit log with the tick (`traffic_unavailable`, `arrival_curve_unavailable`).
+    `gpu_ceiling`: a fleet member's ceiling (`TickInputs.gpu_ceiling`, from `planner_core.runtime.fleet`).
     """
     # The tick's day's partitions and the next day's, each in its own short transaction before the tick's: a
     # dictionary lookup when known, so the tick's own transaction never waits on DDL (store/partitions.py).
@@ -316,10 +320,17 @@ def run_tick(
         if loop is Loop.LOAD:
             since = scheduled_at - dt.timedelta(seconds=fpm_max_age_s(ctx.config))
             fpm = latest_fpm(session, deployment.id, since, until=scheduled_at)
-        inputs = TickInputs(now_s=scheduled_at.timestamp(), loop=loop, workers=workers, traffic=traffic, fpm=fpm)
+        inputs = TickInputs(
+            now_s=scheduled_at.timestamp(),
+            loop=loop,
+            workers=workers,
+            traffic=traffic,
+            fpm=fpm,
+            gpu_ceiling=gpu_ceiling,
+        )
         # the previous tick is normally today's or yesterday's: read those partitions first (store/repository.py)
         since = partition_start(scheduled_at) - dt.timedelta(days=1)
-        previous_tick_id, state = repo.latest_state(session, deployment.id, since=since)
+        previous_tick_id, state = repo.latest_state(session, deployment.id, since=since, memo=ctx.memo)
         if previous_tick_id is None and ctx.warmup_trace is not None:
             state = _warm_started(session, deployment.id, ctx)
         take_remote_answers(ctx.planner)  # nothing left over from a tick that failed before being recorded
@@ -348,6 +359,8 @@ def run_tick(
             inputs,
             outcome,
         )
+        if tick_id is not None:
+            ctx.memo.remember(session, tick_id)
         for event, problem in (
             ("traffic_unavailable", traffic_problem),
             ("arrival_curve_unavailable", curve_problem),

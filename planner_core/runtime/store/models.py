@@ -657,7 +657,16 @@ class ArbitrationGrantRow(Base):
     """One deployment's grant in a round, with its reason and the decision it capped."""
 
     __tablename__ = "arbitration_grants"
-    __table_args__ = ({"comment": "Each deployment's GPU grant in an arbitration round, with its reason code"},)
+    __table_args__ = (
+        # The grants of the decisions the arbitration applied to, first round first (replay's lookup); migration 0022.
+        Index(
+            "ix_arbitration_grants_decision_id",
+            "decision_id",
+            "round_id",
+            postgresql_where=text("decision_id IS NOT NULL"),
+        ),
+        {"comment": "Each deployment's GPU grant in an arbitration round, with its reason code"},
+    )
     round_id: Mapped[int] = mapped_column(ForeignKey("arbitration_rounds.id"), primary_key=True)
     deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), primary_key=True)
     decision_id: Mapped[int | None] = mapped_column(

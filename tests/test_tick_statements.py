@@ -82,3 +82,28 @@ def test_a_rounds_arbitration_locks_and_reads_decisions_in_one_statement_each(
     assert len([s for s in sql if "FROM deployments" in s and "FOR UPDATE" in s]) == 1
     assert sorted((g.deployment, g.proposed_gpus) for g in grants) == [("a", 6), ("b", 6), ("c", 6), ("d", 2)]
     assert sum(g.granted_gpus for g in grants) <= 12
+
+
+def test_a_context_remembers_its_newest_state_and_reads_it_again_after_another_planes_tick(
+    database_url, tmp_path, profile_dir
+) -> None:
+    """A context's next tick starts from the state its previous tick wrote without reading the state's rows back
+    (`TickMemo`); when another control plane recorded a newer tick meanwhile, the memo is not the newest and the
+    state is read from the database. Either way the ticks replay identically from the stored states."""
+    from planner_core.runtime.replay import replay
+
+    config = write_config(tmp_path, enable_load_scaling=True, load_adjustment_interval_seconds=5)
+    plane_a = load_context(database_url, "chat", config)
+    plane_b = load_context(database_url, "chat", config)
+    slot = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
+    run_tick(plane_a, Loop.LOAD, slot, None)
+    with _Statements(database_url) as remembered:
+        run_tick(plane_a, Loop.LOAD, slot + dt.timedelta(seconds=5), None)
+    assert not any("WITH RECURSIVE chain" in sql for sql in remembered)
+    run_tick(plane_b, Loop.LOAD, slot + dt.timedelta(seconds=10), None)  # b reads a's state from the database
+    with _Statements(database_url) as reread:
+        result = run_tick(plane_a, Loop.LOAD, slot + dt.timedelta(seconds=15), None)
+    assert any("WITH RECURSIVE chain" in sql for sql in reread)  # a's memo is tick 2, the newest is b's tick 3
+    assert plane_a.memo.newest is not None and plane_a.memo.newest[0] == result.tick_id
+    summary = replay(database_url, "chat", slot, slot + dt.timedelta(seconds=20))
+    assert (summary.num_ticks, summary.num_identical) == (4, 4)

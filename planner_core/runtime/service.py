@@ -311,15 +311,16 @@ def run_tick(
     # dictionary lookup when known, so the tick's own transaction never waits on DDL (store/partitions.py).
     ensure_partitions_ahead(ctx.sessions.kw["bind"], scheduled_at, days_ahead=1)
     with ctx.sessions.begin() as session:
-        deployment = repo.ensure_deployment(session, ctx.deployment, ctx.config)
-        repo.lock_deployment(session, deployment.id)
-        if repo.tick_exists(session, deployment.id, loop.value, scheduled_at):
+        deployment_id, config_hash, recorded = repo.lock_deployment_for_tick(
+            session, ctx.deployment, ctx.config, loop.value, scheduled_at, ctx.memo
+        )
+        if recorded:
             return TickResult(tick_id=None, outcome=None, inputs=None)
-        workers = ctx.connector.worker_counts(session, deployment.id, default=default_workers(ctx.config))
+        workers = ctx.connector.worker_counts(session, deployment_id, default=default_workers(ctx.config))
         fpm = ()
         if loop is Loop.LOAD:
             since = scheduled_at - dt.timedelta(seconds=fpm_max_age_s(ctx.config))
-            fpm = latest_fpm(session, deployment.id, since, until=scheduled_at)
+            fpm = latest_fpm(session, deployment_id, since, until=scheduled_at)
         inputs = TickInputs(
             now_s=scheduled_at.timestamp(),
             loop=loop,
@@ -330,9 +331,9 @@ def run_tick(
         )
         # the previous tick is normally today's or yesterday's: read those partitions first (store/repository.py)
         since = partition_start(scheduled_at) - dt.timedelta(days=1)
-        previous_tick_id, state = repo.latest_state(session, deployment.id, since=since, memo=ctx.memo)
+        previous_tick_id, state = repo.latest_state(session, deployment_id, since=since, memo=ctx.memo)
         if previous_tick_id is None and ctx.warmup_trace is not None:
-            state = _warm_started(session, deployment.id, ctx)
+            state = _warm_started(session, deployment_id, ctx)
         take_remote_answers(ctx.planner)  # nothing left over from a tick that failed before being recorded
         started = time.perf_counter()
         # The monotonic clock only enforces plugin timeouts and the tick deadline; the tick's time is `now_s`.
@@ -347,9 +348,9 @@ def run_tick(
         tick_id = repo.record_tick(
             session,
             repo.TickRecord(
-                deployment_id=deployment.id,
+                deployment_id=deployment_id,
                 scheduled_at=scheduled_at,
-                config_hash=deployment.config_hash,
+                config_hash=config_hash,
                 predictor=ctx.config.load_predictor.value,
                 previous_tick_id=previous_tick_id,
                 decide_ms=decide_ms,
@@ -367,7 +368,7 @@ def run_tick(
         ):
             if problem is not None and tick_id is not None:
                 detail = {"loop": loop.value, "problem": problem}
-                repo.audit(session, event, detail, deployment_id=deployment.id, tick_id=tick_id)
+                repo.audit(session, event, detail, deployment_id=deployment_id, tick_id=tick_id)
     return TickResult(tick_id=tick_id, outcome=outcome, inputs=inputs)
 
 

@@ -161,6 +161,34 @@ def lock_deployments(session: Session, deployment_ids: Sequence[int]) -> None:
     ).all()
 
 
+# A known deployment locked, whether it still runs the config it is known with, and whether the slot is recorded,
+# in one statement (three before: `ensure_deployment`, `lock_deployment`, `tick_exists`).
+_LOCK_KNOWN_DEPLOYMENT = """
+SELECT d.config_hash = %(config_hash)s AS same_config,
+       EXISTS (SELECT 1 FROM ticks t
+                WHERE t.deployment_id = d.id AND t.loop = %(loop)s AND t.scheduled_at = %(scheduled_at)s) AS recorded
+  FROM deployments d WHERE d.id = %(deployment_id)s FOR UPDATE
+"""
+
+
+def lock_deployment_for_tick(
+    session: Session, name: str, config: PlannerConfig, loop: str, scheduled_at: dt.datetime, memo: TickMemo
+) -> tuple[int, str, bool]:
+    """The deployment a tick is for, locked for the rest of the transaction (`lock_deployment`): its id, the config
+    hash the tick records, and whether the tick's slot is recorded already. Made or updated as
+    `ensure_deployment` does; when `memo` knows it with this config, one statement does all of it."""
+    if memo.deployment is not None:
+        deployment_id, digest = memo.deployment
+        params = {"config_hash": digest, "loop": loop, "scheduled_at": scheduled_at, "deployment_id": deployment_id}
+        row = session.connection().exec_driver_sql(_LOCK_KNOWN_DEPLOYMENT, params).first()
+        if row is not None and row.same_config:
+            return deployment_id, digest, bool(row.recorded)
+    deployment = ensure_deployment(session, name, config)
+    lock_deployment(session, deployment.id)
+    memo.deployment = (deployment.id, deployment.config_hash)
+    return deployment.id, deployment.config_hash, tick_exists(session, deployment.id, loop, scheduled_at)
+
+
 def tick_exists(session: Session, deployment_id: int, loop: str, scheduled_at: dt.datetime) -> bool:
     return (
         session.scalar(
@@ -185,6 +213,7 @@ class TickMemo:
     from the same state whether it was remembered or read: replay stays exact."""
 
     newest: tuple[int, PlannerState, StoredState] | None = None  # (tick id, state, as stored): set in one assignment
+    deployment: tuple[int, str] | None = None  # (deployment id, the context's config hash) once it is stored
 
     def remember(self, session: Session, tick_id: int) -> None:
         """Keep the state `record_tick` just wrote for `tick_id` in this session (no-op if it wrote none)."""

@@ -27,6 +27,7 @@ import datetime as dt
 import json
 import math
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 FULL_STATE_EVERY = 32  # a full state at least every 32 states: reading the newest applies at most 31 deltas
@@ -37,11 +38,26 @@ class StateDeltaError(ValueError):
     """A delta that does not fit the document it is applied to (a corrupt or mismatched chain)."""
 
 
-_COMPACT = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps builds one per call
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _compact_encoder() -> Callable[[Any], str]:
+    """Compact JSON text, as `json.dumps(value, separators=(",", ":"))` gives it, by the C encoder `json` itself
+    uses, made once: `JSONEncoder.encode` builds one per call, which cost more than encoding the small values a
+    delta compares (no circular-reference check: these are JSON documents)."""
+    make = json.encoder.c_make_encoder
+    if make is None:  # a Python without json's C accelerator
+        return json.JSONEncoder(separators=(",", ":")).encode
+    encoder = make(None, _not_json, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True)
+    return lambda value: "".join(encoder(value, 0))
+
+
+_compact = _compact_encoder()
 
 
 def _size(value: Any) -> int:
-    return len(_COMPACT.encode(value))
+    return len(_compact(value))
 
 
 def same_json(a: Any, b: Any) -> bool:
@@ -67,8 +83,8 @@ def _same_size(a: Any, b: Any) -> int | None:
         return None
     if not isinstance(b, dict | list):
         return _size(b) if same_json(a, b) else None
-    text = _COMPACT.encode(b)
-    if a is b or _COMPACT.encode(a) == text:
+    text = _compact(b)
+    if a is b or _compact(a) == text:
         return len(text)
     if isinstance(a, dict):
         same = all(same_json(value, b[key]) for key, value in a.items())
@@ -105,7 +121,7 @@ _ABSENT = object()
 
 def _key_size(key: Any) -> int:
     """Characters an object's key takes in compact JSON text, with its colon."""
-    return len(_COMPACT.encode(key)) + 1 if isinstance(key, str) else _size({key: 0}) - 3
+    return len(_compact(key)) + 1 if isinstance(key, str) else _size({key: 0}) - 3
 
 
 def _dict_delta(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], int]:
@@ -188,7 +204,7 @@ def _shifted_window(old: list[Any], new: list[Any]) -> dict[str, Any] | None:
     if first is None:
         return None
     kept = len(old) - first
-    if kept > len(new) or old[first:] != new[:kept] or _COMPACT.encode(old[first:]) != _COMPACT.encode(new[:kept]):
+    if kept > len(new) or old[first:] != new[:kept] or _compact(old[first:]) != _compact(new[:kept]):
         return None
     segments: list[Any] = [[first, len(old)]]
     if kept < len(new):

@@ -32,6 +32,10 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from planner_core.traces import RateShape, RequestTrace
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE_DIR = REPO / "planner_core" / "data" / "profiles" / "H200_TP1P_TP1D"
@@ -116,6 +120,58 @@ def write_trace(
         for t, isl, osl in rows:
             f.write(json.dumps({"timestamp": round(t * 1000), "input_length": isl, "output_length": osl}) + "\n")
     return len(rows)
+
+
+def day_shape(duration_s: float, trough_ratio: float, window_s: float = 10.0) -> RateShape:
+    """One day's load cycle over `duration_s`: a cosine from the day's mean rate at the start, down to
+    `trough_ratio` of the peak at a quarter of the span (the night), up to the peak at three quarters (the day)
+    and back to the mean at the end; constant within `window_s` windows (each at its centre's value)."""
+    import math
+
+    import numpy as np
+
+    from planner_core.traces import RateShape
+
+    if not 0 < trough_ratio <= 1:
+        raise LiveError(f"--trough-ratio = {trough_ratio!r}: must be in (0, 1]")
+    if not (math.isfinite(duration_s) and duration_s >= window_s > 0):
+        raise LiveError(f"--duration-s = {duration_s!r}: must be at least one {window_s:g} s window")
+    centres = (np.arange(math.ceil(duration_s / window_s)) + 0.5) * window_s / duration_s
+    rates = trough_ratio + (1 - trough_ratio) * (1 - np.cos(2 * np.pi * (centres - 0.25))) / 2
+    rates.setflags(write=False)
+    return RateShape(source=f"a day's cosine (trough {trough_ratio:g} of the peak)", window_s=window_s, rates=rates)
+
+
+def day_trace(*, duration_s: float, peak_rps: float, trough_ratio: float) -> RequestTrace:
+    """The Azure conversation hour's requests under one day's load cycle (`day_shape`) peaking at `peak_rps`.
+
+    The hour is fitted into the run (arrival offsets scaled to `duration_s`), thinned evenly to the cycle's mean
+    rate (`RequestTrace.scaled`, deterministic), then its time axis warped so the rate follows the cycle
+    (`shape_trace`, as `planner bench --shape` does): the requests' lengths and their burstiness come from the
+    whole hour, in its order; the hour's own rises and falls stay on top of the cycle."""
+    from planner_core.traces import load_trace, shape_trace
+
+    if not peak_rps > 0:
+        raise LiveError(f"--peak-rps = {peak_rps!r}: must be > 0")
+    shape = day_shape(duration_s, trough_ratio)
+    hour = load_trace(AZURE_CONV)
+    fitted = hour.compressed(hour.duration_s / duration_s)
+    mean_rps = peak_rps * float(shape.rates.mean() / shape.rates.max())
+    thinned = fitted.scaled(mean_rps * duration_s / fitted.num_requests)
+    return shape_trace(thinned, shape, duration_s=duration_s)
+
+
+def write_day_trace(
+    out: Path, *, duration_s: float, peak_rps: float, trough_ratio: float, max_isl: int, max_osl: int
+) -> int:
+    """`day_trace` as a Mooncake JSONL for aiperf (timestamps in ms, lengths capped). Returns the request count."""
+    trace = day_trace(duration_s=duration_s, peak_rps=peak_rps, trough_ratio=trough_ratio)
+    with out.open("w") as f:
+        for t, isl, osl in zip(trace.arrival_s, trace.isl, trace.osl, strict=True):
+            row = {"timestamp": round(float(t) * 1000), "input_length": min(int(isl), max_isl),
+                   "output_length": max(1, min(int(osl), max_osl))}  # fmt: skip
+            f.write(json.dumps(row) + "\n")
+    return trace.num_requests
 
 
 def write_slowed_profile(out: Path, slowdown: float) -> Path:
@@ -670,15 +726,25 @@ def cmd_live(args: argparse.Namespace) -> int:
         root = args.out.resolve()
         root.mkdir(parents=True, exist_ok=True)
         trace = root / "trace.jsonl"
-        num_requests = write_trace(
-            trace,
-            start_s=args.trace_start_s,
-            duration_s=args.duration_s,
-            speedup=args.speedup,
-            keep_every=args.keep_every,
-            max_isl=args.max_isl,
-            max_osl=args.max_osl,
-        )
+        if args.traffic == "day":
+            num_requests = write_day_trace(
+                trace,
+                duration_s=args.duration_s,
+                peak_rps=args.peak_rps,
+                trough_ratio=args.trough_ratio,
+                max_isl=args.max_isl,
+                max_osl=args.max_osl,
+            )
+        else:
+            num_requests = write_trace(
+                trace,
+                start_s=args.trace_start_s,
+                duration_s=args.duration_s,
+                speedup=args.speedup,
+                keep_every=args.keep_every,
+                max_isl=args.max_isl,
+                max_osl=args.max_osl,
+            )
         print(f"trace: {num_requests} requests over {args.duration_s:.0f} s -> {trace}", file=sys.stderr)
         common = {
             "duration_s": args.duration_s,
@@ -733,10 +799,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     live.add_argument("--out", type=Path, default=Path(".planner/live"), help="folder of the runs")
     live.add_argument("--duration-s", type=float, default=560.0, help="traffic per run (s)")
     live.add_argument(
-        "--speedup", type=float, default=6.0, help="trace time compression (the policy's time constants too)"
+        "--traffic",
+        choices=("day", "conv"),
+        default="day",
+        help="day: the Azure conversation hour's requests under one day's load cycle (--peak-rps, --trough-ratio); "
+        "conv: the hour as recorded, --speedup times faster, every --keep-every-th request",
     )
-    live.add_argument("--keep-every", type=int, default=9, help="keep every N-th request of the trace")
-    live.add_argument("--trace-start-s", type=float, default=0.0, help="offset into the Azure conversation trace (s)")
+    live.add_argument("--peak-rps", type=float, default=2.0, help="day: the cycle's peak request rate (req/s)")
+    live.add_argument(
+        "--trough-ratio", type=float, default=0.125, help="day: the night's rate as a fraction of the peak"
+    )
+    live.add_argument(
+        "--speedup",
+        type=float,
+        default=6.0,
+        help="the policy's time constants are divided by this (conv: the trace's time compression too)",
+    )
+    live.add_argument("--keep-every", type=int, default=9, help="conv: keep every N-th request of the trace")
+    live.add_argument(
+        "--trace-start-s", type=float, default=0.0, help="conv: offset into the Azure conversation trace (s)"
+    )
     live.add_argument("--max-isl", type=int, default=2048, help="cap on prompt tokens")
     live.add_argument("--max-osl", type=int, default=256, help="cap on output tokens")
     live.add_argument(
@@ -754,7 +836,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="throughput adjustment interval (default: the recommended policy's, divided by --speedup)",
     )
     live.add_argument("--max-workers", type=int, default=4, help="GPU budget (one GPU per engine)")
-    live.add_argument("--fixed-size", type=int, default=3, help="engines of the fixed-size run; 0 = no such run")
+    live.add_argument(
+        "--fixed-size",
+        type=int,
+        default=2,
+        help="engines of the fixed-size run (the default day's smallest size meeting 99 %%); 0 = no such run",
+    )
     live.add_argument(
         "--initial-size",
         type=int,

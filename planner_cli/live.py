@@ -244,6 +244,7 @@ class RunSpec:
     router: str = "round-robin"  # or "slo": the frontend in direct mode behind `planner route-proxy`
     speedup: float = 1.0  # the trace's time compression: the policy's time constants are divided by it
     initial_size: int = 1  # engines running when the run starts (the deployment the planner takes over)
+    traffic: str = ""  # what the trace is (kind, rates, requests), kept in the run's figures
     command: str = ""  # the `planner live` command line and the code's commit, kept in the run's figures
     commit: str | None = None
 
@@ -366,7 +367,7 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
         f"scrape_configs: [{{job_name: frontend, static_configs: [{{targets: ['127.0.0.1:{frontend_port}']}}]}}]\n"
     )
     cpu = CpuSampler()
-    figures: dict = {"run": spec.name, "command": spec.command, "commit": spec.commit}
+    figures: dict = {"run": spec.name, "command": spec.command, "commit": spec.commit, "traffic": spec.traffic}
     with contextlib.ExitStack() as stack:
         prometheus = stack.enter_context(
             _process(
@@ -620,6 +621,7 @@ def _replay(database_url: str, start: dt.datetime, end: dt.datetime) -> dict:
 def live_table(runs: list[dict], *, ttft_ms: float, itl_ms: float) -> str:
     """The runs side by side (Markdown), as `planner live` prints them and the docs render its records."""
     rows = [
+        ("traffic", lambda r: r.get("traffic") or "-"),
         ("router", lambda r: r.get("router", "round-robin")),
         ("aiperf requests (errors)", lambda r: f"{r.get('aiperf_records')} ({r.get('aiperf_errors')})"),
         (f"attainment TTFT<={ttft_ms:g} ms & ITL<={itl_ms:g} ms", lambda r: _pct(r.get("attainment"))),
@@ -746,6 +748,10 @@ def cmd_live(args: argparse.Namespace) -> int:
                 max_osl=args.max_osl,
             )
         print(f"trace: {num_requests} requests over {args.duration_s:.0f} s -> {trace}", file=sys.stderr)
+        if args.traffic == "day":
+            traffic = f"day: peak {args.peak_rps:g} req/s, night {args.trough_ratio:g} of it"
+        else:
+            traffic = f"conv: from {args.trace_start_s:g} s, x{args.speedup:g}, every {args.keep_every}th"
         common = {
             "duration_s": args.duration_s,
             "ttft_ms": args.ttft_ms,
@@ -757,6 +763,7 @@ def cmd_live(args: argparse.Namespace) -> int:
             "cooldown_s": args.cooldown_s,
             "profile_dir": write_slowed_profile(root / f"profile-x{args.slowdown:g}", args.slowdown),
             "speedup": args.speedup,
+            "traffic": f"{traffic}; {num_requests} requests in {args.duration_s:g} s",
             # both runs start from the same deployment: the planner takes over the fixed run's size
             "initial_size": args.initial_size or args.fixed_size or 1,
         }

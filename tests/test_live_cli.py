@@ -17,6 +17,7 @@ from planner_cli.live import (
     compressed_policy,
     day_shape,
     day_trace,
+    live_table,
     write_day_trace,
     write_slowed_profile,
     write_trace,
@@ -157,3 +158,9 @@ def test_make_live_runs_the_day_against_two_fixed_engines_by_default() -> None:
     args = build_parser().parse_args(["live"])
     assert (args.traffic, args.peak_rps, args.trough_ratio, args.fixed_size) == ("day", 2.0, 0.125, 2)
     assert args.initial_size is None  # both runs start from the fixed size
+
+
+def test_the_table_says_what_traffic_each_run_had() -> None:
+    runs = [{"run": "planner", "traffic": "day: peak 2 req/s, night 0.125 of it; 629 requests in 560 s"}, {"run": "old"}]
+    row = next(line for line in live_table(runs, ttft_ms=2000, itl_ms=100).splitlines() if line.startswith("| traffic"))
+    assert row == "| traffic | day: peak 2 req/s, night 0.125 of it; 629 requests in 560 s | - |"  # old records: -

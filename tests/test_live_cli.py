@@ -161,6 +161,7 @@ def test_make_live_runs_the_day_against_two_fixed_engines_by_default() -> None:
 
 
 def test_the_table_says_what_traffic_each_run_had() -> None:
-    runs = [{"run": "planner", "traffic": "day: peak 2 req/s, night 0.125 of it; 629 requests in 560 s"}, {"run": "old"}]
-    row = next(line for line in live_table(runs, ttft_ms=2000, itl_ms=100).splitlines() if line.startswith("| traffic"))
-    assert row == "| traffic | day: peak 2 req/s, night 0.125 of it; 629 requests in 560 s | - |"  # old records: -
+    traffic = "day: peak 2 req/s, night 0.125 of it; 629 requests in 560 s"
+    table = live_table([{"run": "planner", "traffic": traffic}, {"run": "old"}], ttft_ms=2000, itl_ms=100)
+    row = next(line for line in table.splitlines() if line.startswith("| traffic"))
+    assert row == f"| traffic | {traffic} | - |"  # a record made before runs said their traffic: -

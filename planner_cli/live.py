@@ -47,6 +47,7 @@ MODEL_NAME = "tiny"
 CHARS_PER_TOKEN = 1.68
 DEPLOYMENT = "live"
 DRAIN_GRACE_S = 20  # a drained engine's SIGTERM-to-SIGKILL grace
+PREFECT_LOST_S = 180  # serve's patience with an unanswering Prefect server in a live run (see run_once)
 
 
 class LiveError(RuntimeError):
@@ -339,7 +340,15 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
     (run_dir / "kv").mkdir(parents=True)
     (run_dir / "logs").mkdir()
     logs = run_dir / "logs"
-    base_env = {**os.environ, "PLANNER_DATA_DIR": str(run_dir / "data"), "PYTHONPATH": str(REPO)}
+    base_env = {
+        # serve ends when its Prefect server has not answered for PLANNER_PREFECT_LOST_S (30 s); on a saturated
+        # 2-core machine the server went that long unanswered (2026-11-27, load average 12) and the planner run
+        # lost its planner mid-traffic: the live run waits longer unless told otherwise
+        "PLANNER_PREFECT_LOST_S": str(PREFECT_LOST_S),
+        **os.environ,
+        "PLANNER_DATA_DIR": str(run_dir / "data"),
+        "PYTHONPATH": str(REPO),
+    }
     base_env.pop("PLANNER_DATABASE_URL", None)
     os.environ["PLANNER_DATA_DIR"] = str(run_dir / "data")
     from planner_core.runtime.settings import RuntimeSettings

@@ -414,6 +414,10 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
                 )
             )  # fmt: skip
             _wait_for("the routing proxy", lambda: _get(f"{traffic_url}/route/status"), 60, proxy)
+        # registered before serve, so it runs after serve has stopped (an exit stack unwinds in reverse): drained
+        # while serve still ran, a worker was replaced by serve's next reconcile and the new one outlived the run
+        # (the fixed-1 run of 2026-11-27 10:49 left a mocker running)
+        stack.callback(_stop_workers, database_url, config)
         serve = stack.enter_context(
             _process(
                 [sys.executable, "-m", "planner_cli", "serve", "--config", str(config), "--port", str(prefect_port),
@@ -422,7 +426,6 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
                 base_env,
             )
         )  # fmt: skip
-        stack.callback(_stop_workers, database_url, config)  # after serve stops (exit order is reversed)
         # the engines' forward-pass metrics (Dynamo's event plane, found in the discovery store) into Postgres
         ingest = stack.enter_context(
             _process(

@@ -32,6 +32,10 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from planner_core.traces import RateShape, RequestTrace
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE_DIR = REPO / "planner_core" / "data" / "profiles" / "H200_TP1P_TP1D"
@@ -43,6 +47,7 @@ MODEL_NAME = "tiny"
 CHARS_PER_TOKEN = 1.68
 DEPLOYMENT = "live"
 DRAIN_GRACE_S = 20  # a drained engine's SIGTERM-to-SIGKILL grace
+PREFECT_LOST_S = 180  # serve's patience with an unanswering Prefect server in a live run (see run_once)
 
 
 class LiveError(RuntimeError):
@@ -118,6 +123,58 @@ def write_trace(
     return len(rows)
 
 
+def day_shape(duration_s: float, trough_ratio: float, window_s: float = 10.0) -> RateShape:
+    """One day's load cycle over `duration_s`: a cosine from the day's mean rate at the start, down to
+    `trough_ratio` of the peak at a quarter of the span (the night), up to the peak at three quarters (the day)
+    and back to the mean at the end; constant within `window_s` windows (each at its centre's value)."""
+    import math
+
+    import numpy as np
+
+    from planner_core.traces import RateShape
+
+    if not 0 < trough_ratio <= 1:
+        raise LiveError(f"--trough-ratio = {trough_ratio!r}: must be in (0, 1]")
+    if not (math.isfinite(duration_s) and duration_s >= window_s > 0):
+        raise LiveError(f"--duration-s = {duration_s!r}: must be at least one {window_s:g} s window")
+    centres = (np.arange(math.ceil(duration_s / window_s)) + 0.5) * window_s / duration_s
+    rates = trough_ratio + (1 - trough_ratio) * (1 - np.cos(2 * np.pi * (centres - 0.25))) / 2
+    rates.setflags(write=False)
+    return RateShape(source=f"a day's cosine (trough {trough_ratio:g} of the peak)", window_s=window_s, rates=rates)
+
+
+def day_trace(*, duration_s: float, peak_rps: float, trough_ratio: float) -> RequestTrace:
+    """The Azure conversation hour's requests under one day's load cycle (`day_shape`) peaking at `peak_rps`.
+
+    The hour is fitted into the run (arrival offsets scaled to `duration_s`), thinned evenly to the cycle's mean
+    rate (`RequestTrace.scaled`, deterministic), then its time axis warped so the rate follows the cycle
+    (`shape_trace`, as `planner bench --shape` does): the requests' lengths and their burstiness come from the
+    whole hour, in its order; the hour's own rises and falls stay on top of the cycle."""
+    from planner_core.traces import load_trace, shape_trace
+
+    if not peak_rps > 0:
+        raise LiveError(f"--peak-rps = {peak_rps!r}: must be > 0")
+    shape = day_shape(duration_s, trough_ratio)
+    hour = load_trace(AZURE_CONV)
+    fitted = hour.compressed(hour.duration_s / duration_s)
+    mean_rps = peak_rps * float(shape.rates.mean() / shape.rates.max())
+    thinned = fitted.scaled(mean_rps * duration_s / fitted.num_requests)
+    return shape_trace(thinned, shape, duration_s=duration_s)
+
+
+def write_day_trace(
+    out: Path, *, duration_s: float, peak_rps: float, trough_ratio: float, max_isl: int, max_osl: int
+) -> int:
+    """`day_trace` as a Mooncake JSONL for aiperf (timestamps in ms, lengths capped). Returns the request count."""
+    trace = day_trace(duration_s=duration_s, peak_rps=peak_rps, trough_ratio=trough_ratio)
+    with out.open("w") as f:
+        for t, isl, osl in zip(trace.arrival_s, trace.isl, trace.osl, strict=True):
+            row = {"timestamp": round(float(t) * 1000), "input_length": min(int(isl), max_isl),
+                   "output_length": max(1, min(int(osl), max_osl))}  # fmt: skip
+            f.write(json.dumps(row) + "\n")
+    return trace.num_requests
+
+
 def write_slowed_profile(out: Path, slowdown: float) -> Path:
     """The H200 profile with every latency `slowdown` times longer and every throughput as many times lower: an
     engine that slow, for the mocker's timing and the planner's capacity model alike (both read this folder).
@@ -188,6 +245,7 @@ class RunSpec:
     router: str = "round-robin"  # or "slo": the frontend in direct mode behind `planner route-proxy`
     speedup: float = 1.0  # the trace's time compression: the policy's time constants are divided by it
     initial_size: int = 1  # engines running when the run starts (the deployment the planner takes over)
+    traffic: str = ""  # what the trace is (kind, rates, requests), kept in the run's figures
     command: str = ""  # the `planner live` command line and the code's commit, kept in the run's figures
     commit: str | None = None
 
@@ -282,7 +340,15 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
     (run_dir / "kv").mkdir(parents=True)
     (run_dir / "logs").mkdir()
     logs = run_dir / "logs"
-    base_env = {**os.environ, "PLANNER_DATA_DIR": str(run_dir / "data"), "PYTHONPATH": str(REPO)}
+    base_env = {
+        # serve ends when its Prefect server has not answered for PLANNER_PREFECT_LOST_S (30 s); on a saturated
+        # 2-core machine the server went that long unanswered (2026-11-27, load average 12) and the planner run
+        # lost its planner mid-traffic: the live run waits longer unless told otherwise
+        "PLANNER_PREFECT_LOST_S": str(PREFECT_LOST_S),
+        **os.environ,
+        "PLANNER_DATA_DIR": str(run_dir / "data"),
+        "PYTHONPATH": str(REPO),
+    }
     base_env.pop("PLANNER_DATABASE_URL", None)
     os.environ["PLANNER_DATA_DIR"] = str(run_dir / "data")
     from planner_core.runtime.settings import RuntimeSettings
@@ -310,7 +376,7 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
         f"scrape_configs: [{{job_name: frontend, static_configs: [{{targets: ['127.0.0.1:{frontend_port}']}}]}}]\n"
     )
     cpu = CpuSampler()
-    figures: dict = {"run": spec.name, "command": spec.command, "commit": spec.commit}
+    figures: dict = {"run": spec.name, "command": spec.command, "commit": spec.commit, "traffic": spec.traffic}
     with contextlib.ExitStack() as stack:
         prometheus = stack.enter_context(
             _process(
@@ -348,6 +414,10 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
                 )
             )  # fmt: skip
             _wait_for("the routing proxy", lambda: _get(f"{traffic_url}/route/status"), 60, proxy)
+        # registered before serve, so it runs after serve has stopped (an exit stack unwinds in reverse): drained
+        # while serve still ran, a worker was replaced by serve's next reconcile and the new one outlived the run
+        # (the fixed-1 run of 2026-11-27 10:49 left a mocker running)
+        stack.callback(_stop_workers, database_url, config)
         serve = stack.enter_context(
             _process(
                 [sys.executable, "-m", "planner_cli", "serve", "--config", str(config), "--port", str(prefect_port),
@@ -356,7 +426,6 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
                 base_env,
             )
         )  # fmt: skip
-        stack.callback(_stop_workers, database_url, config)  # after serve stops (exit order is reversed)
         # the engines' forward-pass metrics (Dynamo's event plane, found in the discovery store) into Postgres
         ingest = stack.enter_context(
             _process(
@@ -564,6 +633,7 @@ def _replay(database_url: str, start: dt.datetime, end: dt.datetime) -> dict:
 def live_table(runs: list[dict], *, ttft_ms: float, itl_ms: float) -> str:
     """The runs side by side (Markdown), as `planner live` prints them and the docs render its records."""
     rows = [
+        ("traffic", lambda r: r.get("traffic") or "-"),
         ("router", lambda r: r.get("router", "round-robin")),
         ("aiperf requests (errors)", lambda r: f"{r.get('aiperf_records')} ({r.get('aiperf_errors')})"),
         (f"attainment TTFT<={ttft_ms:g} ms & ITL<={itl_ms:g} ms", lambda r: _pct(r.get("attainment"))),
@@ -670,16 +740,30 @@ def cmd_live(args: argparse.Namespace) -> int:
         root = args.out.resolve()
         root.mkdir(parents=True, exist_ok=True)
         trace = root / "trace.jsonl"
-        num_requests = write_trace(
-            trace,
-            start_s=args.trace_start_s,
-            duration_s=args.duration_s,
-            speedup=args.speedup,
-            keep_every=args.keep_every,
-            max_isl=args.max_isl,
-            max_osl=args.max_osl,
-        )
+        if args.traffic == "day":
+            num_requests = write_day_trace(
+                trace,
+                duration_s=args.duration_s,
+                peak_rps=args.peak_rps,
+                trough_ratio=args.trough_ratio,
+                max_isl=args.max_isl,
+                max_osl=args.max_osl,
+            )
+        else:
+            num_requests = write_trace(
+                trace,
+                start_s=args.trace_start_s,
+                duration_s=args.duration_s,
+                speedup=args.speedup,
+                keep_every=args.keep_every,
+                max_isl=args.max_isl,
+                max_osl=args.max_osl,
+            )
         print(f"trace: {num_requests} requests over {args.duration_s:.0f} s -> {trace}", file=sys.stderr)
+        if args.traffic == "day":
+            traffic = f"day: peak {args.peak_rps:g} req/s, night {args.trough_ratio:g} of it"
+        else:
+            traffic = f"conv: from {args.trace_start_s:g} s, x{args.speedup:g}, every {args.keep_every}th"
         common = {
             "duration_s": args.duration_s,
             "ttft_ms": args.ttft_ms,
@@ -691,6 +775,7 @@ def cmd_live(args: argparse.Namespace) -> int:
             "cooldown_s": args.cooldown_s,
             "profile_dir": write_slowed_profile(root / f"profile-x{args.slowdown:g}", args.slowdown),
             "speedup": args.speedup,
+            "traffic": f"{traffic}; {num_requests} requests in {args.duration_s:g} s",
             # both runs start from the same deployment: the planner takes over the fixed run's size
             "initial_size": args.initial_size or args.fixed_size or 1,
         }
@@ -733,10 +818,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     live.add_argument("--out", type=Path, default=Path(".planner/live"), help="folder of the runs")
     live.add_argument("--duration-s", type=float, default=560.0, help="traffic per run (s)")
     live.add_argument(
-        "--speedup", type=float, default=6.0, help="trace time compression (the policy's time constants too)"
+        "--traffic",
+        choices=("day", "conv"),
+        default="day",
+        help="day: the Azure conversation hour's requests under one day's load cycle (--peak-rps, --trough-ratio); "
+        "conv: the hour as recorded, --speedup times faster, every --keep-every-th request",
     )
-    live.add_argument("--keep-every", type=int, default=9, help="keep every N-th request of the trace")
-    live.add_argument("--trace-start-s", type=float, default=0.0, help="offset into the Azure conversation trace (s)")
+    live.add_argument("--peak-rps", type=float, default=2.0, help="day: the cycle's peak request rate (req/s)")
+    live.add_argument(
+        "--trough-ratio", type=float, default=0.125, help="day: the night's rate as a fraction of the peak"
+    )
+    live.add_argument(
+        "--speedup",
+        type=float,
+        default=6.0,
+        help="the policy's time constants are divided by this (conv: the trace's time compression too)",
+    )
+    live.add_argument("--keep-every", type=int, default=9, help="conv: keep every N-th request of the trace")
+    live.add_argument(
+        "--trace-start-s", type=float, default=0.0, help="conv: offset into the Azure conversation trace (s)"
+    )
     live.add_argument("--max-isl", type=int, default=2048, help="cap on prompt tokens")
     live.add_argument("--max-osl", type=int, default=256, help="cap on output tokens")
     live.add_argument(
@@ -754,7 +855,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="throughput adjustment interval (default: the recommended policy's, divided by --speedup)",
     )
     live.add_argument("--max-workers", type=int, default=4, help="GPU budget (one GPU per engine)")
-    live.add_argument("--fixed-size", type=int, default=3, help="engines of the fixed-size run; 0 = no such run")
+    live.add_argument(
+        "--fixed-size",
+        type=int,
+        default=2,
+        help="engines of the fixed-size run (the default day's smallest size meeting 99 %%); 0 = no such run",
+    )
     live.add_argument(
         "--initial-size",
         type=int,

@@ -75,8 +75,10 @@ def frontend(tmp_path):
 
 
 def _chat(url: str, timeout_s: float = 60.0) -> dict:
-    """One chat completion; the frontend learns of a newly registered engine's model a moment after it registers,
-    so a 404 is retried until `timeout_s`."""
+    """One chat completion, retried until `timeout_s` while the frontend's view of the engines lags the processes:
+    it learns of a newly registered engine's model a moment after it registers (404), and it keeps routing to an
+    engine that was killed or stopped until that engine's discovery entry expires (503, its TCP connection refused;
+    round-robin then picks a live engine on a retry)."""
     import time
     import urllib.error
 
@@ -85,7 +87,7 @@ def _chat(url: str, timeout_s: float = 60.0) -> dict:
         try:
             return _chat_once(url)
         except urllib.error.HTTPError as exc:
-            if exc.code != 404 or time.monotonic() > deadline:
+            if exc.code not in (404, 503) or time.monotonic() > deadline:
                 raise
             time.sleep(1)
 

@@ -636,6 +636,25 @@ class RoundResult:
     executed: tuple[str, ...]
 
 
+def finish_round(
+    database_url: str,
+    members: list[FleetMember],
+    contexts: dict[str, PlannerContext],
+    at: dt.datetime,
+    pool: Executor,
+) -> tuple[tuple[GpuGrant, ...] | None, tuple[str, ...]]:
+    """The end of a round, once its ticks are recorded: the arbitration (`arbitrate_round`, in its own
+    transaction), then the execution of every member with a pending decision, each in its own transaction on
+    `pool` (one after another, a round's executions took a second of a 100-member round). Returns the grants and
+    the members executed."""
+    with session_factory(database_url).begin() as session:
+        grants = arbitrate_round(session, at, members, contexts)
+        with_pending = repo.pending_decisions_of(session, [member.deployment_id for member in members])
+        pending = tuple(member.name for member in members if member.deployment_id in with_pending)
+    list(pool.map(lambda name: run_execution(contexts[name], at), pending))
+    return grants, pending
+
+
 def run_round(
     database_url: str,
     members: list[FleetMember],
@@ -680,20 +699,12 @@ def run_round(
 
     outcomes = list(pool.map(tick_one, due))
     failed = {item.deployment: problem for item, (_, _, problem) in zip(due, outcomes, strict=True) if problem}
-    grants, pending = None, []
-    if finish:
-        with sessions.begin() as session:
-            grants = arbitrate_round(session, at, members, contexts)
-            with_pending = repo.pending_decisions_of(session, [member.deployment_id for member in members])
-            pending = [member.name for member in members if member.deployment_id in with_pending]
-        # each member's execution in its own transaction, on the pool like the ticks (a round's executions one
-        # after another took a second of a 100-member round)
-        list(pool.map(lambda name: run_execution(contexts[name], at), pending))
+    grants, pending = (finish_round(database_url, members, contexts, at, pool)) if finish else (None, ())
     return RoundResult(
         num_ticked=sum(recorded for _, recorded, _ in outcomes),
         num_missed=sum(item.num_missed for item in due),
         tick_ms=tuple(ms for ms, _, _ in outcomes),
         failed=failed,
         grants=grants,
-        executed=tuple(pending),
+        executed=pending,
     )

@@ -29,6 +29,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
 from flows.ticks import tick_summary_line
+from planner_core.policy.arbitration import GpuGrant
 from planner_core.runtime.fleet import (
     ContextCache,
     DueTick,
@@ -99,6 +100,11 @@ def arbitrate_task(database_url: str, scheduled_at: dt.datetime, members: list[F
     contexts = {member.name: cache.get(member) for member in members}
     with session_factory(database_url).begin() as session:
         grants = arbitrate_round(session, scheduled_at, members, contexts)
+    return grants_summary(grants)
+
+
+def grants_summary(grants: tuple[GpuGrant, ...] | None) -> list[dict]:
+    """A round's grants as a flow run's result holds them (none: no budget, or the round recorded elsewhere)."""
     return [
         {"deployment": g.deployment, "proposed_gpus": g.proposed_gpus, "granted_gpus": g.granted_gpus,
          "reason": g.reason.value}
@@ -146,15 +152,7 @@ def fleet_round(
         "num_ticked": result.num_ticked,
         "missed": result.num_missed,
         "failed": result.failed,
-        "grants": [
-            {
-                "deployment": g.deployment,
-                "proposed_gpus": g.proposed_gpus,
-                "granted_gpus": g.granted_gpus,
-                "reason": g.reason.value,
-            }
-            for g in result.grants or ()
-        ],  # fmt: skip
+        "grants": grants_summary(result.grants),
         "executed": list(result.executed),
         "tick_ms": list(result.tick_ms),
     }
@@ -204,15 +202,7 @@ def _round_as_task_runs(
         "num_ticked": sum(summary["num_ticked"] for summary in summaries),
         "missed": sum(summary["missed"] for summary in summaries),
         "failed": {name: problem for summary in summaries for name, problem in summary["failed"].items()},
-        "grants": [
-            {
-                "deployment": g.deployment,
-                "proposed_gpus": g.proposed_gpus,
-                "granted_gpus": g.granted_gpus,
-                "reason": g.reason.value,
-            }
-            for g in grants or ()
-        ],  # fmt: skip
+        "grants": grants_summary(grants),
         "executed": list(executed),
         "tick_ms": [ms for summary in summaries for ms in summary["tick_ms"]],
         "num_task_runs": len(summaries),

@@ -371,7 +371,7 @@ def due_ticks(
         (row.deployment_id, row.loop): row.scheduled_at
         for row in session.execute(_NEWEST_TICKS, {"ids": ids, "loops": loops, "since": since})
     }
-    stale = sorted({deployment_id for deployment_id in ids} - {deployment_id for deployment_id, _ in newest})
+    stale = sorted(set(ids) - {deployment_id for deployment_id, _ in newest})
     if stale:  # new members, or members idle for more than a day: look in every day
         epoch = dt.datetime.fromtimestamp(0, tz=dt.UTC)
         for row in session.execute(_NEWEST_TICKS, {"ids": stale, "loops": loops, "since": epoch}):
@@ -699,7 +699,7 @@ def run_round(
 
     outcomes = list(pool.map(tick_one, due))
     failed = {item.deployment: problem for item, (_, _, problem) in zip(due, outcomes, strict=True) if problem}
-    grants, pending = (finish_round(database_url, members, contexts, at, pool)) if finish else (None, ())
+    grants, pending = finish_round(database_url, members, contexts, at, pool) if finish else (None, ())
     return RoundResult(
         num_ticked=sum(recorded for _, recorded, _ in outcomes),
         num_missed=sum(item.num_missed for item in due),

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from planner_core.config import ConfigError
+from planner_core.domain import Loop
 from planner_core.runtime.fleet import (
     FleetError,
     add_member,
@@ -22,13 +23,15 @@ from planner_core.runtime.fleet import (
     remove_member,
     replay_round,
     set_budget,
+    slot_at,
+    slot_phase_s,
     sync_members,
 )
 from planner_core.runtime.service import load_context
 from planner_core.runtime.store.db import session_factory, to_libpq_uri
 from tests.conftest import REPO_ROOT, record_decision, write_config
 
-SLOT = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)  # a multiple of 60 s: a throughput slot
+SLOT = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)  # a multiple of 60 s
 
 
 def _rows(url: str, sql: str, *params):
@@ -178,14 +181,33 @@ def test_due_ticks_follow_each_members_intervals_and_count_missed_slots(database
         members = [add_member(session, "fast", fast), add_member(session, "slow", slow)]
     contexts = {m.name: load_context(database_url, m.name, m.config_path) for m in members}
     configs = {name: ctx.config for name, ctx in contexts.items()}
-    record_decision(contexts["slow"], "slow", SLOT - dt.timedelta(seconds=180), 2, 2)  # a tick 3 slots ago
+    now = SLOT + dt.timedelta(seconds=7)
+    # Throughput slots are offset from the minute by each member's phase; load slots are not.
+    fast_slot, slow_slot = (
+        slot_at(now, 60.0, slot_phase_s(m.deployment_id, Loop.THROUGHPUT, 60.0)) for m in members
+    )
+    assert fast_slot != slow_slot and all(now - dt.timedelta(seconds=60) < s <= now for s in (fast_slot, slow_slot))
+    record_decision(contexts["slow"], "slow", slow_slot - dt.timedelta(seconds=180), 2, 2)  # a tick 3 slots ago
     with sessions.begin() as session:
-        due = due_ticks(session, members, configs, SLOT + dt.timedelta(seconds=7))
+        due = due_ticks(session, members, configs, now)
     assert sorted((d.deployment, d.loop.value, d.scheduled_at, d.num_missed) for d in due) == [
         ("fast", "load", SLOT + dt.timedelta(seconds=5), 0),
-        ("fast", "throughput", SLOT, 0),
-        ("slow", "throughput", SLOT, 2),  # SLOT-120 and SLOT-60 were never ticked
+        ("fast", "throughput", fast_slot, 0),
+        ("slow", "throughput", slow_slot, 2),  # the two slots between were never ticked
     ]
+
+
+def test_throughput_phases_spread_a_fleets_slots_over_the_minute() -> None:
+    """100 consecutive deployment ids with 60 s throughput ticks: each 5 s round holds 7 to 10 of their slots
+    (all 100 in one round every minute without phases); the load loop keeps the epoch's grid."""
+    phases_s = [slot_phase_s(deployment_id, Loop.THROUGHPUT, 60.0) for deployment_id in range(57, 157)]
+    assert all(p == int(p) and 0 <= p < 60 for p in phases_s)
+    per_round = [sum(5 * k <= p < 5 * (k + 1) for p in phases_s) for k in range(12)]
+    assert min(per_round) >= 7 and max(per_round) <= 10, per_round
+    assert {slot_phase_s(deployment_id, Loop.LOAD, 5.0) for deployment_id in range(1, 50)} == {0.0}
+    at = dt.datetime(2026, 3, 1, 12, 0, 7, tzinfo=dt.UTC)
+    assert slot_at(at, 60.0, 37.0) == dt.datetime(2026, 3, 1, 11, 59, 37, tzinfo=dt.UTC)
+    assert slot_at(at, 60.0, 7.0) == at
 
 
 @pytest.mark.prefect
@@ -244,7 +266,7 @@ def test_fleet_tick_ticks_members_arbitrates_and_executes(prefect_api_url, datab
     # A second control plane (or a retry) at the same slot ticks nothing twice and records no second round.
     again = run_fleet_tick(SLOT, database_url, max_concurrent=2)
     assert again["ticks"] == [] and again["grants"] == []
-    assert _rows(database_url, "SELECT count(*) FROM ticks WHERE scheduled_at = %s", SLOT) == [(3,)]
+    assert _rows(database_url, "SELECT count(*) FROM ticks WHERE scheduled_at > %s", before) == [(3,)]
 
     # The next slot as one task run for the whole round: the same ticks, round and broken member.
     batched = run_fleet_tick(SLOT + dt.timedelta(seconds=60), database_url, max_concurrent=2, task_per_member=False)
@@ -308,12 +330,14 @@ def test_two_control_planes_at_once_tick_each_slot_once(database_url, tmp_path, 
             a = planes.submit(run_round, database_url, members, contexts, at, pool_a)
             b = planes.submit(run_round, database_url, members, contexts, at, pool_b)
             results.append((a.result(), b.result()))
-    # slot 0: 4 load + 4 throughput ticks; slots 1, 2: 4 load ticks each
+    # slot 0: 4 load + 4 throughput ticks (each member's first, at its phase's slot); slots 1, 2: 4 load ticks each
     assert [a.num_ticked + b.num_ticked for a, b in results] == [8, 4, 4]
     assert all(not a.failed and not b.failed for a, b in results)
     assert [(a.grants is None) != (b.grants is None) for a, b in results] == [True, True, True]
-    counts = _rows(database_url, "SELECT scheduled_at, count(*) FROM ticks GROUP BY 1 ORDER BY 1")
-    assert counts == [(slots[0], 8), (slots[1], 4), (slots[2], 4)]
+    counts = _rows(database_url, "SELECT scheduled_at, count(*) FROM ticks WHERE loop = 'load' GROUP BY 1 ORDER BY 1")
+    assert counts == [(slots[0], 4), (slots[1], 4), (slots[2], 4)]
+    throughput = _rows(database_url, "SELECT count(*), count(DISTINCT deployment_id) FROM ticks WHERE loop <> 'load'")
+    assert throughput == [(4, 4)]
     assert _rows(database_url, "SELECT count(*) FROM arbitration_rounds") == [(3,)]
 
 

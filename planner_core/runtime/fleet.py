@@ -339,9 +339,27 @@ def loop_intervals_s(config: PlannerConfig) -> dict[Loop, float]:
     return intervals
 
 
-def slot_at(now: dt.datetime, interval_s: float) -> dt.datetime:
-    """The newest slot of an interval at `now`: slots are aligned to the epoch, so every control plane agrees."""
-    return dt.datetime.fromtimestamp(math.floor(now.timestamp() / interval_s) * interval_s, tz=dt.UTC)
+def slot_at(now: dt.datetime, interval_s: float, phase_s: float = 0.0) -> dt.datetime:
+    """The newest slot of an interval at `now`: slots are `phase_s` after a multiple of the interval since the
+    epoch, so every control plane agrees on them."""
+    return dt.datetime.fromtimestamp(
+        math.floor((now.timestamp() - phase_s) / interval_s) * interval_s + phase_s, tz=dt.UTC
+    )
+
+
+# The fractional parts of k times this number spread evenly over [0, 1) for k = 1, 2, 3, ... (each new one falls
+# in the largest gap left), so consecutive deployment ids get phases spread over the whole interval.
+_PHASE_SPREAD = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+def slot_phase_s(deployment_id: int, loop: Loop, interval_s: float) -> float:
+    """The offset (whole seconds) of a member's slots from the epoch's grid. Throughput slots are spread over
+    their interval by deployment id: aligned, every member's 60 s tick fell in the same round, a round twice the
+    size of the others every minute, the one that overran (100 members: 5 s rounds of 100 load ticks, then one
+    of 200). The load loop, the fleet's fastest, stays on the grid, its slots those of the rounds that tick it."""
+    if loop is not Loop.THROUGHPUT:
+        return 0.0
+    return float(math.floor(((deployment_id * _PHASE_SPREAD) % 1.0) * interval_s))
 
 
 # The newest tick of each member and loop: one index probe each (newest first, at most one row), in the partitions
@@ -379,7 +397,7 @@ def due_ticks(
     due = []
     for member in members:
         for loop, interval_s in loop_intervals_s(configs[member.name]).items():
-            slot = slot_at(now, interval_s)
+            slot = slot_at(now, interval_s, slot_phase_s(member.deployment_id, loop, interval_s))
             last = newest.get((member.deployment_id, loop.value))
             if last is not None and last >= slot:
                 continue

@@ -693,12 +693,24 @@ def test_demo_ends_in_one_line_when_its_prefect_server_dies(database_url: str, t
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _demo_ticks(url: str) -> int:
+    """The ticks the demo's database holds (0 before its schema exists)."""
+    import psycopg
+
+    from planner_core.runtime.store.db import to_libpq_uri
+
+    with psycopg.connect(to_libpq_uri(url)) as conn:
+        if conn.execute("SELECT to_regclass('ticks')").fetchone()[0] is None:
+            return 0
+        return int(conn.execute("SELECT count(*) FROM ticks").fetchone()[0])
+
+
 def test_demo_ends_in_one_line_when_its_database_is_lost(tmp_path: Path) -> None:
     """The demo's embedded Postgres is stopped once the run is under way: the demo exits 1 with one error line
     naming the database, and prints no traceback (Prefect's console copy of the failure included)."""
     import time
 
-    from planner_core.runtime.store.db import stop_embedded_database
+    from planner_core.runtime.store.db import embedded_database_url, stop_embedded_database
 
     data_dir = tmp_path / "data"
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_", "PLANNER_"))}
@@ -714,7 +726,12 @@ def test_demo_ends_in_one_line_when_its_database_is_lost(tmp_path: Path) -> None
             while "Prefect API:" not in err_path.read_text():
                 assert time.monotonic() < deadline and demo.poll() is None, err_path.read_text()[-3000:]
                 time.sleep(0.5)
-            time.sleep(5)  # the flow run is under way
+            # The run is under way once it has recorded a tick. Stopped earlier, before the flow resolved its
+            # database URL, the embedded server is started again and the demo runs to its end (seen under load).
+            owner_url = embedded_database_url((data_dir / "pg").resolve())
+            while not _demo_ticks(owner_url):
+                assert time.monotonic() < deadline and demo.poll() is None, err_path.read_text()[-3000:]
+                time.sleep(0.5)
             assert demo.poll() is None, "the demo ended before its database could be stopped"
             assert stop_embedded_database((data_dir / "pg").resolve())
             status = demo.wait(timeout=120)

@@ -85,11 +85,12 @@ live-env: $(AIPERF_STAMP) $(LIVE_MODEL)/config.json
 
 # Two pytest workers (pytest-xdist), a test file to each at a time (`--dist loadfile`: a file's module fixtures are
 # made once): most tests wait on Postgres, Prefect or a subprocess, so two share 2 cores well. Each worker has its
-# own Postgres server, Prefect server and temporary folders (tests/conftest.py). TEST_WORKERS=0 runs in one process. The live stack's tests (tests/test_live_stack.py: Dynamo's frontend and mocker engines) need the
-# Dynamo environment and the model folder, built first; PLANNER_LIVE_REQUIRED turns their absence into a failure.
+# own Postgres server, Prefect server and temporary folders (tests/conftest.py). TEST_WORKERS=0 runs in one process.
+# The live stack's tests (tests/test_live_stack.py: Dynamo's frontend and mocker engines) need the Dynamo
+# environment and the model folder, built first; PLANNER_LIVE_REQUIRED turns their absence into a failure.
 TEST_WORKERS ?= 2
 test: lint docs $(DYNAMO_STAMP) $(LIVE_MODEL)/config.json
-	PLANNER_LIVE_REQUIRED=1 $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30  # the slowest tests named in every run: CI has a time limit
+	PLANNER_LIVE_REQUIRED=1 $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30  # the slowest tests named in every run: CI has a time limit
 
 # The planner scaling Dynamo's frontend + mocker engines under aiperf traffic, then a fixed-size run of the same
 # traffic; prints the comparison (LIVE_ARGS: e.g. --duration-s 600 --fixed-size 2).

@@ -84,7 +84,7 @@ live-env: $(AIPERF_STAMP) $(LIVE_MODEL)/config.json
 	@command -v prometheus >/dev/null || apt-get install -y -q prometheus
 
 # Two pytest workers (pytest-xdist), a test file to each at a time (`--dist loadfile`: a file's module fixtures are
-# made once): most tests wait on Postgres, Prefect or a subprocess, so two share 2 cores well. Each worker has its
+# made once): most tests wait on Postgres, Prefect or a subprocess, which leaves CPU to a second worker. Each has its
 # own Postgres server, Prefect server and temporary folders (tests/conftest.py). TEST_WORKERS=0 runs in one process.
 # The live stack's tests (tests/test_live_stack.py: Dynamo's frontend and mocker engines) need the Dynamo
 # environment and the model folder, built first; PLANNER_LIVE_REQUIRED turns their absence into a failure.

@@ -9,7 +9,7 @@ export NO_MKDOCS_2_WARNING := 1
 # statsmodels fits are 10-20x slower when OpenBLAS threads fight other processes on a small machine
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: venv demo test explore lint docs clean dynamo-env live-env live test-live test-workers profile-roundtrip
+.PHONY: venv demo test explore lint docs clean dynamo-env live-model live-env live test-live test-workers profile-roundtrip
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -31,9 +31,6 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
-test: lint docs
-	$(VENV)/bin/python -m pytest -q --durations=30  # the slowest tests named in every run: CI has a time limit
-
 # The property tests with fresh random examples (`make test` uses a fixed set); a failure is kept in .hypothesis/.
 explore: $(STAMP)
 	PLANNER_HYPOTHESIS_PROFILE=explore $(VENV)/bin/python -m pytest -q -p no:cacheprovider $$(grep -l "@given" tests/*.py)
@@ -53,9 +50,9 @@ DYNAMO_STAMP := $(DYNAMO_VENV)/.installed-$(shell echo $(DYNAMO_VERSION) | cat -
 $(DYNAMO_STAMP): $(DYNAMO_REQUIREMENTS)
 	@test -x $(DYNAMO_VENV)/bin/python || $(PYTHON) -m venv $(DYNAMO_VENV)
 	$(DYNAMO_VENV)/bin/python -m pip install -q --upgrade pip
-	$(DYNAMO_VENV)/bin/python -m pip install -q -r $(DYNAMO_REQUIREMENTS)
+	$(DYNAMO_VENV)/bin/python -m pip install -q --no-compile -r $(DYNAMO_REQUIREMENTS)
 	@# last, so that pip does not list the wheels' requirements left out (aisimulate, ...) as conflicts
-	$(DYNAMO_VENV)/bin/python -m pip install -q --no-deps ai-dynamo==$(DYNAMO_VERSION) ai-dynamo-runtime==$(DYNAMO_VERSION)
+	$(DYNAMO_VENV)/bin/python -m pip install -q --no-compile --no-deps ai-dynamo==$(DYNAMO_VERSION) ai-dynamo-runtime==$(DYNAMO_VERSION)
 	$(DYNAMO_VENV)/bin/python planner_core/lab/dynamo/run_planner.py --check
 	@rm -f $(DYNAMO_VENV)/.installed-*
 	@touch $@
@@ -73,15 +70,27 @@ LIVE_MODEL := .planner/live-model
 $(AIPERF_STAMP):
 	@test -x $(AIPERF_VENV)/bin/python || $(PYTHON) -m venv $(AIPERF_VENV)
 	$(AIPERF_VENV)/bin/python -m pip install -q --upgrade pip
-	$(AIPERF_VENV)/bin/python -m pip install -q aiperf==$(AIPERF_VERSION)
+	@# --no-compile: no .pyc compiled for all of transformers up front; what is imported compiles on first use
+	$(AIPERF_VENV)/bin/python -m pip install -q --no-compile aiperf==$(AIPERF_VERSION)
 	@rm -f $(AIPERF_VENV)/.installed-*
 	@touch $@
 
 $(LIVE_MODEL)/config.json: $(AIPERF_STAMP) planner_core/lab/dynamo/make_tiny_model.py
 	$(AIPERF_VENV)/bin/python planner_core/lab/dynamo/make_tiny_model.py $(LIVE_MODEL)
 
+live-model: $(LIVE_MODEL)/config.json
+
 live-env: $(AIPERF_STAMP) $(LIVE_MODEL)/config.json
 	@command -v prometheus >/dev/null || apt-get install -y -q prometheus
+
+# Two pytest workers (pytest-xdist), a test file to each at a time (`--dist loadfile`: a file's module fixtures are
+# made once): most tests wait on Postgres, Prefect or a subprocess, which leaves CPU to a second worker. Each has its
+# own Postgres server, Prefect server and temporary folders (tests/conftest.py). TEST_WORKERS=0 runs in one process.
+# The live stack's tests (tests/test_live_stack.py: Dynamo's frontend and mocker engines) need the Dynamo
+# environment and the model folder, built first; PLANNER_LIVE_REQUIRED turns their absence into a failure.
+TEST_WORKERS ?= 2
+test: lint docs $(DYNAMO_STAMP) $(LIVE_MODEL)/config.json
+	PLANNER_LIVE_REQUIRED=1 $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30  # the slowest tests named in every run: CI has a time limit
 
 # The planner scaling Dynamo's frontend + mocker engines under aiperf traffic, then a fixed-size run of the same
 # traffic; prints the comparison (LIVE_ARGS: e.g. --duration-s 600 --fixed-size 2).
@@ -92,9 +101,10 @@ live: $(STAMP) $(DYNAMO_STAMP) live-env
 test-workers: $(STAMP)
 	PLANNER_WORKER_TESTS=1 $(VENV)/bin/python -m pytest -q tests/test_fleet_workers.py
 
-# The live stack's integration tests (a few minutes: real frontend, engines, Prometheus); not in `make test`.
+# The live stack's longer integration tests (a few minutes: real frontend, engines, Prometheus), not in `make test`;
+# with tests/test_live_stack.py, which `make test` runs too.
 test-live: $(STAMP) $(DYNAMO_STAMP) live-env
-	PLANNER_LIVE_TESTS=1 $(VENV)/bin/python -m pytest -q tests/test_live_stack.py tests/test_profile_live.py tests/test_live_route_proxy.py
+	PLANNER_LIVE_TESTS=1 PLANNER_LIVE_REQUIRED=1 $(VENV)/bin/python -m pytest -q tests/test_live_stack.py tests/test_profile_live.py tests/test_live_route_proxy.py
 
 # `planner profile` round trip: Dynamo's frontend + one mocker timed by the H200 profile, profiled over HTTP and
 # compared with its source (~4 min); the record goes to docs/results/profile/ (rendered in perf-models.md).

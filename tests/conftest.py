@@ -38,6 +38,34 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("PLANNER_HYPOTHESIS_PROFILE", "fixed"))
 
 
+# The test files that take longest (a minute or more each in CI's `--durations`), collected first: `make test` runs
+# pytest on two workers that take a whole file at a time in collection order (`--dist loadfile
+# --no-loadscope-reorder`), and starting with the longest keeps one worker from ending the run alone on a
+# two-minute file while the other is idle. Longest first, roughly.
+LONGEST_TEST_FILES = (
+    "test_flows.py",
+    "test_secrets.py",
+    "test_chaos.py",
+    "test_dynamo_policy.py",
+    "test_hardening.py",
+    "test_dynamo_engine.py",
+    "test_install.py",
+    "test_cli.py",
+    "test_ttft_gap.py",
+    "test_live_stack.py",
+    "test_execution_listener.py",
+    "test_workload_connector.py",
+    "test_predictors.py",
+    "test_recommended_policy.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Move the tests of LONGEST_TEST_FILES to the front, in that order; the rest keep their order."""
+    rank = {name: k for k, name in enumerate(LONGEST_TEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def _with_database(url: str, name: str) -> str:
     """Replace the database name in a libpq URI (keeps the ?host=... socket query)."""
     base, _, query = url.partition("?")

@@ -183,9 +183,7 @@ def test_due_ticks_follow_each_members_intervals_and_count_missed_slots(database
     configs = {name: ctx.config for name, ctx in contexts.items()}
     now = SLOT + dt.timedelta(seconds=7)
     # Throughput slots are offset from the minute by each member's phase; load slots are not.
-    fast_slot, slow_slot = (
-        slot_at(now, 60.0, slot_phase_s(m.deployment_id, Loop.THROUGHPUT, 60.0)) for m in members
-    )
+    fast_slot, slow_slot = (slot_at(now, 60.0, slot_phase_s(m.deployment_id, Loop.THROUGHPUT, 60.0)) for m in members)
     assert fast_slot != slow_slot and all(now - dt.timedelta(seconds=60) < s <= now for s in (fast_slot, slow_slot))
     record_decision(contexts["slow"], "slow", slow_slot - dt.timedelta(seconds=180), 2, 2)  # a tick 3 slots ago
     with sessions.begin() as session:
@@ -375,3 +373,22 @@ def test_members_held_under_the_budget_decide_nothing_until_granted(database_url
     assert capped_member in names
     summary = replay(database_url, capped_member, BENCH_EPOCH, BENCH_EPOCH + dt.timedelta(minutes=2))
     assert summary.num_ticks > 0 and summary.num_identical == summary.num_ticks
+
+
+def test_fleet_ticks_run_without_flow_heartbeats_and_keep_the_other_settings() -> None:
+    """A fleet tick's flow run has no heartbeat thread (its end would wait up to 1 s on it); the settings it runs
+    with are the caller's otherwise, and derived once for the same caller's settings."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    from flows.fleet import _without_flow_heartbeats
+
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        outside = get_current_settings()
+        assert outside.flows.heartbeat_frequency is not None
+        with _without_flow_heartbeats():
+            first = get_current_settings()
+        with _without_flow_heartbeats():
+            second = get_current_settings()
+        assert first is second and first is not outside
+        assert first.flows.heartbeat_frequency is None and first.api.url == "http://127.0.0.1:9/api"
+        assert get_current_settings() is outside

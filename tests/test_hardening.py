@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -695,10 +696,6 @@ def test_demo_ends_in_one_line_when_its_prefect_server_dies(database_url: str, t
 
 def _demo_ticks(url: str) -> int:
     """The ticks the demo's database holds (0 before its schema exists)."""
-    import psycopg
-
-    from planner_core.runtime.store.db import to_libpq_uri
-
     with psycopg.connect(to_libpq_uri(url)) as conn:
         if conn.execute("SELECT to_regclass('ticks')").fetchone()[0] is None:
             return 0
@@ -719,7 +716,7 @@ def test_demo_ends_in_one_line_when_its_database_is_lost(tmp_path: Path) -> None
     with err_path.open("w") as err:
         demo = subprocess.Popen(
             [sys.executable, "-m", "planner_cli.main", "demo", "--deployment", "db-lost"],
-            cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
+            cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 240
@@ -736,8 +733,8 @@ def test_demo_ends_in_one_line_when_its_database_is_lost(tmp_path: Path) -> None
             assert stop_embedded_database((data_dir / "pg").resolve())
             status = demo.wait(timeout=120)
         finally:
-            if demo.poll() is None:
-                demo.kill()
+            if demo.poll() is None:  # its whole process group: the Prefect server it started too
+                os.killpg(demo.pid, signal.SIGKILL)
                 demo.wait()
             stop_embedded_database((data_dir / "pg").resolve())
     text = err_path.read_text()

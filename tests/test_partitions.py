@@ -200,6 +200,19 @@ def test_dropping_old_days_keeps_the_newest_and_the_audit_chain(database_url, tm
         _day_of_ticks(live, day, 3)
     _day_of_ticks(gone, days[1] - dt.timedelta(hours=1), 2)  # 2026-01-06 11:00, 11:01
     _day_of_ticks(gone, days[2] + dt.timedelta(hours=1), 1)  # its newest: 2026-01-07 13:00
+    for at in (days[1], days[2]):  # a fleet's arbitration round on the 6th (it goes with the day) and on the 7th
+        [(round_id,)] = _rows(
+            database_url,
+            "INSERT INTO arbitration_rounds (scheduled_at, budget_gpus, inputs) VALUES (%s, 8, '{}') RETURNING id",
+            at,
+        )
+        _rows(
+            database_url,
+            "INSERT INTO arbitration_grants (round_id, deployment_id, decision_id, proposed_gpus, request_gpus, "
+            "granted_gpus, reason) SELECT %s, d.id, (SELECT max(id) FROM decisions), 4, 4, 4, 'granted' "
+            "FROM deployments d RETURNING 1",
+            round_id,
+        )
     counts_before = _rows(database_url, "SELECT count(*) FROM ticks")[0][0]
     decisions_before = _rows(database_url, "SELECT count(*) FROM decisions")
     audit_before = _rows(database_url, "SELECT count(*) FROM audit_log")[0][0]
@@ -209,6 +222,8 @@ def test_dropping_old_days_keeps_the_newest_and_the_audit_chain(database_url, tm
     assert [d.day for d in dry.dropped] == [dt.date(2026, 1, 5), dt.date(2026, 1, 6)]
     assert dry.dropped[0].num_ticks == 3 and dry.dropped[1].num_ticks == 5
     assert dry.dropped[1].rows["planner_states"] == 5 and dry.dropped[1].rows["worker_observations"] == 5
+    assert [(d.rows["arbitration_rounds"], d.rows["arbitration_grants"]) for d in dry.dropped] == [(0, 0), (1, 2)]
+    assert _rows(database_url, "SELECT count(*) FROM arbitration_grants") == [(4,)]
     assert dry.kept == {dt.date(2026, 1, 7): "holds the newest throughput tick of gone"}
     assert _rows(database_url, "SELECT count(*) FROM ticks")[0][0] == counts_before
     assert len(_partitions_of(database_url, "ticks")) == 4
@@ -225,9 +240,12 @@ def test_dropping_old_days_keeps_the_newest_and_the_audit_chain(database_url, tm
     )
     assert _rows(database_url, stranded) == [(0,)]
     assert _rows(database_url, "SELECT count(*) FROM decisions") == decisions_before  # not partitioned
+    assert _rows(database_url, "SELECT scheduled_at FROM arbitration_rounds") == [(days[2],)]
+    assert _rows(database_url, "SELECT count(*) FROM arbitration_grants") == [(2,)]  # the 7th's round's
     events = _rows(database_url, "SELECT detail FROM audit_log WHERE event = 'partitions_dropped' ORDER BY id")
     assert [e[0]["day"] for e in events] == ["2026-01-05", "2026-01-06"]
     assert events[1][0]["ticks"] == 5 and events[1][0]["rows"]["planner_states"] == 5
+    assert events[1][0]["rows"]["arbitration_grants"] == 2
     assert _rows(database_url, "SELECT count(*) FROM audit_log")[0][0] == audit_before + 2
     with live.sessions.begin() as session:
         report = verify_chain(session)

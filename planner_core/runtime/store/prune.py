@@ -300,7 +300,7 @@ class DroppedDay:
 
     day: dt.date
     num_ticks: int
-    rows: dict[str, int]  # table -> rows (the tick tables, `ticks` included)
+    rows: dict[str, int]  # table -> rows (the tick tables, `ticks` included, and the day's arbitration rounds)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -325,6 +325,7 @@ def drop_partitions(
     `now - older_than_days`, oldest first, each day in its own transaction with a `partitions_dropped` audit
     event (the day, the cutoff, the ticks and rows per table it held).
 
+    The fleet's arbitration rounds of the day and their grants are deleted with the day (counted in the event).
     Never dropped: a day holding the newest tick of a deployment and loop, or the newest planner state of a
     deployment (the state the live planner starts its next tick from). `decisions`, `executions` and the audit log
     are not partitioned and keep every row (a decision's or audit row's `tick_id` may then name a dropped tick).
@@ -380,6 +381,7 @@ def _drop_day(
                     )
                     for table in partitions.TICK_TABLES
                 }
+                rows |= _arbitration_rows(session, day, delete=not dry_run)
                 dropped = DroppedDay(day=day, num_ticks=rows["ticks"], rows=rows)
                 if not dry_run:
                     session.execute(text("SELECT planner_drop_tick_partitions(CAST(:day AS date))"), {"day": day})
@@ -395,6 +397,32 @@ def _drop_day(
         return dropped
     summary.kept[day] = f"the tick tables stayed busy ({LOCK_ATTEMPTS} tries of {LOCK_TIMEOUT_MS} ms); try again"
     return None
+
+
+# A fleet's arbitration rounds of a day and their grants (one per member and round: 1.7 M rows a day at 100
+# members, 5 s rounds) go with the day's ticks; the decisions a grant capped stay, as every decision does.
+_ARBITRATION_OF_DAY = """
+WITH day_rounds AS (SELECT id FROM arbitration_rounds WHERE scheduled_at >= :start AND scheduled_at < :end),
+     grants AS ({grants}),
+     rounds AS ({rounds})
+SELECT (SELECT count(*) FROM rounds) AS arbitration_rounds, (SELECT count(*) FROM grants) AS arbitration_grants
+"""
+
+
+def _arbitration_rows(session: Session, day: dt.date, *, delete: bool) -> dict[str, int]:
+    """The arbitration rounds of `day` and their grants, counted, and deleted with `delete`."""
+    if delete:
+        grants = "DELETE FROM arbitration_grants WHERE round_id IN (SELECT id FROM day_rounds) RETURNING 1"
+        rounds = "DELETE FROM arbitration_rounds WHERE id IN (SELECT id FROM day_rounds) RETURNING 1"
+    else:
+        grants = "SELECT 1 FROM arbitration_grants WHERE round_id IN (SELECT id FROM day_rounds)"
+        rounds = "SELECT 1 FROM day_rounds"
+    # One statement: the grants' foreign key to their rounds (NO ACTION) is checked at its end, after both deletes.
+    row = session.execute(
+        text(_ARBITRATION_OF_DAY.format(grants=grants, rounds=rounds)),
+        {"start": _day_end(day) - dt.timedelta(days=1), "end": _day_end(day)},
+    ).one()
+    return {"arbitration_rounds": int(row.arbitration_rounds), "arbitration_grants": int(row.arbitration_grants)}
 
 
 def _day_end(day: dt.date) -> dt.datetime:

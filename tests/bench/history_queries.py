@@ -219,6 +219,15 @@ def report(conn: psycopg.Connection, params: dict, repeat: int, label: str) -> d
     return results
 
 
+def generate_history(conn: psycopg.Connection, days: dict[str, int]) -> None:
+    """Fill the (migrated) database with `days` of history per deployment (`GENERATE`), then VACUUM ANALYZE.
+    `conn` is in autocommit mode: the script runs in a transaction of its own, the vacuum outside one."""
+    params = {"t0": f"'{T0.isoformat()}'", **{f"{name}_days": d for name, d in days.items()}}
+    with conn.transaction():
+        conn.execute(GENERATE % params)  # one multi-statement script (simple protocol: no parameters)
+    conn.execute("VACUUM ANALYZE")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--database-url", default=None, help="a database to fill (default: a throw-away pgserver)")
@@ -248,10 +257,7 @@ def main() -> None:
         upgrade(url)
         started = time.perf_counter()
         with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
-            params = {"t0": f"'{T0.isoformat()}'", **{f"{name}_days": d for name, d in days.items()}}
-            with conn.transaction():
-                conn.execute(GENERATE % params)  # one multi-statement script (simple protocol: no parameters)
-            conn.execute("VACUUM ANALYZE")
+            generate_history(conn, days)
             print(f"generated in {time.perf_counter() - started:.1f} s:")
             for table in (
                 "ticks",

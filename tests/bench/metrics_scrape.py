@@ -27,7 +27,7 @@ from sqlalchemy import event
 from planner_core.runtime.metrics import load_metrics_snapshot
 from planner_core.runtime.store.db import get_engine, session_factory, to_libpq_uri, to_sqlalchemy_url
 from planner_core.runtime.store.migrate import upgrade
-from tests.bench.history_queries import GENERATE, T0
+from tests.bench.history_queries import generate_history
 
 
 def main() -> None:
@@ -56,10 +56,7 @@ def main() -> None:
         upgrade(url)
         started = time.perf_counter()
         with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
-            params = {"t0": f"'{T0.isoformat()}'", **{f"{name}_days": d for name, d in days.items()}}
-            with conn.transaction():
-                conn.execute(GENERATE % params)
-            conn.execute("VACUUM ANALYZE")
+            generate_history(conn, days)
             record["num_ticks"] = conn.execute("SELECT count(*) FROM ticks").fetchone()[0]
         print(f"generated {record['num_ticks']:,} ticks in {time.perf_counter() - started:.1f} s")
 

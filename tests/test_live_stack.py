@@ -1,9 +1,8 @@
 """The local connector against Dynamo's own runtime: its frontend and mocker engines (file discovery, no GPU).
 
 Under a minute on a 2-core machine, and part of `make test`, whose prerequisites build what it needs: the Dynamo
-environment (`make dynamo-env`) and the tiny model folder (`make live-model`). Run by plain `pytest` without them,
-it skips saying which is missing; under `make test` (PLANNER_LIVE_REQUIRED=1) a missing one fails it instead, so
-CI cannot pass without having run it.
+environment (`make dynamo-env`) and the tiny model folder (`make live-model`). Without them it fails, naming the
+make target that builds what is missing (never a silent skip: CI cannot pass without having run it).
 """
 
 from __future__ import annotations
@@ -40,17 +39,15 @@ R = LocalWorkerStatus.READY
 
 @pytest.fixture(autouse=True)
 def _live_environment() -> None:
-    """Skip, naming what is missing, when the Dynamo environment or the model folder is absent; fail instead under
-    `make test`, which builds both first (PLANNER_LIVE_REQUIRED=1)."""
+    """Fail, naming the make target, when the Dynamo environment or the model folder is absent (`make test` builds
+    both first)."""
     missing = []
     if find_dynamo_python() is None:
         missing.append("the Dynamo environment: run `make dynamo-env` (or set $DYNAMO_PYTHON)")
     if not (MODEL_DIR / "config.json").is_file():
         missing.append(f"the model folder {MODEL_DIR}: run `make live-model`")
-    if missing and os.environ.get("PLANNER_LIVE_REQUIRED"):
-        pytest.fail("PLANNER_LIVE_REQUIRED is set but this test needs " + "; ".join(missing))
     if missing:
-        pytest.skip("needs " + "; ".join(missing))
+        pytest.fail("this test needs " + "; ".join(missing))
 
 
 @pytest.fixture

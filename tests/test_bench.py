@@ -18,6 +18,7 @@ from planner_core.data import SERVEGEN_SHAPE
 from planner_core.lab.sim.bench import (
     DEFAULT_POLICIES,
     FixedPolicy,
+    OracleAheadPolicy,
     OraclePolicy,
     PlannerPolicy,
     UserPlannerConfig,
@@ -165,6 +166,53 @@ def test_unknown_policy_is_refused(profile_perf: ProfilePerfModel) -> None:
         build_policies(["magic"], {}, trace, profile_perf, FWD, SimSpec(), window_s=60)
     with pytest.raises(ValueError, match="fixed:P:D"):
         build_policies(["fixed:2"], {}, trace, profile_perf, FWD, SimSpec(), window_s=60)
+
+
+def test_oracle_ahead_asks_for_each_size_a_start_up_before_its_window_and_holds_through_short_dips() -> None:
+    """Windows of 180 s, start-up 120 s: the size of window k is asked for at 180 k - 120 s; a dip shorter than the
+    start-up is held through (the workers would not be back in time), a longer one is taken."""
+    sizes = [(1, 1), (3, 1), (1, 2), (1, 1), (1, 1), (2, 1)]
+    policy = OracleAheadPolicy(sizes=sizes, window_s=180.0, lead_s=120.0)
+    assert policy.interval_s == 60.0
+    assert policy.initial() == (1, 1)  # window 1 starts beyond the first start-up
+    assert [policy.decide(t, None) for t in (60.0, 120.0, 180.0, 240.0, 300.0, 360.0)] == [
+        (3, 1), (3, 1), (3, 1), (3, 2), (3, 2), (1, 2)  # window 1 (180 s) asked for at 60 s, window 2 (360 s) at 240 s
+    ]  # fmt: skip
+    assert [policy.decide(t, None) for t in (540.0, 600.0, 660.0, 900.0, 1200.0)] == [
+        (1, 1), (1, 1), (1, 1), (2, 1), (2, 1)  # window 5 (900 s) asked for at 780 s; the last size holds to the end
+    ]  # fmt: skip
+    assert policy.decide(780.0, None) == (2, 1)
+    # a dip of one window (180 s) under a 600 s start-up is held through
+    held = OracleAheadPolicy(sizes=[(3, 1), (1, 1), (3, 1)], window_s=180.0, lead_s=600.0)
+    assert {held.decide(t, None) for t in (0.0, 180.0, 300.0)} == {(3, 1)}
+    assert OracleAheadPolicy(sizes=sizes, window_s=180.0, lead_s=0.5).interval_s == 1.0
+
+
+SURGE = ((0.0, 300.0, 2.0), (300.0, 600.0, 30.0), (600.0, 900.0, 2.0))  # (start s, end s, requests per s)
+
+
+def test_oracle_ahead_meets_the_oracle_attainment_with_start_up_for_more_gpu_hours(
+    profile_perf: ProfilePerfModel,
+) -> None:
+    """The oracle's sizes asked for a start-up ahead serve the requests as the instant oracle does (each window has
+    its workers ready as it starts), and pay for the start-up: more GPU-hours, never fewer."""
+    rng = np.random.default_rng(5)  # 2 req/s, then 30 req/s of 6k-10k-token prompts for 300 s, then 2 req/s
+    spans = [np.sort(rng.uniform(start, end, int((end - start) * rate))) for start, end, rate in SURGE]
+    arrivals = np.concatenate(spans)
+    trace = make_trace(
+        arrivals.tolist(),
+        rng.integers(6000, 10000, len(arrivals)).tolist(),
+        rng.integers(20, 100, len(arrivals)).tolist(),
+    )
+    spec = SimSpec(startup_s=120.0)
+    base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 60}
+    policies = build_policies(["oracle", "oracle-ahead"], base, trace, profile_perf, FWD, spec, window_s=60)
+    ahead = policies[1]
+    assert isinstance(ahead, OracleAheadPolicy) and ahead.lead_s == 120.0
+    rows = {run.row.policy: run.row for run in run_bench(policies, trace, FWD, spec, ttft_ms=500, itl_ms=50)}
+    assert max(policies[0].sizes) > min(policies[0].sizes)  # the surge makes the oracle scale
+    assert rows["oracle-ahead"].sla_attainment >= rows["oracle"].sla_attainment - 0.005
+    assert rows["oracle-ahead"].gpu_hours > rows["oracle"].gpu_hours
 
 
 def test_fixed_policy_never_scales() -> None:

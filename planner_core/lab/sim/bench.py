@@ -117,6 +117,44 @@ class OraclePolicy:
 
 
 @dataclass(slots=True)
+class OracleAheadPolicy:
+    """The oracle's sizes under the bench's start-up time: what knowing the future is worth when workers take
+    `lead_s` to start. Each window's size is asked for `lead_s` before the window starts (its workers are ready as
+    it starts), and a pool shrinks at a window's start only to the largest size of the windows starting within
+    `lead_s` (a worker removed now would not be back in time for them; keeping it costs less than restarting it).
+    Starting workers cost GPU-seconds in the simulator as for every other policy, so its GPU-hours over the oracle's
+    are what the start-up time itself costs a policy that forecasts perfectly."""
+
+    sizes: Sequence[tuple[int, int]]  # the oracle's, per window, from the window starting at 0
+    window_s: float
+    lead_s: float  # the start-up time the bench runs with
+    name: str = "oracle-ahead"
+    startup_s: float | None = None  # the bench's
+
+    @property
+    def interval_s(self) -> float:
+        """Ticks at every window start and every window start less `lead_s`: their common divisor in whole
+        seconds (60 s for 180 s windows and 120 s or 600 s start-ups); 1 s when either is fractional."""
+        if float(self.window_s).is_integer() and float(self.lead_s).is_integer():
+            return float(math.gcd(int(self.window_s), int(self.lead_s)) or int(self.window_s))
+        return 1.0
+
+    def target(self, now_s: float) -> tuple[int, int]:
+        """Per pool, the largest size of the windows from the one holding `now_s` to the one starting by
+        `now_s + lead_s` (a worker asked for now is ready then)."""
+        first = int(math.floor(now_s / self.window_s + 1e-9))
+        last = int(math.floor((now_s + self.lead_s) / self.window_s + 1e-9))
+        ahead = self.sizes[min(first, len(self.sizes) - 1) : min(last, len(self.sizes) - 1) + 1]
+        return max(p for p, _ in ahead), max(d for _, d in ahead)
+
+    def initial(self) -> tuple[int, int]:
+        return self.target(0.0)
+
+    def decide(self, now_s: float, sim: ClusterSimulator) -> tuple[int, int]:  # noqa: ARG002
+        return self.target(now_s)
+
+
+@dataclass(slots=True)
 class PlannerPolicy:
     """The planner in the loop, ticking both loops on their intervals: a `Planner` built by `build_planner` (the
     one function served ticks, the demo and replay build theirs with), deciding through `Planner.decide` on what
@@ -362,11 +400,26 @@ def baseline_policies(
     window_s: float,
     settings: OracleSettings = OracleSettings(),  # noqa: B008 - frozen value
 ) -> list[ScalingPolicy]:
-    """The oracle (searched in the simulator), and static provisioning for its peak and for its mean, per pool."""
+    """The baselines (`baselines_from_windows`) on the oracle's windows searched in the simulator."""
     started = time.perf_counter()
     windows = oracle_windows(trace, fwd, spec, ttft_ms=ttft_ms, itl_ms=itl_ms, window_s=window_s, settings=settings)
-    search_s = time.perf_counter() - started
     floor = (0 if spec.aggregated else settings.min_prefill, settings.min_decode)
+    return baselines_from_windows(
+        windows, window_s=window_s, startup_s=spec.startup_s, floor=floor, search_s=time.perf_counter() - started
+    )
+
+
+def baselines_from_windows(
+    windows: Sequence[OracleWindow],
+    *,
+    window_s: float,
+    startup_s: float,
+    floor: tuple[int, int],
+    search_s: float,
+) -> list[ScalingPolicy]:
+    """The baselines of one oracle search, in `BASELINE_NAMES` order: static provisioning for the oracle's peak and
+    for its mean, per pool; the oracle; and the oracle's sizes asked for a start-up time ahead (`OracleAheadPolicy`).
+    `floor` stands in for the sizes when there is no window."""
     sizes = [(w.num_prefill, w.num_decode) for w in windows] or [floor]
     peak = (max(p for p, _ in sizes), max(d for _, d in sizes))
     mean = tuple(math.ceil(float(np.mean([size[i] for size in sizes])) - 1e-9) for i in (0, 1))
@@ -374,6 +427,7 @@ def baseline_policies(
         FixedPolicy(name="static-peak", num_prefill=peak[0], num_decode=peak[1]),
         FixedPolicy(name="static-mean", num_prefill=mean[0], num_decode=mean[1]),
         OraclePolicy(sizes=sizes, interval_s=window_s, windows=tuple(windows), search_s=search_s),
+        OracleAheadPolicy(sizes=sizes, window_s=window_s, lead_s=startup_s),
     ]
 
 
@@ -627,7 +681,7 @@ def trace_sizing(
     return rows
 
 
-BASELINE_NAMES = ("static-peak", "static-mean", "oracle")
+BASELINE_NAMES = ("static-peak", "static-mean", "oracle", "oracle-ahead")
 DEFAULT_POLICIES = (*BASELINE_NAMES, "threshold", "dynamo-0x", "dynamo-1x", RECOMMENDED_POLICY)
 # The same in aggregated mode, without the policies `agg_refusal` refuses.
 DEFAULT_AGG_POLICIES = tuple(name for name in DEFAULT_POLICIES if name != "dynamo-0x")

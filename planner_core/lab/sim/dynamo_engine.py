@@ -54,6 +54,7 @@ from planner_core.lab.sim.bench import (
     OraclePolicy,
     PolicyRun,
     ScalingPolicy,
+    baselines_from_windows,
     score,
 )
 from planner_core.lab.sim.des import SimResult, SimSpec, window_observation
@@ -675,13 +676,13 @@ def dynamo_bench(
                 for policy in built:
                     if hasattr(policy, "initial_size"):
                         policy.initial_size = sizes[0]  # type: ignore[attr-defined]
-            peak = (max(p for p, _ in sizes), max(d for _, d in sizes))
-            mean = tuple(math.ceil(float(np.mean([size[i] for size in sizes])) - 1e-9) for i in (0, 1))
             baselines: dict[str, ScalingPolicy] = {
-                "static-peak": FixedPolicy(name="static-peak", num_prefill=peak[0], num_decode=peak[1]),
-                "static-mean": FixedPolicy(name="static-mean", num_prefill=mean[0], num_decode=mean[1]),
-                "oracle": OraclePolicy(sizes=sizes, interval_s=window_s, windows=tuple(windows), search_s=search_s),
-            }
+                policy.name: policy
+                for policy in baselines_from_windows(
+                    windows, window_s=window_s, startup_s=spec.startup_s, search_s=search_s,
+                    floor=(settings.min_prefill, settings.min_decode),
+                )
+            }  # fmt: skip
             named = dict(zip(others, built[: len(others)], strict=True))
             policies = [baselines[n] if n in BASELINE_NAMES else named[n] for n in names]
             policies += built[len(others) :][:num_configs] if num_configs else []

@@ -70,11 +70,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         figure = bench_figure(list(outcome.runs), outcome.trace, ttft_ms=request.ttft_ms, itl_ms=request.itl_ms)
         figure.write_html(str(args.html), include_plotlyjs=True)
         if request.horizon_quantiles:  # the knob's frontier below the time panels
-            from planner_core.lab.sim.frontier import frontier_figure
+            import html
+
+            from planner_core.lab.sim.frontier import GOAL_TEXT, describe_startup_goal, frontier_figure, run_points
 
             frontier = frontier_figure(
                 list(outcome.runs), title=f"attainment vs GPU-hours, start-up {request.startup_s:g} s"
             ).to_html(full_html=False, include_plotlyjs=False)
+            lines = [f"start-up goal: {GOAL_TEXT}", *describe_startup_goal(run_points(list(outcome.runs)))]
+            frontier += "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>"
             page = args.html.read_text(encoding="utf-8")
             args.html.write_text(page.replace("</body>", frontier + "</body>", 1), encoding="utf-8")
     if not to_stdout:
@@ -159,6 +163,12 @@ def print_bench_table(outcome, request) -> None:  # noqa: ANN001 - BenchOutcome,
                 f"  TTFT {_pct(r.ttft_pred_err_p50)} / {_pct(r.ttft_pred_err_p90)}"
                 f"  TPOT {_pct(r.tpot_pred_err_p50)} / {_pct(r.tpot_pred_err_p90)}"
             )
+    if request.horizon_quantiles or any(run.row.policy == "oracle-ahead" for run in runs):
+        from planner_core.lab.sim.frontier import GOAL_TEXT, describe_startup_goal, run_points
+
+        print(f"  start-up goal: {GOAL_TEXT}")
+        for line in describe_startup_goal(run_points(runs)):
+            print(f"  {line}")
 
 
 def _pct(value: float | None) -> str:

@@ -305,9 +305,7 @@ def check_ingest_leg(
     stored = Counter(row[counter_at] for row in rows)
     extra = sum(1 for row in rows if not 0 <= row[counter_at] < num_sent)
     changed = sum(
-        1
-        for row in rows
-        if 0 <= row[counter_at] < num_sent and tuple(row) != expected_sample(seed, row[counter_at])
+        1 for row in rows if 0 <= row[counter_at] < num_sent and tuple(row) != expected_sample(seed, row[counter_at])
     )
     lost = [index for index in range(num_sent) if index not in stored]
     explained, unexplained = explain_losses(lost, sent_at_s, faults, reconnect_s=reconnect_s)

@@ -118,7 +118,11 @@ def test_the_startup_marker_renders_the_startup_folder_only(tmp_path: Path) -> N
         "date": "2026-01-02T03:04:05Z",
         "command": "planner bench --startup-s 600",
         "commit": "abc1234",
-        "rows": [_row("planner@q0.9", 0.97, 9.4, 1.6)],
+        "rows": [
+            _row("oracle", 0.995, 5.875, 1.0),
+            _row("planner", 0.93, 6.6, 1.12),
+            _row("planner@q0.9", 0.97, 9.4, 1.6),
+        ],
     }
     (tmp_path / "results" / "startup").mkdir(parents=True)
     (tmp_path / "results" / "startup" / "code-s600.json").write_text(json.dumps(record), encoding="utf-8")
@@ -127,6 +131,9 @@ def test_the_startup_marker_renders_the_startup_folder_only(tmp_path: Path) -> N
     main, startup = text.split("### code-s600", 1)[0], text
     assert main.startswith("No benchmark run has been recorded yet")
     assert "### code-s600" in startup and "| `planner@q0.9` | 97.0% |" in startup
+    # above the tables, one line per record: the goal on it and the knob's best
+    assert startup.split(hooks.BENCH_MARKER)[-1].count("goal not met: planner 93.0 % of attainable at 6.60 GPU-h") == 1
+    assert "knob: no setting reaches 99 %; the highest, q0.9: 97.0 % of attainable at 9.40 GPU-h (1.60x" in startup
 
 
 def test_profile_roundtrip_record_renders_its_tables(tmp_path):

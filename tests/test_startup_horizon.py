@@ -283,7 +283,7 @@ def test_bench_adds_the_recommended_policy_at_each_knob_setting_and_draws_its_fr
     else the recommended policy's; the frontier joins them in the knob's order."""
     from planner_core.lab.sim.bench import PlannerPolicy, build_policies, run_bench
     from planner_core.lab.sim.des import SimSpec
-    from planner_core.lab.sim.frontier import frontier_figure, knob_points
+    from planner_core.lab.sim.frontier import frontier_figure, knob_points, run_points
     from tests.test_bench import busy_trace
     from tests.test_sim_des import FWD
 
@@ -298,10 +298,55 @@ def test_bench_adds_the_recommended_policy_at_each_knob_setting_and_draws_its_fr
     assert quantiles == [0.0, 0.9, 0.0]  # the shipped policy keeps the knob off
     assert policies[1].config.throughput_decode_target_utilization == 0.7  # type: ignore[union-attr]
     runs = run_bench(policies, trace, FWD, SimSpec(), ttft_ms=500, itl_ms=50)
-    points = knob_points(runs)
-    assert [q for q, _, _ in points] == [0.0, 0.9]
+    points = knob_points(run_points(runs))
+    assert [q for q, _ in points] == [0.0, 0.9]
     by_name = {run.row.policy: run.row for run in runs}
-    assert points[1][1:] == (by_name["planner@q0.9"].gpu_hours, by_name["planner@q0.9"].sla_attainment)
+    row = by_name["planner@q0.9"]
+    assert (points[1][1].gpu_hours, points[1][1].of_attainable) == (row.gpu_hours, row.sla_attainment / row.attainable)
     figure = frontier_figure(runs, title="t")
     knob_line = next(trace for trace in figure.data if trace.mode == "lines+markers+text")
     assert list(knob_line.text) == ["q0", "q0.9"]
+
+
+def point(policy: str, gpu_hours: float, of_attainable: float):  # noqa: ANN201
+    from planner_core.lab.sim.frontier import FrontierPoint
+
+    return FrontierPoint(policy, gpu_hours, of_attainable)
+
+
+def test_knob_crossing_interpolates_between_the_settings_around_the_target() -> None:
+    from planner_core.lab.sim.frontier import knob_crossing
+
+    line = [point("planner@q0.9", 9.0, 0.995), point("planner@q0", 5.0, 0.95), point("planner@q0.5", 7.0, 0.98)]
+    crossing = knob_crossing([point("static-peak", 20.0, 1.0), *line])  # other policies are not on the line
+    assert (crossing.quantile_below, crossing.quantile_at) == (0.5, 0.9)
+    assert crossing.gpu_hours == pytest.approx(7.0 + (0.99 - 0.98) / (0.995 - 0.98) * 2.0)
+    first = knob_crossing([point("planner@q0", 5.0, 0.991), point("planner@q0.5", 7.0, 0.999)])
+    assert (first.quantile_below, first.quantile_at, first.gpu_hours) == (0.0, 0.0, 5.0)
+    assert knob_crossing([point("planner@q0", 5.0, 0.95), point("planner@q0.9", 9.0, 0.989)]) is None
+
+
+def test_start_up_goal_needs_the_attainment_the_cost_and_no_cheaper_better_competitor() -> None:
+    from planner_core.lab.sim.frontier import describe_startup_goal, frontier_points, startup_goal
+
+    def rows(planner: tuple[float, float], **others: tuple[float, float]) -> list[dict]:
+        table = {"oracle": (4.0, 0.995), "oracle-ahead": (4.4, 0.995), "planner": planner, **others}
+        return [
+            {"policy": name.replace("_", "-"), "gpu_hours": gh, "sla_attainment": share * 0.5, "attainable": 0.5}
+            for name, (gh, share) in table.items()
+        ]
+
+    met = startup_goal(frontier_points(rows((4.5, 0.992), static_mean=(5.0, 0.999))))
+    assert met.met is True and met.vs_oracle == pytest.approx(1.125) and met.cheaper_and_better == ()
+    assert met.shipped.of_attainable == pytest.approx(0.992)  # over the attainable half of the requests
+    assert startup_goal(frontier_points(rows((4.5, 0.985)))).met is False  # attainment
+    assert startup_goal(frontier_points(rows((4.7, 0.995)))).met is False  # 1.175x the oracle
+    beaten = startup_goal(frontier_points(rows((4.5, 0.992), static_mean=(4.4, 0.993))))
+    assert beaten.met is False and beaten.cheaper_and_better == ("static-mean",)
+    # the oracles and the knob's own settings are not competitors
+    assert startup_goal(frontier_points(rows((4.5, 0.992), **{"planner@q0.5": (4.4, 0.999)}))).met is True
+    unjudged = [row for row in rows((4.5, 0.992)) if row["policy"] != "oracle"]
+    assert startup_goal(frontier_points(unjudged)).met is None
+    lines = describe_startup_goal(frontier_points(rows((4.5, 0.992))))
+    assert lines[0] == "goal met: planner 99.2 % of attainable at 4.50 GPU-h (1.12x the oracle)"
+    assert lines[-1].startswith("oracle-ahead (the future known, the start-up paid): 99.5 %")

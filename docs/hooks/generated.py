@@ -11,8 +11,9 @@ Two markers in the Markdown sources are replaced while the site builds (nothing 
   (`planner bench --router NAME --record ...`): per scenario one table of every policy's SLA attainment and
   GPU-hours under each router, then each record's date, command, commit and, for router `slo`, what it could not
   place and its predictor's error.
-- `<!-- startup-records -->` (benchmarks.md): the same tables for the records of `docs/results/startup/` (the
-  matrix at other start-up times).
+- `<!-- startup-records -->` (benchmarks.md): the records of `docs/results/startup/` (the matrix at other start-up
+  times): first one line per record with the start-up goal, the knob's crossing of 99 % and the foresight
+  reference (`planner_core.lab.sim.frontier.describe_startup_goal`), then each record's table as above.
 - `<!-- profile-roundtrip -->` (perf-models.md): the record `planner profile --round-trip` wrote to
   `docs/results/profile/roundtrip.json`: per role the median and worst error of the measured profile against its
   source and against the mocker's own timing, the points, and `planner capacity` on both profiles.
@@ -79,7 +80,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str: 
         markdown = markdown.replace(ROUTER_MARKER, render_router_records(routers_dir))
     if STARTUP_MARKER in markdown:  # the start-up matrix (`--startup-s`): its own folder, the same tables
         startup_dir = Path(config["docs_dir"]) / "results" / "startup"
-        markdown = markdown.replace(STARTUP_MARKER, render_bench_records(startup_dir))
+        markdown = markdown.replace(STARTUP_MARKER, render_startup_records(startup_dir))
     if ENGINES_MARKER in markdown:
         results = Path(config["docs_dir"]) / "results"
         markdown = markdown.replace(ENGINES_MARKER, render_engine_comparison(results, results / DYNAMO_ENGINE_DIR))
@@ -236,6 +237,20 @@ def render_bench_records(results_dir: Path) -> str:
         )
     records.sort(key=lambda item: str(item[1].get("date", "")), reverse=True)
     return "\n\n".join(render_bench_record(name, record) for name, record in records) + "\n"
+
+
+def render_startup_records(results_dir: Path) -> str:
+    """Markdown: the start-up goal of every record in `results_dir`, by name, then `render_bench_records`."""
+    from planner_core.lab.sim.frontier import GOAL_TEXT, describe_startup_goal, frontier_points
+
+    records = sorted(_load_records(results_dir), key=lambda item: item[0])
+    lines = []
+    for name, record in records:
+        summary = describe_startup_goal(frontier_points(record.get("rows") or []))
+        lines.append(f"- **{name.removesuffix('.json')}** ({record.get('date') or 'undated'}, commit "
+                     f"`{record.get('commit') or 'not recorded'}`): " + "; ".join(summary))  # fmt: skip
+    goals = f"The start-up goal: {GOAL_TEXT}.\n\n" + "\n".join(lines) + "\n\n" if lines else ""
+    return goals + render_bench_records(results_dir)
 
 
 def render_engine_comparison(default_dir: Path, dynamo_dir: Path) -> str:

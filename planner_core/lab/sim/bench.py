@@ -8,6 +8,9 @@ Policies:
   prefill and decode workers with which that window's requests meet the SLA attainment target in the simulator
   itself (`planner_core.lab.sim.oracle`, where the search is defined exactly). Its GPU-hours are the lower bound the
   other policies are compared with.
+- `oracle-ahead`: the oracle's sizes under the bench's start-up time: each window's size asked for a start-up time
+  before the window, a pool kept through a dip shorter than a start-up (`OracleAheadPolicy`). What knowing the future
+  is worth when workers take minutes to start: the attainment and GPU-hours a forecasting policy can at best reach.
 - `static-peak` / `static-mean`: a fixed size: per pool, the largest / the time-mean (rounded up) of the oracle's
   per-window sizes, i.e. provisioning for the busiest window's actual need or for the average need.
 - `dynamo-1.6.1` / `dynamo-1.6.1-load`: Dynamo 1.6.1's own planner (throughput scaling, and throughput plus

@@ -186,6 +186,11 @@ def test_oracle_ahead_asks_for_each_size_a_start_up_before_its_window_and_holds_
     held = OracleAheadPolicy(sizes=[(3, 1), (1, 1), (3, 1)], window_s=180.0, lead_s=600.0)
     assert {held.decide(t, None) for t in (0.0, 180.0, 300.0)} == {(3, 1)}
     assert OracleAheadPolicy(sizes=sizes, window_s=180.0, lead_s=0.5).interval_s == 1.0
+    # capped at what the windows already over needed (the first window's size before any is over): window 1's 4
+    # prefill are never asked for ahead (nothing before needed 4); window 3's 3 prefill are (4 were needed), its 2
+    # decode are not (decode never needed more than 1)
+    seen = OracleAheadPolicy(sizes=[(2, 1), (4, 1), (1, 1), (3, 2)], window_s=180.0, lead_s=120.0, capped_at_seen=True)
+    assert [seen.decide(t, None) for t in (60.0, 180.0, 360.0, 420.0)] == [(2, 1), (2, 1), (1, 1), (3, 1)]
 
 
 SURGE = ((0.0, 300.0, 2.0), (300.0, 600.0, 30.0), (600.0, 900.0, 2.0))  # (start s, end s, requests per s)
@@ -206,13 +211,16 @@ def test_oracle_ahead_meets_the_oracle_attainment_with_start_up_for_more_gpu_hou
     )
     spec = SimSpec(startup_s=120.0)
     base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 60}
-    policies = build_policies(["oracle", "oracle-ahead"], base, trace, profile_perf, FWD, spec, window_s=60)
+    names = ["oracle", "oracle-ahead", "oracle-seen"]
+    policies = build_policies(names, base, trace, profile_perf, FWD, spec, window_s=60)
     ahead = policies[1]
     assert isinstance(ahead, OracleAheadPolicy) and ahead.lead_s == 120.0
     rows = {run.row.policy: run.row for run in run_bench(policies, trace, FWD, spec, ttft_ms=500, itl_ms=50)}
     assert max(policies[0].sizes) > min(policies[0].sizes)  # the surge makes the oracle scale
     assert rows["oracle-ahead"].sla_attainment >= rows["oracle"].sla_attainment - 0.005
     assert rows["oracle-ahead"].gpu_hours > rows["oracle"].gpu_hours
+    # the surge is larger than anything before it: capped at what was needed so far, it is met a window late
+    assert rows["oracle-seen"].sla_attainment < rows["oracle-ahead"].sla_attainment - 0.01
 
 
 def test_fixed_policy_never_scales() -> None:

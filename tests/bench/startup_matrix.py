@@ -2,9 +2,12 @@
 """Benchmark (not a test): the bench matrix at 120 s and 600 s start-up, as recorded in `docs/results/startup/`.
 
 Runs `planner bench` once per matrix row and start-up time, every policy of the default set (the baselines with the
-oracle's search, Dynamo-style presets, the recommended policy) and the recommended policy at each setting of its
-start-up horizon knob (`--horizon-quantiles`), and writes one record per run (`--record`, with its date, command and
-commit), which the docs render on "Benchmark results".
+oracle's search, Dynamo-style presets, the recommended policy), `oracle-seen`, and the recommended policy at each
+setting of its start-up horizon knob (`--horizon-quantiles`), and writes one record per run (`--record`, with its
+date, command and commit), which the docs render on "Benchmark results". The records name the commit as `git
+describe --dirty` sees it: run from a clean checkout (a worktree), where the records this run writes are the only
+change (mark them `git update-index --assume-unchanged docs/results/startup/*.json` first, or the later runs'
+commit reads `-dirty`).
 
     PYTHONPATH=$PWD .venv/bin/python tests/bench/startup_matrix.py --jobs 2
 
@@ -23,6 +26,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from planner_core.lab.sim.bench import DEFAULT_POLICIES
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRACES = REPO_ROOT / "planner_core" / "data" / "traces"
 # name: (trace file, rate scale, TTFT target ms, ITL target ms), the matrix of the README's benchmark table
@@ -36,6 +41,7 @@ MATRIX = {
 }
 STARTUPS_S = (120, 600)
 HORIZON_QUANTILES = "0,0.5,0.75,0.9,0.95"
+POLICIES = ",".join([*DEFAULT_POLICIES, "oracle-seen"])
 
 
 def bench_command(row: str, startup_s: int, out_dir: Path, html_dir: Path | None) -> list[str]:
@@ -45,7 +51,7 @@ def bench_command(row: str, startup_s: int, out_dir: Path, html_dir: Path | None
         sys.executable, "-m", "planner_cli", "bench",
         "--trace", str((TRACES / trace).relative_to(REPO_ROOT)), "--rate-scale", str(rate_scale),
         "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--startup-s", str(startup_s),
-        "--horizon-quantiles", HORIZON_QUANTILES, "--record", os.path.relpath(out_dir / f"{name}.json", REPO_ROOT),
+        "--policies", POLICIES, "--horizon-quantiles", HORIZON_QUANTILES, "--record", os.path.relpath(out_dir / f"{name}.json", REPO_ROOT),
     ]  # fmt: skip
     if html_dir is not None:
         command += ["--html", os.path.relpath(html_dir / f"{name}.html", REPO_ROOT)]

@@ -51,7 +51,8 @@ def bench_command(row: str, startup_s: int, out_dir: Path, html_dir: Path | None
         sys.executable, "-m", "planner_cli", "bench",
         "--trace", str((TRACES / trace).relative_to(REPO_ROOT)), "--rate-scale", str(rate_scale),
         "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--startup-s", str(startup_s),
-        "--policies", POLICIES, "--horizon-quantiles", HORIZON_QUANTILES, "--record", os.path.relpath(out_dir / f"{name}.json", REPO_ROOT),
+        "--policies", POLICIES, "--horizon-quantiles", HORIZON_QUANTILES,
+        "--record", os.path.relpath(out_dir / f"{name}.json", REPO_ROOT),
     ]  # fmt: skip
     if html_dir is not None:
         command += ["--html", os.path.relpath(html_dir / f"{name}.html", REPO_ROOT)]

@@ -163,9 +163,9 @@ def print_bench_table(outcome, request) -> None:  # noqa: ANN001 - BenchOutcome,
                 f"  TTFT {_pct(r.ttft_pred_err_p50)} / {_pct(r.ttft_pred_err_p90)}"
                 f"  TPOT {_pct(r.tpot_pred_err_p50)} / {_pct(r.tpot_pred_err_p90)}"
             )
-    if request.horizon_quantiles or any(run.row.policy in ("oracle-ahead", "oracle-seen") for run in runs):
-        from planner_core.lab.sim.frontier import GOAL_TEXT, describe_startup_goal, run_points
+    from planner_core.lab.sim.frontier import FORESIGHT, GOAL_TEXT, describe_startup_goal, run_points
 
+    if request.horizon_quantiles or any(run.row.policy in FORESIGHT for run in runs):
         print(f"  start-up goal: {GOAL_TEXT}")
         for line in describe_startup_goal(run_points(runs)):
             print(f"  {line}")

@@ -671,11 +671,6 @@ def dynamo_bench(
                     bracket=bracket() if bracket is not None else None, attainable_mask=attainable_mask,
                 )  # fmt: skip
             search_s = time.perf_counter() - started
-            sizes = [(w.num_prefill, w.num_decode) for w in windows] or [(settings.min_prefill, settings.min_decode)]
-            if initial == "oracle":
-                for policy in built:
-                    if hasattr(policy, "initial_size"):
-                        policy.initial_size = sizes[0]  # type: ignore[attr-defined]
             baselines: dict[str, ScalingPolicy] = {
                 policy.name: policy
                 for policy in baselines_from_windows(
@@ -683,6 +678,10 @@ def dynamo_bench(
                     floor=(settings.min_prefill, settings.min_decode),
                 )
             }  # fmt: skip
+            if initial == "oracle":
+                for policy in built:
+                    if hasattr(policy, "initial_size"):
+                        policy.initial_size = baselines["oracle"].initial()  # type: ignore[attr-defined]
             named = dict(zip(others, built[: len(others)], strict=True))
             policies = [baselines[n] if n in BASELINE_NAMES else named[n] for n in names]
             policies += built[len(others) :][:num_configs] if num_configs else []

@@ -19,6 +19,7 @@ already needed) are references, not competitors: they know the trace.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,12 @@ KNOB_NAME = re.compile(r"^planner@q(?P<quantile>[0-9.eE+-]+)$")
 TARGET_ATTAINMENT = 0.99  # of the attainable requests
 MAX_VS_ORACLE = 1.15  # GPU-hours over the oracle's
 SHIPPED_POLICY = "planner"
-REFERENCES = ("oracle", "oracle-ahead", "oracle-seen")  # know the trace: never a cheaper and better competitor
+# the foresight references, with what each one is in a report
+FORESIGHT = {
+    "oracle-ahead": "the future known, the start-up paid",
+    "oracle-seen": "the same, never above the sizes already needed",
+}
+REFERENCES = ("oracle", *FORESIGHT)  # know the trace: never a cheaper and better competitor
 TARGET_TEXT = f"{100.0 * TARGET_ATTAINMENT:g} %"
 GOAL_TEXT = (
     f"the recommended policy ({SHIPPED_POLICY}) serves >= {TARGET_TEXT} of the attainable requests within both "
@@ -80,11 +86,11 @@ def frontier_points(rows: Iterable[Mapping[str, Any]]) -> list[FrontierPoint]:
 
 def run_points(runs: Sequence[PolicyRun]) -> list[FrontierPoint]:
     """`frontier_points` of a bench's runs."""
-    return frontier_points(
-        {"policy": r.row.policy, "gpu_hours": r.row.gpu_hours, "sla_attainment": r.row.sla_attainment,
-         "attainable": r.row.attainable}
-        for r in runs
-    )  # fmt: skip
+    return frontier_points(dataclasses.asdict(run.row) for run in runs)
+
+
+def _named(points: Sequence[FrontierPoint], policy: str) -> FrontierPoint | None:
+    return next((p for p in points if p.policy == policy), None)
 
 
 def knob_points(points: Sequence[FrontierPoint]) -> list[tuple[float, FrontierPoint]]:
@@ -111,8 +117,7 @@ def knob_crossing(points: Sequence[FrontierPoint], target: float = TARGET_ATTAIN
 
 def startup_goal(points: Sequence[FrontierPoint]) -> StartupGoal:
     """The goal (module docstring) on one run's points."""
-    shipped = next((p for p in points if p.policy == SHIPPED_POLICY), None)
-    oracle = next((p for p in points if p.policy == "oracle"), None)
+    shipped, oracle = _named(points, SHIPPED_POLICY), _named(points, "oracle")
     if shipped is None:
         return StartupGoal(shipped=None, vs_oracle=None, cheaper_and_better=(), met=None)
     competitors = [
@@ -132,38 +137,37 @@ def describe_startup_goal(points: Sequence[FrontierPoint]) -> list[str]:
     """Lines for a report: the goal (`GOAL_TEXT`) on this run, the knob's crossing of the target, and the foresight
     reference."""
     goal = startup_goal(points)
-    oracle = next((p for p in points if p.policy == "oracle"), None)
+    oracle = _named(points, "oracle")
+
+    def gpu_hours_text(gpu_hours: float) -> str:
+        ratio = f" ({gpu_hours / oracle.gpu_hours:.2f}x the oracle)" if oracle and oracle.gpu_hours > 0 else ""
+        return f"{gpu_hours:.2f} GPU-h{ratio}"
 
     def at(point: FrontierPoint) -> str:
-        ratio = f" ({point.gpu_hours / oracle.gpu_hours:.2f}x the oracle)" if oracle and oracle.gpu_hours > 0 else ""
-        return f"{100.0 * point.of_attainable:.1f} % of attainable at {point.gpu_hours:.2f} GPU-h{ratio}"
+        return f"{100.0 * point.of_attainable:.1f} % of attainable at {gpu_hours_text(point.gpu_hours)}"
 
     lines = []
     if goal.shipped is not None:
         verdict = {True: "met", False: "not met", None: "not judged (no oracle in the run)"}[goal.met]
         others = f"; cheaper and better: {', '.join(goal.cheaper_and_better)}" if goal.cheaper_and_better else ""
         lines.append(f"goal {verdict}: {SHIPPED_POLICY} {at(goal.shipped)}{others}")
-    if knob_points(points):
+    line = knob_points(points)
+    if line:
         crossing = knob_crossing(points)
         if crossing is None:
-            best_q, best = max(knob_points(points), key=lambda item: (item[1].of_attainable, -item[1].gpu_hours))
+            best_q, best = max(line, key=lambda item: (item[1].of_attainable, -item[1].gpu_hours))
             lines.append(f"knob: no setting reaches {TARGET_TEXT}; the highest, q{best_q:g}: {at(best)}")
         else:
-            ratio = (
-                f" ({crossing.gpu_hours / oracle.gpu_hours:.2f}x the oracle)" if oracle and oracle.gpu_hours > 0 else ""
-            )
             where = (
                 f"at q{crossing.quantile_at:g}"
                 if crossing.quantile_below == crossing.quantile_at
                 else f"between q{crossing.quantile_below:g} and q{crossing.quantile_at:g}"
             )
-            lines.append(f"knob: reaches {TARGET_TEXT} {where}, at about {crossing.gpu_hours:.2f} GPU-h{ratio}")
-    ahead = next((p for p in points if p.policy == "oracle-ahead"), None)
-    if ahead is not None:
-        lines.append(f"oracle-ahead (the future known, the start-up paid): {at(ahead)}")
-    seen = next((p for p in points if p.policy == "oracle-seen"), None)
-    if seen is not None:
-        lines.append(f"oracle-seen (the same, never above the sizes already needed): {at(seen)}")
+            lines.append(f"knob: reaches {TARGET_TEXT} {where}, at about {gpu_hours_text(crossing.gpu_hours)}")
+    for name, what in FORESIGHT.items():
+        reference = _named(points, name)
+        if reference is not None:
+            lines.append(f"{name} ({what}): {at(reference)}")
     return lines
 
 

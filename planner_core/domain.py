@@ -171,7 +171,7 @@ class ReasonCode(enum.StrEnum):
     HORIZON_HEADROOM = "horizon_headroom"  # need raised by the learned quantile of horizon shortfalls (engines)
     HORIZON_NO_HISTORY = "horizon_no_history"  # no horizon has closed yet: the forecast alone
     HORIZON_SHORT_HISTORY = "horizon_short_history"  # too few closed horizons for the quantile: their largest ratio
-    STARTUP_MEASURED = "startup_measured"  # the pool's start-up time from its own scale-ups (acknowledged -> ready)
+    STARTUP_MEASURED = "startup_measured"  # the pool's start-up time from its own scale-ups (decided -> ready)
     STARTUP_CONFIGURED = "startup_configured"  # no scale-up of the pool completed yet: the configured start-up
     # family: NEXT_REQUEST (SLA load loop: where the "next request" of every estimate comes from)
     NEXT_REQUEST_ENGINE_AVERAGE = "next_request_engine_average"  # the engines' moving averages (Dynamo's)
@@ -539,6 +539,10 @@ class TickInputs:
     # next arbitration as the member's claim); it never forces a pool below its expected count. None: no fleet
     # budget, or no round has granted this deployment anything yet.
     gpu_ceiling: int | None = None
+    # The decisions the execution flow applied since the oldest scale-up the planner waits to see ready, oldest
+    # first (ours: what splits a measured start-up into the connector's acknowledgement and the engines' own
+    # start). Empty where targets apply within the deciding tick (the benchmark's simulator).
+    applied: tuple[AppliedTargets, ...] = ()
 
     def unplaced_for(self, component: Component) -> UnplacedRequests | None:
         """The unplaced-request report of `component`'s pool, if any."""
@@ -987,25 +991,44 @@ class SizedNeed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AppliedTargets:
+    """A decision the execution flow applied through the connector (the connector acknowledged it) at `at_s`
+    (epoch s): its pool targets, None for a pool it left alone."""
+
+    at_s: float
+    num_prefill: int | None = None
+    num_decode: int | None = None
+
+    def target(self, component: Component) -> int | None:
+        """The decision's target for `component`'s pool, or None."""
+        return self.num_prefill if component is Component.PREFILL else self.num_decode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PendingScaleUp:
     """A pool's scale-up the planner decided and is waiting to see ready (for the measured start-up time).
 
-    `at_s` is the tick that raised the pool's target to `target` engines: the connector acknowledges a target in
-    the tick that decides it, so the start-up runs from there until a tick sees `target` engines ready."""
+    `at_s` is the tick that raised the pool's target to `target` engines; `applied_at_s` when the execution flow
+    applied a decision with at least that target through the connector (its acknowledgement), once a tick's
+    `TickInputs.applied` has shown it. The start-up runs from `at_s` until a tick sees `target` engines ready."""
 
     component: Component
     at_s: float
     target: int
+    applied_at_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StartupSample:
     """One completed scale-up: `startup_s` from the tick that raised the target to the first tick that saw the new
-    engines ready (an upper bound, to within one tick interval), observed at `at_s`."""
+    engines ready (an upper bound, to within one tick interval), observed at `at_s`; `apply_s`, of that time, from
+    the raising tick to the connector's acknowledgement of the target (None where no acknowledgement was seen: the
+    connector applied it within the deciding tick)."""
 
     component: Component
     at_s: float
     startup_s: float
+    apply_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1354,6 +1377,7 @@ _DATACLASSES: dict[str, type] = {
         PipelineState,
         ThresholdPlannerState,
         SizedNeed,
+        AppliedTargets,
         PendingScaleUp,
         StartupSample,
         StartupState,

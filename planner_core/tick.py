@@ -99,7 +99,12 @@ def tick(
                 if value is not None
             }
         startup = track_startups(
-            result.next_state.startup, inputs.now_s, inputs.workers, targets, managed_components(config.mode)
+            result.next_state.startup,
+            inputs.now_s,
+            inputs.workers,
+            targets,
+            managed_components(config.mode),
+            applied=inputs.applied,
         )
         result = dataclasses.replace(result, next_state=dataclasses.replace(result.next_state, startup=startup))
     return result

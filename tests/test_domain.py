@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from planner_core import domain
 from planner_core.domain import (
+    AppliedTargets,
     ArimaFit,
     ArimaSearch,
     ArimaState,
@@ -146,6 +147,9 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         num_waiting=counts,
         num_unplaced=counts,
         num_rejected=counts,
+    )
+    applied_targets = st.builds(
+        AppliedTargets, at_s=floats, num_prefill=st.none() | counts, num_decode=st.none() | counts
     )
     prediction = st.builds(
         Prediction,
@@ -294,6 +298,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         fpm=st.lists(fpm, max_size=3).map(tuple),
         unplaced=st.lists(unplaced, max_size=2).map(tuple),
         remote=st.lists(remote_answer, max_size=2).map(tuple),
+        applied=st.lists(applied_targets, max_size=2).map(tuple),
     )
     pipeline_state = st.builds(PipelineState, plugins=st.lists(plugin_schedule, max_size=3).map(tuple))
     threshold_planner = st.builds(
@@ -306,8 +311,12 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         decode_grace_intervals_left=counts,
     )
     sized_need = st.builds(SizedNeed, at_s=floats, num_prefill=counts, num_decode=counts)
-    pending_scale_up = st.builds(PendingScaleUp, component=st.sampled_from(Component), at_s=floats, target=counts)
-    startup_sample = st.builds(StartupSample, component=st.sampled_from(Component), at_s=floats, startup_s=floats)
+    pending_scale_up = st.builds(
+        PendingScaleUp, component=st.sampled_from(Component), at_s=floats, target=counts, applied_at_s=opt_floats
+    )
+    startup_sample = st.builds(
+        StartupSample, component=st.sampled_from(Component), at_s=floats, startup_s=floats, apply_s=opt_floats
+    )
     startup = st.builds(
         StartupState,
         pending=st.lists(pending_scale_up, max_size=2).map(tuple),
@@ -375,6 +384,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         EngineLimits: engine_limits,
         TickInputs: inputs,
         UnplacedRequests: unplaced,
+        AppliedTargets: applied_targets,
         Prediction: prediction,
         KalmanState: kalman,
         ArimaFit: arima_fit,

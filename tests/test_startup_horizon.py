@@ -9,6 +9,7 @@ import json
 import pytest
 
 from planner_core.domain import (
+    AppliedTargets,
     Component,
     HorizonWindow,
     PendingScaleUp,
@@ -65,6 +66,25 @@ def test_each_raise_over_one_in_flight_is_timed_from_its_own_tick() -> None:
     state = track_startups(state, 180.0, workers(4, 1, ready=(2, 1)), {}, BOTH)
     state = track_startups(state, 300.0, workers(4, 1), {}, BOTH)
     assert [s.startup_s for s in state.samples] == [120.0, 180.0]
+
+
+def test_the_acknowledgement_splits_a_start_up_into_applying_and_the_engines_start() -> None:
+    """Prefill raised 1 -> 3 at 60 s. Applied decisions listed by the next ticks: one from before the raise (30 s)
+    and one with a smaller target (70 s) do not start these engines; the one at 75 s does, though the tick at
+    120 s does not list it yet (the execution flow ran late): ready at 180 s, 120 s of which 15 s to apply."""
+    earlier = AppliedTargets(at_s=30.0, num_prefill=3)
+    smaller = AppliedTargets(at_s=70.0, num_prefill=2, num_decode=1)
+    applying = AppliedTargets(at_s=75.0, num_prefill=3, num_decode=1)
+    state = track_startups(StartupState(), 60.0, workers(1, 1), {Component.PREFILL: 3}, BOTH)
+    state = track_startups(state, 120.0, workers(3, 1, ready=(1, 1)), {}, BOTH, applied=(earlier, smaller))
+    assert state.pending[0].applied_at_s is None
+    state = track_startups(state, 150.0, workers(3, 1, ready=(1, 1)), {}, BOTH, applied=(applying, smaller))
+    assert state.pending[0].applied_at_s == 75.0
+    state = track_startups(state, 180.0, workers(3, 1), {}, BOTH, applied=(AppliedTargets(at_s=170.0, num_prefill=9),))
+    assert state.samples == (StartupSample(component=Component.PREFILL, at_s=180.0, startup_s=120.0, apply_s=15.0),)
+    value, step = pool_startup_s(state, Component.PREFILL, 600.0)
+    assert value == 120.0  # counted from the decision: the horizon a decision looks over includes the applying
+    assert "acknowledgement: median 15 s of 1" in step.detail
 
 
 def test_the_pool_start_up_is_the_median_of_its_last_samples_else_the_configured_one() -> None:

@@ -6,10 +6,13 @@ ready, the traffic has moved on by a start-up time. Two pieces of planner state 
 decision stays a pure function of the inputs and the state (replay is exact):
 
 - **Measured start-up per pool** (`StartupState`): when a tick raises a pool's target, the scale-up is pending
-  from that tick (the connector acknowledges a target in the tick that decides it); the first later tick whose
-  inputs show the target's engines ready closes it as one sample (an upper bound, to within one tick interval). A
-  target lowered below the pending one cancels it (no sample). A pool's start-up is the median of its last
-  `STARTUP_SAMPLES_KEPT` samples, or the configured `throughput_startup_seconds` while it has none.
+  from that tick; the first later tick whose inputs show the target's engines ready closes it as one sample (an
+  upper bound, to within one tick interval). In between, the ticks' `TickInputs.applied` show when the execution
+  flow applied a decision with at least that target through the connector (its acknowledgement), which splits the
+  sample into the time to apply and the engines' own start. A target lowered below the pending one cancels it (no
+  sample). A pool's start-up is the median of its last `STARTUP_SAMPLES_KEPT` samples, or the configured
+  `throughput_startup_seconds` while it has none. It is counted from the decision, not from the acknowledgement:
+  engines asked for by a tick serve only after both, so both belong to the horizon that tick must look over.
 - **Learned horizon headroom** (`horizon_windows`): every throughput tick keeps, per pool and in engines before
   rounding up, the need it planned (the forecast's mean-rate need and prompt-burst need) and the need the window
   just observed had (the same sizing on the observed rate and arrival curve). Once the `k = ceil((start-up +
@@ -27,11 +30,13 @@ decision stays a pure function of the inputs and the state (replay is exact):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
 
 from planner_core.domain import (
+    AppliedTargets,
     Component,
     HorizonWindow,
     PendingScaleUp,
@@ -53,10 +58,12 @@ def track_startups(
     workers: WorkerCounts,
     targets: dict[Component, int],
     components: Sequence[Component],
+    applied: Sequence[AppliedTargets] = (),
 ) -> StartupState:
-    """The start-up state after one tick: pending scale-ups that the inputs show ready become samples, ones whose
-    target was lowered below them are dropped, and each pool whose new target (`targets`, this tick's decision)
-    rises above its current expected count becomes pending from `now_s`.
+    """The start-up state after one tick: pending scale-ups learn when their target was applied (`applied`), those
+    the inputs show ready become samples, ones whose target was lowered below them are dropped, and each pool whose
+    new target (`targets`, this tick's decision) rises above its current expected count becomes pending from
+    `now_s`.
 
     Args:
         startup: the state before the tick.
@@ -64,13 +71,20 @@ def track_startups(
         workers: ready and expected workers the tick observed.
         targets: the pools' targets this tick decided (a pool absent: no target set).
         components: the pools this planner manages.
+        applied: the decisions the connector applied, as the tick's inputs list them (`TickInputs.applied`).
     """
     pending: list[PendingScaleUp] = []
     samples = list(startup.samples)
-    for scale_up in startup.pending:
+    for scale_up in (acknowledged(s, applied) for s in startup.pending):
         if workers.ready(scale_up.component) >= scale_up.target:
+            apply_s = None if scale_up.applied_at_s is None else max(0.0, scale_up.applied_at_s - scale_up.at_s)
             samples.append(
-                StartupSample(component=scale_up.component, at_s=now_s, startup_s=max(0.0, now_s - scale_up.at_s))
+                StartupSample(
+                    component=scale_up.component,
+                    at_s=now_s,
+                    startup_s=max(0.0, now_s - scale_up.at_s),
+                    apply_s=apply_s,
+                )
             )
         elif workers.expected(scale_up.component) >= scale_up.target:
             pending.append(scale_up)  # still starting
@@ -91,17 +105,39 @@ def track_startups(
     return StartupState(pending=tuple(pending), samples=tuple(kept))
 
 
+def acknowledged(scale_up: PendingScaleUp, applied: Sequence[AppliedTargets]) -> PendingScaleUp:
+    """The scale-up with `applied_at_s` set from the first decision applied at or after the raising tick whose
+    target for the pool is at least the scale-up's (an earlier decision, or a smaller target, does not start these
+    engines); unchanged when it already has one or no such decision is listed."""
+    if scale_up.applied_at_s is not None:
+        return scale_up
+    for decision in sorted(applied, key=lambda d: d.at_s):
+        target = decision.target(scale_up.component)
+        if decision.at_s >= scale_up.at_s and target is not None and target >= scale_up.target:
+            return dataclasses.replace(scale_up, applied_at_s=decision.at_s)
+    return scale_up
+
+
 def pool_startup_s(startup: StartupState, component: Component, configured_s: float) -> tuple[float, StepRecord]:
     """The pool's start-up time (s): the median of its measured samples, else the configured one; with its step."""
-    measured = [s.startup_s for s in startup.samples if s.component is component]
-    if measured:
+    own = [s for s in startup.samples if s.component is component]
+    if own:
+        measured = [s.startup_s for s in own]
         value = float(statistics.median(measured))
+        detail = f"median of the last {len(measured)} scale-ups: {', '.join(f'{s:g}' for s in measured)} s"
+        applying = [s.apply_s for s in own if s.apply_s is not None]
+        if applying:
+            apply_s = float(statistics.median(applying))
+            detail += (
+                f" from the decision to ready; of which to the connector's acknowledgement: median {apply_s:g} s of"
+                f" {len(applying)}, the engines' own start the rest"
+            )
         return value, StepRecord(
             step=StepName.STARTUP,
             component=component,
             value=value,
             reason=ReasonCode.STARTUP_MEASURED,
-            detail=f"median of the last {len(measured)} scale-ups: {', '.join(f'{s:g}' for s in measured)} s",
+            detail=detail,
         )
     return configured_s, StepRecord(
         step=StepName.STARTUP,

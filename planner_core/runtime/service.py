@@ -35,7 +35,15 @@ from planner_core.config import (
     resolve_config_relative,
 )
 from planner_core.data import DEFAULT_CONFIG
-from planner_core.domain import Loop, PlannerState, TickInputs, TickOutcome, TrafficObservation, WorkerCounts
+from planner_core.domain import (
+    AppliedTargets,
+    Loop,
+    PlannerState,
+    TickInputs,
+    TickOutcome,
+    TrafficObservation,
+    WorkerCounts,
+)
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.pipeline import PluginLoadError
 from planner_core.planner import Planner, build_planner
@@ -321,6 +329,11 @@ def run_tick(
         if loop is Loop.LOAD:
             since = scheduled_at - dt.timedelta(seconds=fpm_max_age_s(ctx.config))
             fpm = latest_fpm(session, deployment_id, since, until=scheduled_at)
+        # the previous tick is normally today's or yesterday's: read those partitions first (store/repository.py)
+        since = partition_start(scheduled_at) - dt.timedelta(days=1)
+        previous_tick_id, state = repo.latest_state(session, deployment_id, since=since, memo=ctx.memo)
+        if previous_tick_id is None and ctx.warmup_trace is not None:
+            state = _warm_started(session, deployment_id, ctx)
         inputs = TickInputs(
             now_s=scheduled_at.timestamp(),
             loop=loop,
@@ -328,12 +341,8 @@ def run_tick(
             traffic=traffic,
             fpm=fpm,
             gpu_ceiling=gpu_ceiling,
+            applied=_applied_since_pending(session, deployment_id, state, scheduled_at),
         )
-        # the previous tick is normally today's or yesterday's: read those partitions first (store/repository.py)
-        since = partition_start(scheduled_at) - dt.timedelta(days=1)
-        previous_tick_id, state = repo.latest_state(session, deployment_id, since=since, memo=ctx.memo)
-        if previous_tick_id is None and ctx.warmup_trace is not None:
-            state = _warm_started(session, deployment_id, ctx)
         take_remote_answers(ctx.planner)  # nothing left over from a tick that failed before being recorded
         started = time.perf_counter()
         # The monotonic clock only enforces plugin timeouts and the tick deadline; the tick's time is `now_s`.
@@ -370,6 +379,16 @@ def run_tick(
                 detail = {"loop": loop.value, "problem": problem}
                 repo.audit(session, event, detail, deployment_id=deployment_id, tick_id=tick_id)
     return TickResult(tick_id=tick_id, outcome=outcome, inputs=inputs)
+
+
+def _applied_since_pending(
+    session: Session, deployment_id: int, state: PlannerState, scheduled_at: dt.datetime
+) -> tuple[AppliedTargets, ...]:
+    """The decisions applied since the oldest scale-up the state waits to see ready (none pending: nothing)."""
+    if not state.startup.pending:
+        return ()
+    oldest_s = min(scale_up.at_s for scale_up in state.startup.pending)
+    return repo.applied_decisions(session, deployment_id, repo.epoch_to_datetime(oldest_s), scheduled_at)
 
 
 def _warm_started(session: Session, deployment_id: int, ctx: PlannerContext) -> PlannerState:

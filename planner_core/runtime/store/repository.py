@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from planner_core.config import ConfigError, PlannerConfig, config_hash, parse_config
 from planner_core.domain import (
     PROMPT_ARRIVAL_INTERVALS_S,
+    AppliedTargets,
     Component,
     Loop,
     PlannerState,
@@ -34,6 +35,8 @@ from planner_core.runtime.store.models import (
     DecisionRow,
     DecisionStatus,
     Deployment,
+    ExecutionOutcome,
+    ExecutionRow,
     PlannerConfigRow,
     Tick,
 )
@@ -631,6 +634,30 @@ def pending_decisions_of(session: Session, deployment_ids: Sequence[int]) -> dic
     ):
         pending.setdefault(row.deployment_id, []).append(row)
     return pending
+
+
+def applied_decisions(
+    session: Session, deployment_id: int, since: dt.datetime, until: dt.datetime
+) -> tuple[AppliedTargets, ...]:
+    """The deployment's decisions the execution flow applied through its connector in `[since, until]`, oldest
+    first, each at its first applying attempt (`TickInputs.applied`)."""
+    applied_at = func.min(ExecutionRow.executed_at)
+    rows = session.execute(
+        select(applied_at, DecisionRow.target_prefill, DecisionRow.target_decode)
+        .join(DecisionRow, DecisionRow.id == ExecutionRow.decision_id)
+        .where(
+            DecisionRow.deployment_id == deployment_id,
+            ExecutionRow.outcome == ExecutionOutcome.APPLIED.value,
+            ExecutionRow.executed_at >= since,
+            ExecutionRow.executed_at <= until,
+        )
+        .group_by(DecisionRow.id, DecisionRow.target_prefill, DecisionRow.target_decode)
+        .order_by(applied_at, DecisionRow.id)
+    )
+    return tuple(
+        AppliedTargets(at_s=datetime_to_epoch(at), num_prefill=prefill, num_decode=decode)
+        for at, prefill, decode in rows
+    )
 
 
 def query_rows(session: Session, sql: str, **params: Any) -> list[dict[str, Any]]:

@@ -219,10 +219,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--policies",
         default=None,
-        help="comma-separated: static-peak, static-mean, oracle, threshold, dynamo-0x, dynamo-1x, planner, fixed:P:D, "
-        "dynamo-1.6.1, dynamo-1.6.1-load (Dynamo's own planner; needs `make dynamo-env` or --dynamo-python). Default: "
-        "static-peak,static-mean,oracle,threshold,dynamo-0x,dynamo-1x,planner; with --mode agg the same without "
-        "dynamo-0x, and fixed:N (N aggregated engines)",
+        help="comma-separated: static-peak, static-mean, oracle, oracle-ahead, oracle-seen, oracle-peak (the oracle "
+        "under the start-up time: knowing the future; never above the sizes already needed; holding the largest "
+        "burst's engines until it comes), threshold, dynamo-0x, dynamo-1x, planner, fixed:P:D, dynamo-1.6.1, "
+        "dynamo-1.6.1-load (Dynamo's own planner; needs `make dynamo-env` or --dynamo-python). Default: "
+        "static-peak,static-mean,oracle,oracle-ahead,threshold,dynamo-0x,dynamo-1x,planner; with --mode agg the same "
+        "without dynamo-0x, and fixed:N (N aggregated engines)",
     )
     bench.add_argument(
         "--mode", choices=("disagg", "agg"), default="disagg",

@@ -23,6 +23,7 @@ from planner_core.lab.sim.bench import (
     PlannerPolicy,
     UserPlannerConfig,
     build_policies,
+    held_for_peak,
     policy_names,
     policy_path,
     run_bench,
@@ -193,6 +194,14 @@ def test_oracle_ahead_asks_for_each_size_a_start_up_before_its_window_and_holds_
     assert [seen.decide(t, None) for t in (60.0, 180.0, 360.0, 420.0)] == [(2, 1), (2, 1), (1, 1), (3, 1)]
 
 
+def test_oracle_peak_holds_each_pool_at_its_largest_size_until_the_last_window_needing_it() -> None:
+    """Prefill peaks at 5 in windows 1 and 3: held at 5 through window 3, its own sizes after; decode peaks at 2 in
+    window 0 only: nothing held beyond it."""
+    sizes = [(2, 2), (5, 1), (1, 1), (5, 1), (3, 1)]
+    assert held_for_peak(sizes) == [(5, 2), (5, 1), (5, 1), (5, 1), (3, 1)]
+    assert held_for_peak([(1, 1)]) == [(1, 1)]
+
+
 SURGE = ((0.0, 300.0, 2.0), (300.0, 600.0, 30.0), (600.0, 900.0, 2.0))  # (start s, end s, requests per s)
 
 
@@ -211,7 +220,7 @@ def test_oracle_ahead_meets_the_oracle_attainment_with_start_up_for_more_gpu_hou
     )
     spec = SimSpec(startup_s=120.0)
     base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 60}
-    names = ["oracle", "oracle-ahead", "oracle-seen"]
+    names = ["oracle", "oracle-ahead", "oracle-seen", "oracle-peak"]
     policies = build_policies(names, base, trace, profile_perf, FWD, spec, window_s=60)
     ahead = policies[1]
     assert isinstance(ahead, OracleAheadPolicy) and ahead.lead_s == 120.0
@@ -221,6 +230,9 @@ def test_oracle_ahead_meets_the_oracle_attainment_with_start_up_for_more_gpu_hou
     assert rows["oracle-ahead"].gpu_hours > rows["oracle"].gpu_hours
     # the surge is larger than anything before it: capped at what was needed so far, it is met a window late
     assert rows["oracle-seen"].sla_attainment < rows["oracle-ahead"].sla_attainment - 0.01
+    # ready for the surge from the start: its attainment, for the surge's engines over the first 300 s as well
+    assert rows["oracle-peak"].sla_attainment >= rows["oracle-ahead"].sla_attainment - 0.005
+    assert rows["oracle-peak"].gpu_hours > rows["oracle-ahead"].gpu_hours
 
 
 def test_fixed_policy_never_scales() -> None:

@@ -2,12 +2,12 @@
 """Benchmark (not a test): the bench matrix at 120 s and 600 s start-up, as recorded in `docs/results/startup/`.
 
 Runs `planner bench` once per matrix row and start-up time, every policy of the default set (the baselines with the
-oracle's search, Dynamo-style presets, the recommended policy), `oracle-seen`, and the recommended policy at each
-setting of its start-up horizon knob (`--horizon-quantiles`), and writes one record per run (`--record`, with its
-date, command and commit), which the docs render on "Benchmark results". The records name the commit as `git
-describe --dirty` sees it: run from a clean checkout (a worktree), where the records this run writes are the only
-change (mark them `git update-index --assume-unchanged docs/results/startup/*.json` first, or the later runs'
-commit reads `-dirty`).
+oracle's search, Dynamo-style presets, the recommended policy), `oracle-seen`, `oracle-peak`, and the recommended
+policy at each setting of its start-up horizon knob (`--horizon-quantiles`), and writes one record per run
+(`--record`, with its date, command and commit), which the docs render on "Benchmark results". The records name
+the commit as `git describe --dirty` sees it: run from a clean checkout (a worktree), where the records this run
+writes are the only change (mark them `git update-index --assume-unchanged docs/results/startup/*.json` first, or
+the later runs' commit reads `-dirty`).
 
     PYTHONPATH=$PWD .venv/bin/python tests/bench/startup_matrix.py --jobs 2
 
@@ -41,7 +41,7 @@ MATRIX = {
 }
 STARTUPS_S = (120, 600)
 HORIZON_QUANTILES = "0,0.5,0.75,0.9,0.95"
-POLICIES = ",".join([*DEFAULT_POLICIES, "oracle-seen"])
+POLICIES = ",".join([*DEFAULT_POLICIES, "oracle-seen", "oracle-peak"])
 
 
 def bench_command(row: str, startup_s: int, out_dir: Path, html_dir: Path | None) -> list[str]:

@@ -14,6 +14,10 @@ Policies:
 - `oracle-seen` (asked for by name): `oracle-ahead` never asking, per pool, for more than the largest size of the
   windows already over. The requests it misses need engines for a burst larger than any before it, ready before
   the burst shows: what a policy serves only by holding engines for a need it has never seen.
+- `oracle-peak` (asked for by name): `oracle-ahead` that also holds each pool at the trace's largest window size
+  from the start until the last window needing it (`held_for_peak`): ready for the largest burst without knowing
+  when it comes, yet knowing when to stop. Its GPU-hours bound from below what being ready for that burst costs a
+  policy that does not know its time.
 - `static-peak` / `static-mean`: a fixed size: per pool, the largest / the time-mean (rounded up) of the oracle's
   per-window sizes, i.e. provisioning for the busiest window's actual need or for the average need.
 - `dynamo-1.6.1` / `dynamo-1.6.1-load`: Dynamo 1.6.1's own planner (throughput scaling, and throughput plus
@@ -434,7 +438,8 @@ def baselines_from_windows(
 ) -> list[ScalingPolicy]:
     """The baselines of one oracle search, in `BASELINE_NAMES` order: static provisioning for the oracle's peak and
     for its mean, per pool; the oracle; and the oracle's sizes asked for a start-up time ahead (`OracleAheadPolicy`),
-    also capped at the sizes already needed (`oracle-seen`).
+    also capped at the sizes already needed (`oracle-seen`) and held for the largest burst until it comes
+    (`oracle-peak`).
     `floor` stands in for the sizes when there is no window."""
     sizes = [(w.num_prefill, w.num_decode) for w in windows] or [floor]
     peak = (max(p for p, _ in sizes), max(d for _, d in sizes))
@@ -445,7 +450,22 @@ def baselines_from_windows(
         OraclePolicy(sizes=sizes, interval_s=window_s, windows=tuple(windows), search_s=search_s),
         OracleAheadPolicy(sizes=sizes, window_s=window_s, lead_s=startup_s),
         OracleAheadPolicy(sizes=sizes, window_s=window_s, lead_s=startup_s, name="oracle-seen", capped_at_seen=True),
+        OracleAheadPolicy(sizes=held_for_peak(sizes), window_s=window_s, lead_s=startup_s, name="oracle-peak"),
     ]
+
+
+def held_for_peak(sizes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The window sizes with each pool raised to its largest size in every window up to the last one that needs it
+    (`oracle-peak`): the engines for the trace's largest burst held from the start until it has come."""
+    held = list(sizes)
+    for pool in (0, 1):
+        peak = max(size[pool] for size in sizes)
+        last = max(i for i, size in enumerate(sizes) if size[pool] == peak)
+        for i in range(last + 1):
+            raised = list(held[i])
+            raised[pool] = peak
+            held[i] = (raised[0], raised[1])
+    return held
 
 
 def run_bench(
@@ -698,7 +718,7 @@ def trace_sizing(
     return rows
 
 
-BASELINE_NAMES = ("static-peak", "static-mean", "oracle", "oracle-ahead", "oracle-seen")
+BASELINE_NAMES = ("static-peak", "static-mean", "oracle", "oracle-ahead", "oracle-seen", "oracle-peak")
 # `oracle-seen` runs when asked for: it explains a start-up row's misses, it is not a comparison
 DEFAULT_POLICIES = (*BASELINE_NAMES[:4], "threshold", "dynamo-0x", "dynamo-1x", RECOMMENDED_POLICY)
 # The same in aggregated mode, without the policies `agg_refusal` refuses.

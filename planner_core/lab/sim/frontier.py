@@ -13,8 +13,9 @@ idle-cluster check computes every prompt in full).
 The goal (`startup_goal`): the recommended policy serves at least `TARGET_ATTAINMENT` of the attainable requests
 within both targets at no more than `MAX_VS_ORACLE` times the oracle's GPU-hours, and no comparison policy (the
 static sizes, `fixed:`, the Dynamo-style presets) is both cheaper and better. The oracles (`oracle`, instant,
-`oracle-ahead`, which knows the future but pays the start-up, and `oracle-seen`, the same never above the sizes
-already needed) are references, not competitors: they know the trace.
+`oracle-ahead`, which knows the future but pays the start-up, `oracle-seen`, the same never above the sizes
+already needed, and `oracle-peak`, the same holding the largest burst's engines until it comes) are references,
+not competitors: they know the trace.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ SHIPPED_POLICY = "planner"
 FORESIGHT = {
     "oracle-ahead": "the future known, the start-up paid",
     "oracle-seen": "the same, never above the sizes already needed",
+    "oracle-peak": "the same, ready for the largest burst from the start until it comes",
 }
 REFERENCES = ("oracle", *FORESIGHT)  # know the trace: never a cheaper and better competitor
 TARGET_TEXT = f"{100.0 * TARGET_ATTAINMENT:g} %"

@@ -992,8 +992,10 @@ class SizedNeed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AppliedTargets:
-    """A decision the execution flow applied through the connector (the connector acknowledged it) at `at_s`
-    (epoch s): its pool targets, None for a pool it left alone."""
+    """A decision the execution flow applied through the connector at `at_s` (epoch s), the connector's
+    acknowledgement of its targets (the Kubernetes API took the patch; the virtual connector wrote them for the
+    orchestrator, whose own acknowledgement is the readiness the workers report): its pool targets, None for a
+    pool it left alone."""
 
     at_s: float
     num_prefill: int | None = None

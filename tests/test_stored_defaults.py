@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from planner_core import domain
 from planner_core.domain import (
+    AppliedTargets,
     Component,
     EngineLifecycle,
     ForwardPassMetrics,
@@ -49,7 +50,7 @@ _SCHEDULED = {
 }
 _QUEUED = {k: v for k, v in _SCHEDULED.items() if k != "sum_prefill_kv_tokens"}
 PINNED_DEFAULTS = {
-    "TickInputs": {"traffic": None, "fpm": [], "unplaced": [], "remote": [], "gpu_ceiling": None},
+    "TickInputs": {"traffic": None, "fpm": [], "unplaced": [], "remote": [], "gpu_ceiling": None, "applied": []},
     "WorkerCounts": {},
     "TrafficObservation": _NO_TRAFFIC_FEATURES,
     "ForwardPassMetrics": {
@@ -67,6 +68,7 @@ PINNED_DEFAULTS = {
     "PartialPrediction": dict.fromkeys(("num_req", "isl", "osl", "quantile", "isl_quantile", "osl_quantile")),
     "ReplicaOverride": {"replicas": None, "reason": ""},
     "ObservedValue": {},
+    "AppliedTargets": {"num_prefill": None, "num_decode": None},
 }
 
 
@@ -129,6 +131,10 @@ _inputs = st.builds(
     fpm=st.lists(_fpm, max_size=3).map(tuple),
     unplaced=st.lists(
         st.builds(UnplacedRequests, component=st.sampled_from(Component), num_waiting=_counts), max_size=2
+    ).map(tuple),
+    applied=st.lists(
+        st.builds(AppliedTargets, at_s=_floats, num_prefill=st.none() | _counts, num_decode=st.none() | _counts),
+        max_size=2,
     ).map(tuple),
 )
 

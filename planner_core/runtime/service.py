@@ -330,8 +330,8 @@ def run_tick(
             since = scheduled_at - dt.timedelta(seconds=fpm_max_age_s(ctx.config))
             fpm = latest_fpm(session, deployment_id, since, until=scheduled_at)
         # the previous tick is normally today's or yesterday's: read those partitions first (store/repository.py)
-        since = partition_start(scheduled_at) - dt.timedelta(days=1)
-        previous_tick_id, state = repo.latest_state(session, deployment_id, since=since, memo=ctx.memo)
+        states_since = partition_start(scheduled_at) - dt.timedelta(days=1)
+        previous_tick_id, state = repo.latest_state(session, deployment_id, since=states_since, memo=ctx.memo)
         if previous_tick_id is None and ctx.warmup_trace is not None:
             state = _warm_started(session, deployment_id, ctx)
         inputs = TickInputs(

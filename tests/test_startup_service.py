@@ -19,8 +19,8 @@ MINUTE = dt.timedelta(minutes=1)
 def test_a_live_scale_up_is_timed_through_its_acknowledgement_to_ready(database_url: str, tmp_path: Path) -> None:
     """The pools raised at T0; the execution flow applies the decision 25 s later; the orchestrator reports the
     engines ready before the tick at T0 + 2 min: one sample per raised pool of 120 s, 25 s of it to the
-    acknowledgement. The tick between the two reads the
-    applied decision, and replay reproduces every tick from what was recorded."""
+    acknowledgement. The tick between the two reads the applied decision, and replay reproduces every tick from
+    what was recorded."""
     ctx = context(
         database_url,
         tmp_path,

@@ -111,11 +111,13 @@ def acknowledged(scale_up: PendingScaleUp, applied: Sequence[AppliedTargets]) ->
     engines); unchanged when it already has one or no such decision is listed."""
     if scale_up.applied_at_s is not None:
         return scale_up
-    for decision in sorted(applied, key=lambda d: d.at_s):
+
+    def starts_these_engines(decision: AppliedTargets) -> bool:
         target = decision.target(scale_up.component)
-        if decision.at_s >= scale_up.at_s and target is not None and target >= scale_up.target:
-            return dataclasses.replace(scale_up, applied_at_s=decision.at_s)
-    return scale_up
+        return decision.at_s >= scale_up.at_s and target is not None and target >= scale_up.target
+
+    applied_at_s = min((d.at_s for d in applied if starts_these_engines(d)), default=None)
+    return scale_up if applied_at_s is None else dataclasses.replace(scale_up, applied_at_s=applied_at_s)
 
 
 def pool_startup_s(startup: StartupState, component: Component, configured_s: float) -> tuple[float, StepRecord]:

@@ -457,15 +457,12 @@ def baselines_from_windows(
 def held_for_peak(sizes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """The window sizes with each pool raised to its largest size in every window up to the last one that needs it
     (`oracle-peak`): the engines for the trace's largest burst held from the start until it has come."""
-    held = list(sizes)
-    for pool in (0, 1):
-        peak = max(size[pool] for size in sizes)
-        last = max(i for i, size in enumerate(sizes) if size[pool] == peak)
-        for i in range(last + 1):
-            raised = list(held[i])
-            raised[pool] = peak
-            held[i] = (raised[0], raised[1])
-    return held
+    peaks = [max(size[pool] for size in sizes) for pool in (0, 1)]
+    lasts = [max(i for i, size in enumerate(sizes) if size[pool] == peaks[pool]) for pool in (0, 1)]
+    return [
+        (peaks[0] if i <= lasts[0] else prefill, peaks[1] if i <= lasts[1] else decode)
+        for i, (prefill, decode) in enumerate(sizes)
+    ]
 
 
 def run_bench(
@@ -719,7 +716,7 @@ def trace_sizing(
 
 
 BASELINE_NAMES = ("static-peak", "static-mean", "oracle", "oracle-ahead", "oracle-seen", "oracle-peak")
-# `oracle-seen` runs when asked for: it explains a start-up row's misses, it is not a comparison
+# `oracle-seen` and `oracle-peak` run when asked for: they explain a start-up row's misses, they are not comparisons
 DEFAULT_POLICIES = (*BASELINE_NAMES[:4], "threshold", "dynamo-0x", "dynamo-1x", RECOMMENDED_POLICY)
 # The same in aggregated mode, without the policies `agg_refusal` refuses.
 DEFAULT_AGG_POLICIES = tuple(name for name in DEFAULT_POLICIES if name != "dynamo-0x")

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("planner: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # noqa: BLE001 - the last resort: one line, the traceback only on request
+    except Exception as exc:  # the last resort: one line, the traceback only on request
         if os.environ.get("PLANNER_DEBUG"):
             raise
         print(f"planner: error: {one_line_error(exc)} (PLANNER_DEBUG=1 shows the traceback)", file=sys.stderr)

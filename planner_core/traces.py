@@ -435,7 +435,7 @@ def _read_azure_csv(path: Path) -> _Requests:
 
     try:
         frame = pd.read_csv(path)
-    except Exception as exc:  # noqa: BLE001 - any parse failure becomes one clear line
+    except Exception as exc:  # any parse failure becomes one clear line
         raise TraceError(f"{path}: cannot parse CSV: {' '.join(str(exc).split())}") from exc
     for column in ("TIMESTAMP", "ContextTokens", "GeneratedTokens"):
         if column not in frame.columns:
@@ -465,7 +465,7 @@ def load_azure_csv(path: Path) -> RequestTrace:
     return _assemble(str(path), [_read_azure_csv(Path(path))])
 
 
-def _reject_bad_rows(path: Path, frame, column: str, bad: np.ndarray, problem: str) -> None:  # noqa: ANN001
+def _reject_bad_rows(path: Path, frame, column: str, bad: np.ndarray, problem: str) -> None:
     """Raise a one-line TraceError for the first bad row of a CSV column (row numbers count the header as 1)."""
     if bad.any():
         row = int(bad.argmax())

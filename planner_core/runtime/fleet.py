@@ -711,7 +711,7 @@ def run_round(
             )  # fmt: skip
             recorded = result.tick_id is not None
             problem = None
-        except Exception as exc:  # noqa: BLE001 - a failing member is reported, the others go on
+        except Exception as exc:  # a failing member is reported, the others go on
             recorded, problem = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return (time.perf_counter() - began) * 1000.0, recorded, problem
 

@@ -525,7 +525,7 @@ def bench_table_rows(runs: Sequence[PolicyRun]) -> list[list[str]]:
 BENCH_TABLE_HEADER = ("policy", "SLA ok", "TTFT ok", "ITL ok", "GPU-h", "x oracle", "events")
 
 
-def bench_figure(  # noqa: ANN201
+def bench_figure(
     runs: Sequence[PolicyRun],
     trace: RequestTrace,
     *,

@@ -53,6 +53,7 @@ COMMAND_GROUPS = (
 def build_parser() -> argparse.ArgumentParser:
     parser = PlannerArgumentParser(prog="planner", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action=VersionAction, help="print the installed version and exit")
+    parser.set_defaults(root_parser=parser)  # for commands that read the tree itself (`planner completion`)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="the command to run")
     for group in COMMAND_GROUPS:
         group.register(sub)

@@ -405,32 +405,6 @@ def resolve_owner_database_url(settings: RuntimeSettings | None = None) -> str:
     return embedded_database_url(settings.embedded_pg_dir)
 
 
-@contextmanager
-def scratch_database(prefix: str, *, keep: bool = False) -> Iterator[str]:
-    """A fresh, migrated database `<prefix>_<random>` on the planner's Postgres server (made through the owner's
-    URL), for one benchmark run; dropped afterwards unless `keep`. Yields its SQLAlchemy URL."""
-    import uuid
-
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    from planner_core.runtime.store.migrate import upgrade
-
-    owner = resolve_owner_database_url(RuntimeSettings())
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    url = make_url(owner).set(database=name).render_as_string(hide_password=False)
-    with psycopg.connect(to_libpq_uri(owner), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    try:
-        upgrade(url)
-        yield url
-    finally:
-        get_engine(url).dispose()
-        if not keep:
-            with psycopg.connect(to_libpq_uri(owner), autocommit=True) as conn:
-                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
 @cache
 def get_engine(url: str, *, lock_timeout_ms: int | None = None, statement_timeout_ms: int | None = None) -> Engine:
     """One pooled engine per URL (and timeouts) per process. Every connection works in UTC.

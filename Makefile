@@ -25,6 +25,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check planner_core planner_cli flows tests infra docs
+	$(VENV)/bin/ruff format --check planner_core planner_cli flows tests infra docs
 	$(VENV)/bin/lint-imports
 
 # The documentation site, into site/; --strict turns every warning (a broken link, a missing page) into a failure.

@@ -1,6 +1,10 @@
-"""Run the Alembic migrations in `migrations/` (beside this module, shipped with the package) against a database
-URL (used by the CLI, flows and tests): upgrade, downgrade, the schema check commands make before reading, and a
-fresh migrated scratch database for a benchmark run (`scratch_database`)."""
+"""Run the Alembic migrations against a database URL (used by the CLI, flows and tests): upgrade, downgrade, the
+schema check commands make before reading, and a fresh migrated scratch database for a benchmark run
+(`scratch_database`).
+
+The migrations are the repository's top-level `migrations/`. The package carries them as `migrations/` beside this
+module (in a checkout a link to the top-level folder, in a built wheel a copy: pyproject's package-data), so an
+installed `planner` finds them from any folder."""
 
 from __future__ import annotations
 

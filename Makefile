@@ -24,7 +24,8 @@ demo: $(STAMP)
 	$(VENV)/bin/planner demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check planner_core planner_cli flows tests infra docs
+	$(VENV)/bin/ruff check planner_core planner_cli flows tests infra docs migrations
+	$(VENV)/bin/ruff format --check planner_core planner_cli flows tests infra docs migrations
 	$(VENV)/bin/lint-imports
 
 # The documentation site, into site/; --strict turns every warning (a broken link, a missing page) into a failure.

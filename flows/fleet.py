@@ -236,7 +236,7 @@ def fleet_tick(
         try:
             cache.get(member)
             loaded.append(member)
-        except Exception as exc:  # noqa: BLE001 - a member whose config cannot load is reported, the rest tick
+        except Exception as exc:  # a member whose config cannot load is reported, the rest tick
             failed[member.name] = _one_line(exc)
             _logger().error("%s: context not loaded: %s", member.name, failed[member.name])
     configs = {member.name: cache.get(member).config for member in loaded}

@@ -45,11 +45,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         task = progress.add_task("", total=None)
         names: list[str] = []
 
-        def built(policies) -> None:  # noqa: ANN001
+        def built(policies) -> None:
             names.extend(policy.name for policy in policies)
             progress.update(task, total=len(names), description=names[0] if names else "")
 
-        def done(_row) -> None:  # noqa: ANN001
+        def done(_row) -> None:
             progress.advance(task)
             upcoming = names[int(progress.tasks[0].completed) :]
             progress.update(task, description=upcoming[0] if upcoming else "")
@@ -115,7 +115,7 @@ def bench_record(rows: list[dict], argv: list[str], commit: str | None) -> dict:
     }
 
 
-def print_bench_table(outcome, request) -> None:  # noqa: ANN001 - BenchOutcome, BenchRequest (imported lazily)
+def print_bench_table(outcome, request) -> None:  # BenchOutcome, BenchRequest (imported lazily)
     """The runs as a table, after a line on the requests and, for the oracle, its sizes per window."""
     from planner_core.lab.sim.bench import OraclePolicy
 

@@ -94,9 +94,7 @@ def zsh_script(parser: argparse.ArgumentParser) -> str:
 
 def cmd_completion(args: argparse.Namespace) -> int:
     """Print the completion script of the chosen shell."""
-    from planner_cli.main import build_parser  # here, not at the top: main imports this module
-
-    parser = build_parser()
+    parser = args.root_parser  # the whole command tree, set by `planner_cli.main.build_parser`
     print(bash_script(parser) if args.shell == "bash" else zsh_script(parser), end="")
     return 0
 

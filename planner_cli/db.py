@@ -85,7 +85,7 @@ def _db_drop_partitions(url: str, args: argparse.Namespace) -> int:
 
     verb = "would drop" if args.dry_run else "dropped"
 
-    def report(day) -> None:  # noqa: ANN001 - a DroppedDay
+    def report(day) -> None:  # a DroppedDay
         rows = ", ".join(f"{n} {table}" for table, n in day.rows.items() if table != "ticks")
         print(f"  {day.day.isoformat()}: {verb} {day.num_ticks} ticks ({rows})", flush=True)
 

@@ -242,7 +242,7 @@ def cmd_fleet_bench(args: argparse.Namespace) -> int:
     from sqlalchemy.engine import make_url
 
     from planner_core.runtime.fleet_bench import run_fleet_bench
-    from planner_core.runtime.store.db import scratch_database
+    from planner_core.runtime.store.migrate import scratch_database
 
     if args.task_per_member and not args.prefect:
         print("planner fleet bench: error: --task-per-member is a mode of --prefect", file=sys.stderr)

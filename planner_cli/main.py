@@ -53,6 +53,7 @@ COMMAND_GROUPS = (
 def build_parser() -> argparse.ArgumentParser:
     parser = PlannerArgumentParser(prog="planner", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action=VersionAction, help="print the installed version and exit")
+    parser.set_defaults(root_parser=parser)  # for commands that read the tree itself (`planner completion`)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="the command to run")
     for group in COMMAND_GROUPS:
         group.register(sub)
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("planner: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # noqa: BLE001 - the last resort: one line, the traceback only on request
+    except Exception as exc:  # the last resort: one line, the traceback only on request
         if os.environ.get("PLANNER_DEBUG"):
             raise
         print(f"planner: error: {one_line_error(exc)} (PLANNER_DEBUG=1 shows the traceback)", file=sys.stderr)

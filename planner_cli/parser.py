@@ -45,7 +45,8 @@ class PlannerArgumentParser(argparse.ArgumentParser):
 class VersionAction(argparse.Action):
     """`--version`: print `planner <version>` and exit 0; the version is read only when asked for."""
 
-    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:  # noqa: A002 (argparse's name)
+    # `help` shadows the builtin: it is argparse's name for the keyword
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
         super().__init__(option_strings, dest, default=argparse.SUPPRESS, nargs=0, help=help)
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:

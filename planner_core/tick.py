@@ -83,7 +83,7 @@ def tick(
         headline = ReasonCode.NO_CHANGE  # the builtin wanted a change the final invariants took back
     else:
         headline = builtin_headline
-    prediction_reason = next((s.reason for s in outcome.steps if s.step == "predict"), None)
+    prediction_reason = next((s.reason for s in outcome.steps if s.step == StepName.PREDICT), None)
     result = outcome.to_tick_outcome(reason=headline, prediction_reason=prediction_reason)
     if config.throughput_horizon_quantile > 0:
         # the measured start-up times the horizon reads: either loop's scale-ups count (policy.horizon)

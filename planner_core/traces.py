@@ -435,7 +435,7 @@ def _read_azure_csv(path: Path) -> _Requests:
 
     try:
         frame = pd.read_csv(path)
-    except Exception as exc:  # noqa: BLE001 - any parse failure becomes one clear line
+    except Exception as exc:  # any parse failure becomes one clear line
         raise TraceError(f"{path}: cannot parse CSV: {' '.join(str(exc).split())}") from exc
     for column in ("TIMESTAMP", "ContextTokens", "GeneratedTokens"):
         if column not in frame.columns:
@@ -460,12 +460,7 @@ def _read_azure_csv(path: Path) -> _Requests:
     return _Requests(path, TraceFormat.AZURE_CSV, epoch_ns, lengths["ContextTokens"], lengths["GeneratedTokens"])
 
 
-def load_azure_csv(path: Path) -> RequestTrace:
-    """Azure LLM inference trace: `TIMESTAMP` (wall clock, UTC), `ContextTokens`, `GeneratedTokens`."""
-    return _assemble(str(path), [_read_azure_csv(Path(path))])
-
-
-def _reject_bad_rows(path: Path, frame, column: str, bad: np.ndarray, problem: str) -> None:  # noqa: ANN001
+def _reject_bad_rows(path: Path, frame, column: str, bad: np.ndarray, problem: str) -> None:
     """Raise a one-line TraceError for the first bad row of a CSV column (row numbers count the header as 1)."""
     if bad.any():
         row = int(bad.argmax())
@@ -582,12 +577,6 @@ def _read_mooncake_jsonl(path: Path) -> _Requests:
     return _Requests(path, TraceFormat.MOONCAKE, table[:, 0], table[:, 1], table[:, 2], hashes)
 
 
-def load_mooncake_jsonl(path: Path) -> RequestTrace:
-    """Mooncake trace: one JSON object per line with `timestamp` (ms, relative), `input_length`, `output_length`,
-    optionally `hash_ids` (512-token prefix blocks)."""
-    return _assemble(str(path), [_read_mooncake_jsonl(Path(path))])
-
-
 def _dynamo_field(path: Path, line_no: int, parent: dict, dotted: str) -> Any:
     key = dotted.rsplit(".", 1)[-1]
     if key not in parent:
@@ -646,11 +635,6 @@ def _read_dynamo_jsonl(path: Path) -> _Requests:
         raise TraceError(f"{path}: no requests (no '{DYNAMO_TRACE_SCHEMA}' request_end events)")
     table = np.asarray(rows, dtype=float)
     return _Requests(path, TraceFormat.DYNAMO_V1, table[:, 0], table[:, 1], table[:, 2])
-
-
-def load_dynamo_jsonl(path: Path) -> RequestTrace:
-    """Dynamo `dynamo.request.trace.v1` JSONL(.GZ): its `request_end` events, arriving at `request_received_ms`."""
-    return _assemble(str(path), [_read_dynamo_jsonl(Path(path))])
 
 
 _READERS = {

@@ -175,7 +175,7 @@ def test_concurrent_writers_chain_one_after_the_other(database_url, tmp_path) ->
             for k in range(25):
                 with sessions.begin() as session:
                     repo.audit(session, "test_event", {"worker": worker, "k": k})
-        except BaseException as exc:  # noqa: BLE001 (reported by the assertion below)
+        except BaseException as exc:  # reported by the assertion below
             errors.append(exc)
 
     threads = [threading.Thread(target=write, args=(worker,)) for worker in range(4)]

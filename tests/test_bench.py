@@ -40,12 +40,12 @@ def profile_perf() -> ProfilePerfModel:
     return ProfilePerfModel.load(PROFILE_DIR)
 
 
-def from_first_request(trace):  # noqa: ANN001, ANN201
+def from_first_request(trace):
     """The same requests with offsets from the first one, as a loaded trace has them (`RequestTrace.arrival_s`)."""
     return make_trace((trace.arrival_s - trace.arrival_s[0]).tolist(), trace.isl.tolist(), trace.osl.tolist())
 
 
-def busy_trace(num_requests: int = 1200, duration_s: float = 1200.0, seed: int = 3):  # noqa: ANN201
+def busy_trace(num_requests: int = 1200, duration_s: float = 1200.0, seed: int = 3):
     """Requests whose rate doubles halfway through (a load step the policies must follow)."""
     rng = np.random.default_rng(seed)
     first = np.sort(rng.uniform(0, duration_s / 2, num_requests // 3))
@@ -132,8 +132,8 @@ def test_planners_start_at_the_oracle_first_size_without_searching_the_whole_tra
     )
     searched: list[float] = []  # the last arrival of every trace the oracle searched
 
-    def recording(search):  # noqa: ANN001, ANN202 - a pass-through that notes what was searched
-        def run(trace, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def recording(search):  # a pass-through that notes what was searched
+        def run(trace, *args, **kwargs):
             searched.append(float(trace.arrival_s[-1]))
             return search(trace, *args, **kwargs)
 

@@ -212,7 +212,7 @@ def test_the_bench_runs_in_dynamos_replay_with_the_policies_in_its_loop() -> Non
     base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 60,
             "max_throughput_scaling_replicas": 8}  # fmt: skip
 
-    def build(names):  # noqa: ANN001, ANN202
+    def build(names):
         return build_policies(names, base, trace, perf, fwd, spec, window_s=60, initial="min")
 
     names = ["fixed:1:1", "oracle", "planner", "dynamo-1.6.1"]
@@ -255,7 +255,7 @@ def test_the_bracket_oracle_replays_from_our_simulators_answers_and_its_sizes_me
     spec = SimSpec(decode_limits=EngineLimits(max_kv_tokens=perf.profiled_max_kv_tokens() or 2_000_000), startup_s=30)
     asked: list[int] = []
 
-    def bracket():  # noqa: ANN202
+    def bracket():
         asked.append(1)
         return oracle_windows(trace, fwd, spec, ttft_ms=500.0, itl_ms=50.0, window_s=120.0)
 

@@ -43,7 +43,7 @@ from tests.conftest import PROFILE_DIR
 from tests.test_bench import busy_trace
 
 
-def _script_module():  # noqa: ANN202
+def _script_module():
     """The script's module, loaded without running it (its top level imports nothing from Dynamo)."""
     spec = importlib.util.spec_from_file_location("run_planner", RUN_PLANNER_SCRIPT)
     assert spec is not None and spec.loader is not None

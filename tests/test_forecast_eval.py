@@ -35,7 +35,7 @@ MOONCAKE = MOONCAKE_TRACE
 JSON_KEYS = {"predictor", "loss", "mape_requests", "mape_isl", "mape_osl", "ms_per_step_p50", "ms_per_step_p99"}
 
 
-def sla_config(**fields) -> object:  # noqa: ANN003
+def sla_config(**fields) -> object:
     """A validated PlannerConfig with the `sla` target and the given fields."""
     return parse_config({"optimization_target": "sla", **fields}).policy
 

@@ -223,7 +223,7 @@ class DrippingServer:
                 break
             threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
 
-    def _drip(self, conn) -> None:  # noqa: ANN001
+    def _drip(self, conn) -> None:
         import time
 
         head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
@@ -307,7 +307,7 @@ def test_metrics_scrapes_share_one_database_read_per_cache_period(database_url: 
 
     statements: list[str] = []
 
-    def count(_conn, _cursor, statement, *_args) -> None:  # noqa: ANN001
+    def count(_conn, _cursor, statement, *_args) -> None:
         if "%(deployment)s" in statement:  # the snapshot's queries, not the pool's connection set-up and pings
             statements.append(statement)
 
@@ -779,7 +779,7 @@ def test_fpm_ingest_with_curve_hears_only_allowed_publishers(tmp_path: Path) -> 
         ):
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
-                ingest._drain()  # noqa: SLF001 - one thread: the loop's receiving step, by hand
+                ingest._drain()  # one thread: the loop's receiving step, by hand
                 for publisher, worker_id in ((intruder, "intruder"), (plain, "plain"), (engine, "engine")):
                     publisher.publish(dataclasses.replace(sample, worker_id=worker_id))
                 time.sleep(0.05)

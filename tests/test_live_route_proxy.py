@@ -70,14 +70,14 @@ def _wait(what: str, probe, timeout_s: float) -> None:
 
 
 def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - our own local servers
+    with urllib.request.urlopen(url, timeout=10) as r:  # our own local servers
         return r.read()
 
 
 def _post(url: str, body: dict, timeout_s: float = 120) -> tuple[int, bytes]:
     request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as r:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout_s) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -102,7 +102,7 @@ def stack(tmp_path):
 
     def start(argv: list[str], log: Path) -> subprocess.Popen:
         with log.open("ab") as out:
-            p = subprocess.Popen(  # noqa: S603
+            p = subprocess.Popen(
                 argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )  # fmt: skip
         processes.append(p)
@@ -137,7 +137,7 @@ def stack(tmp_path):
 def proxy(frontend: str, kv: Path, log: Path, *options: str):
     port = _port()
     with log.open("ab") as out:
-        p = subprocess.Popen(  # noqa: S603
+        p = subprocess.Popen(
             [sys.executable, "-m", "planner_cli", "route-proxy", "--frontend", frontend, "--discovery-dir", str(kv),
              "--profile", str(PROFILE_DIR), "--port", str(port), *options],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)},

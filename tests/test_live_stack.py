@@ -19,7 +19,7 @@ import pytest
 
 from planner_core.lab.sim.dynamo_policy import find_dynamo_python
 from planner_core.runtime.store.models import LocalWorkerStatus
-from tests.test_local_connector import (  # noqa: F401, F811 - make_ctx is a fixture
+from tests.test_local_connector import (  # noqa: F401 - make_ctx is a fixture
     NAME,
     T0,
     alive,
@@ -62,7 +62,7 @@ def frontend(tmp_path):
     kv.mkdir()
     env = {**os.environ, "DYN_FILE_KV": str(kv), "PYTHONPATH": str(STUBS_DIR)}
     log = (tmp_path / "frontend.log").open("ab")
-    process = subprocess.Popen(  # noqa: S603
+    process = subprocess.Popen(
         [find_dynamo_python(), "-m", "dynamo.frontend", "--http-port", str(port), "--discovery-backend", "file"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
@@ -96,7 +96,7 @@ def _chat_once(url: str) -> dict:
     request = urllib.request.Request(
         f"{url}/v1/chat/completions", json.dumps(body).encode(), {"content-type": "application/json"}
     )
-    with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+    with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
 
 

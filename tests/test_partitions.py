@@ -121,7 +121,7 @@ def test_two_recorders_of_a_new_day_both_record(database_url, tmp_path) -> None:
                 barrier.wait(timeout=30)
                 results[ctx.deployment] = record_outcome(session, ctx.deployment, inputs, outcome)
                 time.sleep(0.3)  # hold the transaction (and whatever it created) open a moment
-        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+        except Exception as exc:  # reported by the assertion below
             results[ctx.deployment] = exc
 
     threads = [threading.Thread(target=record, args=(ctx,)) for ctx in contexts]
@@ -386,7 +386,7 @@ def test_a_tick_recorded_while_a_day_is_dropped_waits_and_records(database_url, 
                 read_states.set()
                 time.sleep(1.5)  # the drop starts meanwhile and locks `ticks`
                 results["tick"] = record_outcome(session, "busy", inputs, outcome, previous_tick_id=previous)
-        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+        except Exception as exc:  # reported by the assertion below
             results["tick"] = exc
 
     thread = threading.Thread(target=tick)

@@ -168,7 +168,7 @@ TOKEN_GAP_S = 0.02
 
 class _Engine(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    calls: list[dict] = []  # noqa: RUF012 - the test reads what was sent
+    calls: list[dict] = []  # the test reads what was sent
 
     def log_message(self, *args) -> None:  # quiet
         pass

@@ -132,7 +132,7 @@ def test_no_endpoint_queue_waits_for_a_change_or_its_ttft_target(tmp_path, predi
         waiting = asyncio.create_task(proxy.place(128))
         await asyncio.sleep(0.01)
         assert not waiting.done()  # held at the proxy
-        proxy._end("11", "r2")  # noqa: SLF001 - the end of a request, as the stream's close does it
+        proxy._end("11", "r2")  # the end of a request, as the stream's close does it
         return await waiting
 
     assert asyncio.run(freed_meanwhile()) == ("11", "queued")

@@ -85,7 +85,7 @@ def test_profiles_round_trip_sorted_with_their_statistics() -> None:
         (parse_tpot_profile, [1, 2], "expected a JSON object"),
     ],
 )
-def test_bad_profiles_name_the_field_and_value(parse, data, message: str) -> None:  # noqa: ANN001
+def test_bad_profiles_name_the_field_and_value(parse, data, message: str) -> None:
     with pytest.raises(ProfilingDataError, match="^ttft.json: ") as raised:
         parse(data, source="ttft.json")
     assert message in str(raised.value)
@@ -169,7 +169,7 @@ def test_ttft_prediction_models_chunked_prefill(
 TARGETS = SloTargets(ttft_ms=100.0, tpot_ms=20.0, ttft_dispatch_threshold=1.0, tpot_dispatch_threshold=1.0)
 
 
-def _c(name: str, predicted: float, **status) -> Candidate:  # noqa: ANN003
+def _c(name: str, predicted: float, **status) -> Candidate:
     return Candidate(status=InstanceStatus(instance_id=name, **status), predicted_ms=predicted)
 
 
@@ -224,7 +224,7 @@ def _c(name: str, predicted: float, **status) -> Candidate:  # noqa: ANN003
         ),
     ],
 )
-def test_prefill_filters_and_selector(candidates, targets, max_age_s, chosen, blocked) -> None:  # noqa: ANN001
+def test_prefill_filters_and_selector(candidates, targets, max_age_s, chosen, blocked) -> None:
     decision = filter_and_select(Stage.PREFILL, candidates, targets, max_status_age_s=max_age_s)
     assert decision.instance_id == chosen
     assert decision.outcome is (RouteOutcome.SELECTED if chosen else RouteOutcome.NO_AVAILABLE_ENDPOINT)
@@ -289,7 +289,7 @@ def test_route_decode_counts_the_new_request_in_the_batch(predictor: LatencyPred
 
 
 @pytest.mark.parametrize("source", ["dynamo", "sim"])
-def test_profile_json_writes_both_files_the_predictor_reads(tmp_path, source: str) -> None:  # noqa: ANN001
+def test_profile_json_writes_both_files_the_predictor_reads(tmp_path, source: str) -> None:
     import json
 
     from planner_cli.main import main

@@ -47,7 +47,7 @@ def make_trace(arrival_s: list[float], isl: list[int], osl: list[int]) -> Reques
     return RequestTrace(source="test", start_epoch_s=0.0, arrival_s=frozen(arrival_s), isl=frozen(isl), osl=frozen(osl))
 
 
-def run(trace: RequestTrace, spec: SimSpec | None = None, *, num_prefill: int = 1, num_decode: int = 1):  # noqa: ANN201
+def run(trace: RequestTrace, spec: SimSpec | None = None, *, num_prefill: int = 1, num_decode: int = 1):
     sim = ClusterSimulator(trace, FWD, spec or SimSpec(), num_prefill=num_prefill, num_decode=num_decode)
     sim.run_to_completion()
     return sim, sim.result()

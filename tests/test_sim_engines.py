@@ -23,7 +23,7 @@ def decode_s(requests: float, kv_tokens: float) -> float:
     return 0.005 + requests * 1e-4 + kv_tokens * 1e-8
 
 
-def run_agg(trace: RequestTrace, spec: SimSpec = AGG, num_engines: int = 1):  # noqa: ANN201
+def run_agg(trace: RequestTrace, spec: SimSpec = AGG, num_engines: int = 1):
     sim = ClusterSimulator(trace, FWD, spec, num_prefill=0, num_decode=num_engines)
     sim.run_to_completion()
     return sim, sim.result()

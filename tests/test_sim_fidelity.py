@@ -28,12 +28,12 @@ TOLERANCE = 0.10
 
 
 @pytest.fixture(scope="module")
-def profile():  # noqa: ANN201
+def profile():
     return load_profile(PROFILE_DIR)
 
 
 @pytest.fixture(scope="module")
-def held_out_model(profile):  # noqa: ANN001, ANN201
+def held_out_model(profile):
     return holdout_model(profile, prefill_isl=HELD_OUT_PREFILL_ISL, decode_points=HELD_OUT_DECODE)
 
 
@@ -46,7 +46,7 @@ def make_trace(arrival_s: list[float], isl: list[int], osl: list[int]) -> Reques
     return RequestTrace(source="test", start_epoch_s=0.0, arrival_s=frozen(arrival_s), isl=frozen(isl), osl=frozen(osl))
 
 
-def test_held_out_points_are_really_left_out(profile, held_out_model) -> None:  # noqa: ANN001
+def test_held_out_points_are_really_left_out(profile, held_out_model) -> None:
     assert held_out_model.prefill.isl.size == profile.prefill.isl.size - len(HELD_OUT_PREFILL_ISL)
     assert held_out_model.decode.itl_ms.size == profile.decode.itl_ms.size - len(HELD_OUT_DECODE)
     assert not set(HELD_OUT_PREFILL_ISL) & set(held_out_model.prefill.isl.tolist())
@@ -55,7 +55,7 @@ def test_held_out_points_are_really_left_out(profile, held_out_model) -> None:  
 
 
 @pytest.mark.parametrize("isl", HELD_OUT_PREFILL_ISL)
-def test_single_prefill_ttft_matches_a_held_out_point(profile, held_out_model, isl: float) -> None:  # noqa: ANN001
+def test_single_prefill_ttft_matches_a_held_out_point(profile, held_out_model, isl: float) -> None:
     # One request of the held-out ISL on an idle engine that takes a whole prompt per iteration (as profiled), the
     # first token counted at prefill end (the profile measured the prefill engine alone).
     spec = SimSpec(
@@ -73,7 +73,7 @@ def test_single_prefill_ttft_matches_a_held_out_point(profile, held_out_model, i
 @pytest.mark.parametrize(("context", "batch"), HELD_OUT_DECODE)
 def test_steady_decode_batch_itl_matches_a_held_out_point(
     profile, held_out_model, context: float, batch: float
-) -> None:  # noqa: ANN001
+) -> None:
     # A closed batch: `batch` requests arrive together, one per prefill engine, so they reach the decode engine
     # at the same instant and decode together; OSL 32 and ISL = context - 16, so the KV per request averages the
     # profiled context over the run (the profile's context length is ISL + OSL / 2).
@@ -98,29 +98,29 @@ def test_steady_decode_batch_itl_matches_a_held_out_point(
 
 
 @pytest.fixture(scope="module")
-def residual_pair(profile):  # noqa: ANN001, ANN201
+def residual_pair(profile):
     """The profile model's decode residual (fast path) and SciPy's interpolator on the same samples."""
     from scipy.interpolate import LinearNDInterpolator
 
     model = holdout_model(profile)  # nothing left out: the full profile model
     reference = LinearNDInterpolator(residual_points(model), residual_values(model), fill_value=0.0)
-    return model._residual, reference  # noqa: SLF001 - the fast path under test
+    return model._residual, reference  # the fast path under test
 
 
 @settings(max_examples=300, deadline=None)
 @given(x=st.floats(-0.1, 1.1), y=st.floats(-0.1, 1.1))
-def test_triangle_interpolation_equals_scipy(residual_pair, x: float, y: float) -> None:  # noqa: ANN001
+def test_triangle_interpolation_equals_scipy(residual_pair, x: float, y: float) -> None:
     # Inside the samples' hull: the same piecewise-linear value; outside: 0 (SciPy's fill value).
     residual, reference = residual_pair
     assert residual(x, y) == pytest.approx(float(reference(x, y)), abs=1e-12)
 
 
-def residual_points(model) -> np.ndarray:  # noqa: ANN001
+def residual_points(model) -> np.ndarray:
     decode = model.decode
     return np.column_stack([decode.kv_usage, decode.context_length / decode.context_length.max()])
 
 
-def residual_values(model) -> np.ndarray:  # noqa: ANN001
+def residual_values(model) -> np.ndarray:
     decode = model.decode
     kv_tokens = decode.kv_usage * decode.max_kv_tokens
     batch = kv_tokens / decode.context_length

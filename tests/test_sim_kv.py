@@ -35,7 +35,7 @@ def spec(allocation: KvAllocation, *, aggregated: bool = False, max_kv: int = 23
     )
 
 
-def run(trace: RequestTrace, sim_spec: SimSpec):  # noqa: ANN201
+def run(trace: RequestTrace, sim_spec: SimSpec):
     sim = ClusterSimulator(trace, FWD, sim_spec, num_prefill=0 if sim_spec.aggregated else 1, num_decode=1)
     sim.run_to_completion()
     return sim.result()

@@ -127,11 +127,11 @@ def trace() -> RequestTrace:
 
 
 @pytest.fixture(scope="module")
-def windows(trace: RequestTrace):  # noqa: ANN201
+def windows(trace: RequestTrace):
     return oracle_windows(trace, FWD, SimSpec(), ttft_ms=TTFT_MS, itl_ms=ITL_MS, window_s=WINDOW_S, settings=SETTINGS)
 
 
-def test_oracle_meets_the_target_in_every_window_and_one_less_would_not(trace: RequestTrace, windows) -> None:  # noqa: ANN001
+def test_oracle_meets_the_target_in_every_window_and_one_less_would_not(trace: RequestTrace, windows) -> None:
     """The definition: per window, (P, D) lets at least ceil(0.99 x attainable) of its requests meet both targets,
     and one prefill or one decode worker fewer would not, checked with both pools simulated together."""
     assert [w.index for w in windows] == [0, 1, 2]
@@ -151,7 +151,7 @@ def test_oracle_meets_the_target_in_every_window_and_one_less_would_not(trace: R
     assert any(w.num_decode > 1 for w in windows), "the case must exercise the decode search"
 
 
-def test_oracle_policy_scales_instantly_to_the_searched_sizes(trace: RequestTrace, windows) -> None:  # noqa: ANN001
+def test_oracle_policy_scales_instantly_to_the_searched_sizes(trace: RequestTrace, windows) -> None:
     """The bench's oracle holds each window's searched size from the window's start; static-peak is the largest
     size per pool, static-mean the rounded-up mean; in the full run the oracle meets the target over the trace."""
     policies = {

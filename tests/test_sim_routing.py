@@ -33,7 +33,7 @@ def slo_spec(ttft_ms: float, tpot_ms: float = 1000.0, **routing: object) -> SimS
     )
 
 
-def run(trace, spec: SimSpec, *, num_prefill: int = 1, num_decode: int = 1):  # noqa: ANN001, ANN201
+def run(trace, spec: SimSpec, *, num_prefill: int = 1, num_decode: int = 1):
     sim = ClusterSimulator(trace, FWD, spec, num_prefill=num_prefill, num_decode=num_decode)
     sim.run_to_completion()
     return sim, sim.result()

@@ -389,7 +389,7 @@ class FakePrometheus:
         self.headers: list[dict[str, str]] = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_GET(self) -> None:  # http.server's naming
                 query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("query", [""])[0]
                 fake.headers.append(dict(self.headers))
                 time.sleep(fake.delay_s)
@@ -705,7 +705,7 @@ class PrometheusServer:
                 "--log.level=warn",
             ],
             stdout=subprocess.DEVNULL,
-            stderr=open(self.folder / "prometheus.log", "ab"),  # noqa: SIM115 (the process owns it)
+            stderr=open(self.folder / "prometheus.log", "ab"),  # the process owns it
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

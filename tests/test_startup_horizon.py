@@ -149,7 +149,7 @@ def test_the_window_history_is_bounded() -> None:
 # --- the throughput loop ------------------------------------------------------------------------------------------
 
 
-def horizon_config(quantile: float):  # noqa: ANN201 - PlannerConfig
+def horizon_config(quantile: float):  # PlannerConfig
     return make_config(throughput_algorithm="engine_capacity", throughput_horizon_quantile=quantile)
 
 
@@ -196,7 +196,7 @@ def history_with_residual(residual: float, *, planned: float = 3.0, num_windows:
     return PlannerState(horizon_windows=windows)
 
 
-def ordering_tick(state: PlannerState, num_req: float = 2500.0, now_s: float = 660.0, prefill: int = 3):  # noqa: ANN201
+def ordering_tick(state: PlannerState, num_req: float = 2500.0, now_s: float = 660.0, prefill: int = 3):
     """One throughput tick with the knob on and the 450 s scale-down hold; 2500 requests a minute (ISL 3000, OSL
     300) need 2.491 prefill engines before rounding up."""
     config = make_config(
@@ -328,7 +328,7 @@ def test_bench_adds_the_recommended_policy_at_each_knob_setting_and_draws_its_fr
     assert list(knob_line.text) == ["q0", "q0.9"]
 
 
-def point(policy: str, gpu_hours: float, of_attainable: float):  # noqa: ANN201
+def point(policy: str, gpu_hours: float, of_attainable: float):
     from planner_core.lab.sim.frontier import FrontierPoint
 
     return FrontierPoint(policy, gpu_hours, of_attainable)

@@ -161,7 +161,7 @@ def _count_template_reads(ctx, record) -> int:
     engine = ctx[0].sessions.kw["bind"]
     reads = []
 
-    def count(_conn, _cursor, statement, *_args) -> None:  # noqa: ANN001
+    def count(_conn, _cursor, statement, *_args) -> None:
         if "FROM step_templates" in statement:
             reads.append(statement)
 

@@ -179,9 +179,10 @@ def test_the_field_order_of_positional_records_is_pinned() -> None:
 
 def _migration(revision: str):
     from importlib import util
-    from pathlib import Path
 
-    path = next(Path(domain.__file__).parent.glob(f"runtime/store/migrations/versions/*_{revision}_*.py"))
+    from planner_core.runtime.store.migrate import MIGRATIONS_DIR
+
+    path = next(MIGRATIONS_DIR.glob(f"versions/*_{revision}_*.py"))
     spec = util.spec_from_file_location(f"migration_{revision}", path)
     module = util.module_from_spec(spec)
     spec.loader.exec_module(module)

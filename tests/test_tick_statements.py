@@ -21,7 +21,7 @@ class _Statements:
     def __init__(self, url: str) -> None:
         self.engine, self.sql = get_engine(url), []
 
-    def _seen(self, _conn, _cursor, statement, _params, _context, _many) -> None:  # noqa: ANN001
+    def _seen(self, _conn, _cursor, statement, _params, _context, _many) -> None:
         self.sql.append(statement)
 
     def __enter__(self) -> list[str]:

@@ -72,7 +72,7 @@ V1_RECORDS = [
 ]
 
 
-def assert_v1_trace(trace) -> None:  # noqa: ANN001
+def assert_v1_trace(trace) -> None:
     """The trace of V1_RECORDS: sorted arrivals from T0, lengths from replay.input_length / output_tokens."""
     np.testing.assert_array_equal(trace.arrival_s, [0.0, 1.5, 61.25])
     np.testing.assert_array_equal(trace.isl, [64, 128, 256])
@@ -132,7 +132,7 @@ MOONCAKE_RECORDS = [
         pytest.param("t.jsonl", [tool_end(T0_MS), *V1_RECORDS], TraceFormat.DYNAMO_V1, id="dynamo-tool-first"),
     ],
 )
-def test_format_is_sniffed_from_the_first_record(tmp_path: Path, name: str, records: list, expected) -> None:  # noqa: ANN001
+def test_format_is_sniffed_from_the_first_record(tmp_path: Path, name: str, records: list, expected) -> None:
     """A `schema` field in the first record means Dynamo v1; otherwise Mooncake (`timestamp`, lengths)."""
     path = write_jsonl(tmp_path / name, [*records], gz=name.endswith(".gz"))
     assert detect_format(path) is expected
@@ -166,7 +166,7 @@ def shard_records() -> tuple[list, list]:
     return shard_a, shard_b
 
 
-def assert_merged_shards(trace) -> None:  # noqa: ANN001
+def assert_merged_shards(trace) -> None:
     """Both shards on one clock whose origin is the earliest request of either (shard B's)."""
     np.testing.assert_array_equal(trace.arrival_s, [0.0, 2.0, 32.0, 62.0])
     np.testing.assert_array_equal(trace.isl, [50, 100, 200, 300])
@@ -256,7 +256,7 @@ def test_bad_trace_sets_raise_one_line_errors(tmp_path: Path, files: dict, spec:
 GOOD = json.dumps(v1_record(T0_MS, 64, 4))
 
 
-def v1_line(**changes) -> str:  # noqa: ANN003
+def v1_line(**changes) -> str:
     """A request_end record with dotted-path fields replaced (value None deletes the field)."""
     record = v1_record(T0_MS + 1, 64, 4)
     for dotted, value in changes.items():

@@ -116,7 +116,7 @@ def test_flat_out_on_our_simulator_is_full_iterations_and_a_slower_model_is_prop
     find_dynamo_python() is None,
     reason="needs the Dynamo comparison environment: run `make dynamo-env` (or set $DYNAMO_PYTHON)",
 )
-def test_dynamos_report_cuts_every_ttft_into_parts_and_its_prefill_is_measured_flat_out(tmp_path) -> None:  # noqa: ANN001
+def test_dynamos_report_cuts_every_ttft_into_parts_and_its_prefill_is_measured_flat_out(tmp_path) -> None:
     """A 20 s burst on one prefill engine in Dynamo's replay: the parts of each request's TTFT from its report add
     up to the TTFT it reports, a larger pool queues less, and its flat-out prefill is within 15 % of ours (the
     mocker's timing comes from the same profile)."""

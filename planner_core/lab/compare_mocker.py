@@ -206,7 +206,7 @@ def our_figures(result_ttft_s: np.ndarray, result_itl_s: np.ndarray) -> dict[str
 def run_ours(
     case: Case,
     trace: RequestTrace,
-    fwd,  # noqa: ANN001
+    fwd,
     limits: EngineLimits,
     allocation: KvAllocation = KvAllocation.RESERVE,
     watermark: float = 0.01,

@@ -1,7 +1,8 @@
 """How fast the cluster simulator replays a trace, alone and with the planner's decision core in the loop.
 
-    python -m planner_core.lab.sim_speed [--trace FILE] [--rate-scale 10] [--config planner_core/configs/demo.yaml]
-        [--prefill 4 --decode 4] [--agg N] [--kv-allocation reserve|on_demand]
+    python -m planner_core.lab.sim_speed [--trace FILE] [--rate-scale 10]
+        [--config planner_core/configs/policies/planner.yaml] [--prefill 4 --decode 4] [--agg N]
+        [--kv-allocation reserve|on_demand]
 
 Alone: the trace (rate-scaled) on a fixed cluster of `--prefill` + `--decode` workers. With the planner: the
 benchmark's planner policy (throughput ticks every minute, start-up delays on) from the config's minimum size.
@@ -34,7 +35,8 @@ from planner_core.traces import load_trace
 DEFAULT_TRACE = AZURE_CONV_TRACE
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Time each run and print one line per policy; returns the process exit code."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     parser.add_argument("--rate-scale", type=float, default=10.0)
@@ -43,7 +45,7 @@ def main() -> int:
     parser.add_argument("--decode", type=int, default=4)
     parser.add_argument("--agg", type=int, default=0, help="also run this many aggregated engines")
     parser.add_argument("--kv-allocation", type=KvAllocation, choices=list(KvAllocation), default=KvAllocation.RESERVE)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     config = load_config(args.config).policy
     profile_dir = resolve_profile_dir(config, args.config)

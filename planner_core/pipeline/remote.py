@@ -3,7 +3,7 @@
 A plugin listed in `scheduling.external_plugins` runs in another process and is called over gRPC by the runtime
 (`planner_core.runtime.plugin_client`). The core never calls it. What the core knows of it is:
 
-* its `PluginSpec` (`external_plugin_specs`), built from the config entry, always with a circuit breaker;
+* its `PluginSpec` (`external_plugin_spec`), built from the config entry, always with a circuit breaker;
 * its answer in one phase of one tick, a `RemoteAnswer` (a domain record: the overrides, forecast fields or
   observations it returned, or why the call failed), turned into its `PluginResult` by `answer_result`, the one
   conversion live ticks and replay share.
@@ -53,11 +53,6 @@ def external_plugin_spec(entry: ExternalPluginConfig) -> PluginSpec:
             cooldown_s=breaker.cooldown_seconds,
         ),
     )
-
-
-def external_plugin_specs(config: PlannerConfig) -> tuple[PluginSpec, ...]:
-    """The specs of every configured out-of-process plugin, in config order."""
-    return tuple(external_plugin_spec(entry) for entry in config.scheduling.external_plugins)
 
 
 def answer_result(spec: PluginSpec, answer: RemoteAnswer | None) -> PluginResult:

@@ -100,7 +100,7 @@ class BreakerSpec:
                 raise ValueError(f"breaker: field '{name}' = {value!r}: must be a finite number of seconds > 0")
 
 
-class PluginFailure(Exception):  # noqa: N818 - a plugin's recorded outcome, not a programming error
+class PluginFailure(Exception):  # a plugin's recorded outcome, not a programming error
     """Raised by a plugin's `run` to be recorded with a specific reason code (e.g. PLUGIN_TIMEOUT for a remote
     deadline) instead of PLUGIN_RAISED; the pipeline treats it like any failure (skipped, retried, breaker)."""
 

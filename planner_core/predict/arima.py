@@ -200,7 +200,7 @@ def _search_step(state: ArimaState, series: SeriesView) -> ArimaState:
         p, d, q = candidates[search.num_evaluated]
         try:
             fit = fit_order(window, p, d, q, fitted_at=search.window_end)
-        except Exception:  # noqa: BLE001 - a candidate that cannot be fitted is simply not chosen
+        except Exception:  # a candidate that cannot be fitted is simply not chosen
             fit = None
         if fit is not None and (best is None or fit.aic < best.aic):
             best = fit
@@ -227,7 +227,7 @@ def _refit(state: ArimaState, series: SeriesView) -> ArimaState:
         # Warm start from the parameters in force: a few windows later they are close to the new optimum, which
         # roughly halves the optimiser's work and keeps the parameters from jumping between local optima.
         new_fit = fit_order(window, fit.p, fit.d, fit.q, fitted_at=series.num_points, start=fit.params)
-    except Exception:  # noqa: BLE001 - the previous parameters stay; forecasts say which point they are from
+    except Exception:  # the previous parameters stay; forecasts say which point they are from
         return state
     return dataclasses.replace(state, fit=new_fit)
 

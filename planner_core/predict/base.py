@@ -62,10 +62,6 @@ class SeriesView:
             num_points=self.num_points + 1,
         )
 
-    def with_model(self, model: SeriesModel) -> SeriesView:
-        """The same values with another fitted state."""
-        return SeriesView(series=self.series, values=self.values, model=model, num_points=self.num_points)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SeriesForecast:

@@ -49,7 +49,7 @@ def forecast(series: SeriesView, config: PlannerConfig) -> SeriesForecast:
         return SeriesForecast(value=series.last, fallback=False, detail="prophet: constant series, its value used")
     try:
         yhat = _fit_and_predict(series, values, config)
-    except Exception as exc:  # noqa: BLE001 - never silent: the step records the fallback and the error
+    except Exception as exc:  # never silent: the step records the fallback and the error
         return failed("prophet", series, f"fit failed ({type(exc).__name__}: {exc})")
     value = from_model_space(yhat, config.load_predictor_log1p)
     if not math.isfinite(value):

@@ -125,7 +125,7 @@ class ExecutionListener:
                 self._uri, autocommit=True, connect_timeout=self.settings.connect_timeout_s, **_KEEPALIVES
             )
             conn.execute(f"LISTEN {DECISIONS_CHANNEL}")
-        except Exception as exc:  # noqa: BLE001 - any failure to listen is retried with backoff
+        except Exception as exc:  # any failure to listen is retried with backoff
             self.stats.num_connect_failures += 1
             _log.warning("execution listener for %s: cannot LISTEN: %s", self.deployment, _one_line(exc))
             return None
@@ -138,7 +138,7 @@ class ExecutionListener:
         self.stats.runs[trigger] += 1
         try:
             return self._execute(trigger)
-        except Exception as exc:  # noqa: BLE001 - the listener outlives a failing run; the next one retries
+        except Exception as exc:  # the listener outlives a failing run; the next one retries
             self.stats.num_run_failures += 1
             _log.warning("execution for %s (%s) failed: %s", self.deployment, trigger.value, _one_line(exc))
             return True
@@ -194,7 +194,7 @@ class ExecutionListener:
                     continue
                 try:
                     notified = self._wait_for_notify(conn, wait_s)
-                except Exception as exc:  # noqa: BLE001 - whatever broke the connection, reconnect
+                except Exception as exc:  # whatever broke the connection, reconnect
                     _log.warning("execution listener for %s: connection lost: %s", self.deployment, _one_line(exc))
                     self.listening.clear()
                     conn.close()

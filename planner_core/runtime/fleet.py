@@ -605,10 +605,6 @@ def replay_round(session: Session, round_id: int) -> tuple[bool, tuple[GpuGrant,
     return stored == sorted((g.deployment, g.granted_gpus, g.reason.value) for g in grants), grants
 
 
-def members_configs(contexts: dict[str, PlannerContext]) -> dict[str, PlannerConfig]:
-    return {name: ctx.config for name, ctx in contexts.items()}
-
-
 def _tick_tables() -> tuple[str, ...]:
     """The tables holding what one tick recorded: the partitioned tick tables (`ticks` and the tables of one
     tick's rows, `store.partitions.TICK_TABLES`), plus `decisions` and `audit_log`, whose rows name their tick
@@ -711,7 +707,7 @@ def run_round(
             )  # fmt: skip
             recorded = result.tick_id is not None
             problem = None
-        except Exception as exc:  # noqa: BLE001 - a failing member is reported, the others go on
+        except Exception as exc:  # a failing member is reported, the others go on
             recorded, problem = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return (time.perf_counter() - began) * 1000.0, recorded, problem
 

@@ -27,11 +27,6 @@ def redact_text(text: str) -> str:
     return _KEYWORD_PASSWORD.sub(lambda m: m["head"] + MASK, text)
 
 
-def redact_url(url: str | None) -> str | None:
-    """A URL fit for a log line or the record: its password (if any) replaced by `***`."""
-    return None if url is None else redact_text(url)
-
-
 def redact_value(value: Any) -> Any:
     """`redact_text` applied to every string inside a JSON-like value (dicts, lists, tuples), keys included."""
     if isinstance(value, str):

@@ -349,7 +349,7 @@ def main(argv: list[str]) -> int:
         config = json.loads(args.config)
         capabilities = json.loads(args.capabilities)
         server = PlannerServer(config, capabilities, args.profile)
-    except Exception as exc:  # noqa: BLE001 - one line for the caller, whatever failed
+    except Exception as exc:  # one line for the caller, whatever failed
         print(f"run_planner: cannot start Dynamo's planner: {type(exc).__name__}: {exc}".replace("\n", " "),
               file=sys.stderr)  # fmt: skip
         return 1
@@ -369,7 +369,7 @@ def main(argv: list[str]) -> int:
             try:
                 request = json.loads(line)
                 _emit(server.handle(request))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 message = f"{type(exc).__name__}: {exc}".replace("\n", " ")
                 print(f"run_planner: request line {number}: {message}", file=sys.stderr)
                 return 1

@@ -177,7 +177,7 @@ def main(argv: list[str]) -> int:
         run_planner.install_perf_model_shim()
         from dynamo.planner import _version
         from dynamo.planner.offline import replay_adapter  # noqa: F401 - fail here, not mid-run
-    except Exception as exc:  # noqa: BLE001 - one line for the caller, whatever failed
+    except Exception as exc:  # one line for the caller, whatever failed
         print(f"run_replay: cannot import Dynamo: {type(exc).__name__}: {exc}".replace("\n", " "), file=sys.stderr)
         return 1
     engines: dict[Any, tuple[dict, dict]] = {}
@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
         try:
             result = run_job(job, protocol, engines)
             Path(job["out"]).write_text(json.dumps(result, default=_plain), encoding="utf-8")
-        except Exception as exc:  # noqa: BLE001 - one line for the caller, whatever failed
+        except Exception as exc:  # one line for the caller, whatever failed
             print(f"run_replay: {type(exc).__name__}: {exc}".replace("\n", " "), file=sys.stderr)
             return 1
         protocol.write(json.dumps({"done": True, "out": job["out"]}) + "\n")

@@ -22,10 +22,11 @@ Policies:
   per-window sizes, i.e. provisioning for the busiest window's actual need or for the average need.
 - `dynamo-1.6.1` / `dynamo-1.6.1-load`: Dynamo 1.6.1's own planner (throughput scaling, and throughput plus
   load scaling) deciding in a subprocess run with Dynamo's virtualenv (`planner_core.lab.sim.dynamo_policy`).
-- the planner presets (`PLANNER_PRESETS`: `threshold`, `dynamo-0x`, `dynamo-1x`, `planner`): the planner's
-  decision core (`tick`) in the loop, with a config: each throughput interval it sees the window that just
-  ended, each load interval the engines' forward-pass snapshots; its decisions apply at once (start-up delays
-  still apply). `config:<name>` (`UserPlannerConfig`) is the same with a user's config file and plugins.
+- the named planner policies (`policy_names()`: the config files in `planner_core/configs/policies/`, e.g.
+  `threshold`, `dynamo-0x`, `dynamo-1x`, `planner`): the planner's decision core (`tick`) in the loop, with a
+  config: each throughput interval it sees the window that just ended, each load interval the engines'
+  forward-pass snapshots; its decisions apply at once (start-up delays still apply). `config:<name>`
+  (`UserPlannerConfig`) is the same with a user's config file and plugins.
 - `fixed:P:D`: a fixed size given on the command line.
 
 Aggregated mode (`SimSpec.aggregated`, `planner bench --mode agg`): one pool of aggregated engines, counted as
@@ -525,7 +526,7 @@ def bench_table_rows(runs: Sequence[PolicyRun]) -> list[list[str]]:
 BENCH_TABLE_HEADER = ("policy", "SLA ok", "TTFT ok", "ITL ok", "GPU-h", "x oracle", "events")
 
 
-def bench_figure(  # noqa: ANN201
+def bench_figure(
     runs: Sequence[PolicyRun],
     trace: RequestTrace,
     *,

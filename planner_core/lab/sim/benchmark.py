@@ -227,12 +227,14 @@ def benchmark(
     return BenchOutcome(trace=trace, policies=tuple(policies), runs=tuple(runs), warnings=tuple(warnings))
 
 
-def _dynamo_benchmark(request, names, base, trace, perf, fwd, spec, oracle, user_configs, warnings, on_built, on_done):  # noqa: ANN001, ANN202, PLR0913 - benchmark's locals
+def _dynamo_benchmark(  # untyped: benchmark's locals, passed through
+    request, names, base, trace, perf, fwd, spec, oracle, user_configs, warnings, on_built, on_done
+):
     """`benchmark` on Dynamo's replay engine (`planner_core.lab.sim.dynamo_engine.dynamo_bench`): the same policies,
     built by `build_policies`, served by Dynamo's replay, with that engine's own oracle."""
     from planner_core.lab.sim.dynamo_engine import dynamo_bench
 
-    def build(chosen):  # noqa: ANN001, ANN202
+    def build(chosen):
         return build_policies(
             chosen, base, trace, perf, fwd, spec, window_s=request.throughput_interval_s, oracle=oracle,
             initial="min", dynamo_python=request.dynamo_python, user_configs=user_configs,
@@ -241,7 +243,7 @@ def _dynamo_benchmark(request, names, base, trace, perf, fwd, spec, oracle, user
     if request.dynamo_oracle not in ("exact", "bracket"):
         raise ValueError(f"--dynamo-oracle: {request.dynamo_oracle!r} is neither 'exact' nor 'bracket'")
 
-    def bracket():  # noqa: ANN202 - our simulator's oracle windows, the approximation's starting sizes
+    def bracket():  # our simulator's oracle windows, the approximation's starting sizes
         return oracle_windows(
             trace, fwd, spec, ttft_ms=request.ttft_ms, itl_ms=request.itl_ms,
             window_s=request.throughput_interval_s, settings=oracle,

@@ -225,7 +225,7 @@ class ReplayView:
         """Nothing: Dynamo's replay router queues every request (as our simulator's routers other than `slo`)."""
         return ()
 
-    def observe(self, start_s: float, end_s: float, *, planner: Planner | None = None):  # noqa: ANN201
+    def observe(self, start_s: float, end_s: float, *, planner: Planner | None = None):
         """The window [start_s, end_s) by `window_observation`, with Dynamo's latency and hit-rate figures."""
         ttft_ms, itl_ms, kv_hit_rate = merged_latency(
             [w for s, e, w in self._traffic if s >= start_s - _TICK_TOLERANCE_S and e <= end_s + _TICK_TOLERANCE_S]
@@ -497,7 +497,7 @@ def replay_oracle_windows(
             sub = _sub_trace(trace, span)
             scored = slice(own.start - span.start, own.stop - span.start)
 
-            def met(size: tuple[int, int], *, sub=sub, scored=scored, previous=previous, start_s=start_s):  # noqa: ANN001, ANN202
+            def met(size: tuple[int, int], *, sub=sub, scored=scored, previous=previous, start_s=start_s):
                 ttft_met, both_met = engine.window_masks(
                     sub, scored, previous=previous or size, size=size, switch_s=start_s, ttft_ms=ttft_ms,
                     itl_ms=itl_ms,

@@ -288,7 +288,7 @@ class TraceMetricsExporter:
         registry.register(self)
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_GET(self) -> None:  # http.server's naming
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404)
                     return

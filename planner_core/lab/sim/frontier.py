@@ -173,7 +173,7 @@ def describe_startup_goal(points: Sequence[FrontierPoint]) -> list[str]:
     return lines
 
 
-def frontier_figure(runs: Sequence[PolicyRun], *, title: str):  # noqa: ANN201 - plotly Figure (lazy import)
+def frontier_figure(runs: Sequence[PolicyRun], *, title: str):  # plotly Figure (lazy import)
     """A Plotly figure: attainment (% of attainable) against GPU-hours, one marker per policy, the knob's runs as
     one line."""
     import plotly.graph_objects as go  # plotting is only needed for the HTML page

@@ -342,7 +342,7 @@ def oracle_windows(
     ttft_ms: float,
     itl_ms: float,
     window_s: float,
-    settings: OracleSettings = OracleSettings(),  # noqa: B008 - frozen value
+    settings: OracleSettings = OracleSettings(),  # frozen value
 ) -> list[OracleWindow]:
     """The oracle's size for every window of the trace, from the window at offset 0 (see the module docstring).
 
@@ -418,7 +418,7 @@ def oracle_first_window(
     ttft_ms: float,
     itl_ms: float,
     window_s: float,
-    settings: OracleSettings = OracleSettings(),  # noqa: B008 - frozen value
+    settings: OracleSettings = OracleSettings(),  # frozen value
 ) -> OracleWindow | None:
     """The oracle's answer for the first window only (None for a trace without requests), without searching the
     rest of the trace: what a policy starting "at the oracle's size" needs when the oracle itself is not run.

@@ -545,7 +545,7 @@ def with_retries(
             return attempt()
         except passthrough:
             raise
-        except Exception as exc:  # noqa: BLE001 - classified below; anything else is re-raised as is
+        except Exception as exc:  # classified below; anything else is re-raised as is
             reason = transient_reason(exc, conflict_statuses=conflict_statuses)
             if reason is None:
                 if isinstance(exc, ApiException):

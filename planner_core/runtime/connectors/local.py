@@ -401,14 +401,14 @@ class LocalConnector:
         nice = self.settings.nice
         with log_path.open("ab") as log:
             try:
-                process = subprocess.Popen(  # noqa: S603 - the operator's own command template
+                process = subprocess.Popen(  # the operator's own command template
                     argv,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,  # outlives the flow run; its group is signalled on drain
-                    preexec_fn=(lambda: os.nice(nice)) if nice else None,  # noqa: PLW1509 - only os.nice
+                    preexec_fn=(lambda: os.nice(nice)) if nice else None,  # only os.nice
                 )
             except OSError as exc:
                 raise LocalConnectorError(f"{field}[0] = {argv[0]!r}: cannot start: {exc.strerror}") from None

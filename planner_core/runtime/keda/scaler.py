@@ -216,7 +216,7 @@ class KedaScaler:
                 location = roles[role]
                 try:
                     reached = location is not None and self._ready_replicas(location) == wanted[role]
-                except Exception as exc:  # noqa: BLE001 - the metric is still served; the next poll reads again
+                except Exception as exc:  # the metric is still served; the next poll reads again
                     log.warning("deployment %r: cannot read %s %s/%s: %s", target.deployment, *location, exc)
                     return False
                 if not reached:
@@ -293,10 +293,10 @@ class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
             context.abort(exc.code, str(exc))  # raises
             raise
 
-    def IsActive(self, request: pb.ScaledObjectRef, context: grpc.ServicerContext) -> pb.IsActiveResponse:  # noqa: N802
+    def IsActive(self, request: pb.ScaledObjectRef, context: grpc.ServicerContext) -> pb.IsActiveResponse:
         return pb.IsActiveResponse(result=self._target(request, context).replicas > 0)
 
-    def StreamIsActive(  # noqa: N802
+    def StreamIsActive(
         self, request: pb.ScaledObjectRef, context: grpc.ServicerContext
     ) -> Iterator[pb.IsActiveResponse]:
         """The current answer at once, then every change, polling the database every `stream_interval_s`."""
@@ -311,16 +311,14 @@ class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
             if done.wait(self.stream_interval_s):
                 return
 
-    def GetMetricSpec(  # noqa: N802
-        self, request: pb.ScaledObjectRef, context: grpc.ServicerContext
-    ) -> pb.GetMetricSpecResponse:
+    def GetMetricSpec(self, request: pb.ScaledObjectRef, context: grpc.ServicerContext) -> pb.GetMetricSpecResponse:
         target = self._target(request, context)
         # Target size 1: HPA's desired replicas = metric value / 1 = the planner's target.
         return pb.GetMetricSpecResponse(
             metricSpecs=[pb.MetricSpec(metricName=target.metric_name, targetSize=1, targetSizeFloat=1.0)]
         )
 
-    def GetMetrics(self, request: pb.GetMetricsRequest, context: grpc.ServicerContext) -> pb.GetMetricsResponse:  # noqa: N802
+    def GetMetrics(self, request: pb.GetMetricsRequest, context: grpc.ServicerContext) -> pb.GetMetricsResponse:
         target = self._target(request.scaledObjectRef, context)
         self.scaler.served(target, self._workload(request.scaledObjectRef, context))
         return pb.GetMetricsResponse(

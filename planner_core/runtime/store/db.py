@@ -68,7 +68,7 @@ def embedded_database_url(pg_dir: Path, *, timeout_s: float | None = None) -> st
         return to_sqlalchemy_url(pgserver.get_server(pg_dir, cleanup_mode=None).get_uri())
     except EmbeddedDatabaseError:
         raise
-    except Exception as exc:  # noqa: BLE001 - pgserver fails with asserts and subprocess errors: one line instead
+    except Exception as exc:  # pgserver fails with asserts and subprocess errors: one line instead
         detail = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise EmbeddedDatabaseError(
             f"the embedded database under {pg_dir} does not start ({type(exc).__name__}: {detail}); its log is "
@@ -92,7 +92,7 @@ def _holding_pgserver_lock(timeout_s: float) -> Iterator[bool]:
     relocks it and, on leaving, releases it."""
     from pgserver.postgres_server import PostgresServer
 
-    lock = PostgresServer._lock  # noqa: SLF001 - the lock pgserver takes, so that its wait has a bound
+    lock = PostgresServer._lock  # the lock pgserver takes, so that its wait has a bound
     held = lock.acquire(timeout=timeout_s)
     try:
         yield held
@@ -108,7 +108,7 @@ def _pgserver_lock(pg_dir: Path, timeout_s: float) -> Iterator[None]:
         if not held:
             from pgserver.postgres_server import PostgresServer
 
-            path = PostgresServer._lock.path  # noqa: SLF001
+            path = PostgresServer._lock.path
             raise EmbeddedDatabaseError(
                 f"the embedded database under {pg_dir}: another process has held pgserver's lock {path} for over "
                 f"{timeout_s:g} s (a stuck start?); `fuser {path}` names it"
@@ -120,7 +120,7 @@ def _lock_holder_hint() -> str:
     """A hint naming pgserver's lock if another process holds it now, else ""."""
     from pgserver.postgres_server import PostgresServer
 
-    lock = PostgresServer._lock  # noqa: SLF001
+    lock = PostgresServer._lock
     if lock.acquire(blocking=False):
         lock.release()
         return ""
@@ -130,7 +130,7 @@ def _lock_holder_hint() -> str:
 def _has_handle(pg_dir: Path) -> bool:
     from pgserver.postgres_server import PostgresServer
 
-    return pg_dir in PostgresServer._instances  # noqa: SLF001
+    return pg_dir in PostgresServer._instances
 
 
 def _postmaster_state(pg_dir: Path) -> str:
@@ -204,7 +204,7 @@ def _release_at_exit(server: object) -> None:
     """Replace pgserver's exit hook for `server` (it waits for the lock without limit) by `_release_handles`."""
     import atexit
 
-    atexit.unregister(server._cleanup)  # type: ignore[attr-defined]  # noqa: SLF001
+    atexit.unregister(server._cleanup)  # type: ignore[attr-defined]
     if not _HANDLES_TO_RELEASE:
         atexit.register(_release_handles)
     _HANDLES_TO_RELEASE[server.pgdata] = server  # type: ignore[attr-defined]
@@ -219,7 +219,7 @@ def _release_handles() -> None:
             return
         for server in _HANDLES_TO_RELEASE.values():
             with suppress(Exception):  # a handle whose server was killed meanwhile: nothing left to release
-                server._cleanup()  # type: ignore[attr-defined]  # noqa: SLF001 - mode None: list bookkeeping only
+                server._cleanup()  # type: ignore[attr-defined]  # mode None: list bookkeeping only
 
 
 def _forget_dead_server(pg_dir: Path) -> None:
@@ -229,7 +229,7 @@ def _forget_dead_server(pg_dir: Path) -> None:
     from pgserver.postgres_server import PostgresServer
 
     if _has_handle(pg_dir) and _postmaster_state(pg_dir) != "running":
-        del PostgresServer._instances[pg_dir]  # noqa: SLF001
+        del PostgresServer._instances[pg_dir]
 
 
 def _initialise_atomically(pg_dir: Path, timeout_s: float) -> None:
@@ -258,7 +258,7 @@ def _initialise_atomically(pg_dir: Path, timeout_s: float) -> None:
             server = pgserver.get_server(staging, cleanup_mode="stop")
     except EmbeddedDatabaseError:
         raise
-    except Exception as exc:  # noqa: BLE001 - as in embedded_database_url
+    except Exception as exc:  # as in embedded_database_url
         raise EmbeddedDatabaseError(
             f"cannot initialise the embedded database in {staging} ({type(exc).__name__}: "
             f"{' '.join(str(exc).split())[:200]}); its log is {staging / 'log'}"
@@ -267,7 +267,7 @@ def _initialise_atomically(pg_dir: Path, timeout_s: float) -> None:
         server.cleanup()  # the last handle: pgserver stops the server ("stop" mode keeps the folder)
     import atexit
 
-    atexit.unregister(server._cleanup)  # noqa: SLF001 - done above; at exit it would look for the renamed folder
+    atexit.unregister(server._cleanup)  # done above; at exit it would look for the renamed folder
     _stop_servers_of(staging)  # already stopped, unless another process attached to it meanwhile
     try:
         staging.rename(pg_dir)
@@ -405,32 +405,6 @@ def resolve_owner_database_url(settings: RuntimeSettings | None = None) -> str:
     return embedded_database_url(settings.embedded_pg_dir)
 
 
-@contextmanager
-def scratch_database(prefix: str, *, keep: bool = False) -> Iterator[str]:
-    """A fresh, migrated database `<prefix>_<random>` on the planner's Postgres server (made through the owner's
-    URL), for one benchmark run; dropped afterwards unless `keep`. Yields its SQLAlchemy URL."""
-    import uuid
-
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    from planner_core.runtime.store.migrate import upgrade
-
-    owner = resolve_owner_database_url(RuntimeSettings())
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    url = make_url(owner).set(database=name).render_as_string(hide_password=False)
-    with psycopg.connect(to_libpq_uri(owner), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    try:
-        upgrade(url)
-        yield url
-    finally:
-        get_engine(url).dispose()
-        if not keep:
-            with psycopg.connect(to_libpq_uri(owner), autocommit=True) as conn:
-                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
 @cache
 def get_engine(url: str, *, lock_timeout_ms: int | None = None, statement_timeout_ms: int | None = None) -> Engine:
     """One pooled engine per URL (and timeouts) per process. Every connection works in UTC.
@@ -443,7 +417,7 @@ def get_engine(url: str, *, lock_timeout_ms: int | None = None, statement_timeou
     settings = [("lock_timeout", lock_timeout_ms), ("statement_timeout", statement_timeout_ms)]
 
     @event.listens_for(engine, "connect")
-    def _set_session(dbapi_connection, _record):  # noqa: ANN001
+    def _set_session(dbapi_connection, _record):
         with dbapi_connection.cursor() as cursor:
             cursor.execute("SET TIME ZONE 'UTC'")
             for name, value_ms in settings:

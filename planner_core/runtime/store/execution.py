@@ -66,7 +66,7 @@ def execute_pending(
         with session.begin_nested():  # a failing connector rolls back only its own writes
             result = connector.apply(session, newest, now)
         outcome, detail = result.outcome, result.detail
-    except Exception as exc:  # noqa: BLE001 - any connector error is recorded, never lost
+    except Exception as exc:  # any connector error is recorded, never lost
         outcome, detail = ExecutionOutcome.FAILED, f"{type(exc).__name__}: {exc}"
     # Only failures count towards giving up: attempts held back (unacknowledged, not ready) are waits, and a
     # long wait followed by one transient error must not fail the decision.

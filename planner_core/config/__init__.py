@@ -29,7 +29,7 @@ The split (one flat file, two models). The rule is what the decision reads:
 A field's model is chosen by its name alone, so a Dynamo-style file loads unchanged and the error messages
 name the field as written in the file.
 
-The modules, each importing only those listed before it:
+The modules, each importing at run time only those listed before it:
 
 * `enums`: the choices (`PlannerMode`, `OptimizationTarget`, ...) and `managed_components`.
 * `errors`: `ConfigError` and the rendering of one rule's violation.

@@ -531,9 +531,9 @@ def test_migration_0020_positional_inputs_and_delta_dictionary(empty_database_ur
         ScheduledRequests,
         TickInputs,
         TickOutcome,
-        inputs_from_stored,
     )
     from planner_core.runtime.store import repository as repo
+    from planner_core.runtime.store.codec import inputs_from_stored
     from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
     from tests.conftest import record_outcome
 

@@ -25,11 +25,9 @@ from planner_core.domain import (
     PlannerState,
     TickInputs,
     TickOutcome,
-    from_jsonable,
-    stored_inputs,
-    to_jsonable,
 )
 from planner_core.runtime.redact import redact_value
+from planner_core.runtime.store.codec import from_jsonable, stored_inputs, to_jsonable
 from planner_core.runtime.store.models import (
     AuditLogRow,
     DecisionRow,

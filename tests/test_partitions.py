@@ -26,9 +26,11 @@ from planner_core.runtime.store.partitions import (
     ensure_partitions_ahead,
     forget_all,
     partition_days,
+    partition_start,
+    same_partition,
 )
 from planner_core.runtime.store.prune import drop_partitions
-from planner_core.state_delta import encode_delta, partition_start, same_partition, state_delta
+from planner_core.runtime.store.state_delta import encode_delta, state_delta
 from tests.conftest import create_login, decision_outcome, drop_login, record_outcome, write_config
 
 UTC = dt.UTC

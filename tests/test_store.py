@@ -207,7 +207,7 @@ def test_every_state_of_a_multi_tick_run_reads_back_exactly(database_url, tmp_pa
     from planner_core.runtime.fleet_bench import _reports
     from planner_core.runtime.store.codec import to_jsonable
     from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
-    from planner_core.state_delta import FULL_STATE_EVERY
+    from planner_core.runtime.store.state_delta import FULL_STATE_EVERY
 
     ctx = load_context(database_url, "state-deltas", bench_config(tmp_path, 5.0))  # load loop, online perf models
     produced = {}

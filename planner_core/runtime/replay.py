@@ -47,7 +47,7 @@ from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.codec import from_jsonable, inputs_from_stored, to_jsonable
 from planner_core.runtime.store.db import get_engine
 from planner_core.runtime.store.models import ReplayMode, ReplayTickOutcome
-from planner_core.state_delta import apply_delta, decode_delta, same_json
+from planner_core.runtime.store.state_delta import apply_delta, decode_delta, same_json
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when running from one (for `git describe`)
 MAX_FIELDS_PER_SECTION = 12  # differing fields listed per section (reason, decision, ..., next_state)

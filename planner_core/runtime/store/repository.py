@@ -38,18 +38,16 @@ from planner_core.runtime.store.models import (
     PlannerConfigRow,
     Tick,
 )
-from planner_core.runtime.store.partitions import ensure_partition
-from planner_core.runtime.store.step_packing import record_steps
-from planner_core.state_delta import (
+from planner_core.runtime.store.partitions import ensure_partition, partition_bounds, same_partition
+from planner_core.runtime.store.state_delta import (
     FULL_STATE_EVERY,
     StateDeltaError,
     apply_delta,
     decode_delta,
     encode_delta,
-    partition_bounds,
-    same_partition,
     state_delta,
 )
+from planner_core.runtime.store.step_packing import record_steps
 
 # The channel a tick's transaction notifies when it records a pending decision; the payload is the deployment's
 # name. Postgres delivers a NOTIFY only when its transaction commits, so a rolled-back tick wakes nobody.

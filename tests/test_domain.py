@@ -1,4 +1,5 @@
-"""Tests of `planner_core.domain`: the JSON form of every boundary dataclass and traffic validation (pure).
+"""Tests of `planner_core.domain`: the JSON form of every boundary dataclass (`planner_core.runtime.store.codec`)
+and traffic validation (pure).
 
 Observed behaviour of the JSON form, pinned here: NaN, +inf and -inf floats become the strings "nan", "inf" and
 "-inf" (their `repr`), so `json.dumps(..., allow_nan=False)` accepts the result (JSONB has no NaN/inf), and
@@ -71,9 +72,8 @@ from planner_core.domain import (
     TrafficObservation,
     UnplacedRequests,
     WorkerCounts,
-    from_jsonable,
-    to_jsonable,
 )
+from planner_core.runtime.store.codec import from_jsonable, to_jsonable
 
 # --- strategies ------------------------------------------------------------------------------------------------
 
@@ -433,11 +433,11 @@ def through_json(value: Any) -> Any:
 
 
 def test_every_domain_dataclass_is_covered() -> None:
-    """The round-trip strategies cover every dataclass defined in `planner_core.domain`."""
+    """The round-trip strategies cover every dataclass defined in `planner_core.domain` (its modules)."""
     defined = {
         obj
         for _, obj in inspect.getmembers(domain, inspect.isclass)
-        if dataclasses.is_dataclass(obj) and obj.__module__ == domain.__name__
+        if dataclasses.is_dataclass(obj) and obj.__module__.startswith(f"{domain.__name__}.")
     }
     assert defined == set(DATACLASSES)
 

@@ -409,7 +409,7 @@ def test_migration_0016_planner_state_deltas(empty_database_url, tmp_path, profi
     full states and the next tick is a delta again; a delta that does not fit its base makes the downgrade refuse,
     changing nothing."""
     from planner_core.runtime.store import repository as repo
-    from planner_core.state_delta import encode_delta
+    from planner_core.runtime.store.state_delta import encode_delta
 
     url = empty_database_url
     upgrade(url)
@@ -531,9 +531,9 @@ def test_migration_0020_positional_inputs_and_delta_dictionary(empty_database_ur
         ScheduledRequests,
         TickInputs,
         TickOutcome,
-        inputs_from_stored,
     )
     from planner_core.runtime.store import repository as repo
+    from planner_core.runtime.store.codec import inputs_from_stored
     from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
     from tests.conftest import record_outcome
 

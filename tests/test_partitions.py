@@ -12,11 +12,12 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from planner_core.domain import Loop, PlannerState, TrafficObservation, from_jsonable
+from planner_core.domain import Loop, PlannerState, TrafficObservation
 from planner_core.runtime.replay import replay
 from planner_core.runtime.service import load_context, run_tick
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.audit_chain import verify_chain
+from planner_core.runtime.store.codec import from_jsonable
 from planner_core.runtime.store.db import get_engine, to_libpq_uri, to_sqlalchemy_url
 from planner_core.runtime.store.migrate import downgrade, upgrade
 from planner_core.runtime.store.partitions import (
@@ -25,9 +26,11 @@ from planner_core.runtime.store.partitions import (
     ensure_partitions_ahead,
     forget_all,
     partition_days,
+    partition_start,
+    same_partition,
 )
 from planner_core.runtime.store.prune import drop_partitions
-from planner_core.state_delta import encode_delta, partition_start, same_partition, state_delta
+from planner_core.runtime.store.state_delta import encode_delta, state_delta
 from tests.conftest import create_login, decision_outcome, drop_login, record_outcome, write_config
 
 UTC = dt.UTC

@@ -22,8 +22,6 @@ from planner_core.domain import (
     PlannerState,
     ReasonCode,
     ScheduledRequests,
-    from_jsonable,
-    to_jsonable,
 )
 from planner_core.perf.capacity import prefill_capacity
 from planner_core.perf.online import (
@@ -35,6 +33,7 @@ from planner_core.perf.online import (
     observe_role,
     readiness_step,
 )
+from planner_core.runtime.store.codec import from_jsonable, to_jsonable
 
 
 def prefill_fpm(tokens: int, wall_s: float, *, requests: int = 1) -> ForwardPassMetrics:

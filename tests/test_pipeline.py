@@ -34,8 +34,6 @@ from planner_core.domain import (
     TickInputs,
     TrafficObservation,
     WorkerCounts,
-    from_jsonable,
-    to_jsonable,
 )
 from planner_core.pipeline import (
     Contribution,
@@ -53,6 +51,7 @@ from planner_core.pipeline import (
     resolve_plugins,
     run_pipeline,
 )
+from planner_core.runtime.store.codec import from_jsonable, to_jsonable
 
 P, D = Component.PREFILL, Component.DECODE
 SET, AT_LEAST, AT_MOST, REJECT = OverrideType.SET, OverrideType.AT_LEAST, OverrideType.AT_MOST, OverrideType.REJECT

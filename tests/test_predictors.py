@@ -43,11 +43,10 @@ from planner_core.domain import (
     TickInputs,
     TrafficObservation,
     WorkerCounts,
-    from_jsonable,
-    to_jsonable,
 )
 from planner_core.predict import PREDICTORS, arima, ensemble, kalman, observe_window, predict_next, series_view
 from planner_core.predict.base import MAX_HISTORY_POINTS, SeriesForecast, SeriesView
+from planner_core.runtime.store.codec import from_jsonable, to_jsonable
 from planner_core.tick import tick
 
 WINDOW_S = 60

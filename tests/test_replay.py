@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner_core.domain import LoadHistory, to_jsonable
+from planner_core.domain import LoadHistory
 from planner_core.runtime.replay import _history_jsonable, replay
+from planner_core.runtime.store.codec import to_jsonable
 from planner_core.runtime.store.db import to_libpq_uri
 from planner_core.runtime.store.models import ReplayMode
 from tests.conftest import write_config

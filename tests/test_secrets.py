@@ -53,7 +53,7 @@ def _table_text(url: str) -> dict[str, str]:
     decompressed too (deltas and, since migration 0020, whole states are stored zlib-compressed)."""
     import json
 
-    from planner_core.state_delta import decode_delta
+    from planner_core.runtime.store.state_delta import decode_delta
 
     with psycopg.connect(to_libpq_uri(url)) as conn:
         tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]

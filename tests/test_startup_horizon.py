@@ -17,8 +17,6 @@ from planner_core.domain import (
     ReasonCode,
     StartupSample,
     StartupState,
-    from_jsonable,
-    to_jsonable,
 )
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.policy.horizon import (
@@ -30,6 +28,7 @@ from planner_core.policy.horizon import (
     record_window,
     track_startups,
 )
+from planner_core.runtime.store.codec import from_jsonable, to_jsonable
 from planner_core.tick import tick
 from tests.test_tick import PROFILE_DIR, desired, make_config, steps_named, throughput_inputs, traffic, workers
 

@@ -1,5 +1,5 @@
-"""Planner-state deltas (`planner_core.state_delta`): applying the delta of two documents gives the second one
-exactly, value for value and type for type; a small change gives a small delta."""
+"""Planner-state deltas (`planner_core.runtime.store.state_delta`): applying the delta of two documents gives the
+second one exactly, value for value and type for type; a small change gives a small delta."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner_core.state_delta import (
+from planner_core.runtime.store.state_delta import (
     DELTA_DICTIONARY_1,
     StateDeltaError,
     apply_delta,

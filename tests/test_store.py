@@ -25,12 +25,11 @@ from planner_core.domain import (
     TickOutcome,
     TrafficObservation,
     UnplacedRequests,
-    from_jsonable,
-    inputs_from_stored,
 )
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.runtime.service import load_context, run_tick
 from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.codec import from_jsonable, inputs_from_stored
 from planner_core.runtime.store.db import to_libpq_uri
 from planner_core.runtime.store.models import (
     AuditLogRow,
@@ -205,10 +204,10 @@ def test_every_state_of_a_multi_tick_run_reads_back_exactly(database_url, tmp_pa
     `FULL_STATE_EVERY` states (compressed like the deltas: a delta from nothing), the rest are deltas, each under
     half the size of a stored full state."""
     from planner_cli.fleet import bench_config
-    from planner_core.domain import to_jsonable
     from planner_core.runtime.fleet_bench import _reports
+    from planner_core.runtime.store.codec import to_jsonable
     from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
-    from planner_core.state_delta import FULL_STATE_EVERY
+    from planner_core.runtime.store.state_delta import FULL_STATE_EVERY
 
     ctx = load_context(database_url, "state-deltas", bench_config(tmp_path, 5.0))  # load loop, online perf models
     produced = {}

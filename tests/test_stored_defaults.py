@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner_core import domain
 from planner_core.domain import (
     AppliedTargets,
     Component,
@@ -28,9 +27,9 @@ from planner_core.domain import (
     TrafficObservation,
     UnplacedRequests,
     WorkerCounts,
-    from_jsonable,
-    to_jsonable,
 )
+from planner_core.runtime.store import codec
+from planner_core.runtime.store.codec import from_jsonable, to_jsonable
 
 _NO_TRAFFIC_FEATURES = dict.fromkeys(
     (
@@ -78,12 +77,12 @@ def _defaults_reachable_from(cls: type, seen: dict[str, dict]) -> dict[str, dict
     defaults: dict = {}
     seen[cls.__name__] = defaults
     for f in dataclasses.fields(cls):
-        default = domain.field_default(f)
+        default = codec.field_default(f)
         if default is not dataclasses.MISSING:
             defaults[f.name] = to_jsonable(default)
         for name in re.findall(r"[A-Za-z_]+", str(f.type)):
-            if name in domain._DATACLASSES:
-                _defaults_reachable_from(domain._DATACLASSES[name], seen)
+            if name in codec._DATACLASSES:
+                _defaults_reachable_from(codec._DATACLASSES[name], seen)
     return seen
 
 
@@ -152,7 +151,7 @@ def test_inputs_without_their_defaults_read_back_strictly_equal(inputs: TickInpu
         )
 
 
-# The order of the fields stored by position (`domain.stored_inputs`, migration 0020). Stored ticks are read back by
+# The order of the fields stored by position (`codec.stored_inputs`, migration 0020). Stored ticks are read back by
 # position: a field moved, inserted before others or removed would make every stored tick read another value.
 POSITIONAL_ORDER = {
     "WorkerCounts": ["ready_prefill", "ready_decode", "expected_prefill", "expected_decode"],
@@ -174,7 +173,7 @@ def test_the_field_order_of_positional_records_is_pinned() -> None:
     classes = {"WorkerCounts": WorkerCounts, "ForwardPassMetrics": ForwardPassMetrics}
     classes |= {"ScheduledRequests": ScheduledRequests, "QueuedRequests": QueuedRequests}
     assert {name: [f.name for f in dataclasses.fields(cls)] for name, cls in classes.items()} == POSITIONAL_ORDER
-    assert domain.POSITIONAL_IN_STORED_INPUTS == ("workers", "fpm")
+    assert codec.POSITIONAL_IN_STORED_INPUTS == ("workers", "fpm")
 
 
 def _migration(revision: str):
@@ -216,22 +215,22 @@ def test_an_engine_is_stored_as_its_fields_in_order_without_trailing_defaults() 
         component=Component.PREFILL, worker_id="p0", queued=QueuedRequests(sum_prefill_tokens=18867)
     )
     inputs = TickInputs(now_s=1767571795.0, loop=Loop.LOAD, workers=workers, fpm=(decode, prefill))
-    stored = domain.stored_inputs(inputs, 1767571795.0)
+    stored = codec.stored_inputs(inputs, 1767571795.0)
     text = json.dumps(stored, separators=(",", ":"))
     assert text == (
         '{"workers":[4,1,5,1],"fpm":[["decode","d0",0,12,0.0383,[0,0,0.0,0,188,377342]],'
         '["prefill","p0",0,0,0.0,[],[0,18867]]]}'
     )
-    assert domain.inputs_from_stored(json.loads(text), Loop.LOAD, 1767571795.0) == inputs
+    assert codec.inputs_from_stored(json.loads(text), Loop.LOAD, 1767571795.0) == inputs
     # `now_s` is stored only when the tick's scheduled time does not give it back to the bit
-    assert domain.stored_inputs(inputs, 1767571795.000001)["now_s"] == 1767571795.0
+    assert codec.stored_inputs(inputs, 1767571795.000001)["now_s"] == 1767571795.0
 
 
 def test_stored_inputs_in_another_form_are_refused_with_the_field() -> None:
     with pytest.raises(ValueError, match="workers .* is not a positional array"):
-        domain.inputs_from_stored({"workers": {"ready_prefill": 1}}, Loop.LOAD, 0.0)
+        codec.inputs_from_stored({"workers": {"ready_prefill": 1}}, Loop.LOAD, 0.0)
     with pytest.raises(ValueError, match="ForwardPassMetrics: stored as .* not an array of at most 8 fields"):
-        domain.inputs_from_stored({"workers": [1, 1, 1, 1], "fpm": [{"component": "decode"}]}, Loop.LOAD, 0.0)
+        codec.inputs_from_stored({"workers": [1, 1, 1, 1], "fpm": [{"component": "decode"}]}, Loop.LOAD, 0.0)
 
 
 @given(_inputs, st.sampled_from([0.0, 1767571495.0, 1767571495.5]))
@@ -239,7 +238,7 @@ def test_stored_inputs_in_another_form_are_refused_with_the_field() -> None:
 def test_inputs_as_stored_read_back_strictly_equal(inputs: TickInputs, scheduled_s: float) -> None:
     """What the store writes (`stored_inputs`, as JSON text) reads back (`inputs_from_stored`) the same value for
     value and type for type, the sign of a zero included, whether `now_s` is the scheduled time or not."""
-    text = json.dumps(domain.stored_inputs(inputs, scheduled_s), separators=(",", ":"))
-    back = domain.inputs_from_stored(json.loads(text), inputs.loop, scheduled_s)
+    text = json.dumps(codec.stored_inputs(inputs, scheduled_s), separators=(",", ":"))
+    back = codec.inputs_from_stored(json.loads(text), inputs.loop, scheduled_s)
     assert back == inputs
-    assert domain._strictly_equal(back, inputs)
+    assert codec._strictly_equal(back, inputs)

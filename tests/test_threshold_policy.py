@@ -29,8 +29,6 @@ from planner_core.domain import (
     StepRecord,
     ThresholdPlannerState,
     WorkerCounts,
-    from_jsonable,
-    to_jsonable,
 )
 from planner_core.policy.thresholds import (
     Threshold2025Outcome,
@@ -42,6 +40,7 @@ from planner_core.policy.thresholds import (
     calculate_threshold_replicas,
     threshold_rule,
 )
+from planner_core.runtime.store.codec import from_jsonable, to_jsonable
 
 LIMITS = EngineLimits(context_length=8192, max_kv_tokens=1000)
 LOAD_TARGET: dict[str, Any] = {

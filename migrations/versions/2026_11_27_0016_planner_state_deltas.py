@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from planner_core.state_delta import StateDeltaError, apply_delta, decode_delta
+from planner_core.runtime.store.state_delta import StateDeltaError, apply_delta, decode_delta
 
 revision: str = "0016"
 down_revision: str | None = "0015"

@@ -36,7 +36,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from planner_core.state_delta import apply_delta, decode_delta, encode_delta
+from planner_core.runtime.store.state_delta import apply_delta, decode_delta, encode_delta
 
 revision: str = "0020"
 down_revision: str | None = "0019"

@@ -65,7 +65,7 @@ from planner_core.runtime.store.models import (
     FleetMemberRow,
 )
 from planner_core.runtime.store.partitions import TICK_TABLES as PARTITIONED_TICK_TABLES
-from planner_core.state_delta import partition_start
+from planner_core.runtime.store.partitions import partition_start
 
 
 class FleetError(ValueError):

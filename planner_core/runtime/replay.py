@@ -41,20 +41,13 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from planner_core.config import PlannerConfig, config_hash, load_config, parse_config
-from planner_core.domain import (
-    LoadHistory,
-    Loop,
-    PlannerState,
-    TickOutcome,
-    from_jsonable,
-    inputs_from_stored,
-    to_jsonable,
-)
+from planner_core.domain import LoadHistory, Loop, PlannerState, TickOutcome
 from planner_core.runtime.service import PlannerContext, context_for_config, decide, initial_state
 from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.codec import from_jsonable, inputs_from_stored, to_jsonable
 from planner_core.runtime.store.db import get_engine
 from planner_core.runtime.store.models import ReplayMode, ReplayTickOutcome
-from planner_core.state_delta import apply_delta, decode_delta, same_json
+from planner_core.runtime.store.state_delta import apply_delta, decode_delta, same_json
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when running from one (for `git describe`)
 MAX_FIELDS_PER_SECTION = 12  # differing fields listed per section (reason, decision, ..., next_state)

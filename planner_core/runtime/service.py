@@ -56,9 +56,8 @@ from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.execution import ExecutionSummary, execute_pending
 from planner_core.runtime.store.fpm import latest_fpm
 from planner_core.runtime.store.migrate import check_schema_current, upgrade
-from planner_core.runtime.store.partitions import ensure_partitions_ahead
+from planner_core.runtime.store.partitions import ensure_partitions_ahead, partition_start
 from planner_core.runtime.warmup import warm_history
-from planner_core.state_delta import partition_start
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when a Kubernetes connector is used (~0.4 s)
     from planner_core.runtime.connectors.kubernetes import KubernetesConnector

@@ -428,12 +428,18 @@ def get_engine(url: str, *, lock_timeout_ms: int | None = None, statement_timeou
     return engine
 
 
+class PlannerSession(Session):
+    """The project's sessions (`session_factory` makes them). The store's session events listen on this class, not
+    on SQLAlchemy's `Session`: a listener on `Session` runs for every session in the process, another library's
+    (Prefect's own database sessions) included."""
+
+
 def session_factory(
     url: str, *, lock_timeout_ms: int | None = None, statement_timeout_ms: int | None = None
-) -> sessionmaker[Session]:
+) -> sessionmaker[PlannerSession]:
     """Sessions that never autocommit; callers own `with factory.begin():`. Timeouts as in `get_engine`."""
     if lock_timeout_ms is None and statement_timeout_ms is None:
         engine = get_engine(url)  # the same cache entry as `get_engine(url)`, which callers dispose of
     else:
         engine = get_engine(url, lock_timeout_ms=lock_timeout_ms, statement_timeout_ms=statement_timeout_ms)
-    return sessionmaker(bind=engine, expire_on_commit=False)
+    return sessionmaker(bind=engine, class_=PlannerSession, expire_on_commit=False)

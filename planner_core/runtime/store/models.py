@@ -356,7 +356,7 @@ class TickStepListRow(Base):
 
 
 class PlannerStateRow(Base):
-    """The planner state after a tick: a delta (`delta`, `planner_core.state_delta`) against the state of
+    """The planner state after a tick: a delta (`delta`, `planner_core.runtime.store.state_delta`) against the state of
     `base_tick_id`, the deployment's previous tick, with a whole state at least every `FULL_STATE_EVERY` rows
     (migration 0016): since migration 0020 a delta from nothing (`{"=": state}`, no base), before it JSONB in
     `state`. `repository.state_json` rebuilds any of them."""
@@ -380,7 +380,7 @@ class PlannerStateRow(Base):
     state: Mapped[dict[str, Any] | None] = mapped_column(JSONB(none_as_null=True))
     delta: Mapped[bytes | None] = mapped_column(LargeBinary)
     # The previous tick of the same deployment, always in the same partition (a tick whose previous tick is in
-    # another day stores its state whole: `state_delta.same_partition`), so dropping a day never strands a delta.
+    # another day stores its state whole: `partitions.same_partition`), so dropping a day never strands a delta.
     # No foreign key (a partitioned table's key includes `scheduled_at`); `prune` rebuilds a delta whole before it
     # deletes its base.
     base_tick_id: Mapped[int | None] = mapped_column(BigInteger, index=True)

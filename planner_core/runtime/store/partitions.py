@@ -15,6 +15,10 @@ The database function runs as the schema's owner (SECURITY DEFINER): the planner
 could not create a table. Known days are remembered per database for `KNOWN_FOR_S` seconds, then asked again
 (one catalog lookup, no DDL), so a day dropped by another process's retention is noticed; retention in this
 process forgets the days it drops at once (`forget`).
+
+The day arithmetic (`partition_day`, `partition_start`, `partition_bounds`, `same_partition`) is pure: the
+deltas' chains (`state_delta`, cut at each day by `repository.state_row_values`), retention and the runners bound
+their rows' times with it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,35 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from planner_core.state_delta import partition_day
+# Time partitions. The tick tables are partitioned by `scheduled_at`, one partition per UTC day (migration 0017),
+# and retention drops whole days. A delta chain must never cross a day boundary, or dropping a day would leave a
+# later day's deltas without their base: a tick whose previous tick lies in another day stores its state whole.
+# (Pure arithmetic, here beside the partitions it names; the deltas (`state_delta`) and any other per-tick chain
+# follow the same rule.)
+
+
+def partition_day(at: dt.datetime) -> dt.date:
+    """The UTC day whose partition holds a row scheduled at `at` (an aware datetime)."""
+    if at.tzinfo is None:
+        raise ValueError(f"partition_day: {at!r} is a naive datetime; the tick tables hold aware UTC times")
+    return at.astimezone(dt.UTC).date()
+
+
+def partition_start(at: dt.datetime) -> dt.datetime:
+    """The first instant (UTC midnight) of the partition holding `at`."""
+    return dt.datetime.combine(partition_day(at), dt.time(), tzinfo=dt.UTC)
+
+
+def partition_bounds(at: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+    """[start, end) of the partition holding `at`: the range a query may bound `scheduled_at` to."""
+    start = partition_start(at)
+    return start, start + dt.timedelta(days=1)
+
+
+def same_partition(a: dt.datetime, b: dt.datetime) -> bool:
+    """Whether rows scheduled at `a` and `b` lie in the same partition (the same UTC day)."""
+    return partition_day(a) == partition_day(b)
+
 
 TICK_TABLES = (
     "ticks",

@@ -40,7 +40,7 @@ from planner_core.runtime.store import partitions
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.models import Deployment, PlannerStateRow, PruneWatermarkRow
-from planner_core.state_delta import partition_day, partition_start
+from planner_core.runtime.store.partitions import partition_day, partition_start
 
 
 @dataclass(slots=True, kw_only=True)
@@ -329,7 +329,7 @@ def drop_partitions(
     Never dropped: a day holding the newest tick of a deployment and loop, or the newest planner state of a
     deployment (the state the live planner starts its next tick from). `decisions`, `executions` and the audit log
     are not partitioned and keep every row (a decision's or audit row's `tick_id` may then name a dropped tick).
-    No delta chain of planner states crosses a day (`state_delta.same_partition`), so no state left is stranded.
+    No delta chain of planner states crosses a day (`partitions.same_partition`), so no state left is stranded.
 
     Raises:
         ValueError: `older_than_days` below 1 (a partition is a whole day).

@@ -25,11 +25,9 @@ from planner_core.domain import (
     PlannerState,
     TickInputs,
     TickOutcome,
-    from_jsonable,
-    stored_inputs,
-    to_jsonable,
 )
 from planner_core.runtime.redact import redact_value
+from planner_core.runtime.store.codec import from_jsonable, stored_inputs, to_jsonable
 from planner_core.runtime.store.models import (
     AuditLogRow,
     DecisionRow,
@@ -40,18 +38,16 @@ from planner_core.runtime.store.models import (
     PlannerConfigRow,
     Tick,
 )
-from planner_core.runtime.store.partitions import ensure_partition
-from planner_core.runtime.store.step_packing import record_steps
-from planner_core.state_delta import (
+from planner_core.runtime.store.partitions import ensure_partition, partition_bounds, same_partition
+from planner_core.runtime.store.state_delta import (
     FULL_STATE_EVERY,
     StateDeltaError,
     apply_delta,
     decode_delta,
     encode_delta,
-    partition_bounds,
-    same_partition,
     state_delta,
 )
+from planner_core.runtime.store.step_packing import record_steps
 
 # The channel a tick's transaction notifies when it records a pending decision; the payload is the deployment's
 # name. Postgres delivers a NOTIFY only when its transaction commits, so a rolled-back tick wakes nobody.
@@ -426,27 +422,55 @@ def _insert_tick(session: Session, values: dict[str, Any]) -> int | None:
 
 
 def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcome: TickOutcome) -> int | None:
-    """Insert a tick and everything it saw and decided. Returns the tick id, or None if already recorded."""
+    """Insert a tick and everything it saw and decided. Returns the tick id, or None if already recorded.
+
+    In this order (tests/test_tick_statements.py pins the statements): the `ticks` row, what the tick observed,
+    its prediction and proposals, its steps, the planner state it leaves, its decision, and the audit rows."""
     ensure_partition(session, record.scheduled_at)  # normally a cache hit: created ahead (store/partitions.py)
-    at = record.scheduled_at
     session.flush()  # rows the caller added through the ORM go first: the plain inserts below do not wait for them
-    tick_id = _insert_tick(
-        session,
-        {
-            "deployment_id": record.deployment_id,
-            "loop": inputs.loop.value,
-            "scheduled_at": at,
-            "config_hash": record.config_hash,
-            "reason": outcome.reason.value,
-            "inputs": _COMPACT_JSON.encode(stored_inputs(inputs, at.timestamp())),
-            "previous_tick_id": record.previous_tick_id,
-            "decide_ms": record.decide_ms,
-            "flow_run_id": record.flow_run_id,
-            "task_run_id": record.task_run_id,
-        },
-    )
+    tick_id = _insert_tick(session, _tick_row(record, inputs, outcome))
     if tick_id is None:
         return None
+    at = record.scheduled_at
+    _record_observations(session, tick_id, at, inputs)
+    _record_forecast_and_proposals(session, tick_id, at, record.predictor, outcome)
+    if outcome.steps:
+        record_steps(session, tick_id, at, outcome.steps)
+    _record_state(session, tick_id, record, outcome.next_state)
+    decision_id = _record_decision(session, tick_id, record.deployment_id, outcome)
+    # A load tick that decides nothing appends no audit row: its `ticks` row is its record, and every audit row
+    # holds the chain head's lock until its transaction commits, which would serialise the quiet ticks of a fleet.
+    if decision_id is not None or inputs.loop is Loop.THROUGHPUT:
+        audit(
+            session,
+            "tick_recorded",
+            {"loop": inputs.loop.value, "reason": outcome.reason.value, "config_hash": record.config_hash},
+            deployment_id=record.deployment_id,
+            tick_id=tick_id,
+            decision_id=decision_id,
+        )
+    return tick_id
+
+
+def _tick_row(record: TickRecord, inputs: TickInputs, outcome: TickOutcome) -> dict[str, Any]:
+    """The `ticks` row's values; the inputs as `ticks.inputs` stores them (`codec.stored_inputs`)."""
+    at = record.scheduled_at
+    return {
+        "deployment_id": record.deployment_id,
+        "loop": inputs.loop.value,
+        "scheduled_at": at,
+        "config_hash": record.config_hash,
+        "reason": outcome.reason.value,
+        "inputs": _COMPACT_JSON.encode(stored_inputs(inputs, at.timestamp())),
+        "previous_tick_id": record.previous_tick_id,
+        "decide_ms": record.decide_ms,
+        "flow_run_id": record.flow_run_id,
+        "task_run_id": record.task_run_id,
+    }
+
+
+def _record_observations(session: Session, tick_id: int, at: dt.datetime, inputs: TickInputs) -> None:
+    """The traffic window (if the tick saw one) and the worker counts, with the router's unplaced requests."""
     traffic = inputs.traffic
     if traffic is not None:
         _insert_rows(
@@ -495,6 +519,12 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
     )
     # The forward-pass metrics the tick saw are stored once, in `ticks.inputs` (the view `fpm_snapshots` expands
     # them one row per engine; migration 0015).
+
+
+def _record_forecast_and_proposals(
+    session: Session, tick_id: int, at: dt.datetime, predictor: str, outcome: TickOutcome
+) -> None:
+    """The tick's prediction (a throughput tick that forecast) and each pool's proposal."""
     if outcome.prediction is not None:
         _insert_rows(
             session,
@@ -503,7 +533,7 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
                 {
                     "tick_id": tick_id,
                     "scheduled_at": at,
-                    "predictor": record.predictor,
+                    "predictor": predictor,
                     "num_req": outcome.prediction.num_req,
                     "isl": outcome.prediction.isl,
                     "osl": outcome.prediction.osl,
@@ -529,11 +559,15 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
             for proposal in outcome.proposals
         ],
     )
-    if outcome.steps:
-        record_steps(session, tick_id, at, outcome.steps)
+
+
+def _record_state(session: Session, tick_id: int, record: TickRecord, state: PlannerState) -> None:
+    """The planner state the tick leaves: whole or as a delta against the previous tick's (`state_row_values`),
+    remembered in the session for the next tick's delta."""
+    at = record.scheduled_at
     # The state as reading it back gives it (the JSON round trip normalises what `to_jsonable` leaves as Python
     # values): the next tick of this session or context takes its delta against exactly what is stored.
-    next_state = json.loads(_COMPACT_JSON.encode(to_jsonable(outcome.next_state)))
+    next_state = json.loads(_COMPACT_JSON.encode(to_jsonable(state)))
     previous = None if record.previous_tick_id is None else _stored_state(session, record.previous_tick_id)
     values = state_row_values(previous, next_state, record.previous_tick_id, at)
     _insert_rows(
@@ -543,47 +577,40 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
     )
     depth = 0 if values["base_tick_id"] is None or previous is None else previous.depth + 1
     session.info[_STATE_CACHE_KEY] = (tick_id, StoredState(state=next_state, depth=depth, scheduled_at=at))
-    decision_id = None
-    if not outcome.decision.is_empty:
-        status = DecisionStatus.ADVISORY if outcome.decision.advisory else DecisionStatus.PENDING
-        decision = DecisionRow(
-            tick_id=tick_id,
-            deployment_id=record.deployment_id,
-            target_prefill=outcome.decision.num_prefill,
-            target_decode=outcome.decision.num_decode,
-            reason=outcome.reason.value,
-            status=status.value,
-        )
-        session.add(decision)
-        session.flush()
-        decision_id = decision.id
-        if status is DecisionStatus.PENDING:
-            notify_decision(session, record.deployment_id)
-        audit(
-            session,
-            "decision_created",
-            {
-                "status": status.value,
-                "target_prefill": decision.target_prefill,
-                "target_decode": decision.target_decode,
-                "reason": outcome.reason.value,
-            },
-            deployment_id=record.deployment_id,
-            tick_id=tick_id,
-            decision_id=decision_id,
-        )
-    # A load tick that decides nothing appends no audit row: its `ticks` row is its record, and every audit row
-    # holds the chain head's lock until its transaction commits, which would serialise the quiet ticks of a fleet.
-    if decision_id is not None or inputs.loop is Loop.THROUGHPUT:
-        audit(
-            session,
-            "tick_recorded",
-            {"loop": inputs.loop.value, "reason": outcome.reason.value, "config_hash": record.config_hash},
-            deployment_id=record.deployment_id,
-            tick_id=tick_id,
-            decision_id=decision_id,
-        )
-    return tick_id
+
+
+def _record_decision(session: Session, tick_id: int, deployment_id: int, outcome: TickOutcome) -> int | None:
+    """The tick's decision, if it has one: pending (the execution listeners are notified) or advisory, audited.
+    Returns its id."""
+    if outcome.decision.is_empty:
+        return None
+    status = DecisionStatus.ADVISORY if outcome.decision.advisory else DecisionStatus.PENDING
+    decision = DecisionRow(
+        tick_id=tick_id,
+        deployment_id=deployment_id,
+        target_prefill=outcome.decision.num_prefill,
+        target_decode=outcome.decision.num_decode,
+        reason=outcome.reason.value,
+        status=status.value,
+    )
+    session.add(decision)
+    session.flush()
+    if status is DecisionStatus.PENDING:
+        notify_decision(session, deployment_id)
+    audit(
+        session,
+        "decision_created",
+        {
+            "status": status.value,
+            "target_prefill": decision.target_prefill,
+            "target_decode": decision.target_decode,
+            "reason": outcome.reason.value,
+        },
+        deployment_id=deployment_id,
+        tick_id=tick_id,
+        decision_id=decision.id,
+    )
+    return decision.id
 
 
 def notify_decision(session: Session, deployment_id: int) -> None:

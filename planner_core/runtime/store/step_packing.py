@@ -26,6 +26,7 @@ from sqlalchemy import event, text
 from sqlalchemy.orm import Session
 
 from planner_core.domain import StepRecord
+from planner_core.runtime.store.db import PlannerSession
 
 PLACEHOLDER = "\x1f"  # ASCII unit separator: where a number stood in a template
 # The same pattern as migration 0018's (Postgres ARE and Python agree on it: no alternation order subtleties
@@ -166,7 +167,8 @@ def _learn_on_commit(session: Session, connection_info: dict, table_oid: int, id
     session.info.setdefault(_LEARNED, []).append((connection_info, table_oid, ids))
 
 
-@event.listens_for(Session, "after_commit")
+# The project's sessions only (`PlannerSession`): a listener on `Session` would run for every session in the process.
+@event.listens_for(PlannerSession, "after_commit")
 def _publish(session: Session) -> None:
     for connection_info, table_oid, ids in session.info.pop(_LEARNED, ()):
         known = connection_info.get(_CACHE)
@@ -175,7 +177,7 @@ def _publish(session: Session) -> None:
         known.ids.update(ids)
 
 
-@event.listens_for(Session, "after_soft_rollback")
+@event.listens_for(PlannerSession, "after_soft_rollback")
 def _forget(session: Session, _previous_transaction: object) -> None:
     session.info.pop(_LEARNED, None)  # any rollback, a savepoint's too: learn nothing from this transaction
 

@@ -23,7 +23,6 @@ Equality is JSON equality (`same_json`): `1` and `1.0`, or `0.0` and `-0.0`, are
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 import zlib
@@ -309,32 +308,3 @@ def apply_delta(old: Any, delta: dict[str, Any] | None) -> Any:
                 items.append(apply_delta(old[index], change))
         return items
     raise StateDeltaError(f"unknown delta form with keys {sorted(delta)}")
-
-
-# Time partitions. The tick tables are partitioned by `scheduled_at`, one partition per UTC day (migration 0017),
-# and retention drops whole days. A delta chain must never cross a day boundary, or dropping a day would leave a
-# later day's deltas without their base: a tick whose previous tick lies in another day stores its state whole.
-# (Pure helpers, here beside the deltas they constrain; any other per-tick chain uses the same rule.)
-
-
-def partition_day(at: dt.datetime) -> dt.date:
-    """The UTC day whose partition holds a row scheduled at `at` (an aware datetime)."""
-    if at.tzinfo is None:
-        raise ValueError(f"partition_day: {at!r} is a naive datetime; the tick tables hold aware UTC times")
-    return at.astimezone(dt.UTC).date()
-
-
-def partition_start(at: dt.datetime) -> dt.datetime:
-    """The first instant (UTC midnight) of the partition holding `at`."""
-    return dt.datetime.combine(partition_day(at), dt.time(), tzinfo=dt.UTC)
-
-
-def partition_bounds(at: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
-    """[start, end) of the partition holding `at`: the range a query may bound `scheduled_at` to."""
-    start = partition_start(at)
-    return start, start + dt.timedelta(days=1)
-
-
-def same_partition(a: dt.datetime, b: dt.datetime) -> bool:
-    """Whether rows scheduled at `a` and `b` lie in the same partition (the same UTC day)."""
-    return partition_day(a) == partition_day(b)

@@ -1,0 +1,125 @@
+"""Cross-tick state of one managed deployment (`PlannerState`, stored as JSONB after every tick) and the loops'
+own parts of it: the threshold load planner's interval, the throughput loop's recent needs, the measured start-up
+times and the horizon windows. The perf models', predictors' and pipeline's state have modules of their own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner_core.domain.components import Component
+from planner_core.domain.forecast import LoadHistory
+from planner_core.domain.perf_state import OnlinePerfState
+from planner_core.domain.pipeline_state import PipelineState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ThresholdPlannerState:
+    """Cross-tick state of the 2025 threshold load planner (`load_policy: threshold_2025`).
+
+    The planner samples every load tick and decides once per adjustment interval on the interval's averages, so
+    it carries the samples of the interval in progress. An interval starts on the first stable tick (no scale in
+    flight) and restarts after every adjustment, and whenever a scale is in flight (sampling is blocked then).
+
+    Attributes:
+        interval_start_s: scheduled time of the tick that opened the interval in progress; None = no interval open.
+        interval_num_prefill, interval_num_decode: ready workers when the interval opened; an adjustment is skipped
+            if they changed meanwhile (the averages would mix two fleet sizes).
+        prefill_queue_samples: queued prefill requests summed over the prefill engines, one per sampled tick, oldest
+            first (the first and last give the queue trend).
+        decode_kv_samples: KV-cache utilisation (0..1, queued KV included) averaged over the decode engines, one
+            per sampled tick, oldest first.
+        decode_grace_intervals_left: adjustments that still may not remove a decode worker (set after adding one).
+    """
+
+    interval_start_s: float | None = None
+    interval_num_prefill: int = 0
+    interval_num_decode: int = 0
+    prefill_queue_samples: tuple[float, ...] = ()
+    decode_kv_samples: tuple[float, ...] = ()
+    decode_grace_intervals_left: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SizedNeed:
+    """What the throughput loop sized each pool for at one tick, before bounds (kept for the scale-down hold)."""
+
+    at_s: float
+    num_prefill: int
+    num_decode: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingScaleUp:
+    """A pool's scale-up the planner decided and is waiting to see ready (for the measured start-up time).
+
+    `at_s` is the tick that raised the pool's target to `target` engines; `applied_at_s` when the execution flow
+    applied a decision with at least that target through the connector (its acknowledgement), once a tick's
+    `TickInputs.applied` has shown it. The start-up runs from `at_s` until a tick sees `target` engines ready."""
+
+    component: Component
+    at_s: float
+    target: int
+    applied_at_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartupSample:
+    """One completed scale-up: `startup_s` from the tick that raised the target to the first tick that saw the new
+    engines ready (an upper bound, to within one tick interval), observed at `at_s`; `apply_s`, of that time, from
+    the raising tick to the connector's acknowledgement of the target (None where no acknowledgement was seen: the
+    connector applied it within the deciding tick)."""
+
+    component: Component
+    at_s: float
+    startup_s: float
+    apply_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartupState:
+    """The measured start-up times (ours): scale-ups in flight and the last completed ones, per pool."""
+
+    pending: tuple[PendingScaleUp, ...] = ()
+    samples: tuple[StartupSample, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HorizonWindow:
+    """One throughput window for the learned horizon headroom (ours), per pool in engines before rounding up:
+    `planned_*` is what the tick at `at_s` sized the pool for (its forecast: mean rate and prompt bursts), and
+    `observed_*` what the window that ended at `at_s` needed (the same sizing on what was observed)."""
+
+    at_s: float
+    planned_prefill: float = 0.0
+    observed_prefill: float = 0.0
+    planned_decode: float = 0.0
+    observed_decode: float = 0.0
+
+    def planned(self, component: Component) -> float:
+        return self.planned_prefill if component is Component.PREFILL else self.planned_decode
+
+    def observed(self, component: Component) -> float:
+        return self.observed_prefill if component is Component.PREFILL else self.observed_decode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannerState:
+    """Cross-tick state of one managed deployment; stored as JSONB after every tick."""
+
+    load_history: LoadHistory = field(default_factory=LoadHistory)
+    throughput_lower_bound_prefill: int = 1
+    throughput_lower_bound_decode: int = 1
+    num_throughput_ticks: int = 0
+    num_load_ticks: int = 0
+    # Last observed router KV hit rate and speculative accept length (last-value semantics; None = never seen).
+    last_kv_hit_rate: float | None = None
+    last_accept_length: float | None = None
+    perf_models: OnlinePerfState = field(default_factory=OnlinePerfState)  # online FPM regressions per role
+    pipeline: PipelineState = field(default_factory=PipelineState)  # plugin schedules (planner_core.pipeline)
+    threshold_planner: ThresholdPlannerState = field(default_factory=ThresholdPlannerState)
+    # Ours: the throughput loop's needs over the last `throughput_scale_down_hold_seconds`, oldest first.
+    recent_throughput_needs: tuple[SizedNeed, ...] = ()
+    # Ours: scale-ups in flight and completed, for each pool's measured start-up time (`planner_core.policy.horizon`).
+    startup: StartupState = field(default_factory=StartupState)
+    # Ours: the last windows' observed and forecast rates, whose closed horizons give the learned headroom.
+    horizon_windows: tuple[HorizonWindow, ...] = ()

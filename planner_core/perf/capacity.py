@@ -3,7 +3,7 @@
 Role in the planner: the throughput loop sizes each pool as `ceil(demand requests/s / engine requests/s)`; this
 module answers the denominator. It asks a `ForwardPassModel` (profile-backed, or an online regression) how long
 one iteration takes at each candidate batch size, within the engine's limits (`EngineLimits`), and keeps the best
-operating point. (The load loop's per-engine TTFT/ITL estimates are in `planner_core.policy.load`; they share
+operating point. (The load loop's per-engine TTFT/ITL estimates are in `planner_core.policy.load_estimates`; they share
 `chunked_prefill_s`, `MAX_KV_HIT_RATE` and `effective_accept_length` with this module.)
 
 Capacity search (Dynamo 1.6.1's engine query):

@@ -3,7 +3,7 @@
 Role in the planner: the throughput loop sizes each pool as `ceil(demand requests/s / engine requests/s)`; this
 module answers the denominator. It asks a `ForwardPassModel` (profile-backed, or an online regression) how long
 one iteration takes at each candidate batch size, within the engine's limits (`EngineLimits`), and keeps the best
-operating point. (The load loop's per-engine TTFT/ITL estimates are in `planner_core.policy.load`; they share
+operating point. (The load loop's per-engine TTFT/ITL estimates are in `planner_core.policy.load_estimates`; they share
 `chunked_prefill_s`, `MAX_KV_HIT_RATE` and `effective_accept_length` with this module.)
 
 Capacity search (Dynamo 1.6.1's engine query):
@@ -479,6 +479,69 @@ def decode_capacity(
     )
 
 
+def _agg_evaluator(
+    model: ForwardPassModel,
+    *,
+    context: int,
+    accept: float,
+    isl_eff: int,
+    osl: float,
+    mbt: int,
+    ttft_ms: float,
+    itl_ms: float,
+) -> Callable[[int, int], _Candidate | None]:
+    """`evaluate(batch, prefill_per_iter)`: an aggregated engine's candidate at `batch` requests decoding next to
+    `prefill_per_iter` prompt tokens per iteration (None when the model answers no positive time)."""
+    ttft_target_s, itl_target_s = ttft_ms / 1000.0, itl_ms / 1000.0
+
+    def evaluate(batch: int, prefill_per_iter: int) -> _Candidate | None:
+        decode_kv = batch * context
+        forward_s = model.mixed_wall_s(prefill_per_iter, batch, decode_kv)
+        if not forward_s > 0:
+            return None
+        itl_s = forward_s / accept
+        ttft_s = chunked_prefill_s(
+            prefill_per_iter + isl_eff, mbt, lambda chunk: model.mixed_wall_s(chunk, batch, decode_kv)
+        )
+        # Decode rate b/(OSL*itl); when prefill cannot keep up (fallback only) the prefill rate binds.
+        rps = min(batch / (osl * itl_s), prefill_per_iter / (isl_eff * forward_s))
+        eligible = ttft_s <= ttft_target_s and itl_s <= itl_target_s
+        closeness = max(ttft_s / ttft_target_s, itl_s / itl_target_s)
+        return _Candidate(batch, rps, ttft_s, itl_s, eligible, closeness)
+
+    return evaluate
+
+
+def _agg_balanced_batch(
+    evaluate: Callable[[int, int], _Candidate | None],
+    hard_cap: int,
+    limit: BatchLimit,
+    *,
+    accept: float,
+    isl_eff: int,
+    osl: float,
+    mbt: int,
+) -> tuple[_Candidate | None, int, BatchLimit]:
+    """The best candidate among the batches whose prefill keeps up with their decode within the batch budget,
+    the largest such batch and what limits it (batch 1 with the whole budget when even it cannot keep up)."""
+
+    def prefill_per_iter(batch: int) -> int:
+        """Prompt tokens per iteration that keep up with `batch` requests decoding (accepted tokens per step)."""
+        return math.ceil(batch * accept * isl_eff / osl)
+
+    feasible = [batch for batch in batch_candidates(hard_cap) if prefill_per_iter(batch) <= mbt - batch]
+    best = _best_candidate(feasible, lambda batch: evaluate(batch, prefill_per_iter(batch)))
+    largest_feasible = max(feasible, default=0)
+    if largest_feasible == 0:  # even batch 1 needs more prefill per iteration than fits: prefill-bound
+        best = evaluate(1, mbt - 1)
+        max_batch, limit = 1, BatchLimit.PREFILL_DECODE_BALANCE
+    elif largest_feasible < hard_cap:
+        max_batch, limit = largest_feasible, BatchLimit.PREFILL_DECODE_BALANCE
+    else:
+        max_batch = hard_cap
+    return best, max_batch, limit
+
+
 def agg_capacity(
     model: ForwardPassModel,
     limits: EngineLimits,
@@ -527,37 +590,12 @@ def agg_capacity(
         hard_cap, limit = mbt - 1, BatchLimit.MAX_NUM_BATCHED_TOKENS
     else:
         hard_cap = decode_cap
-    ttft_target_s, itl_target_s = ttft_ms / 1000.0, itl_ms / 1000.0
-
-    def evaluate(batch: int, prefill_per_iter: int) -> _Candidate | None:
-        decode_kv = batch * context
-        forward_s = model.mixed_wall_s(prefill_per_iter, batch, decode_kv)
-        if not forward_s > 0:
-            return None
-        itl_s = forward_s / accept
-        ttft_s = chunked_prefill_s(
-            prefill_per_iter + isl_eff, mbt, lambda chunk: model.mixed_wall_s(chunk, batch, decode_kv)
-        )
-        # Decode rate b/(OSL*itl); when prefill cannot keep up (fallback only) the prefill rate binds.
-        rps = min(batch / (osl * itl_s), prefill_per_iter / (isl_eff * forward_s))
-        eligible = ttft_s <= ttft_target_s and itl_s <= itl_target_s
-        closeness = max(ttft_s / ttft_target_s, itl_s / itl_target_s)
-        return _Candidate(batch, rps, ttft_s, itl_s, eligible, closeness)
-
-    def prefill_per_iter(batch: int) -> int:
-        """Prompt tokens per iteration that keep up with `batch` requests decoding (accepted tokens per step)."""
-        return math.ceil(batch * accept * isl_eff / osl)
-
-    feasible = [batch for batch in batch_candidates(hard_cap) if prefill_per_iter(batch) <= mbt - batch]
-    best = _best_candidate(feasible, lambda batch: evaluate(batch, prefill_per_iter(batch)))
-    largest_feasible = max(feasible, default=0)
-    if largest_feasible == 0:  # even batch 1 needs more prefill per iteration than fits: prefill-bound
-        best = evaluate(1, mbt - 1)
-        max_batch, limit = 1, BatchLimit.PREFILL_DECODE_BALANCE
-    elif largest_feasible < hard_cap:
-        max_batch, limit = largest_feasible, BatchLimit.PREFILL_DECODE_BALANCE
-    else:
-        max_batch = hard_cap
+    evaluate = _agg_evaluator(
+        model, context=context, accept=accept, isl_eff=isl_eff, osl=osl, mbt=mbt, ttft_ms=ttft_ms, itl_ms=itl_ms
+    )
+    best, max_batch, limit = _agg_balanced_batch(
+        evaluate, hard_cap, limit, accept=accept, isl_eff=isl_eff, osl=osl, mbt=mbt
+    )
     if best is None:
         return _non_positive(CapacityRole.AGG, component, steps)
     return _result(

@@ -150,6 +150,49 @@ def _push_window(window: tuple[float, ...], value: float, size: int, *, skip_lea
     return (*window, value)[-size:] if size > 0 else ()
 
 
+def _grid_bounds(
+    model: OnlineModelState, samples: list[FpmSample], num_features: int
+) -> tuple[list[float], list[float]]:
+    """The retention grid's per-feature bounds: the state's own, else (first sample, or a state of another shape)
+    those of the retained samples, if any."""
+    if len(model.axis_min) == num_features and len(model.axis_max) == num_features:
+        return list(model.axis_min), list(model.axis_max)
+    lo, hi = [math.inf] * num_features, [-math.inf] * num_features
+    for sample in samples:
+        lo = [min(a, b) for a, b in zip(lo, sample.features, strict=True)]
+        hi = [max(a, b) for a, b in zip(hi, sample.features, strict=True)]
+    return lo, hi
+
+
+def _push_recent(
+    role: PerfModelRole,
+    fpm: ForwardPassMetrics,
+    recent_isl: tuple[float, ...],
+    recent_context: tuple[float, ...],
+    recent_num_decode: tuple[float, ...],
+    *,
+    size: int,
+) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """The moving-average windows (prompt length, decode context, decode batch) after one iteration's metrics."""
+    scheduled = fpm.scheduled
+    # Moving averages see every iteration, idle heartbeats included (a quiet engine lowers the mean batch).
+    # The prompt length counts an iteration without prefill as 0 once a prompt has been seen, as Dynamo does:
+    # a mostly idle prefill pool assumes a short next request.
+    if role is not PerfModelRole.DECODE:
+        isl = (
+            scheduled.sum_prefill_tokens / scheduled.num_prefill_requests if scheduled.num_prefill_requests > 0 else 0.0
+        )
+        recent_isl = _push_window(recent_isl, isl, size, skip_leading_zero=True)
+    if role is not PerfModelRole.PREFILL:
+        if scheduled.num_decode_requests > 0:
+            context = scheduled.sum_decode_kv_tokens / scheduled.num_decode_requests
+            recent_context = _push_window(recent_context, context, size, skip_leading_zero=False)
+        recent_num_decode = _push_window(
+            recent_num_decode, float(scheduled.num_decode_requests), size, skip_leading_zero=True
+        )
+    return recent_isl, recent_context, recent_num_decode
+
+
 def observe_role(
     model: OnlineModelState,
     fpms: Sequence[ForwardPassMetrics],
@@ -173,13 +216,7 @@ def observe_role(
     num_features = len(FEATURE_NAMES[role])
     per_axis = _buckets_per_axis(num_features, bucket_count)
     samples = list(model.samples)
-    if len(model.axis_min) == num_features and len(model.axis_max) == num_features:
-        lo, hi = list(model.axis_min), list(model.axis_max)
-    else:  # first sample (or a state of another shape): bounds start from the retained samples, if any
-        lo, hi = [math.inf] * num_features, [-math.inf] * num_features
-        for sample in samples:
-            lo = [min(a, b) for a, b in zip(lo, sample.features, strict=True)]
-            hi = [max(a, b) for a, b in zip(hi, sample.features, strict=True)]
+    lo, hi = _grid_bounds(model, samples, num_features)
     keys = [_bucket(s.features, lo, hi, per_axis) for s in samples]
     seq, retired = model.num_accepted, model.num_retired
     idle, invalid = model.num_idle_skipped, model.num_invalid_skipped
@@ -187,24 +224,9 @@ def observe_role(
     recent_num_decode = model.recent_num_decode
 
     for fpm in fpms:
-        scheduled = fpm.scheduled
-        # Moving averages see every iteration, idle heartbeats included (a quiet engine lowers the mean batch).
-        # The prompt length counts an iteration without prefill as 0 once a prompt has been seen, as Dynamo does:
-        # a mostly idle prefill pool assumes a short next request.
-        if role is not PerfModelRole.DECODE:
-            isl = (
-                scheduled.sum_prefill_tokens / scheduled.num_prefill_requests
-                if scheduled.num_prefill_requests > 0
-                else 0.0
-            )
-            recent_isl = _push_window(recent_isl, isl, max_num_fpm_samples, skip_leading_zero=True)
-        if role is not PerfModelRole.PREFILL:
-            if scheduled.num_decode_requests > 0:
-                context = scheduled.sum_decode_kv_tokens / scheduled.num_decode_requests
-                recent_context = _push_window(recent_context, context, max_num_fpm_samples, skip_leading_zero=False)
-            recent_num_decode = _push_window(
-                recent_num_decode, float(scheduled.num_decode_requests), max_num_fpm_samples, skip_leading_zero=True
-            )
+        recent_isl, recent_context, recent_num_decode = _push_recent(
+            role, fpm, recent_isl, recent_context, recent_num_decode, size=max_num_fpm_samples
+        )
         if fpm.wall_time_s == 0:
             idle += 1
             continue

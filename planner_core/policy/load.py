@@ -29,13 +29,14 @@ see only what is queued at the engines, not requests waiting at the frontend or 
 It adds an engine when the p99 (else p95) TTFT or the mean wait for a first token is above the TTFT target, and
 refuses a scale-down while the tail is above `down_sensitivity` times the target.
 
-Then the throughput floor and the minimum endpoint (`fleet.finalize_load_proposal`). Pure: the forward-pass model
-answers every timing question; no clock, no I/O.
+Then the throughput floor and the minimum endpoint (`fleet.finalize_load_proposal`). The per-engine estimates are in
+`planner_core.policy.load_estimates` (re-exported here). Pure: the forward-pass model answers every timing
+question; no clock, no I/O.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -50,13 +51,19 @@ from planner_core.domain import (
     UnplacedRequests,
     WorkerCounts,
 )
-from planner_core.perf.capacity import MAX_KV_HIT_RATE, chunked_prefill_s, effective_accept_length
+from planner_core.perf.capacity import effective_accept_length
 from planner_core.policy.fleet import BOTH_POOLS, Fleet, finalize_load_proposal, observe_fleet
+from planner_core.policy.load_estimates import (
+    _next_decode_context,
+    estimate_agg_itl_s,
+    estimate_agg_ttft_s,
+    estimate_decode_itl_s,
+    estimate_prefill_ttft_s,
+    prefill_compute_fraction,
+)
 
 if TYPE_CHECKING:  # the protocol only types the argument; importing planner_core.perf would load numpy/scipy
     from planner_core.perf.forward import ForwardPassModel
-
-# The KV hit rate never discounts more than 95% of a prompt: some prompt is always computed (Dynamo's clamp).
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,137 +136,6 @@ class SlaLoadInputs:
     unplaced: UnplacedRequests | None = None
     frontend: TrafficObservation | None = None
     tail_latency_scaling: bool = False
-
-
-# --- per-engine estimates ------------------------------------------------------------------------------------
-
-
-def prefill_compute_fraction(kv_hit_rate: float | None) -> float:
-    """Share of prompt tokens an engine must compute: `1 - clamp(hit, 0, 0.95)`; 1 when the hit rate is unknown."""
-    if kv_hit_rate is None or math.isnan(kv_hit_rate):
-        return 1.0
-    return 1.0 - min(max(kv_hit_rate, 0.0), MAX_KV_HIT_RATE)
-
-
-def _ceil(value: float) -> int:
-    """Token and request counts are whole: round a scaled count up (never below 0).
-
-    Float noise is dropped first (`21000 * (1 - 0.95)` is 1050.0000000000002, which is 1050 tokens, not 1051).
-    """
-    return math.ceil(round(value, 6)) if value > 0 else 0
-
-
-def estimate_prefill_ttft_s(
-    model: ForwardPassModel,
-    fpm: ForwardPassMetrics,
-    *,
-    max_num_batched_tokens: int,
-    avg_isl: float,
-    kv_hit_rate: float | None,
-    queue_scale: float = 1.0,
-) -> float:
-    """TTFT (s) of the next request on one prefill engine rank.
-
-    `tokens = ceil((queued_prefill_tokens * queue_scale + avg_isl) * (1 - clamp(hit, 0, 0.95)))`, computed in
-    chunks of `max_num_batched_tokens` through `model.prefill_wall_s`.
-    """
-    queued = fpm.queued.sum_prefill_tokens * queue_scale
-    tokens = _ceil((queued + max(avg_isl, 0.0)) * prefill_compute_fraction(kv_hit_rate))
-    return chunked_prefill_s(tokens, max_num_batched_tokens, model.prefill_wall_s)
-
-
-def _next_decode_context(avg_isl: float, avg_osl: float, next_context: float | None) -> float:
-    """KV tokens of the next decode request: `next_context` when given, else `ISL + OSL/2` (0 = unknown)."""
-    if next_context is not None:
-        return max(next_context, 0.0)
-    return max(avg_isl, 0.0) + max(avg_osl, 0.0) / 2.0
-
-
-def estimate_decode_itl_s(
-    model: ForwardPassModel,
-    fpm: ForwardPassMetrics,
-    *,
-    avg_isl: float,
-    avg_osl: float,
-    accept_length: float,
-    decode_scale: float = 1.0,
-    next_context: float | None = None,
-) -> float:
-    """ITL (s) of the next request on one decode engine rank.
-
-    `decode_wall_s((scheduled + queued requests) * scale + 1, (scheduled + queued KV) * scale + context)
-    / accept_length`, with the next request's context `next_context` if given, else ISL + OSL/2; the next
-    request (the `+ 1` and its context) only when that context is known (> 0).
-    """
-    num_requests = (fpm.scheduled.num_decode_requests + fpm.queued.num_decode_requests) * decode_scale
-    kv_tokens = (fpm.scheduled.sum_decode_kv_tokens + fpm.queued.sum_decode_kv_tokens) * decode_scale
-    next_context = _next_decode_context(avg_isl, avg_osl, next_context)
-    if next_context > 0:
-        num_requests += 1
-        kv_tokens += next_context
-    return model.decode_wall_s(_ceil(num_requests), _ceil(kv_tokens)) / accept_length
-
-
-def estimate_agg_ttft_s(
-    model: ForwardPassModel,
-    fpm: ForwardPassMetrics,
-    *,
-    max_num_batched_tokens: int,
-    avg_isl: float,
-    kv_hit_rate: float | None,
-    queue_scale: float = 1.0,
-    decode_scale: float = 1.0,
-    include_queued_decode: bool = False,
-) -> float:
-    """TTFT (s) of the next request on one aggregated engine rank: its prompt chunks ride on the decode batch.
-
-    Prompt tokens as in `estimate_prefill_ttft_s`; each iteration computes a chunk next to the decode batch
-    (scheduled decode, plus queued decode when `include_queued_decode`, times `decode_scale`) through
-    `model.mixed_wall_s`. Every decode request takes one token of the batch budget, so a chunk holds at most
-    `max_num_batched_tokens - decode requests` prompt tokens (at least 1).
-    """
-    queued = fpm.queued.sum_prefill_tokens * queue_scale
-    tokens = _ceil((queued + max(avg_isl, 0.0)) * prefill_compute_fraction(kv_hit_rate))
-    decode_requests = fpm.scheduled.num_decode_requests
-    decode_kv = fpm.scheduled.sum_decode_kv_tokens
-    if include_queued_decode:
-        decode_requests += fpm.queued.num_decode_requests
-        decode_kv += fpm.queued.sum_decode_kv_tokens
-    num_decode = _ceil(decode_requests * decode_scale)
-    kv_tokens = _ceil(decode_kv * decode_scale)
-    chunk_tokens = max(1, max_num_batched_tokens - num_decode)
-    return chunked_prefill_s(tokens, chunk_tokens, lambda chunk: model.mixed_wall_s(chunk, num_decode, kv_tokens))
-
-
-def estimate_agg_itl_s(
-    model: ForwardPassModel,
-    fpm: ForwardPassMetrics,
-    *,
-    avg_isl: float,
-    avg_osl: float,
-    accept_length: float,
-    decode_scale: float = 1.0,
-    include_queued_prefill: bool = False,
-    next_context: float | None = None,
-) -> float:
-    """ITL (s) of the next request on one aggregated engine rank.
-
-    As `estimate_decode_itl_s`, with the engine's scheduled prompt chunk in every iteration (`model.mixed_wall_s`);
-    with `include_queued_prefill`, queued prompts count as future decode requests and KV before scaling.
-    """
-    num_requests = float(fpm.scheduled.num_decode_requests + fpm.queued.num_decode_requests)
-    kv_tokens = float(fpm.scheduled.sum_decode_kv_tokens + fpm.queued.sum_decode_kv_tokens)
-    if include_queued_prefill:
-        num_requests += fpm.queued.num_prefill_requests
-        kv_tokens += fpm.queued.sum_prefill_tokens
-    num_requests *= decode_scale
-    kv_tokens *= decode_scale
-    next_context = _next_decode_context(avg_isl, avg_osl, next_context)
-    if next_context > 0:
-        num_requests += 1
-        kv_tokens += next_context
-    wall_s = model.mixed_wall_s(fpm.scheduled.sum_prefill_tokens, _ceil(num_requests), _ceil(kv_tokens))
-    return wall_s / accept_length
 
 
 # --- signals ---------------------------------------------------------------------------------------------------
@@ -338,13 +214,12 @@ def _consolidation_step(component: Component, worker_id: str, value: float, *, s
     )
 
 
-def _prefill_signal(
-    inputs: SlaLoadInputs, fleet: Fleet, model: ForwardPassModel, steps: list[StepRecord], *, aggregated: bool
-) -> _Signal:
-    """TTFT signal of a prefill pool (or the prefill side of an aggregated pool)."""
-    runtime, targets = inputs.runtime, inputs.targets
-    n = fleet.num_workers
-    factor = _consolidation_factor(n)
+def _ttft_estimator(
+    inputs: SlaLoadInputs, model: ForwardPassModel, factor: float, *, aggregated: bool
+) -> Callable[..., float]:
+    """`ttft_ms(fpm, *, queue_scale, consolidated)`: one rank's TTFT estimate (ms) for `_prefill_signal`, the
+    aggregated pool's after a consolidation (by `factor`) also carrying the removed engine's decode load."""
+    runtime = inputs.runtime
     mbt = inputs.limits.max_num_batched_tokens
 
     def ttft_ms(fpm: ForwardPassMetrics, *, queue_scale: float, consolidated: bool) -> float:
@@ -369,6 +244,18 @@ def _prefill_signal(
             kv_hit_rate=runtime.kv_hit_rate,
             queue_scale=queue_scale,
         )
+
+    return ttft_ms
+
+
+def _prefill_signal(
+    inputs: SlaLoadInputs, fleet: Fleet, model: ForwardPassModel, steps: list[StepRecord], *, aggregated: bool
+) -> _Signal:
+    """TTFT signal of a prefill pool (or the prefill side of an aggregated pool)."""
+    runtime, targets = inputs.runtime, inputs.targets
+    n = fleet.num_workers
+    factor = _consolidation_factor(n)
+    ttft_ms = _ttft_estimator(inputs, model, factor, aggregated=aggregated)
 
     estimates: list[float] = []
     can_scale_down, refused = n > 1, False
@@ -423,14 +310,12 @@ def _prefill_signal(
     )
 
 
-def _decode_signal(
-    inputs: SlaLoadInputs, fleet: Fleet, model: ForwardPassModel, steps: list[StepRecord], *, aggregated: bool
-) -> _Signal:
-    """ITL signal of a decode pool (or the decode side of an aggregated pool)."""
-    runtime, targets, limits = inputs.runtime, inputs.targets, inputs.limits
-    n = fleet.num_workers
-    factor = _consolidation_factor(n)
-    accept, _ = effective_accept_length(runtime.accept_length, limits.speculative_nextn)
+def _itl_estimator(
+    inputs: SlaLoadInputs, model: ForwardPassModel, factor: float, accept: float, *, aggregated: bool
+) -> Callable[..., float]:
+    """`itl_ms(fpm, *, consolidated)`: one rank's ITL estimate (ms) for `_decode_signal`, the decode load scaled
+    by `factor` after a consolidation; `accept` is the effective speculative accept length."""
+    runtime = inputs.runtime
 
     def itl_ms(fpm: ForwardPassMetrics, *, consolidated: bool) -> float:
         scale = factor if consolidated else 1.0
@@ -454,6 +339,19 @@ def _decode_signal(
             decode_scale=scale,
             next_context=runtime.next_decode_context,
         )
+
+    return itl_ms
+
+
+def _decode_signal(
+    inputs: SlaLoadInputs, fleet: Fleet, model: ForwardPassModel, steps: list[StepRecord], *, aggregated: bool
+) -> _Signal:
+    """ITL signal of a decode pool (or the decode side of an aggregated pool)."""
+    runtime, targets, limits = inputs.runtime, inputs.targets, inputs.limits
+    n = fleet.num_workers
+    factor = _consolidation_factor(n)
+    accept, _ = effective_accept_length(runtime.accept_length, limits.speculative_nextn)
+    itl_ms = _itl_estimator(inputs, model, factor, accept, aggregated=aggregated)
 
     def kv_tokens(fpm: ForwardPassMetrics) -> int:
         kv = fpm.scheduled.sum_decode_kv_tokens + fpm.queued.sum_decode_kv_tokens
@@ -670,6 +568,51 @@ def _hold_at(inputs: SlaLoadInputs) -> int:
     return inputs.workers.expected(inputs.component)
 
 
+def _latency_signal(inputs: SlaLoadInputs, fleet: Fleet, model: ForwardPassModel, steps: list[StepRecord]) -> _Signal:
+    """The engines' own latency signal for the pool's kind: TTFT (prefill), ITL (decode) or both combined
+    (aggregated); a hold (`insufficient_data`) when the model is not ready or a TTFT signal has no batch budget."""
+    component = inputs.component
+    n = fleet.num_workers
+    if not model.is_ready():
+        steps.append(
+            StepRecord(
+                step=StepName.MODEL,
+                component=component,
+                reason=ReasonCode.INSUFFICIENT_DATA,
+                detail="the forward-pass model is not ready",
+            )
+        )
+        return _Signal(desired=n, reason=ReasonCode.INSUFFICIENT_DATA, refused=False)
+    if inputs.aggregated:
+        prefill: _Signal | None = None
+        if inputs.limits.max_num_batched_tokens > 0:
+            prefill = _prefill_signal(inputs, fleet, model, steps, aggregated=True)
+        else:
+            steps.append(
+                StepRecord(
+                    step=StepName.TTFT_SIGNAL,
+                    component=component,
+                    reason=ReasonCode.INSUFFICIENT_DATA,
+                    detail=f"max_num_batched_tokens = {inputs.limits.max_num_batched_tokens}: no TTFT signal",
+                )
+            )
+        decode = _decode_signal(inputs, fleet, model, steps, aggregated=True)
+        return _combine_agg(component, n, prefill, decode, steps)
+    if component is Component.PREFILL:
+        if inputs.limits.max_num_batched_tokens <= 0:
+            steps.append(
+                StepRecord(
+                    step=StepName.TTFT_SIGNAL,
+                    component=component,
+                    reason=ReasonCode.INSUFFICIENT_DATA,
+                    detail=f"max_num_batched_tokens = {inputs.limits.max_num_batched_tokens}: no TTFT estimate",
+                )
+            )
+            return _Signal(desired=n, reason=ReasonCode.INSUFFICIENT_DATA, refused=False)
+        return _prefill_signal(inputs, fleet, model, steps, aggregated=False)
+    return _decode_signal(inputs, fleet, model, steps, aggregated=False)
+
+
 def calculate_load_replicas(inputs: SlaLoadInputs, model: ForwardPassModel) -> tuple[int, tuple[StepRecord, ...]]:
     """One pool's replicas from the latest per-engine forward-pass metrics under the SLA (one load tick).
 
@@ -695,48 +638,7 @@ def calculate_load_replicas(inputs: SlaLoadInputs, model: ForwardPassModel) -> t
     if fleet is None:
         return _hold_at(inputs), tuple(steps)
     n = fleet.num_workers
-
-    signal: _Signal
-    if not model.is_ready():
-        steps.append(
-            StepRecord(
-                step=StepName.MODEL,
-                component=component,
-                reason=ReasonCode.INSUFFICIENT_DATA,
-                detail="the forward-pass model is not ready",
-            )
-        )
-        signal = _Signal(desired=n, reason=ReasonCode.INSUFFICIENT_DATA, refused=False)
-    elif inputs.aggregated:
-        prefill: _Signal | None = None
-        if inputs.limits.max_num_batched_tokens > 0:
-            prefill = _prefill_signal(inputs, fleet, model, steps, aggregated=True)
-        else:
-            steps.append(
-                StepRecord(
-                    step=StepName.TTFT_SIGNAL,
-                    component=component,
-                    reason=ReasonCode.INSUFFICIENT_DATA,
-                    detail=f"max_num_batched_tokens = {inputs.limits.max_num_batched_tokens}: no TTFT signal",
-                )
-            )
-        decode = _decode_signal(inputs, fleet, model, steps, aggregated=True)
-        signal = _combine_agg(component, n, prefill, decode, steps)
-    elif component is Component.PREFILL:
-        if inputs.limits.max_num_batched_tokens <= 0:
-            steps.append(
-                StepRecord(
-                    step=StepName.TTFT_SIGNAL,
-                    component=component,
-                    reason=ReasonCode.INSUFFICIENT_DATA,
-                    detail=f"max_num_batched_tokens = {inputs.limits.max_num_batched_tokens}: no TTFT estimate",
-                )
-            )
-            signal = _Signal(desired=n, reason=ReasonCode.INSUFFICIENT_DATA, refused=False)
-        else:
-            signal = _prefill_signal(inputs, fleet, model, steps, aggregated=False)
-    else:
-        signal = _decode_signal(inputs, fleet, model, steps, aggregated=False)
+    signal = _latency_signal(inputs, fleet, model, steps)
     if inputs.tail_latency_scaling and (inputs.aggregated or component is Component.PREFILL):
         desired_by_tail, tail_step = tail_latency_signal(component, n, signal.desired, inputs.frontend, inputs.targets)
         steps.append(tail_step)

@@ -48,6 +48,77 @@ def series_view(history: LoadHistory, series: LoadSeries) -> SeriesView:
     )
 
 
+def _idle_point(history: LoadHistory) -> tuple[dict[LoadSeries, float], StepRecord]:
+    """An idle window after traffic: 0 requests, the last busy window's lengths (and percentiles) carried forward."""
+    isl, osl = _last(history.isl), _last(history.osl)
+    point = {
+        LoadSeries.NUM_REQ: 0.0,
+        LoadSeries.ISL: isl,
+        LoadSeries.OSL: osl,
+        LoadSeries.ISL_QUANTILE: _last(history.isl_quantile, isl),
+        LoadSeries.OSL_QUANTILE: _last(history.osl_quantile, osl),
+    }
+    record = StepRecord(
+        step=StepName.OBSERVE,
+        reason=ReasonCode.IDLE_WINDOW,
+        value=0.0,
+        detail=f"idle window: 0 requests, ISL {isl:.0f} / OSL {osl:.0f} carried forward",
+    )
+    return point, record
+
+
+def _busy_point(traffic: TrafficObservation, quantile: LengthQuantile) -> tuple[dict[LoadSeries, float], StepRecord]:
+    """A window with traffic: its requests, mean lengths and percentile lengths (the mean where it has none)."""
+    isl_q = traffic.length_quantile("isl", quantile.value)
+    osl_q = traffic.length_quantile("osl", quantile.value)
+    point = {
+        LoadSeries.NUM_REQ: float(traffic.num_req),
+        LoadSeries.ISL: float(traffic.isl),
+        LoadSeries.OSL: float(traffic.osl),
+        LoadSeries.ISL_QUANTILE: float(traffic.isl if isl_q is None else isl_q),
+        LoadSeries.OSL_QUANTILE: float(traffic.osl if osl_q is None else osl_q),
+    }
+    shape = f"ISL {traffic.isl:.0f}, OSL {traffic.osl:.0f}"
+    if isl_q is not None or osl_q is not None:
+        shown = [f"{name} {value:.0f}" for name, value in (("ISL", isl_q), ("OSL", osl_q)) if value is not None]
+        shape += f" ({quantile.value} {', '.join(shown)})"
+    record = StepRecord(
+        step=StepName.OBSERVE,
+        reason=ReasonCode.OBSERVED,
+        value=point[LoadSeries.NUM_REQ],
+        detail=f"{point[LoadSeries.NUM_REQ]:.0f} requests in {traffic.duration_s:.0f} s, {shape}",
+    )
+    return point, record
+
+
+def _advance(
+    history: LoadHistory, point: dict[LoadSeries, float], quantile: LengthQuantile, config: PlannerConfig
+) -> LoadHistory:
+    """The history with `point` appended to every series and the configured predictor's state advanced on it."""
+    predictor = PREDICTORS[config.load_predictor]
+    values: dict[LoadSeries, tuple[float, ...]] = {}
+    models: dict[LoadSeries, SeriesModel] = {}
+    for series in LoadSeries:
+        view = series_view(history, series)
+        values[series] = view.appended(point[series]).values
+        models[series] = predictor.advance(view, point[series], config)
+    return LoadHistory(
+        num_req=values[LoadSeries.NUM_REQ],
+        isl=values[LoadSeries.ISL],
+        osl=values[LoadSeries.OSL],
+        isl_quantile=values[LoadSeries.ISL_QUANTILE],
+        osl_quantile=values[LoadSeries.OSL_QUANTILE],
+        seen_traffic=True,
+        length_quantile=quantile,
+        num_windows=history.num_points + 1,
+        num_req_model=models[LoadSeries.NUM_REQ],
+        isl_model=models[LoadSeries.ISL],
+        osl_model=models[LoadSeries.OSL],
+        isl_quantile_model=models[LoadSeries.ISL_QUANTILE],
+        osl_quantile_model=models[LoadSeries.OSL_QUANTILE],
+    )
+
+
 def observe_window(
     history: LoadHistory, traffic: TrafficObservation, config: PlannerConfig
 ) -> tuple[LoadHistory, StepRecord]:
@@ -83,64 +154,10 @@ def observe_window(
             return history, StepRecord(
                 step=StepName.OBSERVE, reason=ReasonCode.IDLE_WINDOW, value=0.0, detail="leading idle window skipped"
             )
-        isl, osl = _last(history.isl), _last(history.osl)
-        point = {
-            LoadSeries.NUM_REQ: 0.0,
-            LoadSeries.ISL: isl,
-            LoadSeries.OSL: osl,
-            LoadSeries.ISL_QUANTILE: _last(history.isl_quantile, isl),
-            LoadSeries.OSL_QUANTILE: _last(history.osl_quantile, osl),
-        }
-        record = StepRecord(
-            step=StepName.OBSERVE,
-            reason=ReasonCode.IDLE_WINDOW,
-            value=0.0,
-            detail=f"idle window: 0 requests, ISL {isl:.0f} / OSL {osl:.0f} carried forward",
-        )
+        point, record = _idle_point(history)
     else:
-        isl_q = traffic.length_quantile("isl", quantile.value)
-        osl_q = traffic.length_quantile("osl", quantile.value)
-        point = {
-            LoadSeries.NUM_REQ: float(traffic.num_req),
-            LoadSeries.ISL: float(traffic.isl),
-            LoadSeries.OSL: float(traffic.osl),
-            LoadSeries.ISL_QUANTILE: float(traffic.isl if isl_q is None else isl_q),
-            LoadSeries.OSL_QUANTILE: float(traffic.osl if osl_q is None else osl_q),
-        }
-        shape = f"ISL {traffic.isl:.0f}, OSL {traffic.osl:.0f}"
-        if isl_q is not None or osl_q is not None:
-            shown = [f"{name} {value:.0f}" for name, value in (("ISL", isl_q), ("OSL", osl_q)) if value is not None]
-            shape += f" ({quantile.value} {', '.join(shown)})"
-        record = StepRecord(
-            step=StepName.OBSERVE,
-            reason=ReasonCode.OBSERVED,
-            value=point[LoadSeries.NUM_REQ],
-            detail=f"{point[LoadSeries.NUM_REQ]:.0f} requests in {traffic.duration_s:.0f} s, {shape}",
-        )
-
-    predictor = PREDICTORS[config.load_predictor]
-    values: dict[LoadSeries, tuple[float, ...]] = {}
-    models: dict[LoadSeries, SeriesModel] = {}
-    for series in LoadSeries:
-        view = series_view(history, series)
-        values[series] = view.appended(point[series]).values
-        models[series] = predictor.advance(view, point[series], config)
-    new_history = LoadHistory(
-        num_req=values[LoadSeries.NUM_REQ],
-        isl=values[LoadSeries.ISL],
-        osl=values[LoadSeries.OSL],
-        isl_quantile=values[LoadSeries.ISL_QUANTILE],
-        osl_quantile=values[LoadSeries.OSL_QUANTILE],
-        seen_traffic=True,
-        length_quantile=quantile,
-        num_windows=history.num_points + 1,
-        num_req_model=models[LoadSeries.NUM_REQ],
-        isl_model=models[LoadSeries.ISL],
-        osl_model=models[LoadSeries.OSL],
-        isl_quantile_model=models[LoadSeries.ISL_QUANTILE],
-        osl_quantile_model=models[LoadSeries.OSL_QUANTILE],
-    )
-    return new_history, record
+        point, record = _busy_point(traffic, quantile)
+    return _advance(history, point, quantile, config), record
 
 
 def predict_next(history: LoadHistory, config: PlannerConfig) -> tuple[Prediction, StepRecord]:

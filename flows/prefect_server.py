@@ -23,17 +23,12 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from planner_core.runtime.localhost import free_port, wait_for
+from planner_core.runtime.localhost import answers, free_port, wait_for
 
 
 def wait_healthy(api_url: str, timeout_s: float) -> None:
     """Poll `<api_url>/health` until it answers 200; raise after `timeout_s`."""
-
-    def healthy() -> bool:
-        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
-            return response.status == 200
-
-    wait_for(f"Prefect server at {api_url}", healthy, timeout_s, poll_s=0.3)
+    wait_for(f"Prefect server at {api_url}", lambda: answers(f"{api_url}/health"), timeout_s, poll_s=0.3)
 
 
 def _flush_run_logs() -> None:

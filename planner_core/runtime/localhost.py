@@ -56,3 +56,11 @@ def wait_for(
                 return
         time.sleep(poll_s)
     raise error(f"{what} not up after {timeout_s:.0f} s")
+
+
+def answers(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether a GET of `url` answers 200 (an error is an exception: `wait_for` counts it as not yet)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return response.status == 200

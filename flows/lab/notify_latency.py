@@ -1,6 +1,6 @@
 # ruff: noqa: T201  (a benchmark script reports on stdout)
 """Latency from a decision's commit to the start of its execution, by hand:
-`python tests/bench/notify_latency.py MODE N`, MODE one of
+`python -m flows.lab.notify_latency MODE N`, MODE one of
 
 - `notify`: the execution listener (LISTEN on the tick's NOTIFY) calling `run_execution` directly;
 - `notify-flow`: `planner serve`'s listener, each execution the `execute-decisions` Prefect flow run in-process;

@@ -8,7 +8,7 @@ planner states (the views never read states; their real size matters for replay,
 runs each query `--repeat` times under EXPLAIN ANALYZE and prints the median execution time and the plan's index
 use, puts the indexes back as they were before migration 0003 and measures again, and finally times `prune_history`.
 
-    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python tests/bench/history_queries.py
+    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python -m planner_core.lab.history.queries
 
 `--days N` generates N days for `bench` (N/4 for `other`) instead; `--views-only` times the queries once, with the
 indexes as they are, and skips prune; `--compare-revision REV` then downgrades to REV (e.g. 0020, before migration
@@ -239,7 +239,7 @@ def main() -> None:
     args = parser.parse_args()
     days = {"bench": args.days, "other": max(1, args.days // 4)}
     record: dict = {
-        "command": " ".join(["tests/bench/history_queries.py", *sys.argv[1:]]),
+        "command": " ".join(["python -m planner_core.lab.history.queries", *sys.argv[1:]]),
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "days": days,
         "repeat": args.repeat,

@@ -249,6 +249,26 @@ def _run_rounds(
     return _Rounds(tick_ms=tick_ms, round_ms=round_ms, missed=missed, failed=failed)
 
 
+def _first_slot(interval_s: float) -> dt.datetime:
+    """The next wall-clock slot (a multiple of `interval_s`): where a realtime run's first round starts."""
+    return dt.datetime.fromtimestamp(math.floor(time.time() / interval_s) * interval_s + interval_s, tz=dt.UTC)
+
+
+def _stored_figures(sessions, ids: list[int]) -> dict:
+    """After the rounds: Postgres' CPU seconds and the database's size so far, the bytes stored per load and per
+    throughput tick, and the members' decisions."""
+    with sessions.begin() as session:
+        return {
+            "pg_cpu_s": _postgres_cpu_s(session),
+            "db_bytes": _database_bytes(session),
+            "load_bytes": stored_bytes_per_tick(session, Loop.LOAD, ids),
+            "throughput_bytes": stored_bytes_per_tick(session, Loop.THROUGHPUT, ids),
+            "num_decisions": repo.query_rows(
+                session, "SELECT count(*) AS n FROM decisions WHERE deployment_id = ANY(:ids)", ids=ids
+            )[0]["n"],
+        }
+
+
 def run_fleet_bench(
     database_url: str,
     config_path: Path,
@@ -276,12 +296,7 @@ def run_fleet_bench(
     cache = cache or ContextCache(database_url)
     contexts = {member.name: cache.get(member) for member in members}
     num_rounds = int(duration_s // interval_s)
-    start = (
-        dt.datetime.fromtimestamp(math.floor(time.time() / interval_s) * interval_s + interval_s, tz=dt.UTC)
-        if realtime
-        else BENCH_EPOCH
-    )
-
+    start = _first_slot(interval_s) if realtime else BENCH_EPOCH
     with sessions.begin() as session:
         pg_cpu_before, db_bytes_before = _postgres_cpu_s(session), _database_bytes(session)
     process = psutil.Process()
@@ -299,15 +314,9 @@ def run_fleet_bench(
     wall_s = time.perf_counter() - wall_before
     cpu_s = sum(process.cpu_times()[:2]) - cpu_before
     extra_s = extra_cpu_s() - extra_before if extra_cpu_s is not None else 0.0
-    ids = [member.deployment_id for member in members]
-    with sessions.begin() as session:
-        pg_cpu_s = _postgres_cpu_s(session) - pg_cpu_before
-        db_growth = _database_bytes(session) - db_bytes_before
-        load_bytes = stored_bytes_per_tick(session, Loop.LOAD, ids)
-        throughput_bytes = stored_bytes_per_tick(session, Loop.THROUGHPUT, ids)
-        num_decisions = repo.query_rows(
-            session, "SELECT count(*) AS n FROM decisions WHERE deployment_id = ANY(:ids)", ids=ids
-        )[0]["n"]
+    stored = _stored_figures(sessions, [member.deployment_id for member in members])
+    pg_cpu_s, db_growth = stored["pg_cpu_s"] - pg_cpu_before, stored["db_bytes"] - db_bytes_before
+    load_bytes, throughput_bytes = stored["load_bytes"], stored["throughput_bytes"]
     tick_ms, round_ms = rounds.tick_ms, rounds.round_ms
     num_ticks = len(tick_ms)
     quantiles = statistics.quantiles(tick_ms, n=100, method="inclusive") if num_ticks >= 2 else [0.0] * 99
@@ -320,7 +329,7 @@ def run_fleet_bench(
         num_rounds=num_rounds,
         num_load_ticks=int(load_bytes["num_ticks"]),
         num_throughput_ticks=int(throughput_bytes["num_ticks"]),
-        num_decisions=int(num_decisions),
+        num_decisions=int(stored["num_decisions"]),
         num_failed_ticks=rounds.failed,
         missed_ticks=rounds.missed,
         wall_s=wall_s,

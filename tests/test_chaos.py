@@ -142,8 +142,8 @@ def test_the_ingest_check_counts_each_kind_of_defect(database_url) -> None:
     import dataclasses
     import datetime as dt
 
-    from planner_core.lab.chaos.ingest_leg import DEPLOYMENT, IngestFault, check_ingest_leg, synthetic_message
     from planner_core.data import DEFAULT_CONFIG
+    from planner_core.lab.chaos.ingest_leg import DEPLOYMENT, IngestFault, check_ingest_leg, synthetic_message
     from planner_core.runtime.ingest import resolve_deployment_id
     from planner_core.runtime.store.db import session_factory, to_sqlalchemy_url
     from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples

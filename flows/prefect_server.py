@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -24,25 +23,12 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from planner_core.runtime.localhost import answers, free_port, wait_for
 
 
 def wait_healthy(api_url: str, timeout_s: float) -> None:
     """Poll `<api_url>/health` until it answers 200; raise after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"Prefect server at {api_url} not healthy after {timeout_s:.0f} s")
+    wait_for(f"Prefect server at {api_url}", lambda: answers(f"{api_url}/health"), timeout_s, poll_s=0.3)
 
 
 def _flush_run_logs() -> None:
@@ -129,7 +115,7 @@ def prefect_api(
             if watchdog is not None:
                 watchdog.stop()
         return
-    port = port or _free_port()
+    port = port or free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     prefect_bin = shutil.which("prefect", path=str(Path(sys.executable).parent)) or "prefect"
     log_path = log_file or Path(os.environ.get("PREFECT_HOME", ".")) / "server.log"

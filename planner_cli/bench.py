@@ -20,6 +20,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from planner_core.lab.sim.bench import bench_figure
     from planner_core.lab.sim.benchmark import BenchRequest, benchmark
     from planner_core.lab.sim.des import NoEndpointAction, RouterPolicy
+    from planner_core.runtime.localhost import code_commit
 
     commit = code_commit()  # now: the checkout may move while a long bench runs, and the record names this code
     request = BenchRequest(
@@ -84,20 +85,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not to_stdout:
         print_bench_table(outcome, request)
     return 0
-
-
-def code_commit() -> str | None:
-    """`git describe` of the code's checkout (None outside one: an installed package)."""
-    import subprocess
-
-    try:
-        described = subprocess.run(
-            ["git", "-C", str(Path(__file__).resolve().parent), "describe", "--always", "--dirty"],
-            capture_output=True, text=True, timeout=10, check=False,
-        )  # fmt: skip
-    except OSError:  # no git
-        return None
-    return described.stdout.strip() or None if described.returncode == 0 else None
 
 
 def bench_record(rows: list[dict], argv: list[str], commit: str | None) -> dict:
@@ -192,6 +179,16 @@ def _quantiles(text: str) -> tuple[float, ...]:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the bench command group's parsers."""
     bench = sub.add_parser("bench", help="compare scaling policies on one trace in the cluster simulator")
+    _add_workload_arguments(bench)
+    _add_policy_arguments(bench)
+    _add_router_arguments(bench)
+    _add_planner_arguments(bench)
+    _add_output_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
+
+
+def _add_workload_arguments(bench: argparse.ArgumentParser) -> None:
+    """The trace and how it is scaled and shaped; the engines' profile."""
     bench.add_argument("--trace", type=Path, required=True, help="Azure CSV, Mooncake or Dynamo v1 trace")
     bench.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="engine profile (timing and sizing)")
     bench.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
@@ -212,6 +209,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--max-kv-tokens", type=int, default=None, help="decode engine KV-cache tokens (default: the profile's)"
     )
+
+
+def _add_policy_arguments(bench: argparse.ArgumentParser) -> None:
+    """The policies compared and the engines' mode."""
     bench.add_argument(
         "--config", type=Path, action="append", default=None, metavar="FILE",
         help="a planner config to bench as policy config:<file stem> (its own settings and plugins); repeatable",
@@ -230,6 +231,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--mode", choices=("disagg", "agg"), default="disagg",
         help="disaggregated prefill/decode pools, or one pool of aggregated engines (chunked prefill on decode)",
     )  # fmt: skip
+
+
+def _add_router_arguments(bench: argparse.ArgumentParser) -> None:
+    """The simulated frontend's router and the SLO-aware router's settings."""
     bench.add_argument(
         "--router", choices=("least_loaded", "round_robin", "slo"), default="least_loaded",
         help="the simulated frontend's router: least_loaded, round_robin, or slo (SLO-aware: the engine with the "
@@ -257,6 +262,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-adaptive-pd", action="store_true",
         help="router slo: never prefill a short prompt on a decode engine when no prefill engine is predicted in time",
     )  # fmt: skip
+
+
+def _add_planner_arguments(bench: argparse.ArgumentParser) -> None:
+    """The SLA, the start-up time, the planners' and the oracle's settings, and what serves the requests."""
     bench.add_argument("--ttft-ms", type=float, default=500.0, help="TTFT target (ms)")
     bench.add_argument("--itl-ms", type=float, default=50.0, help="ITL target (ms)")
     bench.add_argument("--startup-s", type=float, default=120.0, help="worker start-up time (s)")
@@ -290,6 +299,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="--engine dynamo: the oracle's exact per-window search in Dynamo's replay, or its cheaper approximation "
         "starting from our simulator's oracle (fewer replays per window; its error is measured in docs/benchmarks.md)",
     )  # fmt: skip
+
+
+def _add_output_arguments(bench: argparse.ArgumentParser) -> None:
+    """The outputs (JSON, HTML, the record) and Dynamo's interpreter."""
     bench.add_argument("--json", type=Path, default=None, help="write the rows as JSON to FILE ('-': stdout)")
     bench.add_argument("--html", type=Path, default=None, help="write a Plotly page of replicas, load and latency")
     bench.add_argument(
@@ -301,4 +314,3 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="Python of a virtualenv with ai-dynamo 1.6.1, for the dynamo-1.6.1 policies (default: $DYNAMO_PYTHON, "
         "else .dynamo-venv from `make dynamo-env`)",
     )  # fmt: skip
-    bench.set_defaults(func=cmd_bench)

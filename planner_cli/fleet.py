@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from planner_core.runtime.settings import RuntimeSettings
 
 if TYPE_CHECKING:
-    from planner_core.runtime.fleet_bench import FleetBenchResult
+    from planner_core.lab.fleet_bench import FleetBenchShape
 
 
 def _sessions():
@@ -159,78 +159,18 @@ def cmd_fleet_replay(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
-def bench_config(directory: Path, load_interval_s: float) -> Path:
-    """The recommended policy with the load loop on at `load_interval_s` (its profile path made absolute)."""
-    import yaml
-
-    from planner_core.data import DEFAULT_CONFIG
-
-    body = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    body["profile_results_dir"] = str((DEFAULT_CONFIG.parent / body["profile_results_dir"]).resolve())
-    body["enable_load_scaling"] = True
-    body["load_adjustment_interval_seconds"] = load_interval_s
-    path = directory / "fleet-bench.yaml"
-    path.write_text(yaml.safe_dump(body))
-    return path
-
-
-def bench_shape(args: argparse.Namespace) -> dict:
+def bench_shape(args: argparse.Namespace) -> FleetBenchShape:
     """The benchmark's fleet and timing from the command line, the same with and without Prefect."""
-    return {
-        "num_deployments": args.deployments,
-        "duration_s": args.duration,
-        "interval_s": args.interval,
-        "realtime": args.realtime,
-        "max_concurrent": args.max_concurrent,
-        "budget_gpus": args.budget,
-    }
+    from planner_core.lab.fleet_bench import FleetBenchShape
 
-
-def bench_with_prefect(url: str, config: Path, args: argparse.Namespace) -> FleetBenchResult:
-    """The benchmark with every round a `fleet-tick` flow run on the Prefect server `prefect_api` gives (started
-    here unless `PREFECT_API_URL` names one this process started), that server's process tree counted too."""
-    import psutil
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from flows.fleet import bench_round_runner, context_cache, run_fleet_tick
-    from flows.prefect_server import prefect_api, started_server_pid
-    from planner_core.runtime.fleet_bench import BENCH_EPOCH, process_tree_cpu_s, run_fleet_bench
-
-    home = Path(os.environ.get("PREFECT_HOME", "."))
-    with prefect_api(log_file=home / "server.log") as api, temporary_settings(updates={PREFECT_API_URL: api}):
-        pid = started_server_pid()
-        if pid is None:
-            raise RuntimeError(f"the Prefect server at {api} is not this process's: its CPU cannot be counted")
-        server = psutil.Process(pid)
-        task_per_member = args.task_per_member
-        # One flow run before the members exist: Prefect's first run (imports, the flow's registration, the
-        # server's first requests) is not part of what a round costs.
-        run_fleet_tick(BENCH_EPOCH, url, args.max_concurrent, task_per_member=task_per_member)
-        try:
-            return run_fleet_bench(
-                url,
-                config,
-                **bench_shape(args),
-                cache=context_cache(url),
-                round_runner=bench_round_runner(url, args.max_concurrent, task_per_member=task_per_member),
-                extra_cpu_s=lambda: process_tree_cpu_s(server),
-                prefect=True,
-                task_per_member=task_per_member,
-            )
-        finally:
-            _drain_prefect_clients()
-
-
-def _drain_prefect_clients(timeout_s: float = 30.0) -> None:
-    """Send the run events and logs still queued in this process while the bench's Prefect server is up: left for
-    the interpreter's exit, they are sent to a stopped server and the exit waits on them without end (seen after a
-    100-deployment run)."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    for service in (EventsWorker, APILogWorker):
-        with contextlib.suppress(Exception):
-            service.drain_all(timeout=timeout_s)
+    return FleetBenchShape(
+        num_deployments=args.deployments,
+        duration_s=args.duration,
+        interval_s=args.interval,
+        realtime=args.realtime,
+        max_concurrent=args.max_concurrent,
+        budget_gpus=args.budget,
+    )
 
 
 def cmd_fleet_bench(args: argparse.Namespace) -> int:
@@ -241,7 +181,7 @@ def cmd_fleet_bench(args: argparse.Namespace) -> int:
 
     from sqlalchemy.engine import make_url
 
-    from planner_core.runtime.fleet_bench import run_fleet_bench
+    from planner_core.lab.fleet_bench import bench_config, run_fleet_bench
     from planner_core.runtime.store.migrate import scratch_database
 
     if args.task_per_member and not args.prefect:
@@ -259,9 +199,11 @@ def cmd_fleet_bench(args: argparse.Namespace) -> int:
             with tempfile.TemporaryDirectory() as directory:
                 config = args.config or bench_config(Path(directory), args.interval)
                 if args.prefect:
-                    result = bench_with_prefect(url, config, args)
+                    from flows.lab.fleet_bench import bench_with_prefect
+
+                    result = bench_with_prefect(url, config, bench_shape(args), task_per_member=args.task_per_member)
                 else:
-                    result = run_fleet_bench(url, config, **bench_shape(args))
+                    result = run_fleet_bench(url, config, **bench_shape(args).as_kwargs())
             body = json.dumps(dataclasses.asdict(result), indent=2)
             if args.json is not None:
                 args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -6,18 +6,11 @@ import argparse
 from pathlib import Path
 
 
-def cmd_forecast(args: argparse.Namespace) -> int:
-    """Score load predictors one window ahead on a trace, with Dynamo's predictor-sweep loss."""
-    import json
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+def _predictor_configs(args: argparse.Namespace, interval_s: int) -> dict:
+    """Each predictor asked for, configured from `--config` (else the forecast defaults) at the window."""
     from planner_core.config import load_config, parse_config
     from planner_core.lab import forecast_eval
-    from planner_core.traces import bucket_windows, load_traces
 
-    interval_s = forecast_eval.parse_interval(args.interval)
     names = forecast_eval.parse_predictors(args.predictor)
     source = str(args.config) if args.config is not None else "<forecast defaults>"
     base = (
@@ -26,9 +19,21 @@ def cmd_forecast(args: argparse.Namespace) -> int:
         else parse_config({"optimization_target": "sla"}, source).policy
     )
     log1p = True if args.log1p else None
-    configs = {
-        name: forecast_eval.predictor_config(base, name, interval_s, log1p=log1p, source=source) for name in names
-    }
+    return {name: forecast_eval.predictor_config(base, name, interval_s, log1p=log1p, source=source) for name in names}
+
+
+def cmd_forecast(args: argparse.Namespace) -> int:
+    """Score load predictors one window ahead on a trace, with Dynamo's predictor-sweep loss."""
+    import json
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from planner_core.lab import forecast_eval
+    from planner_core.traces import bucket_windows, load_traces
+
+    interval_s = forecast_eval.parse_interval(args.interval)
+    configs = _predictor_configs(args, interval_s)
     trace = load_traces(args.trace)
     windows = bucket_windows(trace, interval_s)
     if args.dump_windows is not None:
@@ -58,37 +63,9 @@ def cmd_forecast(args: argparse.Namespace) -> int:
     else:
         print(f"no window scored: the first {skip_first} windows are not scored ({why})")
 
-    def cell(value: float | None, digits: int) -> str:
-        return "n/a" if value is None else f"{value:.{digits}f}"
-
-    header = ("predictor", "loss", "MAPE req %", "MAPE ISL %", "MAPE OSL %", "ms/step p50", "ms/step p99", "fallback")
-    rows = [
-        (
-            score.predictor + (" (log1p)" if score.log1p else ""),
-            cell(score.loss, 4),
-            cell(score.mape_requests, 1),
-            cell(score.mape_isl, 1),
-            cell(score.mape_osl, 1),
-            cell(score.ms_per_step_p50, 2),
-            cell(score.ms_per_step_p99, 2),
-            f"{score.num_fallback}/{score.num_scored}",
-        )
-        for score in scores
-    ]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print(
-            "  ".join(
-                text.ljust(width) if i == 0 else text.rjust(width)
-                for i, (text, width) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-    print(
-        "loss: Dynamo's 0.4*e(N*ISL) + 0.4*e(N*OSL) + 0.1*e(ISL) + 0.1*e(OSL), e = |log1p(forecast) - log1p(actual)|, "
-        "mean over scored windows; MAPE skips windows whose actual value is 0; ms/step = predict_next + "
-        "observe_window over all windows; fallback = scored windows where predict_next reported predictor_fallback "
-        "for any of its series (percentile series included)"
-    )
+    for line in forecast_eval.score_table(scores):
+        print(line)
+    print(forecast_eval.LOSS_NOTE)
     return 0
 
 

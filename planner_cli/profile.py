@@ -13,17 +13,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime as dt
-import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
-
-CAPACITY_CHECK = {"isl": 3000, "osl": 300, "ttft_ms": 200.0, "itl_ms": 10.0}
-CAPACITY_TOLERANCE = 0.10
 
 
 def _sweep(args: argparse.Namespace):
@@ -44,54 +35,13 @@ def _sweep(args: argparse.Namespace):
 
 
 def measure(args: argparse.Namespace, endpoint: str, out: Path, *, reference=None):
-    """Run the sweep against `endpoint` (resuming), write the profile and plots; the measured EngineProfile."""
-    import asyncio
+    """The sweep of `args` against `endpoint` (`planner_core.lab.profile.sweep.measure`); the measured EngineProfile."""
+    from planner_core.lab.profile import measure as measure_engine
 
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from planner_core.lab.profiler import check_endpoint, engine_kv_capacity, run_sweep, write_plots, write_profile
-    from planner_core.perf.profile import load_profile
-    from planner_core.perf.profiling import aggregate_profile, plan_sweep
-
-    spec = _sweep(args)
-    points = plan_sweep(spec)
-    asyncio.run(check_endpoint(endpoint, args.model))  # unreachable or wrong model: say so before anything else
-    max_kv_tokens = args.max_kv_tokens or engine_kv_capacity(endpoint, args.model)
-    if max_kv_tokens is None:
-        raise ValueError(f"--max-kv-tokens: {endpoint}/metrics does not publish the engine's KV capacity; give it")
-    out.mkdir(parents=True, exist_ok=True)
-    console = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    skipped = 0
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
-        task = bar.add_task("profiling", total=len(points))
-
-        def on_point(point, measurement) -> None:
-            nonlocal skipped
-            skipped += measurement is None
-            bar.update(task, advance=1, description=point.key)
-
-        measurements = run_sweep(endpoint, args.model, points, out, on_point=on_point)
-    prefill, decode = aggregate_profile(
-        measurements, max_kv_tokens=max_kv_tokens, gpus_per_engine=args.gpus_per_engine, source=str(out)
-    )
-    write_profile(out, prefill, decode)
-    reference_arrays = (reference.prefill, reference.decode) if reference is not None else None
-    try:
-        plots = write_plots(
-            out, prefill, decode, title=f"Profile of {args.model} at {endpoint}", reference=reference_arrays
-        )
-    except RuntimeError as exc:  # no matplotlib: the profile stands without its plots
-        print(f"planner profile: {exc}", file=sys.stderr)
-        plots = []
-    profile = load_profile(out)  # what the planner will read, checked now
-    print(
-        f"{out}: {len(measurements)} points ({skipped} from an earlier run), {prefill.isl.size} prompt lengths, "
-        f"{decode.itl_ms.size} decode points, KV capacity {max_kv_tokens:,} tokens; "
-        f"plots: {', '.join(p.name for p in plots) or 'none'}"
-    )
-    return profile
+    return measure_engine(
+        endpoint, args.model, out, sweep=_sweep(args), max_kv_tokens=args.max_kv_tokens,
+        gpus_per_engine=args.gpus_per_engine, reference=reference,
+    )  # fmt: skip
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -116,209 +66,22 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------------------------------------
-# Round trip: the live stack's mocker, measured over HTTP, against its source profile
-# --------------------------------------------------------------------------------------------------------
-
-
-def _capacity(profile_dir: Path) -> dict:
-    """`planner capacity --json` on a profile at the check's request shape and SLA."""
-    c = CAPACITY_CHECK
-    command = [
-        sys.executable, "-m", "planner_cli", "capacity", "--profile", str(profile_dir), "--isl", str(c["isl"]),
-        "--osl", str(c["osl"]), "--ttft-ms", str(c["ttft_ms"]), "--itl-ms", str(c["itl_ms"]), "--json",
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, check=True)  # noqa: S603 - our own command
-    shown = [*command[3:]]
-    with contextlib.suppress(ValueError):  # the record names the profile relative to where the command ran
-        shown[shown.index("--profile") + 1] = os.path.relpath(profile_dir)
-    return {"command": "planner " + " ".join(shown), **json.loads(done.stdout)}
-
-
-def _mocker_timing(dynamo: str, source_dir: Path, out: Path):
-    """The mocker's own timing table for `source_dir` (made by Dynamo's converter), as the two functions
-    `compare_with` takes: TTFT by ISL, ITL by (batch, context), each interpolated linearly on its grid."""
-    import numpy as np
-    from scipy.interpolate import RegularGridInterpolator
-
-    from planner_cli import live
-
-    script = live.REPO / "planner_core" / "lab" / "dynamo" / "mocker_timing.py"
-    subprocess.run(  # noqa: S603 - our own script
-        [dynamo, str(script), str(source_dir), str(out)], capture_output=True, text=True, check=True
-    )
-    with np.load(out) as npz:
-        isl, ttft = npz["prefill_isl"], npz["prefill_ttft_ms"]
-        kv, ctx, itl = npz["decode_active_kv_tokens"], npz["decode_context_length"], npz["decode_itl"]
-    grid = RegularGridInterpolator((kv, ctx), itl, bounds_error=False, fill_value=None)
-    return (
-        lambda x: float(np.interp(x, isl, ttft)),
-        lambda batch, context: float(grid([[batch * context, context]])[0]),
-    )
-
-
-def _rps(value: float | None) -> str:
-    return "none (SLA unreachable)" if value is None else f"{value:.3f}"
-
-
 def _round_trip(args: argparse.Namespace) -> int:
-    from planner_cli import live
-    from planner_core.config import MOCKER_COMMAND
-    from planner_core.lab.profiler import write_plots, write_profile
-    from planner_core.perf.profile import DecodeProfile, PrefillProfile, load_profile
-    from planner_core.perf.profiling import Role, compare_profiles, compare_with
-    from planner_core.runtime.connectors.local import render_command
+    from planner_core.lab.live import LiveError
+    from planner_core.lab.profile import round_trip, round_trip_summary, round_trip_tools
 
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    slowdown = args.slowdown
     try:
-        dynamo = live._tool("DYNAMO_PYTHON", live.REPO / ".dynamo-venv" / "bin" / "python", "dynamo-env")
-        model_dir = live._tool("PLANNER_LIVE_MODEL_DIR", live.REPO / ".planner" / "live-model", "live-env")
-    except live.LiveError as exc:
+        tools = round_trip_tools()
+    except LiveError as exc:
         print(f"planner profile: {exc}", file=sys.stderr)
         return 2
-    source_dir = live.write_slowed_profile(out / f"source-x{slowdown:g}", slowdown)
-    kv_dir, logs = out / "kv", out / "logs"
-    for folder in (kv_dir, logs):
-        folder.mkdir(exist_ok=True)
-    port = live._free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "DYN_FILE_KV": str(kv_dir), "PYTHONPATH": str(live.STUBS_DIR)}
-    mocker = render_command(
-        MOCKER_COMMAND,
-        {
-            "DYNAMO_PYTHON": dynamo,
-            "PLANNER_LOCAL_MODEL_DIR": model_dir,
-            "PLANNER_LOCAL_MODEL_NAME": live.MODEL_NAME,
-            "DISAGGREGATION_MODE": "agg",
-            "PLANNER_LOCAL_PROFILE_DIR": str(source_dir),
-        },
-        field="mocker",
-    )
-    args.model = live.MODEL_NAME
-    started = time.monotonic()
-    with contextlib.ExitStack() as stack:
-        frontend = stack.enter_context(
-            live._process(
-                [dynamo, "-m", "dynamo.frontend", "--http-port", str(port), "--discovery-backend", "file"],
-                logs / "frontend.log", env, nice=args.nice,
-            )
-        )  # fmt: skip
-        engine = stack.enter_context(live._process(mocker, logs / "mocker.log", env, nice=args.nice))
-        live._wait_for("Dynamo frontend", lambda: live._get(f"{endpoint}/metrics"), 120, frontend)
-        live._wait_for(
-            "the mocker registered with the frontend",
-            lambda: live.MODEL_NAME.encode() in live._get(f"{endpoint}/v1/models"),
-            300,
-            engine,
-        )
-        measured = measure(args, endpoint, out / "measured", reference=load_profile(source_dir))
-    measured_s = time.monotonic() - started
-    source = load_profile(source_dir)
-    comparisons = {"source": compare_profiles(measured, source)}
-    comparisons["mocker_model"] = compare_with(measured, *_mocker_timing(dynamo, source_dir, out / "mocker-timing.npz"))
-    # the measured engine was `slowdown` times slower than the H200 profile: undo that for the SLA check
-    descaled_dir = out / "measured-descaled"
-    prefill = PrefillProfile(
-        isl=measured.prefill.isl,
-        ttft_ms=measured.prefill.ttft_ms / slowdown,
-        thpt_per_gpu=measured.prefill.thpt_per_gpu * slowdown,
-    )
-    decode = DecodeProfile(
-        kv_usage=measured.decode.kv_usage,
-        context_length=measured.decode.context_length,
-        itl_ms=measured.decode.itl_ms / slowdown,
-        thpt_per_gpu=measured.decode.thpt_per_gpu * slowdown,
-        max_kv_tokens=measured.decode.max_kv_tokens,
-    )
-    write_profile(descaled_dir, prefill, decode)
-    h200 = load_profile(live.PROFILE_DIR)
-    with contextlib.suppress(RuntimeError):
-        write_plots(descaled_dir, prefill, decode, title="Measured mocker, descaled, vs the H200 profile",
-                    reference=(h200.prefill, h200.decode))  # fmt: skip
-    # The same sweep points timed by each reference, descaled: the mocker's own timing there is what a perfect
-    # profiler would have written (so measured vs it is the profiler's error); the source there tells the sweep's
-    # coarseness apart from the mocker's fitting of its source.
-    capacity = {"source": _capacity(live.PROFILE_DIR), "measured": _capacity(descaled_dir)}
-    for against, comparison in comparisons.items():
-        by_role = {role: [row for row in comparison.rows if row[0] == role.value] for role in Role}
-        points_dir = out / f"{against}-at-points"
-        write_profile(
-            points_dir,
-            PrefillProfile(
-                isl=prefill.isl,
-                ttft_ms=[row[4] / slowdown for row in by_role[Role.PREFILL]],
-                thpt_per_gpu=[row[1] / (row[4] / slowdown / 1000.0) for row in by_role[Role.PREFILL]],
-            ),
-            DecodeProfile(
-                kv_usage=decode.kv_usage,
-                context_length=decode.context_length,
-                itl_ms=[row[4] / slowdown for row in by_role[Role.DECODE]],
-                thpt_per_gpu=[row[1] / (row[4] / slowdown / 1000.0) for row in by_role[Role.DECODE]],
-                max_kv_tokens=decode.max_kv_tokens,
-            ),
-        )
-        capacity[f"{against}_at_points"] = _capacity(points_dir)
-    # the seed-004 TTFT/TPOT files of the measured profile (`planner profile-json`), beside it
-    subprocess.run(  # noqa: S603 - our own command
-        [sys.executable, "-m", "planner_cli", "profile-json", "--from", "dynamo", "--profile", str(descaled_dir),
-         "--model", live.MODEL_NAME, "--out-dir", str(descaled_dir)],
-        capture_output=True, text=True, check=True,
+    out = args.out.resolve()
+    report = round_trip(
+        tools, out, slowdown=args.slowdown, nice=args.nice, sweep=_sweep(args), max_kv_tokens=args.max_kv_tokens,
+        gpus_per_engine=args.gpus_per_engine, command="planner " + " ".join(args.argv),
     )  # fmt: skip
-    key = "requests_per_s_per_gpu"
-    src_rps, meas_rps = capacity["source"][key], capacity["measured"][key]
-    capacity_error = None if not src_rps or meas_rps is None else meas_rps / src_rps - 1.0
-    model_rps = capacity["mocker_model_at_points"][key]
-    profiler_capacity_error = None if not model_rps or meas_rps is None else meas_rps / model_rps - 1.0
-    roles = {
-        against: {
-            role.value: {
-                "num_points": len(comparison.errors(role)),
-                "median_abs_error": comparison.median_abs(role),
-                "worst_error": comparison.worst(role),
-            }
-            for role in Role
-        }
-        for against, comparison in comparisons.items()
-    }
-    commit = subprocess.run(  # noqa: S603,S607 - git, for the record
-        ["git", "-C", str(live.REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    report = {
-        "date": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
-        "commit": commit or None,
-        "command": "planner " + " ".join(args.argv),
-        "slowdown": slowdown,
-        "engine": "Dynamo 1.6.1 frontend + one aggregated mocker (--planner-profile-data: the H200 profile slowed)",
-        "measure_s": round(measured_s, 1),
-        "roles": roles,
-        "points": {
-            against: [
-                dict(zip(("role", "x", "y", "measured_ms", "reference_ms", "relative_error"), row, strict=True))
-                for row in comparison.rows
-            ]
-            for against, comparison in comparisons.items()
-        },
-        "capacity": capacity,
-        "capacity_check": CAPACITY_CHECK,
-        "capacity_relative_error": capacity_error,
-        "capacity_within_tolerance": capacity_error is not None and abs(capacity_error) <= CAPACITY_TOLERANCE,
-        "capacity_relative_error_vs_mocker_model": profiler_capacity_error,
-    }
-    (out / "roundtrip.json").write_text(json.dumps(report, indent=1) + "\n")
-    for against, by_role in roles.items():
-        for role, figures in by_role.items():
-            print(
-                f"vs {against}: {role}: {figures['num_points']} points, median |error| "
-                f"{100 * figures['median_abs_error']:.1f} %, worst {100 * figures['worst_error']:+.1f} %"
-            )
-    print(
-        f"capacity at ISL {CAPACITY_CHECK['isl']}/OSL {CAPACITY_CHECK['osl']}, TTFT {CAPACITY_CHECK['ttft_ms']:g} ms/"
-        f"ITL {CAPACITY_CHECK['itl_ms']:g} ms: source {_rps(src_rps)} req/s/GPU, measured {_rps(meas_rps)} req/s/GPU "
-        f"({'n/a' if capacity_error is None else f'{100 * capacity_error:+.1f} %'}); the mocker's own timing at the "
-        f"same points {_rps(model_rps)} req/s/GPU; {out / 'roundtrip.json'}"
-    )
+    for line in round_trip_summary(report, out):
+        print(line)
     return 0
 
 

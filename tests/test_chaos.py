@@ -123,7 +123,7 @@ def test_chaos_refuses_an_unknown_fault(tmp_path) -> None:
 
 def test_diff_rows_tells_lost_extra_and_changed_apart() -> None:
     """A tick missing, one more, and one recorded with another reason: each counted once, in its own kind."""
-    from planner_cli.chaos import diff_rows
+    from planner_core.lab.chaos import diff_rows
 
     baseline = [(1, "t", "no_change"), (2, "t", "no_change"), (3, "t", "scale")]
     got = [(1, "t", "no_change"), (2, "t", "no_traffic_data"), (4, "t", "no_change")]
@@ -142,8 +142,8 @@ def test_the_ingest_check_counts_each_kind_of_defect(database_url) -> None:
     import dataclasses
     import datetime as dt
 
-    from planner_cli.chaos_ingest import DEPLOYMENT, IngestFault, check_ingest_leg, synthetic_message
     from planner_core.data import DEFAULT_CONFIG
+    from planner_core.lab.chaos.ingest_leg import DEPLOYMENT, IngestFault, check_ingest_leg, synthetic_message
     from planner_core.runtime.ingest import resolve_deployment_id
     from planner_core.runtime.store.db import session_factory, to_sqlalchemy_url
     from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples

@@ -292,7 +292,7 @@ def test_fleet_tick_ticks_members_arbitrates_and_executes(prefect_api_url, datab
 def test_fleet_bench_counts_what_it_ran(database_url, tmp_path, profile_dir) -> None:
     """Three simulated deployments for 3 rounds of 5 s on simulated time: every load slot ticked once, the first
     round's throughput slot too, nothing missed or failed, and the measured sizes are the database's."""
-    from planner_core.runtime.fleet_bench import run_fleet_bench
+    from planner_core.lab.fleet_bench.bench import run_fleet_bench
 
     config = write_config(tmp_path, enable_load_scaling=True, load_adjustment_interval_seconds=5)
     result = run_fleet_bench(database_url, config, num_deployments=3, duration_s=15.0, max_concurrent=2)
@@ -344,8 +344,8 @@ def test_members_held_under_the_budget_decide_nothing_until_granted(database_url
     held where it is. With its fleet ceiling as a tick input, a held member proposes its want (which reaches the
     arbitration as its claim, above its grant) and records no decision, instead of one per tick that the
     arbitration cuts back to a no-op. The ticks replay identically with the recorded ceiling."""
-    from planner_cli.fleet import bench_config
-    from planner_core.runtime.fleet_bench import BENCH_EPOCH, run_fleet_bench
+    from planner_core.lab.fleet_bench import bench_config
+    from planner_core.lab.fleet_bench.bench import BENCH_EPOCH, run_fleet_bench
     from planner_core.runtime.replay import replay
 
     config = bench_config(tmp_path, 5.0)

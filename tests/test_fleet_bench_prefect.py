@@ -10,7 +10,8 @@ import time
 
 import psycopg
 
-from planner_cli.fleet import bench_with_prefect
+from flows.lab.fleet_bench import bench_with_prefect
+from planner_cli.fleet import bench_shape
 from planner_core.runtime.store.db import to_libpq_uri
 from tests.conftest import write_config
 
@@ -48,7 +49,8 @@ def test_bench_with_prefect_runs_rounds_as_flow_runs_and_counts_the_servers_cpu(
     tagged with its deployment; the Prefect server's CPU is measured and counted in the totals."""
     config = write_config(tmp_path, enable_load_scaling=True, load_adjustment_interval_seconds=5)
 
-    result = bench_with_prefect(database_url, config, _bench_args())
+    args = _bench_args()
+    result = bench_with_prefect(database_url, config, bench_shape(args), task_per_member=args.task_per_member)
 
     assert (result.prefect, result.task_per_member) == (True, True)
     assert (result.num_rounds, result.num_load_ticks, result.num_throughput_ticks) == (2, 4, 2)
@@ -88,7 +90,7 @@ def test_bench_with_prefect_one_task_per_round(prefect_api_url, database_url, tm
     monkeypatch.setattr(flows.fleet, "ROUND_TAGS_MAX", 1)
     config = write_config(tmp_path, enable_load_scaling=True, load_adjustment_interval_seconds=5)
 
-    result = bench_with_prefect(database_url, config, _bench_args(task_per_member=False))
+    result = bench_with_prefect(database_url, config, bench_shape(_bench_args()), task_per_member=False)
 
     assert (result.prefect, result.task_per_member) == (True, False)
     assert (result.num_load_ticks, result.num_throughput_ticks, result.missed_ticks) == (4, 2, 0)

@@ -174,9 +174,10 @@ def test_demo_finishes_a_tick_recorded_but_not_executed(
     prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
 ) -> None:
     """A stop between recording a tick and executing its decision: the resumed run executes it at its own time."""
-    from flows.demo import _epoch, recorded_scale_events, simulate_timeline, starting_size
     from flows.ticks import decide_and_record
     from planner_core.domain import Loop
+    from planner_core.lab.demo import epoch as _epoch
+    from planner_core.lab.demo import recorded_scale_events, simulate_timeline, starting_size
     from planner_core.runtime.connectors.virtual import VirtualConnectorClient
     from planner_core.runtime.service import load_context
     from planner_core.traces import load_trace
@@ -462,8 +463,8 @@ def test_demo_of_the_recommended_policy_replays_exactly_and_equals_the_bench(
     """`planner demo`'s default, the recommended policy, on 8 windows: its ticks size prefill for the observed bursts
     (every burst step `burst_sized` or `burst_covered`, never `burst_unavailable`), `planner replay` reproduces every
     tick exactly, and the run's figures equal the bench's for the same policy on the same requests (one path)."""
-    from flows.demo import starting_size
     from planner_core.data import DEFAULT_CONFIG
+    from planner_core.lab.demo import starting_size
     from planner_core.lab.sim.bench import PlannerPolicy, run_policy
     from planner_core.lab.sim.des import spec_for_config
     from planner_core.runtime.replay import replay

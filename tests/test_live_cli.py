@@ -9,11 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner_cli.live import (
+from planner_cli.main import build_parser
+from planner_core.config import load_config, parse_config
+from planner_core.data import DEFAULT_CONFIG
+from planner_core.lab.live import (
     AZURE_CONV,
     LiveError,
     RunSpec,
-    _aiperf_figures,
+    aiperf_figures,
     compressed_policy,
     day_shape,
     day_trace,
@@ -22,9 +25,6 @@ from planner_cli.live import (
     write_slowed_profile,
     write_trace,
 )
-from planner_cli.main import build_parser
-from planner_core.config import load_config, parse_config
-from planner_core.data import DEFAULT_CONFIG
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.traces import load_trace
 
@@ -74,7 +74,7 @@ def test_attainment_counts_both_targets_and_errors_apart(tmp_path) -> None:
         name="x", adaptive=True, fixed_size=1, duration_s=1, ttft_ms=500, itl_ms=20, interval_s=30, max_workers=2,
         trace=tmp_path, nice=0, profile_dir=tmp_path, cooldown_s=0,
     )  # fmt: skip
-    figures = _aiperf_figures(out, spec)
+    figures = aiperf_figures(out, spec)
     assert (figures["aiperf_records"], figures["aiperf_errors"]) == (4, 1)
     # (100, 10) and the one-token answer, of the five sent: the timed-out request missed the SLA
     assert figures["attainment"] == pytest.approx(2 / 5)

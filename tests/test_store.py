@@ -203,8 +203,8 @@ def test_every_state_of_a_multi_tick_run_reads_back_exactly(database_url, tmp_pa
     value, and the JSON a whole copy would have stored; a full state starts the chain and again after
     `FULL_STATE_EVERY` states (compressed like the deltas: a delta from nothing), the rest are deltas, each under
     half the size of a stored full state."""
-    from planner_cli.fleet import bench_config
-    from planner_core.runtime.fleet_bench import _reports
+    from planner_core.lab.fleet_bench import bench_config
+    from planner_core.lab.fleet_bench.bench import _reports
     from planner_core.runtime.store.codec import to_jsonable
     from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
     from planner_core.runtime.store.state_delta import FULL_STATE_EVERY

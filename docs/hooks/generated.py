@@ -557,7 +557,7 @@ def render_chaos_records(chaos_dir: Path) -> str:
 def render_live_records(live_dir: Path) -> str:
     """Markdown: per `planner live --record` file in `live_dir` (newest first) its date, each run's command and
     commit, and the runs' table as `planner live` prints it."""
-    from planner_cli.live import live_table
+    from planner_core.lab.live import live_table
 
     records = []
     for path in sorted(live_dir.glob("*.json")) if live_dir.is_dir() else []:

@@ -273,3 +273,41 @@ def window_records(trace: RequestTrace, interval_s: int) -> list[dict[str, Any]]
             bucket_window_starts(trace, interval_s), bucket_windows(trace, interval_s), strict=True
         )
     ]
+
+
+LOSS_NOTE = (
+    "loss: Dynamo's 0.4*e(N*ISL) + 0.4*e(N*OSL) + 0.1*e(ISL) + 0.1*e(OSL), e = |log1p(forecast) - log1p(actual)|, "
+    "mean over scored windows; MAPE skips windows whose actual value is 0; ms/step = predict_next + "
+    "observe_window over all windows; fallback = scored windows where predict_next reported predictor_fallback "
+    "for any of its series (percentile series included)"
+)
+
+
+def score_table(scores: list[ForecastScore]) -> list[str]:
+    """The scores as `planner forecast` prints them: a header and one aligned line per predictor."""
+
+    def cell(value: float | None, digits: int) -> str:
+        return "n/a" if value is None else f"{value:.{digits}f}"
+
+    header = ("predictor", "loss", "MAPE req %", "MAPE ISL %", "MAPE OSL %", "ms/step p50", "ms/step p99", "fallback")
+    rows = [
+        (
+            score.predictor + (" (log1p)" if score.log1p else ""),
+            cell(score.loss, 4),
+            cell(score.mape_requests, 1),
+            cell(score.mape_isl, 1),
+            cell(score.mape_osl, 1),
+            cell(score.ms_per_step_p50, 2),
+            cell(score.ms_per_step_p99, 2),
+            f"{score.num_fallback}/{score.num_scored}",
+        )
+        for score in scores
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(
+            text.ljust(width) if i == 0 else text.rjust(width)
+            for i, (text, width) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in [header, *rows]
+    ]

@@ -248,7 +248,7 @@ def exported_metric_names() -> frozenset[str]:
 # The newest tick per loop, from the `tick_summary` view (migration 0006; the report reads the same view): each
 # loop's newest tick found by one index probe on `ticks` (newest first, one row), then the view's row of that tick
 # only. A DISTINCT ON over the view's rows of the deployment evaluated the view's lookups for every tick it ever
-# recorded (3.9 s a scrape at 10 days of 5 s ticks, `tests/bench/metrics_scrape.py`; 11 ms this way).
+# recorded (3.9 s a scrape at 10 days of 5 s ticks, `planner_core/lab/history/metrics_scrape.py`; 11 ms this way).
 _LATEST_SQL = """
 SELECT s.loop, s.reason, s.lag_s, s.window_s,
        s.observed_num_req, s.observed_isl, s.observed_osl, s.observed_ttft_ms, s.observed_itl_ms,

@@ -30,7 +30,6 @@ import dataclasses
 import datetime as dt
 import json
 import math
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -49,7 +48,6 @@ from planner_core.runtime.store.db import get_engine
 from planner_core.runtime.store.models import ReplayMode, ReplayTickOutcome
 from planner_core.runtime.store.state_delta import apply_delta, decode_delta, same_json
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when running from one (for `git describe`)
 MAX_FIELDS_PER_SECTION = 12  # differing fields listed per section (reason, decision, ..., next_state)
 _COPY_BATCH = 10_000
 
@@ -149,16 +147,9 @@ def code_version() -> str:
         release = version("llm-planner")
     except PackageNotFoundError:
         release = "unknown"
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return release
+    from planner_core.runtime.localhost import code_commit
+
+    commit = code_commit()
     return f"{release}+{commit}" if commit else release
 
 

@@ -8,7 +8,7 @@ planner states (the views never read states; their real size matters for replay,
 runs each query `--repeat` times under EXPLAIN ANALYZE and prints the median execution time and the plan's index
 use, puts the indexes back as they were before migration 0003 and measures again, and finally times `prune_history`.
 
-    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python tests/bench/history_queries.py
+    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python -m planner_core.lab.history.queries
 
 `--days N` generates N days for `bench` (N/4 for `other`) instead; `--views-only` times the queries once, with the
 indexes as they are, and skips prune; `--compare-revision REV` then downgrades to REV (e.g. 0020, before migration
@@ -228,6 +228,59 @@ def generate_history(conn: psycopg.Connection, days: dict[str, int]) -> None:
     conn.execute("VACUUM ANALYZE")
 
 
+def _table_sizes(conn: psycopg.Connection) -> dict[str, int]:
+    """Print each history table's rows and size; their row counts."""
+    rows = {}
+    for table in ("ticks", "tick_step_lists", "worker_observations", "planner_states", "decisions", "executions"):
+        count, size = conn.execute(
+            f"SELECT count(*), pg_size_pretty(pg_total_relation_size('{table}')) FROM {table}"
+        ).fetchone()
+        print(f"  {table:<22} {count:>10,} rows {size:>10}")
+        rows[table] = count
+    return rows
+
+
+def _without_the_0003_indexes(conn: psycopg.Connection, params: dict, repeat: int) -> None:
+    """The queries timed with the 0002 indexes only, then the 0003 indexes created again (each timed)."""
+    for name in INDEXES_0003:
+        conn.execute(f"DROP INDEX {name}")
+    for ddl in INDEXES_0002.values():
+        conn.execute(ddl)
+    conn.execute("ANALYZE ticks")
+    conn.execute("ANALYZE planner_states")
+    report(conn, params, repeat, "without them (0002 indexes only)")
+    for name in INDEXES_0002:
+        conn.execute(f"DROP INDEX {name}")
+    for name, ddl in INDEXES_0003.items():
+        started = time.perf_counter()
+        conn.execute(ddl)
+        print(f"  CREATE INDEX {name}: {time.perf_counter() - started:.1f} s")
+    conn.execute("ANALYZE ticks")
+
+
+def _time_prunes(url: str, end: dt.datetime) -> None:
+    """The prune at 60 and 30 days, a prune with nothing new, and the oldest two days' partitions dropped."""
+    for days in (60, 30):
+        started = time.perf_counter()
+        summary = prune_history(url, older_than_days=days, now=end + dt.timedelta(seconds=1), batch_size=5000)
+        elapsed = time.perf_counter() - started
+        print(
+            f"\nprune --older-than {days} (from {end:%Y-%m-%d}): {summary.total.to_json()} in "
+            f"{summary.num_batches} batches, {elapsed:.1f} s ({summary.total.num_ticks / elapsed:,.0f} ticks/s)"
+        )
+    started = time.perf_counter()
+    again = prune_history(url, older_than_days=30, now=end + dt.timedelta(seconds=1))
+    print(f"prune again (nothing new): {again.total.num_ticks} ticks in {time.perf_counter() - started:.2f} s")
+    # Retention by partition (migration 0017): the oldest two days, each dropped in its own transaction.
+    now = T0 + dt.timedelta(days=2 + 30)
+    started = time.perf_counter()
+    dropped = drop_partitions(url, older_than_days=30, now=now)
+    elapsed = time.perf_counter() - started
+    for day in dropped.dropped:
+        print(f"drop partitions of {day.day}: {day.num_ticks:,} ticks, rows {day.rows}")
+    print(f"drop-partitions-older-than 30 (2 days): {elapsed:.2f} s, {elapsed / len(dropped.dropped):.2f} s a day")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--database-url", default=None, help="a database to fill (default: a throw-away pgserver)")
@@ -239,7 +292,7 @@ def main() -> None:
     args = parser.parse_args()
     days = {"bench": args.days, "other": max(1, args.days // 4)}
     record: dict = {
-        "command": " ".join(["tests/bench/history_queries.py", *sys.argv[1:]]),
+        "command": " ".join(["python -m planner_core.lab.history.queries", *sys.argv[1:]]),
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "days": days,
         "repeat": args.repeat,
@@ -259,19 +312,7 @@ def main() -> None:
         with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
             generate_history(conn, days)
             print(f"generated in {time.perf_counter() - started:.1f} s:")
-            for table in (
-                "ticks",
-                "tick_step_lists",
-                "worker_observations",
-                "planner_states",
-                "decisions",
-                "executions",
-            ):
-                count, size = conn.execute(
-                    f"SELECT count(*), pg_size_pretty(pg_total_relation_size('{table}')) FROM {table}"
-                ).fetchone()
-                print(f"  {table:<22} {count:>10,} rows {size:>10}")
-                record.setdefault("rows", {})[table] = count
+            record["rows"] = _table_sizes(conn)
             end = conn.execute("SELECT max(scheduled_at) FROM ticks WHERE deployment_id = 1").fetchone()[0]
             tick = conn.execute("SELECT max(id) FROM ticks WHERE deployment_id = 1").fetchone()[0]
             record["results"]["head"] = report(conn, {"end": end, "tick": tick}, args.repeat, "with the 0003 indexes")
@@ -288,39 +329,8 @@ def main() -> None:
                 print(f"wrote {args.json}")
             if args.views_only:
                 return
-            for name in INDEXES_0003:
-                conn.execute(f"DROP INDEX {name}")
-            for ddl in INDEXES_0002.values():
-                conn.execute(ddl)
-            conn.execute("ANALYZE ticks")
-            conn.execute("ANALYZE planner_states")
-            report(conn, {"end": end, "tick": tick}, args.repeat, "without them (0002 indexes only)")
-            for name in INDEXES_0002:
-                conn.execute(f"DROP INDEX {name}")
-            for name, ddl in INDEXES_0003.items():
-                started = time.perf_counter()
-                conn.execute(ddl)
-                print(f"  CREATE INDEX {name}: {time.perf_counter() - started:.1f} s")
-            conn.execute("ANALYZE ticks")
-        for days in (60, 30):
-            started = time.perf_counter()
-            summary = prune_history(url, older_than_days=days, now=end + dt.timedelta(seconds=1), batch_size=5000)
-            elapsed = time.perf_counter() - started
-            print(
-                f"\nprune --older-than {days} (from {end:%Y-%m-%d}): {summary.total.to_json()} in "
-                f"{summary.num_batches} batches, {elapsed:.1f} s ({summary.total.num_ticks / elapsed:,.0f} ticks/s)"
-            )
-        started = time.perf_counter()
-        again = prune_history(url, older_than_days=30, now=end + dt.timedelta(seconds=1))
-        print(f"prune again (nothing new): {again.total.num_ticks} ticks in {time.perf_counter() - started:.2f} s")
-        # Retention by partition (migration 0017): the oldest two days, each dropped in its own transaction.
-        now = T0 + dt.timedelta(days=2 + 30)
-        started = time.perf_counter()
-        dropped = drop_partitions(url, older_than_days=30, now=now)
-        elapsed = time.perf_counter() - started
-        for day in dropped.dropped:
-            print(f"drop partitions of {day.day}: {day.num_ticks:,} ticks, rows {day.rows}")
-        print(f"drop-partitions-older-than 30 (2 days): {elapsed:.2f} s, {elapsed / len(dropped.dropped):.2f} s a day")
+            _without_the_0003_indexes(conn, {"end": end, "tick": tick}, args.repeat)
+        _time_prunes(url, end)
     finally:
         get_engine(url).dispose()
         if server is not None:

@@ -34,11 +34,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from planner_core.lab.chaos.queries import query_rows
+
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from planner_cli.chaos import ChaosRun
     from planner_core.domain import ForwardPassMetrics
+    from planner_core.lab.chaos.stack import ChaosRun
 
 INGEST_FAULTS = ("ingest", "postgres-under-ingest")
 DEPLOYMENT = "chaos-ingest"
@@ -178,16 +180,14 @@ class IngestLeg:
                 self.kill_ingest()
 
     def max_stored_index(self) -> int | None:
-        from planner_cli.chaos import _rows
-
         try:
-            rows = _rows(
+            rows = query_rows(
                 self.run.owner_url(),
                 """SELECT max(s.counter_id) FROM fpm_samples s JOIN deployments d ON d.id = s.deployment_id
                     WHERE d.name = %s""",
                 DEPLOYMENT,
             )
-        except Exception:  # noqa: BLE001 (down or restarting: no answer yet)
+        except Exception:  # down or restarting: no answer yet
             return None
         return rows[0][0]
 
@@ -291,10 +291,8 @@ def check_ingest_leg(
     """The samples stored for the leg's deployment against the messages sent (module docstring)."""
     from collections import Counter
 
-    from planner_cli.chaos import _rows
-
     columns = _sample_columns()
-    rows = _rows(
+    rows = query_rows(
         database_url,
         f"""SELECT {", ".join("s." + c for c in columns)} FROM fpm_samples s
              JOIN deployments d ON d.id = s.deployment_id WHERE d.name = %s""",

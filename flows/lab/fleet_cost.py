@@ -1,5 +1,5 @@
 # ruff: noqa: T201  (a benchmark script reports on stdout)
-"""The fleet-tick flow's cost on a real Prefect server, by hand: `python tests/bench/fleet_prefect.py N ROUNDS
+"""The fleet-tick flow's cost on a real Prefect server, by hand: `python -m flows.lab.fleet_cost N ROUNDS
 [one]` (with `one`: `--one-task`, the whole round as one task run).
 
 Creates a fresh database on the planner's Postgres server (dropped at the end), registers N members running the
@@ -37,10 +37,10 @@ def main(num_members: int, num_rounds: int, one_task: bool) -> dict:
     home = tempfile.mkdtemp(prefix="prefect-home-")
     os.environ["PREFECT_HOME"] = home
     os.environ.pop("PREFECT_API_URL", None)
-    from planner_cli.fleet import bench_config
+    from planner_core.lab.fleet_bench import BENCH_EPOCH, bench_config
     from planner_core.runtime.fleet import add_member, set_budget
-    from planner_core.runtime.fleet_bench import BENCH_EPOCH
-    from planner_core.runtime.store.db import scratch_database, session_factory
+    from planner_core.runtime.store.db import session_factory
+    from planner_core.runtime.store.migrate import scratch_database
 
     with scratch_database("fleet_prefect") as url:
         config = bench_config(Path(tempfile.mkdtemp()), 5.0)

@@ -9,7 +9,7 @@ the commit as `git describe --dirty` sees it: run from a clean checkout (a workt
 writes are the only change (mark them `git update-index --assume-unchanged docs/results/startup/*.json` first, or
 the later runs' commit reads `-dirty`).
 
-    PYTHONPATH=$PWD .venv/bin/python tests/bench/startup_matrix.py --jobs 2
+    PYTHONPATH=$PWD .venv/bin/python -m planner_core.lab.startup.matrix --jobs 2
 
 On a 2-core machine with `--jobs 2` the twelve runs took 21 minutes (2026-11-27; the conv rows take 6-8 minutes each).
 `--rows code-x4-500-50,...` and `--startups 120` run a part; `--html DIR` also writes each run's page with the
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from planner_core.lab.sim.bench import DEFAULT_POLICIES
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 TRACES = REPO_ROOT / "planner_core" / "data" / "traces"
 # name: (trace file, rate scale, TTFT target ms, ITL target ms), the matrix of the README's benchmark table
 MATRIX = {

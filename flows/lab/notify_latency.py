@@ -1,6 +1,6 @@
 # ruff: noqa: T201  (a benchmark script reports on stdout)
 """Latency from a decision's commit to the start of its execution, by hand:
-`python tests/bench/notify_latency.py MODE N`, MODE one of
+`python -m flows.lab.notify_latency MODE N`, MODE one of
 
 - `notify`: the execution listener (LISTEN on the tick's NOTIFY) calling `run_execution` directly;
 - `notify-flow`: `planner serve`'s listener, each execution the `execute-decisions` Prefect flow run in-process;
@@ -29,6 +29,10 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from planner_core.runtime.execution_listener import ExecutionListener
 
 NAME = "latency"
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
@@ -77,6 +81,28 @@ def _commit_decision(ctx, at: dt.datetime, targets: int) -> tuple[int, dt.dateti
         return decision_id, sent, time.perf_counter() - began
 
 
+def _wait_executed(url: str, decision_id: int) -> dt.datetime:
+    """The decision's first execution's start, polled every 2 ms (at most three poll periods and a minute)."""
+    deadline = time.monotonic() + 3 * POLL_INTERVAL_S + 60
+    executed_at = None
+    while executed_at is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+        executed_at = _first_execution_at(url, decision_id)
+    if executed_at is None:
+        raise RuntimeError(f"decision {decision_id} was not executed")
+    return executed_at
+
+
+def _start_listener(stack: ExitStack, listener: ExecutionListener) -> None:
+    """Start the execution listener (closed with the stack) and wait for its catch-up run."""
+    listener.start()
+    stack.callback(listener.close, 60.0)
+    if not listener.listening.wait(60):
+        raise RuntimeError("the listener did not connect")
+    while listener.stats.num_finished == 0:  # its catch-up run (in notify-flow: the first flow run)
+        time.sleep(0.05)
+
+
 def main(mode: str, num_decisions: int) -> dict:
     home = tempfile.mkdtemp(prefix="prefect-home-")
     os.environ["PREFECT_HOME"] = home
@@ -86,7 +112,7 @@ def main(mode: str, num_decisions: int) -> dict:
     from planner_core.runtime.execution_listener import ExecutionListener, ListenerSettings
     from planner_core.runtime.service import load_context, run_execution
     from planner_core.runtime.store import repository as repo
-    from planner_core.runtime.store.db import scratch_database
+    from planner_core.runtime.store.migrate import scratch_database
     from planner_core.runtime.store.models import DecisionStatus
     from tests.conftest import write_config
 
@@ -126,25 +152,14 @@ def main(mode: str, num_decisions: int) -> dict:
         else:
             raise SystemExit(f"unknown mode {mode!r}: notify, notify-flow or poll")
         if listener is not None:
-            listener.start()
-            stack.callback(listener.close, 60.0)
-            if not listener.listening.wait(60):
-                raise RuntimeError("the listener did not connect")
-            while listener.stats.num_finished == 0:  # its catch-up run (in notify-flow: the first flow run)
-                time.sleep(0.05)
+            _start_listener(stack, listener)
         client = stack.enter_context(VirtualConnectorClient(url, NAME))
         latencies_s, commits_s = [], []
         for index in range(-1, num_decisions):  # decision -1 warms up (the runner's first run) and is not counted
             time.sleep(rng.uniform(0, POLL_INTERVAL_S if mode == "poll" else 0.5))
             targets = 2 + index % 2
             decision_id, committed, commit_s = _commit_decision(ctx, T0 + dt.timedelta(minutes=index + 1), targets)
-            deadline = time.monotonic() + 3 * POLL_INTERVAL_S + 60
-            executed_at = None
-            while executed_at is None and time.monotonic() < deadline:
-                time.sleep(0.002)
-                executed_at = _first_execution_at(url, decision_id)
-            if executed_at is None:
-                raise RuntimeError(f"decision {decision_id} was not executed")
+            executed_at = _wait_executed(url, decision_id)
             if index >= 0:
                 latencies_s.append((executed_at - committed).total_seconds())
                 commits_s.append(commit_s)

@@ -1,5 +1,5 @@
 # ruff: noqa: T201  (a profiling script reports on stdout)
-"""Where a fleet round's CPU goes, by hand: `python tests/bench/fleet_profile.py MODE N DURATION_S OUT`.
+"""Where a fleet round's CPU goes, by hand: `python -m flows.lab.fleet_profile MODE N DURATION_S OUT`.
 
 cProfile with the thread's CPU clock (`time.thread_time`, so waits on Postgres or the Prefect server do not count)
 around each round of `run_fleet_bench` (N members, DURATION_S of simulated time, rounds back to back):
@@ -28,7 +28,7 @@ from pathlib import Path
 class _Inline(concurrent.futures.Executor):
     """An executor that runs `map` in the calling thread (the profiled one)."""
 
-    def map(self, fn, *iterables, **_):  # noqa: ANN001, ANN201, ANN003
+    def map(self, fn, *iterables, **_):
         return [fn(*args) for args in zip(*iterables, strict=True)]
 
 
@@ -37,15 +37,15 @@ def main(mode: str, num_members: int, duration_s: float, out: Path) -> dict:
         os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="fleet-profile-prefect-")
         os.environ.pop("PREFECT_API_URL", None)
         os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from planner_cli.fleet import bench_config
+    from planner_core.lab.fleet_bench import BENCH_EPOCH, bench_config, run_fleet_bench
     from planner_core.runtime.fleet import ContextCache, list_members, run_round
-    from planner_core.runtime.fleet_bench import BENCH_EPOCH, run_fleet_bench
-    from planner_core.runtime.store.db import scratch_database, session_factory
+    from planner_core.runtime.store.db import session_factory
+    from planner_core.runtime.store.migrate import scratch_database
 
     profile = cProfile.Profile(time.thread_time)
 
-    def profiled(run):  # noqa: ANN001, ANN202
-        def round_runner(at):  # noqa: ANN001, ANN202
+    def profiled(run):
+        def round_runner(at):
             profile.enable()
             try:
                 return run(at)
@@ -59,7 +59,7 @@ def main(mode: str, num_members: int, duration_s: float, out: Path) -> dict:
         if mode == "direct":
             cache, loaded = ContextCache(url), {}
 
-            def direct(at):  # noqa: ANN001, ANN202
+            def direct(at):
                 if not loaded:
                     with session_factory(url).begin() as session:
                         loaded["members"] = list_members(session)

@@ -23,6 +23,7 @@ and per throughput tick (`stored_bytes_per_tick`) plus the database's growth per
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import statistics
@@ -51,6 +52,37 @@ from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
 
 BENCH_EPOCH = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)  # simulated time starts here (a multiple of every interval)
 LOAD_PERIOD_S = 600.0  # one rise and fall of each deployment's load
+
+
+@dataclass(frozen=True)
+class FleetBenchShape:
+    """The benchmark's fleet and timing (`planner fleet bench`'s options), the same with and without Prefect."""
+
+    num_deployments: int
+    duration_s: float
+    interval_s: float = 5.0
+    realtime: bool = False
+    max_concurrent: int = 4
+    budget_gpus: int | None = None
+
+    def as_kwargs(self) -> dict:
+        """The shape as `run_fleet_bench`'s keyword arguments."""
+        return dataclasses.asdict(self)
+
+
+def bench_config(directory: Path, load_interval_s: float) -> Path:
+    """The recommended policy with the load loop on at `load_interval_s` (its profile path made absolute)."""
+    import yaml
+
+    from planner_core.data import DEFAULT_CONFIG
+
+    body = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    body["profile_results_dir"] = str((DEFAULT_CONFIG.parent / body["profile_results_dir"]).resolve())
+    body["enable_load_scaling"] = True
+    body["load_adjustment_interval_seconds"] = load_interval_s
+    path = directory / "fleet-bench.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,6 +172,103 @@ def _database_bytes(session) -> int:
     return int(session.execute(text("SELECT pg_database_size(current_database())")).scalar_one())
 
 
+def _register_members(sessions, config_path: Path, num_deployments: int, budget_gpus: int | None) -> list[FleetMember]:
+    """The benchmark's members (`bench-0000`, ...: mixed priorities and weights) and the fleet's GPU budget."""
+    with sessions.begin() as session:
+        members: list[FleetMember] = [
+            add_member(session, f"bench-{i:04d}", config_path, min_gpus=2, priority=i % 3, weight=1.0 + i % 2)
+            for i in range(num_deployments)
+        ]
+        set_budget(session, budget_gpus if budget_gpus is not None else 3 * num_deployments)
+    return members
+
+
+def _store_engine_reports(sessions, members: list[FleetMember], now: dt.datetime) -> None:
+    """The simulated engines: one forward-pass report per running engine of every member, stored a second ago."""
+    with sessions.begin() as session:
+        rows = session.execute(
+            text("SELECT deployment_id, num_prefill_workers, num_decode_workers FROM virtual_connector_state")
+        ).all()
+        counts = {row[0]: (row[1], row[2]) for row in rows}
+        for i, member in enumerate(members):
+            prefill, decode = counts.get(member.deployment_id, (1, 1))
+            samples = [
+                FpmSample(fpm=fpm, received_at=now - dt.timedelta(seconds=1))
+                for fpm in _reports(i, now, prefill, decode)
+            ]
+            insert_fpm_samples(session, member.deployment_id, samples)
+
+
+def _orchestrator_ready(sessions) -> None:
+    """The simulated orchestrator: every written target is ready at once."""
+    with sessions.begin() as session:
+        session.execute(
+            text(
+                "UPDATE virtual_connector_state SET ready_prefill_workers = num_prefill_workers, "
+                "ready_decode_workers = num_decode_workers, scaled_decision_id = decision_id "
+                "WHERE decision_id >= 0 AND scaled_decision_id < decision_id"
+            )
+        )
+
+
+@dataclass(frozen=True)
+class _Rounds:
+    """What the rounds measured: each member tick's and each round's latency, missed and failed ticks."""
+
+    tick_ms: list[float]
+    round_ms: list[float]
+    missed: int
+    failed: int
+
+
+def _run_rounds(
+    sessions,
+    start: dt.datetime,
+    num_rounds: int,
+    interval_s: float,
+    realtime: bool,
+    members: list[FleetMember],
+    run_one: Callable[[dt.datetime], RoundResult],
+) -> _Rounds:
+    """The rounds, each at its slot: the engines report, the round runs, the orchestrator follows."""
+    tick_ms, round_ms = [], []
+    missed = failed = 0
+    for index in range(num_rounds):
+        at = start + dt.timedelta(seconds=index * interval_s)
+        if realtime:
+            time.sleep(max(0.0, at.timestamp() - time.time()))
+        round_began = time.perf_counter()
+        now = dt.datetime.fromtimestamp(max(at.timestamp(), time.time()), tz=dt.UTC) if realtime else at
+        _store_engine_reports(sessions, members, now)
+        result = run_one(now)
+        missed += result.num_missed
+        tick_ms.extend(result.tick_ms)
+        failed += len(result.failed)
+        _orchestrator_ready(sessions)
+        round_ms.append((time.perf_counter() - round_began) * 1000.0)
+    return _Rounds(tick_ms=tick_ms, round_ms=round_ms, missed=missed, failed=failed)
+
+
+def _first_slot(interval_s: float) -> dt.datetime:
+    """The next wall-clock slot (a multiple of `interval_s`): where a realtime run's first round starts."""
+    return dt.datetime.fromtimestamp(math.floor(time.time() / interval_s) * interval_s + interval_s, tz=dt.UTC)
+
+
+def _stored_figures(sessions, ids: list[int]) -> dict:
+    """After the rounds: Postgres' CPU seconds and the database's size so far, the bytes stored per load and per
+    throughput tick, and the members' decisions."""
+    with sessions.begin() as session:
+        return {
+            "pg_cpu_s": _postgres_cpu_s(session),
+            "db_bytes": _database_bytes(session),
+            "load_bytes": stored_bytes_per_tick(session, Loop.LOAD, ids),
+            "throughput_bytes": stored_bytes_per_tick(session, Loop.THROUGHPUT, ids),
+            "num_decisions": repo.query_rows(
+                session, "SELECT count(*) AS n FROM decisions WHERE deployment_id = ANY(:ids)", ids=ids
+            )[0]["n"],
+        }
+
+
 def run_fleet_bench(
     database_url: str,
     config_path: Path,
@@ -163,75 +292,32 @@ def run_fleet_bench(
     the contexts that runner ticks with (loaded here, before the clock starts); `prefect`, `task_per_member`:
     how the runner runs the rounds, recorded in the result."""
     sessions = session_factory(database_url)
-    with sessions.begin() as session:
-        members: list[FleetMember] = [
-            add_member(session, f"bench-{i:04d}", config_path, min_gpus=2, priority=i % 3, weight=1.0 + i % 2)
-            for i in range(num_deployments)
-        ]
-        set_budget(session, budget_gpus if budget_gpus is not None else 3 * num_deployments)
+    members = _register_members(sessions, config_path, num_deployments, budget_gpus)
     cache = cache or ContextCache(database_url)
     contexts = {member.name: cache.get(member) for member in members}
     num_rounds = int(duration_s // interval_s)
-    start = (
-        dt.datetime.fromtimestamp(math.floor(time.time() / interval_s) * interval_s + interval_s, tz=dt.UTC)
-        if realtime
-        else BENCH_EPOCH
-    )
-
+    start = _first_slot(interval_s) if realtime else BENCH_EPOCH
     with sessions.begin() as session:
         pg_cpu_before, db_bytes_before = _postgres_cpu_s(session), _database_bytes(session)
     process = psutil.Process()
     cpu_before = sum(process.cpu_times()[:2])
     extra_before = extra_cpu_s() if extra_cpu_s is not None else 0.0
     wall_before = time.perf_counter()
-    tick_ms, round_ms = [], []
-    missed = failed = 0
     with ThreadPoolExecutor(max_workers=max_concurrent) as pool:
-        for index in range(num_rounds):
-            at = start + dt.timedelta(seconds=index * interval_s)
-            if realtime:
-                time.sleep(max(0.0, at.timestamp() - time.time()))
-            round_began = time.perf_counter()
-            now = dt.datetime.fromtimestamp(max(at.timestamp(), time.time()), tz=dt.UTC) if realtime else at
-            with sessions.begin() as session:
-                rows = session.execute(
-                    text("SELECT deployment_id, num_prefill_workers, num_decode_workers FROM virtual_connector_state")
-                ).all()
-                counts = {row[0]: (row[1], row[2]) for row in rows}
-                for i, member in enumerate(members):
-                    prefill, decode = counts.get(member.deployment_id, (1, 1))
-                    samples = [
-                        FpmSample(fpm=fpm, received_at=now - dt.timedelta(seconds=1))
-                        for fpm in _reports(i, now, prefill, decode)
-                    ]
-                    insert_fpm_samples(session, member.deployment_id, samples)
-            result = (
-                round_runner(now) if round_runner is not None else run_round(database_url, members, contexts, now, pool)
-            )
-            missed += result.num_missed
-            tick_ms.extend(result.tick_ms)
-            failed += len(result.failed)
-            with sessions.begin() as session:  # the simulated orchestrator: every written target is ready at once
-                session.execute(
-                    text(
-                        "UPDATE virtual_connector_state SET ready_prefill_workers = num_prefill_workers, "
-                        "ready_decode_workers = num_decode_workers, scaled_decision_id = decision_id "
-                        "WHERE decision_id >= 0 AND scaled_decision_id < decision_id"
-                    )
-                )
-            round_ms.append((time.perf_counter() - round_began) * 1000.0)
+
+        def run_one(now: dt.datetime) -> RoundResult:
+            if round_runner is not None:
+                return round_runner(now)
+            return run_round(database_url, members, contexts, now, pool)
+
+        rounds = _run_rounds(sessions, start, num_rounds, interval_s, realtime, members, run_one)
     wall_s = time.perf_counter() - wall_before
     cpu_s = sum(process.cpu_times()[:2]) - cpu_before
     extra_s = extra_cpu_s() - extra_before if extra_cpu_s is not None else 0.0
-    ids = [member.deployment_id for member in members]
-    with sessions.begin() as session:
-        pg_cpu_s = _postgres_cpu_s(session) - pg_cpu_before
-        db_growth = _database_bytes(session) - db_bytes_before
-        load_bytes = stored_bytes_per_tick(session, Loop.LOAD, ids)
-        throughput_bytes = stored_bytes_per_tick(session, Loop.THROUGHPUT, ids)
-        num_decisions = repo.query_rows(
-            session, "SELECT count(*) AS n FROM decisions WHERE deployment_id = ANY(:ids)", ids=ids
-        )[0]["n"]
+    stored = _stored_figures(sessions, [member.deployment_id for member in members])
+    pg_cpu_s, db_growth = stored["pg_cpu_s"] - pg_cpu_before, stored["db_bytes"] - db_bytes_before
+    load_bytes, throughput_bytes = stored["load_bytes"], stored["throughput_bytes"]
+    tick_ms, round_ms = rounds.tick_ms, rounds.round_ms
     num_ticks = len(tick_ms)
     quantiles = statistics.quantiles(tick_ms, n=100, method="inclusive") if num_ticks >= 2 else [0.0] * 99
     round_q = statistics.quantiles(round_ms, n=100, method="inclusive") if len(round_ms) >= 2 else [0.0] * 99
@@ -243,9 +329,9 @@ def run_fleet_bench(
         num_rounds=num_rounds,
         num_load_ticks=int(load_bytes["num_ticks"]),
         num_throughput_ticks=int(throughput_bytes["num_ticks"]),
-        num_decisions=int(num_decisions),
-        num_failed_ticks=failed,
-        missed_ticks=missed,
+        num_decisions=int(stored["num_decisions"]),
+        num_failed_ticks=rounds.failed,
+        missed_ticks=rounds.missed,
         wall_s=wall_s,
         cpu_s_planner=cpu_s,
         cpu_s_postgres=pg_cpu_s,

@@ -7,7 +7,8 @@ back, which is what makes recording ~124k ticks take minutes rather than an hour
 pattern with noise and length percentiles; load scaling is on, so every 5 s load tick stores the whole planner
 state, load history included, exactly as a live deployment does.
 
-    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python tests/bench/replay_week.py [--days 7] [--predictor constant]
+    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python -m planner_core.lab.history.replay_week \\
+        [--days 7] [--predictor constant]
 
 Then replays the week under the recorded config (`--repeat` times, median reported), and once under a what-if
 config (TTFT 50 ms / ITL 5 ms, chained). Uses `--database-url` or a throw-away pgserver under /tmp.
@@ -35,7 +36,7 @@ from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import get_engine, session_factory, to_libpq_uri, to_sqlalchemy_url
 from planner_core.runtime.store.migrate import upgrade
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 PROFILE_DIR = H200_PROFILE_DIR
 T0 = dt.datetime(2026, 3, 2, tzinfo=dt.UTC)
 THROUGHPUT_S, LOAD_S = 180, 5

@@ -5,7 +5,7 @@ Fills a database with `history_queries.py`'s generator (`--days` of 5 s load tic
 the deployment `bench`, a quarter of that for `other`), then times `--repeat` scrapes of `bench` and each of the
 statements a scrape runs, and prints the medians.
 
-    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python tests/bench/metrics_scrape.py --days 10
+    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python -m planner_core.lab.history.metrics_scrape --days 10
 
 Uses `--database-url` (a database it may fill and leave behind) or starts a throw-away pgserver in a temporary
 folder. `--json PATH` writes the medians with the command, date and row counts.
@@ -24,10 +24,10 @@ import time
 import psycopg
 from sqlalchemy import event
 
+from planner_core.lab.history.queries import generate_history
 from planner_core.runtime.metrics import load_metrics_snapshot
 from planner_core.runtime.store.db import get_engine, session_factory, to_libpq_uri, to_sqlalchemy_url
 from planner_core.runtime.store.migrate import upgrade
-from tests.bench.history_queries import generate_history
 
 
 def main() -> None:
@@ -47,7 +47,7 @@ def main() -> None:
     else:
         url = to_sqlalchemy_url(args.database_url)
     record: dict = {
-        "command": " ".join(["tests/bench/metrics_scrape.py", *sys.argv[1:]]),
+        "command": " ".join(["python -m planner_core.lab.history.metrics_scrape", *sys.argv[1:]]),
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "days": days,
         "repeat": args.repeat,
@@ -63,10 +63,10 @@ def main() -> None:
         statement_ms: dict[str, list[float]] = {}
         began: dict[int, float] = {}
 
-        def before(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        def before(_conn, cursor, _statement, _parameters, _context, _executemany) -> None:
             began[id(cursor)] = time.perf_counter()
 
-        def after(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        def after(_conn, cursor, statement, _parameters, _context, _executemany) -> None:
             key = " ".join(statement.split())[:60]
             statement_ms.setdefault(key, []).append(1000.0 * (time.perf_counter() - began.pop(id(cursor))))
 

@@ -1,0 +1,142 @@
+"""`planner live` as a whole: the traffic written once, the planner's run and the fixed-size run on it, one after
+the other, then their figures read back and printed side by side (and kept in a `--record` file when asked)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner_core.lab.live.run import run_once
+from planner_core.lab.live.scoring import live_record, live_table, summarize
+from planner_core.lab.live.spec import RunSpec
+from planner_core.lab.live.stack import REPO, find_tools
+from planner_core.lab.live.traffic import write_day_trace, write_slowed_profile, write_trace
+from planner_core.runtime.localhost import code_commit
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """What `planner live` was asked (its options, named as the command's flags)."""
+
+    out: Path
+    duration_s: float
+    traffic: str  # "day" or "conv"
+    peak_rps: float
+    trough_ratio: float
+    speedup: float
+    keep_every: int
+    trace_start_s: float
+    max_isl: int
+    max_osl: int
+    slowdown: float
+    ttft_ms: float
+    itl_ms: float
+    interval_s: float | None
+    max_workers: int
+    fixed_size: int
+    initial_size: int | None
+    cooldown_s: float
+    fixed_only: bool
+    record: Path | None
+    nice: int
+    router: str
+    argv: tuple[str, ...] = ()  # the command line after `planner`, kept in the runs' figures
+
+
+def summarize_runs(out: Path, *, ttft_ms: float, itl_ms: float, record: Path | None) -> str:
+    """The table of the runs already in `out` (and their `--record` file, when asked)."""
+    spec = RunSpec(
+        name="", adaptive=True, fixed_size=0, duration_s=0, ttft_ms=ttft_ms, itl_ms=itl_ms,
+        interval_s=None, max_workers=0, trace=out, nice=0, profile_dir=out, cooldown_s=0,
+    )  # fmt: skip
+    runs = summarize(out.resolve(), spec)
+    if record:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(live_record(runs, spec), indent=1, default=str) + "\n")
+    return live_table(runs, ttft_ms=spec.ttft_ms, itl_ms=spec.itl_ms)
+
+
+def write_traffic(options: LiveOptions, root: Path) -> tuple[Path, str]:
+    """The runs' trace (`root/trace.jsonl`) and what it is, as the runs' figures name it."""
+    trace = root / "trace.jsonl"
+    if options.traffic == "day":
+        num_requests = write_day_trace(
+            trace,
+            duration_s=options.duration_s,
+            peak_rps=options.peak_rps,
+            trough_ratio=options.trough_ratio,
+            max_isl=options.max_isl,
+            max_osl=options.max_osl,
+        )
+    else:
+        num_requests = write_trace(
+            trace,
+            start_s=options.trace_start_s,
+            duration_s=options.duration_s,
+            speedup=options.speedup,
+            keep_every=options.keep_every,
+            max_isl=options.max_isl,
+            max_osl=options.max_osl,
+        )
+    print(f"trace: {num_requests} requests over {options.duration_s:.0f} s -> {trace}", file=sys.stderr)
+    if options.traffic == "day":
+        traffic = f"day: peak {options.peak_rps:g} req/s, night {options.trough_ratio:g} of it"
+    else:
+        traffic = f"conv: from {options.trace_start_s:g} s, x{options.speedup:g}, every {options.keep_every}th"
+    return trace, f"{traffic}; {num_requests} requests in {options.duration_s:g} s"
+
+
+def plan_runs(options: LiveOptions, root: Path, trace: Path, traffic: str) -> list[RunSpec]:
+    """The planner's run (unless `fixed_only`) and the fixed-size run (unless `fixed_size` is 0), alike in all else."""
+    common = {
+        "duration_s": options.duration_s,
+        "ttft_ms": options.ttft_ms,
+        "itl_ms": options.itl_ms,
+        "interval_s": options.interval_s,
+        "max_workers": options.max_workers,
+        "trace": trace,
+        "nice": options.nice,
+        "cooldown_s": options.cooldown_s,
+        "profile_dir": write_slowed_profile(root / f"profile-x{options.slowdown:g}", options.slowdown),
+        "speedup": options.speedup,
+        "traffic": traffic,
+        # both runs start from the same deployment: the planner takes over the fixed run's size
+        "initial_size": options.initial_size or options.fixed_size or 1,
+        "command": shlex.join(["planner", *options.argv]),
+        "commit": code_commit(),
+        "router": options.router,
+    }
+    suffix = "" if options.router == "round-robin" else f"-{options.router}"
+    specs = [RunSpec(name=f"planner{suffix}", adaptive=True, fixed_size=1, **common)] if not options.fixed_only else []
+    if options.fixed_size:
+        specs.append(
+            RunSpec(name=f"fixed-{options.fixed_size}{suffix}", adaptive=False, fixed_size=options.fixed_size, **common)
+        )
+    return specs
+
+
+def run_live(options: LiveOptions) -> str:
+    """Every run of `options`, one after the other, then their table (also in `out/summary.md`). Raises
+    `LiveError` when the stack cannot run."""
+    tools = find_tools()
+    root = options.out.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    trace, traffic = write_traffic(options, root)
+    for spec in plan_runs(options, root, trace, traffic):
+        print(f"run {spec.name}: starting", file=sys.stderr)
+        figures = run_once(spec, root, tools)
+        print(f"run {spec.name}: {json.dumps(figures, default=str)}", file=sys.stderr)
+    # read back in a fresh process: this one has engines cached on the runs' stopped embedded servers
+    table = subprocess.run(
+        [sys.executable, "-m", "planner_cli", "live", "--summarize", "--out", str(root),
+         "--ttft-ms", str(options.ttft_ms), "--itl-ms", str(options.itl_ms),
+         *(["--record", str(options.record.resolve())] if options.record else [])],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    ).stdout  # fmt: skip
+    (root / "summary.md").write_text(table)
+    return table

@@ -4,9 +4,9 @@
 `TraceReplaySource` replays a request trace against the wall clock (the trace loops), for running the served
 deployments without a real frontend. `collect_traffic` picks the configured one and never raises for missing
 data: it returns a `CollectedTraffic` without an observation and the reason, so the tick records
-`no_traffic_data` and holds. Given the `Planner`, both sources also give the window's prompt-arrival curve
-(`Planner.observed` over their `arrivals`); when only that fails, the observation comes without it and with a
-`curve_problem`.
+`no_traffic_data` and holds. Given the `Planner`, both sources also record the window's request arrivals with
+the observation (`planner_core.arrivals.with_arrivals` over their `arrivals`), which the tick derives the
+prompt-arrival curve from; when only that fails, the observation comes without them and with a `curve_problem`.
 """
 
 from __future__ import annotations

@@ -75,8 +75,9 @@ def tick(
         step = StepRecord(step=StepName(inputs.loop.value), reason=ReasonCode.DISABLED)
         return TickOutcome(decision=ScalingDecision(), next_state=state, steps=(step,), reason=ReasonCode.DISABLED)
 
-    if inputs.traffic is not None:
-        # what the policy reads of the recorded arrivals is derived here, so a replay under another config re-derives it
+    if inputs.traffic is not None and inputs.traffic.invalid_field() is None:
+        # what the policy reads of the recorded arrivals is derived here, so a replay under another config re-derives
+        # it (an unusable observation is not: the forecast holds on it with `no_traffic_data`)
         inputs = dataclasses.replace(inputs, traffic=with_prompt_curve(config, perf, inputs.traffic))
     # The config's `plugins.overrides` apply to builtin plugins as to user ones (validated at load time).
     builtins = tuple(configured(plugin, config) for plugin in builtin_plugins(inputs.loop, perf))

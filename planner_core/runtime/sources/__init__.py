@@ -83,7 +83,8 @@ def collect_traffic(
     planner: Planner | None = None,
 ) -> CollectedTraffic | None:
     """Traffic of the window from the configured source; None when no source is configured. With the `planner`
-    that will decide on it, the observation carries the window's prompt-arrival curve (`collect_safely`).
+    that will decide on it, the observation carries the window's request arrivals, which its tick derives the
+    prompt-arrival curve from (`collect_safely`).
 
     Prometheus when the config's `metric_pulling_prometheus_endpoint` or `PLANNER_PROMETHEUS_ENDPOINT` names one,
     else the trace of `PLANNER_TRACE`. A Prometheus source that cannot be built (an unreadable CA bundle) is

@@ -159,10 +159,7 @@ def guard_gpu_budget(
     """
     # A pool below its minimum is raised regardless of the budget (the minimums win), so never hold below it.
     current = (max(current[0], prefill_floor), max(current[1], decode_floor))
-    pools = ((current[0], proposed[0], prefill_gpus), (current[1], proposed[1], decode_gpus))
-    # A hold is judged with the widest engine: otherwise a band narrower than one engine would force a reconcile.
-    changing = [gpus for now, want, gpus in pools if now != want] or [gpus for _, _, gpus in pools]
-    tolerance = max(changing) if min_gpu_budget >= 0 and max_gpu_budget >= 0 else 0
+    tolerance = _tolerance(current, proposed, (prefill_gpus, decode_gpus), min_gpu_budget, max_gpu_budget)
 
     def in_band(pair: tuple[int, int]) -> bool:
         total = _gpus(pair, prefill_gpus, decode_gpus)
@@ -211,6 +208,21 @@ def guard_gpu_budget(
             + ("" if result == current else f" to {result[0]}P+{result[1]}D")
         ),
     )
+
+
+def _tolerance(
+    current: tuple[int, int],
+    proposed: tuple[int, int],
+    widths: tuple[int, int],
+    min_gpu_budget: int,
+    max_gpu_budget: int,
+) -> int:
+    """The GPUs the band's low side yields (`guard_gpu_budget`): the widest engine among the pools that change, or
+    among all pools on a hold; none unless both sides of the band are set."""
+    pools = ((current[0], proposed[0], widths[0]), (current[1], proposed[1], widths[1]))
+    # A hold is judged with the widest engine: otherwise a band narrower than one engine would force a reconcile.
+    changing = [gpus for now, want, gpus in pools if now != want] or [gpus for _, _, gpus in pools]
+    return max(changing) if min_gpu_budget >= 0 and max_gpu_budget >= 0 else 0
 
 
 def _closest_fit(

@@ -18,23 +18,37 @@ whatever the pool, so it sets no need (the percentile is over the others, or ove
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from planner_core.domain import PROMPT_ARRIVAL_INTERVALS_S
+from planner_core.domain import PROMPT_ARRIVAL_INTERVALS_S, RecordedArrivals, TrafficObservation
 
 __all__ = [
     "LOOKBACK_S",
+    "CountedSteps",
     "PromptCap",
     "RequestArrivals",
     "arrivals_from_counts",
     "prompt_arrival_curve",
+    "recorded_request_arrivals",
+    "with_arrivals",
 ]
 
 # How far before a window a source must pass arrivals: the curve's longest interval.
 LOOKBACK_S = max(PROMPT_ARRIVAL_INTERVALS_S.values())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CountedSteps:
+    """What `arrivals_from_counts` rebuilt arrivals from: per step, its end (s), its request count and mean prompt
+    length. A source records these rather than the requests they expand to (fewer numbers, the same arrivals)."""
+
+    step_end_s: np.ndarray
+    num_req: np.ndarray
+    mean_isl: np.ndarray
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +61,7 @@ class RequestArrivals:
     arrival_s: np.ndarray
     isl: np.ndarray
     resolution_s: float = 0.0
+    counted: CountedSteps | None = None  # the counts they were rebuilt from (`arrivals_from_counts`), if so
 
     def __post_init__(self) -> None:
         if len(self.arrival_s) != len(self.isl):
@@ -122,4 +137,48 @@ def arrivals_from_counts(
     # the j-th of n requests of a step arrives at (j + 1/2) / n of the way through it
     rank = np.arange(len(step)) - np.repeat(np.cumsum(whole) - whole, whole)
     arrival_s = step_end_s[step] - resolution_s + (rank + 0.5) * resolution_s / np.maximum(whole[step], 1)
-    return RequestArrivals(arrival_s=arrival_s, isl=lengths[step], resolution_s=resolution_s)
+    counted = CountedSteps(step_end_s=step_end_s, num_req=counts, mean_isl=lengths)
+    return RequestArrivals(arrival_s=arrival_s, isl=lengths[step], resolution_s=resolution_s, counted=counted)
+
+
+def with_arrivals(
+    traffic: TrafficObservation, arrivals: RequestArrivals, start_s: float, end_s: float
+) -> TrafficObservation:
+    """`traffic` (the window [start_s, end_s), on the arrivals' clock) with the arrivals recorded as they are
+    (`TrafficObservation.prompt_arrivals`): what every source that knows arrivals records. No policy is read: the
+    tick derives the prompt-arrival curve from them (`planner_core.policy.throughput.with_prompt_curve`)."""
+    if arrivals.counted is not None:
+        counted = arrivals.counted
+        record = RecordedArrivals(
+            start_s=start_s,
+            end_s=end_s,
+            at_s=tuple(np.asarray(counted.step_end_s, dtype=float).tolist()),
+            isl=tuple(np.asarray(counted.mean_isl, dtype=float).tolist()),
+            num_req=tuple(np.asarray(counted.num_req, dtype=float).tolist()),
+            resolution_s=arrivals.resolution_s,
+        )
+    else:
+        record = RecordedArrivals(
+            start_s=start_s,
+            end_s=end_s,
+            at_s=tuple(np.asarray(arrivals.arrival_s, dtype=float).tolist()),
+            isl=tuple(np.asarray(arrivals.isl, dtype=float).tolist()),
+            resolution_s=arrivals.resolution_s,
+        )
+    return dataclasses.replace(traffic, prompt_arrivals=record)
+
+
+def recorded_request_arrivals(record: RecordedArrivals) -> RequestArrivals:
+    """The arrivals a source recorded (`with_arrivals`), as it passed them: the same numbers, bit for bit."""
+    if record.resolution_s > 0 and record.num_req:
+        return arrivals_from_counts(
+            np.asarray(record.at_s, dtype=float),
+            np.asarray(record.num_req, dtype=float),
+            np.asarray(record.isl, dtype=float),
+            resolution_s=record.resolution_s,
+        )
+    return RequestArrivals(
+        arrival_s=np.asarray(record.at_s, dtype=float),
+        isl=np.asarray(record.isl, dtype=float),
+        resolution_s=record.resolution_s,
+    )

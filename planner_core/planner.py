@@ -4,25 +4,24 @@
 it loads the engine perf model the policy names (the profile, and the aiconfigurator table when `perf_table` is
 set) and the user's plugins. `Planner.decide` is the one call that reaches `tick()`: served ticks, the demo and
 replay (through `planner_core.runtime.service.decide`) and `planner bench` (`planner_core.lab.sim.bench`) all go
-through it, so what the benchmark measures is what ships. `Planner.observed` adds to a source's observation the
-traffic features the policy reads that depend on it (the prompt-arrival curve, counted at this planner's engine
-rate): the trace source, the simulator and the Prometheus source all call it with their request arrivals.
+through it, so what the benchmark measures is what ships. The sources record their request arrivals with the
+observation as they saw them (`planner_core.arrivals.with_arrivals`, no policy in it); the tick derives from them
+the traffic features the policy reads (the prompt-arrival curve, counted at this planner's engine rate), and
+`Planner.traffic_features` gives the same derivation to whoever stores or shows the observation.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner_core.arrivals import RequestArrivals, prompt_arrival_curve
 from planner_core.config import PlannerConfig, resolve_config_relative, resolve_profile_dir
 from planner_core.domain import PlannerState, TickInputs, TickOutcome, TrafficObservation
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.pipeline import Plugin, PluginLoadError
 from planner_core.pipeline.user_plugins import load_plugins
-from planner_core.policy.throughput import prompt_cap
+from planner_core.policy.throughput import with_prompt_curve
 from planner_core.tick import tick
 
 __all__ = ["Planner", "build_planner"]
@@ -44,13 +43,10 @@ class Planner:
         enforces plugin and tick deadlines."""
         return tick(inputs, state, self.config, self.perf, self.plugins, clock=clock)
 
-    def observed(
-        self, traffic: TrafficObservation, arrivals: RequestArrivals, start_s: float, end_s: float
-    ) -> TrafficObservation:
-        """`traffic` (the window [start_s, end_s), on the arrivals' clock) with its prompt-arrival curve, each
-        prompt counted up to this planner's engine share (`prompt_cap`)."""
-        curve = prompt_arrival_curve(arrivals, start_s, end_s, cap=prompt_cap(self.config, self.perf, traffic))
-        return dataclasses.replace(traffic, **curve)
+    def traffic_features(self, traffic: TrafficObservation) -> TrafficObservation:
+        """`traffic` with the features this planner's tick derives from its recorded arrivals (the prompt-arrival
+        curve, each prompt counted up to this planner's engine share: `with_prompt_curve`), as the tick reads it."""
+        return with_prompt_curve(self.config, self.perf, traffic)
 
 
 def build_planner(

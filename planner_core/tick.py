@@ -6,9 +6,12 @@ makes replaying a recorded tick exact. The Prefect flows collect the inputs, cal
 
 A tick runs the plugin pipeline (`planner_core.pipeline`): the loop's builtin plugins
 (`planner_core.pipeline.builtin`) and the user's plugins go through the same phases, merge and final invariants
-(minimum endpoints, GPU budget guard). The tick's headline reason is the builtin plugin's own (Dynamo's per-loop
-decision reasons, e.g. `set_lower_bound`, `no_traffic_data`, `scale_down_refused_consolidation`), except that a
-tick whose targets are executed (or recorded in advisory mode) is `scale` and a vetoed or timed-out one says so.
+(minimum endpoints, GPU budget guard). Before them, the tick derives what the policy reads of the window's recorded
+arrivals (the prompt-arrival curve, counted at this policy's engine rate: `policy.throughput.with_prompt_curve`),
+so what a source records holds no policy and a replay under another config derives it again. The tick's headline
+reason is the builtin plugin's own (Dynamo's per-loop decision reasons, e.g. `set_lower_bound`, `no_traffic_data`,
+`scale_down_refused_consolidation`), except that a tick whose targets are executed (or recorded in advisory mode)
+is `scale` and a vetoed or timed-out one says so.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from planner_core.pipeline.loader import configured
 from planner_core.pipeline.run import run_pipeline
 from planner_core.pipeline.types import Plugin
 from planner_core.policy.horizon import track_startups
+from planner_core.policy.throughput import with_prompt_curve
 
 __all__ = ["tick"]
 
@@ -71,6 +75,10 @@ def tick(
         step = StepRecord(step=StepName(inputs.loop.value), reason=ReasonCode.DISABLED)
         return TickOutcome(decision=ScalingDecision(), next_state=state, steps=(step,), reason=ReasonCode.DISABLED)
 
+    if inputs.traffic is not None and inputs.traffic.invalid_field() is None:
+        # what the policy reads of the recorded arrivals is derived here, so a replay under another config re-derives
+        # it (an unusable observation is not: the forecast holds on it with `no_traffic_data`)
+        inputs = dataclasses.replace(inputs, traffic=with_prompt_curve(config, perf, inputs.traffic))
     # The config's `plugins.overrides` apply to builtin plugins as to user ones (validated at load time).
     builtins = tuple(configured(plugin, config) for plugin in builtin_plugins(inputs.loop, perf))
     outcome = run_pipeline((*builtins, *plugins), inputs, state, config, clock=clock)

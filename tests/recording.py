@@ -29,8 +29,11 @@ def record_simulated_run(
     num_windows: int,
     rate_scale: float = 12.0,
     load_every_s: float | None = 20.0,
+    record_arrivals: bool = False,
 ) -> list[dt.datetime]:
-    """Record `num_windows` throughput ticks (and the load ticks between them); returns the throughput times."""
+    """Record `num_windows` throughput ticks (and the load ticks between them); returns the throughput times.
+    With `record_arrivals`, each observation carries the window's request arrivals, as a served source's does
+    (the tick derives the prompt-arrival curve from them)."""
     ctx = load_context(database_url, deployment, config_path)
     assert ctx.perf is not None
     trace = load_trace(trace_path).scaled(rate_scale)
@@ -55,7 +58,8 @@ def record_simulated_run(
             now = repo.epoch_to_datetime(trace.start_epoch_s + end_s)
             cluster.run_until(end_s)
             _report(client, cluster)
-            run_tick(ctx, Loop.THROUGHPUT, now, cluster.observe(end_s - window_s, end_s))
+            planner = ctx.planner if record_arrivals else None
+            run_tick(ctx, Loop.THROUGHPUT, now, cluster.observe(end_s - window_s, end_s, planner=planner))
             run_execution(ctx, now)
             decision = client.wait(timeout_s=0.0)
             if decision is not None and decision.decision_id >= 0:

@@ -56,6 +56,7 @@ from planner_core.domain import (
     Prediction,
     QueuedRequests,
     ReasonCode,
+    RecordedArrivals,
     RemoteAnswer,
     ReplicaOverride,
     ReplicaProposal,
@@ -85,6 +86,15 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
     counts = st.integers(min_value=0, max_value=10_000)
     float_tuples = st.lists(floats, max_size=5).map(tuple)
 
+    recorded_arrivals = st.builds(
+        RecordedArrivals,
+        start_s=floats,
+        end_s=floats,
+        at_s=float_tuples,
+        isl=float_tuples,
+        num_req=float_tuples,
+        resolution_s=floats,
+    )
     traffic = st.builds(
         TrafficObservation,
         duration_s=floats,
@@ -99,6 +109,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         accept_length=opt_floats,
         prompt_tokens_p99_250ms=opt_floats,
         prompt_tokens_p99_30s=opt_floats,
+        prompt_arrivals=st.none() | recorded_arrivals,
     )
     scheduled = st.builds(
         ScheduledRequests,
@@ -376,6 +387,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         reason=st.sampled_from(ReasonCode),
     )
     return {
+        RecordedArrivals: recorded_arrivals,
         TrafficObservation: traffic,
         WorkerCounts: workers,
         ScheduledRequests: scheduled,
@@ -549,6 +561,7 @@ def test_non_finite_floats_become_strings() -> None:
         "ttft_ms_p95": None,
         "ttft_ms_p99": None,
         "queue_ms": None,
+        "prompt_arrivals": None,
     }
     json.dumps(to_jsonable(obs), allow_nan=False)  # strict JSON: no bare NaN/Infinity tokens
     restored = from_jsonable(TrafficObservation, to_jsonable(obs))
@@ -586,7 +599,7 @@ class InvalidFieldCase:
 
 
 BASE_TRAFFIC = TrafficObservation(duration_s=60.0, num_req=600.0, isl=1000.0, osl=100.0)
-TRAFFIC_FIELDS = [f.name for f in dataclasses.fields(TrafficObservation)]
+TRAFFIC_FIELDS = [f.name for f in dataclasses.fields(TrafficObservation) if f.name != "prompt_arrivals"]  # figures
 
 INVALID_FIELD_CASES = [
     InvalidFieldCase(id="all-valid", changes={}, want=None),

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from planner_core.arrivals import with_arrivals
 from planner_core.config import load_config
 from planner_core.data import DEFAULT_CONFIG
 from planner_core.domain import Loop, PlannerState, TickInputs, WorkerCounts
@@ -33,13 +34,13 @@ def steady_trace(rate_rps: float, mean_isl: float, mean_osl: float, seed: int) -
 
 def settled_sizes(planner: Planner, trace: RequestTrace) -> list[tuple[int, int]]:
     """Throughput ticks on the trace's windows, each decision applied at once; the sizes after the warm-up.
-    The observations come the way a live source makes them (`RequestTrace.observe`, `Planner.observed`)."""
+    The observations come the way a live source makes them (`RequestTrace.observe`, `with_arrivals`)."""
     window_s = float(planner.config.throughput_adjustment_interval_seconds)
     state, prefill, decode = PlannerState(), 1, 1
     sizes = []
     for k in range(1, NUM_WINDOWS + 1):
         start_s, end_s = (k - 1) * window_s, k * window_s
-        traffic = planner.observed(trace.observe(start_s, end_s), trace.arrivals(start_s, end_s), start_s, end_s)
+        traffic = with_arrivals(trace.observe(start_s, end_s), trace.arrivals(start_s, end_s), start_s, end_s)
         workers = WorkerCounts(ready_prefill=prefill, ready_decode=decode, expected_prefill=prefill,
                                expected_decode=decode)  # fmt: skip
         outcome = planner.decide(TickInputs(now_s=end_s, loop=Loop.THROUGHPUT, workers=workers, traffic=traffic), state)

@@ -285,6 +285,43 @@ def _store_every_state_whole(url: str) -> None:
         assert session.scalar(text("SELECT count(*) FROM planner_states WHERE state IS NULL")) == 0
 
 
+def test_a_what_if_replay_derives_the_prompt_curve_again_from_the_recorded_arrivals(
+    database_url, tmp_path, azure_conv_trace
+) -> None:
+    """The sources record arrivals, not the curve: replayed under its recorded config a run is identical; under
+    another `ttft_ms` the tick derives another curve (each prompt capped at another engine share) from the same
+    recorded arrivals; and ticks stored before arrivals were recorded read their stored curve as it is."""
+    from planner_core.config import load_config
+    from planner_core.domain import Loop
+    from planner_core.runtime.store.codec import inputs_from_stored
+    from planner_core.planner import build_planner
+
+    recorded_config = write_config(tmp_path, throughput_prefill_burst_sizing=True)
+    times = record_simulated_run(
+        database_url, recorded_config, azure_conv_trace, "curve", num_windows=6, load_every_s=None, record_arrivals=True
+    )
+    start, end = times[0] - ONE_HOUR, times[-1] + dt.timedelta(seconds=1)
+    assert (replay(database_url, "curve", start, end).num_identical) == 6
+
+    rows = _rows(database_url, "SELECT inputs::text, extract(epoch FROM scheduled_at) FROM ticks ORDER BY id")
+    traffic = [inputs_from_stored(json.loads(i), Loop.THROUGHPUT, float(at)).traffic for i, at in rows]
+    assert all(t is not None and t.prompt_arrivals is not None for t in traffic)
+    planner = build_planner(load_config(recorded_config).policy, recorded_config)
+    other_config = write_config(tmp_path, throughput_prefill_burst_sizing=True, ttft_ms=1000)
+    other = build_planner(load_config(other_config).policy, other_config)
+    # the stored curve is the recorded config's derivation; the other config derives another from the arrivals
+    assert [planner.traffic_features(t) for t in traffic] == traffic
+    assert [other.traffic_features(t).prompt_arrival_curve() for t in traffic] != [
+        t.prompt_arrival_curve() for t in traffic
+    ]
+    assert replay(database_url, "curve", start, end, config_path=other_config).num_differing > 0
+
+    # ticks stored before the arrivals were recorded hold the curve alone: it is read as stored
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        conn.execute("UPDATE ticks SET inputs = (inputs::jsonb #- '{traffic,prompt_arrivals}')::json")
+    assert (replay(database_url, "curve", start, end).num_identical) == 6
+
+
 def test_service_settings_are_outside_the_replayed_policy(database_url, tmp_path, azure_conv_trace) -> None:
     """Ticks recorded under a file with service settings replay identically after only those settings changed, under
     the same config hash; a policy change changes the hash. Rows stored before the split (the whole file hashed, its

@@ -8,6 +8,7 @@ import datetime as dt
 import numpy as np
 import pytest
 
+from planner_core.arrivals import with_arrivals
 from planner_core.config import load_config
 from planner_core.data import AZURE_CONV_TRACE, DEFAULT_CONFIG
 from planner_core.domain import PROMPT_ARRIVAL_INTERVALS_S
@@ -36,9 +37,11 @@ def test_trace_replay_arrivals_and_curve_on_the_epoch_clock() -> None:
     planner = build_planner(load_config(DEFAULT_CONFIG).policy, DEFAULT_CONFIG)
     collected = collect_safely(source, _at(start_s), _at(start_s + 60.0), planner)
     assert collected.curve_problem is None and collected.observation is not None
-    on_offsets = planner.observed(trace.observe(100.0, 160.0), expected, 100.0, 160.0)
+    assert collected.observation.prompt_arrival_curve() == ()  # the source records arrivals, the tick derives
+    on_epoch = planner.traffic_features(collected.observation)
+    on_offsets = planner.traffic_features(with_arrivals(trace.observe(100.0, 160.0), expected, 100.0, 160.0))
     for name in PROMPT_ARRIVAL_INTERVALS_S:
-        assert getattr(collected.observation, name) == pytest.approx(getattr(on_offsets, name), rel=1e-9), name
+        assert getattr(on_epoch, name) == pytest.approx(getattr(on_offsets, name), rel=1e-9), name
 
 
 def test_trace_replay_window_across_the_loop_reads_one_pass() -> None:
@@ -55,7 +58,8 @@ def test_trace_replay_window_across_the_loop_reads_one_pass() -> None:
 
 
 def test_collect_traffic_from_a_trace_carries_the_curve() -> None:
-    """`collect_traffic` with the planner (what the served throughput tick passes) gives the curve."""
+    """`collect_traffic` with the planner (what the served throughput tick passes) records the arrivals the tick
+    derives the curve from."""
     loaded = load_config(DEFAULT_CONFIG)
     planner = build_planner(loaded.policy, DEFAULT_CONFIG)
     trace = load_trace(AZURE_CONV_TRACE)
@@ -65,9 +69,12 @@ def test_collect_traffic_from_a_trace_carries_the_curve() -> None:
         loaded.policy, loaded.service, start, start + dt.timedelta(seconds=60), settings, planner=planner
     )
     assert collected is not None and collected.observation is not None
-    assert len(collected.observation.prompt_arrival_curve()) == len(PROMPT_ARRIVAL_INTERVALS_S)
+    assert collected.observation.prompt_arrivals is not None
+    derived = planner.traffic_features(collected.observation)
+    assert len(derived.prompt_arrival_curve()) == len(PROMPT_ARRIVAL_INTERVALS_S)
     without = collect_traffic(loaded.policy, loaded.service, start, start + dt.timedelta(seconds=60), settings)
-    assert without.observation.prompt_arrival_curve() == ()
+    assert without.observation.prompt_arrivals is None
+    assert planner.traffic_features(without.observation).prompt_arrival_curve() == ()
 
 
 def test_trace_replay_is_rate_scaled_by_the_setting(tmp_path) -> None:

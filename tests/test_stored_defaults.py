@@ -22,6 +22,7 @@ from planner_core.domain import (
     ForwardPassMetrics,
     Loop,
     QueuedRequests,
+    RecordedArrivals,
     ScheduledRequests,
     TickInputs,
     TrafficObservation,
@@ -35,7 +36,7 @@ _NO_TRAFFIC_FEATURES = dict.fromkeys(
     (
         "isl_p50 isl_p90 isl_p99 osl_p50 osl_p90 osl_p99 ttft_ms itl_ms ttft_ms_p95 ttft_ms_p99 queue_ms kv_hit_rate "
         "accept_length prompt_tokens_p99_250ms prompt_tokens_p99_500ms prompt_tokens_p99_1s prompt_tokens_p99_2s "
-        "prompt_tokens_p99_5s prompt_tokens_p99_10s prompt_tokens_p99_30s"
+        "prompt_tokens_p99_5s prompt_tokens_p99_10s prompt_tokens_p99_30s prompt_arrivals"
     ).split()
 )
 _SCHEDULED = {
@@ -52,6 +53,7 @@ PINNED_DEFAULTS = {
     "TickInputs": {"traffic": None, "fpm": [], "unplaced": [], "remote": [], "gpu_ceiling": None, "applied": []},
     "WorkerCounts": {},
     "TrafficObservation": _NO_TRAFFIC_FEATURES,
+    "RecordedArrivals": {"at_s": [], "isl": [], "num_req": [], "resolution_s": 0.0},
     "ForwardPassMetrics": {
         "dp_rank": 0,
         "counter_id": 0,
@@ -126,6 +128,16 @@ _inputs = st.builds(
         isl=_floats,
         osl=_floats,
         ttft_ms=st.none() | _floats,
+        prompt_arrivals=st.none()
+        | st.builds(
+            RecordedArrivals,
+            start_s=_floats,
+            end_s=_floats,
+            at_s=st.lists(_floats, max_size=3).map(tuple),
+            isl=st.lists(_floats, max_size=3).map(tuple),
+            num_req=st.lists(_floats, max_size=3).map(tuple),
+            resolution_s=_floats,
+        ),
     ),
     fpm=st.lists(_fpm, max_size=3).map(tuple),
     unplaced=st.lists(

@@ -59,7 +59,8 @@ BASE_CONFIG: dict[str, Any] = {
     "itl_ms": 10,
 }
 
-TRAFFIC_FIELDS = tuple(f.name for f in dataclasses.fields(TrafficObservation))
+# the figures of an observation (its recorded arrivals are not one)
+TRAFFIC_FIELDS = tuple(f.name for f in dataclasses.fields(TrafficObservation) if f.name != "prompt_arrivals")
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,28 @@ PROMPT_ARRIVAL_INTERVALS_S: dict[str, float] = {
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RecordedArrivals:
+    """The request arrivals a window's prompt-arrival curve is computed from, as the source saw them (no policy in
+    them: the tick derives the curve with the prompt cap of the policy in force, `planner_core.arrivals`).
+
+    Attributes:
+        start_s, end_s: the window on the arrivals' clock (the source's: epoch seconds, or the trace's).
+        at_s: each request's arrival time; or, with `resolution_s` > 0, each counting step's end.
+        isl: each request's prompt tokens; or each step's mean prompt tokens.
+        num_req: the requests counted in each step (`resolution_s` > 0: arrivals rebuilt from counters); empty
+            when each entry is one request.
+        resolution_s: 0 for per-request timestamps, else the counting step (s).
+    """
+
+    start_s: float
+    end_s: float
+    at_s: tuple[float, ...] = ()
+    isl: tuple[float, ...] = ()
+    num_req: tuple[float, ...] = ()
+    resolution_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TrafficObservation:
     """Frontend traffic over one throughput window.
 
@@ -42,10 +64,13 @@ class TrafficObservation:
         prompt_tokens_p99_250ms .. prompt_tokens_p99_30s: the window's prompt-token arrival curve (ours): for each
             request of the window, the prompt tokens (its own included) that arrived in the 250 ms .. 30 s up to
             its arrival; the 99th percentile over the window's requests. Where the source timestamps requests.
-            A source that knows the prefill engines' rate counts each prompt up to what one engine computes in the
-            interval plus the TTFT target (one prompt occupies one engine, so it delays the others by no more).
-            For aggregated engines that rate is their prompt rate under the decode batch
+            The tick derives them from `prompt_arrivals` under the policy in force, each prompt counted up to what
+            one engine computes in the interval plus the TTFT target (one prompt occupies one engine, so it delays
+            the others by no more); for aggregated engines that rate is their prompt rate under the decode batch
             (`planner_core.perf.capacity.agg_operating_prompt_rate`).
+        prompt_arrivals: the window's raw request arrivals as the source recorded them (policy-free), which the
+            tick derives the curve from; None where the source has none, and in ticks stored before it (whose
+            stored curve is then read as it is).
     """
 
     duration_s: float
@@ -72,6 +97,8 @@ class TrafficObservation:
     prompt_tokens_p99_5s: float | None = None
     prompt_tokens_p99_10s: float | None = None
     prompt_tokens_p99_30s: float | None = None
+    # the raw arrivals the curve is derived from in the tick; None (ticks stored before it): the curve as stored
+    prompt_arrivals: RecordedArrivals | None = None
 
     def prompt_arrival_curve(self) -> tuple[tuple[float, float], ...]:
         """The observed points of the prompt-token arrival curve as (interval s, p99 tokens), shortest first."""
@@ -86,6 +113,8 @@ class TrafficObservation:
         """Name of the first field that is NaN, infinite or negative, or None when all are usable."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, RecordedArrivals):
+                continue  # not a figure: the curve derived from it is checked where it is read
             if value is not None and (math.isnan(value) or math.isinf(value) or value < 0):
                 return f.name
         return None

@@ -109,61 +109,8 @@ def merge_overrides(
     """
     ordered = sorted(contributions, key=lambda c: c.order_key)
     constrain = phase is Phase.CONSTRAIN
-    steps: list[StepRecord] = []
-    kept: dict[str, list[ReplicaOverride]] = {}
-    for contribution in ordered:
-        name = f"{phase.value}:{contribution.plugin_id}"
-        held = "" if contribution.held_from_s is None else f" (held from t={contribution.held_from_s:g})"
-        usable = kept.setdefault(contribution.plugin_id, [])
-        for override in contribution.overrides:
-            problem = _invalid(override)
-            if problem is not None:
-                steps.append(StepRecord(step=name, reason=ReasonCode.OVERRIDE_INVALID, detail=problem + held))
-                continue
-            component = override.component if isinstance(override.component, Component) else None
-            value = None if override.replicas is None else float(override.replicas)
-            if override.kind is not OverrideType.REJECT and component not in baseline:
-                detail = f"{override.kind.value} {override.replicas} for a pool this planner does not manage{held}"
-                steps.append(
-                    StepRecord(
-                        step=name,
-                        reason=ReasonCode.UNMANAGED_COMPONENT,
-                        component=component,
-                        value=value,
-                        detail=detail,
-                    )
-                )
-                continue
-            if constrain and override.kind is OverrideType.SET:
-                detail = f"set {override.replicas} dropped: CONSTRAIN may only bound (AT_LEAST / AT_MOST){held}"
-                steps.append(
-                    StepRecord(
-                        step=name,
-                        reason=ReasonCode.CONSTRAIN_SET_DROPPED,
-                        component=component,
-                        value=value,
-                        detail=detail,
-                    )
-                )
-                continue
-            steps.append(
-                StepRecord(
-                    step=name,
-                    reason=_OVERRIDE_REASON[override.kind],
-                    component=component,
-                    value=value,
-                    detail=f"{override.reason}{held}" if override.reason else held.strip(" ()"),
-                )
-            )
-            usable.append(override)
-        if constrain and contribution.final:
-            steps.append(
-                StepRecord(
-                    step=name,
-                    reason=ReasonCode.CONSTRAIN_FINAL_IGNORED,
-                    detail="final is ignored in CONSTRAIN; merged with the others" + held,
-                )
-            )
+    kept, screened = _screen(phase, ordered, baseline)
+    steps: list[StepRecord] = list(screened)
 
     merge_step = f"{phase.value}:merge"
     for contribution in ordered:
@@ -197,34 +144,80 @@ def merge_overrides(
         if not relevant:
             continue
         touched.add(component)
-        floors = [(o.replicas, c.plugin_id) for c, o in relevant if o.kind is OverrideType.AT_LEAST]
-        ceilings = [(o.replicas, c.plugin_id) for c, o in relevant if o.kind is OverrideType.AT_MOST]
-        sets = [(o.replicas, c.plugin_id) for c, o in relevant if o.kind is OverrideType.SET]
-        floor = max((value for value, _ in floors), default=0)
-        ceiling = min((value for value, _ in ceilings), default=None)
-        rec, rec_source = (sets[0][0], f"set by {sets[0][1]}") if sets else (incoming, "incoming target")
-        result = max(floor, rec if ceiling is None else min(ceiling, rec))
-        if ceiling is not None and floor > ceiling:
-            reason = ReasonCode.MERGE_FLOOR_OVER_CEILING
-        elif result > rec:
-            reason = ReasonCode.MERGE_FLOOR
-        elif result < rec:
-            reason = ReasonCode.MERGE_CEILING
-        else:
-            reason = ReasonCode.WITHIN_RANGE
-        parts = [f"recommendation {rec} ({rec_source})"]
-        if floors:
-            parts.append(f"floor {floor} ({', '.join(p for v, p in floors if v == floor)})")
-        if ceilings:
-            parts.append(f"ceiling {ceiling} ({', '.join(p for v, p in ceilings if v == ceiling)})")
-        steps.append(
-            StepRecord(
-                step=merge_step,
-                reason=reason,
-                component=component,
-                value=float(result),
-                detail=", ".join(parts) + f" -> {result}",
-            )
-        )
-        targets[component] = result
+        targets[component], step = _merge_pool(component, incoming, relevant, merge_step)
+        steps.append(step)
     return MergeOutcome(targets=MappingProxyType(targets), touched=frozenset(touched), steps=tuple(steps))
+
+
+def _screen(
+    phase: Phase, ordered: list[Contribution], baseline: Mapping[Component, int]
+) -> tuple[dict[str, list[ReplicaOverride]], tuple[StepRecord, ...]]:
+    """Each contribution's overrides the merge may use, per plugin, and a step for every override: taken, or
+    dropped as invalid, for a pool this planner does not manage, or (CONSTRAIN) a SET; in CONSTRAIN a `final` is
+    noted as ignored."""
+    constrain = phase is Phase.CONSTRAIN
+    steps: list[StepRecord] = []
+    kept: dict[str, list[ReplicaOverride]] = {}
+    for contribution in ordered:
+        name = f"{phase.value}:{contribution.plugin_id}"
+        held = "" if contribution.held_from_s is None else f" (held from t={contribution.held_from_s:g})"
+        usable = kept.setdefault(contribution.plugin_id, [])
+        for override in contribution.overrides:
+            problem = _invalid(override)
+            if problem is not None:
+                steps.append(StepRecord(step=name, reason=ReasonCode.OVERRIDE_INVALID, detail=problem + held))
+                continue
+            component = override.component if isinstance(override.component, Component) else None
+            value = None if override.replicas is None else float(override.replicas)
+            if override.kind is not OverrideType.REJECT and component not in baseline:
+                detail = f"{override.kind.value} {override.replicas} for a pool this planner does not manage{held}"
+                reason = ReasonCode.UNMANAGED_COMPONENT
+            elif constrain and override.kind is OverrideType.SET:
+                detail = f"set {override.replicas} dropped: CONSTRAIN may only bound (AT_LEAST / AT_MOST){held}"
+                reason = ReasonCode.CONSTRAIN_SET_DROPPED
+            else:
+                detail = f"{override.reason}{held}" if override.reason else held.strip(" ()")
+                reason = _OVERRIDE_REASON[override.kind]
+                usable.append(override)
+            steps.append(StepRecord(step=name, reason=reason, component=component, value=value, detail=detail))
+        if constrain and contribution.final:
+            steps.append(
+                StepRecord(
+                    step=name,
+                    reason=ReasonCode.CONSTRAIN_FINAL_IGNORED,
+                    detail="final is ignored in CONSTRAIN; merged with the others" + held,
+                )
+            )
+    return kept, tuple(steps)
+
+
+def _merge_pool(
+    component: Component,
+    incoming: int,
+    relevant: list[tuple[Contribution, ReplicaOverride]],
+    merge_step: str,
+) -> tuple[int, StepRecord]:
+    """One pool's merged target: the first SET (else the incoming target), capped by the lowest AT_MOST, raised
+    to the highest AT_LEAST (a floor over a ceiling wins), and its merge step naming who set each bound."""
+    floors = [(o.replicas, c.plugin_id) for c, o in relevant if o.kind is OverrideType.AT_LEAST]
+    ceilings = [(o.replicas, c.plugin_id) for c, o in relevant if o.kind is OverrideType.AT_MOST]
+    sets = [(o.replicas, c.plugin_id) for c, o in relevant if o.kind is OverrideType.SET]
+    floor = max((value for value, _ in floors), default=0)
+    ceiling = min((value for value, _ in ceilings), default=None)
+    rec, rec_source = (sets[0][0], f"set by {sets[0][1]}") if sets else (incoming, "incoming target")
+    result = max(floor, rec if ceiling is None else min(ceiling, rec))
+    if ceiling is not None and floor > ceiling:
+        reason = ReasonCode.MERGE_FLOOR_OVER_CEILING
+    elif result > rec:
+        reason = ReasonCode.MERGE_FLOOR
+    elif result < rec:
+        reason = ReasonCode.MERGE_CEILING
+    else:
+        reason = ReasonCode.WITHIN_RANGE
+    parts = [f"recommendation {rec} ({rec_source})"]
+    if floors:
+        parts.append(f"floor {floor} ({', '.join(p for v, p in floors if v == floor)})")
+    if ceilings:
+        parts.append(f"ceiling {ceiling} ({', '.join(p for v, p in ceilings if v == ceiling)})")
+    detail = ", ".join(parts) + f" -> {result}"
+    return result, StepRecord(step=merge_step, reason=reason, component=component, value=float(result), detail=detail)

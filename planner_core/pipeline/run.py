@@ -313,50 +313,9 @@ class _Tick:
             self._record(spec, self.stop, f"not run: {self.stop_detail}")
             return None
         if not is_due(spec, schedule, self.now_s):
-            if spec.hold_policy is HoldPolicy.HOLD_LAST and schedule.held is not None:
-                held = schedule.held
-                return _Output(
-                    predictions=held.predictions,
-                    overrides=held.overrides,
-                    final=held.final,
-                    held_from_s=held.produced_at_s,
-                    observations=held.observations,
-                )
-            detail = f"not due until t={next_due_s(spec, schedule):g}"
-            if spec.hold_policy is HoldPolicy.HOLD_LAST:
-                detail += "; no result held yet"
-            self._record(spec, ReasonCode.PLUGIN_NOT_DUE, detail)
+            return self._not_due(spec, schedule)
+        if self._blocked(spec, schedule):
             return None
-        missing_needs = [need for need in spec.needs if not self._observed(need)]
-        if missing_needs:
-            reason = ReasonCode.NO_TRAFFIC_DATA if Observation.TRAFFIC in missing_needs else ReasonCode.NO_FPM_DATA
-            names = ", ".join(need.value for need in missing_needs)
-            self._record(spec, reason, f"needs {names}, not observed this tick; retried next tick")
-            return None
-        missing_fields = [name for name in spec.requires_produced_fields if name not in self.produced]
-        if missing_fields:
-            names = ", ".join(missing_fields)
-            self._record(spec, ReasonCode.REQUIRED_FIELDS_MISSING, f"requires {names}, not produced; retried next tick")
-            return None
-
-        if spec.breaker is not None:
-            state = circuit_state(spec.breaker, schedule, self.now_s)
-            if state is CircuitState.OPEN:
-                detail = (
-                    f"not called: circuit open since t={schedule.circuit_opened_at_s:g},"
-                    f" trial call from t={reopens_at_s(spec.breaker, schedule):g}"
-                )
-                self._record(spec, ReasonCode.PLUGIN_CIRCUIT_OPEN, detail)
-                self.schedules[spec.plugin_id] = dataclasses.replace(schedule, held=None)
-                return None
-            if state is CircuitState.HALF_OPEN:
-                self.steps.append(
-                    StepRecord(
-                        step=f"{spec.phase.value}:{spec.plugin_id}",
-                        reason=ReasonCode.PLUGIN_CIRCUIT_HALF_OPEN,
-                        detail=f"cool-down over (opened at t={schedule.circuit_opened_at_s:g}): one trial call",
-                    )
-                )
         # Only plugins with wall_clock_limits are held to time; the others (builtin, pure) are just measured.
         timed = self.clock is not None and spec.wall_clock_limits
         budget_s = self.config.scheduling.tick_max_duration_seconds
@@ -387,29 +346,93 @@ class _Tick:
             )
             return None
         elapsed_s = self._spent(started, timed)
-        if timed and elapsed_s is not None:
-            if self.timed_spent_s > budget_s:
-                self._stop(ReasonCode.SKIP_TICK_TIMEOUT, f"the tick deadline passed while {spec.plugin_id} ran")
-                self._failed(
-                    spec,
-                    ReasonCode.SKIP_TICK_TIMEOUT,
-                    f"finished after the tick deadline ({budget_s:g} s); result discarded",
-                    elapsed_s,
-                )
-                return None
-            if elapsed_s > spec.effective_timeout_s:
-                self._failed(
-                    spec,
-                    ReasonCode.PLUGIN_TIMEOUT,
-                    f"took {elapsed_s:.3f} s > timeout {spec.effective_timeout_s:g} s; result discarded",
-                    elapsed_s,
-                )
-                return None
+        if timed and elapsed_s is not None and self._overran(spec, elapsed_s, budget_s):
+            return None
         problem = _result_problem(spec, result)
         if problem is not None:
             self._failed(spec, ReasonCode.PLUGIN_INVALID_RESULT, _one_line(problem), elapsed_s)
             return None
-        result = result if isinstance(result, PluginResult) else PluginResult()
+        return self._accepted(spec, schedule, result if isinstance(result, PluginResult) else PluginResult(), elapsed_s)
+
+    def _not_due(self, spec: PluginSpec, schedule: PluginSchedule) -> _Output | None:
+        """A plugin not due this tick: its held result replayed (`hold_last`), else a `plugin_not_due` step."""
+        if spec.hold_policy is HoldPolicy.HOLD_LAST and schedule.held is not None:
+            held = schedule.held
+            return _Output(
+                predictions=held.predictions,
+                overrides=held.overrides,
+                final=held.final,
+                held_from_s=held.produced_at_s,
+                observations=held.observations,
+            )
+        detail = f"not due until t={next_due_s(spec, schedule):g}"
+        if spec.hold_policy is HoldPolicy.HOLD_LAST:
+            detail += "; no result held yet"
+        self._record(spec, ReasonCode.PLUGIN_NOT_DUE, detail)
+        return None
+
+    def _blocked(self, spec: PluginSpec, schedule: PluginSchedule) -> bool:
+        """Whether a due plugin may not run this tick (recorded): an observation it needs or a field it requires is
+        missing, or its circuit is open. A half-open circuit lets it run once, as a trial (recorded too)."""
+        missing_needs = [need for need in spec.needs if not self._observed(need)]
+        if missing_needs:
+            reason = ReasonCode.NO_TRAFFIC_DATA if Observation.TRAFFIC in missing_needs else ReasonCode.NO_FPM_DATA
+            names = ", ".join(need.value for need in missing_needs)
+            self._record(spec, reason, f"needs {names}, not observed this tick; retried next tick")
+            return True
+        missing_fields = [name for name in spec.requires_produced_fields if name not in self.produced]
+        if missing_fields:
+            names = ", ".join(missing_fields)
+            self._record(spec, ReasonCode.REQUIRED_FIELDS_MISSING, f"requires {names}, not produced; retried next tick")
+            return True
+        if spec.breaker is None:
+            return False
+        state = circuit_state(spec.breaker, schedule, self.now_s)
+        if state is CircuitState.OPEN:
+            detail = (
+                f"not called: circuit open since t={schedule.circuit_opened_at_s:g},"
+                f" trial call from t={reopens_at_s(spec.breaker, schedule):g}"
+            )
+            self._record(spec, ReasonCode.PLUGIN_CIRCUIT_OPEN, detail)
+            self.schedules[spec.plugin_id] = dataclasses.replace(schedule, held=None)
+            return True
+        if state is CircuitState.HALF_OPEN:
+            self.steps.append(
+                StepRecord(
+                    step=f"{spec.phase.value}:{spec.plugin_id}",
+                    reason=ReasonCode.PLUGIN_CIRCUIT_HALF_OPEN,
+                    detail=f"cool-down over (opened at t={schedule.circuit_opened_at_s:g}): one trial call",
+                )
+            )
+        return False
+
+    def _overran(self, spec: PluginSpec, elapsed_s: float, budget_s: float) -> bool:
+        """Whether a timed plugin's result is discarded (recorded as a failure): it finished after the tick
+        deadline (which also stops the tick) or took longer than its own timeout."""
+        if self.timed_spent_s > budget_s:
+            self._stop(ReasonCode.SKIP_TICK_TIMEOUT, f"the tick deadline passed while {spec.plugin_id} ran")
+            self._failed(
+                spec,
+                ReasonCode.SKIP_TICK_TIMEOUT,
+                f"finished after the tick deadline ({budget_s:g} s); result discarded",
+                elapsed_s,
+            )
+            return True
+        if elapsed_s > spec.effective_timeout_s:
+            self._failed(
+                spec,
+                ReasonCode.PLUGIN_TIMEOUT,
+                f"took {elapsed_s:.3f} s > timeout {spec.effective_timeout_s:g} s; result discarded",
+                elapsed_s,
+            )
+            return True
+        return False
+
+    def _accepted(
+        self, spec: PluginSpec, schedule: PluginSchedule, result: PluginResult, elapsed_s: float | None
+    ) -> _Output:
+        """A plugin's valid result taken: held for later ticks (`hold_last`), its run and a trial call's success
+        recorded in its schedule, its state taken (the pipeline keeps the schedules), its output returned."""
         overrides = tuple(result.overrides)
         observations = tuple(result.observations)
         held = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from planner_core.config import PlannerConfig, managed_components
 from planner_core.domain import Component, ReasonCode, StepName, StepRecord
@@ -152,21 +152,14 @@ def guard_gpu_budget(
     - The current counts are outside the band: reconcile from the proposal, ignoring direction — proportionally
       down to the ceiling (`bound_gpu_budget`) or up to the floor (`ceil`, never shrinking a pool)
       (`gpu_budget_reconcile`).
-    - Otherwise the result is the candidate between current and proposed (per pool, inclusive) that fits the
-      band and is closest to the proposal in GPUs, then closest in prefill share, then furthest from current,
-      then first in scan order (fewest prefill, then fewest decode). Unlike a proportional clamp, this never
-      moves a pool past its proposal or against it; a down proposal stops at the floor rather than being
-      refused outright.
-      A rebalance (one pool up, the other down) moves both legs or neither. When only the current counts fit,
-      the proposal is held (`gpu_budget_guard_hold`); else the result is `gpu_budget_capped` (ceiling) or
-      `gpu_budget_floored` (floor).
+    - Otherwise the result is the candidate between current and proposed closest to the proposal (`_closest_fit`:
+      never past the proposal nor against it, a rebalance moves both legs or neither). When only the current
+      counts fit, the proposal is held (`gpu_budget_guard_hold`); else the result is `gpu_budget_capped` (ceiling)
+      or `gpu_budget_floored` (floor).
     """
     # A pool below its minimum is raised regardless of the budget (the minimums win), so never hold below it.
     current = (max(current[0], prefill_floor), max(current[1], decode_floor))
-    pools = ((current[0], proposed[0], prefill_gpus), (current[1], proposed[1], decode_gpus))
-    # A hold is judged with the widest engine: otherwise a band narrower than one engine would force a reconcile.
-    changing = [gpus for now, want, gpus in pools if now != want] or [gpus for _, _, gpus in pools]
-    tolerance = max(changing) if min_gpu_budget >= 0 and max_gpu_budget >= 0 else 0
+    tolerance = _tolerance(current, proposed, (prefill_gpus, decode_gpus), min_gpu_budget, max_gpu_budget)
 
     def in_band(pair: tuple[int, int]) -> bool:
         total = _gpus(pair, prefill_gpus, decode_gpus)
@@ -198,28 +191,7 @@ def guard_gpu_budget(
             ),
         )
 
-    def between(a: int, b: int) -> range:
-        return range(min(a, b), max(a, b) + 1)
-
-    rebalance = (proposed[0] - current[0]) * (proposed[1] - current[1]) < 0
-    share = proposed[0] * prefill_gpus / proposed_gpus if proposed_gpus else 0.0
-    best: tuple[tuple[float, float, int, int], tuple[int, int]] | None = None
-    for num_prefill in between(current[0], proposed[0]):
-        for num_decode in between(current[1], proposed[1]):
-            pair = (num_prefill, num_decode)
-            if not in_band(pair) or num_prefill < prefill_floor or num_decode < decode_floor:
-                continue
-            if rebalance and pair != current and (num_prefill == current[0] or num_decode == current[1]):
-                continue  # both legs of a rebalance or neither
-            total = _gpus(pair, prefill_gpus, decode_gpus)
-            distance = abs(num_prefill - proposed[0]) * prefill_gpus + abs(num_decode - proposed[1]) * decode_gpus
-            # rounded so that mirror-image candidates tie exactly and the scan order decides
-            skew = round(abs((num_prefill * prefill_gpus / total if total else 0.0) - share), 9)
-            progress = abs(num_prefill - current[0]) * prefill_gpus + abs(num_decode - current[1]) * decode_gpus
-            key = (distance, skew, -progress, total)
-            if best is None or key < best[0]:
-                best = (key, pair)
-    result = current if best is None else best[1]
+    result = _closest_fit(current, proposed, in_band, (prefill_gpus, decode_gpus), (prefill_floor, decode_floor))
     if result == current:
         reason = ReasonCode.GPU_BUDGET_GUARD_HOLD
     elif max_gpu_budget >= 0 and proposed_gpus > max_gpu_budget:
@@ -236,6 +208,61 @@ def guard_gpu_budget(
             + ("" if result == current else f" to {result[0]}P+{result[1]}D")
         ),
     )
+
+
+def _tolerance(
+    current: tuple[int, int],
+    proposed: tuple[int, int],
+    widths: tuple[int, int],
+    min_gpu_budget: int,
+    max_gpu_budget: int,
+) -> int:
+    """The GPUs the band's low side yields (`guard_gpu_budget`): the widest engine among the pools that change, or
+    among all pools on a hold; none unless both sides of the band are set."""
+    pools = ((current[0], proposed[0], widths[0]), (current[1], proposed[1], widths[1]))
+    # A hold is judged with the widest engine: otherwise a band narrower than one engine would force a reconcile.
+    changing = [gpus for now, want, gpus in pools if now != want] or [gpus for _, _, gpus in pools]
+    return max(changing) if min_gpu_budget >= 0 and max_gpu_budget >= 0 else 0
+
+
+def _closest_fit(
+    current: tuple[int, int],
+    proposed: tuple[int, int],
+    in_band: Callable[[tuple[int, int]], bool],
+    widths: tuple[int, int],
+    floors: tuple[int, int],
+) -> tuple[int, int]:
+    """The candidate between current and proposed (per pool, inclusive) that fits the band and the (prefill,
+    decode) minimums `floors`, closest to the proposal in GPUs (`widths`: GPUs per engine), then closest in prefill
+    share, then furthest from current, then first in scan order (fewest prefill, then fewest decode). Unlike a
+    proportional clamp, this never moves a pool past its proposal or against it; a down proposal stops at the floor
+    rather than being refused outright. A rebalance (one pool up, the other down) moves both legs or neither.
+    `current` when no other candidate fits (`guard_gpu_budget`)."""
+    prefill_gpus, decode_gpus = widths
+
+    def between(a: int, b: int) -> range:
+        return range(min(a, b), max(a, b) + 1)
+
+    proposed_gpus = _gpus(proposed, prefill_gpus, decode_gpus)
+    rebalance = (proposed[0] - current[0]) * (proposed[1] - current[1]) < 0
+    share = proposed[0] * prefill_gpus / proposed_gpus if proposed_gpus else 0.0
+    best: tuple[tuple[float, float, int, int], tuple[int, int]] | None = None
+    for num_prefill in between(current[0], proposed[0]):
+        for num_decode in between(current[1], proposed[1]):
+            pair = (num_prefill, num_decode)
+            if not in_band(pair) or num_prefill < floors[0] or num_decode < floors[1]:
+                continue
+            if rebalance and pair != current and (num_prefill == current[0] or num_decode == current[1]):
+                continue  # both legs of a rebalance or neither
+            total = _gpus(pair, prefill_gpus, decode_gpus)
+            distance = abs(num_prefill - proposed[0]) * prefill_gpus + abs(num_decode - proposed[1]) * decode_gpus
+            # rounded so that mirror-image candidates tie exactly and the scan order decides
+            skew = round(abs((num_prefill * prefill_gpus / total if total else 0.0) - share), 9)
+            progress = abs(num_prefill - current[0]) * prefill_gpus + abs(num_decode - current[1]) * decode_gpus
+            key = (distance, skew, -progress, total)
+            if best is None or key < best[0]:
+                best = (key, pair)
+    return current if best is None else best[1]
 
 
 def _reconcile(

@@ -23,25 +23,34 @@ Ours, off by default (Dynamo runs each pool at its searched capacity):
   curve of a quiet window says nothing about the size of the next burst (scaling it up by the forecast turned
   80 requests seen into 11 engines on the Azure code trace). One prompt is computed by one engine, so it delays
   the others by at most one engine's share of the interval: the arrival curve counts each prompt up to what one
-  engine computes in `L + T'` (`TrafficObservation`, where the source knows the engine rate), so a clump of long
-  prompts raises the pool by about one engine each, not by their whole length.
+  engine computes in `L + T'` (derived in the tick from the arrivals the source recorded, `with_prompt_curve`),
+  so a clump of long prompts raises the pool by about one engine each, not by their whole length.
 - burst sizing of aggregated engines (the same rule, `component=DECODE`): an aggregated engine computes prompts
   under its decode batch, so `mu` is its prompt rate at the operating point the capacity search chose
   (`planner_core.perf.capacity.agg_operating_prompt_rate`: `MBT - b` prompt tokens per mixed iteration with `b`
   requests decoding) and `T'` the TTFT target less one such iteration. KV hits and the prefill target utilisation
   raise and derate `mu` as they do for a prefill pool (the pool's own target utilisation is in its mean-rate size,
   and `mu` is already taken at the full operating batch, not at the lower batch that utilisation leaves), and the
-  source caps each prompt at the same engine's share.
+  curve caps each prompt at the same engine's share.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-from planner_core.arrivals import PromptCap
+from planner_core.arrivals import PromptCap, prompt_arrival_curve, recorded_request_arrivals
 from planner_core.config import LengthSizing, PlannerConfig, PlannerMode
-from planner_core.domain import Component, Prediction, ReasonCode, StepName, StepRecord, TrafficObservation
+from planner_core.domain import (
+    PROMPT_ARRIVAL_INTERVALS_S,
+    Component,
+    Prediction,
+    ReasonCode,
+    StepName,
+    StepRecord,
+    TrafficObservation,
+)
 from planner_core.perf.capacity import agg_operating_prompt_rate, full_chunk_prefill_rate
 from planner_core.perf.forward import ForwardPassModel
 from planner_core.perf.protocol import ThroughputPerfModel
@@ -282,7 +291,7 @@ def engine_prompt_rate(
     prompt iterations (KV hits not discounted): a prefill engine computes full chunks of `max_num_batched_tokens`
     (`full_chunk_prefill_rate`); an aggregated engine computes prompts under its decode batch, at the operating
     point the capacity search chooses for the shape (`agg_operating_prompt_rate`). The burst rule's engine rate
-    (with the model in force) and a source's prompt cap (`prompt_cap`, with the bootstrap model) both start here."""
+    (with the model in force) and the curve's prompt cap (`prompt_cap`, with the bootstrap model) both start here."""
     if config.mode is PlannerMode.AGG:
         rate = agg_operating_prompt_rate(
             model,
@@ -301,7 +310,7 @@ def engine_prompt_rate(
 def prompt_cap(
     config: PlannerConfig, perf: ThroughputPerfModel | None, traffic: TrafficObservation
 ) -> PromptCap | None:
-    """How a traffic source counts each prompt in the arrival curve for this planner (`planner_core.arrivals`):
+    """How the tick counts each prompt in the arrival curve for this policy (`with_prompt_curve`):
     one engine's prompt tokens/s and the slack `T'`, from the bootstrap forward-pass model (the engines as
     profiled; KV hits not discounted, the prompt tokens counted are the ones that arrive).
 
@@ -327,6 +336,22 @@ def prompt_cap(
     if not tokens_per_s > 0:
         return None
     return PromptCap(engine_prompt_tokens_per_s=tokens_per_s, slack_s=burst_slack_s(config.ttft_ms, iteration_s))
+
+
+def with_prompt_curve(
+    config: PlannerConfig, perf: ThroughputPerfModel | None, traffic: TrafficObservation
+) -> TrafficObservation:
+    """`traffic` with the prompt-arrival curve this policy reads, derived from the arrivals the source recorded
+    (`TrafficObservation.prompt_arrivals`), each prompt counted up to this policy's engine share (`prompt_cap`):
+    the tick calls it, so a replay under another config derives the curve again. Every curve field is replaced
+    (an interval the arrivals cannot show is None). Without recorded arrivals (a source without timestamps, or a
+    tick stored before they were recorded) `traffic` is returned as it is: its stored curve, if any, stands."""
+    record = traffic.prompt_arrivals
+    if record is None:
+        return traffic
+    cap = prompt_cap(config, perf, traffic)
+    curve = prompt_arrival_curve(recorded_request_arrivals(record), record.start_s, record.end_s, cap=cap)
+    return dataclasses.replace(traffic, **{name: curve.get(name) for name in PROMPT_ARRIVAL_INTERVALS_S})
 
 
 def burst_prefill_replicas(

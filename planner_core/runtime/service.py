@@ -348,7 +348,13 @@ def run_tick(
         outcome = decide(ctx, inputs, state, clock=time.monotonic)
         decide_ms = (time.perf_counter() - started) * 1000.0
         # What the out-of-process plugins answered is part of what the tick saw: replay reads it from the record.
-        inputs = dataclasses.replace(inputs, remote=take_remote_answers(ctx.planner))
+        # The observation is stored with the curve the tick derived from its recorded arrivals (the traffic
+        # columns and reports read it); replay derives it again from the arrivals, under the config it replays.
+        inputs = dataclasses.replace(
+            inputs,
+            remote=take_remote_answers(ctx.planner),
+            traffic=None if traffic is None else ctx.planner.traffic_features(traffic),
+        )
         if ctx.plugin_load_errors:
             # A plugin that could not be loaded did not run in this tick either: say so first in its explanation.
             load_steps = tuple(error.as_step() for error in ctx.plugin_load_errors)

@@ -83,6 +83,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from planner_core.arrivals import with_arrivals
 from planner_core.config import PlannerConfig, PlannerMode
 from planner_core.domain import (
     Component,
@@ -320,9 +321,9 @@ def window_observation(
     queue_ms: float | None = None,
 ) -> TrafficObservation:
     """What a planner observes of the window [start_s, end_s): the trace's arrivals and lengths in it
-    (`RequestTrace.observe`), the engine's mean TTFT/ITL and prefix-cache hit rate over it, and, with a `planner`,
-    the traffic features it reads from the requests' arrivals (`Planner.observed`: the prompt-arrival curve at its
-    engine rate). The one path by which both bench engines (this simulator and Dynamo's replay,
+    (`RequestTrace.observe`), the engine's mean TTFT/ITL and prefix-cache hit rate over it, and, for a `planner`,
+    the requests' arrivals as recorded (`planner_core.arrivals.with_arrivals`: its tick derives the prompt-arrival
+    curve from them at its engine rate). The one path by which both bench engines (this simulator and Dynamo's replay,
     `planner_core.lab.sim.dynamo_engine`) build a tick's observation; they differ only in where the latency
     figures come from. The frontend's TTFT tail and queue time (`ttft_ms_p95`, `ttft_ms_p99`, `queue_ms`) are None
     where the engine does not measure them."""
@@ -338,7 +339,7 @@ def window_observation(
     )
     if planner is None:
         return observed
-    return planner.observed(observed, trace.arrivals(start_s, end_s), start_s, end_s)
+    return with_arrivals(observed, trace.arrivals(start_s, end_s), start_s, end_s)
 
 
 class ClusterSimulator:
@@ -492,9 +493,8 @@ class ClusterSimulator:
     def observe(self, start_s: float, end_s: float, *, planner: Planner | None = None) -> TrafficObservation:
         """The frontend's view of [start_s, end_s): arrivals, lengths, the mean TTFT/ITL of requests whose
         first token (TTFT) or last token (ITL) came in the window, their p95/p99 TTFT and the mean time the window's
-        requests waited for a first token (`queue_ms`, counted up to the window's end); with a `planner`, also the
-        traffic features it reads from the requests' arrivals (`Planner.observed`: the prompt-arrival curve at its
-        engine rate)."""
+        requests waited for a first token (`queue_ms`, counted up to the window's end); for a `planner`, also the
+        requests' arrivals its tick derives the prompt-arrival curve from (`window_observation`)."""
         first = (self._first_token_s >= start_s) & (self._first_token_s < end_s)
         done = (self._finish_s >= start_s) & (self._finish_s < end_s) & (self._osl > 1)
         ttft_ms = float(np.mean(self._ttft_s[first]) * 1000.0) if first.any() else None

@@ -4,9 +4,9 @@
 `TraceReplaySource` replays a request trace against the wall clock (the trace loops), for running the served
 deployments without a real frontend. `collect_traffic` picks the configured one and never raises for missing
 data: it returns a `CollectedTraffic` without an observation and the reason, so the tick records
-`no_traffic_data` and holds. Given the `Planner`, both sources also give the window's prompt-arrival curve
-(`Planner.observed` over their `arrivals`); when only that fails, the observation comes without it and with a
-`curve_problem`.
+`no_traffic_data` and holds. Given the `Planner`, both sources also record the window's request arrivals with
+the observation (`planner_core.arrivals.with_arrivals` over their `arrivals`), which the tick derives the
+prompt-arrival curve from; when only that fails, the observation comes without them and with a `curve_problem`.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def collect_traffic(
     planner: Planner | None = None,
 ) -> CollectedTraffic | None:
     """Traffic of the window from the configured source; None when no source is configured. With the `planner`
-    that will decide on it, the observation carries the window's prompt-arrival curve (`collect_safely`).
+    that will decide on it, the observation carries the window's request arrivals, which its tick derives the
+    prompt-arrival curve from (`collect_safely`).
 
     Prometheus when the config's `metric_pulling_prometheus_endpoint` or `PLANNER_PROMETHEUS_ENDPOINT` names one,
     else the trace of `PLANNER_TRACE`. A Prometheus source that cannot be built (an unreadable CA bundle) is

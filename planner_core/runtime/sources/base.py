@@ -6,9 +6,10 @@ not "no data": it is an observation with `num_req` 0. `collect_safely` turns the
 `CollectedTraffic` without an observation, so the tick records `no_traffic_data` and holds: missing data never
 scales anything down.
 
-A source that also has `arrivals(window_start, window_end)` (an `ArrivalSource`) gives, with a `Planner`, the
-window's prompt-arrival curve (`Planner.observed`). When only that fails, the observation is kept without the
-curve and `curve_problem` says why: the tick then sizes on the mean rate (`burst_unavailable`), which is honest,
+A source that also has `arrivals(window_start, window_end)` (an `ArrivalSource`) records, for a `Planner`, the
+window's request arrivals with the observation as they are (`planner_core.arrivals.with_arrivals`: no policy in
+them); the tick derives the prompt-arrival curve from them. When only the arrivals fail, the observation is kept
+without them and `curve_problem` says why: the tick then sizes on the mean rate (`burst_unavailable`), which is honest,
 rather than holding on traffic it has.
 """
 
@@ -19,7 +20,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from planner_core.arrivals import RequestArrivals
+from planner_core.arrivals import RequestArrivals, with_arrivals
 from planner_core.domain import TrafficObservation
 from planner_core.runtime.redact import redact_text
 
@@ -95,9 +96,9 @@ def collect_safely(
 ) -> CollectedTraffic:
     """Collect one window; a `TrafficUnavailable` becomes an empty result carrying the reason.
 
-    With a `planner` and a source that has arrivals, the observation carries the window's prompt-arrival curve
-    (`Planner.observed`, on the epoch-seconds clock); when only the arrivals fail, it is kept without the curve
-    and `curve_problem` says why.
+    With a `planner` and a source that has arrivals, the observation carries the window's request arrivals
+    (`with_arrivals`, on the epoch-seconds clock), which the tick derives the prompt-arrival curve from; when only
+    the arrivals fail, it is kept without them and `curve_problem` says why.
     """
     try:
         observation = source.collect(window_start, window_end)
@@ -109,5 +110,5 @@ def collect_safely(
         arrivals = source.arrivals(window_start, window_end)
     except TrafficUnavailable as exc:
         return CollectedTraffic(observation=observation, curve_problem=f"{exc.kind.value}: {exc.detail}")
-    observed = planner.observed(observation, arrivals, window_start.timestamp(), window_end.timestamp())
+    observed = with_arrivals(observation, arrivals, window_start.timestamp(), window_end.timestamp())
     return CollectedTraffic(observation=observed)

@@ -753,8 +753,8 @@ class PrometheusTrafficSource:
 
     def arrivals(self, window_start: dt.datetime, window_end: dt.datetime) -> RequestArrivals:
         """The requests of [window_start - LOOKBACK_S, window_end], rebuilt from the counters at the arrival
-        resolution (module docstring), on the epoch-seconds clock: what `Planner.observed` computes the window's
-        prompt-arrival curve from.
+        resolution (module docstring), on the epoch-seconds clock: what the window's observation records
+        (`with_arrivals`, as the per-step counts) and the tick derives the prompt-arrival curve from.
 
         Raises:
             TrafficUnavailable: no usable answer (unreachable, refused, malformed, missing series, invalid values),

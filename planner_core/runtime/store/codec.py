@@ -52,6 +52,7 @@ from planner_core.domain import (
     Prediction,
     QueuedRequests,
     ReasonCode,
+    RecordedArrivals,
     RemoteAnswer,
     ReplicaOverride,
     ReplicaProposal,
@@ -222,6 +223,7 @@ def inputs_from_stored(data: Mapping[str, Any], loop: Loop, scheduled_s: float) 
 _DATACLASSES: dict[str, type] = {
     cls.__name__: cls
     for cls in (
+        RecordedArrivals,
         TrafficObservation,
         WorkerCounts,
         ScheduledRequests,

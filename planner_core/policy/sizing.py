@@ -1,0 +1,524 @@
+"""Throughput sizing as one pure function: each pool's replicas for the forecast, stage by stage.
+
+`size_pools(request)` is what the throughput loop's PROPOSE plugin (`planner_core.pipeline.builtin`) asks. It runs
+the stages in a fixed order, each a function that returns its value and its steps and changes nothing it is given:
+
+1. shape: the request shape the pools are sized for (`sizing_shape`);
+2. capacity: each pool's size at the forecast rate, on the engines' forward-pass capacity (Dynamo 1.x,
+   `size_on_engine_capacity`) or on the profile's interpolated throughput (Dynamo 0.x, `size_on_interpolation`);
+3. bursts (ours, optional): the pool that computes prompts raised to drain the observed prompt bursts within the
+   TTFT target (`size_for_bursts`);
+4. horizon (ours, optional): each need raised by its learned start-up-horizon headroom (`raise_for_horizon`);
+5. hold (ours, optional): each pool at its largest need of the last hold seconds (`hold_scale_down`);
+6. margin (ours, optional): a shrinking pool kept until its need clears a hysteresis margin (`scale_down_margin`);
+7. bounds: minimum endpoints and the change cap (`bound_pools`).
+
+Between stages the sizes travel as `PoolSizes`: the rounded size of each pool, and where the sizing knows them, its
+need before rounding up (the scale-down margin reads it) and its need on the window just observed (the horizon
+headroom learns from it). The outcome is the bounded targets, or None (hold) when no model can size the pools,
+with the steps in the order the stages ran and the planner state the horizon and the hold leave.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from planner_core.config import PlannerConfig, PlannerMode, ThroughputAlgorithm, managed_components
+from planner_core.domain import (
+    Component,
+    PerfModelRole,
+    PlannerState,
+    Prediction,
+    ReasonCode,
+    SizedNeed,
+    StepName,
+    StepRecord,
+    TickInputs,
+    TrafficObservation,
+)
+from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, min_endpoints
+from planner_core.policy.horizon import horizon_headroom, pool_startup_s, record_window
+from planner_core.policy.throughput import (
+    CorrectionFactors,
+    RequestShape,
+    ThroughputPerfModel,
+    ThroughputTargets,
+    burst_prefill_replicas,
+    calculate_replicas,
+    correction_factors,
+    engine_prompt_rate,
+    replicas_for_engine_rps,
+    sizing_shape,
+    with_headroom,
+)
+
+if TYPE_CHECKING:
+    from planner_core.perf.capacity import RoleCapacity
+    from planner_core.perf.forward import ForwardPassModel
+
+__all__ = [
+    "MODEL_STEP",
+    "ROLE_OF_POOL",
+    "PoolSizes",
+    "SizingOutcome",
+    "SizingRequest",
+    "bound_pools",
+    "forward_model_for",
+    "hold_scale_down",
+    "raise_for_horizon",
+    "scale_down_margin",
+    "size_for_bursts",
+    "size_on_engine_capacity",
+    "size_on_interpolation",
+    "size_pools",
+    "target_utilization",
+]
+
+MODEL_STEP = StepName.FORWARD_PASS_MODEL
+ROLE_OF_POOL = {Component.PREFILL: PerfModelRole.PREFILL, Component.DECODE: PerfModelRole.DECODE}
+Steps = tuple[StepRecord, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SizingRequest:
+    """What the sizing reads: the policy and its perf model, the tick's inputs, the state, and the forecast."""
+
+    config: PlannerConfig
+    perf: ThroughputPerfModel | None
+    inputs: TickInputs
+    state: PlannerState
+    prediction: Prediction
+
+    @property
+    def traffic(self) -> TrafficObservation:
+        traffic = self.inputs.traffic
+        assert traffic is not None  # a forecast exists only when the window was observed
+        return traffic
+
+    @property
+    def window_s(self) -> float:
+        """The observed window's own length: a late or short collection must not distort the request rate."""
+        traffic = self.traffic
+        return traffic.duration_s if traffic.duration_s > 0 else self.config.throughput_adjustment_interval_seconds
+
+    @property
+    def components(self) -> tuple[Component, ...]:
+        return managed_components(self.config.mode)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolSizes:
+    """Each pool's size between stages (rounded up), with its need before rounding up where the sizing knows it
+    (`unrounded`, for the scale-down margin) and its need on the window just observed (`observed`, engine-capacity
+    sizing only, for the horizon headroom). Stages build new mappings; none is changed in place."""
+
+    sized: Mapping[Component, int]
+    unrounded: Mapping[Component, float] = dataclasses.field(default_factory=dict)
+    observed: Mapping[Component, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SizingOutcome:
+    """The bounded targets per managed pool (None: no model could size them, hold), the steps in stage order and
+    the planner state the horizon and the hold leave."""
+
+    desired: Mapping[Component, int] | None
+    steps: Steps
+    state: PlannerState
+
+
+def size_pools(request: SizingRequest) -> SizingOutcome:
+    """Size every managed pool for the forecast, stage by stage (module docstring)."""
+    config, state = request.config, request.state
+    shape, shape_step = sizing_shape(request.prediction, config.throughput_length_sizing)
+    steps: Steps = (shape_step,)
+    if config.throughput_algorithm is ThroughputAlgorithm.ENGINE_CAPACITY:
+        sizes, stage_steps = size_on_engine_capacity(request, shape)
+    else:
+        sizes, stage_steps = size_on_interpolation(request, shape)
+    steps += stage_steps
+    if sizes is None:
+        return SizingOutcome(desired=None, steps=steps, state=state)
+    if config.throughput_prefill_burst_sizing:
+        sizes, stage_steps = size_for_bursts(request, shape, sizes)
+        steps += stage_steps
+    if config.throughput_horizon_quantile > 0 and sizes.observed:
+        # before the hold and the margin: the raised size is a need the hold keeps, and the headroom is added to
+        # the need before rounding up (a headroom of 0.01 engine must not add a whole engine the hold ignores)
+        sizes, state, stage_steps = raise_for_horizon(request, state, sizes)
+        steps += stage_steps
+    if config.throughput_scale_down_hold_seconds > 0:
+        sizes, state, stage_steps = hold_scale_down(request, state, sizes)
+        steps += stage_steps
+    if config.throughput_scale_down_margin > 0:
+        sizes, stage_steps = scale_down_margin(request, sizes)
+        steps += stage_steps
+    desired, stage_steps = bound_pools(request, sizes)
+    return SizingOutcome(desired=desired, steps=steps + stage_steps, state=state)
+
+
+# --- capacity ----------------------------------------------------------------------------------------------------
+
+
+def size_on_interpolation(request: SizingRequest, shape: RequestShape) -> tuple[PoolSizes | None, Steps]:
+    """Dynamo 0.x: tokens/s/GPU interpolated from the profile (optionally with correction factors)."""
+    config, inputs, perf = request.config, request.inputs, request.perf
+    if perf is None or config.mode is PlannerMode.AGG:
+        detail = (
+            "no profile loaded" if perf is None else "aggregated capacity needs throughput_algorithm: engine_capacity"
+        )
+        return None, (StepRecord(step=StepName.CAPACITY, reason=ReasonCode.MODEL_NOT_READY, detail=detail),)
+    targets = ThroughputTargets(
+        ttft_ms=config.capacity_ttft_ms,
+        itl_ms=config.capacity_itl_ms,
+        window_s=request.window_s,
+        prefill_gpus_per_engine=config.prefill_gpus_per_engine,
+        decode_gpus_per_engine=config.decode_gpus_per_engine,
+    )
+    steps: Steps = ()
+    correction = CorrectionFactors()
+    if config.throughput_algorithm is ThroughputAlgorithm.INTERPOLATION_CORRECTED:
+        correction, correction_steps = correction_factors(request.traffic, inputs.workers.ready(Component.DECODE), perf)
+        steps += tuple(correction_steps)
+    sized: dict[Component, int] = {}
+    for component in request.components:
+        sized[component], sizing_steps = calculate_replicas(
+            component,
+            request.prediction,
+            targets,
+            perf,
+            shape=shape,
+            correction=correction,
+            target_utilization=target_utilization(config, component),
+        )
+        steps += tuple(sizing_steps)
+    return PoolSizes(sized=sized), steps
+
+
+def size_on_engine_capacity(request: SizingRequest, shape: RequestShape) -> tuple[PoolSizes | None, Steps]:
+    """Dynamo 1.x: requests/s per engine searched on a forward-pass model; every pool or none (a pool whose model
+    cannot answer holds its partner too). Each pool's need at the observed request rate (engines, before rounding
+    up) goes into `observed`."""
+    config, perf = request.config, request.perf
+    demand_rps = request.prediction.num_req / request.window_s
+    observed_rps = request.traffic.num_req / request.window_s
+    bootstrap = perf.forward_pass_model() if perf is not None else None
+    profiled_kv = perf.profiled_max_kv_tokens() if perf is not None else None
+    steps: Steps = ()
+    sized: dict[Component, int] = {}
+    unrounded: dict[Component, float] = {}
+    observed: dict[Component, float] = {}
+    not_ready: list[Component] = []
+    for component in request.components:
+        model, model_step = forward_model_for(request.state, config.mode, component, bootstrap)
+        steps += (model_step,)
+        if model is None:
+            not_ready.append(component)
+            continue
+        capacity = _pool_capacity(request, shape, component, model, profiled_kv)
+        steps += tuple(capacity.steps)
+        if not capacity.usable:
+            not_ready.append(component)
+            continue
+        utilization = target_utilization(config, component)
+        pool_demand_rps, headroom_step = with_headroom(component, demand_rps, utilization)
+        if headroom_step is not None:
+            steps += (headroom_step,)
+        sized[component], step = replicas_for_engine_rps(
+            component, pool_demand_rps, capacity.requests_per_s, capacity.detail
+        )
+        steps += (step,)
+        if capacity.requests_per_s > 0:
+            unrounded[component] = pool_demand_rps / capacity.requests_per_s
+            observed[component] = observed_rps / utilization / capacity.requests_per_s
+    if not_ready:
+        partners = tuple(
+            StepRecord(
+                step=StepName.CAPACITY,
+                component=component,
+                reason=ReasonCode.PARTNER_NOT_READY,
+                detail="held with the pool whose model cannot answer",
+            )
+            for component in request.components
+            if component not in not_ready
+        )
+        return None, steps + partners
+    return PoolSizes(sized=sized, unrounded=unrounded, observed=observed), steps
+
+
+def _pool_capacity(
+    request: SizingRequest,
+    shape: RequestShape,
+    component: Component,
+    model: ForwardPassModel,
+    profiled_kv: int | None,
+) -> RoleCapacity:
+    """One engine's capacity in `component`'s pool at the sizing shape (`planner_core.perf.capacity`)."""
+    from planner_core.perf.capacity import agg_capacity, decode_capacity, prefill_capacity
+
+    config, state = request.config, request.state
+    limits = config.engine_limits(component, profiled_max_kv_tokens=profiled_kv)
+    if config.mode is PlannerMode.AGG:
+        return agg_capacity(
+            model,
+            limits,
+            isl=shape.isl,
+            osl=max(1.0, shape.osl),
+            ttft_ms=config.capacity_ttft_ms,
+            itl_ms=config.capacity_itl_ms,
+            kv_hit_rate=state.last_kv_hit_rate,
+            accept_length=state.last_accept_length,
+        )
+    if component is Component.PREFILL:
+        return prefill_capacity(
+            model, limits, isl=shape.isl, ttft_ms=config.capacity_ttft_ms, kv_hit_rate=state.last_kv_hit_rate
+        )
+    return decode_capacity(
+        model,
+        limits,
+        isl=shape.isl,
+        osl=max(1.0, shape.osl),
+        itl_ms=config.capacity_itl_ms,
+        accept_length=state.last_accept_length,
+    )
+
+
+# --- bursts ------------------------------------------------------------------------------------------------------
+
+
+def size_for_bursts(request: SizingRequest, shape: RequestShape, sizes: PoolSizes) -> tuple[PoolSizes, Steps]:
+    """Ours: raise the pool that computes prompts (prefill, or the aggregated engines, scaled as the decode pool)
+    so the observed prompt bursts drain within the TTFT target (`burst_prefill_replicas`), at the engine rate of
+    `burst_engine_rate`. The window's own burst need (the curve not shrunk to the forecast) goes into `observed`."""
+    config, prediction, traffic = request.config, request.prediction, request.traffic
+    component = Component.DECODE if config.mode is PlannerMode.AGG else Component.PREFILL
+    if component not in sizes.sized:
+        return sizes, ()
+    mean_rate_replicas = sizes.sized[component]
+    engine_tokens_per_s, iteration_s = burst_engine_rate(request, shape, component)
+    rule = {
+        "mean_rate_replicas": mean_rate_replicas,
+        "ttft_ms": config.ttft_ms,
+        "engine_prompt_tokens_per_s": engine_tokens_per_s,
+        "iteration_s": iteration_s,
+        "component": component,
+    }
+    replicas, step, burst_need = burst_prefill_replicas(
+        traffic, prediction.num_req * prediction.isl / request.window_s, **rule
+    )
+    unrounded, observed = dict(sizes.unrounded), dict(sizes.observed)
+    if burst_need is not None:
+        unrounded[component] = max(unrounded.get(component, 0.0), burst_need)
+        # growth 1: the curve as observed
+        _, _, observed_need = burst_prefill_replicas(
+            traffic, traffic.num_req * traffic.isl / traffic.duration_s, **rule
+        )
+        if observed_need is not None:
+            observed[component] = max(observed.get(component, 0.0), observed_need)
+    sized = {**sizes.sized, component: replicas}
+    return PoolSizes(sized=sized, unrounded=unrounded, observed=observed), (step,)
+
+
+def burst_engine_rate(request: SizingRequest, shape: RequestShape, component: Component) -> tuple[float, float]:
+    """Prompt tokens/s one engine of `component`'s pool computes for the burst rule, KV hits discounted and
+    derated by the prefill target utilisation, and the wall time (s) of one of its prompt iterations; (0, 0)
+    without a forward-pass model.
+
+    A prefill engine: a full chunk of the prefill model in force (online, else bootstrap). An aggregated engine:
+    its prompt rate under the decode batch `agg_capacity` chose at the sizing shape
+    (`agg_operating_prompt_rate`); the pool's own (decode) utilisation is already in the mean-rate size, and the
+    rate is taken at the full operating batch."""
+    from planner_core.perf.capacity import effective_kv_hit_rate
+
+    config, state, perf = request.config, request.state, request.perf
+    bootstrap = perf.forward_pass_model() if perf is not None else None
+    model, _ = forward_model_for(state, config.mode, component, bootstrap)
+    if model is None:
+        return 0.0, 0.0
+    tokens_per_s, iteration_s = engine_prompt_rate(
+        config,
+        model,
+        perf.profiled_max_kv_tokens() if perf is not None else None,
+        isl=shape.isl,
+        osl=shape.osl,
+        kv_hit_rate=state.last_kv_hit_rate,
+        accept_length=state.last_accept_length,
+    )
+    hit, _ = effective_kv_hit_rate(state.last_kv_hit_rate, component)
+    # the target utilisation derates the engine for bursts as for the mean rate
+    return tokens_per_s / (1.0 - hit) * config.throughput_prefill_target_utilization, iteration_s
+
+
+# --- horizon, hold, margin -----------------------------------------------------------------------------------------
+
+
+def raise_for_horizon(
+    request: SizingRequest, state: PlannerState, sizes: PoolSizes
+) -> tuple[PoolSizes, PlannerState, Steps]:
+    """Ours: each pool's need before rounding up raised by its learned headroom for its start-up horizon
+    (`planner_core.policy.horizon`), then rounded: `max(size, ceil(need + headroom))`. It runs before the scale-down
+    hold and margin, so the raised size is a need the hold keeps, and the returned `unrounded` is the raised need
+    the margin measures. The need before the headroom (what the sizing alone planned: the residuals measure its
+    shortfall) and the observed need are recorded in the state; a pool without an unrounded need plans its size.
+    Each pool gets a `horizon` step with the headroom and the size it gives."""
+    config, sized = request.config, sizes.sized
+    planned = {component: sizes.unrounded.get(component, float(value)) for component, value in sized.items()}
+    windows = record_window(state.horizon_windows, request.inputs.now_s, planned, dict(sizes.observed))
+    raised, unrounded = dict(sized), dict(sizes.unrounded)
+    steps: Steps = ()
+    for component in request.components:
+        if component not in sizes.observed:
+            continue
+        startup_s, startup_step = pool_startup_s(state.startup, component, config.throughput_startup_seconds)
+        headroom, headroom_step = horizon_headroom(
+            windows,
+            startup_s=startup_s,
+            interval_s=float(config.throughput_adjustment_interval_seconds),
+            quantile=config.throughput_horizon_quantile,
+            component=component,
+        )
+        need = planned[component] + headroom
+        raised[component] = max(sized[component], math.ceil(need - 1e-9))
+        if component in unrounded:
+            unrounded[component] = need
+        detail = (
+            f"{headroom_step.detail}; need {planned[component]:.3f} + {headroom:.3f} = {need:.3f} engines: "
+            f"size max({sized[component]}, ceil({need:.3f})) = {raised[component]}"
+        )
+        steps += (startup_step, dataclasses.replace(headroom_step, detail=detail))
+    next_sizes = PoolSizes(sized=raised, unrounded=unrounded, observed=sizes.observed)
+    return next_sizes, dataclasses.replace(state, horizon_windows=windows), steps
+
+
+def hold_scale_down(
+    request: SizingRequest, state: PlannerState, sizes: PoolSizes
+) -> tuple[PoolSizes, PlannerState, Steps]:
+    """Ours: each pool at the largest need sized over the last `throughput_scale_down_hold_seconds` (this tick's
+    included); needs older than that are forgotten. Needs are recorded before this hold, so a held size never
+    holds itself. With no need recorded yet (the planner's first sizing), the pools' current sizes count as a need
+    of this tick too: the deployment was sized for its traffic, and the planner has seen only one window of it."""
+    inputs, sized = request.inputs, sizes.sized
+    hold_s = request.config.throughput_scale_down_hold_seconds
+    now_s = inputs.now_s
+    need = SizedNeed(at_s=now_s, num_prefill=sized.get(Component.PREFILL, 0), num_decode=sized.get(Component.DECODE, 0))
+    recent = tuple(n for n in state.recent_throughput_needs if now_s - n.at_s < hold_s and n.at_s <= now_s)
+    if not state.recent_throughput_needs:
+        components = request.components
+        current = SizedNeed(
+            at_s=now_s,
+            num_prefill=inputs.workers.expected_prefill if Component.PREFILL in components else 0,
+            num_decode=inputs.workers.expected_decode if Component.DECODE in components else 0,
+        )
+        recent = (current,)
+    recent = (*recent, need)
+    held: dict[Component, int] = {}
+    steps: Steps = ()
+    for component, value in sized.items():
+        field_name = "num_prefill" if component is Component.PREFILL else "num_decode"
+        largest = max(getattr(n, field_name) for n in recent)
+        held[component] = max(value, largest)
+        step = StepRecord(
+            step=StepName.SCALE_DOWN_HOLD,
+            component=component,
+            value=held[component],
+            reason=ReasonCode.SCALE_DOWN_HELD if largest > value else ReasonCode.WITHIN_RANGE,
+            detail=f"need {value}; largest need of the last {hold_s:g} s: {largest} ({len(recent)} ticks)",
+        )
+        steps += (step,)
+    next_sizes = dataclasses.replace(sizes, sized=held)
+    return next_sizes, dataclasses.replace(state, recent_throughput_needs=recent), steps
+
+
+def scale_down_margin(request: SizingRequest, sizes: PoolSizes) -> tuple[PoolSizes, Steps]:
+    """Ours: a pool below its current size shrinks only as far as its need before rounding up stays at most
+    m x (1 - margin) of the new size m: `min(current, max(sized, ceil(need / (1 - margin))))`. Hysteresis: a need
+    of 2.05 raises a pool to 3, and only a need under 1.8 (margin 0.1) brings it back to 2, so a steady load whose
+    need wanders around an integer does not flap. Pools growing, or without an unrounded need, are left alone."""
+    margin = request.config.throughput_scale_down_margin
+    held = dict(sizes.sized)
+    steps: Steps = ()
+    for component, value in sizes.sized.items():
+        current = request.inputs.workers.expected(component)
+        need = sizes.unrounded.get(component)
+        if need is None or value >= current:
+            continue
+        floor = min(current, max(value, math.ceil(need / (1.0 - margin) - 1e-9)))
+        held[component] = floor
+        step = StepRecord(
+            step=StepName.SCALE_DOWN_HOLD,
+            component=component,
+            value=floor,
+            reason=ReasonCode.SCALE_DOWN_HELD if floor > value else ReasonCode.WITHIN_RANGE,
+            detail=(
+                f"scale-down margin {margin:g}: need {need:.3f} engines; "
+                f"min({current}, max({value}, ceil({need:.3f} / {1.0 - margin:g}))) = {floor}"
+            ),
+        )
+        steps += (step,)
+    return dataclasses.replace(sizes, sized=held), steps
+
+
+# --- bounds ------------------------------------------------------------------------------------------------------
+
+
+def bound_pools(request: SizingRequest, sizes: PoolSizes) -> tuple[dict[Component, int], Steps]:
+    """Each managed pool raised to its minimum endpoints, its change capped per tick, and raised again (a cap may
+    undercut the floor)."""
+    config, workers = request.config, request.inputs.workers
+    floors = min_endpoints(config)
+    desired: dict[Component, int] = {}
+    steps: Steps = ()
+    for component in request.components:
+        value, floor_step = bound_min_endpoint(component, sizes.sized[component], floors[component])
+        value, rate_step = bound_change_rate(
+            component, value, workers.expected(component), config.max_throughput_scaling_replicas
+        )
+        value, refloor_step = bound_min_endpoint(component, value, floors[component])
+        steps += (floor_step, rate_step, refloor_step)
+        desired[component] = value
+    return desired, steps
+
+
+# --- models ------------------------------------------------------------------------------------------------------
+
+
+def target_utilization(config: PlannerConfig, component: Component) -> float:
+    """The pool's throughput-sizing target utilisation (the aggregated pool is sized as decode)."""
+    if component is Component.PREFILL:
+        return config.throughput_prefill_target_utilization
+    return config.throughput_decode_target_utilization
+
+
+def forward_model_for(
+    state: PlannerState, mode: PlannerMode, component: Component, bootstrap: ForwardPassModel | None
+) -> tuple[ForwardPassModel | None, StepRecord]:
+    """The bootstrap chain for one pool, and a step saying which model answers: the online regression once its
+    fit is ready, else the bootstrap model (perf table or profile), else none (recorded, so the audit trail shows
+    when the engines' own metrics were not used yet)."""
+    from planner_core.perf.online import OnlineForwardPassModel
+
+    role = PerfModelRole.AGG if mode is PlannerMode.AGG else ROLE_OF_POOL[component]
+    online_state = getattr(state.perf_models, role.value)
+    online = OnlineForwardPassModel(online_state)
+    samples = f"{len(online_state.samples)} samples"
+    if online.is_ready():
+        detail = f"the online {role.value} regression answers ({samples})"
+        return online, StepRecord(
+            step=MODEL_STEP, component=component, reason=ReasonCode.PERF_MODEL_READY, detail=detail
+        )
+    why = f"the online {role.value} model is {online_state.readiness.value} ({samples})"
+    if bootstrap is None:
+        detail = f"{why} and there is no bootstrap model"
+        return None, StepRecord(
+            step=MODEL_STEP, component=component, reason=ReasonCode.INSUFFICIENT_DATA, detail=detail
+        )
+    return bootstrap, StepRecord(
+        step=MODEL_STEP,
+        component=component,
+        reason=ReasonCode.PERF_MODEL_BOOTSTRAP,
+        detail=f"{why}: {type(bootstrap).__name__} answers",
+    )

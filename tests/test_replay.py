@@ -293,8 +293,8 @@ def test_a_what_if_replay_derives_the_prompt_curve_again_from_the_recorded_arriv
     recorded arrivals; and ticks stored before arrivals were recorded read their stored curve as it is."""
     from planner_core.config import load_config
     from planner_core.domain import Loop
-    from planner_core.runtime.store.codec import inputs_from_stored
     from planner_core.planner import build_planner
+    from planner_core.runtime.store.codec import inputs_from_stored
 
     recorded_config = write_config(tmp_path, throughput_prefill_burst_sizing=True)
     times = record_simulated_run(

@@ -49,7 +49,6 @@ import numpy as np
 
 from planner_core.domain import Component, ForwardPassMetrics, QueuedRequests, ScheduledRequests, WorkerCounts
 from planner_core.lab.sim.bench import (
-    DynamoPlannerPolicy,
     FixedPolicy,
     OraclePolicy,
     PolicyRun,
@@ -58,7 +57,13 @@ from planner_core.lab.sim.bench import (
     score,
 )
 from planner_core.lab.sim.des import SimResult, SimSpec, window_observation
-from planner_core.lab.sim.dynamo_policy import DYNAMO_PYTHON_ENV, DYNAMO_VERSION, DynamoPlannerError, find_dynamo_python
+from planner_core.lab.sim.dynamo_policy import (
+    DYNAMO_PYTHON_ENV,
+    DYNAMO_VERSION,
+    DynamoPlannerError,
+    DynamoPlannerPolicy,
+    find_dynamo_python,
+)
 from planner_core.lab.sim.oracle import OracleSettings, OracleWindow, size_both_pools
 from planner_core.planner import Planner
 from planner_core.traces import RequestTrace

@@ -207,35 +207,8 @@ def replay(
     with engine.connect() as reader, engine.connect() as writer:
         # One consistent snapshot of the history, however long the replay takes; never written.
         reader.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
-        deployment_id = reader.scalar(text("SELECT id FROM deployments WHERE name = :name"), {"name": deployment})
-        if deployment_id is None:
-            raise ValueError(f"--deployment = {deployment!r}: no such deployment")
-        range_params = {"deployment_id": deployment_id, "start": start, "end": end}
-        total, first_id, last_id = reader.execute(
-            text(
-                "SELECT count(*), min(id), max(id) FROM ticks WHERE deployment_id = :deployment_id "
-                "AND scheduled_at >= :start AND scheduled_at < :end"
-            ),
-            range_params,
-        ).one()
-        run_id = writer.scalar(
-            text(
-                """INSERT INTO replay_runs (deployment_id, range_start, range_end, mode, config_source, config_hash,
-                                            config_body, profile_dir, code_version, num_ticks, num_identical,
-                                            num_differing, num_skipped, elapsed_s)
-                   VALUES (:deployment_id, :start, :end, :mode, :source, :hash, :body, :profile, :code,
-                           0, 0, 0, 0, 0) RETURNING id"""
-            ),
-            {
-                **range_params,
-                "mode": mode.value,
-                "source": contexts.source,
-                "hash": contexts.what_if_hash,
-                "body": json.dumps(contexts.what_if_body) if contexts.what_if_body is not None else None,
-                "profile": str(profile_dir) if profile_dir is not None else None,
-                "code": code_version()[:120],
-            },
-        )
+        range_params, total, first_id, last_id = _tick_range(reader, deployment, start, end)
+        run_id = _insert_run(writer, range_params, mode, contexts, profile_dir)
         comparer = _Comparer(reader, contexts, mode)
         rows = _with_states(
             reader,
@@ -243,38 +216,10 @@ def replay(
                 text(_TICKS_SQL), {**range_params, "first_id": first_id or 0, "last_id": last_id or 0}
             ),
         )
-        counts = {outcome: 0 for outcome in ReplayTickOutcome}
-        differences: list[TickDifference] = []
-        pending: list[tuple] = []
-        done = 0
-        for result in comparer.run(rows):
-            counts[result.outcome] += 1
-            if result.outcome is not ReplayTickOutcome.IDENTICAL:
-                differences.append(result.difference)
-            pending.append(result.copy_row(run_id))
-            done += 1
-            if len(pending) >= _COPY_BATCH:
-                _copy_replay_ticks(writer, pending)
-                pending.clear()
-            if on_progress is not None and (done % 500 == 0 or done == total):
-                on_progress(done, total)
-        _copy_replay_ticks(writer, pending)
+        counts, differences, done = _replay_ticks(comparer, rows, writer, run_id, total, on_progress)
         reader.rollback()
         elapsed_s = time.perf_counter() - started
-        writer.execute(
-            text(
-                """UPDATE replay_runs SET finished_at = now(), num_ticks = :n, num_identical = :same,
-                          num_differing = :diff, num_skipped = :skip, elapsed_s = :elapsed WHERE id = :id"""
-            ),
-            {
-                "id": run_id,
-                "n": done,
-                "same": counts[ReplayTickOutcome.IDENTICAL],
-                "diff": counts[ReplayTickOutcome.DIFFERING],
-                "skip": counts[ReplayTickOutcome.SKIPPED],
-                "elapsed": elapsed_s,
-            },
-        )
+        _finish_run(writer, run_id, done, counts, elapsed_s)
         writer.commit()
     if on_progress is not None and done != total:
         on_progress(done, done)
@@ -289,6 +234,96 @@ def replay(
         num_skipped=counts[ReplayTickOutcome.SKIPPED],
         elapsed_s=elapsed_s,
         differences=tuple(differences),
+    )
+
+
+def _tick_range(
+    reader: Connection, deployment: str, start: dt.datetime, end: dt.datetime
+) -> tuple[dict[str, Any], int, int | None, int | None]:
+    """The deployment's range query parameters, and how many ticks it holds and their first and last ids."""
+    deployment_id = reader.scalar(text("SELECT id FROM deployments WHERE name = :name"), {"name": deployment})
+    if deployment_id is None:
+        raise ValueError(f"--deployment = {deployment!r}: no such deployment")
+    range_params = {"deployment_id": deployment_id, "start": start, "end": end}
+    total, first_id, last_id = reader.execute(
+        text(
+            "SELECT count(*), min(id), max(id) FROM ticks WHERE deployment_id = :deployment_id "
+            "AND scheduled_at >= :start AND scheduled_at < :end"
+        ),
+        range_params,
+    ).one()
+    return range_params, total, first_id, last_id
+
+
+def _insert_run(
+    writer: Connection, range_params: dict[str, Any], mode: ReplayMode, contexts: _Contexts, profile_dir: Path | None
+) -> int:
+    """Record the replay run (its figures zero until `_finish_run`); its id."""
+    return writer.scalar(
+        text(
+            """INSERT INTO replay_runs (deployment_id, range_start, range_end, mode, config_source, config_hash,
+                                        config_body, profile_dir, code_version, num_ticks, num_identical,
+                                        num_differing, num_skipped, elapsed_s)
+               VALUES (:deployment_id, :start, :end, :mode, :source, :hash, :body, :profile, :code,
+                       0, 0, 0, 0, 0) RETURNING id"""
+        ),
+        {
+            **range_params,
+            "mode": mode.value,
+            "source": contexts.source,
+            "hash": contexts.what_if_hash,
+            "body": json.dumps(contexts.what_if_body) if contexts.what_if_body is not None else None,
+            "profile": str(profile_dir) if profile_dir is not None else None,
+            "code": code_version()[:120],
+        },
+    )
+
+
+def _replay_ticks(
+    comparer: _Comparer,
+    rows: Iterator[Any],
+    writer: Connection,
+    run_id: int,
+    total: int,
+    on_progress: Callable[[int, int], None] | None,
+) -> tuple[dict[ReplayTickOutcome, int], list[TickDifference], int]:
+    """Replay and compare every tick, copying the results in batches: (count per outcome, the differences, ticks
+    done)."""
+    counts = {outcome: 0 for outcome in ReplayTickOutcome}
+    differences: list[TickDifference] = []
+    pending: list[tuple] = []
+    done = 0
+    for result in comparer.run(rows):
+        counts[result.outcome] += 1
+        if result.outcome is not ReplayTickOutcome.IDENTICAL:
+            differences.append(result.difference)
+        pending.append(result.copy_row(run_id))
+        done += 1
+        if len(pending) >= _COPY_BATCH:
+            _copy_replay_ticks(writer, pending)
+            pending.clear()
+        if on_progress is not None and (done % 500 == 0 or done == total):
+            on_progress(done, total)
+    _copy_replay_ticks(writer, pending)
+    return counts, differences, done
+
+
+def _finish_run(
+    writer: Connection, run_id: int, done: int, counts: dict[ReplayTickOutcome, int], elapsed_s: float
+) -> None:
+    writer.execute(
+        text(
+            """UPDATE replay_runs SET finished_at = now(), num_ticks = :n, num_identical = :same,
+                      num_differing = :diff, num_skipped = :skip, elapsed_s = :elapsed WHERE id = :id"""
+        ),
+        {
+            "id": run_id,
+            "n": done,
+            "same": counts[ReplayTickOutcome.IDENTICAL],
+            "diff": counts[ReplayTickOutcome.DIFFERING],
+            "skip": counts[ReplayTickOutcome.SKIPPED],
+            "elapsed": elapsed_s,
+        },
     )
 
 

@@ -122,8 +122,8 @@ def test_planners_start_at_the_oracle_first_size_without_searching_the_whole_tra
 ) -> None:
     """Without the oracle, static-peak or static-mean among the policies, `initial="oracle"` searches only the first
     window (plus its tail), and starts the planners at the size the whole search would have chosen."""
-    import planner_core.lab.sim.bench as bench
     import planner_core.lab.sim.oracle as oracle
+    import planner_core.lab.sim.policies as policies
 
     trace = from_first_request(busy_trace(900, 600.0))
     base = {"throughput_adjustment_interval_seconds": 60}
@@ -139,7 +139,7 @@ def test_planners_start_at_the_oracle_first_size_without_searching_the_whole_tra
 
         return run
 
-    monkeypatch.setattr(bench, "oracle_windows", recording(oracle.oracle_windows))
+    monkeypatch.setattr(policies, "oracle_windows", recording(oracle.oracle_windows))
     monkeypatch.setattr(oracle, "oracle_windows", recording(oracle.oracle_windows))
     (alone,) = build_policies(["planner"], base, trace, profile_perf, FWD, SimSpec(), window_s=60)
     assert isinstance(oracle_policy, OraclePolicy) and isinstance(alone, PlannerPolicy)

@@ -263,6 +263,16 @@ def accuracy_report(
 
     `include_grid_loo=False` skips Dynamo 0.x's decode-grid leave-one-out (it rebuilds a cubic grid per point).
     """
+    errors = [*_loo_errors(profile, include_grid_loo), *_in_sample_errors(profile)]
+    disagg, agg = _online_states(profile)
+    errors += _online_errors(profile, disagg, agg)
+    shape = f"ISL {isl:g} / OSL {osl:g} under TTFT {ttft_ms:g} ms / ITL {itl_ms:g} ms"
+    rows = capacity_comparison(profile, isl=isl, osl=osl, ttft_ms=ttft_ms, itl_ms=itl_ms, online=disagg)
+    return AccuracyReport(source=profile.source_dir, errors=tuple(errors), capacity_shape=shape, capacity=rows)
+
+
+def _loo_errors(profile: EngineProfile, include_grid_loo: bool) -> list[ErrorSummary]:
+    """Leave-one-out errors: the profile model's prefill TTFT and decode ITL, and Dynamo 0.x's decode grid."""
     errors: list[ErrorSummary] = []
     prefill = profile.prefill
 
@@ -294,7 +304,14 @@ def accuracy_report(
                 decode_labels,
             )
         )
+    return errors
 
+
+def _in_sample_errors(profile: EngineProfile) -> list[ErrorSummary]:
+    """In-sample errors: the profile model's prefill TTFT and decode ITL, and Dynamo 0.x's decode grid."""
+    errors: list[ErrorSummary] = []
+    prefill = profile.prefill
+    batch, kv_tokens, itl_measured, decode_labels = _decode_points(profile.decode)
     model = ProfileForwardPassModel.from_engine_profile(profile)
     isl_values = [float(v) for v in prefill.isl]
     ttft_measured = [float(v) for v in prefill.ttft_ms]
@@ -324,8 +341,16 @@ def accuracy_report(
             decode_labels,
         )
     )
+    return errors
 
-    disagg, agg = _online_states(profile)
+
+def _online_errors(profile: EngineProfile, disagg: OnlinePerfState, agg: OnlinePerfState) -> list[ErrorSummary]:
+    """Errors of the online regressions fitted on the bootstrap forward-pass metrics (the ready ones)."""
+    errors: list[ErrorSummary] = []
+    isl_values = [float(v) for v in profile.prefill.isl]
+    ttft_measured = [float(v) for v in profile.prefill.ttft_ms]
+    isl_labels = [f"ISL {v:g}" for v in isl_values]
+    batch, kv_tokens, itl_measured, decode_labels = _decode_points(profile.decode)
     online_prefill = OnlineForwardPassModel(disagg.prefill)
     online_decode = OnlineForwardPassModel(disagg.decode)
     online_agg = OnlineForwardPassModel(agg.agg)
@@ -344,10 +369,7 @@ def accuracy_report(
         else:
             predicted = [online.decode_wall_s(b, k) * 1000.0 for b, k in zip(batch, kv_tokens, strict=True)]
             errors.append(summarize(name, predicted, itl_measured, decode_labels))
-
-    shape = f"ISL {isl:g} / OSL {osl:g} under TTFT {ttft_ms:g} ms / ITL {itl_ms:g} ms"
-    rows = capacity_comparison(profile, isl=isl, osl=osl, ttft_ms=ttft_ms, itl_ms=itl_ms, online=disagg)
-    return AccuracyReport(source=profile.source_dir, errors=tuple(errors), capacity_shape=shape, capacity=rows)
+    return errors
 
 
 def capacity_comparison(

@@ -296,24 +296,7 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m planner_core.lab.ttft_gap", description=__doc__.split("\n")[0])
-    parser.add_argument("--trace", default="code", help="code, conv, mooncake or a trace file")
-    parser.add_argument("--rate-scale", type=float, default=4.0)
-    parser.add_argument("--ttft-ms", type=float, default=500.0)
-    parser.add_argument("--window", type=int, default=9, help="window index (windows of --window-s from 0)")
-    parser.add_argument("--window-s", type=float, default=180.0)
-    parser.add_argument("--context-s", type=float, default=60.0, help="replayed before and after the window")
-    parser.add_argument("--prefill", default="4-9", help="prefill sizes: 4-9 or 5,7")
-    parser.add_argument("--decode", type=int, default=1)
-    parser.add_argument("--target", type=float, default=0.99, help="attainment a size must reach")
-    parser.add_argument("--dynamo-routers", default="round_robin,kv_router")
-    parser.add_argument("--sim-routers", default="least_loaded,round_robin")
-    parser.add_argument("--dynamo-python", default=None)
-    parser.add_argument("--policy", default=None,
-                        help="also run this bench policy (e.g. planner) over the whole trace on our simulator with "
-                        "each router, at our prefill speed and at Dynamo's measured one")  # fmt: skip
-    parser.add_argument("--itl-ms", type=float, default=50.0)
-    parser.add_argument("--json", type=Path, default=None)
+    parser = _parser()
     args = parser.parse_args(argv)
     sizes = parse_sizes(args.prefill)
 
@@ -332,21 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     max_kv_tokens = perf.profiled_max_kv_tokens() or FALLBACK_MAX_KV_TOKENS
     spec = SimSpec(prefill_limits=EngineLimits(), decode_limits=EngineLimits(max_kv_tokens=max_kv_tokens),
                    startup_s=0.0)  # fmt: skip
-    isl = np.asarray(trace.isl[own], dtype=float)
-    window = {
-        "trace": args.trace, "rate_scale": args.rate_scale, "index": args.window, "start_s": start_s,
-        "end_s": end_s, "num_requests": own.stop - own.start, "rate_rps": (own.stop - own.start) / args.window_s,
-        "isl_mean": float(isl.mean()), "isl_p90": float(np.percentile(isl, 90)),
-        "isl_p99": float(np.percentile(isl, 99)),
-        "prompt_tok_s": float(isl.sum()) / args.window_s,
-        # what one of our prefill engines computes flat out: full iterations of max_num_batched_tokens
-        "sim_prefill_capacity_tok_s": spec.prefill_limits.max_num_batched_tokens
-        / fwd.prefill_wall_s(spec.prefill_limits.max_num_batched_tokens),
-    }  # fmt: skip
-    print(f"window {args.window} [{start_s:g}, {end_s:g}) s: {window['num_requests']} requests, "
-          f"{window['rate_rps']:.2f} req/s, ISL mean {window['isl_mean']:.0f} p90 {window['isl_p90']:.0f} p99 "
-          f"{window['isl_p99']:.0f}, {window['prompt_tok_s']:.0f} prompt tok/s; our engine flat out "
-          f"{window['sim_prefill_capacity_tok_s']:.0f} tok/s")  # fmt: skip
+    window = _window_summary(args, trace, own, start_s, end_s, spec, fwd)
     runs: list[dict[str, Any]] = []
     dynamo_routers = [r for r in args.dynamo_routers.split(",") if r]
     bridge = ReplayBridge(args.dynamo_python) if dynamo_routers else None
@@ -385,14 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if bridge is not None:
             bridge.close()
-    needed = {}
-    for engine, router in dict.fromkeys((r["engine"], r["router"]) for r in runs):
-        met = {r["num_prefill"]: r["met"] for r in runs if (r["engine"], r["router"]) == (engine, router)}
-        fewest = fewest_meeting(met, args.target)
-        needed[f"{engine}/{router}"] = fewest
-        rps = f"{window['rate_rps'] / fewest:.2f} req/s per engine at the window's mean rate" if fewest else "not met"
-        print(f"fewest prefill meeting {args.target:.0%} of the window within {args.ttft_ms:g} ms: {engine}/{router}: "
-              f"{fewest} ({rps})")  # fmt: skip
+    needed = _fewest_needed(runs, window, target=args.target, ttft_ms=args.ttft_ms)
     whole = []
     if args.policy:
         slowdown = capacity["sim_tok_s"] / capacity.get("dynamo_tok_s", capacity["sim_tok_s"])
@@ -403,6 +365,71 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=1) + "\n",
                              encoding="utf-8")  # fmt: skip
     return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m planner_core.lab.ttft_gap", description=__doc__.split("\n")[0])
+    parser.add_argument("--trace", default="code", help="code, conv, mooncake or a trace file")
+    parser.add_argument("--rate-scale", type=float, default=4.0)
+    parser.add_argument("--ttft-ms", type=float, default=500.0)
+    parser.add_argument("--window", type=int, default=9, help="window index (windows of --window-s from 0)")
+    parser.add_argument("--window-s", type=float, default=180.0)
+    parser.add_argument("--context-s", type=float, default=60.0, help="replayed before and after the window")
+    parser.add_argument("--prefill", default="4-9", help="prefill sizes: 4-9 or 5,7")
+    parser.add_argument("--decode", type=int, default=1)
+    parser.add_argument("--target", type=float, default=0.99, help="attainment a size must reach")
+    parser.add_argument("--dynamo-routers", default="round_robin,kv_router")
+    parser.add_argument("--sim-routers", default="least_loaded,round_robin")
+    parser.add_argument("--dynamo-python", default=None)
+    parser.add_argument("--policy", default=None,
+                        help="also run this bench policy (e.g. planner) over the whole trace on our simulator with "
+                        "each router, at our prefill speed and at Dynamo's measured one")  # fmt: skip
+    parser.add_argument("--itl-ms", type=float, default=50.0)
+    parser.add_argument("--json", type=Path, default=None)
+    return parser
+
+
+def _window_summary(
+    args: argparse.Namespace,
+    trace: RequestTrace,
+    own: slice,
+    start_s: float,
+    end_s: float,
+    spec: SimSpec,
+    fwd: ForwardPassModel,
+) -> dict[str, Any]:
+    """The window's figures (requests, rate, ISL, prompt tokens/s, our prefill engine flat out), printed."""
+    isl = np.asarray(trace.isl[own], dtype=float)
+    window = {
+        "trace": args.trace, "rate_scale": args.rate_scale, "index": args.window, "start_s": start_s,
+        "end_s": end_s, "num_requests": own.stop - own.start, "rate_rps": (own.stop - own.start) / args.window_s,
+        "isl_mean": float(isl.mean()), "isl_p90": float(np.percentile(isl, 90)),
+        "isl_p99": float(np.percentile(isl, 99)),
+        "prompt_tok_s": float(isl.sum()) / args.window_s,
+        # what one of our prefill engines computes flat out: full iterations of max_num_batched_tokens
+        "sim_prefill_capacity_tok_s": spec.prefill_limits.max_num_batched_tokens
+        / fwd.prefill_wall_s(spec.prefill_limits.max_num_batched_tokens),
+    }  # fmt: skip
+    print(f"window {args.window} [{start_s:g}, {end_s:g}) s: {window['num_requests']} requests, "
+          f"{window['rate_rps']:.2f} req/s, ISL mean {window['isl_mean']:.0f} p90 {window['isl_p90']:.0f} p99 "
+          f"{window['isl_p99']:.0f}, {window['prompt_tok_s']:.0f} prompt tok/s; our engine flat out "
+          f"{window['sim_prefill_capacity_tok_s']:.0f} tok/s")  # fmt: skip
+    return window
+
+
+def _fewest_needed(
+    runs: list[dict[str, Any]], window: Mapping[str, Any], *, target: float, ttft_ms: float
+) -> dict[str, int | None]:
+    """Per engine and router, the fewest prefill engines meeting `target` of the window within `ttft_ms`, printed."""
+    needed = {}
+    for engine, router in dict.fromkeys((r["engine"], r["router"]) for r in runs):
+        met = {r["num_prefill"]: r["met"] for r in runs if (r["engine"], r["router"]) == (engine, router)}
+        fewest = fewest_meeting(met, target)
+        needed[f"{engine}/{router}"] = fewest
+        rps = f"{window['rate_rps'] / fewest:.2f} req/s per engine at the window's mean rate" if fewest else "not met"
+        print(f"fewest prefill meeting {target:.0%} of the window within {ttft_ms:g} ms: {engine}/{router}: "
+              f"{fewest} ({rps})")  # fmt: skip
+    return needed
 
 
 def _print_row(row: Mapping[str, Any]) -> None:

@@ -4,8 +4,9 @@ arbitration recorded per round.
 One control plane ticks many deployments (`flows.fleet`); this module holds what it does with the database, so the
 flow stays orchestration only and tests and the scale benchmark call the same code without Prefect:
 
-- the registry (`fleet_members`, `fleet_budget`): `add_member`, `remove_member`, `list_members`, `set_budget`;
-  `read_fleet_folder` and `sync_members` register a folder of config files (GitOps: the folder is the fleet);
+- the registry (`fleet_members`, `fleet_budget`; in `planner_core.runtime.fleet_registry`, re-exported here):
+  `add_member`, `remove_member`, `list_members`, `set_budget`; `read_fleet_folder` and `sync_members` register a
+  folder of config files (GitOps: the folder is the fleet);
 - `ContextCache`: each member's `PlannerContext`, loaded once per process and again when its config file changes;
 - `due_ticks`: each member's loops on their own intervals, aligned to the epoch, so a slot's scheduled time is the
   tick's identity (a second control plane, or a retry, finds the tick recorded and skips it);
@@ -31,11 +32,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from planner_core.config import PlannerConfig, load_config
+from planner_core.config import PlannerConfig
 from planner_core.domain import Loop
 from planner_core.policy.arbitration import (
     ArbitrationRound,
@@ -46,6 +47,21 @@ from planner_core.policy.arbitration import (
     round_to_jsonable,
 )
 from planner_core.policy.bounds import guard_gpu_budget
+from planner_core.runtime.fleet_registry import (
+    CONFIG_SUFFIXES,
+    FleetError,
+    FleetMember,
+    FolderMember,
+    SyncPlan,
+    add_member,
+    get_budget,
+    list_members,
+    plan_sync,
+    read_fleet_folder,
+    remove_member,
+    set_budget,
+    sync_members,
+)
 from planner_core.runtime.service import (
     PlannerContext,
     TickResult,
@@ -60,237 +76,11 @@ from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.models import (
     ArbitrationGrantRow,
     ArbitrationRoundRow,
+    DecisionRow,
     Deployment,
-    FleetBudgetRow,
-    FleetMemberRow,
 )
 from planner_core.runtime.store.partitions import TICK_TABLES as PARTITIONED_TICK_TABLES
 from planner_core.runtime.store.partitions import partition_start
-
-
-class FleetError(ValueError):
-    """A registry command that cannot be done (one line naming the deployment, the field and the value)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FleetMember:
-    """A registered deployment and its share of the fleet budget."""
-
-    name: str
-    deployment_id: int
-    config_path: str
-    min_gpus: int
-    max_gpus: int | None
-    priority: int
-    weight: float
-
-
-def _check_share(name: str, min_gpus: int, max_gpus: int | None, weight: float) -> None:
-    if min_gpus < 0:
-        raise FleetError(f"deployment {name!r}: min_gpus must be >= 0, got {min_gpus}")
-    if max_gpus is not None and max_gpus < min_gpus:
-        raise FleetError(f"deployment {name!r}: max_gpus {max_gpus} is below min_gpus {min_gpus}")
-    if not (weight > 0 and math.isfinite(weight)):
-        raise FleetError(f"deployment {name!r}: weight must be a finite number > 0, got {weight}")
-
-
-def add_member(
-    session: Session,
-    name: str,
-    config_path: Path,
-    *,
-    min_gpus: int = 0,
-    max_gpus: int | None = None,
-    priority: int = 0,
-    weight: float = 1.0,
-) -> FleetMember:
-    """Register (or update) `name` to run `config_path` in the fleet; the config is loaded and checked first.
-
-    Raises:
-        ConfigError: the config file is bad (one line).
-        FleetError: the share is bad (one line).
-    """
-    _check_share(name, min_gpus, max_gpus, weight)
-    path = str(config_path.resolve())
-    loaded = load_config(path)
-    deployment = repo.ensure_deployment(session, name, loaded.policy)
-    values = {
-        "config_path": path,
-        "min_gpus": min_gpus,
-        "max_gpus": max_gpus,
-        "priority": priority,
-        "weight": weight,
-    }
-    session.execute(
-        pg_insert(FleetMemberRow)
-        .values(deployment_id=deployment.id, **values)
-        .on_conflict_do_update(index_elements=["deployment_id"], set_=values)
-    )
-    repo.audit(session, "fleet_member_added", {"name": name, **values}, deployment_id=deployment.id)
-    return FleetMember(name=name, deployment_id=deployment.id, **values)
-
-
-def remove_member(session: Session, name: str) -> bool:
-    """Take `name` out of the fleet (its ticks and decisions stay); False when it was not a member."""
-    deployment = repo.find_deployment(session, name)
-    if deployment is None:
-        return False
-    row = session.get(FleetMemberRow, deployment.id)
-    if row is None:
-        return False
-    session.delete(row)
-    repo.audit(session, "fleet_member_removed", {"name": name}, deployment_id=deployment.id)
-    return True
-
-
-CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
-
-
-@dataclass(frozen=True, slots=True)
-class FolderMember:
-    """A deployment as a folder of config files declares it: the file, and the name and share of its `fleet:`."""
-
-    name: str
-    config_path: Path
-    min_gpus: int
-    max_gpus: int | None
-    priority: int
-    weight: float
-
-
-def read_fleet_folder(folder: Path) -> list[FolderMember]:
-    """Every config file (`.yaml`, `.yml`, `.json`) directly in `folder`, loaded and checked, by name.
-
-    A file's deployment is named by its `fleet.name`, else by the file's name without the suffix; its share comes
-    from `fleet:` (defaults: min 0, no max, priority 0, weight 1). Files starting with `.` are skipped.
-
-    Raises:
-        FleetError: the folder is missing or holds no config file, or two files name the same deployment (one line).
-        ConfigError: a file is bad (one line starting with its path).
-    """
-    if not folder.is_dir():
-        raise FleetError(f"{folder}: not a folder")
-    paths = sorted(
-        path
-        for path in folder.iterdir()
-        if path.is_file() and path.suffix.lower() in CONFIG_SUFFIXES and not path.name.startswith(".")
-    )
-    if not paths:
-        raise FleetError(f"{folder}: no config file ({', '.join(CONFIG_SUFFIXES)}) in it")
-    members: dict[str, FolderMember] = {}
-    for path in paths:
-        share = load_config(path).service.fleet
-        name = share.name if share is not None and share.name is not None else path.stem
-        if name in members:
-            raise FleetError(f"{path}: deployment {name!r} is also declared by {members[name].config_path}")
-        members[name] = FolderMember(
-            name=name,
-            config_path=path.resolve(),
-            min_gpus=0 if share is None else share.min_gpus,
-            max_gpus=None if share is None else share.max_gpus,
-            priority=0 if share is None else share.priority,
-            weight=1.0 if share is None else share.weight,
-        )
-    return list(members.values())
-
-
-@dataclass(frozen=True, slots=True)
-class SyncPlan:
-    """What `sync_members` does (or would do), each by name: members added, updated (file or share changed), left as
-    they were, removed (registered but not in the folder, with `prune`), and kept (not in the folder, no `prune`)."""
-
-    added: tuple[str, ...]
-    updated: tuple[str, ...]
-    unchanged: tuple[str, ...]
-    removed: tuple[str, ...]
-    kept: tuple[str, ...]
-
-
-def plan_sync(current: list[FleetMember], declared: list[FolderMember], *, prune: bool) -> SyncPlan:
-    """Compare the registry with a folder's declarations (pure)."""
-    registered = {m.name: m for m in current}
-    added, updated, unchanged = [], [], []
-    for member in declared:
-        old = registered.get(member.name)
-        if old is None:
-            added.append(member.name)
-        elif (old.config_path, old.min_gpus, old.max_gpus, old.priority, old.weight) != (
-            str(member.config_path), member.min_gpus, member.max_gpus, member.priority, member.weight
-        ):  # fmt: skip
-            updated.append(member.name)
-        else:
-            unchanged.append(member.name)
-    names = {m.name for m in declared}
-    others = tuple(sorted(name for name in registered if name not in names))
-    return SyncPlan(
-        added=tuple(sorted(added)),
-        updated=tuple(sorted(updated)),
-        unchanged=tuple(sorted(unchanged)),
-        removed=others if prune else (),
-        kept=() if prune else others,
-    )
-
-
-def sync_members(session: Session, declared: list[FolderMember], *, prune: bool, dry_run: bool = False) -> SyncPlan:
-    """Make the registry match a folder's declarations, in the caller's transaction (all of it, or nothing if a
-    step fails); with `prune`, members the folder does not declare are removed (their records stay)."""
-    plan = plan_sync(list_members(session), declared, prune=prune)
-    if dry_run:
-        return plan
-    by_name = {m.name: m for m in declared}
-    for name in (*plan.added, *plan.updated):
-        member = by_name[name]
-        add_member(
-            session, name, member.config_path, min_gpus=member.min_gpus, max_gpus=member.max_gpus,
-            priority=member.priority, weight=member.weight,
-        )  # fmt: skip
-    for name in plan.removed:
-        remove_member(session, name)
-    return plan
-
-
-def list_members(session: Session) -> list[FleetMember]:
-    """Every member, by name."""
-    rows = session.execute(
-        select(Deployment.name, FleetMemberRow).join(Deployment, Deployment.id == FleetMemberRow.deployment_id)
-    ).all()
-    return sorted(
-        (
-            FleetMember(
-                name=name,
-                deployment_id=row.deployment_id,
-                config_path=row.config_path,
-                min_gpus=row.min_gpus,
-                max_gpus=row.max_gpus,
-                priority=row.priority,
-                weight=row.weight,
-            )
-            for name, row in rows
-        ),
-        key=lambda member: member.name,
-    )
-
-
-def set_budget(session: Session, budget_gpus: int | None) -> None:
-    """Set the fleet's GPU budget; None removes it (nothing is arbitrated then)."""
-    if budget_gpus is not None and budget_gpus < 0:
-        raise FleetError(f"fleet budget: budget_gpus must be >= 0, got {budget_gpus}")
-    existing = session.get(FleetBudgetRow, 1)
-    if budget_gpus is None:
-        if existing is not None:
-            session.delete(existing)
-    else:
-        session.execute(
-            pg_insert(FleetBudgetRow)
-            .values(id=1, budget_gpus=budget_gpus)
-            .on_conflict_do_update(index_elements=["id"], set_={"budget_gpus": budget_gpus, "updated_at": func.now()})
-        )
-    repo.audit(session, "fleet_budget_set", {"budget_gpus": budget_gpus})
-
-
-def get_budget(session: Session) -> int | None:
-    row = session.get(FleetBudgetRow, 1)
-    return None if row is None else row.budget_gpus
 
 
 class ContextCache:
@@ -489,31 +279,15 @@ def arbitrate_round(
     decisions_of = repo.pending_decisions_of(session, [member.deployment_id for member in members])
     wanted_of = _wanted_this_round(session, scheduled_at, [member.deployment_id for member in members])
     for member in members:
-        ctx = contexts[member.name]
-        workers = ctx.connector.worker_counts(session, member.deployment_id, default=default_workers(ctx.config))
-        now_counts = (workers.expected_prefill, workers.expected_decode)
-        decisions = decisions_of.get(member.deployment_id, [])
-        newest = decisions[-1] if decisions else None
-        proposed = now_counts
-        if newest is not None:
-            proposed = (
-                now_counts[0] if newest.target_prefill is None else newest.target_prefill,
-                now_counts[1] if newest.target_decode is None else newest.target_decode,
-            )
-        wanted = wanted_of.get(member.deployment_id)
-        if wanted is not None:
-            proposed = (wanted.get("prefill", proposed[0]), wanted.get("decode", proposed[1]))
-        pending[member.name], current[member.name] = newest, (now_counts, proposed)
-        claims.append(
-            GpuClaim(
-                deployment=member.name,
-                proposed_gpus=_gpus(ctx.config, *proposed),
-                min_gpus=member.min_gpus,
-                max_gpus=member.max_gpus,
-                priority=member.priority,
-                weight=member.weight,
-            )
+        claim, newest, counts = _member_claim(
+            session,
+            member,
+            contexts[member.name],
+            decisions_of.get(member.deployment_id, []),
+            wanted_of.get(member.deployment_id),
         )
+        pending[member.name], current[member.name] = newest, counts
+        claims.append(claim)
     arbitration = ArbitrationRound(budget_gpus=budget_gpus, claims=tuple(claims))
     grants = arbitrate(arbitration)
     round_id = session.scalar(
@@ -527,52 +301,98 @@ def arbitrate_round(
     by_name = {member.name: member for member in members}
     for grant in grants:
         member, decision = by_name[grant.deployment], pending[grant.deployment]
-        row = ArbitrationGrantRow(
-            round_id=round_id,
-            deployment_id=member.deployment_id,
-            proposed_gpus=grant.proposed_gpus,
-            request_gpus=grant.request_gpus,
-            granted_gpus=grant.granted_gpus,
-            reason=grant.reason.value,
-        )
-        if decision is not None:
-            config = contexts[grant.deployment].config
-            now_counts, proposed = current[grant.deployment]
-            row.decision_id = decision.id
-            row.proposed_prefill, row.proposed_decode = decision.target_prefill, decision.target_decode
-            if grant.granted_gpus < grant.proposed_gpus:
-                (prefill, decode), step = guard_gpu_budget(
-                    now_counts,
-                    proposed,
-                    prefill_gpus=config.prefill_gpus_per_engine,
-                    decode_gpus=config.decode_gpus_per_engine,
-                    min_gpu_budget=-1,
-                    max_gpu_budget=grant.granted_gpus,
-                    prefill_floor=config.prefill_min_endpoint_effective,
-                    decode_floor=config.decode_min_endpoint_effective,
-                )
-                # a pool the decision left unset stays unset: the cut never scales a pool the planner does not manage
-                decision.target_prefill = None if decision.target_prefill is None else prefill
-                decision.target_decode = None if decision.target_decode is None else decode
-                repo.audit(
-                    session,
-                    "decision_arbitrated",
-                    {
-                        "round_id": round_id,
-                        "granted_gpus": grant.granted_gpus,
-                        "reason": grant.reason.value,
-                        "from": [row.proposed_prefill, row.proposed_decode],
-                        "to": [decision.target_prefill, decision.target_decode],
-                        "guard": step.reason.value,
-                    },
-                    deployment_id=member.deployment_id,
-                    tick_id=decision.tick_id,
-                    decision_id=decision.id,
-                )
-            row.granted_prefill, row.granted_decode = decision.target_prefill, decision.target_decode
-        session.add(row)
+        config = contexts[grant.deployment].config
+        session.add(_grant_row(session, round_id, grant, member, decision, config, current[grant.deployment]))
     session.flush()
     return grants
+
+
+def _member_claim(
+    session: Session,
+    member: FleetMember,
+    ctx: PlannerContext,
+    decisions: list[DecisionRow],
+    wanted: dict[str, int] | None,
+) -> tuple[GpuClaim, DecisionRow | None, tuple[tuple[int, int], tuple[int, int]]]:
+    """One member's claim on the round (`arbitrate_round`), its newest pending decision, and its (expected,
+    proposed) counts: what its tick of this round wanted, else its newest pending decision (pools it leaves unset
+    at their expected count), else its expected counts."""
+    workers = ctx.connector.worker_counts(session, member.deployment_id, default=default_workers(ctx.config))
+    now_counts = (workers.expected_prefill, workers.expected_decode)
+    newest = decisions[-1] if decisions else None
+    proposed = now_counts
+    if newest is not None:
+        proposed = (
+            now_counts[0] if newest.target_prefill is None else newest.target_prefill,
+            now_counts[1] if newest.target_decode is None else newest.target_decode,
+        )
+    if wanted is not None:
+        proposed = (wanted.get("prefill", proposed[0]), wanted.get("decode", proposed[1]))
+    claim = GpuClaim(
+        deployment=member.name,
+        proposed_gpus=_gpus(ctx.config, *proposed),
+        min_gpus=member.min_gpus,
+        max_gpus=member.max_gpus,
+        priority=member.priority,
+        weight=member.weight,
+    )
+    return claim, newest, (now_counts, proposed)
+
+
+def _grant_row(
+    session: Session,
+    round_id: int,
+    grant: GpuGrant,
+    member: FleetMember,
+    decision: DecisionRow | None,
+    config: PlannerConfig,
+    counts: tuple[tuple[int, int], tuple[int, int]],
+) -> ArbitrationGrantRow:
+    """The recorded grant of one member; a pending decision above its grant is cut under it by the member's own GPU
+    guard (`guard_gpu_budget`, its minimum endpoints as floors) and the cut audited."""
+    row = ArbitrationGrantRow(
+        round_id=round_id,
+        deployment_id=member.deployment_id,
+        proposed_gpus=grant.proposed_gpus,
+        request_gpus=grant.request_gpus,
+        granted_gpus=grant.granted_gpus,
+        reason=grant.reason.value,
+    )
+    if decision is not None:
+        now_counts, proposed = counts
+        row.decision_id = decision.id
+        row.proposed_prefill, row.proposed_decode = decision.target_prefill, decision.target_decode
+        if grant.granted_gpus < grant.proposed_gpus:
+            (prefill, decode), step = guard_gpu_budget(
+                now_counts,
+                proposed,
+                prefill_gpus=config.prefill_gpus_per_engine,
+                decode_gpus=config.decode_gpus_per_engine,
+                min_gpu_budget=-1,
+                max_gpu_budget=grant.granted_gpus,
+                prefill_floor=config.prefill_min_endpoint_effective,
+                decode_floor=config.decode_min_endpoint_effective,
+            )
+            # a pool the decision left unset stays unset: the cut never scales a pool the planner does not manage
+            decision.target_prefill = None if decision.target_prefill is None else prefill
+            decision.target_decode = None if decision.target_decode is None else decode
+            repo.audit(
+                session,
+                "decision_arbitrated",
+                {
+                    "round_id": round_id,
+                    "granted_gpus": grant.granted_gpus,
+                    "reason": grant.reason.value,
+                    "from": [row.proposed_prefill, row.proposed_decode],
+                    "to": [decision.target_prefill, decision.target_decode],
+                    "guard": step.reason.value,
+                },
+                deployment_id=member.deployment_id,
+                tick_id=decision.tick_id,
+                decision_id=decision.id,
+            )
+        row.granted_prefill, row.granted_decode = decision.target_prefill, decision.target_decode
+    return row
 
 
 # What each member's ticks of a round wanted, per pool (the higher of its two loops' when both ticked).
@@ -722,3 +542,35 @@ def run_round(
         grants=grants,
         executed=pending,
     )
+
+
+__all__ = [
+    "CONFIG_SUFFIXES",
+    "ContextCache",
+    "DueTick",
+    "FleetError",
+    "FleetMember",
+    "FolderMember",
+    "RoundResult",
+    "SyncPlan",
+    "TICK_TABLES",
+    "add_member",
+    "arbitrate_round",
+    "due_ticks",
+    "finish_round",
+    "fleet_ceilings",
+    "get_budget",
+    "list_members",
+    "loop_intervals_s",
+    "plan_sync",
+    "read_fleet_folder",
+    "remove_member",
+    "replay_round",
+    "run_round",
+    "set_budget",
+    "slot_at",
+    "slot_phase_s",
+    "stored_bytes_per_tick",
+    "sync_members",
+    "tick_fleet_member",
+]

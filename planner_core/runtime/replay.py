@@ -22,6 +22,8 @@ the original decisions (replay does not simulate how the cluster would have reac
 
 Exactness: states and inputs are JSON built from the frozen domain dataclasses; floats round-trip exactly
 through JSONB and Postgres' shortest-exact float output, so the comparison is `==` (NaN equal to NaN).
+
+Comparing a replayed tick with the recorded one is `planner_core.runtime.replay_compare` (pure).
 """
 
 from __future__ import annotations
@@ -41,6 +43,13 @@ from sqlalchemy import Connection, text
 
 from planner_core.config import PlannerConfig, config_hash, load_config, parse_config
 from planner_core.domain import LoadHistory, Loop, PlannerState, TickOutcome
+from planner_core.runtime.replay_compare import (
+    _STATE_REST_FIELDS,
+    _diff,
+    _recorded_form,
+    _replayed_form,
+    _same,
+)
 from planner_core.runtime.service import PlannerContext, context_for_config, decide, initial_state
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.codec import from_jsonable, inputs_from_stored, to_jsonable
@@ -191,35 +200,8 @@ def replay(
     with engine.connect() as reader, engine.connect() as writer:
         # One consistent snapshot of the history, however long the replay takes; never written.
         reader.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
-        deployment_id = reader.scalar(text("SELECT id FROM deployments WHERE name = :name"), {"name": deployment})
-        if deployment_id is None:
-            raise ValueError(f"--deployment = {deployment!r}: no such deployment")
-        range_params = {"deployment_id": deployment_id, "start": start, "end": end}
-        total, first_id, last_id = reader.execute(
-            text(
-                "SELECT count(*), min(id), max(id) FROM ticks WHERE deployment_id = :deployment_id "
-                "AND scheduled_at >= :start AND scheduled_at < :end"
-            ),
-            range_params,
-        ).one()
-        run_id = writer.scalar(
-            text(
-                """INSERT INTO replay_runs (deployment_id, range_start, range_end, mode, config_source, config_hash,
-                                            config_body, profile_dir, code_version, num_ticks, num_identical,
-                                            num_differing, num_skipped, elapsed_s)
-                   VALUES (:deployment_id, :start, :end, :mode, :source, :hash, :body, :profile, :code,
-                           0, 0, 0, 0, 0) RETURNING id"""
-            ),
-            {
-                **range_params,
-                "mode": mode.value,
-                "source": contexts.source,
-                "hash": contexts.what_if_hash,
-                "body": json.dumps(contexts.what_if_body) if contexts.what_if_body is not None else None,
-                "profile": str(profile_dir) if profile_dir is not None else None,
-                "code": code_version()[:120],
-            },
-        )
+        range_params, total, first_id, last_id = _tick_range(reader, deployment, start, end)
+        run_id = _insert_run(writer, range_params, mode, contexts, profile_dir)
         comparer = _Comparer(reader, contexts, mode)
         rows = _with_states(
             reader,
@@ -227,38 +209,10 @@ def replay(
                 text(_TICKS_SQL), {**range_params, "first_id": first_id or 0, "last_id": last_id or 0}
             ),
         )
-        counts = {outcome: 0 for outcome in ReplayTickOutcome}
-        differences: list[TickDifference] = []
-        pending: list[tuple] = []
-        done = 0
-        for result in comparer.run(rows):
-            counts[result.outcome] += 1
-            if result.outcome is not ReplayTickOutcome.IDENTICAL:
-                differences.append(result.difference)
-            pending.append(result.copy_row(run_id))
-            done += 1
-            if len(pending) >= _COPY_BATCH:
-                _copy_replay_ticks(writer, pending)
-                pending.clear()
-            if on_progress is not None and (done % 500 == 0 or done == total):
-                on_progress(done, total)
-        _copy_replay_ticks(writer, pending)
+        counts, differences, done = _replay_ticks(comparer, rows, writer, run_id, total, on_progress)
         reader.rollback()
         elapsed_s = time.perf_counter() - started
-        writer.execute(
-            text(
-                """UPDATE replay_runs SET finished_at = now(), num_ticks = :n, num_identical = :same,
-                          num_differing = :diff, num_skipped = :skip, elapsed_s = :elapsed WHERE id = :id"""
-            ),
-            {
-                "id": run_id,
-                "n": done,
-                "same": counts[ReplayTickOutcome.IDENTICAL],
-                "diff": counts[ReplayTickOutcome.DIFFERING],
-                "skip": counts[ReplayTickOutcome.SKIPPED],
-                "elapsed": elapsed_s,
-            },
-        )
+        _finish_run(writer, run_id, done, counts, elapsed_s)
         writer.commit()
     if on_progress is not None and done != total:
         on_progress(done, done)
@@ -273,6 +227,96 @@ def replay(
         num_skipped=counts[ReplayTickOutcome.SKIPPED],
         elapsed_s=elapsed_s,
         differences=tuple(differences),
+    )
+
+
+def _tick_range(
+    reader: Connection, deployment: str, start: dt.datetime, end: dt.datetime
+) -> tuple[dict[str, Any], int, int | None, int | None]:
+    """The deployment's range query parameters, and how many ticks it holds and their first and last ids."""
+    deployment_id = reader.scalar(text("SELECT id FROM deployments WHERE name = :name"), {"name": deployment})
+    if deployment_id is None:
+        raise ValueError(f"--deployment = {deployment!r}: no such deployment")
+    range_params = {"deployment_id": deployment_id, "start": start, "end": end}
+    total, first_id, last_id = reader.execute(
+        text(
+            "SELECT count(*), min(id), max(id) FROM ticks WHERE deployment_id = :deployment_id "
+            "AND scheduled_at >= :start AND scheduled_at < :end"
+        ),
+        range_params,
+    ).one()
+    return range_params, total, first_id, last_id
+
+
+def _insert_run(
+    writer: Connection, range_params: dict[str, Any], mode: ReplayMode, contexts: _Contexts, profile_dir: Path | None
+) -> int:
+    """Record the replay run (its figures zero until `_finish_run`); its id."""
+    return writer.scalar(
+        text(
+            """INSERT INTO replay_runs (deployment_id, range_start, range_end, mode, config_source, config_hash,
+                                        config_body, profile_dir, code_version, num_ticks, num_identical,
+                                        num_differing, num_skipped, elapsed_s)
+               VALUES (:deployment_id, :start, :end, :mode, :source, :hash, :body, :profile, :code,
+                       0, 0, 0, 0, 0) RETURNING id"""
+        ),
+        {
+            **range_params,
+            "mode": mode.value,
+            "source": contexts.source,
+            "hash": contexts.what_if_hash,
+            "body": json.dumps(contexts.what_if_body) if contexts.what_if_body is not None else None,
+            "profile": str(profile_dir) if profile_dir is not None else None,
+            "code": code_version()[:120],
+        },
+    )
+
+
+def _replay_ticks(
+    comparer: _Comparer,
+    rows: Iterator[Any],
+    writer: Connection,
+    run_id: int,
+    total: int,
+    on_progress: Callable[[int, int], None] | None,
+) -> tuple[dict[ReplayTickOutcome, int], list[TickDifference], int]:
+    """Replay and compare every tick, copying the results in batches: (count per outcome, the differences, ticks
+    done)."""
+    counts = {outcome: 0 for outcome in ReplayTickOutcome}
+    differences: list[TickDifference] = []
+    pending: list[tuple] = []
+    done = 0
+    for result in comparer.run(rows):
+        counts[result.outcome] += 1
+        if result.outcome is not ReplayTickOutcome.IDENTICAL:
+            differences.append(result.difference)
+        pending.append(result.copy_row(run_id))
+        done += 1
+        if len(pending) >= _COPY_BATCH:
+            _copy_replay_ticks(writer, pending)
+            pending.clear()
+        if on_progress is not None and (done % 500 == 0 or done == total):
+            on_progress(done, total)
+    _copy_replay_ticks(writer, pending)
+    return counts, differences, done
+
+
+def _finish_run(
+    writer: Connection, run_id: int, done: int, counts: dict[ReplayTickOutcome, int], elapsed_s: float
+) -> None:
+    writer.execute(
+        text(
+            """UPDATE replay_runs SET finished_at = now(), num_ticks = :n, num_identical = :same,
+                      num_differing = :diff, num_skipped = :skip, elapsed_s = :elapsed WHERE id = :id"""
+        ),
+        {
+            "id": run_id,
+            "n": done,
+            "same": counts[ReplayTickOutcome.IDENTICAL],
+            "diff": counts[ReplayTickOutcome.DIFFERING],
+            "skip": counts[ReplayTickOutcome.SKIPPED],
+            "elapsed": elapsed_s,
+        },
     )
 
 
@@ -359,6 +403,16 @@ class _Result:
             json.dumps(list(fields)) if fields else None,
             (self.difference.detail or None) if self.difference is not None else None,
         )
+
+
+def _history_jsonable(value: Any) -> Any:
+    """`to_jsonable` of a load history, with a fast path for its series (tuples of finite floats, which
+    `to_jsonable` turns into lists of the same floats one call per element)."""
+    if isinstance(value, tuple) and all(type(v) is float and math.isfinite(v) for v in value):
+        return list(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _history_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return to_jsonable(value)
 
 
 def _with_states(reader: Connection, rows: Iterator[Any]) -> Iterator[Any]:
@@ -550,132 +604,3 @@ class _Comparer:
             fields=tuple(fields),
             detail=detail,
         )
-
-
-def _history_jsonable(value: Any) -> Any:
-    """`to_jsonable` of a load history, with a fast path for its series (tuples of finite floats, which
-    `to_jsonable` turns into lists of the same floats one call per element)."""
-    if isinstance(value, tuple) and all(type(v) is float and math.isfinite(v) for v in value):
-        return list(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _history_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    return to_jsonable(value)
-
-
-def _recorded_form(row: Any) -> dict[str, Any]:
-    """The recorded outcome of a tick in the comparable form (what `record_tick` wrote, read back)."""
-    decision = None
-    if row.decision_status is not None:
-        decision = {
-            "target_prefill": row.target_prefill,
-            "target_decode": row.target_decode,
-            "advisory": row.decision_status == "advisory",
-        }
-    return {
-        "reason": row.reason,
-        "decision": decision,
-        "proposals": row.proposals or [],
-        "prediction": _finite(row.prediction),
-        "steps": _finite(row.steps or []),
-    }
-
-
-def _replayed_form(outcome: TickOutcome) -> dict[str, Any]:
-    """A replayed outcome in the same form, as `record_tick` would have written it."""
-    decision = outcome.decision
-    prediction = outcome.prediction
-    return {
-        "reason": outcome.reason.value,
-        "decision": None
-        if decision.is_empty
-        else {
-            "target_prefill": decision.num_prefill,
-            "target_decode": decision.num_decode,
-            "advisory": decision.advisory,
-        },
-        "proposals": [
-            {"component": p.component.value, "current": p.current, "desired": p.desired, "reason": p.reason.value}
-            for p in outcome.proposals
-        ],
-        "prediction": None
-        if prediction is None
-        else {
-            "num_req": prediction.num_req,
-            "isl": prediction.isl,
-            "osl": prediction.osl,
-            "reason": (outcome.prediction_reason or outcome.reason).value,
-            "quantile": prediction.quantile,
-            "isl_quantile": prediction.isl_quantile,
-            "osl_quantile": prediction.osl_quantile,
-        },
-        "steps": [
-            {
-                "step": s.step,
-                "component": s.component.value if s.component is not None else None,
-                "value": s.value,
-                "reason": s.reason.value,
-                "detail": s.detail,
-            }
-            for s in outcome.steps
-        ],
-    }
-
-
-# The state's fields other than its load history (compared field by field; the history is compared apart).
-_STATE_REST_FIELDS = tuple(f.name for f in dataclasses.fields(PlannerState) if f.name != "load_history")
-_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def _finite(value: Any) -> Any:
-    """Postgres writes non-finite doubles into JSON as strings ("NaN"); turn them back into floats."""
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    if isinstance(value, str) and value in _NON_FINITE:
-        return _NON_FINITE[value]
-    return value
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Exact equality of JSON-like values, with NaN equal to NaN."""
-    if a == b:
-        return True
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isnan(a) and math.isnan(b)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return False
-
-
-def _diff(path: str, recorded: Any, replayed: Any, out: list[dict[str, Any]], *, limit: int) -> None:
-    """Append the leaves where `recorded` and `replayed` differ, as {"field", "recorded", "replayed"}, until `out`
-    holds `limit` entries; then one {"field": "<path>...", "note"} entry says more were left out."""
-    if _same(recorded, replayed):
-        return
-    if len(out) >= limit:
-        if not out[-1].get("note"):
-            out.append({"field": f"{path}...", "note": "more differences in this section not listed"})
-        return
-    if isinstance(recorded, dict) and isinstance(replayed, dict):
-        for key in sorted(recorded.keys() | replayed.keys()):
-            _diff(f"{path}.{key}", recorded.get(key), replayed.get(key), out, limit=limit)
-        return
-    if isinstance(recorded, list) and isinstance(replayed, list) and len(recorded) == len(replayed):
-        for index, (a, b) in enumerate(zip(recorded, replayed, strict=True)):
-            _diff(f"{path}[{index}]", a, b, out, limit=limit)
-        return
-    out.append({"field": path, "recorded": _json_safe(recorded), "replayed": _json_safe(replayed)})
-
-
-def _json_safe(value: Any) -> Any:
-    """JSONB has no NaN or infinity: write them as strings, as the state JSON does."""
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return repr(value)
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value

@@ -323,24 +323,8 @@ def run_tick(
         )
         if recorded:
             return TickResult(tick_id=None, outcome=None, inputs=None)
-        workers = ctx.connector.worker_counts(session, deployment_id, default=default_workers(ctx.config))
-        fpm = ()
-        if loop is Loop.LOAD:
-            since = scheduled_at - dt.timedelta(seconds=fpm_max_age_s(ctx.config))
-            fpm = latest_fpm(session, deployment_id, since, until=scheduled_at)
-        # the previous tick is normally today's or yesterday's: read those partitions first (store/repository.py)
-        states_since = partition_start(scheduled_at) - dt.timedelta(days=1)
-        previous_tick_id, state = repo.latest_state(session, deployment_id, since=states_since, memo=ctx.memo)
-        if previous_tick_id is None and ctx.warmup_trace is not None:
-            state = _warm_started(session, deployment_id, ctx)
-        inputs = TickInputs(
-            now_s=scheduled_at.timestamp(),
-            loop=loop,
-            workers=workers,
-            traffic=traffic,
-            fpm=fpm,
-            gpu_ceiling=gpu_ceiling,
-            applied=_applied_since_pending(session, deployment_id, state, scheduled_at),
+        previous_tick_id, state, inputs = _tick_inputs(
+            session, ctx, deployment_id, loop, scheduled_at, traffic, gpu_ceiling=gpu_ceiling
         )
         take_remote_answers(ctx.planner)  # nothing left over from a tick that failed before being recorded
         started = time.perf_counter()
@@ -384,6 +368,41 @@ def run_tick(
                 detail = {"loop": loop.value, "problem": problem}
                 repo.audit(session, event, detail, deployment_id=deployment_id, tick_id=tick_id)
     return TickResult(tick_id=tick_id, outcome=outcome, inputs=inputs)
+
+
+def _tick_inputs(
+    session: Session,
+    ctx: PlannerContext,
+    deployment_id: int,
+    loop: Loop,
+    scheduled_at: dt.datetime,
+    traffic: TrafficObservation | None,
+    *,
+    gpu_ceiling: int | None,
+) -> tuple[int | None, PlannerState, TickInputs]:
+    """What a tick decides on, read in its transaction: the worker counts, a load tick's newest forward-pass
+    metrics, the previous tick's state (or a warm start) and the decisions applied since; (the previous tick's id,
+    the state, the inputs)."""
+    workers = ctx.connector.worker_counts(session, deployment_id, default=default_workers(ctx.config))
+    fpm = ()
+    if loop is Loop.LOAD:
+        since = scheduled_at - dt.timedelta(seconds=fpm_max_age_s(ctx.config))
+        fpm = latest_fpm(session, deployment_id, since, until=scheduled_at)
+    # the previous tick is normally today's or yesterday's: read those partitions first (store/repository.py)
+    states_since = partition_start(scheduled_at) - dt.timedelta(days=1)
+    previous_tick_id, state = repo.latest_state(session, deployment_id, since=states_since, memo=ctx.memo)
+    if previous_tick_id is None and ctx.warmup_trace is not None:
+        state = _warm_started(session, deployment_id, ctx)
+    inputs = TickInputs(
+        now_s=scheduled_at.timestamp(),
+        loop=loop,
+        workers=workers,
+        traffic=traffic,
+        fpm=fpm,
+        gpu_ceiling=gpu_ceiling,
+        applied=_applied_since_pending(session, deployment_id, state, scheduled_at),
+    )
+    return previous_tick_id, state, inputs
 
 
 def _applied_since_pending(

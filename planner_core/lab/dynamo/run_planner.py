@@ -103,9 +103,16 @@ def install_perf_model_shim() -> None:
     `DecodeRegressionModel`: on decode requests and their KV tokens, with bucketed sample retirement); this
     shim puts those behind the native interface. It must run before any `dynamo.planner` import.
     """
-    from dataclasses import dataclass, field
-
     import aisimulate_core.sdk as sdk
+
+    sdk.ForwardPassPerfModelConfig = _perf_model_config_class()
+    sdk.RustForwardPassPerfModel = RustForwardPassPerfModel
+
+
+def _perf_model_config_class() -> type:
+    """The native perf model's configuration class, as Dynamo's planner builds it (the shim's stand-in). Made when
+    the shim is installed: a dataclass needs its module in `sys.modules`, which a script loaded by path may not be."""
+    from dataclasses import dataclass, field
 
     @dataclass
     class ForwardPassPerfModelConfig:
@@ -125,59 +132,62 @@ def install_perf_model_shim() -> None:
             # Dynamo passes the engine's legacy description too; the regression needs only the options.
             return cls(worker_type=worker_type, estimator_config=dict(options))
 
-    class RustForwardPassPerfModel:
-        def __init__(self, ais_config: dict) -> None:
-            import msgspec
-            from dynamo.common.forward_pass_metrics import ForwardPassMetrics
-            from dynamo.planner.core.perf_model.decode import DecodeRegressionModel
-            from dynamo.planner.core.perf_model.prefill import PrefillRegressionModel
+    return ForwardPassPerfModelConfig
 
-            self._convert = lambda payload: msgspec.convert(payload, ForwardPassMetrics)
-            self._worker_type = ais_config["worker_type"]
-            options = ais_config.get("estimator_config", {})
-            regression = {"prefill": PrefillRegressionModel, "decode": DecodeRegressionModel}.get(self._worker_type)
-            if regression is None:
-                raise RuntimeError(f"perf model shim: worker type {self._worker_type!r} is not served")
-            self._regression = regression(
-                int(options.get("max_observations", 64)),
-                int(options.get("min_observations", 5)),
-                int(options.get("bucket_count", 16)),
-            )
 
-        @classmethod
-        def best_available(cls, ais_config: dict) -> RustForwardPassPerfModel:
-            return cls(ais_config)
+class RustForwardPassPerfModel:
+    """The native forward-pass model's interface over Dynamo's Python regressions (`install_perf_model_shim`);
+    Dynamo is imported only when one is built, inside its own virtualenv."""
 
-        def tune_with_fpms(self, iterations: list) -> None:
-            for by_rank in iterations:
-                for payload in by_rank:
-                    self._regression.add_observation(self._convert(payload))
+    def __init__(self, ais_config: dict) -> None:
+        import msgspec
+        from dynamo.common.forward_pass_metrics import ForwardPassMetrics
+        from dynamo.planner.core.perf_model.decode import DecodeRegressionModel
+        from dynamo.planner.core.perf_model.prefill import PrefillRegressionModel
 
-        def diagnostics(self) -> dict:
-            fitted = self._regression._ensure_fitted()
-            return {
-                "source": "dynamo_python_fpm_regression",
-                "readiness": "ready" if fitted else "insufficient_observations",
-                "retained_observations": self._regression.num_observations,
-            }
+        self._convert = lambda payload: msgspec.convert(payload, ForwardPassMetrics)
+        self._worker_type = ais_config["worker_type"]
+        options = ais_config.get("estimator_config", {})
+        regression = {"prefill": PrefillRegressionModel, "decode": DecodeRegressionModel}.get(self._worker_type)
+        if regression is None:
+            raise RuntimeError(f"perf model shim: worker type {self._worker_type!r} is not served")
+        self._regression = regression(
+            int(options.get("max_observations", 64)),
+            int(options.get("min_observations", 5)),
+            int(options.get("bucket_count", 16)),
+        )
 
-        def estimate_forward_pass_time_ms(self, by_rank: list) -> float | None:
-            if not self._regression._ensure_fitted():
-                return None
-            wall_s = 0.0
-            for payload in by_rank:  # one rank per engine here (no attention data parallelism)
-                scheduled = self._convert(payload).scheduled_requests
-                if self._worker_type == "prefill":
-                    rank_s = self._regression._predict_wall_time(float(scheduled.sum_prefill_tokens))
-                else:
-                    rank_s = self._regression._predict_2d(
-                        float(scheduled.num_decode_requests), float(scheduled.sum_decode_kv_tokens)
-                    )
-                wall_s = max(wall_s, rank_s)
-            return wall_s * 1000.0
+    @classmethod
+    def best_available(cls, ais_config: dict) -> RustForwardPassPerfModel:
+        return cls(ais_config)
 
-    sdk.ForwardPassPerfModelConfig = ForwardPassPerfModelConfig
-    sdk.RustForwardPassPerfModel = RustForwardPassPerfModel
+    def tune_with_fpms(self, iterations: list) -> None:
+        for by_rank in iterations:
+            for payload in by_rank:
+                self._regression.add_observation(self._convert(payload))
+
+    def diagnostics(self) -> dict:
+        fitted = self._regression._ensure_fitted()
+        return {
+            "source": "dynamo_python_fpm_regression",
+            "readiness": "ready" if fitted else "insufficient_observations",
+            "retained_observations": self._regression.num_observations,
+        }
+
+    def estimate_forward_pass_time_ms(self, by_rank: list) -> float | None:
+        if not self._regression._ensure_fitted():
+            return None
+        wall_s = 0.0
+        for payload in by_rank:  # one rank per engine here (no attention data parallelism)
+            scheduled = self._convert(payload).scheduled_requests
+            if self._worker_type == "prefill":
+                rank_s = self._regression._predict_wall_time(float(scheduled.sum_prefill_tokens))
+            else:
+                rank_s = self._regression._predict_2d(
+                    float(scheduled.num_decode_requests), float(scheduled.sum_decode_kv_tokens)
+                )
+            wall_s = max(wall_s, rank_s)
+        return wall_s * 1000.0
 
 
 class PlannerProtocolError(ValueError):

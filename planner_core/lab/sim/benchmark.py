@@ -155,19 +155,7 @@ def benchmark(
     assert fwd is not None
     # a perf table describes engines of `tp` GPUs: the simulator's engines and the planners' sizing both use it
     gpus_per_engine = fwd.table.header.tp if isinstance(fwd, TablePerfModel) else 1
-    base = {
-        "ttft_ms": request.ttft_ms,
-        "itl_ms": request.itl_ms,
-        "max_gpu_budget": request.max_gpu_budget,
-        "throughput_adjustment_interval_seconds": request.throughput_interval_s,
-        "max_throughput_scaling_replicas": MAX_REPLICAS_PER_STEP,
-        "prefill_engine_num_gpu": gpus_per_engine,
-        "decode_engine_num_gpu": gpus_per_engine,
-        # the planners know the router: under `slo` the throughput loop sizes engines at SLO x threshold
-        "router": request.router.value,
-        "ttft_dispatch_threshold": request.ttft_dispatch_threshold,
-        "tpot_dispatch_threshold": request.tpot_dispatch_threshold,
-    }
+    base = _base_config(request, gpus_per_engine)
     names = list(request.policies or (DEFAULT_AGG_POLICIES if request.aggregated else DEFAULT_POLICIES))
     max_kv_tokens = request.max_kv_tokens or perf.profiled_max_kv_tokens() or FALLBACK_MAX_KV_TOKENS
     spec = SimSpec(
@@ -185,18 +173,7 @@ def benchmark(
             limits = spec.decode_limits if spec.aggregated else spec.prefill_limits
             slo = slo_routing_for(request, fwd, limits)
         spec = dataclasses.replace(spec, router=request.router, slo_routing=slo)
-    warnings: list[str] = []
-    user_configs: list[UserPlannerConfig] = []
-    for path in request.configs:
-        config = load_config(path).policy
-        if (config.ttft_ms, config.itl_ms) != (request.ttft_ms, request.itl_ms):
-            warnings.append(
-                f"{path} sets TTFT {config.ttft_ms:g} ms / ITL {config.itl_ms:g} ms; the bench plans and scores "
-                f"every policy at --ttft-ms {request.ttft_ms:g} / --itl-ms {request.itl_ms:g}"
-            )
-        taken = {*names, *(user.name for user in user_configs)}
-        name = f"config:{path.stem}" if f"config:{path.stem}" not in taken else f"config:{path}"
-        user_configs.append(UserPlannerConfig(name=name, path=path))
+    user_configs, warnings = _user_configs(request, names)
     oracle = OracleSettings(target_attainment=request.oracle_target, context_s=request.oracle_context_s)
     if request.engine == "dynamo" and (request.router is not RouterPolicy.LEAST_LOADED or request.horizon_quantiles):
         # Dynamo's replay routes with its own router and runs the policies as given
@@ -213,18 +190,60 @@ def benchmark(
         initial=request.initial, dynamo_python=request.dynamo_python, user_configs=user_configs,
         horizon_quantiles=request.horizon_quantiles,
     )  # fmt: skip
-    for policy in policies:
-        planner = getattr(policy, "planner", None)  # a planner policy: its plugins that did not load
-        warnings.extend(
-            f"{policy.name}: plugin {error.entry_point} ({error.target}) not loaded: {error.message}"
-            for error in (planner.plugin_load_errors if planner is not None else ())
-        )
+    warnings.extend(_plugin_warnings(policies))
     if on_policies_built is not None:
         on_policies_built(policies)
     runs = run_bench(
         policies, trace, fwd, spec, ttft_ms=request.ttft_ms, itl_ms=request.itl_ms, on_policy_done=on_policy_done
     )
     return BenchOutcome(trace=trace, policies=tuple(policies), runs=tuple(runs), warnings=tuple(warnings))
+
+
+def _base_config(request: BenchRequest, gpus_per_engine: int) -> dict[str, object]:
+    """The bench's scenario and defaults every planner policy runs under (`build_policies`' `base`)."""
+    return {
+        "ttft_ms": request.ttft_ms,
+        "itl_ms": request.itl_ms,
+        "max_gpu_budget": request.max_gpu_budget,
+        "throughput_adjustment_interval_seconds": request.throughput_interval_s,
+        "max_throughput_scaling_replicas": MAX_REPLICAS_PER_STEP,
+        "prefill_engine_num_gpu": gpus_per_engine,
+        "decode_engine_num_gpu": gpus_per_engine,
+        # the planners know the router: under `slo` the throughput loop sizes engines at SLO x threshold
+        "router": request.router.value,
+        "ttft_dispatch_threshold": request.ttft_dispatch_threshold,
+        "tpot_dispatch_threshold": request.tpot_dispatch_threshold,
+    }
+
+
+def _user_configs(request: BenchRequest, names: Sequence[str]) -> tuple[list[UserPlannerConfig], list[str]]:
+    """The config files benched as policies, each named apart from the named policies, and a warning for each file
+    whose SLA targets the bench overrides."""
+    warnings: list[str] = []
+    user_configs: list[UserPlannerConfig] = []
+    for path in request.configs:
+        config = load_config(path).policy
+        if (config.ttft_ms, config.itl_ms) != (request.ttft_ms, request.itl_ms):
+            warnings.append(
+                f"{path} sets TTFT {config.ttft_ms:g} ms / ITL {config.itl_ms:g} ms; the bench plans and scores "
+                f"every policy at --ttft-ms {request.ttft_ms:g} / --itl-ms {request.itl_ms:g}"
+            )
+        taken = {*names, *(user.name for user in user_configs)}
+        name = f"config:{path.stem}" if f"config:{path.stem}" not in taken else f"config:{path}"
+        user_configs.append(UserPlannerConfig(name=name, path=path))
+    return user_configs, warnings
+
+
+def _plugin_warnings(policies: Sequence[ScalingPolicy]) -> list[str]:
+    """A warning for each plugin a planner policy could not load."""
+    warnings: list[str] = []
+    for policy in policies:
+        planner = getattr(policy, "planner", None)  # a planner policy: its plugins that did not load
+        warnings.extend(
+            f"{policy.name}: plugin {error.entry_point} ({error.target}) not loaded: {error.message}"
+            for error in (planner.plugin_load_errors if planner is not None else ())
+        )
+    return warnings
 
 
 def _dynamo_benchmark(  # untyped: benchmark's locals, passed through

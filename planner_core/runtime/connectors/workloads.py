@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 
 from planner_core.config import KubernetesWorkloadsConfig, PlannerConfig, WorkloadKind, WorkloadRef
 from planner_core.domain import Component, WorkerCounts
+from planner_core.runtime.connectors.dgd import _gpu_quantity, _main_container
 from planner_core.runtime.connectors.kubernetes import (
     GPU_RESOURCE_KEYS,
     SERVICE_ACCOUNT_NAMESPACE_FILE,
@@ -48,8 +49,6 @@ from planner_core.runtime.connectors.kubernetes import (
     KubernetesConnectorError,
     KubernetesSettings,
     RetryPolicy,
-    _gpu_quantity,
-    _main_container,
     api_client_from_environment,
     fill_config,
     load_settings,

@@ -83,24 +83,6 @@ def _rps(value: float | None) -> str:
     return "none (SLA unreachable)" if value is None else f"{value:.3f}"
 
 
-def _mocker_timing(dynamo: str, source_dir: Path, out: Path):
-    """The mocker's own timing table for `source_dir` (made by Dynamo's converter), as the two functions
-    `compare_with` takes: TTFT by ISL, ITL by (batch, context), each interpolated linearly on its grid."""
-    import numpy as np
-    from scipy.interpolate import RegularGridInterpolator
-
-    script = REPO / "planner_core" / "lab" / "dynamo" / "mocker_timing.py"
-    subprocess.run([dynamo, str(script), str(source_dir), str(out)], capture_output=True, text=True, check=True)
-    with np.load(out) as npz:
-        isl, ttft = npz["prefill_isl"], npz["prefill_ttft_ms"]
-        kv, ctx, itl = npz["decode_active_kv_tokens"], npz["decode_context_length"], npz["decode_itl"]
-    grid = RegularGridInterpolator((kv, ctx), itl, bounds_error=False, fill_value=None)
-    return (
-        lambda x: float(np.interp(x, isl, ttft)),
-        lambda batch, context: float(grid([[batch * context, context]])[0]),
-    )
-
-
 @contextlib.contextmanager
 def _mocker_stack(tools: RoundTripTools, source_dir: Path, out: Path, *, nice: int) -> Iterator[str]:
     """Dynamo's frontend and one aggregated mocker timed by `source_dir`, up and registered; the frontend's URL.

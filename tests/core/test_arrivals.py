@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from planner_core.arrivals import LOOKBACK_S, PromptCap, RequestArrivals, arrivals_from_counts, prompt_arrival_curve
-from tests.test_sim_des import make_trace
+from tests.core.fakes import make_trace
 
 # Requests at 0, 0.1, 0.2 and 5 s of 100, 200, 300 and 400 prompt tokens.
 TRACE = make_trace([0.0, 0.1, 0.2, 5.0], [100, 200, 300, 400], [2, 2, 2, 2])

@@ -13,7 +13,7 @@ from planner_core.data import DEFAULT_CONFIG
 from planner_core.domain import Loop, PlannerState, TickInputs, WorkerCounts
 from planner_core.planner import Planner, build_planner
 from planner_core.traces import RequestTrace
-from tests.test_sim_des import make_trace
+from tests.core.fakes import make_trace
 
 PLANNER = build_planner(load_config(DEFAULT_CONFIG).policy, DEFAULT_CONFIG)
 NUM_WINDOWS = 30

@@ -17,8 +17,8 @@ import pytest
 from planner_core.domain import Component, PlannerState, ReasonCode, SizedNeed, TrafficObservation
 from planner_core.policy.throughput import burst_prefill_replicas, with_headroom
 from planner_core.tick import tick
-from tests.test_sim_des import FWD, LinearFwd
-from tests.test_tick import (
+from tests.core.fakes import FWD, LinearFwd
+from tests.core.test_tick import (
     WINDOW_S,
     FixedRatePerf,
     desired,
@@ -73,7 +73,7 @@ def test_decode_target_utilisation_adds_replicas() -> None:
 def test_engine_capacity_sizing_applies_the_target_utilisation() -> None:
     """On the engine-capacity path the request rate is divided by the utilisation before `ceil(rate / engine)`."""
     from planner_core.perf.model import ProfilePerfModel
-    from tests.test_tick import PROFILE_DIR
+    from tests.core.test_tick import PROFILE_DIR
 
     perf = ProfilePerfModel.load(PROFILE_DIR)
     config = make_config(throughput_algorithm="engine_capacity")

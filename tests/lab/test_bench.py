@@ -32,7 +32,7 @@ from planner_core.lab.sim.bench import (
 from planner_core.lab.sim.des import SimResult, SimSpec
 from planner_core.perf.model import ProfilePerfModel
 from tests.conftest import PROFILE_DIR, REPO_ROOT
-from tests.test_sim_des import FWD, make_trace
+from tests.core.fakes import FWD, make_trace
 
 
 @pytest.fixture(scope="module")
@@ -392,7 +392,7 @@ def test_cli_record_holds_the_rows_with_date_command_and_commit(tmp_path) -> Non
 def test_cli_perf_table_sets_the_engines_gpus(tmp_path) -> None:
     """With `--perf-table` the simulated engines take the table's timing and its `tp` GPUs each: a table of tp 2
     doubles the GPU-hours of fixed:1:1 on the same trace."""
-    from tests.test_perf_table import small_table_body
+    from tests.lab.test_perf_table import small_table_body
 
     trace_path = write_small_azure_trace(tmp_path / "small.csv", num_requests=100)
     hours = {}

@@ -28,8 +28,8 @@ from planner_core.lab.sim.dynamo_policy import find_dynamo_python, fpm_message
 from planner_core.lab.sim.oracle import OracleSettings, OracleWindow, oracle_windows
 from planner_core.perf.model import ProfilePerfModel
 from tests.conftest import PROFILE_DIR
-from tests.test_bench import busy_trace
-from tests.test_sim_des import FWD, make_trace
+from tests.core.fakes import FWD, make_trace
+from tests.lab.test_bench import busy_trace
 
 
 def test_the_replayed_trace_starts_at_zero_and_gives_fresh_blocks_per_prompt(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ from planner_core.lab.sim.dynamo_policy import (
 )
 from planner_core.perf.model import ProfilePerfModel
 from tests.conftest import PROFILE_DIR
-from tests.test_bench import busy_trace
+from tests.lab.test_bench import busy_trace
 
 
 def _script_module():  # noqa: ANN202

@@ -28,7 +28,7 @@ from planner_core.data import DEFAULT_CONFIG
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.traces import load_trace
 
-PROFILE_DIR = Path(__file__).resolve().parents[1] / "planner_core" / "data" / "profiles" / "H200_TP1P_TP1D"
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "planner_core" / "data" / "profiles" / "H200_TP1P_TP1D"
 
 
 def test_trace_is_cut_compressed_thinned_and_capped(tmp_path) -> None:

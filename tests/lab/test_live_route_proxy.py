@@ -26,7 +26,7 @@ import pytest
 
 from planner_core.lab.sim.dynamo_policy import find_dynamo_python
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = Path(os.environ.get("PLANNER_LIVE_MODEL_DIR", REPO / ".planner" / "live-model"))
 PROFILE_DIR = REPO / "planner_core" / "data" / "profiles" / "H200_TP1P_TP1D"
 STUBS_DIR = REPO / "planner_core" / "lab" / "dynamo" / "stubs"

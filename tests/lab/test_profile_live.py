@@ -19,7 +19,7 @@ import pytest
 from planner_core.lab.sim.dynamo_policy import find_dynamo_python
 from planner_core.perf.profile import load_profile
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = Path(os.environ.get("PLANNER_LIVE_MODEL_DIR", REPO / ".planner" / "live-model"))
 
 pytestmark = [

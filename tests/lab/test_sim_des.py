@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -12,39 +11,11 @@ import pytest
 from planner_core.domain import Component, EngineLimits
 from planner_core.lab.sim.des import ClusterSimulator, RouterPolicy, SimSpec
 from planner_core.traces import RequestTrace
+from tests.core.fakes import FWD, make_trace
 
-
-@dataclass(frozen=True, slots=True)
-class LinearFwd:
-    """prefill: 10 ms + 0.1 ms per 1k tokens... written out: 0.010 + tokens * 1e-5 s; decode: 0.005 + 1e-4 per
-    request + 1e-8 per KV token."""
-
-    def is_ready(self) -> bool:
-        return True
-
-    def prefill_wall_s(self, prefill_tokens: float) -> float:
-        return 0.010 + prefill_tokens * 1e-5
-
-    def decode_wall_s(self, num_decode_requests: float, decode_kv_tokens: float) -> float:
-        return 0.005 + num_decode_requests * 1e-4 + decode_kv_tokens * 1e-8
-
-    def mixed_wall_s(self, prefill_tokens: float, num_decode_requests: float, decode_kv_tokens: float) -> float:
-        return self.prefill_wall_s(prefill_tokens) + self.decode_wall_s(num_decode_requests, decode_kv_tokens)
-
-
-FWD = LinearFwd()
 # The first token when the prefill (plus transfer) ends, so TTFT is the prefill alone: for tests of the prefill
 # engines. The default spec has the decode engine emit it (one decode iteration later).
 PREFILL_END = SimSpec(first_token_from_decode=False)
-
-
-def make_trace(arrival_s: list[float], isl: list[int], osl: list[int]) -> RequestTrace:
-    def frozen(values: list[float] | list[int]) -> np.ndarray:
-        array = np.asarray(values, dtype=float)
-        array.flags.writeable = False
-        return array
-
-    return RequestTrace(source="test", start_epoch_s=0.0, arrival_s=frozen(arrival_s), isl=frozen(isl), osl=frozen(osl))
 
 
 def run(trace: RequestTrace, spec: SimSpec | None = None, *, num_prefill: int = 1, num_decode: int = 1):  # noqa: ANN201

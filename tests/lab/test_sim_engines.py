@@ -10,7 +10,8 @@ import pytest
 from planner_core.domain import Component, EngineLimits
 from planner_core.lab.sim.des import ClusterSimulator, SimSpec
 from planner_core.traces import RequestTrace
-from tests.test_sim_des import FWD, PREFILL_END, make_trace
+from tests.core.fakes import FWD, make_trace
+from tests.lab.test_sim_des import PREFILL_END
 
 AGG = SimSpec(aggregated=True)
 

@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from planner_core.lab.sim.des import ClusterSimulator, SimSpec
 from planner_core.lab.sim.exporter import TraceMetricsExporter
 from planner_core.traces import RequestTrace
-from tests.test_sim_des import FWD, make_trace
-from tests.test_sim_engines import hashed_trace
+from tests.core.fakes import FWD, make_trace
+from tests.lab.test_sim_engines import hashed_trace
 
 T_START = 1_000.0
 FRONTEND = {"model": "m", "dynamo_namespace": "ns-1"}

@@ -14,8 +14,8 @@ import pytest
 from planner_core.domain import EngineLimits
 from planner_core.lab.sim.des import ClusterSimulator, KvAllocation, SimSpec
 from planner_core.traces import RequestTrace
-from tests.test_sim_des import FWD, make_trace
-from tests.test_sim_engines import hashed_trace
+from tests.core.fakes import FWD, make_trace
+from tests.lab.test_sim_engines import hashed_trace
 
 
 def prefill_s(tokens: float) -> float:

@@ -19,7 +19,7 @@ from planner_core.lab.sim.bench import OraclePolicy, baseline_policies, run_poli
 from planner_core.lab.sim.des import ClusterSimulator, SimSpec
 from planner_core.lab.sim.oracle import OracleSettings, attainable_mask, oracle_windows, smallest_meeting
 from planner_core.traces import RequestTrace
-from tests.test_sim_des import FWD, make_trace
+from tests.core.fakes import FWD, make_trace
 
 TTFT_MS, ITL_MS, WINDOW_S = 200.0, 20.0, 60.0
 SETTINGS = OracleSettings(target_attainment=0.99, context_s=20.0)

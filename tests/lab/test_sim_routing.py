@@ -16,8 +16,8 @@ from planner_core.policy.load import calculate_load_replicas
 from planner_core.routing.predictor import LatencyPredictor
 from planner_core.routing.scheduler import SloTargets
 from planner_core.routing.tables import tables_from_forward_model
-from tests.test_load_policy import MODEL, by_step, headline, inputs, prefill_fleet
-from tests.test_sim_des import FWD, make_trace
+from tests.core.fakes import FWD, make_trace
+from tests.core.test_load_policy import MODEL, by_step, headline, inputs, prefill_fleet
 
 CHUNK = 8192  # EngineLimits' default max_num_batched_tokens
 TTFT_TABLE, TPOT_TABLE = tables_from_forward_model(

@@ -31,7 +31,7 @@ from planner_core.policy.horizon import (
     track_startups,
 )
 from planner_core.tick import tick
-from tests.test_tick import PROFILE_DIR, desired, make_config, steps_named, throughput_inputs, traffic, workers
+from tests.core.test_tick import PROFILE_DIR, desired, make_config, steps_named, throughput_inputs, traffic, workers
 
 BOTH = (Component.PREFILL, Component.DECODE)
 PERF = ProfilePerfModel.load(PROFILE_DIR)
@@ -304,8 +304,8 @@ def test_bench_adds_the_recommended_policy_at_each_knob_setting_and_draws_its_fr
     from planner_core.lab.sim.bench import PlannerPolicy, build_policies, run_bench
     from planner_core.lab.sim.des import SimSpec
     from planner_core.lab.sim.frontier import frontier_figure, knob_points, run_points
-    from tests.test_bench import busy_trace
-    from tests.test_sim_des import FWD
+    from tests.core.fakes import FWD
+    from tests.lab.test_bench import busy_trace
 
     trace = busy_trace(300, 300.0)
     base = {"ttft_ms": 500.0, "itl_ms": 50.0, "throughput_adjustment_interval_seconds": 60}

@@ -19,7 +19,8 @@ from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.audit_chain import GENESIS_HASH, verify_chain
 from planner_core.runtime.store.db import get_engine, session_factory, to_libpq_uri, to_sqlalchemy_url
 from planner_core.runtime.store.migrate import downgrade, upgrade
-from tests.conftest import REPO_ROOT, create_login, drop_login, write_config
+from tests.conftest import REPO_ROOT, write_config
+from tests.runtime.databases import create_login, drop_login
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 TRAFFIC = TrafficObservation(duration_s=60, num_req=3000, isl=3000, osl=300)

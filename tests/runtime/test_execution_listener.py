@@ -17,7 +17,8 @@ from planner_core.runtime.service import load_context, run_execution
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import to_libpq_uri
 from planner_core.runtime.store.models import DecisionRow, DecisionStatus, ExecutionRow
-from tests.conftest import record_decision, record_outcome, write_config
+from tests.conftest import write_config
+from tests.runtime.databases import record_decision, record_outcome
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 NAME = "listened"

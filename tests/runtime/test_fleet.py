@@ -29,7 +29,8 @@ from planner_core.runtime.fleet import (
 )
 from planner_core.runtime.service import load_context
 from planner_core.runtime.store.db import session_factory, to_libpq_uri
-from tests.conftest import REPO_ROOT, record_decision, write_config
+from tests.conftest import REPO_ROOT, write_config
+from tests.runtime.databases import record_decision
 
 SLOT = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)  # a multiple of 60 s
 

@@ -112,7 +112,7 @@ def test_report_flow_writes_the_report_and_links_it(
 ) -> None:
     """`planner-report` writes the page under report_output_dir and creates a markdown artifact linking it."""
     from flows.report import planner_report
-    from tests.recorded import record_scenario
+    from tests.runtime.recorded import record_scenario
 
     monkeypatch.setenv("PLANNER_DATABASE_URL", database_url)  # as the served flows get it
 
@@ -275,7 +275,7 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
 
     With `metric_reporting_prometheus_port` set, the serving process exports what the flow runs recorded.
     """
-    from tests.test_metrics import _free_port
+    from tests.runtime.test_metrics import _free_port
 
     metrics_port = _free_port()
     config = write_config(
@@ -364,7 +364,7 @@ def _record_pending_decision(database_url: str, deployment: str) -> int:
     """Record a tick (of the throughput loop, in 2020: apart from the served ones) whose decision is 3P/3D."""
     from planner_core.runtime.store import repository as repo
     from planner_core.runtime.store.db import session_factory
-    from tests.conftest import record_decision
+    from tests.runtime.databases import record_decision
 
     class _Sessions:  # what record_decision needs of a context
         sessions = session_factory(database_url)
@@ -430,7 +430,7 @@ def test_replay_flow_reproduces_a_recorded_run(
 ):
     """The `replay-ticks` flow replays a recorded run exactly and leaves its result and a progress artifact."""
     from flows.replay import replay_ticks
-    from tests.recording import record_simulated_run
+    from tests.runtime.recording import record_simulated_run
 
     config = write_config(tmp_path, load_predictor="kalman")
     times = record_simulated_run(database_url, config, azure_conv_trace, "flow-replay", num_windows=8)

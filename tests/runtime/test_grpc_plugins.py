@@ -39,7 +39,7 @@ from planner_core.planner import build_planner
 from planner_core.runtime.plugin_client import connect_remote_plugins, take_remote_answers
 from tests.conftest import REPO_ROOT, write_config
 
-SERVER = REPO_ROOT / "tests" / "grpc_plugin_server.py"
+SERVER = REPO_ROOT / "tests" / "runtime" / "grpc_plugin_server.py"
 T0 = 1_700_000_000.0
 
 

@@ -18,9 +18,10 @@ from planner_core.runtime.store.migrate import downgrade, upgrade
 from planner_core.runtime.store.models import ReplayMode
 from planner_core.runtime.store.prune import prune_history
 from planner_core.runtime.times import parse_time
-from tests.conftest import create_database, write_config
-from tests.recording import record_simulated_run
-from tests.test_cli import planner
+from tests.cli.test_cli import planner
+from tests.conftest import write_config
+from tests.runtime.databases import create_database
+from tests.runtime.recording import record_simulated_run
 
 VIEWS = (
     "decision_history",

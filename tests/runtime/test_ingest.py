@@ -333,7 +333,7 @@ def test_database_outage_keeps_the_batch_and_never_crashes(postgres_server_url: 
     """A flush into an unreachable database fails, is counted, keeps the samples up to max_pending, and the
     ingest goes on; the oldest are dropped (and counted) beyond that."""
     from planner_core.runtime.store.db import to_sqlalchemy_url
-    from tests.conftest import _with_database
+    from tests.runtime.databases import _with_database
 
     _, deployment_id, _ = deployment
     missing = to_sqlalchemy_url(_with_database(postgres_server_url, "no_such_database"))

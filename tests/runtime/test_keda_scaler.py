@@ -25,7 +25,8 @@ from planner_core.runtime.keda.scaler import KedaScaler, start_server
 from planner_core.runtime.service import load_context, run_execution
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.models import AuditLogRow, DecisionRow
-from tests.conftest import REPO_ROOT, record_decision, write_config
+from tests.conftest import REPO_ROOT, write_config
+from tests.runtime.databases import record_decision
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 NAME = "keda-test"
@@ -271,8 +272,8 @@ def test_watching_workloads_acknowledges_when_they_reach_the_targets(ctx, serve)
     from kubernetes import client as k8s_client
 
     from planner_core.runtime.connectors.workloads import WorkloadConnector
-    from tests.kube_api import DEPLOYMENTS, KubeApiServer
-    from tests.test_workload_connector import workload
+    from tests.runtime.kube_api import DEPLOYMENTS, KubeApiServer
+    from tests.runtime.test_workload_connector import workload
 
     with KubeApiServer(namespace="inference") as kube:
         for role in ("prefill", "decode"):

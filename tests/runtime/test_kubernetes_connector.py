@@ -44,8 +44,9 @@ from planner_core.runtime.service import PlannerContext, default_workers, load_c
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.execution import MAX_ATTEMPTS
 from planner_core.runtime.store.models import DecisionRow, ExecutionRow, WorkerObservationRow
-from tests.conftest import REPO_ROOT, record_decision, write_config
-from tests.kube_api import DGD, DGDSA, KubeApiServer
+from tests.conftest import REPO_ROOT, write_config
+from tests.runtime.databases import record_decision
+from tests.runtime.kube_api import DGD, DGDSA, KubeApiServer
 
 NAME = "k8s-test"
 DGD_NAME = "llm"

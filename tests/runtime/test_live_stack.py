@@ -19,7 +19,7 @@ import pytest
 
 from planner_core.lab.sim.dynamo_policy import find_dynamo_python
 from planner_core.runtime.store.models import LocalWorkerStatus
-from tests.test_local_connector import (  # noqa: F401, F811 - make_ctx is a fixture
+from tests.runtime.test_local_connector import (  # noqa: F401, F811 - make_ctx is a fixture
     NAME,
     T0,
     alive,
@@ -30,7 +30,7 @@ from tests.test_local_connector import (  # noqa: F401, F811 - make_ctx is a fix
     workers,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = Path(os.environ.get("PLANNER_LIVE_MODEL_DIR", REPO / ".planner" / "live-model"))
 PROFILE_DIR = REPO / "planner_core" / "data" / "profiles" / "H200_TP1P_TP1D"
 STUBS_DIR = REPO / "planner_core" / "lab" / "dynamo" / "stubs"
@@ -137,7 +137,7 @@ def test_mocker_engines_scale_up_down_and_a_killed_one_is_replaced(make_ctx, fro
 
 
 def record(ctx, minute: int, num_decode: int) -> int:
-    from tests.conftest import record_decision
+    from tests.runtime.databases import record_decision
 
     return record_decision(ctx, NAME, T0 + dt.timedelta(minutes=minute), None, num_decode)
 

@@ -30,7 +30,7 @@ from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
 from planner_core.runtime.store.models import DecisionRow, ExecutionRow, VirtualConnectorStateRow
 from tests.conftest import write_config
-from tests.test_plugin_packages import install_distribution, install_example
+from tests.core.test_plugin_packages import install_distribution, install_example
 
 T0 = dt.datetime(2026, 11, 2, 10, 0, tzinfo=dt.UTC)  # a Monday, 10:00 UTC
 P, D = Component.PREFILL, Component.DECODE

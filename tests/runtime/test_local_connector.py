@@ -35,7 +35,8 @@ from planner_core.runtime.connectors.local import (
 from planner_core.runtime.service import default_workers, load_context, run_execution
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.models import AuditLogRow, DecisionRow, ExecutionRow, LocalWorkerRow, LocalWorkerStatus
-from tests.conftest import record_decision, write_config
+from tests.conftest import write_config
+from tests.runtime.databases import record_decision
 
 STANDIN = str(Path(__file__).with_name("local_worker_standin.py"))
 NAME = "local-test"

@@ -27,7 +27,7 @@ from planner_core.runtime.report import load_report_data, summarise
 from planner_core.runtime.service import load_context, run_tick
 from planner_core.runtime.store.db import get_engine, session_factory
 from tests.conftest import REPO_ROOT, write_config
-from tests.recorded import BUSY, SCENARIO_GPU_HOURS, record_scenario
+from tests.runtime.recorded import BUSY, SCENARIO_GPU_HOURS, record_scenario
 
 DASHBOARD = REPO_ROOT / "infra" / "grafana" / "planner-dashboard.json"
 

@@ -451,7 +451,7 @@ def test_migration_0018_step_templates(empty_database_url, tmp_path, profile_dir
     words); 0016 -> 0018 packs those rows into templates and numbers and the view reads every step back the same,
     details with the placeholder character and both delimiters included; `decision_history` unchanged."""
     from planner_core.domain import PlannerState, ReasonCode, ScalingDecision, StepRecord, TickInputs, TickOutcome
-    from tests.conftest import record_outcome
+    from tests.runtime.databases import record_outcome
 
     url = empty_database_url
     upgrade(url)
@@ -535,7 +535,7 @@ def test_migration_0020_positional_inputs_and_delta_dictionary(empty_database_ur
     )
     from planner_core.runtime.store import repository as repo
     from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
-    from tests.conftest import record_outcome
+    from tests.runtime.databases import record_outcome
 
     url = empty_database_url
     upgrade(url)

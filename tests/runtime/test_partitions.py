@@ -28,7 +28,8 @@ from planner_core.runtime.store.partitions import (
 )
 from planner_core.runtime.store.prune import drop_partitions
 from planner_core.state_delta import encode_delta, partition_start, same_partition, state_delta
-from tests.conftest import create_login, decision_outcome, drop_login, record_outcome, write_config
+from tests.conftest import write_config
+from tests.runtime.databases import create_login, decision_outcome, drop_login, record_outcome
 
 UTC = dt.UTC
 BUSY = TrafficObservation(duration_s=60, num_req=6000, isl=3000, osl=300)
@@ -345,7 +346,7 @@ def test_drop_partitions_cli(database_url, tmp_path) -> None:
     """`planner db prune --drop-partitions-older-than DAYS`: a dry run lists the old days with their counts and
     drops nothing; the run drops them and says how; a day holding the newest tick is reported kept;
     `--deployment` is refused in one line (a day's partitions hold every deployment)."""
-    from tests.test_cli import planner
+    from tests.cli.test_cli import planner
 
     ctx = load_context(database_url, "cli", write_config(tmp_path))
     _day_of_ticks(ctx, dt.datetime(2026, 1, 5, 12, 0, tzinfo=UTC), 2)

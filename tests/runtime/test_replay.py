@@ -16,10 +16,10 @@ from planner_core.domain import LoadHistory, to_jsonable
 from planner_core.runtime.replay import _history_jsonable, replay
 from planner_core.runtime.store.db import to_libpq_uri
 from planner_core.runtime.store.models import ReplayMode
+from tests.cli.test_cli import planner
 from tests.conftest import write_config
-from tests.recording import record_simulated_run
-from tests.test_cli import planner
-from tests.test_domain import ANY_FLOAT, FINITE
+from tests.core.test_domain import ANY_FLOAT, FINITE
+from tests.runtime.recording import record_simulated_run
 
 PRODUCTION_TABLES = (
     "planner_configs",
@@ -55,7 +55,7 @@ def _snapshot(url: str) -> dict[str, tuple]:
 @pytest.fixture(scope="module")
 def recorded(postgres_server_url, template_database, tmp_path_factory, azure_conv_trace, profile_dir):
     """25 throughput windows of 60 s with load ticks every 20 s between them (75 ticks), Kalman forecasts."""
-    from tests.conftest import create_database
+    from tests.runtime.databases import create_database
 
     url = create_database(postgres_server_url, template_database)
     config = write_config(tmp_path_factory.mktemp("replay"), load_predictor="kalman")

@@ -32,7 +32,7 @@ from planner_core.runtime.report import (
 )
 from planner_core.runtime.store.db import session_factory
 from tests.conftest import REPO_ROOT
-from tests.recorded import BUSY, CALM, SCENARIO_GPU_HOURS, T0, record_scenario
+from tests.runtime.recorded import BUSY, CALM, SCENARIO_GPU_HOURS, T0, record_scenario
 
 CHART_KEYS = [
     # Dynamo's 13, in its order

@@ -15,7 +15,7 @@ from planner_core.routing.predictor import LatencyPredictor
 from planner_core.routing.profiling import parse_tpot_profile, parse_ttft_profile
 from planner_core.routing.scheduler import InstanceStatus, RouteOutcome, SloTargets
 from planner_core.runtime.route_proxy import ProxySettings, RouteProxy, instance_ids, prompt_chars
-from tests.test_routing import TPOT_JSON, TTFT_JSON
+from tests.core.test_routing import TPOT_JSON, TTFT_JSON
 
 # TTFT table: 128 -> 42 ms, 512 -> 70 ms, 1024 -> 100 ms (linear between)
 LOOSE = SloTargets(ttft_ms=1000.0, tpot_ms=1000.0)

@@ -14,7 +14,8 @@ import pytest
 
 from planner_core.runtime.redact import redact_text, redact_value
 from planner_core.runtime.store.db import to_libpq_uri, to_sqlalchemy_url
-from tests.conftest import REPO_ROOT, create_login, drop_login, write_config
+from tests.conftest import REPO_ROOT, write_config
+from tests.runtime.databases import create_login, drop_login
 
 DB_SECRET = "Db5ecret-7f3a"
 PROM_SECRET = "Pr0mSecret-91c2"

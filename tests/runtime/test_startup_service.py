@@ -11,7 +11,7 @@ from planner_core.domain import AppliedTargets, Component, Loop, ReasonCode
 from planner_core.runtime.connectors.virtual import VirtualConnectorClient
 from planner_core.runtime.replay import ReplayMode, replay
 from planner_core.runtime.service import run_execution, run_tick
-from tests.test_load_loop_service import BUSY, T0, context
+from tests.runtime.test_load_loop_service import BUSY, T0, context
 
 MINUTE = dt.timedelta(minutes=1)
 

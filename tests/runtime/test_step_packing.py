@@ -33,7 +33,8 @@ from planner_core.runtime.store.step_packing import (
     split_step,
     template_ids,
 )
-from tests.conftest import record_outcome, write_config
+from tests.conftest import write_config
+from tests.runtime.databases import record_outcome
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 BUSY = TrafficObservation(duration_s=60, num_req=6000, isl=3000, osl=300)

@@ -41,7 +41,8 @@ from planner_core.runtime.store.models import (
     TrafficObservationRow,
 )
 from planner_core.tick import tick
-from tests.conftest import record_outcome, write_config
+from tests.conftest import write_config
+from tests.runtime.databases import record_outcome
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 BUSY = TrafficObservation(duration_s=60, num_req=6000, isl=3000, osl=300)

@@ -29,8 +29,8 @@ from planner_core.runtime.sources.prometheus import (
     observation_from_answers,
 )
 from planner_core.tick import tick
-from tests.test_load_policy import MODEL, TARGETS, by_step, engine, headline, inputs, prefill_fleet
-from tests.test_tick import make_config
+from tests.core.test_load_policy import MODEL, TARGETS, by_step, engine, headline, inputs, prefill_fleet
+from tests.core.test_tick import make_config
 
 BOTH = (Component.PREFILL, Component.DECODE)
 
@@ -95,7 +95,7 @@ def test_the_simulator_observes_the_ttft_tail_and_the_wait_for_a_first_token() -
     """One prefill engine and a clump of long prompts: the p99 TTFT is the slowest requests' and above the mean,
     and the mean wait counts every request of the window up to its first token (or the window's end)."""
     from planner_core.lab.sim.des import ClusterSimulator, SimSpec
-    from tests.test_sim_des import FWD, make_trace
+    from tests.core.fakes import FWD, make_trace
 
     trace = make_trace([0.0] * 20 + [5.0], [8000.0] * 21, [10.0] * 21)
     sim = ClusterSimulator(trace, FWD, SimSpec(), num_prefill=1, num_decode=1)
@@ -126,7 +126,7 @@ def test_the_exporter_publishes_the_queued_requests_gauge() -> None:
     later none does."""
     from planner_core.lab.sim.des import ClusterSimulator, SimSpec
     from planner_core.lab.sim.exporter import TraceMetricsExporter
-    from tests.test_sim_des import FWD, make_trace
+    from tests.core.fakes import FWD, make_trace
 
     trace = make_trace([0.0] * 10, [8000.0] * 10, [10.0] * 10)
     clock = [0.0]

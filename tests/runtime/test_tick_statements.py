@@ -66,7 +66,7 @@ def test_a_rounds_arbitration_locks_and_reads_decisions_in_one_statement_each(
     """The arbitration of a round locks every member and reads their pending decisions with one statement each,
     however many members (it used to send two per member); the grants are those of the members' claims."""
     from planner_core.runtime.fleet import add_member, arbitrate_round, set_budget
-    from tests.conftest import record_decision
+    from tests.runtime.databases import record_decision
 
     slot = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
     sessions = session_factory(database_url)

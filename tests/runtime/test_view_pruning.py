@@ -19,7 +19,8 @@ from planner_core.domain import Component, Loop, ReasonCode, StepName, StepRecor
 from planner_core.runtime.service import load_context, run_tick
 from planner_core.runtime.store.db import get_engine, to_libpq_uri
 from planner_core.runtime.store.migrate import downgrade, upgrade
-from tests.conftest import create_database, decision_outcome, record_outcome, release_connections, write_config
+from tests.conftest import write_config
+from tests.runtime.databases import create_database, decision_outcome, record_outcome, release_connections
 
 UTC = dt.UTC
 START = dt.datetime(2026, 3, 1, 21, 0, tzinfo=UTC)

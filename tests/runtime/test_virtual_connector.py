@@ -14,7 +14,8 @@ from planner_core.runtime.connectors.virtual import VirtualConnector, VirtualCon
 from planner_core.runtime.service import default_workers, load_context, run_execution
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.models import DecisionRow, ExecutionRow, VirtualConnectorStateRow
-from tests.conftest import record_decision, write_config
+from tests.conftest import write_config
+from tests.runtime.databases import record_decision
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 NAME = "virtual-test"

@@ -30,8 +30,9 @@ from planner_core.runtime.connectors.workloads import (
 from planner_core.runtime.service import PlannerContext, load_context, run_execution
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.models import ExecutionRow
-from tests.conftest import REPO_ROOT, record_decision, write_config
-from tests.kube_api import DEPLOYMENTS, STATEFULSETS, KubeApiServer
+from tests.conftest import REPO_ROOT, write_config
+from tests.runtime.databases import record_decision
+from tests.runtime.kube_api import DEPLOYMENTS, STATEFULSETS, KubeApiServer
 
 NAME = "workloads-test"
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)

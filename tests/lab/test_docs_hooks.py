@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("docs_hooks_generated", REPO_ROOT / "docs" / "hooks" / "generated.py")
 assert _spec is not None and _spec.loader is not None
 hooks = importlib.util.module_from_spec(_spec)

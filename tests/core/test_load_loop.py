@@ -14,7 +14,7 @@ be worked out by hand:
 - mixed (aggregated) iteration: the decode iteration + 0.01 ms per prompt token.
 
 `LoadPerf` is the deployment's perf model: fixed tokens/s/GPU for the throughput loop (as `FixedRatePerf` in
-tests/test_tick.py) and `LinearForwardPass` as the load loop's bootstrap forward-pass model. Unless a case says
+tests/core/test_tick.py) and `LinearForwardPass` as the load loop's bootstrap forward-pass model. Unless a case says
 otherwise the engines behave exactly like the bootstrap model, so the online fits agree with it and every
 estimate below is the same whichever model answers.
 

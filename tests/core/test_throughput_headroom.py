@@ -1,6 +1,6 @@
 """Our throughput-loop additions (pure): target utilisation, burst-aware prefill sizing and the scale-down hold.
 
-Arithmetic as in `tests/test_tick.py`: `FixedRatePerf` serves 10,000 prefill and 1,000 decode tokens/s/GPU, the
+Arithmetic as in `tests/core/test_tick.py`: `FixedRatePerf` serves 10,000 prefill and 1,000 decode tokens/s/GPU, the
 constant predictor forecasts the observed window, windows are 60 s. Burst sizing needs a forward-pass model: the
 linear one of the simulator tests (prefill iteration 0.010 s + 1e-5 s per token), so a full chunk of 8192 tokens
 takes 0.09192 s and one engine computes 8192 / 0.09192 = 89,121.0 prompt tokens/s.

@@ -1,6 +1,6 @@
 """Tests of the profile-backed forward-pass model, the bootstrap FPMs and the accuracy figures, on the shared
 H200 profile (Llama-3.1-8B-FP8, TP1; `planner_core.data`). Interpolation of `PrefillInterpolator`/`DecodeInterpolator`
-is covered by tests/test_perf_profile.py; here: what the forward-pass models built on the profile answer."""
+is covered by tests/core/test_perf_profile.py; here: what the forward-pass models built on the profile answer."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`planner profile`: sweep planning, aggregation into Dynamo's profile arrays, the writer (read back by the
 planner's own loader), the resumable measurements file, and the HTTP client against a small local engine that
-streams tokens on a known schedule. Fast (about a second): the live round trip is `tests/test_profile_live.py`."""
+streams tokens on a known schedule. Fast (about a second): the live round trip is `tests/lab/test_profile_live.py`."""
 
 from __future__ import annotations
 

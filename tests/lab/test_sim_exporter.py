@@ -1,7 +1,7 @@
 """The simulator's metrics exporter: Dynamo's series names, each request exported along its simulated timeline
 (started at arrival, TTFT at its first token, completed at its last), served over real HTTP in the text format
 Prometheus scrapes. The cluster is the discrete-event simulator timed by the linear forward-pass model of
-`tests/test_sim_des.py`, so the expected values can be worked out by hand."""
+`tests/core/fakes.py`, so the expected values can be worked out by hand."""
 
 from __future__ import annotations
 

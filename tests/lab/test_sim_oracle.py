@@ -1,6 +1,6 @@
 """The benchmark's oracle (`planner_core.lab.sim.oracle`): its search and its definition, checked in the simulator.
 
-The simulator runs the linear forward-pass model of `tests/test_sim_des.py` (prefill iteration 0.010 s + 1e-5 s
+The simulator runs the linear forward-pass model of `tests/core/fakes.py` (prefill iteration 0.010 s + 1e-5 s
 per token; decode iteration 0.005 s + 1e-4 s per request + 1e-8 s per KV token), so the traces stay small.
 """
 

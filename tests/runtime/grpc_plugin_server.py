@@ -1,6 +1,6 @@
 """A plugin server for the tests of out-of-process plugins: one process serving every stage of the plugin contract.
 
-Run as `python tests/grpc_plugin_server.py --port 0 --mode-file PATH`; it prints `port <n>` once serving. Each
+Run as `python tests/runtime/grpc_plugin_server.py --port 0 --mode-file PATH`; it prints `port <n>` once serving. Each
 call reads the behaviour from the mode file (so a test can change it without restarting the process):
 
 * `ok`: OBSERVE `queue_depth` = 42; PREDICT num_req 1000, isl 2000 (no osl); PROPOSE decode AT_LEAST

@@ -244,7 +244,7 @@ def test_deployments_take_schedules_from_the_config(tmp_path, profile_dir) -> No
     replay = deployments.pop("replay-ticks")
     assert replay.schedules in (None, [])  # run on demand from the UI
     assert replay.parameters == {"deployment": "prod", "config_dir": str(path.parent)}
-    # no 10 s poll: the serving process runs it on each decision's NOTIFY (tests/test_execution_listener.py)
+    # no 10 s poll: the serving process runs it on each decision's NOTIFY (tests/runtime/test_execution_listener.py)
     assert deployments["execute-decisions"].schedules in (None, [])
     intervals = {name: d.schedules[0].schedule.interval for name, d in deployments.items() if d.schedules}
     assert intervals == {

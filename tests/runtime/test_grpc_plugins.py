@@ -1,6 +1,6 @@
 """Out-of-process plugins: the circuit breaker, the OBSERVE phase, and real gRPC plugin processes.
 
-The gRPC tests start `tests/grpc_plugin_server.py` as a real subprocess (every stage of the contract, its
+The gRPC tests start `tests/runtime/grpc_plugin_server.py` as a real subprocess (every stage of the contract, its
 behaviour switched through a mode file) and call it through the planner's client, as live ticks do; replay is
 checked with the process stopped, from the recorded answers only.
 """
@@ -175,7 +175,7 @@ def test_an_observe_plugin_returning_overrides_is_an_invalid_result() -> None:
 
 
 class PluginProcess:
-    """`tests/grpc_plugin_server.py` in a subprocess; `mode` switches its behaviour without a restart."""
+    """`tests/runtime/grpc_plugin_server.py` in a subprocess; `mode` switches its behaviour without a restart."""
 
     def __init__(self, directory: Path) -> None:
         self.mode_file = directory / "mode"

@@ -1,7 +1,7 @@
 """The KEDA external scaler, called through the generated gRPC stub exactly as KEDA calls it, on real Postgres.
 
 Decisions are recorded with the project's repository and written by the execution flow through the virtual
-connector, as in tests/test_virtual_connector.py.
+connector, as in tests/runtime/test_virtual_connector.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The Kubernetes connector: DGD parsing (pure), then the real `kubernetes` client against an emulated API server
-(kmock, extended with resourceVersion/409, JSON Patch, the scale subresource and faults: tests/kube_api.py), and
+(kmock, extended with resourceVersion/409, JSON Patch, the scale subresource and faults: tests/runtime/kube_api.py), and
 the execution outbox on real Postgres.
 """
 

@@ -1,7 +1,7 @@
 """The load loop and user plugins at the I/O edge: `load_context` + `run_tick` + `run_execution` on real Postgres.
 
 The business-hours example plugin is installed as a real distribution (its `*.dist-info` with the entry points of
-`examples/plugins/business_hours/pyproject.toml`, see tests/test_plugin_packages.py) and enabled in the config; the
+`examples/plugins/business_hours/pyproject.toml`, see tests/core/test_plugin_packages.py) and enabled in the config; the
 forward-pass metrics a load tick reads are inserted into `fpm_samples` as the ingest would. Configs are
 `tests.conftest.write_config` (SLA target on the shared H200 profile, 200 ms TTFT, 10 ms ITL) plus overrides.
 """

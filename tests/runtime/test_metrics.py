@@ -150,7 +150,7 @@ def test_scrape_before_and_after_ticks_are_recorded(database_url, tmp_path, prof
     assert (_value(families, "sla_target_ttft_ms"), _value(families, "sla_target_itl_ms")) == (200, 10)
     assert _state(families, "throughput_scaling_decision") == newest.outcome.reason.value
     assert _state(families, "load_scaling_decision") == "disabled"  # the load loop is off in the scenario config
-    # the same GPU-hours as the report, and as worked out by hand in tests/recorded.py
+    # the same GPU-hours as the report, and as worked out by hand in tests/runtime/recorded.py
     assert _value(families, "gpu_hours") == pytest.approx(SCENARIO_GPU_HOURS)
     with session_factory(database_url).begin() as session:
         assert summarise(load_report_data(session, "scenario")).gpu_hours == pytest.approx(SCENARIO_GPU_HOURS)

@@ -1,6 +1,6 @@
 """The routing proxy's bookkeeping and choice (planner_core.routing.dispatch) and its pure edges (discovery names,
 prompt size, the no-endpoint policy) without a network: fast, in `make test`. The live proxy against Dynamo's
-frontend is tests/test_live_route_proxy.py (`make test-live`)."""
+frontend is tests/lab/test_live_route_proxy.py (`make test-live`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The workload connector (`environment: kubernetes-workloads`): rollout rules (pure), then the real `kubernetes`
-client against the emulated API server (tests/kube_api.py: apps/v1 Deployments and StatefulSets with their scale
+client against the emulated API server (tests/runtime/kube_api.py: apps/v1 Deployments and StatefulSets with their scale
 subresource, resourceVersion/409 and faults), the execution outbox on real Postgres, and the RBAC manifest checked
 against the requests the connector actually made.
 """

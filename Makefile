@@ -34,7 +34,8 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 # The quick loop before a commit: lint and the decision core's tests (tests/core: no Postgres, Prefect or
-# subprocess server; tests/core/conftest.py fails the run if they import the runtime). Under 90 s on 2 cores.
+# subprocess server; tests/core/conftest.py fails the run if they import the runtime): ~145 s of CPU, ~75 s on
+# an idle 2-core machine.
 # `--dist load`: the core's tests are independent, so the workers share them test by test.
 check: lint
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist load tests/core

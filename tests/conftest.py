@@ -1,4 +1,11 @@
-"""Shared fixtures: a real Postgres server per test session and a fresh migrated database per test.
+"""Shared test set-up for tests/core, tests/runtime, tests/lab and tests/cli: the Hypothesis profiles, the shipped
+data's paths, a config writer, and the servers (a real Postgres server and a Prefect server per test session, a
+fresh migrated database per test).
+
+Nothing here imports the runtime at module level, so the decision-core tests (tests/core) run without Postgres,
+Prefect or the store: the server fixtures import what they need when a test asks for them (the helpers they use
+are in tests/runtime/databases.py). They are defined here rather than in a tests/runtime conftest because the lab
+and CLI tests use them too, and a session fixture defined once is started once per session.
 
 Server: `TEST_DATABASE_URL` if set, else an embedded pgserver under a short temporary directory. Each test
 that asks for `database_url` gets its own database cloned from a migrated template (~50 ms), so tests never
@@ -14,17 +21,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from hypothesis import settings
 
 from planner_core.data import AZURE_CONV_TRACE, H200_PROFILE_DIR
-from planner_core.runtime.store.db import to_libpq_uri, to_sqlalchemy_url
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROFILE_DIR = H200_PROFILE_DIR
 AZURE_CONV = AZURE_CONV_TRACE
-TEMPLATE_DB = "planner_template"
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -66,16 +70,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
-def _with_database(url: str, name: str) -> str:
-    """Replace the database name in a libpq URI (keeps the ?host=... socket query)."""
-    base, _, query = url.partition("?")
-    scheme_host = base.rsplit("/", 1)[0]
-    return f"{scheme_host}/{name}" + (f"?{query}" if query else "")
-
-
 @pytest.fixture(scope="session")
 def postgres_server_url() -> Iterator[str]:
     """libpq URI of the maintenance database of a real Postgres server."""
+    from planner_core.runtime.store.db import to_libpq_uri, to_sqlalchemy_url
+
     external = os.environ.get("TEST_DATABASE_URL")
     if external:
         yield to_libpq_uri(to_sqlalchemy_url(external))
@@ -93,39 +92,16 @@ def postgres_server_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def template_database(postgres_server_url: str) -> str:
     """A database migrated to head, used as the template of every test database."""
-    from planner_core.runtime.store.migrate import upgrade
+    from tests.runtime.databases import create_template_database
 
-    with psycopg.connect(postgres_server_url, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE_DB}")
-        conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
-    template_url = _with_database(postgres_server_url, TEMPLATE_DB)
-    upgrade(to_sqlalchemy_url(template_url))
-    from planner_core.runtime.store.db import get_engine
-
-    get_engine(to_sqlalchemy_url(template_url)).dispose()  # a template must have no open connections
-    return TEMPLATE_DB
-
-
-def create_database(server_url: str, template: str | None = None) -> str:
-    """Create an empty (or templated) database and return its SQLAlchemy URL."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
-    return to_sqlalchemy_url(_with_database(server_url, name))
-
-
-def release_connections(url: str) -> None:
-    """Close this process's pooled connections to a test's database: the engines are cached per URL for the
-    process (`get_engine`), so without this every test database keeps its idle connections open until the session
-    ends, and a long suite runs into the server's `max_connections`."""
-    from planner_core.runtime.store.db import get_engine
-
-    get_engine(url).dispose()
+    return create_template_database(postgres_server_url)
 
 
 @pytest.fixture
 def database_url(postgres_server_url: str, template_database: str) -> Iterator[str]:
     """SQLAlchemy URL of a fresh database at the newest migration."""
+    from tests.runtime.databases import create_database, release_connections
+
     url = create_database(postgres_server_url, template_database)
     yield url
     release_connections(url)
@@ -134,6 +110,8 @@ def database_url(postgres_server_url: str, template_database: str) -> Iterator[s
 @pytest.fixture
 def empty_database_url(postgres_server_url: str) -> Iterator[str]:
     """SQLAlchemy URL of a fresh database with no schema (for migration tests)."""
+    from tests.runtime.databases import create_database, release_connections
+
     url = create_database(postgres_server_url)
     yield url
     release_connections(url)
@@ -152,7 +130,7 @@ def azure_conv_trace() -> Path:
 @pytest.fixture
 def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A directory on `sys.path` for installed test distributions (plugin packages, see
-    tests/test_plugin_packages.py); modules imported from it are forgotten after the test."""
+    tests/core/test_plugin_packages.py); modules imported from it are forgotten after the test."""
     directory = tmp_path / "site-packages"
     directory.mkdir()
     monkeypatch.syspath_prepend(str(directory))
@@ -186,79 +164,6 @@ def write_config(directory: Path, **overrides: object) -> Path:
     path = directory / f"planner-{uuid.uuid4().hex[:6]}.yaml"
     path.write_text(yaml.safe_dump(body))
     return path
-
-
-def decision_outcome(at, num_prefill: int | None, num_decode: int | None):
-    """A throughput tick's inputs at `at` (a datetime; 1 ready and expected worker per pool) and an outcome deciding
-    the given targets: what `record_decision` records (and a bench that times the commit itself)."""
-    from planner_core.domain import (
-        Loop,
-        PlannerState,
-        ReasonCode,
-        ScalingDecision,
-        TickInputs,
-        TickOutcome,
-        WorkerCounts,
-    )
-
-    workers = WorkerCounts(ready_prefill=1, ready_decode=1, expected_prefill=1, expected_decode=1)
-    inputs = TickInputs(now_s=at.timestamp(), loop=Loop.THROUGHPUT, workers=workers)
-    outcome = TickOutcome(
-        decision=ScalingDecision(num_prefill=num_prefill, num_decode=num_decode),
-        next_state=PlannerState(),
-        steps=(),
-        reason=ReasonCode.SCALE,
-    )
-    return inputs, outcome
-
-
-def record_decision(ctx, deployment_name: str, at, num_prefill: int | None, num_decode: int | None) -> int:
-    """Record a throughput tick of `deployment_name` at `at` (a datetime) whose decision is the given targets, with
-    the real repository (1 ready and expected worker per pool); returns the decision id."""
-    from sqlalchemy import select
-
-    from planner_core.runtime.store.models import DecisionRow
-
-    inputs, outcome = decision_outcome(at, num_prefill, num_decode)
-    with ctx.sessions.begin() as session:
-        tick_id = record_outcome(session, deployment_name, inputs, outcome)
-        return session.scalar(select(DecisionRow.id).where(DecisionRow.tick_id == tick_id))
-
-
-def record_outcome(session, deployment_name: str, inputs, outcome, *, previous_tick_id: int | None = None):
-    """Record a hand-made tick outcome for `deployment_name` at `inputs.now_s` with the real repository."""
-    import datetime as dt
-
-    from planner_core.runtime.store import repository as repo
-
-    deployment = repo.find_deployment(session, deployment_name)
-    record = repo.TickRecord(
-        deployment_id=deployment.id,
-        scheduled_at=dt.datetime.fromtimestamp(inputs.now_s, tz=dt.UTC),
-        config_hash=deployment.config_hash,
-        predictor="constant",
-        previous_tick_id=previous_tick_id,
-        decide_ms=0.0,
-    )
-    return repo.record_tick(session, record, inputs, outcome)
-
-
-def create_login(url: str, group: str, password: str) -> tuple[str, str]:
-    """A new login role in `group` with `password`, and the libpq URI of `url`'s database logging in as it
-    (the password in the URI, as an operator's `PLANNER_DATABASE_URL` would carry it). Drop it with `drop_login`."""
-    name = f"login_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {name} LOGIN PASSWORD '{password}' IN ROLE {group}")
-    scheme, rest = to_libpq_uri(url).split("://", 1)
-    host_and_db = rest.split("@", 1)[1] if "@" in rest.split("/", 1)[0] else rest
-    return f"{scheme}://{name}:{password}@{host_and_db}", name
-
-
-def drop_login(url: str, name: str) -> None:
-    """Drop a role made by `create_login` (its privileges in `url`'s database first)."""
-    with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
-        conn.execute(f"DROP OWNED BY {name}")
-        conn.execute(f"DROP ROLE {name}")
 
 
 @pytest.fixture(scope="session")

@@ -70,7 +70,7 @@ def _commit_decision(ctx, at: dt.datetime, targets: int) -> tuple[int, dt.dateti
     from sqlalchemy import select
 
     from planner_core.runtime.store.models import DecisionRow
-    from tests.conftest import decision_outcome, record_outcome
+    from tests.runtime.databases import decision_outcome, record_outcome
 
     inputs, outcome = decision_outcome(at, targets, targets)
     with ctx.sessions() as session:

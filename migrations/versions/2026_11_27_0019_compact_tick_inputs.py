@@ -3,7 +3,7 @@
 Why: `ticks.inputs` was 1.0 kB of a load tick's 3.3 kB (`planner fleet bytes`, 3-deployment fleet bench): JSONB
 keeps every key and a binary header per value, and most of an engine's forward-pass counters are zero. Now the
 planner writes the inputs without the fields that hold their defaults (`to_jsonable(..., omit_defaults=True)`;
-`from_jsonable` fills them back, the defaults are pinned by tests/test_stored_defaults.py) as `json`, which
+`from_jsonable` fills them back, the defaults are pinned by tests/runtime/test_stored_defaults.py) as `json`, which
 stores the text as written (no spaces). Replay reads the same inputs; the view `fpm_snapshots` puts each engine's
 left-out counters back, so its rows and `metrics` objects are what they were. SQL that used JSONB operators on
 `ticks.inputs` itself (`@>`, `?`, jsonb_path_*) casts it: `inputs::jsonb`.
@@ -29,7 +29,8 @@ down_revision: str | None = "0018"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# `ForwardPassMetrics`' defaults as this revision's writer leaves them out (pinned by tests/test_stored_defaults.py).
+# `ForwardPassMetrics`' defaults as this revision's writer leaves them out (pinned by
+# tests/runtime/test_stored_defaults.py).
 _SCHEDULED = {
     "num_prefill_requests": 0,
     "sum_prefill_tokens": 0,

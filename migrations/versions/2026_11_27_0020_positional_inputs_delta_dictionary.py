@@ -5,7 +5,7 @@ Why: a load tick stored 2.7 kB (`planner fleet bytes`, 3-deployment fleet bench,
 names (`"sum_decode_kv_tokens":`), ~170 B an engine; and a planner-state delta (~0.48 kB compressed) spelled out
 the state's key names and a fit's sentence at every tick. Now `inputs.workers` and each engine of `inputs.fpm`
 are JSON arrays of their fields in declared order (`domain.stored_inputs`, trailing defaults left out; the order
-is pinned by tests/test_stored_defaults.py), ~100 B an engine, and the inputs leave out `loop` and `now_s`
+is pinned by tests/runtime/test_stored_defaults.py), ~100 B an engine, and the inputs leave out `loop` and `now_s`
 where the row's `loop` and `scheduled_at` give them back exactly; and a delta is zlib-compressed with a preset
 dictionary of that shared text (`state_delta.encode_delta`, whose zlib header names the dictionary), ~0.21 kB.
 The view `fpm_snapshots` expands the arrays back into the same rows and whole `metrics` objects as 0019's.
@@ -44,7 +44,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # The positional records as this revision writes them: (field, default) in declared order, None for a required
-# field (pinned against the domain's dataclasses by tests/test_stored_defaults.py).
+# field (pinned against the domain's dataclasses by tests/runtime/test_stored_defaults.py).
 SCHEDULED = (
     ("num_prefill_requests", 0),
     ("sum_prefill_tokens", 0),

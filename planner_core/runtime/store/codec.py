@@ -79,7 +79,8 @@ def to_jsonable(value: Any, *, omit_defaults: bool = False) -> Any:
 
     With `omit_defaults`, a dataclass field holding exactly its default (same type and value, the sign of a zero
     included) is left out: `from_jsonable` fills it back in, so the tree reads back equal with less to store. What
-    was stored that way depends on the defaults staying what they are (pinned by tests/test_stored_defaults.py)."""
+    was stored that way depends on the defaults staying what they are (pinned by
+    tests/runtime/test_stored_defaults.py)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {
             f.name: to_jsonable(getattr(value, f.name), omit_defaults=omit_defaults)
@@ -155,7 +156,7 @@ def from_jsonable(cls: type[T], data: Mapping[str, Any]) -> T:
 # when it is the tick's scheduled time (as every live tick's is) to the bit. A positional record lists its
 # dataclass's fields in their declared order (nested records likewise: an engine's `scheduled` and `queued`
 # counters), and leaves out the trailing fields that hold their defaults (an idle queue, a serving engine). Stored
-# ticks are read back by position: the field order of these records is pinned by tests/test_stored_defaults.py
+# ticks are read back by position: the field order of these records is pinned by tests/runtime/test_stored_defaults.py
 # with their defaults, and changing it needs a migration.
 POSITIONAL_IN_STORED_INPUTS = ("workers", "fpm")
 

@@ -424,7 +424,7 @@ def _insert_tick(session: Session, values: dict[str, Any]) -> int | None:
 def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcome: TickOutcome) -> int | None:
     """Insert a tick and everything it saw and decided. Returns the tick id, or None if already recorded.
 
-    In this order (tests/test_tick_statements.py pins the statements): the `ticks` row, what the tick observed,
+    In this order (tests/runtime/test_tick_statements.py pins the statements): the `ticks` row, what the tick observed,
     its prediction and proposals, its steps, the planner state it leaves, its decision, and the audit rows."""
     ensure_partition(session, record.scheduled_at)  # normally a cache hit: created ahead (store/partitions.py)
     session.flush()  # rows the caller added through the ORM go first: the plain inserts below do not wait for them

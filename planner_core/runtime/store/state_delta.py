@@ -215,8 +215,8 @@ def _shifted_window(old: list[Any], new: list[Any]) -> dict[str, Any] | None:
 # names around an online perf model's new sample and refit, a plugin's run time, the delta markers, a fit's sentence),
 # so a delta refers to it instead of spelling it out; a load tick's delta shrinks from ~0.48 kB to ~0.21 kB (3-member
 # fleet bench). Its numbers are placeholders. NEVER EDIT IT: a stored delta's zlib header names the dictionary it
-# was compressed with (its Adler-32, pinned by tests/test_state_delta.py) and is read with that one only; a better
-# dictionary is added beside it (in `_DICTIONARIES`) and made `_DICTIONARY`.
+# was compressed with (its Adler-32, pinned by tests/runtime/test_state_delta.py) and is read with that one only; a
+# better dictionary is added beside it (in `_DICTIONARIES`) and made `_DICTIONARY`.
 DELTA_DICTIONARY_1 = (
     b'"load_history":{"{":{"num_req":{"[":[[1,64],{"v":[0.0]}]},"isl":{"[":[[1,64],{"v":[0.0]}]},'
     b'"osl":{"[":[[1,64],{"v":[0.0]}]},"num_windows":{"=":1},"seen_traffic":{"=":true}}},'

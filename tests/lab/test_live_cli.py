@@ -1,0 +1,167 @@
+"""`planner live`'s own parts that need no stack: the traffic it replays (the conv hour; one day's load cycle),
+the slowed profile, aiperf's figures, the policy it runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner_cli.main import build_parser
+from planner_core.config import load_config, parse_config
+from planner_core.data import DEFAULT_CONFIG
+from planner_core.lab.live import (
+    AZURE_CONV,
+    LiveError,
+    RunSpec,
+    aiperf_figures,
+    compressed_policy,
+    day_shape,
+    day_trace,
+    live_table,
+    write_day_trace,
+    write_slowed_profile,
+    write_trace,
+)
+from planner_core.perf.model import ProfilePerfModel
+from planner_core.traces import load_trace
+
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "planner_core" / "data" / "profiles" / "H200_TP1P_TP1D"
+
+
+def test_trace_is_cut_compressed_thinned_and_capped(tmp_path) -> None:
+    full = tmp_path / "full.jsonl"
+    thin = tmp_path / "thin.jsonl"
+    num_full = write_trace(full, start_s=480, duration_s=100, speedup=3, keep_every=1, max_isl=2048, max_osl=256)
+    num_thin = write_trace(thin, start_s=480, duration_s=100, speedup=3, keep_every=3, max_isl=2048, max_osl=256)
+    rows = [json.loads(line) for line in full.read_text().splitlines()]
+    assert num_full == len(rows) and num_thin == len(thin.read_text().splitlines()) == -(-num_full // 3)
+    stamps = [r["timestamp"] for r in rows]
+    assert stamps == sorted(stamps) and 0 <= stamps[0] and stamps[-1] < 100_000  # 300 s of trace in 100 s
+    assert max(r["input_length"] for r in rows) <= 2048 and 1 <= min(r["output_length"] for r in rows)
+    assert max(r["output_length"] for r in rows) <= 256
+
+
+def test_slowed_profile_slows_latency_and_capacity_alike(tmp_path) -> None:
+    slowed = write_slowed_profile(tmp_path / "x8", 8.0)
+    for part, keys in (
+        ("selected_prefill_interpolation", ("prefill_ttft", "prefill_thpt_per_gpu")),
+        ("selected_decode_interpolation", ("z_itl", "z_thpt_per_gpu")),
+    ):
+        with np.load(PROFILE_DIR / part / "raw_data.npz") as base, np.load(slowed / part / "raw_data.npz") as new:
+            assert np.allclose(new[keys[0]], base[keys[0]] * 8) and np.allclose(new[keys[1]], base[keys[1]] / 8)
+            assert all(np.array_equal(new[k], base[k]) for k in base.files if k not in keys)
+    assert ProfilePerfModel.load(slowed) is not None  # the planner loads it like the shipped one
+
+
+def _record(ttft_ms: float | None, itl_ms: float | None, error: bool = False) -> str:
+    metrics = {}
+    if ttft_ms is not None:
+        metrics["time_to_first_token"] = {"value": ttft_ms, "unit": "ms"}
+    if itl_ms is not None:
+        metrics["inter_token_latency"] = {"value": itl_ms / 1000, "unit": "s"}
+    return json.dumps({"metrics": metrics, "error": {"type": "TimeoutError"} if error else None})
+
+
+def test_attainment_counts_both_targets_and_errors_apart(tmp_path) -> None:
+    out = tmp_path / "aiperf"
+    out.mkdir()
+    lines = [_record(100, 10), _record(100, 30), _record(900, 10), _record(100, None), _record(None, None, True)]
+    (out / "profile_export.jsonl").write_text("\n".join(lines) + "\n")
+    spec = RunSpec(
+        name="x", adaptive=True, fixed_size=1, duration_s=1, ttft_ms=500, itl_ms=20, interval_s=30, max_workers=2,
+        trace=tmp_path, nice=0, profile_dir=tmp_path, cooldown_s=0,
+    )  # fmt: skip
+    figures = aiperf_figures(out, spec)
+    assert (figures["aiperf_records"], figures["aiperf_errors"]) == (4, 1)
+    # (100, 10) and the one-token answer, of the five sent: the timed-out request missed the SLA
+    assert figures["attainment"] == pytest.approx(2 / 5)
+    assert (figures["ttft_attainment"], figures["itl_attainment"]) == (pytest.approx(3 / 5), pytest.approx(3 / 5))
+
+
+def test_the_live_policy_is_the_recommended_one_with_its_time_constants_compressed() -> None:
+    """Traffic replayed 6 times faster: the window, the scale-down hold and the assumed start-up are 6 times
+    shorter (the window stays whole seconds); every other setting is the recommended policy's own."""
+    shipped = load_config(DEFAULT_CONFIG).policy
+    body = compressed_policy(DEFAULT_CONFIG, 6.0)
+    body["profile_results_dir"] = str(PROFILE_DIR)
+    live = parse_config(body, "live").policy
+    assert live.throughput_adjustment_interval_seconds == round(shipped.throughput_adjustment_interval_seconds / 6)
+    assert live.throughput_scale_down_hold_seconds == shipped.throughput_scale_down_hold_seconds / 6
+    assert live.throughput_startup_seconds == shipped.throughput_startup_seconds / 6
+    timed = {
+        "throughput_adjustment_interval_seconds",
+        "throughput_scale_down_hold_seconds",
+        "throughput_startup_seconds",
+    }
+    same = {k for k in type(live).model_fields if k not in timed | {"profile_results_dir"}}
+    assert {k: getattr(live, k) for k in same} == {k: getattr(shipped, k) for k in same}
+
+
+def test_the_day_is_a_cosine_from_the_mean_down_to_the_night_up_to_the_peak_and_back() -> None:
+    shape = day_shape(560.0, 0.125)
+    rates = shape.rates
+    assert shape.window_s == 10.0 and len(rates) == 56
+    assert rates.max() <= 1.0 and rates.min() >= 0.125
+    # the night at a quarter of the span, the peak at three quarters, the mean at both ends
+    assert int(np.argmin(rates)) in (13, 14) and int(np.argmax(rates)) in (41, 42)
+    assert rates.max() / rates.min() == pytest.approx(8.0, rel=0.01)
+    mean = (1 + 0.125) / 2
+    assert rates[0] == pytest.approx(mean, abs=0.06) and rates[-1] == pytest.approx(mean, abs=0.06)
+    assert rates[0] > rates[1] and rates[-2] > rates[-1]  # falling into the night, and from the day's peak
+    assert np.array_equal(day_shape(560.0, 1.0).rates, np.ones(56))  # no cycle: a flat day
+    for bad in ({"trough_ratio": 0.0}, {"trough_ratio": 1.5}):
+        with pytest.raises(LiveError, match="--trough-ratio"):
+            day_shape(560.0, **bad)
+    with pytest.raises(LiveError, match="--duration-s"):
+        day_shape(5.0, 0.5)
+
+
+def test_the_day_traffic_follows_the_cycle_with_the_conv_hours_requests() -> None:
+    trace = day_trace(duration_s=560.0, peak_rps=2.0, trough_ratio=0.125)
+    again = day_trace(duration_s=560.0, peak_rps=2.0, trough_ratio=0.125)
+    assert np.array_equal(trace.arrival_s, again.arrival_s) and np.array_equal(trace.isl, again.isl)  # no chance
+    # the cycle's mean rate: the peak times the shape's mean over its maximum
+    shape = day_shape(560.0, 0.125)
+    assert trace.num_requests == pytest.approx(2.0 * shape.rates.mean() / shape.rates.max() * 560, rel=0.01)
+    assert 0 <= trace.arrival_s[0] and trace.arrival_s[-1] < 560
+    # the night's quarter (around 140 s) carries far fewer requests than the day's (around 420 s)
+    night = np.count_nonzero((trace.arrival_s >= 70) & (trace.arrival_s < 210))
+    day = np.count_nonzero((trace.arrival_s >= 350) & (trace.arrival_s < 490))
+    assert day > 3 * night > 0
+    # the requests are the hour's, from all of it (its lengths, in its order), not the first minutes only
+    hour = load_trace(AZURE_CONV)
+    assert set(zip(trace.isl.tolist(), trace.osl.tolist(), strict=True)) <= set(
+        zip(hour.isl.tolist(), hour.osl.tolist(), strict=True)
+    )
+    tail = hour.arrival_s > hour.duration_s - 300  # the hour's last five minutes end the day
+    last = set(zip(hour.isl[tail].tolist(), hour.osl[tail].tolist(), strict=True))
+    assert set(zip(trace.isl[-10:].tolist(), trace.osl[-10:].tolist(), strict=True)) <= last
+    with pytest.raises(LiveError, match="--peak-rps"):
+        day_trace(duration_s=560.0, peak_rps=0.0, trough_ratio=0.5)
+
+
+def test_the_day_trace_file_is_mooncake_with_capped_lengths(tmp_path) -> None:
+    out = tmp_path / "day.jsonl"
+    num = write_day_trace(out, duration_s=120.0, peak_rps=3.0, trough_ratio=0.25, max_isl=1024, max_osl=64)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert num == len(rows) > 0 and set(rows[0]) == {"timestamp", "input_length", "output_length"}
+    stamps = [r["timestamp"] for r in rows]
+    assert stamps == sorted(stamps) and stamps[-1] < 120_000
+    assert max(r["input_length"] for r in rows) <= 1024 and max(r["output_length"] for r in rows) <= 64
+    assert min(r["output_length"] for r in rows) >= 1
+
+
+def test_make_live_runs_the_day_against_two_fixed_engines_by_default() -> None:
+    args = build_parser().parse_args(["live"])
+    assert (args.traffic, args.peak_rps, args.trough_ratio, args.fixed_size) == ("day", 2.0, 0.125, 2)
+    assert args.initial_size is None  # both runs start from the fixed size
+
+
+def test_the_table_says_what_traffic_each_run_had() -> None:
+    traffic = "day: peak 2 req/s, night 0.125 of it; 629 requests in 560 s"
+    table = live_table([{"run": "planner", "traffic": traffic}, {"run": "old"}], ttft_ms=2000, itl_ms=100)
+    row = next(line for line in table.splitlines() if line.startswith("| traffic"))
+    assert row == f"| traffic | {traffic} | - |"  # a record made before runs said their traffic: -

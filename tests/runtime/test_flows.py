@@ -1,0 +1,609 @@
+"""The Prefect layer against a real Prefect server (the test harness, started once per session)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from planner_core.runtime.store.db import to_libpq_uri
+from tests.conftest import REPO_ROOT, write_config
+
+pytestmark = pytest.mark.prefect
+
+
+def _rows(url: str, sql: str, *params):
+    with psycopg.connect(to_libpq_uri(url)) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def _decisions(url: str, deployment: str):
+    return _rows(
+        url,
+        "SELECT decided_at, target_prefill, target_decode, status FROM decision_history "
+        "WHERE deployment = %s ORDER BY decided_at",
+        deployment,
+    )
+
+
+def _run_demo(database_url, config, trace, deployment, max_windows, **parameters):
+    """The demo flow on `database_url` (named by PLANNER_DATABASE_URL, as `planner demo` does: not a parameter);
+    `parameters`: the flow's other parameters (report_dir, ...)."""
+    from flows.demo import demo
+
+    saved = os.environ.get("PLANNER_DATABASE_URL")
+    os.environ["PLANNER_DATABASE_URL"] = database_url
+    try:
+        return demo(
+            trace_path=str(trace),
+            config_path=str(config),
+            deployment=deployment,
+            startup_s=120.0,
+            rate_scale=12.0,
+            max_windows=max_windows,
+            **parameters,
+        )
+    finally:
+        if saved is None:
+            os.environ.pop("PLANNER_DATABASE_URL", None)
+        else:
+            os.environ["PLANNER_DATABASE_URL"] = saved
+
+
+def test_demo_flow_records_ticks_as_prefect_task_runs(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """Each demo tick is a Prefect task run; the tick rows carry the flow and task run ids."""
+    config = write_config(tmp_path, report_output_dir="planner_reports")
+    summary = _run_demo(database_url, config, azure_conv_trace, "flow-demo", max_windows=6)
+    assert summary["num_ticks"] == 6 and summary["num_windows"] == 6
+    ticks = _rows(database_url, "SELECT flow_run_id, task_run_id FROM ticks ORDER BY id")
+    assert len(ticks) == 6
+    assert len({flow_run for flow_run, _ in ticks}) == 1 and all(task_run for _, task_run in ticks)
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    async def task_run_names() -> list[str]:
+        async with get_client() as client:
+            runs = await client.read_task_runs(
+                task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="throughput-tick"))
+            )
+            return [run.name for run in runs]
+
+    names = asyncio.run(task_run_names())
+    assert len([n for n in names if n.startswith("throughput-tick 2023-11-16")]) >= 6
+    # every decision was executed and acknowledged by the simulated orchestrator
+    assert summary["num_decisions"] >= 1
+    assert {status for *_, status in _decisions(database_url, "flow-demo")} == {"acknowledged"}
+    # the demo ends with its report (config-relative report_output_dir) and an artifact linking it
+    report = Path(summary["report_path"])
+    assert report.parent == tmp_path / "planner_reports"
+    assert report.name.startswith("planner_report_flow-demo_20231116_")  # the deployment, then the run's end
+    assert report.read_text().count('data-chart="') == 15
+    [artifact] = _report_artifacts("planner-report-flow-demo")
+    assert report.resolve().as_uri() in artifact.data and artifact.flow_run_id is not None
+
+
+def _report_artifacts(key: str):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+
+    return asyncio.run(read())
+
+
+def test_report_flow_writes_the_report_and_links_it(
+    prefect_api_url, database_url, tmp_path, profile_dir, monkeypatch
+) -> None:
+    """`planner-report` writes the page under report_output_dir and creates a markdown artifact linking it."""
+    from flows.report import planner_report
+    from tests.runtime.recorded import record_scenario
+
+    monkeypatch.setenv("PLANNER_DATABASE_URL", database_url)  # as the served flows get it
+
+    record_scenario(database_url, tmp_path, deployment="report-flow")
+    config = write_config(tmp_path, report_interval_hours=None, report_output_dir="reports")
+    result = planner_report(deployment="report-flow", config_path=str(config), until="2026-03-02T00:00:00Z")
+    path = Path(result["path"])
+    # no interval: every tick before `until`; the name carries the deployment and the window's end
+    assert path == tmp_path / "reports" / "planner_report_report-flow_20260302_000000_000.html"
+    assert result["num_charts"] == 15 and path.read_text().count('data-chart="') == 15
+    assert (tmp_path / "reports" / "planner_report_report-flow_20260302_000000_000.log.jsonl.gz").exists()
+    [artifact] = _report_artifacts("planner-report-report-flow")
+    assert artifact.type == "markdown" and path.resolve().as_uri() in artifact.data
+    # a second report of the same period gets the next number, never overwriting the first
+    again = planner_report(deployment="report-flow", config_path=str(config), until="2026-03-02T00:00:00Z")
+    assert Path(again["path"]).name == "planner_report_report-flow_20260302_000000_001.html"
+
+
+def test_resumed_demo_equals_an_uninterrupted_one(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """Stopping after 3 windows and resuming to 8 records the same ticks and decisions as one run to 8."""
+    config = write_config(tmp_path)
+    _run_demo(database_url, config, azure_conv_trace, "resumed", max_windows=3)
+    resumed = _run_demo(database_url, config, azure_conv_trace, "resumed", max_windows=8)
+    straight = _run_demo(database_url, config, azure_conv_trace, "straight", max_windows=8)
+    assert _decisions(database_url, "resumed") == _decisions(database_url, "straight")
+    assert resumed["num_ticks"] == straight["num_ticks"] == 8
+    assert resumed["gpu_hours"] == pytest.approx(straight["gpu_hours"])
+    assert resumed["sla_attainment"] == pytest.approx(straight["sla_attainment"])
+    duplicates = _rows(
+        database_url, "SELECT deployment_id, loop, scheduled_at FROM ticks GROUP BY 1, 2, 3 HAVING count(*) > 1"
+    )
+    assert duplicates == []
+
+
+def test_demo_report_and_metrics_count_the_same_gpu_hours(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """One GPU-hours accounting: the demo summary's figure is exactly the report's and the metrics exporter's
+    (`planner_core.domain.gpu_hours` over the recorded ticks); the simulator's own figure is reported beside it
+    as `simulated_gpu_hours`, equal to the comparison row of this run."""
+    from planner_core.runtime.metrics import load_metrics_snapshot
+    from planner_core.runtime.report import load_report_data, summarise
+    from planner_core.runtime.store.db import session_factory
+
+    config = write_config(tmp_path, report_output_dir="planner_reports")
+    summary = _run_demo(database_url, config, azure_conv_trace, "gpu-hours", max_windows=6)
+    with session_factory(database_url).begin() as session:
+        report = summarise(load_report_data(session, "gpu-hours"))
+        metrics = load_metrics_snapshot(session, "gpu-hours")
+    assert summary["gpu_hours"] > 0
+    assert summary["gpu_hours"] == report.gpu_hours == metrics.gpu_hours
+    assert summary["simulated_gpu_hours"] == summary["comparison"][0]["gpu_hours"]
+    assert f"{summary['gpu_hours']:.2f}" in Path(summary["report_path"]).read_text()
+
+
+def test_demo_finishes_a_tick_recorded_but_not_executed(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """A stop between recording a tick and executing its decision: the resumed run executes it at its own time."""
+    from flows.ticks import decide_and_record
+    from planner_core.domain import Loop
+    from planner_core.lab.demo import epoch as _epoch
+    from planner_core.lab.demo import recorded_scale_events, simulate_timeline, starting_size
+    from planner_core.runtime.connectors.virtual import VirtualConnectorClient
+    from planner_core.runtime.service import load_context
+    from planner_core.traces import load_trace
+
+    config = write_config(tmp_path)
+    _run_demo(database_url, config, azure_conv_trace, "crashed", max_windows=3)
+    # Window 4, exactly as the demo loop records it, then a "crash" before the execution task runs.
+    ctx = load_context(database_url, "crashed", config)
+    trace = load_trace(azure_conv_trace).scaled(12.0)
+    start = starting_size(ctx, trace, 120.0)
+    cluster = simulate_timeline(ctx, trace, recorded_scale_events(ctx, trace), 240.0, 120.0, start)
+    with VirtualConnectorClient(database_url, "crashed") as client:
+        counts = cluster.worker_counts()
+        client.report_workers(ready_prefill=counts.ready_prefill, ready_decode=counts.ready_decode)
+    decide_and_record.fn(ctx, Loop.THROUGHPUT, _epoch(trace, 240.0), cluster.observe(180.0, 240.0, planner=ctx.planner))
+    assert [status for *_, status in _decisions(database_url, "crashed")][-1] == "pending"
+
+    _run_demo(database_url, config, azure_conv_trace, "crashed", max_windows=8)
+    _run_demo(database_url, config, azure_conv_trace, "whole", max_windows=8)
+    assert _decisions(database_url, "crashed") == _decisions(database_url, "whole")
+
+
+def test_killed_demo_process_resumes_without_loss_or_duplicates(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """SIGKILL a `planner demo` process mid-run, start it again: same history as an uninterrupted run."""
+    config = write_config(tmp_path)
+    env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PLANNER_DATABASE_URL=database_url)
+    command = [
+        sys.executable, "-m", "planner_cli.main", "demo", "--trace", str(azure_conv_trace), "--config", str(config),
+        "--deployment", "killed", "--max-windows", "14",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        count = _rows(database_url, "SELECT count(*) FROM ticks")[0][0] if _has_ticks(database_url) else 0
+        if count >= 4:
+            break
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    killed_at = _rows(database_url, "SELECT count(*) FROM ticks")[0][0]
+    assert 4 <= killed_at < 14, "the process must be killed mid-run"
+    finished = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert "ticks recorded 14" in finished.stdout
+    _run_demo(database_url, config, azure_conv_trace, "uninterrupted", max_windows=14)
+    assert _decisions(database_url, "killed") == _decisions(database_url, "uninterrupted")
+
+
+def _has_ticks(url: str) -> bool:
+    return bool(_rows(url, "SELECT to_regclass('ticks') IS NOT NULL")[0][0])
+
+
+def test_deployments_take_schedules_from_the_config(tmp_path, profile_dir) -> None:
+    """The tick deployments have the config's intervals, no overlap, load-tick paused when off; replay on demand."""
+    from flows.serve import build_deployments
+    from planner_core.config import load_config
+
+    path = write_config(tmp_path, throughput_adjustment_interval_seconds=120, execution_interval_seconds=7)
+    built = build_deployments(load_config(path), str(path), "prod")
+    assert {d.name for d in built} == {"prod"}  # named after the managed deployment, one per flow
+    deployments = {d.flow_name: d for d in built}
+    assert set(deployments) == {"throughput-tick", "load-tick", "execute-decisions", "planner-report", "replay-ticks"}
+    replay = deployments.pop("replay-ticks")
+    assert replay.schedules in (None, [])  # run on demand from the UI
+    assert replay.parameters == {"deployment": "prod", "config_dir": str(path.parent)}
+    # no 10 s poll: the serving process runs it on each decision's NOTIFY (tests/runtime/test_execution_listener.py)
+    assert deployments["execute-decisions"].schedules in (None, [])
+    intervals = {name: d.schedules[0].schedule.interval for name, d in deployments.items() if d.schedules}
+    assert intervals == {
+        "throughput-tick": dt.timedelta(seconds=120),
+        "load-tick": dt.timedelta(seconds=5),
+        "planner-report": dt.timedelta(hours=24),  # report_interval_hours' default
+    }
+    for deployment in deployments.values():
+        assert deployment.concurrency_limit == 1
+        assert deployment.concurrency_options.collision_strategy.value == "CANCEL_NEW"
+        assert deployment.parameters == {"deployment": "prod", "config_path": str(path)}
+    assert deployments["load-tick"].paused is True
+    assert deployments["throughput-tick"].paused is False
+
+
+def test_report_deployment_without_an_interval_runs_on_demand_only(tmp_path, profile_dir) -> None:
+    """With report_interval_hours unset the report deployment exists without a schedule."""
+    from flows.serve import build_deployments
+    from planner_core.config import load_config
+
+    path = write_config(tmp_path, report_interval_hours=None)
+    [report] = [d for d in build_deployments(load_config(path), str(path), "prod") if d.flow_name == "planner-report"]
+    assert report.schedules in (None, [])
+
+
+def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir):
+    """`serve` runs throughput ticks on their interval; each records once, and decisions get executed.
+
+    With `metric_reporting_prometheus_port` set, the serving process exports what the flow runs recorded.
+    """
+    from tests.runtime.test_metrics import _free_port
+
+    metrics_port = _free_port()
+    config = write_config(
+        tmp_path,
+        throughput_adjustment_interval_seconds=5,
+        load_adjustment_interval_seconds=1,
+        execution_interval_seconds=5,
+        metric_reporting_prometheus_port=metrics_port,
+        throughput_prefill_burst_sizing=True,
+    )
+    env = dict(
+        os.environ,
+        PREFECT_API_URL=prefect_api_url,
+        PLANNER_DATABASE_URL=database_url,
+        PLANNER_TRACE=str(azure_conv_trace),
+    )
+    code = (
+        "from pathlib import Path; from flows.serve import serve_deployments; "
+        f"serve_deployments(Path({str(config)!r}), 'served')"
+    )
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 150
+        ticks = []
+        while time.monotonic() < deadline and len(ticks) < 3:
+            time.sleep(1)
+            if _has_ticks(database_url):
+                ticks = _rows(
+                    database_url,
+                    "SELECT scheduled_at, reason, flow_run_id FROM ticks "
+                    "WHERE loop = 'throughput' ORDER BY scheduled_at",
+                )
+        # a pending decision committed now is executed by the serving process's listener on its NOTIFY, well before
+        # the 60 s fallback poll (the replayed windows above may decide no change, so one is recorded here)
+        decision_id = _record_pending_decision(database_url, "served")
+        executed_by = time.monotonic() + 30
+        while _rows(database_url, f"SELECT status FROM decisions WHERE id = {decision_id}")[0][0] == "pending":
+            assert time.monotonic() < executed_by, "the served deployment's decision was not executed"
+            time.sleep(0.2)
+        scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).text
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            returncode = process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            returncode = None
+    log_text = log_path.read_text()
+    assert len(ticks) >= 3, log_text[-5000:]
+    # SIGTERM stops it cleanly: exit 0, no traceback, no flow run left running, every schedule paused
+    assert returncode == 0 and "Traceback" not in log_text, log_text[-5000:]
+    deployments, unfinished = _served_state("served")
+    assert len(deployments) == 5 and all(paused for _, paused in deployments), deployments
+    assert unfinished == [], unfinished
+    # every tick logs its decision in one line and leaves a markdown artifact with its numbers
+    assert "served throughput tick 20" in log_text
+    artifacts = _report_artifacts("tick-served-throughput")
+    assert len(artifacts) >= 3 and all("| step | pool | value | reason | detail |" in a.data for a in artifacts)
+    times = [t[0] for t in ticks]
+    assert len(set(times)) == len(times)
+    gaps_s = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
+    # on the 5 s grid: a run still busy when the next is due makes Prefect cancel the new one (no overlap)
+    assert all(gap % 5 == pytest.approx(0, abs=1e-3) for gap in gaps_s), gaps_s
+    assert all(flow_run for *_, flow_run in ticks)
+    assert {reason for _, reason, _ in ticks} <= {"scale", "no_change"}
+    # the flow passed the context's planner to the collect-traffic task: the replayed windows have their
+    # prompt-arrival curve, so prefill is sized on the bursts (a window without requests would have none)
+    bursts = _rows(
+        database_url,
+        "SELECT s.reason FROM tick_steps s JOIN ticks t ON t.id = s.tick_id "
+        "WHERE t.loop = 'throughput' AND s.step = 'burst'",
+    )
+    assert {"burst_sized", "burst_covered"} & {reason for (reason,) in bursts}, bursts
+    # the flow runs (subprocesses) recorded the ticks; the serving process exported them
+    families = {f.name: f for f in text_string_to_metric_families(scraped)}
+    [count] = [s.value for s in families["dynamo_planner_tick_duration_seconds"].samples if s.name.endswith("_count")]
+    assert count >= 3
+    decision = "dynamo_planner_throughput_scaling_decision"
+    [state] = [s.labels[decision] for s in families[decision].samples if s.value == 1]
+    assert state in {"scale", "no_change"}
+
+
+def _record_pending_decision(database_url: str, deployment: str) -> int:
+    """Record a tick (of the throughput loop, in 2020: apart from the served ones) whose decision is 3P/3D."""
+    from planner_core.runtime.store import repository as repo
+    from planner_core.runtime.store.db import session_factory
+    from tests.runtime.databases import record_decision
+
+    class _Sessions:  # what record_decision needs of a context
+        sessions = session_factory(database_url)
+
+    with _Sessions.sessions.begin() as session:
+        assert repo.find_deployment(session, deployment) is not None
+    return record_decision(_Sessions, deployment, dt.datetime(2020, 1, 1, tzinfo=dt.UTC), 3, 3)
+
+
+def _served_state(name: str) -> tuple[list[tuple[str, bool]], list[tuple[str, str]]]:
+    """The served deployments named `name` as (flow/deployment, paused), and their flow runs not in a final state."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    async def read():
+        async with get_client() as client:
+            found = await client.read_deployments(
+                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[name]))
+            )
+            runs = await client.read_flow_runs(deployment_filter=DeploymentFilter(id={"any_": [d.id for d in found]}))
+            return (
+                [(f"{d.flow_id}/{d.name}", d.paused) for d in found],
+                [(run.name, run.state_type.value) for run in runs if run.state_type.value in ("RUNNING", "PENDING")],
+            )
+
+    return asyncio.run(read())
+
+
+def test_a_bad_config_fails_before_prefect_starts(tmp_path) -> None:
+    """`planner serve` checks the config first: one line naming the file and field, exit 2, no Prefect server."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ttft_ms: -5\n")
+    env = dict(os.environ, PLANNER_DATA_DIR=str(tmp_path / "data"))
+    env.pop("PREFECT_API_URL", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "planner_cli.main", "serve", "--config", str(bad)],
+        env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "bad.yaml: field 'ttft_ms' = -5" in result.stderr and "Prefect UI" not in result.stderr
+    assert not (tmp_path / "data" / "prefect").exists()
+
+
+def test_tick_summary_line_says_targets_reason_and_forecast() -> None:
+    from flows.ticks import tick_summary_line
+    from planner_core.domain import Loop, PlannerState, Prediction, ReasonCode, ScalingDecision, TickOutcome
+
+    outcome = TickOutcome(
+        decision=ScalingDecision(num_prefill=3, num_decode=2),
+        next_state=PlannerState(),
+        steps=(),
+        prediction=Prediction(num_req=3512.4, isl=1023.2, osl=231.9),
+        reason=ReasonCode.SCALE,
+    )
+    at = dt.datetime(2023, 11, 16, 18, 16, tzinfo=dt.UTC)
+    assert tick_summary_line("prod", Loop.THROUGHPUT, at, outcome) == (
+        "prod throughput tick 2023-11-16T18:16:00+00:00: 3P/2D, scale; forecast 3512 requests, ISL 1023, OSL 232"
+    )
+
+
+def test_replay_flow_reproduces_a_recorded_run(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir, monkeypatch
+):
+    """The `replay-ticks` flow replays a recorded run exactly and leaves its result and a progress artifact."""
+    from flows.replay import replay_ticks
+    from tests.runtime.recording import record_simulated_run
+
+    config = write_config(tmp_path, load_predictor="kalman")
+    times = record_simulated_run(database_url, config, azure_conv_trace, "flow-replay", num_windows=8)
+    monkeypatch.setenv("PLANNER_DATABASE_URL", database_url)  # the served flow finds its database this way
+    result = replay_ticks(
+        deployment="flow-replay",
+        start=(times[0] - dt.timedelta(hours=1)).isoformat(),
+        end=(times[-1] + dt.timedelta(seconds=1)).isoformat(),
+    )
+    assert (result["ticks"], result["identical"], result["differing"]) == (24, 24, 0)  # 8 throughput + 16 load
+    assert _rows(database_url, "SELECT num_identical FROM replay_runs WHERE id = %s", result["run_id"]) == [(24,)]
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType
+
+    async def artifact_types() -> set[str]:
+        async with get_client() as client:
+            artifacts = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["progress", "table"]))
+            )
+            return {a.type for a in artifacts if a.description and "replay" in a.description}
+
+    assert asyncio.run(artifact_types()) == {"progress", "table"}
+
+
+def test_demo_of_the_recommended_policy_replays_exactly_and_equals_the_bench(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace
+) -> None:
+    """`planner demo`'s default, the recommended policy, on 8 windows: its ticks size prefill for the observed bursts
+    (every burst step `burst_sized` or `burst_covered`, never `burst_unavailable`), `planner replay` reproduces every
+    tick exactly, and the run's figures equal the bench's for the same policy on the same requests (one path)."""
+    from planner_core.data import DEFAULT_CONFIG
+    from planner_core.lab.demo import starting_size
+    from planner_core.lab.sim.bench import PlannerPolicy, run_policy
+    from planner_core.lab.sim.des import spec_for_config
+    from planner_core.runtime.replay import replay
+    from planner_core.runtime.service import load_context
+    from planner_core.traces import load_trace
+
+    summary = _run_demo(
+        database_url, DEFAULT_CONFIG, azure_conv_trace, "recommended", max_windows=8, report_dir=str(tmp_path)
+    )
+    bursts = _rows(
+        database_url,
+        "SELECT s.reason, count(*) FROM tick_steps s JOIN ticks t ON t.id = s.tick_id "
+        "JOIN deployments d ON d.id = t.deployment_id WHERE d.name = 'recommended' AND s.step = 'burst' GROUP BY 1",
+    )
+    assert sum(n for _, n in bursts) == 8 and {reason for reason, _ in bursts} <= {"burst_sized", "burst_covered"}
+    [(num_curves,)] = _rows(
+        database_url,
+        "SELECT count(*) FROM traffic_observations o JOIN ticks t ON t.id = o.tick_id "
+        "JOIN deployments d ON d.id = t.deployment_id WHERE d.name = 'recommended' AND o.prompt_tokens_p99_1s > 0",
+    )
+    assert num_curves == 8  # the curve is stored with every tick
+    far = dt.timedelta(days=1)
+    start, end = dt.datetime(2023, 11, 16, tzinfo=dt.UTC) - far, dt.datetime(2023, 11, 17, tzinfo=dt.UTC) + far
+    replayed = replay(database_url, "recommended", start, end, recorded_config_dir=DEFAULT_CONFIG.parent)
+    assert (replayed.num_ticks, replayed.num_identical, replayed.num_differing) == (8, 8, 0)
+
+    ctx = load_context(database_url, "recommended", DEFAULT_CONFIG)
+    trace = load_trace(azure_conv_trace).scaled(12.0).head(8 * 60.0)
+    assert ctx.perf is not None and ctx.perf.forward_pass_model() is not None
+    spec = spec_for_config(ctx.config, profiled_max_kv_tokens=ctx.perf.profiled_max_kv_tokens(), startup_s=120.0)
+    policy = PlannerPolicy(name="bench", planner=ctx.planner, initial_size=starting_size(ctx, trace, 120.0))
+    bench = run_policy(policy, trace, ctx.perf.forward_pass_model(), spec, ttft_ms=500.0, itl_ms=50.0).row
+    ours = summary["comparison"][0]
+    assert (ours["requests"], ours["sla_attainment"], ours["scaling_events"]) == (
+        bench.requests, bench.sla_attainment, bench.scaling_events
+    )  # fmt: skip
+    # the demo re-applies its decisions at their recorded (epoch) times: equal up to that round trip
+    assert ours["gpu_hours"] == pytest.approx(bench.gpu_hours, rel=1e-12)
+    assert [row["policy"] for row in summary["comparison"][1:]][1] == "Dynamo's defaults"
+
+
+# --- the example out-of-process plugin in the demo ---------------------------------------------------------
+
+GRPC_EXAMPLE = REPO_ROOT / "examples" / "grpc-plugin"
+GRPC_DEMO_WINDOWS = 5
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _policy_with_plugins(directory: Path, name: str, external_plugins: list[dict]) -> Path:
+    """The recommended policy (the demo's default), with these external plugins."""
+    import yaml
+
+    from planner_core.data import DEFAULT_CONFIG
+
+    body = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    body["profile_results_dir"] = str((DEFAULT_CONFIG.parent / body["profile_results_dir"]).resolve())
+    if external_plugins:
+        body["scheduling"] = {"external_plugins": external_plugins}
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def _tick_targets(url: str, deployment: str) -> list[tuple]:
+    """Every throughput tick's decision: (scheduled_at, reason, prefill target, decode target)."""
+    with psycopg.connect(to_libpq_uri(url)) as conn:
+        return conn.execute(
+            """SELECT t.scheduled_at, t.reason, d.target_prefill, d.target_decode
+                 FROM ticks t JOIN deployments dep ON dep.id = t.deployment_id
+                 LEFT JOIN decisions d ON d.tick_id = t.id
+                WHERE dep.name = %s ORDER BY t.scheduled_at""",
+            (deployment,),
+        ).fetchall()
+
+
+def test_the_example_plugin_changes_demo_decisions_and_the_run_replays_without_it(
+    prefect_api_url,
+    database_url: str,
+    azure_conv_trace: Path,
+    tmp_path: Path,
+) -> None:
+    """The example out-of-process plugin (`examples/grpc-plugin/`, a GPU price feed and a price cap) changes the
+    demo's decisions through gRPC, and the run replays identically with the plugin process stopped."""
+    from planner_core.runtime.replay import replay
+
+    port = _free_tcp_port()
+    process = subprocess.Popen(
+        [sys.executable, str(GRPC_EXAMPLE / "llm_planner_spot_price.py"), "--listen", f"127.0.0.1:{port}",
+         "--price", "3.2", "--max-price", "2.5", "--max-prefill", "3"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None and "serving on" in process.stdout.readline()
+        endpoint = f"grpc://127.0.0.1:{port}"
+        with_plugin = _policy_with_plugins(
+            tmp_path,
+            "spot-price",
+            [
+                {"plugin_id": "spot_price_feed", "plugin_type": "observe", "endpoint": endpoint},
+                {"plugin_id": "spot_price_cap", "plugin_type": "constrain", "endpoint": endpoint},
+            ],
+        )
+        _run_demo(database_url, with_plugin, azure_conv_trace, "with-plugin", max_windows=GRPC_DEMO_WINDOWS)
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+    plain_config = _policy_with_plugins(tmp_path, "plain", [])
+    _run_demo(database_url, plain_config, azure_conv_trace, "plain", max_windows=GRPC_DEMO_WINDOWS)
+
+    plain, capped = _tick_targets(database_url, "plain"), _tick_targets(database_url, "with-plugin")
+    assert len(plain) == len(capped) == GRPC_DEMO_WINDOWS
+    # the demo starts at the oracle's 4 prefill engines; the plugin's ceiling (price 3.2 > 2.5) takes it to 3
+    assert all(prefill is None or prefill > 3 for _, _, prefill, _ in plain)
+    assert capped[0][1:3] == ("scale", 3)
+    assert [row for row in capped if row[2] is not None and row[2] > 3] == []
+    assert capped != plain
+
+    # every tick saw the price through OBSERVE and the cap through CONSTRAIN, recorded with the tick
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        steps = conn.execute(
+            """SELECT ts.step, ts.reason, ts.value FROM tick_steps ts JOIN ticks t ON t.id = ts.tick_id
+                 JOIN deployments d ON d.id = t.deployment_id
+                WHERE d.name = 'with-plugin' AND ts.step IN ('observation:spot_price_usd_per_gpu_hour',
+                                                            'constrain:spot_price_cap')
+                  AND ts.reason IN ('observed', 'plugin_overrides')""",
+        ).fetchall()
+    assert sorted(set(steps)) == [
+        ("constrain:spot_price_cap", "plugin_overrides", None),
+        ("observation:spot_price_usd_per_gpu_hour", "observed", 3.2),
+    ]
+    assert len(steps) == 2 * GRPC_DEMO_WINDOWS
+
+    # the plugin process is gone: replay reads its recorded answers
+    start = capped[0][0] - dt.timedelta(seconds=1)
+    summary = replay(database_url, "with-plugin", start, capped[-1][0] + dt.timedelta(seconds=1))
+    expected = (GRPC_DEMO_WINDOWS, GRPC_DEMO_WINDOWS)
+    assert (summary.num_ticks, summary.num_identical) == expected, summary.differences

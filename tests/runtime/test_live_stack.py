@@ -1,0 +1,186 @@
+"""The local connector against Dynamo's own runtime: its frontend and mocker engines (file discovery, no GPU).
+
+Under a minute on a 2-core machine, and part of `make test`, whose prerequisites build what it needs: the Dynamo
+environment (`make dynamo-env`) and the tiny model folder (`make live-model`). Without them it fails, naming the
+make target that builds what is missing (never a silent skip: CI cannot pass without having run it).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from planner_core.lab.sim.dynamo_policy import find_dynamo_python
+from planner_core.runtime.store.models import LocalWorkerStatus
+from tests.runtime.test_local_connector import (  # noqa: F401 - make_ctx is a fixture
+    NAME,
+    T0,
+    alive,
+    counts,
+    decision_status,
+    make_ctx,
+    settle,
+    workers,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_DIR = Path(os.environ.get("PLANNER_LIVE_MODEL_DIR", REPO / ".planner" / "live-model"))
+PROFILE_DIR = REPO / "planner_core" / "data" / "profiles" / "H200_TP1P_TP1D"
+STUBS_DIR = REPO / "planner_core" / "lab" / "dynamo" / "stubs"
+R = LocalWorkerStatus.READY
+
+
+@pytest.fixture(autouse=True)
+def _live_environment() -> None:
+    """Fail, naming the make target, when the Dynamo environment or the model folder is absent (`make test` builds
+    both first)."""
+    missing = []
+    if find_dynamo_python() is None:
+        missing.append("the Dynamo environment: run `make dynamo-env` (or set $DYNAMO_PYTHON)")
+    if not (MODEL_DIR / "config.json").is_file():
+        missing.append(f"the model folder {MODEL_DIR}: run `make live-model`")
+    if missing:
+        pytest.fail("this test needs " + "; ".join(missing))
+
+
+@pytest.fixture
+def frontend(tmp_path):
+    """Dynamo's frontend on file discovery; yields (its URL, the discovery folder)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kv = tmp_path / "kv"
+    kv.mkdir()
+    env = {**os.environ, "DYN_FILE_KV": str(kv), "PYTHONPATH": str(STUBS_DIR)}
+    log = (tmp_path / "frontend.log").open("ab")
+    process = subprocess.Popen(
+        [find_dynamo_python(), "-m", "dynamo.frontend", "--http-port", str(port), "--discovery-backend", "file"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        yield f"http://127.0.0.1:{port}", kv
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _chat(url: str, timeout_s: float = 60.0) -> dict:
+    """One chat completion, retried until `timeout_s` while the frontend's view of the engines lags the processes:
+    it learns of a newly registered engine's model a moment after it registers (404), and it keeps routing to an
+    engine that was killed or stopped until that engine's discovery entry expires (503, its TCP connection refused;
+    round-robin then picks a live engine on a retry)."""
+    import time
+    import urllib.error
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return _chat_once(url)
+        except urllib.error.HTTPError as exc:
+            if exc.code not in (404, 503) or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def _chat_once(url: str) -> dict:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions", json.dumps(body).encode(), {"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def _mocker_ctx(make_ctx, kv: Path, monkeypatch):  # noqa: F811
+    """A local-connector context whose workers are Dynamo's mocker (the default command) on discovery folder `kv`."""
+    for name, value in {
+        "DYNAMO_PYTHON": find_dynamo_python(),
+        "PLANNER_LOCAL_MODEL_DIR": str(MODEL_DIR),
+        "PLANNER_LOCAL_MODEL_NAME": "tiny",
+        "PLANNER_LOCAL_PROFILE_DIR": str(PROFILE_DIR),
+        "PYTHONPATH": str(STUBS_DIR),
+    }.items():
+        monkeypatch.setenv(name, value)
+    return make_ctx(discovery_dir=kv, default_command=True, grace_s=20)
+
+
+def test_mocker_engines_scale_up_down_and_a_killed_one_is_replaced(make_ctx, frontend, monkeypatch) -> None:  # noqa: F811
+    url, kv = frontend
+    ctx = _mocker_ctx(make_ctx, kv, monkeypatch)
+    settle(ctx, lambda: len(workers(ctx, R)) == 1, timeout_s=120)  # the minimum endpoint, the mocker by default
+    assert _chat(url)["choices"][0]["message"]["content"] is not None  # served through the frontend
+
+    up = record(ctx, 0, 2)
+    settle(ctx, lambda: decision_status(ctx, up) == "acknowledged", timeout_s=120)
+    assert counts(ctx) == (2, 2) and all(alive(w) for w in workers(ctx, R))
+
+    victim = workers(ctx, R)[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    settle(ctx, lambda: len(workers(ctx, R)) == 2 and victim.id not in [w.id for w in workers(ctx, R)], timeout_s=120)
+    assert [w.id for w in workers(ctx, LocalWorkerStatus.DIED)] == [victim.id]
+
+    down = record(ctx, 1, 1)
+    settle(ctx, lambda: decision_status(ctx, down) == "acknowledged", timeout_s=120)
+    stopped = workers(ctx, LocalWorkerStatus.STOPPED, LocalWorkerStatus.KILLED)
+    assert len(stopped) == 1 and not alive(stopped[0])
+    assert counts(ctx) == (1, 1)
+    assert _chat(url)["choices"][0]["message"]["content"] is not None  # the remaining engine still serves
+
+
+def record(ctx, minute: int, num_decode: int) -> int:
+    from tests.runtime.databases import record_decision
+
+    return record_decision(ctx, NAME, T0 + dt.timedelta(minutes=minute), None, num_decode)
+
+
+def test_the_ingest_stores_what_dynamos_engines_publish(make_ctx, frontend, monkeypatch, database_url) -> None:  # noqa: F811
+    """A mocker engine started by the local connector publishes its forward-pass metrics on Dynamo's event plane;
+    the ingest finds it in the discovery store and stores its heartbeats and, once it serves a request, its busy
+    iterations, under the engine's worker id (the decimal of its instance id) and the decode pool (aggregated)."""
+    import threading
+    import time
+
+    from sqlalchemy import select
+
+    from planner_core.runtime.ingest import FpmIngest
+    from planner_core.runtime.store import repository as repo
+    from planner_core.runtime.store.db import session_factory
+    from planner_core.runtime.store.models import FpmSampleRow
+
+    url, kv = frontend
+    ctx = _mocker_ctx(make_ctx, kv, monkeypatch)
+    settle(ctx, lambda: len(workers(ctx, R)) == 1, timeout_s=120)
+    with ctx.sessions.begin() as session:
+        deployment_id = repo.find_deployment(session, NAME).id
+    ingest = FpmIngest(database_url, deployment_id, dynamo_discovery=kv, discovery_every_s=0.5, flush_interval_s=0.1)
+    stop = threading.Event()
+    thread = threading.Thread(target=ingest.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        _chat(url)
+        deadline = time.monotonic() + 60
+        while True:
+            with session_factory(database_url).begin() as session:
+                rows = session.execute(
+                    select(FpmSampleRow.component, FpmSampleRow.worker_id, FpmSampleRow.wall_time_s)
+                ).all()
+            if any(wall > 0 for *_, wall in rows) and any(wall == 0 for *_, wall in rows):
+                break
+            assert time.monotonic() < deadline, (rows, ingest.stats.summary())
+            _chat(url)
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    instances = [p.name.rsplit("%2F", 1)[-1] for p in (kv / "v1" / "instances").iterdir() if "generate" in p.name]
+    assert {(component, worker) for component, worker, _ in rows} == {("decode", str(int(instances[0], 16)))}
+    assert ingest.stats.num_dropped == 0

@@ -86,9 +86,7 @@ class SpeedChange:
         return {"at_s": self.at_s, "speed": self.speed.as_dict()}
 
 
-def parse_engine_speed(
-    text: str, *, option: str = "--engine-speed", base: EngineSpeed = PROFILE_SPEED
-) -> EngineSpeed:
+def parse_engine_speed(text: str, *, option: str = "--engine-speed", base: EngineSpeed = PROFILE_SPEED) -> EngineSpeed:
     """`prefill=0.8,decode=0.9` (either role, or both; a role left out keeps its value in `base`). Raises ValueError
     (one line, naming `option` and the bad part) on an unknown role, a repeated role, or a value that is not a finite
     number > 0."""

@@ -368,6 +368,8 @@ class ClusterSimulator(_Routing, _Engines, _OnDemandKv):
             self._handle(kind, payload)
         self._accrue_gpu(change.at_s)
         self.now_s = max(self.now_s, change.at_s)
+        if change.speed == self.spec.engine_speed:
+            return  # no change: the same timing, the segments left whole
         self.fwd = engine_model(self._profile_fwd, change.speed)
         for worker in self._workers[Component.DECODE]:
             if worker.state is _WorkerState.GONE or worker.busy or not (worker.running and worker.segment_iters > 0):

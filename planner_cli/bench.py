@@ -22,6 +22,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from planner_core.lab.sim.des import NoEndpointAction, RouterPolicy
     from planner_core.runtime.localhost import code_commit
 
+    speed, change = engine_speed_options(args)  # before anything runs: a bad value is one line
     commit = code_commit()  # now: the checkout may move while a long bench runs, and the record names this code
     request = BenchRequest(
         trace=args.trace, profile=args.profile, rate_scale=args.rate_scale, compress=args.compress, shape=args.shape,
@@ -35,7 +36,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         tpot_profile=args.tpot_profile, ttft_dispatch_threshold=args.ttft_dispatch_threshold,
         tpot_dispatch_threshold=args.tpot_dispatch_threshold, no_endpoint=NoEndpointAction(args.no_endpoint),
         adaptive_pd=not args.no_adaptive_pd, horizon_quantiles=tuple(args.horizon_quantiles),
-        engine=args.engine, dynamo_oracle=args.dynamo_oracle,
+        engine=args.engine, dynamo_oracle=args.dynamo_oracle, engine_speed=speed, speed_change=change,
     )  # fmt: skip
     to_stdout = args.json is not None and str(args.json) == "-"
     print("bench: sizing the policies (the oracle simulates every window at several sizes)...", file=sys.stderr)
@@ -66,7 +67,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         else:
             args.json.write_text(text + "\n", encoding="utf-8")
     if args.record is not None:
-        args.record.write_text(json.dumps(bench_record(rows, args.argv, commit), indent=1) + "\n", encoding="utf-8")
+        record = bench_record(rows, args.argv, commit, engine=engine_record(request))
+        args.record.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     if args.html is not None:
         figure = bench_figure(list(outcome.runs), outcome.trace, ttft_ms=request.ttft_ms, itl_ms=request.itl_ms)
         figure.write_html(str(args.html), include_plotlyjs=True)
@@ -87,19 +89,56 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def bench_record(rows: list[dict], argv: list[str], commit: str | None) -> dict:
+def bench_record(rows: list[dict], argv: list[str], commit: str | None, *, engine: dict | None = None) -> dict:
     """The `--record` file: the rows with the date (when written), the command and the commit of the code that
-    produced them, taken when the bench began (the docs' benchmark pages are generated from these)."""
+    produced them, taken when the bench began (the docs' benchmark pages are generated from these), and, for
+    engines that do not run as profiled, `engine_speed` (`engine_record`; absent: the profile's speed)."""
     import datetime as dt
     import shlex
 
-    return {
+    record = {
         "format": "planner-bench-record/v1",
         "date": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
         "command": shlex.join(["planner", *argv]),
         "commit": commit or None,
-        "rows": rows,
     }
+    if engine is not None:
+        record["engine_speed"] = engine
+    record["rows"] = rows
+    return record
+
+
+def engine_speed_options(args: argparse.Namespace):  # -> tuple[EngineSpeed, SpeedChange | None]
+    """`--engine-speed` and `--engine-speed-change` parsed (a role the change leaves out keeps its speed from
+    `--engine-speed`); ValueError (one line) on a bad value or with `--engine dynamo`."""
+    from planner_core.lab.sim.benchmark import ENGINE_SPEED_DYNAMO_REFUSAL
+    from planner_core.lab.sim.des import PROFILE_SPEED, parse_engine_speed, parse_speed_change
+
+    speed = PROFILE_SPEED if args.engine_speed is None else parse_engine_speed(args.engine_speed)
+    change = None if args.engine_speed_change is None else parse_speed_change(args.engine_speed_change, base=speed)
+    if args.engine == "dynamo" and (args.engine_speed is not None or change is not None):
+        raise ValueError(ENGINE_SPEED_DYNAMO_REFUSAL)
+    return speed, change
+
+
+def engine_record(request) -> dict | None:  # BenchRequest (imported lazily)
+    """What the record says of the engines' speed: None when they run as profiled throughout, else the speed per
+    phase as a multiple of the profile's and the change (`{"at_s": ..., "speed": {...}}`) or None."""
+    if not request.engine_lies:
+        return None
+    change = request.speed_change
+    return {**request.engine_speed.as_dict(), "change": None if change is None else change.as_dict()}
+
+
+def engine_speed_text(request) -> str:  # BenchRequest
+    """The header's words on the engines' speed ("" when they run as profiled throughout)."""
+    if not request.engine_lies:
+        return ""
+    speed, change = request.engine_speed, request.speed_change
+    text = f"engines at prefill {speed.prefill:g}x / decode {speed.decode:g}x the profile"
+    if change is not None:
+        text += f", from {change.at_s:g} s at prefill {change.speed.prefill:g}x / decode {change.speed.decode:g}x"
+    return text + "; "
 
 
 def print_bench_table(outcome, request) -> None:  # BenchOutcome, BenchRequest (imported lazily)
@@ -112,6 +151,7 @@ def print_bench_table(outcome, request) -> None:  # BenchOutcome, BenchRequest (
             f"{trace.source}: {trace.num_requests} requests, {trace.duration_s / 3600:.2f} h; "
             f"{'aggregated engines; ' if aggregated else ''}"
             f"SLA TTFT {request.ttft_ms:g} ms / ITL {request.itl_ms:g} ms; start-up {request.startup_s:g} s; "
+            f"{engine_speed_text(request)}"
             f"{runs[0].row.attainable:.1%} of requests can meet both alone"
         )
     else:
@@ -293,6 +333,17 @@ def _add_planner_arguments(bench: argparse.ArgumentParser) -> None:
         "--engine", choices=("sim", "dynamo"), default="sim",
         help="what serves the requests: our simulator, or Dynamo 1.6.1's offline replay (its mocker engines, with "
         "every policy in its loop and its own oracle; needs `make dynamo-env` or --dynamo-python)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--engine-speed", default=None, metavar="ROLE=X[,ROLE=X]",
+        help="the simulated engines run at X times the profile's speed per phase (roles prefill, decode; e.g. "
+        "prefill=0.8,decode=0.9: each prefill takes 1/0.8 of the profile's time); the planners and the router still "
+        "read the profile, the oracle simulates the engines as they run. Default 1 (the profile)",
+    )  # fmt: skip
+    bench.add_argument(
+        "--engine-speed-change", default=None, metavar="TIME:ROLE=X[,ROLE=X]",
+        help="from TIME on (simulated, from the first request: seconds, Ns or Nm, e.g. 20m) the engines run at "
+        "these speeds (a role left out keeps its --engine-speed); iterations under way end at the old speed",
     )  # fmt: skip
     bench.add_argument(
         "--dynamo-oracle", choices=("exact", "bracket"), default="exact",

@@ -296,6 +296,19 @@ def render_engine_comparison(default_dir: Path, dynamo_dir: Path) -> str:
     return "\n\n".join(sections + details) + "\n"
 
 
+def _engine_speed_text(speed: dict[str, Any]) -> str:
+    """A record's `engine_speed` (`planner bench --engine-speed`, `--engine-speed-change`) in words."""
+    text = f"prefill {speed.get('prefill', 1):g}× / decode {speed.get('decode', 1):g}× the profile's speed"
+    change = speed.get("change")
+    if change:
+        later = change.get("speed") or {}
+        text += (
+            f", from {change.get('at_s', 0):g} s of the run prefill {later.get('prefill', 1):g}× / "
+            f"decode {later.get('decode', 1):g}×"
+        )
+    return text + " (the planners read the profile)"
+
+
 def render_bench_record(name: str, record: dict[str, Any]) -> str:
     rows = record.get("rows") or []
     oracle = next((r for r in rows if r.get("policy") == "oracle"), None)
@@ -307,6 +320,9 @@ def render_bench_record(name: str, record: dict[str, Any]) -> str:
         f"- command: `{record.get('command') or 'unknown'}`",
         f"- commit: `{record['commit']}`" if record.get("commit") else "- commit: not recorded",
     ]
+    speed = record.get("engine_speed")  # absent (older records too): the engines ran as profiled
+    if speed:
+        lines.append(f"- engines: {_engine_speed_text(speed)}")
     if len(attainable) == 1:
         ceiling = _pct(attainable.pop())
         lines.append(f"- attainable (requests that meet both targets alone on an idle cluster): {ceiling}")

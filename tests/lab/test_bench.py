@@ -389,6 +389,30 @@ def test_cli_record_holds_the_rows_with_date_command_and_commit(tmp_path) -> Non
     assert [row["policy"] for row in record["rows"]] == ["fixed:1:1", "fixed:2:2"]
 
 
+def test_cli_engine_speed_is_in_the_header_and_the_record(tmp_path) -> None:
+    """`--engine-speed` and `--engine-speed-change` reach the simulated engines; the header and the record name them;
+    a bad value and `--engine dynamo` are refused in one line before anything runs."""
+    trace_path = write_small_azure_trace(tmp_path / "small.csv", num_requests=100)
+    record_path = tmp_path / "record.json"
+    result = run_bench_cli(
+        "--trace", str(trace_path), "--policies", "fixed:1:1", "--throughput-interval-s", "60",
+        "--engine-speed", "prefill=0.8", "--engine-speed-change", "5m:decode=0.5", "--record", str(record_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "engines at prefill 0.8x / decode 1x the profile, from 300 s at prefill 0.8x / decode 0.5x" in result.stdout
+    record = json.loads(record_path.read_text())
+    assert record["engine_speed"] == {
+        "prefill": 0.8, "decode": 1.0, "change": {"at_s": 300.0, "speed": {"prefill": 0.8, "decode": 0.5}}
+    }  # fmt: skip
+    for bad, says in (
+        (["--engine-speed", "prefill=0"], "planner: error: --engine-speed: prefill=0 is not a finite number > 0"),
+        (["--engine-speed", "prefill=0.8", "--engine", "dynamo"], "planner: error: --engine dynamo: --engine-speed"),
+    ):
+        result = run_bench_cli("--trace", str(trace_path), "--policies", "fixed:1:1", *bad)
+        assert result.returncode == 2 and result.stderr.strip().startswith(says), result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_cli_perf_table_sets_the_engines_gpus(tmp_path) -> None:
     """With `--perf-table` the simulated engines take the table's timing and its `tp` GPUs each: a table of tp 2
     doubles the GPU-hours of fixed:1:1 on the same trace."""

@@ -43,6 +43,26 @@ def test_bench_record_renders_one_table_under_its_date_command_and_commit(tmp_pa
     assert "| `planner` | 99.3% | 99.3% | 100.0% | 6.83 | 1.15x | 3 | 250 | 12.3 |" in text
 
 
+def test_a_record_on_engines_off_their_profile_names_their_speed(tmp_path: Path) -> None:
+    """`planner bench --engine-speed ... --record`: the record's `engine_speed` is a line under its commit; a record
+    without it (older ones too) says nothing of the engines."""
+    record = {
+        "format": "planner-bench-record/v1", "date": "2026-01-02T03:04:05Z", "command": "planner bench",
+        "commit": "abc", "engine_speed": {"prefill": 0.8, "decode": 1.0,
+                                          "change": {"at_s": 1200.0, "speed": {"prefill": 0.75, "decode": 1.0}}},
+        "rows": [_row("oracle", 0.995, 5.95, 1.0)],
+    }  # fmt: skip
+    (tmp_path / "lie.json").write_text(json.dumps(record), encoding="utf-8")
+    text = hooks.render_bench_records(tmp_path)
+    assert (
+        "- engines: prefill 0.8× / decode 1× the profile's speed, from 1200 s of the run prefill 0.75× / decode 1× "
+        "(the planners read the profile)"
+    ) in text
+    del record["engine_speed"]
+    (tmp_path / "lie.json").write_text(json.dumps(record), encoding="utf-8")
+    assert "- engines:" not in hooks.render_bench_records(tmp_path)
+
+
 def test_dynamo_engine_records_render_beside_the_default_ones(tmp_path: Path) -> None:
     def record(commit: str, rows: list[dict]) -> str:
         return json.dumps({"format": "planner-bench-record/v1", "date": f"date-{commit}", "command": "planner bench",

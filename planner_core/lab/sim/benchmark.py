@@ -21,7 +21,15 @@ from planner_core.lab.sim.bench import (
     build_policies,
     run_bench,
 )
-from planner_core.lab.sim.des import NoEndpointAction, RouterPolicy, SimSpec, SloRouting
+from planner_core.lab.sim.des import (
+    PROFILE_SPEED,
+    EngineSpeed,
+    NoEndpointAction,
+    RouterPolicy,
+    SimSpec,
+    SloRouting,
+    SpeedChange,
+)
 from planner_core.lab.sim.oracle import OracleSettings, oracle_windows
 from planner_core.perf.forward import ForwardPassModel
 from planner_core.perf.model import ProfilePerfModel
@@ -35,6 +43,10 @@ from planner_core.traces import RequestTrace, load_servegen_shape, load_trace, s
 # Used when neither --max-kv-tokens nor the profile gives a decode engine's KV capacity (Dynamo's fallback).
 FALLBACK_MAX_KV_TOKENS = 2_000_000
 MAX_REPLICAS_PER_STEP = 8
+ENGINE_SPEED_DYNAMO_REFUSAL = (
+    "--engine dynamo: --engine-speed and --engine-speed-change apply to the default engine only (Dynamo's replay "
+    "times its engines from the profile)"
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +87,15 @@ class BenchRequest:
     engine: str = "sim"  # "sim": our simulator; "dynamo": Dynamo 1.6.1's replay (`planner_core.lab.sim.dynamo_engine`)
     # on Dynamo's engine: the oracle's exact per-window search, or its bracket approximation (`replay_oracle_windows`)
     dynamo_oracle: str = "exact"
+    # the simulated engines' speed as a multiple of the profile's, and its change mid-run (`--engine-speed`,
+    # `--engine-speed-change`; `planner_core.lab.sim.des.speed`): the planners and the router still read the profile
+    engine_speed: EngineSpeed = PROFILE_SPEED
+    speed_change: SpeedChange | None = None
+
+    @property
+    def engine_lies(self) -> bool:
+        """Whether the simulated engines run otherwise than the profile says (at some time of the run)."""
+        return not self.engine_speed.is_profile or self.speed_change is not None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,6 +184,9 @@ def benchmark(
         decode_limits=EngineLimits(num_gpu=gpus_per_engine, max_kv_tokens=max_kv_tokens),
         startup_s=request.startup_s,
         aggregated=request.aggregated,  # the aggregated engines are the decode pool: `decode_limits`, GPUs per engine
+        # the engines' speed: the bench's runs and the oracle's search simulate it; the planners read the profile
+        engine_speed=request.engine_speed,
+        speed_change=request.speed_change,
     )
     # The oracle's search, and so the static sizes, run with the least-loaded router whatever the bench's router:
     # the sizes stay the same across routers, so the static rows show what routing alone does at equal capacity.
@@ -175,6 +199,8 @@ def benchmark(
         spec = dataclasses.replace(spec, router=request.router, slo_routing=slo)
     user_configs, warnings = _user_configs(request, names)
     oracle = OracleSettings(target_attainment=request.oracle_target, context_s=request.oracle_context_s)
+    if request.engine == "dynamo" and request.engine_lies:
+        raise ValueError(ENGINE_SPEED_DYNAMO_REFUSAL)
     if request.engine == "dynamo" and (request.router is not RouterPolicy.LEAST_LOADED or request.horizon_quantiles):
         # Dynamo's replay routes with its own router and runs the policies as given
         raise ValueError("--engine dynamo: --router and --horizon-quantiles apply to the default engine only")

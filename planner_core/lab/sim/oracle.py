@@ -8,7 +8,9 @@ How it is computed, exactly:
 
 1. Windows are `[k * window_s, (k + 1) * window_s)` in offsets from the first request, k = 0, 1, ...; the oracle
    holds one size (P prefill, D decode workers) per window and changes it at the window edges, instantly.
-2. Attainable requests: a request is attainable when it meets both targets alone on an idle cluster: its prompt,
+2. Attainable requests: a request is attainable when it meets both targets alone on an idle cluster (on the engines
+   that serve the bench: at `SimSpec.engine_speed`, or the changed speed for a request arriving after
+   `SimSpec.speed_change`, whatever the profile says): its prompt,
    computed in chunks of `max_num_batched_tokens` (`chunked_prefill_s`), plus its KV transfer, plus (when the first
    token comes from the decode engine, `SimSpec.first_token_from_decode`) one decode iteration of a batch of 1 over
    the prompt, within the TTFT target; and (if it has more than one output token) one decode iteration of a batch of
@@ -53,6 +55,12 @@ Aggregated mode (`SimSpec.aggregated`: one pool of aggregated engines, chunked p
   previous window's A, instant switch at the window's start, tail at A) on aggregated engines, and A is the
   fewest engines with which at least `required` of the window's requests meet both targets, searched with step
   5's gallop and bisection (at least `min_decode`; beyond `max_replicas` infeasible, with step 5's fallback).
+
+Engines faster or slower than the profile (`SimSpec.engine_speed`, `speed_change`, `planner bench --engine-speed`):
+the oracle is the clairvoyant reference on the engines that serve the bench, not on the profile: every window is
+simulated with the spec's speeds (and its change, at its time: windows keep the trace's offsets), and
+attainability uses them too. The planners still read the profile; what they lose to the lie is measured against
+what the real engines needed.
 
 The oracle policy then runs these sizes in the full simulator like any other policy (draining workers still cost
 GPU-seconds there). Its GPU-hours are the lower bound for policies that hold one size per window; a policy that
@@ -146,6 +154,9 @@ def attainable_mask(
     mbt = limits.max_num_batched_tokens
     unique_isl, inverse = np.unique(isl, return_inverse=True)
     prefill_s = np.array([chunked_prefill_s(float(t), mbt, fwd.prefill_wall_s) for t in unique_isl])[inverse]
+    speeds = _engine_speeds(trace, spec)
+    if speeds is not None:
+        prefill_s = prefill_s / speeds[0]
     if spec.aggregated:
         # The iteration that ends the prompt yields the first token: no KV transfer, no decode iteration.
         ttft_ok = prefill_s <= ttft_ms / 1000.0
@@ -157,6 +168,8 @@ def attainable_mask(
             if spec.first_token_from_decode
             else np.zeros(len(isl))
         )
+        if speeds is not None:
+            first_decode_s = first_decode_s / speeds[1]
         ttft_ok = prefill_s + spec.kv_transfer_s_per_token * isl + first_decode_s <= ttft_ms / 1000.0
     decode_s = np.zeros(len(isl))
     multi = np.flatnonzero(osl > 1)
@@ -164,7 +177,24 @@ def attainable_mask(
     if len(multi):
         alone = np.array([fwd.decode_wall_s(1, float(i) + (float(o) - 1.0) / 2.0) for i, o in shapes.T])
         decode_s[multi] = alone[np.ravel(shape_of)]
+    if speeds is not None:
+        decode_s = decode_s / speeds[1]
     return ttft_ok & (decode_s <= itl_ms / 1000.0)
+
+
+def _engine_speeds(trace: RequestTrace, spec: SimSpec) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per request, the engines' prefill and decode speed (`SimSpec.engine_speed`, `speed_change`) at its arrival;
+    None when the engines run as profiled throughout."""
+    change = spec.speed_change
+    if spec.engine_speed.is_profile and change is None:
+        return None
+    arrival_s = np.asarray(trace.arrival_s, dtype=float)
+    after = arrival_s >= change.at_s if change is not None else np.zeros(len(arrival_s), dtype=bool)
+    later = change.speed if change is not None else spec.engine_speed
+    return (
+        np.where(after, later.prefill, spec.engine_speed.prefill),
+        np.where(after, later.decode, spec.engine_speed.decode),
+    )
 
 
 def smallest_meeting(meets: Callable[[int], bool], *, guess: int, floor: int, cap: int) -> int | None:

@@ -66,6 +66,9 @@ Model:
   prediction (`SimResult.predicted_ttft_ms` / `predicted_tpot_ms`) for the predictor's error against the
   measured latency.
 
+- Engine speed (`SimSpec.engine_speed`, `speed_change`; `planner_core.lab.sim.des.speed`): the engines can run
+  faster or slower than the profile the planners read, per phase, and change speed at a given time.
+
 Deterministic for a given trace, spec and scaling timeline. No wall clock; time is the offset (s) from the first
 request of the trace.
 """
@@ -82,15 +85,29 @@ from planner_core.lab.sim.des.spec import (
     window_kv_hit_rate,
     window_observation,
 )
+from planner_core.lab.sim.des.speed import (
+    PROFILE_SPEED,
+    EngineSpeed,
+    SpeedChange,
+    engine_model,
+    parse_engine_speed,
+    parse_speed_change,
+)
 
 __all__ = [
+    "PROFILE_SPEED",
     "ClusterSimulator",
+    "EngineSpeed",
     "KvAllocation",
     "NoEndpointAction",
     "RouterPolicy",
     "SimResult",
     "SimSpec",
     "SloRouting",
+    "SpeedChange",
+    "engine_model",
+    "parse_engine_speed",
+    "parse_speed_change",
     "spec_for_config",
     "window_kv_hit_rate",
     "window_observation",

@@ -31,6 +31,7 @@ from planner_core.lab.sim.des.spec import (
     window_kv_hit_rate,
     window_observation,
 )
+from planner_core.lab.sim.des.speed import engine_model
 from planner_core.lab.sim.des.state import (
     _AGG_ITER_END,
     _ARRIVAL,
@@ -70,7 +71,10 @@ class ClusterSimulator(_Routing, _Engines, _OnDemandKv):
         if spec.router is RouterPolicy.SLO and spec.slo_routing is None:
             raise ValueError("router 'slo' needs SimSpec.slo_routing (the predictor and the SLO targets)")
         self.trace = trace
-        self.fwd = fwd
+        # the engines' timing: the profile's model at the spec's engine speed (the profile's own at speed 1.0)
+        self.fwd = engine_model(fwd, spec.engine_speed)
+        self._profile_fwd = fwd
+        self._speed_change = spec.speed_change  # None once applied
         self.spec = spec
         self.now_s = 0.0
         self._isl = np.asarray(trace.isl, dtype=np.int64)
@@ -133,6 +137,8 @@ class ClusterSimulator(_Routing, _Engines, _OnDemandKv):
 
     def run_until(self, until_s: float) -> None:
         """Process every event up to `until_s` (inclusive) and advance the clock there."""
+        if self._speed_change is not None and self._speed_change.at_s <= until_s:
+            self._change_speed()
         events = self._events
         while events and events[0][0] <= until_s:
             at_s, kind, _, _, payload = heapq.heappop(events)
@@ -344,6 +350,36 @@ class ClusterSimulator(_Routing, _Engines, _OnDemandKv):
         return tuple(reports)
 
     # --- internals -----------------------------------------------------------------------------------------
+
+    def _change_speed(self) -> None:
+        """`spec.speed_change` comes: process the events before its time, then time every later iteration at its
+        speed; running decode segments are cut at the end of their iteration in progress (as an arrival cuts them)
+        so that the iterations after it run at the new speed. Iterations already scheduled end at the old speed."""
+        change = self._speed_change
+        assert change is not None
+        self._speed_change = None
+        events = self._events
+        while events and events[0][0] < change.at_s:
+            at_s, kind, _, _, payload = heapq.heappop(events)
+            if at_s > self._gpu_clock_s:
+                self._gpu_s += self._held_gpus * (at_s - self._gpu_clock_s)
+                self._gpu_clock_s = at_s
+            self.now_s = at_s
+            self._handle(kind, payload)
+        self._accrue_gpu(change.at_s)
+        self.now_s = max(self.now_s, change.at_s)
+        if change.speed == self.spec.engine_speed:
+            return  # no change: the same timing, the segments left whole
+        self.fwd = engine_model(self._profile_fwd, change.speed)
+        for worker in self._workers[Component.DECODE]:
+            if worker.state is _WorkerState.GONE or worker.busy or not (worker.running and worker.segment_iters > 0):
+                continue
+            if self._on_demand:
+                self._od_wake(worker)
+            elif worker.kind is _Kind.AGG:
+                self._wake_agg(worker)
+            else:
+                self._admit_decode(worker)
 
     def _fill_certain_first_tokens(self, requests: np.ndarray, first_token_s: np.ndarray) -> None:
         """Fill in first tokens that have come by `now_s` but are not stamped yet: a decode segment stamps its

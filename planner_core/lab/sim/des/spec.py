@@ -17,6 +17,7 @@ from planner_core.domain import (
     EngineLimits,
     TrafficObservation,
 )
+from planner_core.lab.sim.des.speed import PROFILE_SPEED, EngineSpeed, SpeedChange
 from planner_core.planner import Planner
 from planner_core.routing.predictor import LatencyPredictor
 from planner_core.routing.scheduler import SloTargets
@@ -90,6 +91,9 @@ class SimSpec:
             request is waiting (Dynamo's mocker does so); False (default): one FIFO queue with the preempted
             requests at its head, as vLLM's scheduler.
         slo_routing: the SLO-aware router's settings; required with `router=RouterPolicy.SLO`.
+        engine_speed: the engines' speed as a multiple of the profile's (`planner_core.lab.sim.des.speed`; the
+            planners and the router's predictor still read the profile).
+        speed_change: the engines' speed from a given time on (None: `engine_speed` throughout).
     """
 
     prefill_limits: EngineLimits = field(default_factory=EngineLimits)
@@ -104,6 +108,8 @@ class SimSpec:
     kv_watermark: float = 0.01
     recompute_after_handoffs: bool = False
     slo_routing: SloRouting | None = None
+    engine_speed: EngineSpeed = PROFILE_SPEED
+    speed_change: SpeedChange | None = None
 
 
 def spec_for_config(config: PlannerConfig, *, profiled_max_kv_tokens: int | None, startup_s: float = 120.0) -> SimSpec:

@@ -44,6 +44,7 @@ simulator and scored like every row: the row's attainment is measured, not the m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -102,13 +103,13 @@ def static_best(
     *,
     ttft_ms: float,
     itl_ms: float,
-    settings: OracleSettings = OracleSettings(),  # frozen value
+    settings: OracleSettings = OracleSettings(),  # noqa: B008 - frozen value
     progress: Callable[[str], None] | None = None,
 ) -> StaticSearch:
     """The cheapest fixed size meeting the target over the whole run (module docstring), searched from the
     oracle's `windows`. `progress` gets one line per size simulated (default: stderr)."""
     started = time.perf_counter()
-    say = progress if progress is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    say = progress if progress is not None else (lambda line: sys.stderr.write(line + "\n"))
     num_attainable = int(attainable_mask(trace, fwd, spec, ttft_ms=ttft_ms, itl_ms=itl_ms).sum())
     required = math.ceil(settings.target_attainment * num_attainable - 1e-9)
     gpus = (spec.prefill_limits.num_gpu, spec.decode_limits.num_gpu)
@@ -182,9 +183,7 @@ def budget_choice(
         raise ValueError("budget_choice: one non-empty menu and one fallback index per window")
 
     def pick(price: float) -> list[int]:
-        return [
-            min(range(len(menu)), key=lambda i, m=menu: (m[i][0] - price * m[i][1], m[i][0], i)) for menu in menus
-        ]
+        return [min(range(len(menu)), key=lambda i, m=menu: (m[i][0] - price * m[i][1], m[i][0], i)) for menu in menus]
 
     def totals(chosen: Sequence[int]) -> tuple[float, int]:
         return (
@@ -195,8 +194,9 @@ def budget_choice(
     spread = max(max(c for c, _ in menu) - min(c for c, _ in menu) for menu in menus)
     high = spread + 1.0  # above it, one more request met is worth any option's extra cost: the most met per window
     fallback_cost, fallback_met = totals(fallback)
+    kept = BudgetChoice(chosen=tuple(fallback), cost=fallback_cost, met=fallback_met, price=high, from_fallback=True)
     if totals(pick(high))[1] < required:
-        return BudgetChoice(chosen=tuple(fallback), cost=fallback_cost, met=fallback_met, price=high, from_fallback=True)
+        return kept
     low = 0.0
     if totals(pick(low))[1] >= required:
         high = low
@@ -213,7 +213,7 @@ def budget_choice(
     _repair(menus, chosen, required)
     cost, met = totals(chosen)
     if cost >= fallback_cost and fallback_met >= required:
-        return BudgetChoice(chosen=tuple(fallback), cost=fallback_cost, met=fallback_met, price=high, from_fallback=True)
+        return dataclasses.replace(kept, price=high)
     return BudgetChoice(chosen=tuple(chosen), cost=cost, met=met, price=high, from_fallback=False)
 
 

@@ -144,6 +144,7 @@ def engine_speed_text(request) -> str:  # BenchRequest
 def print_bench_table(outcome, request) -> None:  # BenchOutcome, BenchRequest (imported lazily)
     """The runs as a table, after a line on the requests and, for the oracle, its sizes per window."""
     from planner_core.lab.sim.bench import OraclePolicy
+    from planner_core.lab.sim.policies import OracleBudgetPolicy, StaticBestPolicy
 
     runs, trace, aggregated = outcome.runs, outcome.trace, request.aggregated
     if runs:
@@ -157,7 +158,9 @@ def print_bench_table(outcome, request) -> None:  # BenchOutcome, BenchRequest (
     else:
         print("")
     for policy in outcome.policies:
-        if isinstance(policy, OraclePolicy):
+        if isinstance(policy, (StaticBestPolicy, OracleBudgetPolicy)):
+            print(_reference_line(policy, aggregated=aggregated))
+        elif isinstance(policy, OraclePolicy):
             sizes = " ".join(f"{d}" if aggregated else f"{p}/{d}" for p, d in policy.sizes)
             infeasible = sum(not w.feasible for w in policy.windows)
             pools = "aggregated engines" if aggregated else "prefill/decode"
@@ -190,12 +193,39 @@ def print_bench_table(outcome, request) -> None:  # BenchOutcome, BenchRequest (
                 f"  TTFT {_pct(r.ttft_pred_err_p50)} / {_pct(r.ttft_pred_err_p90)}"
                 f"  TPOT {_pct(r.tpot_pred_err_p50)} / {_pct(r.tpot_pred_err_p90)}"
             )
-    from planner_core.lab.sim.frontier import FORESIGHT, GOAL_TEXT, describe_startup_goal, run_points
+    from planner_core.lab.sim.frontier import FORESIGHT, GOAL_TEXT, HINDSIGHT, describe_startup_goal, run_points
 
-    if request.horizon_quantiles or any(run.row.policy in FORESIGHT for run in runs):
+    if request.horizon_quantiles or any(run.row.policy in {*FORESIGHT, *HINDSIGHT} for run in runs):
         print(f"  start-up goal: {GOAL_TEXT}")
         for line in describe_startup_goal(run_points(runs)):
             print(f"  {line}")
+
+
+def _reference_line(policy, *, aggregated: bool) -> str:  # StaticBestPolicy | OracleBudgetPolicy
+    """The line naming what a hindsight reference found (`planner_core.lab.sim.references`)."""
+    from planner_core.lab.sim.policies import StaticBestPolicy
+
+    def size(prefill: int, decode: int) -> str:
+        return f"{decode}" if aggregated else f"{prefill}P/{decode}D"
+
+    if isinstance(policy, StaticBestPolicy):
+        found = policy.search
+        if found.feasible:
+            what = f"the cheapest fixed size serving >= {found.num_required} of {found.num_attainable} attainable"
+        else:
+            what = f"no fixed size serves {found.num_required} of {found.num_attainable} attainable; the best one"
+        return (
+            f"  static-best = {size(*found.size)} ({what} over the whole run; {len(found.tried)} sizes simulated, "
+            f"search {found.search_s:.1f} s)"
+        )
+    choice = policy.choice
+    chosen = " ".join(f"{d}" if aggregated else f"{p}/{d}" for p, d in policy.sizes)
+    planned = "" if choice is None else f", {choice.met} met in the oracle's window runs"
+    kept = "; the oracle's sizes kept" if choice is not None and choice.from_fallback else ""
+    return (
+        f"  oracle-budget (per window, >= {policy.num_required} attainable requests over the whole run{planned}"
+        f"{kept}): {chosen}"
+    )
 
 
 def _pct(value: float | None) -> str:
@@ -262,7 +292,9 @@ def _add_policy_arguments(bench: argparse.ArgumentParser) -> None:
         default=None,
         help="comma-separated: static-peak, static-mean, oracle, oracle-ahead, oracle-seen, oracle-peak (the oracle "
         "under the start-up time: knowing the future; never above the sizes already needed; holding the largest "
-        "burst's engines until it comes), threshold, dynamo-0x, dynamo-1x, planner, fixed:P:D, dynamo-1.6.1, "
+        "burst's engines until it comes), static-best, oracle-budget (hindsight references, --engine sim: the "
+        "cheapest fixed size, and the fewest GPU-hours over per-window sizes, meeting --oracle-target over the "
+        "whole run), threshold, dynamo-0x, dynamo-1x, planner, fixed:P:D, dynamo-1.6.1, "
         "dynamo-1.6.1-load (Dynamo's own planner; needs `make dynamo-env` or --dynamo-python). Default: "
         "static-peak,static-mean,oracle,oracle-ahead,threshold,dynamo-0x,dynamo-1x,planner; with --mode agg the same "
         "without dynamo-0x, and fixed:N (N aggregated engines)",

@@ -18,6 +18,9 @@ Policies:
   from the start until the last window needing it (`held_for_peak`): ready for the largest burst without knowing
   when it comes, yet knowing when to stop. Its GPU-hours bound from below what being ready for that burst costs a
   policy that does not know its time.
+- `static-best` / `oracle-budget` (asked for by name; `planner_core.lab.sim.references`): the cheapest fixed size,
+  and the fewest GPU-hours over per-window sizes, meeting the target over the whole run rather than in every window
+  (the oracle's per-window target is not a lower bound on the whole run's GPU-hours).
 - `static-peak` / `static-mean`: a fixed size: per pool, the largest / the time-mean (rounded up) of the oracle's
   per-window sizes, i.e. provisioning for the busiest window's actual need or for the average need.
 - `dynamo-1.6.1` / `dynamo-1.6.1-load`: Dynamo 1.6.1's own planner (throughput scaling, and throughput plus

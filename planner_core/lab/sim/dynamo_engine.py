@@ -400,6 +400,11 @@ def dynamo_bench(
 
     if spec.aggregated:
         raise ValueError("--engine dynamo: the bench runs disaggregated pools only on Dynamo's engine")
+    from planner_core.lab.sim.policies import REFERENCE_NAMES
+
+    if refused := [name for name in names if name in REFERENCE_NAMES]:
+        # their search simulates the whole trace at many sizes: our simulator's, not yet Dynamo's replay
+        raise ValueError(f"--engine dynamo: {', '.join(refused)} run on --engine sim only")
     with tempfile.TemporaryDirectory(prefix="planner-bench-dynamo-") as folder:
         bridge = ReplayBridge(dynamo_python)
         try:

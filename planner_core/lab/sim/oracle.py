@@ -120,6 +120,10 @@ class OracleWindow:
     num_met: int  # requests of the window within both targets at (num_prefill, num_decode)
     feasible: bool
     num_simulations: int
+    # every size simulated through both pools for this window, (prefill, decode, requests within both targets), in
+    # the order simulated: the menu `oracle-budget` chooses from (`planner_core.lab.sim.references`); empty for a
+    # window with nothing required (held at the minimum size)
+    menu: tuple[tuple[int, int, int], ...] = ()
 
 
 class _InstantPrefill:
@@ -543,6 +547,7 @@ def _size_window(
         num_met=search.both_met(num_prefill, num_decode),
         feasible=feasible,
         num_simulations=search.num_simulations,
+        menu=tuple((prefill, decode, met) for (prefill, decode), met in search.decode_runs.items()),
     )
 
 
@@ -565,4 +570,5 @@ def _size_agg_window(window: OracleWindow, search: _WindowSearch, settings: Orac
         num_met=num_met,
         feasible=feasible,
         num_simulations=search.num_simulations,
+        menu=tuple((0, engines, met) for engines, (_, met) in search.agg_runs.items()),
     )

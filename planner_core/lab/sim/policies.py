@@ -32,6 +32,7 @@ from planner_core.lab.sim.oracle import (
     oracle_first_window,
     oracle_windows,
 )
+from planner_core.lab.sim.references import BudgetChoice, StaticSearch, budget_sizes, static_best
 from planner_core.perf.forward import ForwardPassModel
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.planner import Planner, build_planner
@@ -82,6 +83,36 @@ class OraclePolicy:
     def decide(self, now_s: float, sim: ClusterSimulator) -> tuple[int, int] | None:  # noqa: ARG002
         index = int(round(now_s / self.interval_s))
         return self.sizes[index] if index < len(self.sizes) else None
+
+
+@dataclass(slots=True)
+class StaticBestPolicy:
+    """`static-best`: the cheapest fixed size serving the target share of the attainable requests over the whole
+    run, searched in hindsight (`planner_core.lab.sim.references.static_best`)."""
+
+    search: StaticSearch
+    name: str = "static-best"
+    interval_s: float = math.inf
+    startup_s: float | None = None
+
+    @property
+    def search_s(self) -> float:  # reported with its size (`planner bench` prints it)
+        return self.search.search_s
+
+    def initial(self) -> tuple[int, int]:
+        return self.search.size
+
+    def decide(self, now_s: float, sim: ClusterSimulator) -> None:  # noqa: ARG002
+        return None
+
+
+@dataclass(slots=True)
+class OracleBudgetPolicy(OraclePolicy):
+    """`oracle-budget`: per-window sizes meeting the target over the whole run at the fewest GPU-hours, chosen
+    from the oracle's window simulations (`planner_core.lab.sim.references.budget_sizes`), run like the oracle's."""
+
+    choice: BudgetChoice | None = None
+    num_required: int = 0  # requests within both targets the whole run must have: ceil(target * attainable)
 
 
 @dataclass(slots=True)
@@ -256,6 +287,8 @@ def held_for_peak(sizes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 BASELINE_NAMES = ("static-peak", "static-mean", "oracle", "oracle-ahead", "oracle-seen", "oracle-peak")
+# Hindsight references, run when asked for (`planner_core.lab.sim.references`): they search on top of the oracle's
+REFERENCE_NAMES = ("static-best", "oracle-budget")
 # `oracle-seen` and `oracle-peak` run when asked for: they explain a start-up row's misses, they are not comparisons
 DEFAULT_POLICIES = (*BASELINE_NAMES[:4], "threshold", "dynamo-0x", "dynamo-1x", RECOMMENDED_POLICY)
 # The same in aggregated mode, without the policies `agg_refusal` refuses.
@@ -361,7 +394,7 @@ def build_policies(
     search = _OracleSearch(
         trace=trace, fwd=fwd, spec=spec, ttft_ms=base_config.ttft_ms, itl_ms=base_config.itl_ms, window_s=window_s,
         settings=oracle, from_oracle=initial == "oracle",
-        whole_trace=any(name in BASELINE_NAMES for name in names),
+        whole_trace=any(name in (*BASELINE_NAMES, *REFERENCE_NAMES) for name in names),
     )  # fmt: skip
     aggregated = spec.aggregated
     # Configs and refusals first, before the oracle's search spends minutes.
@@ -379,6 +412,8 @@ def build_policies(
     for name in names:
         if name in BASELINE_NAMES:
             policies.append(search.baselines()[name])
+        elif name in REFERENCE_NAMES:
+            policies.append(search.reference(name))
         elif name in known_policies:
             policies.append(planner_policy(name, policy_path(name)))
         elif name in DYNAMO_PRESETS:
@@ -413,6 +448,7 @@ class _OracleSearch:
     from_oracle: bool  # `initial="oracle"`: the planners start at the oracle's first size
     whole_trace: bool  # a baseline is asked for, so the whole search runs anyway
     cache: dict[str, ScalingPolicy] = dataclasses.field(default_factory=dict)
+    references: dict[str, ScalingPolicy] = dataclasses.field(default_factory=dict)  # `reference`'s, by name
     first_window: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # when the oracle is not run
 
     def baselines(self) -> dict[str, ScalingPolicy]:
@@ -423,6 +459,33 @@ class _OracleSearch:
             )  # fmt: skip
             self.cache.update({p.name: p for p in policies})
         return self.cache
+
+    def reference(self, name: str) -> ScalingPolicy:
+        """`static-best` or `oracle-budget`, from the whole trace's oracle windows (searched once, kept)."""
+        if name not in self.references:
+            oracle_policy = self.baselines()["oracle"]
+            assert isinstance(oracle_policy, OraclePolicy)
+            windows = oracle_policy.windows
+            if name == "static-best":
+                found = static_best(
+                    self.trace, self.fwd, self.spec, windows, ttft_ms=self.ttft_ms, itl_ms=self.itl_ms,
+                    settings=self.settings,
+                )  # fmt: skip
+                self.references[name] = StaticBestPolicy(search=found)
+            else:
+                started = time.perf_counter()
+                gpus = (self.spec.prefill_limits.num_gpu, self.spec.decode_limits.num_gpu)
+                sizes, choice = budget_sizes(
+                    windows, target_attainment=self.settings.target_attainment, gpus=gpus, window_s=self.window_s
+                )
+                self.references[name] = OracleBudgetPolicy(
+                    sizes=sizes or list(oracle_policy.sizes), interval_s=self.window_s, name="oracle-budget",
+                    windows=tuple(windows), search_s=time.perf_counter() - started, choice=choice,
+                    num_required=math.ceil(
+                        self.settings.target_attainment * sum(w.num_attainable for w in windows) - 1e-9
+                    ),
+                )  # fmt: skip
+        return self.references[name]
 
     def starting_size(self, otherwise: tuple[int, int] | None) -> tuple[int, int] | None:
         if not self.from_oracle:
@@ -510,9 +573,9 @@ def _fixed_disagg(name: str) -> FixedPolicy:
 
 def _unknown_policy(name: str, known_policies: Sequence[str], *, aggregated: bool) -> str:
     if aggregated:
-        known = ", ".join([*BASELINE_NAMES, *known_policies, "fixed:N"])
+        known = ", ".join([*BASELINE_NAMES, *REFERENCE_NAMES, *known_policies, "fixed:N"])
     else:
-        known = ", ".join([*BASELINE_NAMES, *known_policies, *DYNAMO_PRESETS, "fixed:P:D"])
+        known = ", ".join([*BASELINE_NAMES, *REFERENCE_NAMES, *known_policies, *DYNAMO_PRESETS, "fixed:P:D"])
     return f"--policies: unknown policy {name!r} (known: {known})"
 
 

@@ -75,12 +75,13 @@ def _files_holding(folder: Path, secrets: tuple[str, ...]) -> list[str]:
     return found
 
 
-def test_no_secret_reaches_tables_prefect_or_logs(database_url, tmp_path, azure_conv_trace) -> None:
+def test_no_secret_reaches_tables_prefect_or_logs(database_url, prefect_api_url, tmp_path, azure_conv_trace) -> None:
     """`planner demo` and a Prometheus throughput tick, both as a password-holding login in planner_writer and
-    with user:password in the Prometheus URL; each starts its own Prefect server (home under tmp_path) and ships
-    its logs there. Then grep every table, every Prefect file and the captured output for both passwords."""
+    with user:password in the Prometheus URL; both run their flows on the session's Prefect server and ship their
+    logs there. Then grep every table, every file of that server's home (its SQLite database, WAL and logs) and
+    the captured output for both passwords."""
     writer_url, login = create_login(database_url, "planner_writer", DB_SECRET)
-    prefect_home = tmp_path / "prefect"
+    prefect_home = Path(os.environ["PREFECT_HOME"])  # the session server's home (tests/conftest.py)
     config = write_config(tmp_path, report_output_dir="reports")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PLANNER_"))}
     env |= {
@@ -90,6 +91,7 @@ def test_no_secret_reaches_tables_prefect_or_logs(database_url, tmp_path, azure_
         "PLANNER_PROMETHEUS_TIMEOUT_S": "2",
         "PLANNER_DATA_DIR": str(tmp_path / "data"),
         "PREFECT_HOME": str(prefect_home),
+        "PREFECT_API_URL": prefect_api_url,
         "PREFECT_LOGGING_TO_API_ENABLED": "true",
         "PREFECT_LOGGING_LEVEL": "INFO",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

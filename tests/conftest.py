@@ -43,17 +43,18 @@ settings.load_profile(os.environ.get("PLANNER_HYPOTHESIS_PROFILE", "fixed"))
 
 
 # The test files that take longest (a minute or more each in CI's `--durations`), collected first: `make test` runs
-# pytest on two workers that take a whole file at a time in collection order (`--dist loadfile
+# pytest on workers that take a whole file at a time in collection order (`--dist loadfile
 # --no-loadscope-reorder`), and starting with the longest keeps one worker from ending the run alone on a
 # two-minute file while the other is idle. Longest first, roughly.
 LONGEST_TEST_FILES = (
+    "test_demo_recovery.py",
     "test_flows.py",
-    "test_secrets.py",
     "test_chaos.py",
-    "test_dynamo_policy.py",
     "test_hardening.py",
     "test_dynamo_engine.py",
     "test_install.py",
+    "test_secrets.py",
+    "test_dynamo_policy.py",
     "test_cli.py",
     "test_ttft_gap.py",
     "test_live_stack.py",

@@ -19,46 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from planner_core.runtime.store.db import to_libpq_uri
 from tests.conftest import REPO_ROOT, write_config
+from tests.runtime.demo_runs import decisions, has_ticks, rows, run_demo
 
 pytestmark = pytest.mark.prefect
-
-
-def _rows(url: str, sql: str, *params):
-    with psycopg.connect(to_libpq_uri(url)) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
-def _decisions(url: str, deployment: str):
-    return _rows(
-        url,
-        "SELECT decided_at, target_prefill, target_decode, status FROM decision_history "
-        "WHERE deployment = %s ORDER BY decided_at",
-        deployment,
-    )
-
-
-def _run_demo(database_url, config, trace, deployment, max_windows, **parameters):
-    """The demo flow on `database_url` (named by PLANNER_DATABASE_URL, as `planner demo` does: not a parameter);
-    `parameters`: the flow's other parameters (report_dir, ...)."""
-    from flows.demo import demo
-
-    saved = os.environ.get("PLANNER_DATABASE_URL")
-    os.environ["PLANNER_DATABASE_URL"] = database_url
-    try:
-        return demo(
-            trace_path=str(trace),
-            config_path=str(config),
-            deployment=deployment,
-            startup_s=120.0,
-            rate_scale=12.0,
-            max_windows=max_windows,
-            **parameters,
-        )
-    finally:
-        if saved is None:
-            os.environ.pop("PLANNER_DATABASE_URL", None)
-        else:
-            os.environ["PLANNER_DATABASE_URL"] = saved
 
 
 def test_demo_flow_records_ticks_as_prefect_task_runs(
@@ -66,9 +29,9 @@ def test_demo_flow_records_ticks_as_prefect_task_runs(
 ) -> None:
     """Each demo tick is a Prefect task run; the tick rows carry the flow and task run ids."""
     config = write_config(tmp_path, report_output_dir="planner_reports")
-    summary = _run_demo(database_url, config, azure_conv_trace, "flow-demo", max_windows=6)
+    summary = run_demo(database_url, config, azure_conv_trace, "flow-demo", max_windows=6)
     assert summary["num_ticks"] == 6 and summary["num_windows"] == 6
-    ticks = _rows(database_url, "SELECT flow_run_id, task_run_id FROM ticks ORDER BY id")
+    ticks = rows(database_url, "SELECT flow_run_id, task_run_id FROM ticks ORDER BY id")
     assert len(ticks) == 6
     assert len({flow_run for flow_run, _ in ticks}) == 1 and all(task_run for _, task_run in ticks)
 
@@ -86,7 +49,7 @@ def test_demo_flow_records_ticks_as_prefect_task_runs(
     assert len([n for n in names if n.startswith("throughput-tick 2023-11-16")]) >= 6
     # every decision was executed and acknowledged by the simulated orchestrator
     assert summary["num_decisions"] >= 1
-    assert {status for *_, status in _decisions(database_url, "flow-demo")} == {"acknowledged"}
+    assert {status for *_, status in decisions(database_url, "flow-demo")} == {"acknowledged"}
     # the demo ends with its report (config-relative report_output_dir) and an artifact linking it
     report = Path(summary["report_path"])
     assert report.parent == tmp_path / "planner_reports"
@@ -131,24 +94,6 @@ def test_report_flow_writes_the_report_and_links_it(
     assert Path(again["path"]).name == "planner_report_report-flow_20260302_000000_001.html"
 
 
-def test_resumed_demo_equals_an_uninterrupted_one(
-    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
-) -> None:
-    """Stopping after 3 windows and resuming to 8 records the same ticks and decisions as one run to 8."""
-    config = write_config(tmp_path)
-    _run_demo(database_url, config, azure_conv_trace, "resumed", max_windows=3)
-    resumed = _run_demo(database_url, config, azure_conv_trace, "resumed", max_windows=8)
-    straight = _run_demo(database_url, config, azure_conv_trace, "straight", max_windows=8)
-    assert _decisions(database_url, "resumed") == _decisions(database_url, "straight")
-    assert resumed["num_ticks"] == straight["num_ticks"] == 8
-    assert resumed["gpu_hours"] == pytest.approx(straight["gpu_hours"])
-    assert resumed["sla_attainment"] == pytest.approx(straight["sla_attainment"])
-    duplicates = _rows(
-        database_url, "SELECT deployment_id, loop, scheduled_at FROM ticks GROUP BY 1, 2, 3 HAVING count(*) > 1"
-    )
-    assert duplicates == []
-
-
 def test_demo_report_and_metrics_count_the_same_gpu_hours(
     prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
 ) -> None:
@@ -160,7 +105,7 @@ def test_demo_report_and_metrics_count_the_same_gpu_hours(
     from planner_core.runtime.store.db import session_factory
 
     config = write_config(tmp_path, report_output_dir="planner_reports")
-    summary = _run_demo(database_url, config, azure_conv_trace, "gpu-hours", max_windows=6)
+    summary = run_demo(database_url, config, azure_conv_trace, "gpu-hours", max_windows=6)
     with session_factory(database_url).begin() as session:
         report = summarise(load_report_data(session, "gpu-hours"))
         metrics = load_metrics_snapshot(session, "gpu-hours")
@@ -168,68 +113,6 @@ def test_demo_report_and_metrics_count_the_same_gpu_hours(
     assert summary["gpu_hours"] == report.gpu_hours == metrics.gpu_hours
     assert summary["simulated_gpu_hours"] == summary["comparison"][0]["gpu_hours"]
     assert f"{summary['gpu_hours']:.2f}" in Path(summary["report_path"]).read_text()
-
-
-def test_demo_finishes_a_tick_recorded_but_not_executed(
-    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
-) -> None:
-    """A stop between recording a tick and executing its decision: the resumed run executes it at its own time."""
-    from flows.ticks import decide_and_record
-    from planner_core.domain import Loop
-    from planner_core.lab.demo import epoch as _epoch
-    from planner_core.lab.demo import recorded_scale_events, simulate_timeline, starting_size
-    from planner_core.runtime.connectors.virtual import VirtualConnectorClient
-    from planner_core.runtime.service import load_context
-    from planner_core.traces import load_trace
-
-    config = write_config(tmp_path)
-    _run_demo(database_url, config, azure_conv_trace, "crashed", max_windows=3)
-    # Window 4, exactly as the demo loop records it, then a "crash" before the execution task runs.
-    ctx = load_context(database_url, "crashed", config)
-    trace = load_trace(azure_conv_trace).scaled(12.0)
-    start = starting_size(ctx, trace, 120.0)
-    cluster = simulate_timeline(ctx, trace, recorded_scale_events(ctx, trace), 240.0, 120.0, start)
-    with VirtualConnectorClient(database_url, "crashed") as client:
-        counts = cluster.worker_counts()
-        client.report_workers(ready_prefill=counts.ready_prefill, ready_decode=counts.ready_decode)
-    decide_and_record.fn(ctx, Loop.THROUGHPUT, _epoch(trace, 240.0), cluster.observe(180.0, 240.0, planner=ctx.planner))
-    assert [status for *_, status in _decisions(database_url, "crashed")][-1] == "pending"
-
-    _run_demo(database_url, config, azure_conv_trace, "crashed", max_windows=8)
-    _run_demo(database_url, config, azure_conv_trace, "whole", max_windows=8)
-    assert _decisions(database_url, "crashed") == _decisions(database_url, "whole")
-
-
-def test_killed_demo_process_resumes_without_loss_or_duplicates(
-    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
-) -> None:
-    """SIGKILL a `planner demo` process mid-run, start it again: same history as an uninterrupted run."""
-    config = write_config(tmp_path)
-    env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PLANNER_DATABASE_URL=database_url)
-    command = [
-        sys.executable, "-m", "planner_cli.main", "demo", "--trace", str(azure_conv_trace), "--config", str(config),
-        "--deployment", "killed", "--max-windows", "14",
-    ]  # fmt: skip
-    process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        count = _rows(database_url, "SELECT count(*) FROM ticks")[0][0] if _has_ticks(database_url) else 0
-        if count >= 4:
-            break
-        time.sleep(0.2)
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=30)
-    killed_at = _rows(database_url, "SELECT count(*) FROM ticks")[0][0]
-    assert 4 <= killed_at < 14, "the process must be killed mid-run"
-    finished = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert finished.returncode == 0, finished.stderr[-2000:]
-    assert "ticks recorded 14" in finished.stdout
-    _run_demo(database_url, config, azure_conv_trace, "uninterrupted", max_windows=14)
-    assert _decisions(database_url, "killed") == _decisions(database_url, "uninterrupted")
-
-
-def _has_ticks(url: str) -> bool:
-    return bool(_rows(url, "SELECT to_regclass('ticks') IS NOT NULL")[0][0])
 
 
 def test_deployments_take_schedules_from_the_config(tmp_path, profile_dir) -> None:
@@ -305,8 +188,8 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
         ticks = []
         while time.monotonic() < deadline and len(ticks) < 3:
             time.sleep(1)
-            if _has_ticks(database_url):
-                ticks = _rows(
+            if has_ticks(database_url):
+                ticks = rows(
                     database_url,
                     "SELECT scheduled_at, reason, flow_run_id FROM ticks "
                     "WHERE loop = 'throughput' ORDER BY scheduled_at",
@@ -315,7 +198,7 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
         # the 60 s fallback poll (the replayed windows above may decide no change, so one is recorded here)
         decision_id = _record_pending_decision(database_url, "served")
         executed_by = time.monotonic() + 30
-        while _rows(database_url, f"SELECT status FROM decisions WHERE id = {decision_id}")[0][0] == "pending":
+        while rows(database_url, f"SELECT status FROM decisions WHERE id = {decision_id}")[0][0] == "pending":
             assert time.monotonic() < executed_by, "the served deployment's decision was not executed"
             time.sleep(0.2)
         scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).text
@@ -346,7 +229,7 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
     assert {reason for _, reason, _ in ticks} <= {"scale", "no_change"}
     # the flow passed the context's planner to the collect-traffic task: the replayed windows have their
     # prompt-arrival curve, so prefill is sized on the bursts (a window without requests would have none)
-    bursts = _rows(
+    bursts = rows(
         database_url,
         "SELECT s.reason FROM tick_steps s JOIN ticks t ON t.id = s.tick_id "
         "WHERE t.loop = 'throughput' AND s.step = 'burst'",
@@ -442,7 +325,7 @@ def test_replay_flow_reproduces_a_recorded_run(
         end=(times[-1] + dt.timedelta(seconds=1)).isoformat(),
     )
     assert (result["ticks"], result["identical"], result["differing"]) == (24, 24, 0)  # 8 throughput + 16 load
-    assert _rows(database_url, "SELECT num_identical FROM replay_runs WHERE id = %s", result["run_id"]) == [(24,)]
+    assert rows(database_url, "SELECT num_identical FROM replay_runs WHERE id = %s", result["run_id"]) == [(24,)]
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType
@@ -471,16 +354,16 @@ def test_demo_of_the_recommended_policy_replays_exactly_and_equals_the_bench(
     from planner_core.runtime.service import load_context
     from planner_core.traces import load_trace
 
-    summary = _run_demo(
+    summary = run_demo(
         database_url, DEFAULT_CONFIG, azure_conv_trace, "recommended", max_windows=8, report_dir=str(tmp_path)
     )
-    bursts = _rows(
+    bursts = rows(
         database_url,
         "SELECT s.reason, count(*) FROM tick_steps s JOIN ticks t ON t.id = s.tick_id "
         "JOIN deployments d ON d.id = t.deployment_id WHERE d.name = 'recommended' AND s.step = 'burst' GROUP BY 1",
     )
     assert sum(n for _, n in bursts) == 8 and {reason for reason, _ in bursts} <= {"burst_sized", "burst_covered"}
-    [(num_curves,)] = _rows(
+    [(num_curves,)] = rows(
         database_url,
         "SELECT count(*) FROM traffic_observations o JOIN ticks t ON t.id = o.tick_id "
         "JOIN deployments d ON d.id = t.deployment_id WHERE d.name = 'recommended' AND o.prompt_tokens_p99_1s > 0",
@@ -572,12 +455,12 @@ def test_the_example_plugin_changes_demo_decisions_and_the_run_replays_without_i
                 {"plugin_id": "spot_price_cap", "plugin_type": "constrain", "endpoint": endpoint},
             ],
         )
-        _run_demo(database_url, with_plugin, azure_conv_trace, "with-plugin", max_windows=GRPC_DEMO_WINDOWS)
+        run_demo(database_url, with_plugin, azure_conv_trace, "with-plugin", max_windows=GRPC_DEMO_WINDOWS)
     finally:
         process.kill()
         process.wait(timeout=10)
     plain_config = _policy_with_plugins(tmp_path, "plain", [])
-    _run_demo(database_url, plain_config, azure_conv_trace, "plain", max_windows=GRPC_DEMO_WINDOWS)
+    run_demo(database_url, plain_config, azure_conv_trace, "plain", max_windows=GRPC_DEMO_WINDOWS)
 
     plain, capped = _tick_targets(database_url, "plain"), _tick_targets(database_url, "with-plugin")
     assert len(plain) == len(capped) == GRPC_DEMO_WINDOWS

@@ -1,0 +1,94 @@
+"""The demo stopped, crashed and killed mid-run resumes to the history of an uninterrupted run (against a real
+Prefect server, started once per session). Apart from tests/runtime/test_flows.py so that two pytest workers share
+the slowest demo runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO_ROOT, write_config
+from tests.runtime.demo_runs import decisions, has_ticks, rows, run_demo
+
+pytestmark = pytest.mark.prefect
+
+
+def test_resumed_demo_equals_an_uninterrupted_one(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """Stopping after 3 windows and resuming to 8 records the same ticks and decisions as one run to 8."""
+    config = write_config(tmp_path)
+    run_demo(database_url, config, azure_conv_trace, "resumed", max_windows=3)
+    resumed = run_demo(database_url, config, azure_conv_trace, "resumed", max_windows=8)
+    straight = run_demo(database_url, config, azure_conv_trace, "straight", max_windows=8)
+    assert decisions(database_url, "resumed") == decisions(database_url, "straight")
+    assert resumed["num_ticks"] == straight["num_ticks"] == 8
+    assert resumed["gpu_hours"] == pytest.approx(straight["gpu_hours"])
+    assert resumed["sla_attainment"] == pytest.approx(straight["sla_attainment"])
+    duplicates = rows(
+        database_url, "SELECT deployment_id, loop, scheduled_at FROM ticks GROUP BY 1, 2, 3 HAVING count(*) > 1"
+    )
+    assert duplicates == []
+
+
+def test_demo_finishes_a_tick_recorded_but_not_executed(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """A stop between recording a tick and executing its decision: the resumed run executes it at its own time."""
+    from flows.ticks import decide_and_record
+    from planner_core.domain import Loop
+    from planner_core.lab.demo import epoch as _epoch
+    from planner_core.lab.demo import recorded_scale_events, simulate_timeline, starting_size
+    from planner_core.runtime.connectors.virtual import VirtualConnectorClient
+    from planner_core.runtime.service import load_context
+    from planner_core.traces import load_trace
+
+    config = write_config(tmp_path)
+    run_demo(database_url, config, azure_conv_trace, "crashed", max_windows=3)
+    # Window 4, exactly as the demo loop records it, then a "crash" before the execution task runs.
+    ctx = load_context(database_url, "crashed", config)
+    trace = load_trace(azure_conv_trace).scaled(12.0)
+    start = starting_size(ctx, trace, 120.0)
+    cluster = simulate_timeline(ctx, trace, recorded_scale_events(ctx, trace), 240.0, 120.0, start)
+    with VirtualConnectorClient(database_url, "crashed") as client:
+        counts = cluster.worker_counts()
+        client.report_workers(ready_prefill=counts.ready_prefill, ready_decode=counts.ready_decode)
+    decide_and_record.fn(ctx, Loop.THROUGHPUT, _epoch(trace, 240.0), cluster.observe(180.0, 240.0, planner=ctx.planner))
+    assert [status for *_, status in decisions(database_url, "crashed")][-1] == "pending"
+
+    run_demo(database_url, config, azure_conv_trace, "crashed", max_windows=8)
+    run_demo(database_url, config, azure_conv_trace, "whole", max_windows=8)
+    assert decisions(database_url, "crashed") == decisions(database_url, "whole")
+
+
+def test_killed_demo_process_resumes_without_loss_or_duplicates(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """SIGKILL a `planner demo` process mid-run, start it again: same history as an uninterrupted run."""
+    config = write_config(tmp_path)
+    env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PLANNER_DATABASE_URL=database_url)
+    command = [
+        sys.executable, "-m", "planner_cli.main", "demo", "--trace", str(azure_conv_trace), "--config", str(config),
+        "--deployment", "killed", "--max-windows", "14",
+    ]  # fmt: skip
+    process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        count = rows(database_url, "SELECT count(*) FROM ticks")[0][0] if has_ticks(database_url) else 0
+        if count >= 4:
+            break
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    killed_at = rows(database_url, "SELECT count(*) FROM ticks")[0][0]
+    assert 4 <= killed_at < 14, "the process must be killed mid-run"
+    finished = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert "ticks recorded 14" in finished.stdout
+    run_demo(database_url, config, azure_conv_trace, "uninterrupted", max_windows=14)
+    assert decisions(database_url, "killed") == decisions(database_url, "uninterrupted")

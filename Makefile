@@ -34,8 +34,8 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 # The quick loop before a commit: lint and the decision core's tests (tests/core: no Postgres, Prefect or
-# subprocess server; tests/core/conftest.py fails the run if they import the runtime): ~145 s of CPU, ~75 s on
-# an idle 2-core machine.
+# subprocess server; tests/core/conftest.py fails the run if they import the runtime): 79 s on the idle 2-core
+# machine (2026-12-07).
 # `--dist load`: the core's tests are independent, so the workers share them test by test.
 check: lint
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(CHECK_WORKERS) --dist load tests/core

@@ -6,7 +6,6 @@ import asyncio
 import datetime as dt
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from planner_core.runtime.localhost import free_port
 from planner_core.runtime.store.db import to_libpq_uri
 from tests.conftest import REPO_ROOT, write_config
 from tests.runtime.demo_runs import decisions, has_ticks, rows, run_demo
@@ -159,9 +159,8 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
 
     With `metric_reporting_prometheus_port` set, the serving process exports what the flow runs recorded.
     """
-    from tests.runtime.test_metrics import _free_port
 
-    metrics_port = _free_port()
+    metrics_port = free_port()
     config = write_config(
         tmp_path,
         throughput_adjustment_interval_seconds=5,
@@ -395,12 +394,6 @@ GRPC_EXAMPLE = REPO_ROOT / "examples" / "grpc-plugin"
 GRPC_DEMO_WINDOWS = 5
 
 
-def _free_tcp_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _policy_with_plugins(directory: Path, name: str, external_plugins: list[dict]) -> Path:
     """The recommended policy (the demo's default), with these external plugins."""
     import yaml
@@ -438,7 +431,7 @@ def test_the_example_plugin_changes_demo_decisions_and_the_run_replays_without_i
     demo's decisions through gRPC, and the run replays identically with the plugin process stopped."""
     from planner_core.runtime.replay import replay
 
-    port = _free_tcp_port()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, str(GRPC_EXAMPLE / "llm_planner_spot_price.py"), "--listen", f"127.0.0.1:{port}",
          "--price", "3.2", "--max-price", "2.5", "--max-prefill", "3"],

@@ -5,13 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-import socket
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from planner_core.domain import Loop, TrafficObservation
+from planner_core.runtime.localhost import free_port
 from planner_core.runtime.metrics import (
     LOAD_DECISION_REASONS,
     PREFIX,
@@ -32,16 +32,10 @@ from tests.runtime.recorded import BUSY, SCENARIO_GPU_HOURS, record_scenario
 DASHBOARD = REPO_ROOT / "infra" / "grafana" / "planner-dashboard.json"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def exporter(database_url):
     """A running exporter for deployment `scenario` on a free port; yields a function that scrapes it."""
-    port = _free_port()
+    port = free_port()
     server, thread = start_metrics_server(port, database_url, "scenario", addr="127.0.0.1", cache_s=0.0)
 
     def scrape() -> dict[str, object]:

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import threading
@@ -52,6 +51,7 @@ from planner_core.lab.sim.exporter import TraceMetricsExporter
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.planner import build_planner
 from planner_core.policy.throughput import prompt_cap
+from planner_core.runtime.localhost import free_port
 from planner_core.runtime.service import load_context, run_tick
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.sources import NoTrafficDataKind, TrafficUnavailable
@@ -367,7 +367,7 @@ def test_arrival_resolution_is_validated_and_bounded(tmp_path: Path) -> None:
     source.close()
     # 60 s + 30 s look-back at 1 ms: 90,001 points per series, more than Prometheus serves (no request is sent)
     with PrometheusTrafficSource(
-        PrometheusOptions(endpoint=f"http://127.0.0.1:{_free_port()}", arrival_resolution_s=0.001), TrafficQueries()
+        PrometheusOptions(endpoint=f"http://127.0.0.1:{free_port()}", arrival_resolution_s=0.001), TrafficQueries()
     ) as fine:
         with pytest.raises(TrafficUnavailable, match="raise prometheus_arrival_resolution_seconds") as info:
             fine.arrivals(T0, T0 + dt.timedelta(seconds=60))
@@ -523,7 +523,7 @@ def test_slow_and_refused_are_unreachable(fake_prometheus: FakePrometheus) -> No
             source.collect(T0, T0 + dt.timedelta(seconds=60))
     assert info.value.kind == NoTrafficDataKind.UNREACHABLE
     with pytest.raises(TrafficUnavailable, match="ConnectError") as info:
-        _collect(_source(f"http://127.0.0.1:{_free_port()}"))
+        _collect(_source(f"http://127.0.0.1:{free_port()}"))
     assert info.value.kind == NoTrafficDataKind.UNREACHABLE
 
 
@@ -648,12 +648,6 @@ KV_HIT_RATE, ACCEPT_LENGTH = 0.25, 2.0
 MODEL = "test-model"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def prometheus_binary() -> str:
     """Debian's Prometheus, installed with apt-get on first use (CI machines are clean and run as root)."""
     found = shutil.which("prometheus")
@@ -683,7 +677,7 @@ class PrometheusServer:
     process: subprocess.Popen | None = None
 
     def __post_init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.folder.mkdir(parents=True, exist_ok=True)
         every = f"{round(self.scrape_interval_s * 1000)}ms"  # Prometheus durations are whole numbers of a unit
         (self.folder / "prometheus.yml").write_text(

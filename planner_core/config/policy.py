@@ -470,6 +470,19 @@ class PlannerConfig(BaseModel):
     throughput_startup_seconds: float = Field(
         default=120.0, ge=0, description="Worker start-up time (s) assumed until one is measured."
     )
+    # Closed loop (ours; off = Dynamo, which sizes on the perf model alone). Each throughput tick learns each pool's
+    # engine speed relative to the perf model from the latency the pool served at the load it carried (prefill from
+    # TTFT, decode from ITL; planner_core.policy.feedback) and sizes the pool with the learned speed. Disaggregated
+    # pools on engine capacity only. The bounds keep one bad source from sizing the pools without limit.
+    throughput_capacity_feedback: bool = Field(
+        default=False, description="Learn each pool's engine speed from the latency it served, and size with it."
+    )
+    throughput_feedback_speed_min: float = Field(
+        default=0.5, gt=0, le=1, description="Lowest engine speed (x the perf model's) the closed loop may learn."
+    )
+    throughput_feedback_speed_max: float = Field(
+        default=1.5, ge=1, le=10, description="Highest engine speed (x the perf model's) the closed loop may learn."
+    )
 
     # ------------------------------------------------------------------------------------------------
     # Validation (never mutates; raises the first violation and counts the rest)

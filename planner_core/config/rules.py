@@ -9,7 +9,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from planner_core.config.enums import EnvironmentKind, LoadPolicy, OptimizationTarget, PlannerMode, managed_components
+from planner_core.config.enums import (
+    EnvironmentKind,
+    LoadPolicy,
+    OptimizationTarget,
+    PlannerMode,
+    ThroughputAlgorithm,
+    managed_components,
+)
 from planner_core.config.errors import Violation, _rule, _show
 from planner_core.domain import Component
 
@@ -204,6 +211,23 @@ def loop_cadence_rules(config: PlannerConfig) -> list[Violation]:
     return found
 
 
+def feedback_rules(config: PlannerConfig) -> list[Violation]:
+    """The closed loop learns the speed of separate prefill and decode pools sized on engine capacity."""
+    if not config.throughput_capacity_feedback:
+        return []
+    if config.mode is not PlannerMode.DISAGG:
+        return [_rule("throughput_capacity_feedback", True, f"needs mode: disagg (mode is {config.mode.value})")]
+    if config.throughput_algorithm is not ThroughputAlgorithm.ENGINE_CAPACITY:
+        return [
+            _rule(
+                "throughput_capacity_feedback",
+                True,
+                f"needs throughput_algorithm: engine_capacity (it is {config.throughput_algorithm.value})",
+            )
+        ]
+    return []
+
+
 CROSS_FIELD_RULES: tuple[Callable[[PlannerConfig], list[Violation]], ...] = (
     mode_floor_rules,
     gpu_budget_rules,
@@ -211,6 +235,7 @@ CROSS_FIELD_RULES: tuple[Callable[[PlannerConfig], list[Violation]], ...] = (
     environment_rules,
     load_loop_rules,
     loop_cadence_rules,
+    feedback_rules,
 )
 """The rule groups in the order their violations are reported."""
 

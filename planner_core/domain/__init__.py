@@ -81,9 +81,11 @@ from planner_core.domain.reasons import (
     StepRecord,
 )
 from planner_core.domain.state import (
+    CapacityFeedback,
     HorizonWindow,
     PendingScaleUp,
     PlannerState,
+    PoolFeedback,
     SizedNeed,
     StartupSample,
     StartupState,
@@ -111,7 +113,9 @@ __all__ = [
     "FpmSample",
     "HeldResult",
     "HoldPolicy",
+    "CapacityFeedback",
     "HorizonWindow",
+    "PoolFeedback",
     "KalmanState",
     "LengthQuantile",
     "LoadHistory",

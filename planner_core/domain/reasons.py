@@ -151,6 +151,13 @@ class ReasonCode(enum.StrEnum):
     HORIZON_SHORT_HISTORY = "horizon_short_history"  # too few closed horizons for the quantile: their largest ratio
     STARTUP_MEASURED = "startup_measured"  # the pool's start-up time from its own scale-ups (decided -> ready)
     STARTUP_CONFIGURED = "startup_configured"  # no scale-up of the pool completed yet: the configured start-up
+    # the closed loop (ours): each pool's engine speed learned from the latency it served (policy.feedback)
+    FEEDBACK_LEARNED = "feedback_learned"  # the window's latency moved the pool's learned engine speed
+    FEEDBACK_CONFIRMED = "feedback_confirmed"  # the window's latency agrees with the learned speed: kept
+    FEEDBACK_NOT_AT_LOAD = "feedback_not_at_load"  # faster than learned, but at a load too light to trust: kept
+    FEEDBACK_POOL_CHANGING = "feedback_pool_changing"  # engines started or left during the window: kept
+    FEEDBACK_NO_LATENCY = "feedback_no_latency"  # the source gave no latency for the window: the last speed kept
+    FEEDBACK_TOO_FEW_REQUESTS = "feedback_too_few_requests"  # too few requests in the window to measure: kept
     # family: NEXT_REQUEST (SLA load loop: where the "next request" of every estimate comes from)
     NEXT_REQUEST_ENGINE_AVERAGE = "next_request_engine_average"  # the engines' moving averages (Dynamo's)
     NEXT_REQUEST_TRAFFIC_WINDOW = "next_request_traffic_window"  # the last traffic window's mean lengths (ours)
@@ -196,6 +203,7 @@ class StepName(enum.StrEnum):
     AGG_SIGNAL = "agg_signal"
     BURST = "burst"
     CAPACITY = "capacity"
+    CAPACITY_FEEDBACK = "capacity_feedback"  # the closed loop: a pool's engine speed learned from its latency
     CHANGE_RATE = "change_rate"
     CONSOLIDATION = "consolidation"
     CORRECTION = "correction"

@@ -103,6 +103,36 @@ class HorizonWindow:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PoolFeedback:
+    """What the closed loop (ours, `planner_core.policy.feedback`) learned of one pool's engines.
+
+    Attributes:
+        speed: the engines' speed in the pool's phase as a multiple of the perf model's (0.8: each iteration takes
+            1 / 0.8 of the model's time), learned from the latency the pool served; 1.0 until learned.
+        num_updates: windows that changed `speed`.
+        last_ready: engines ready at the previous throughput tick (a window counts only when the pool held the same
+            ready engines from its start to its end); -1 before the first.
+        last_measured: the last window's measured speed, where one was measured.
+    """
+
+    speed: float = 1.0
+    num_updates: int = 0
+    last_ready: int = -1
+    last_measured: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CapacityFeedback:
+    """The closed loop's learned engine speed per pool (ours; `planner_core.policy.feedback`)."""
+
+    prefill: PoolFeedback = field(default_factory=PoolFeedback)
+    decode: PoolFeedback = field(default_factory=PoolFeedback)
+
+    def of(self, component: Component) -> PoolFeedback:
+        return self.prefill if component is Component.PREFILL else self.decode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlannerState:
     """Cross-tick state of one managed deployment; stored as JSONB after every tick."""
 
@@ -123,3 +153,5 @@ class PlannerState:
     startup: StartupState = field(default_factory=StartupState)
     # Ours: the last windows' observed and forecast rates, whose closed horizons give the learned headroom.
     horizon_windows: tuple[HorizonWindow, ...] = ()
+    # Ours: each pool's engine speed learned from the latency it served (`planner_core.policy.feedback`).
+    capacity_feedback: CapacityFeedback = field(default_factory=CapacityFeedback)

@@ -68,6 +68,7 @@ __all__ = [
     "batch_candidates",
     "chunked_prefill_s",
     "decode_capacity",
+    "decode_context",
     "effective_accept_length",
     "effective_kv_hit_rate",
     "prefill_capacity",
@@ -224,7 +225,7 @@ def agg_prompt_rate(
     return prompt_tokens / iteration_s, iteration_s
 
 
-def _decode_context(isl: float, osl: float) -> int:
+def decode_context(isl: float, osl: float) -> int:
     """KV tokens a decoding request holds on average: `max(1, floor(ISL + OSL // 2))`."""
     return max(1, math.floor(isl + osl // 2))
 
@@ -450,7 +451,7 @@ def decode_capacity(
     steps = [accept_step]
     if not model.is_ready():
         return _not_ready(CapacityRole.DECODE, component, steps)
-    context = _decode_context(isl, osl)
+    context = decode_context(isl, osl)
     max_batch, limit = _decode_batch_cap(limits, context)
     if max_batch < 1:
         detail = f"decode: one request of context {context} tokens exceeds max_kv_tokens {limits.max_kv_tokens}"
@@ -577,7 +578,7 @@ def agg_capacity(
         return _not_ready(CapacityRole.AGG, component, steps)
     mbt = limits.max_num_batched_tokens
     isl_eff = _effective_isl(isl, hit)
-    context = _decode_context(isl, osl)
+    context = decode_context(isl, osl)
     decode_cap, limit = _decode_batch_cap(limits, context)
     if decode_cap < 1 or mbt < 2:
         detail = (
@@ -650,7 +651,7 @@ def agg_operating_prompt_rate(
         model, limits, isl=isl, osl=osl, ttft_ms=ttft_ms, itl_ms=itl_ms, kv_hit_rate=kv_hit_rate,
         accept_length=accept_length,
     )  # fmt: skip
-    context = _decode_context(isl, osl)
+    context = decode_context(isl, osl)
     if not capacity.usable:
         return AggPromptRate(tokens_per_s=0.0, iteration_s=0.0, batch_size=0, context=context, capacity=capacity)
     tokens_per_s, iteration_s = agg_prompt_rate(

@@ -3,6 +3,8 @@
 `size_pools(request)` is what the throughput loop's PROPOSE plugin (`planner_core.pipeline.builtin`) asks. It runs
 the stages in a fixed order, each a function that returns its value and its steps and changes nothing it is given:
 
+0. feedback (ours, optional): each pool's engine speed learned from the latency it served (`learn_engine_speeds`,
+   `planner_core.policy.feedback`); every later stage reads the pools' models at the learned speeds;
 1. shape: the request shape the pools are sized for (`sizing_shape`);
 2. capacity: each pool's size at the forecast rate, on the engines' forward-pass capacity (Dynamo 1.x,
    `size_on_engine_capacity`) or on the profile's interpolated throughput (Dynamo 0.x, `size_on_interpolation`);
@@ -16,7 +18,7 @@ the stages in a fixed order, each a function that returns its value and its step
 Between stages the sizes travel as `PoolSizes`: the rounded size of each pool, and where the sizing knows them, its
 need before rounding up (the scale-down margin reads it) and its need on the window just observed (the horizon
 headroom learns from it). The outcome is the bounded targets, or None (hold) when no model can size the pools,
-with the steps in the order the stages ran and the planner state the horizon and the hold leave.
+with the steps in the order the stages ran and the planner state the feedback, the horizon and the hold leave.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from planner_core.config import PlannerConfig, PlannerMode, ThroughputAlgorithm, managed_components
 from planner_core.domain import (
+    CapacityFeedback,
     Component,
     PerfModelRole,
     PlannerState,
@@ -41,6 +44,13 @@ from planner_core.domain import (
     TrafficObservation,
 )
 from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, min_endpoints
+from planner_core.policy.feedback import (
+    FeedbackWindow,
+    learn_decode_speed,
+    learn_prefill_speed,
+    learned_model,
+    sizing_speed,
+)
 from planner_core.policy.horizon import horizon_headroom, pool_startup_s, record_window
 from planner_core.policy.throughput import (
     CorrectionFactors,
@@ -69,6 +79,7 @@ __all__ = [
     "bound_pools",
     "forward_model_for",
     "hold_scale_down",
+    "learn_engine_speeds",
     "raise_for_horizon",
     "scale_down_margin",
     "size_for_bursts",
@@ -133,9 +144,13 @@ class SizingOutcome:
 
 def size_pools(request: SizingRequest) -> SizingOutcome:
     """Size every managed pool for the forecast, stage by stage (module docstring)."""
-    config, state = request.config, request.state
+    config = request.config
+    steps: Steps = ()
+    if config.throughput_capacity_feedback:
+        request, steps = learn_engine_speeds(request)
+    state = request.state
     shape, shape_step = sizing_shape(request.prediction, config.throughput_length_sizing)
-    steps: Steps = (shape_step,)
+    steps += (shape_step,)
     if config.throughput_algorithm is ThroughputAlgorithm.ENGINE_CAPACITY:
         sizes, stage_steps = size_on_engine_capacity(request, shape)
     else:
@@ -159,6 +174,48 @@ def size_pools(request: SizingRequest) -> SizingOutcome:
         steps += stage_steps
     desired, stage_steps = bound_pools(request, sizes)
     return SizingOutcome(desired=desired, steps=steps + stage_steps, state=state)
+
+
+# --- feedback ----------------------------------------------------------------------------------------------------
+
+
+def learn_engine_speeds(request: SizingRequest) -> tuple[SizingRequest, Steps]:
+    """Ours: each managed pool's engine speed after the window just observed (`planner_core.policy.feedback`), in
+    the request's state, with a `capacity_feedback` step per pool. A pool without a model keeps its speed."""
+    from planner_core.perf.online import serving_samples
+
+    config, perf, state = request.config, request.perf, request.state
+    bootstrap = perf.forward_pass_model() if perf is not None else None
+    profiled_kv = perf.profiled_max_kv_tokens() if perf is not None else None
+    traffic = request.traffic
+    learned = state.capacity_feedback
+    serving, _ = serving_samples(request.inputs.fpm, request.inputs.workers, request.components)
+    steps: Steps = ()
+    for component in request.components:
+        model = _base_model_for(state, config.mode, component, bootstrap)
+        if model is None:
+            continue
+        window = FeedbackWindow(
+            traffic=traffic,
+            window_s=request.window_s,
+            workers=request.inputs.workers,
+            limits=config.engine_limits(component, profiled_max_kv_tokens=profiled_kv),
+            kv_hit_rate=traffic.kv_hit_rate if traffic.kv_hit_rate is not None else state.last_kv_hit_rate,
+            accept_length=state.last_accept_length,
+            fpm=serving,
+        )
+        learn = learn_prefill_speed if component is Component.PREFILL else learn_decode_speed
+        pool, step = learn(config, learned.of(component), window, model)
+        field_name = "prefill" if component is Component.PREFILL else "decode"
+        learned = dataclasses.replace(learned, **{field_name: pool})
+        steps += (step,)
+    return dataclasses.replace(request, state=dataclasses.replace(state, capacity_feedback=learned)), steps
+
+
+def learned_speeds(request: SizingRequest) -> CapacityFeedback | None:
+    """The engine speeds the sizing reads: the closed loop's, when it is on (a state learned under another config is
+    not read by one with the loop off)."""
+    return request.state.capacity_feedback if request.config.throughput_capacity_feedback else None
 
 
 # --- capacity ----------------------------------------------------------------------------------------------------
@@ -214,7 +271,9 @@ def size_on_engine_capacity(request: SizingRequest, shape: RequestShape) -> tupl
     observed: dict[Component, float] = {}
     not_ready: list[Component] = []
     for component in request.components:
-        model, model_step = forward_model_for(request.state, config.mode, component, bootstrap)
+        model, model_step = forward_model_for(
+            request.state, config.mode, component, bootstrap, learned=learned_speeds(request)
+        )
         steps += (model_step,)
         if model is None:
             not_ready.append(component)
@@ -336,7 +395,7 @@ def burst_engine_rate(request: SizingRequest, shape: RequestShape, component: Co
 
     config, state, perf = request.config, request.state, request.perf
     bootstrap = perf.forward_pass_model() if perf is not None else None
-    model, _ = forward_model_for(state, config.mode, component, bootstrap)
+    model, _ = forward_model_for(state, config.mode, component, bootstrap, learned=learned_speeds(request))
     if model is None:
         return 0.0, 0.0
     tokens_per_s, iteration_s = engine_prompt_rate(
@@ -493,21 +552,43 @@ def target_utilization(config: PlannerConfig, component: Component) -> float:
     return config.throughput_decode_target_utilization
 
 
-def forward_model_for(
+def _base_model_for(
     state: PlannerState, mode: PlannerMode, component: Component, bootstrap: ForwardPassModel | None
+) -> ForwardPassModel | None:
+    """The pool's model before the closed loop's speed: the online regression once ready, else the bootstrap."""
+    from planner_core.perf.online import OnlineForwardPassModel
+
+    role = PerfModelRole.AGG if mode is PlannerMode.AGG else ROLE_OF_POOL[component]
+    online = OnlineForwardPassModel(getattr(state.perf_models, role.value))
+    return online if online.is_ready() else bootstrap
+
+
+def forward_model_for(
+    state: PlannerState,
+    mode: PlannerMode,
+    component: Component,
+    bootstrap: ForwardPassModel | None,
+    *,
+    learned: CapacityFeedback | None = None,
 ) -> tuple[ForwardPassModel | None, StepRecord]:
     """The bootstrap chain for one pool, and a step saying which model answers: the online regression once its
     fit is ready, else the bootstrap model (perf table or profile), else none (recorded, so the audit trail shows
-    when the engines' own metrics were not used yet)."""
+    when the engines' own metrics were not used yet). With `learned` (the closed loop on), a disaggregated pool's
+    model runs at the engine speed the loop learned for it (`planner_core.policy.feedback`)."""
     from planner_core.perf.online import OnlineForwardPassModel
 
     role = PerfModelRole.AGG if mode is PlannerMode.AGG else ROLE_OF_POOL[component]
     online_state = getattr(state.perf_models, role.value)
     online = OnlineForwardPassModel(online_state)
     samples = f"{len(online_state.samples)} samples"
+    speed = ""
+    if learned is not None and mode is not PlannerMode.AGG:
+        pool_speed = sizing_speed(learned.of(component))
+        speed = "" if pool_speed == 1.0 else f", at the learned speed {pool_speed:.3f}"
     if online.is_ready():
-        detail = f"the online {role.value} regression answers ({samples})"
-        return online, StepRecord(
+        detail = f"the online {role.value} regression answers ({samples}){speed}"
+        model = online if learned is None or not speed else learned_model(online, learned, component)
+        return model, StepRecord(
             step=MODEL_STEP, component=component, reason=ReasonCode.PERF_MODEL_READY, detail=detail
         )
     why = f"the online {role.value} model is {online_state.readiness.value} ({samples})"
@@ -516,9 +597,10 @@ def forward_model_for(
         return None, StepRecord(
             step=MODEL_STEP, component=component, reason=ReasonCode.INSUFFICIENT_DATA, detail=detail
         )
-    return bootstrap, StepRecord(
+    model = bootstrap if learned is None or not speed else learned_model(bootstrap, learned, component)
+    return model, StepRecord(
         step=MODEL_STEP,
         component=component,
         reason=ReasonCode.PERF_MODEL_BOOTSTRAP,
-        detail=f"{why}: {type(bootstrap).__name__} answers",
+        detail=f"{why}: {type(bootstrap).__name__} answers{speed}",
     )

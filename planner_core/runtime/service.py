@@ -381,11 +381,11 @@ def _tick_inputs(
     gpu_ceiling: int | None,
 ) -> tuple[int | None, PlannerState, TickInputs]:
     """What a tick decides on, read in its transaction: the worker counts, a load tick's newest forward-pass
-    metrics, the previous tick's state (or a warm start) and the decisions applied since; (the previous tick's id,
-    the state, the inputs)."""
+    metrics (a throughput tick's too under the closed loop), the previous tick's state (or a warm start) and the
+    decisions applied since; (the previous tick's id, the state, the inputs)."""
     workers = ctx.connector.worker_counts(session, deployment_id, default=default_workers(ctx.config))
     fpm = ()
-    if loop is Loop.LOAD:
+    if loop is Loop.LOAD or ctx.config.throughput_capacity_feedback:  # the closed loop measures engine speed on them
         since = scheduled_at - dt.timedelta(seconds=fpm_max_age_s(ctx.config))
         fpm = latest_fpm(session, deployment_id, since, until=scheduled_at)
     # the previous tick is normally today's or yesterday's: read those partitions first (store/repository.py)

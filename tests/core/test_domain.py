@@ -28,6 +28,7 @@ from planner_core.domain import (
     ArimaFit,
     ArimaSearch,
     ArimaState,
+    CapacityFeedback,
     Component,
     EngineLimits,
     EnsembleMember,
@@ -53,6 +54,7 @@ from planner_core.domain import (
     PipelineState,
     PlannerState,
     PluginSchedule,
+    PoolFeedback,
     Prediction,
     QueuedRequests,
     ReasonCode,
@@ -341,6 +343,10 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         planned_decode=floats,
         observed_decode=floats,
     )
+    pool_feedback = st.builds(
+        PoolFeedback, speed=floats, num_updates=counts, last_ready=counts, last_measured=opt_floats
+    )
+    capacity_feedback = st.builds(CapacityFeedback, prefill=pool_feedback, decode=pool_feedback)
     state = st.builds(
         PlannerState,
         load_history=history,
@@ -356,6 +362,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         recent_throughput_needs=st.lists(sized_need, max_size=3).map(tuple),
         startup=startup,
         horizon_windows=st.lists(horizon_window, max_size=3).map(tuple),
+        capacity_feedback=capacity_feedback,
     )
     step = st.builds(
         StepRecord,
@@ -422,6 +429,8 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         StartupSample: startup_sample,
         StartupState: startup,
         HorizonWindow: horizon_window,
+        PoolFeedback: pool_feedback,
+        CapacityFeedback: capacity_feedback,
         PlannerState: state,
         StepRecord: step,
         ReplicaProposal: proposal,

@@ -212,7 +212,8 @@ class PlannerPolicy:
                 loop=loop,
                 workers=sim.worker_counts(),
                 traffic=traffic,
-                fpm=sim.latest_fpm() if loop is Loop.LOAD else (),
+                # the engines' iterations: the load loop's signal, and the closed loop's measure of their speed
+                fpm=sim.latest_fpm() if loop is Loop.LOAD or self.config.throughput_capacity_feedback else (),
                 unplaced=unplaced,
             )
             outcome = self.planner.decide(inputs, self.state)
@@ -289,6 +290,8 @@ def held_for_peak(sizes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
 BASELINE_NAMES = ("static-peak", "static-mean", "oracle", "oracle-ahead", "oracle-seen", "oracle-peak")
 # Hindsight references, run when asked for (`planner_core.lab.sim.references`): they search on top of the oracle's
 REFERENCE_NAMES = ("static-best", "oracle-budget")
+# The recommended policy with its closed loop off (`throughput_capacity_feedback: false`): what the loop buys
+OPEN_LOOP_POLICY = "planner-open-loop"
 # `oracle-seen` and `oracle-peak` run when asked for: they explain a start-up row's misses, they are not comparisons
 DEFAULT_POLICIES = (*BASELINE_NAMES[:4], "threshold", "dynamo-0x", "dynamo-1x", RECOMMENDED_POLICY)
 # The same in aggregated mode, without the policies `agg_refusal` refuses.
@@ -416,6 +419,8 @@ def build_policies(
             policies.append(search.reference(name))
         elif name in known_policies:
             policies.append(planner_policy(name, policy_path(name)))
+        elif name == OPEN_LOOP_POLICY:
+            policies.append(planner_policy(name, policy_path(RECOMMENDED_POLICY)))
         elif name in DYNAMO_PRESETS:
             policies.append(_dynamo_policy(name, base, perf, spec, search, dynamo_python, dynamo_checked))
         elif name.startswith("fixed:") and aggregated:
@@ -517,7 +522,10 @@ def _checked_configs(
     user file in the other mode)."""
     configs: dict[str, PlannerConfig] = {}
     for name in names:
-        if name in known_policies:
+        if name == OPEN_LOOP_POLICY:
+            recommended = bench_config(policy_path(RECOMMENDED_POLICY), base, aggregated=aggregated)
+            configs[name] = recommended.model_copy(update={"throughput_capacity_feedback": False})
+        elif name in known_policies:
             configs[name] = bench_config(policy_path(name), base, aggregated=aggregated)
             why = agg_refusal(configs[name]) if aggregated else None
             if why is not None:
@@ -573,9 +581,11 @@ def _fixed_disagg(name: str) -> FixedPolicy:
 
 def _unknown_policy(name: str, known_policies: Sequence[str], *, aggregated: bool) -> str:
     if aggregated:
-        known = ", ".join([*BASELINE_NAMES, *REFERENCE_NAMES, *known_policies, "fixed:N"])
+        known = ", ".join([*BASELINE_NAMES, *REFERENCE_NAMES, *known_policies, OPEN_LOOP_POLICY, "fixed:N"])
     else:
-        known = ", ".join([*BASELINE_NAMES, *REFERENCE_NAMES, *known_policies, *DYNAMO_PRESETS, "fixed:P:D"])
+        known = ", ".join(
+            [*BASELINE_NAMES, *REFERENCE_NAMES, *known_policies, OPEN_LOOP_POLICY, *DYNAMO_PRESETS, "fixed:P:D"]
+        )
     return f"--policies: unknown policy {name!r} (known: {known})"
 
 

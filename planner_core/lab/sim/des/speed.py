@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from planner_core.perf.forward import ForwardPassModel
+from planner_core.perf.scaled import speed_scaled
 
 __all__ = [
     "PROFILE_SPEED",
@@ -135,32 +136,7 @@ def parse_speed_change(
     return SpeedChange(at_s=at * scale, speed=parse_engine_speed(speeds, option=option, base=base))
 
 
-class _ScaledForwardPass:
-    """The profile's model run by engines at `speed` (see the module docstring): what the simulator times with."""
-
-    __slots__ = ("_decode", "_fwd", "_prefill")
-
-    def __init__(self, fwd: ForwardPassModel, speed: EngineSpeed) -> None:
-        self._fwd, self._prefill, self._decode = fwd, speed.prefill, speed.decode
-
-    def is_ready(self) -> bool:
-        return self._fwd.is_ready()
-
-    def prefill_wall_s(self, prefill_tokens: float) -> float:
-        return self._fwd.prefill_wall_s(prefill_tokens) / self._prefill
-
-    def decode_wall_s(self, num_decode_requests: float, decode_kv_tokens: float) -> float:
-        return self._fwd.decode_wall_s(num_decode_requests, decode_kv_tokens) / self._decode
-
-    def mixed_wall_s(self, prefill_tokens: float, num_decode_requests: float, decode_kv_tokens: float) -> float:
-        mixed_s = self._fwd.mixed_wall_s(prefill_tokens, num_decode_requests, decode_kv_tokens)
-        if num_decode_requests <= 0:
-            return mixed_s / self._prefill
-        decode_s = self._fwd.decode_wall_s(num_decode_requests, decode_kv_tokens)
-        return decode_s / self._decode + max(mixed_s - decode_s, 0.0) / self._prefill
-
-
 def engine_model(fwd: ForwardPassModel, speed: EngineSpeed) -> ForwardPassModel:
     """The model the simulated engines time their iterations with: the profile's own at speed 1.0 (the same
     arithmetic, bit for bit), else the profile's at `speed`."""
-    return fwd if speed.is_profile else _ScaledForwardPass(fwd, speed)
+    return speed_scaled(fwd, prefill_speed=speed.prefill, decode_speed=speed.decode)

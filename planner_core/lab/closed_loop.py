@@ -1,0 +1,205 @@
+"""The closed loop's goal rows: the shipped policy (`planner`) and the same file with its loop off
+(`planner-open-loop`) on engines faster and slower than the profile they read, against `oracle-ahead` and
+`oracle-seen` on the same engines, on our simulator.
+
+    python -m planner_core.lab.closed_loop [--rows NAME[,NAME...]] [--out docs/results/closed-loop] [--jobs 2]
+
+A row's goal: the shipped policy serves at least 99 % of the attainable requests, or, where lower, what
+`oracle-seen` serves, at no more than 1.15x `oracle-ahead`'s GPU-hours. Each row writes `<name>.json` (dated, with
+its command and commit: the figures, the judgment and, for a row whose engines change speed mid-run, each policy's
+attainment per 60 s window), and `summary.md` is rebuilt from every record in the folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import datetime as dt
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from planner_core.data import H200_PROFILE_DIR, TRACES_DIR
+from planner_core.lab.sim.benchmark import BenchRequest, benchmark
+from planner_core.lab.sim.des.speed import EngineSpeed, SpeedChange, parse_engine_speed, parse_speed_change
+from planner_core.lab.sim.policies import OPEN_LOOP_POLICY
+from planner_core.runtime.localhost import code_commit
+
+__all__ = ["GOAL_ATTAINMENT", "GOAL_COST_RATIO", "ROWS", "GoalRow", "main", "run_row"]
+
+GOAL_ATTAINMENT = 0.99  # of the attainable requests
+GOAL_COST_RATIO = 1.15  # x oracle-ahead's GPU-hours
+WINDOW_S = 60.0
+POLICIES = ("planner", OPEN_LOOP_POLICY, "oracle-ahead", "oracle-seen")
+OUT = Path("docs/results/closed-loop")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GoalRow:
+    """One row: a trace at a rate scale and SLA, on engines at `speed` (and from `change` on, at its speed)."""
+
+    name: str
+    trace: str  # file name under the shipped traces
+    rate_scale: float
+    speed: str = "prefill=1,decode=1"
+    change: str | None = None
+    ttft_ms: float = 500.0
+    itl_ms: float = 50.0
+    startup_s: float = 120.0
+
+    def engine_speed(self) -> EngineSpeed:
+        return parse_engine_speed(self.speed, option=f"row {self.name}: speed")
+
+    def speed_change(self) -> SpeedChange | None:
+        if self.change is None:
+            return None
+        return parse_speed_change(self.change, option=f"row {self.name}: change", base=self.engine_speed())
+
+
+_CONV, _MOONCAKE = "AzureLLMInferenceTrace_conv.csv", "synthetic_trace.jsonl"
+ROWS = tuple(
+    GoalRow(name=f"{label}-{tag}", trace=trace, rate_scale=scale, speed=speed)
+    for label, trace, scale in (("conv-x12-500-50", _CONV, 12.0), ("mooncake-x2-500-50", _MOONCAKE, 2.0))
+    for tag, speed in (
+        ("profile", "prefill=1,decode=1"),
+        ("slower", "prefill=0.8,decode=0.8"),
+        ("faster", "prefill=1.2,decode=1.2"),
+        ("prefill-slower", "prefill=0.8"),
+        ("prefill-faster", "prefill=1.2"),
+    )
+) + (GoalRow(name="conv-x12-500-50-slowdown-20m", trace=_CONV, rate_scale=12.0, change="20m:prefill=0.75,decode=0.75"),)
+
+
+def run_row(row: GoalRow, *, policies: Sequence[str] = POLICIES) -> dict[str, object]:
+    """Bench one row and judge it; the record `main` writes."""
+    request = BenchRequest(
+        trace=TRACES_DIR / row.trace,
+        profile=H200_PROFILE_DIR,
+        rate_scale=row.rate_scale,
+        policies=tuple(policies),
+        ttft_ms=row.ttft_ms,
+        itl_ms=row.itl_ms,
+        startup_s=row.startup_s,
+        throughput_interval_s=int(WINDOW_S),
+        engine_speed=row.engine_speed(),
+        speed_change=row.speed_change(),
+    )
+    outcome = benchmark(request)
+    figures: dict[str, dict[str, float]] = {}
+    windows: dict[str, list[float | None]] = {}
+    for run in outcome.runs:
+        attainable = run.row.attainable or 1.0
+        figures[run.row.policy] = {
+            "sla_attainment": run.row.sla_attainment,
+            "of_attainable": run.row.sla_attainment / attainable,
+            "gpu_hours": run.row.gpu_hours,
+        }
+        if row.change is not None:
+            windows[run.row.policy] = window_attainment(outcome.trace.arrival_s, run.result, row, WINDOW_S)
+    record: dict[str, object] = {
+        "row": dataclasses.asdict(row),
+        "policies": figures,
+        "goal": judge(figures),
+    }
+    if windows:
+        record["window_s"] = WINDOW_S
+        record["window_attainment"] = windows
+    return record
+
+
+def judge(figures: dict[str, dict[str, float]]) -> dict[str, object]:
+    """The goal for `planner` and, for the ablation, for `planner-open-loop`."""
+    ahead, seen = figures["oracle-ahead"], figures["oracle-seen"]
+    target = min(GOAL_ATTAINMENT, seen["of_attainable"])
+    verdicts: dict[str, object] = {"attainment_target": target}
+    for name in ("planner", OPEN_LOOP_POLICY):
+        figure = figures[name]
+        ratio = figure["gpu_hours"] / ahead["gpu_hours"] if ahead["gpu_hours"] > 0 else float("inf")
+        verdicts[name] = {
+            "cost_vs_oracle_ahead": ratio,
+            "attainment_met": figure["of_attainable"] >= target - 1e-12,
+            "cost_met": ratio <= GOAL_COST_RATIO,
+            "met": figure["of_attainable"] >= target - 1e-12 and ratio <= GOAL_COST_RATIO,
+        }
+    return verdicts
+
+
+def window_attainment(arrival_s: np.ndarray, result, row: GoalRow, window_s: float) -> list[float | None]:
+    """Each window's share of its arriving requests served within both targets (None: no request arrived)."""
+    ttft_ms, itl_ms = result.ttft_s * 1000.0, result.itl_s * 1000.0
+    finished = np.isfinite(result.finish_s)
+    met = (np.isfinite(ttft_ms) & (ttft_ms <= row.ttft_ms)) & finished & (~np.isfinite(itl_ms) | (itl_ms <= row.itl_ms))
+    index = (np.asarray(arrival_s) // window_s).astype(int)
+    shares: list[float | None] = []
+    for k in range(int(index.max()) + 1 if len(index) else 0):
+        in_window = index == k
+        shares.append(float(met[in_window].mean()) if in_window.any() else None)
+    return shares
+
+
+def summary(folder: Path) -> str:
+    """The markdown table of every record in `folder`, one line per row."""
+    lines = [
+        "| row | engines | planner: % of attainable, GPU-h, x oracle-ahead | open loop: same | oracle-ahead | "
+        "oracle-seen | goal (planner / open loop) | date, commit |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for path in sorted(folder.glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        row, goal = record["row"], record["goal"]
+        engines = row["speed"] + (f", then {row['change']}" if row.get("change") else "")
+
+        verdict = " / ".join("met" if goal[name]["met"] else "missed" for name in ("planner", OPEN_LOOP_POLICY))
+        policy_cells = " | ".join(_cell(record, name) for name in POLICIES)
+        lines.append(
+            f"| {row['name']} | {engines} | {policy_cells} | {verdict} | {record['date'][:10]}, "
+            f"{record['commit'][:7]} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _cell(record: dict, name: str) -> str:
+    figure, goal = record["policies"][name], record["goal"]
+    ratio = goal[name]["cost_vs_oracle_ahead"] if name in goal else None
+    text = f"{figure['of_attainable']:.1%}, {figure['gpu_hours']:.2f}"
+    return text + (f", {ratio:.2f}x" if ratio is not None else "")
+
+
+def _run_and_write(row: GoalRow, out: Path, command: str) -> str:
+    record = run_row(row)
+    record = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "command": command,
+              "commit": code_commit(), **record}  # fmt: skip
+    (out / f"{row.name}.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    goal = record["goal"]
+    return f"{row.name}: planner {'met' if goal['planner']['met'] else 'missed'} ({goal['planner']})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m planner_core.lab.closed_loop", description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", default="all", help="comma-separated row names, or all")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--jobs", type=int, default=1)
+    args = parser.parse_args(argv)
+    known = {row.name: row for row in ROWS}
+    names = list(known) if args.rows == "all" else [n.strip() for n in args.rows.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"--rows: unknown row {unknown[0]!r} (known: {', '.join(known)})")
+    if args.jobs < 1:
+        parser.error(f"--jobs: {args.jobs} is not >= 1")
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = "python -m planner_core.lab.closed_loop " + " ".join(argv if argv is not None else sys.argv[1:])
+    with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(_run_and_write, known[name], args.out, command) for name in names]
+        for future in concurrent.futures.as_completed(futures):
+            print(future.result(), flush=True)  # noqa: T201 - the command's progress
+    (args.out / "summary.md").write_text(summary(args.out), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,401 @@
+"""The closed loop (ours): each pool's engine speed learned from the latency it served, so the sizing follows the
+engines the planner drives rather than the profile it was given.
+
+Real engines never run exactly as profiled (another driver, a prefix-cache hit rate, a router that is not least
+loaded, a noisy neighbour). On every throughput tick (`throughput_capacity_feedback: true`) the window just observed
+is compared with what the perf model predicts for it, per pool, and the pool's learned speed (a multiple of the
+model's speed in the pool's phase, `PoolFeedback.speed`) moves; the sizing then times that pool's iterations with
+the model at the learned speed (`planner_core.perf.scaled`), in the mean-rate capacity and the burst rate alike.
+
+- **From the engines' own iterations, where they report them** (forward-pass metrics: each iteration's scheduled
+  work and wall time): the model's time for that work over the reported one is the speed, exactly; the median over
+  the pool's working iterations is the window's measure (`fpm_speed`). The sources without them fall back on the
+  window's latency:
+- **Decode, from the mean ITL.** Little's law gives the batch each engine carried: `b = rate per engine x OSL x
+  ITL`; the model times an iteration of that batch at the window's context; the ratio of the model's ITL to the
+  observed one is the window's speed.
+- **Prefill, from TTFT.** A TTFT mixes compute and queueing, so the prefill speed has two one-sided signals. A miss
+  (the window's tail TTFT over the target) lowers the speed by `sqrt(target / tail)`, between 3 % and 15 % a window;
+  the tail is the p99 where under 0.5 % of the window's prompts cannot meet the target even alone on an engine at
+  the learned speed, the p95 under 3 %, and none beyond (the misses of prompts too long for the target say nothing
+  of the pool's size). Queueing only adds to a TTFT, so `mean compute time / mean TTFT` bounds the speed from below:
+  a window where it exceeds the learned speed raises the speed towards it. A window that meets its tail comfortably
+  (under `COMFORT` of the target) at load raises a speed below the model's 2 % back towards it.
+- **Slower at once, faster on evidence at load.** A measure under the learned speed moves it half way at once; one
+  over it moves it 30 % of the way, and only from iterations (or a window) at load (a quarter of the engine's batch
+  budget; `AT_LOAD_DECODE` of its capacity for the ITL measure): a light window's speed is not extrapolated to the
+  load the pool is sized for.
+- **Safe learning.** A window counts only when the pool held the same ready engines from its start to its end
+  (engines starting or draining skew both signals); a window without a latency, or with under
+  `MIN_WINDOW_REQUESTS` requests, keeps the last speed with a reason code, never resets it. The speed stays within
+  the configured bounds, and the sizing reads it only outside a dead band of `SPEED_DEAD_BAND` around the model's
+  (the window estimates wander by about that much on an engine that runs as profiled).
+
+Each pool gets a `capacity_feedback` step with the window's figures, the old and the new speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from planner_core.config import PlannerConfig
+from planner_core.domain import (
+    CapacityFeedback,
+    Component,
+    EngineLimits,
+    ForwardPassMetrics,
+    PoolFeedback,
+    ReasonCode,
+    StepName,
+    StepRecord,
+    TrafficObservation,
+    WorkerCounts,
+)
+from planner_core.perf.capacity import (
+    chunked_prefill_s,
+    decode_capacity,
+    decode_context,
+    effective_accept_length,
+    effective_kv_hit_rate,
+)
+from planner_core.perf.forward import ForwardPassModel
+from planner_core.perf.scaled import speed_scaled
+
+__all__ = [
+    "AT_LOAD_DECODE",
+    "AT_LOAD_PREFILL",
+    "COMFORT",
+    "MIN_WINDOW_REQUESTS",
+    "SPEED_DEAD_BAND",
+    "FeedbackWindow",
+    "fpm_speed",
+    "learn_decode_speed",
+    "learn_prefill_speed",
+    "learned_model",
+    "sizing_speed",
+]
+
+MIN_WINDOW_REQUESTS = 20  # fewer requests than this make a window's mean latency noise
+SPEED_DEAD_BAND = 0.05  # learned speeds within 5 % of the model's size as the model
+AT_LOAD_DECODE = 0.4  # a decode window counts as at load from 40 % of one engine's capacity per engine
+AT_LOAD_PREFILL = 0.3  # a prefill window counts as at load from 30 % compute utilisation
+COMFORT = 0.8  # a tail under 80 % of the target is met comfortably
+_DECREASE_FLOOR, _DECREASE_CEILING = 0.85, 0.97  # one missed window lowers the prefill speed by 3-15 %
+_RECOVERY_STEP = 1.02  # a comfortable window at load raises a prefill speed below the model's by 2 %
+_SLOWER_WEIGHT, _FASTER_WEIGHT = 0.5, 0.3  # how far one window moves the speed towards its measurement
+_AGREES = 0.03  # a decode measurement within 3 % of the learned speed agrees with it
+_P99_UNATTAINABLE, _P95_UNATTAINABLE = 0.005, 0.03
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FeedbackWindow:
+    """What one pool's learning reads of the tick: the window and the pool's engines, and its limits."""
+
+    traffic: TrafficObservation
+    window_s: float
+    workers: WorkerCounts
+    limits: EngineLimits
+    kv_hit_rate: float | None = None
+    accept_length: float | None = None
+    fpm: tuple[ForwardPassMetrics, ...] = ()  # the pool's serving engines' latest iterations, where reported
+
+
+def sizing_speed(feedback: PoolFeedback) -> float:
+    """The speed the sizing reads: the learned one, or the model's (1.0) within the dead band."""
+    return 1.0 if abs(feedback.speed - 1.0) < SPEED_DEAD_BAND else feedback.speed
+
+
+def learned_model(model: ForwardPassModel, feedback: CapacityFeedback, component: Component) -> ForwardPassModel:
+    """`model` at the pool's learned speed in its own phase (prefill iterations for the prefill pool, decode
+    iterations for the decode pool); the model itself while the speed is within the dead band."""
+    if component is Component.PREFILL:
+        return speed_scaled(model, prefill_speed=sizing_speed(feedback.prefill))
+    return speed_scaled(model, decode_speed=sizing_speed(feedback.decode))
+
+
+def _held(
+    feedback: PoolFeedback, component: Component, ready: int, reason: ReasonCode, detail: str
+) -> tuple[PoolFeedback, StepRecord]:
+    step = StepRecord(
+        step=StepName.CAPACITY_FEEDBACK, component=component, value=feedback.speed, reason=reason, detail=detail
+    )
+    return dataclasses.replace(feedback, last_ready=ready), step
+
+
+def _unusable(feedback: PoolFeedback, component: Component, window: FeedbackWindow, latency_ms: float | None) -> str:
+    """Why the window cannot be measured ("" when it can), as the held step's detail; reason via `_unusable_reason`."""
+    ready = window.workers.ready(component)
+    if ready <= 0 or ready != window.workers.expected(component) or feedback.last_ready != ready:
+        return f"pool changing: {ready} ready of {window.workers.expected(component)}, {feedback.last_ready} before"
+    if latency_ms is None:
+        return "no latency observed in the window"
+    if window.traffic.num_req < MIN_WINDOW_REQUESTS:
+        return f"{window.traffic.num_req:g} requests in the window (< {MIN_WINDOW_REQUESTS})"
+    return ""
+
+
+def _unusable_reason(detail: str) -> ReasonCode:
+    if detail.startswith("pool changing"):
+        return ReasonCode.FEEDBACK_POOL_CHANGING
+    if detail.startswith("no latency"):
+        return ReasonCode.FEEDBACK_NO_LATENCY
+    return ReasonCode.FEEDBACK_TOO_FEW_REQUESTS
+
+
+def _bounded(config: PlannerConfig, speed: float) -> float:
+    return min(config.throughput_feedback_speed_max, max(config.throughput_feedback_speed_min, speed))
+
+
+def _learned(
+    config: PlannerConfig,
+    feedback: PoolFeedback,
+    component: Component,
+    ready: int,
+    new_speed: float,
+    detail: str,
+    *,
+    measured: float | None,
+) -> tuple[PoolFeedback, StepRecord]:
+    new_speed = _bounded(config, new_speed)
+    moved = new_speed != feedback.speed
+    reason = ReasonCode.FEEDBACK_LEARNED if moved else ReasonCode.FEEDBACK_CONFIRMED
+    updated = PoolFeedback(
+        speed=new_speed,
+        num_updates=feedback.num_updates + int(moved),
+        last_ready=ready,
+        last_measured=measured,
+    )
+    text = f"{detail}: speed {feedback.speed:.3f} -> {new_speed:.3f}" if moved else f"{detail}: speed {new_speed:.3f}"
+    step = StepRecord(step=StepName.CAPACITY_FEEDBACK, component=component, value=new_speed, reason=reason, detail=text)
+    return updated, step
+
+
+# --- forward-pass metrics -----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FpmSpeed:
+    """The pool's speed measured on its engines' iterations: the median ratio of the model's time to the reported
+    one over every working iteration (`speed`), and over those at load only (`at_load_speed`, None without one)."""
+
+    speed: float
+    at_load_speed: float | None
+    num_iterations: int
+
+
+def fpm_speed(
+    component: Component, fpms: Sequence[ForwardPassMetrics], model: ForwardPassModel, limits: EngineLimits
+) -> FpmSpeed | None:
+    """The pool's speed from its engines' latest iterations (`ForwardPassMetrics`): each working iteration's
+    modelled time over its reported wall time, the median; None without a working iteration of the pool. A prefill
+    iteration is at load from a quarter of the batched-token budget; a decode iteration from a quarter of
+    `max_num_seqs`. Mixed iterations (a prompt chunk on a decode batch) are left out: their split between the phases
+    is the model's guess, not a measurement."""
+    ratios: list[float] = []
+    at_load: list[float] = []
+    for fpm in fpms:
+        scheduled = fpm.scheduled
+        if fpm.component is not component or fpm.is_idle_heartbeat:
+            continue
+        if component is Component.PREFILL:
+            if scheduled.sum_prefill_tokens <= 0 or scheduled.num_decode_requests > 0:
+                continue
+            modelled_s = model.prefill_wall_s(float(scheduled.sum_prefill_tokens))
+            loaded = scheduled.sum_prefill_tokens >= limits.max_num_batched_tokens / 4
+        else:
+            if scheduled.num_decode_requests <= 0 or scheduled.sum_prefill_tokens > 0:
+                continue
+            modelled_s = model.decode_wall_s(
+                float(scheduled.num_decode_requests), float(scheduled.sum_decode_kv_tokens)
+            )
+            loaded = scheduled.num_decode_requests >= limits.max_num_seqs / 4
+        if not modelled_s > 0:
+            continue
+        ratio = modelled_s / fpm.wall_time_s
+        ratios.append(ratio)
+        if loaded:
+            at_load.append(ratio)
+    if not ratios:
+        return None
+    return FpmSpeed(
+        speed=_median(ratios), at_load_speed=_median(at_load) if at_load else None, num_iterations=len(ratios)
+    )
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2.0
+
+
+def _learn_from_fpm(
+    config: PlannerConfig, feedback: PoolFeedback, component: Component, ready: int, measured: FpmSpeed
+) -> tuple[PoolFeedback, StepRecord]:
+    """Slower than learned: half way at once; faster: only on iterations at load, 30 % of the way."""
+    speed = feedback.speed
+    detail = f"{measured.num_iterations} engine iterations: measured speed {measured.speed:.3f}" + (
+        "" if measured.at_load_speed is None else f", {measured.at_load_speed:.3f} at load"
+    )
+    if measured.speed < speed * (1.0 - _AGREES):
+        new = speed + _SLOWER_WEIGHT * (measured.speed - speed)
+        return _learned(config, feedback, component, ready, new, detail, measured=measured.speed)
+    if measured.speed <= speed * (1.0 + _AGREES):
+        return _learned(config, feedback, component, ready, speed, detail, measured=measured.speed)
+    if measured.at_load_speed is None or measured.at_load_speed <= speed:
+        return _held(
+            feedback,
+            component,
+            ready,
+            ReasonCode.FEEDBACK_NOT_AT_LOAD,
+            f"{detail}; no iteration at load faster than learned: speed {speed:.3f} kept",
+        )
+    new = speed + _FASTER_WEIGHT * (measured.at_load_speed - speed)
+    return _learned(config, feedback, component, ready, new, detail, measured=measured.at_load_speed)
+
+
+# --- decode ------------------------------------------------------------------------------------------------------
+
+
+def learn_decode_speed(
+    config: PlannerConfig, feedback: PoolFeedback, window: FeedbackWindow, model: ForwardPassModel
+) -> tuple[PoolFeedback, StepRecord]:
+    """The decode pool's speed after the window (module docstring), `model` being the pool's model at speed 1."""
+    component, traffic = Component.DECODE, window.traffic
+    ready = window.workers.ready(component)
+    measured_fpm = fpm_speed(component, window.fpm, model, window.limits)  # the engines' own iterations
+    why = _unusable(feedback, component, window, 1.0 if measured_fpm is not None else traffic.itl_ms)
+    if why:
+        return _held(feedback, component, ready, _unusable_reason(why), why)
+    if measured_fpm is not None:
+        return _learn_from_fpm(config, feedback, component, ready, measured_fpm)
+    assert traffic.itl_ms is not None  # _unusable checked it
+    itl_s = traffic.itl_ms / 1000.0
+    osl = max(1.0, traffic.osl)
+    isl = max(1.0, traffic.isl)
+    accept, _ = effective_accept_length(window.accept_length, window.limits.speculative_nextn, component)
+    context = decode_context(isl, osl)
+    rate_per_engine = traffic.num_req / window.window_s / ready
+    batch = max(1.0, rate_per_engine * osl * itl_s)  # Little's law: requests decoding on one engine at a time
+    model_itl_s = model.decode_wall_s(batch, batch * context) / accept
+    if not (model_itl_s > 0 and itl_s > 0):
+        return _held(feedback, component, ready, ReasonCode.FEEDBACK_NO_LATENCY, "no usable ITL in the window")
+    measured = model_itl_s / itl_s
+    detail = (
+        f"ITL {traffic.itl_ms:.1f} ms observed, {model_itl_s * 1000.0:.1f} ms modelled at batch {batch:.1f} "
+        f"(context {context}): measured speed {measured:.3f}"
+    )
+    speed = feedback.speed
+    if measured < speed * (1.0 - _AGREES):
+        return _learned(
+            config, feedback, component, ready, speed + _SLOWER_WEIGHT * (measured - speed), detail, measured=measured
+        )
+    if measured <= speed * (1.0 + _AGREES):
+        return _learned(config, feedback, component, ready, speed, detail, measured=measured)
+    capacity = decode_capacity(
+        speed_scaled(model, decode_speed=speed),
+        window.limits,
+        isl=isl,
+        osl=osl,
+        itl_ms=config.capacity_itl_ms,
+        accept_length=window.accept_length,
+    )
+    load = rate_per_engine / capacity.requests_per_s if capacity.requests_per_s > 0 else 0.0
+    if load < AT_LOAD_DECODE:
+        return _held(
+            feedback,
+            component,
+            ready,
+            ReasonCode.FEEDBACK_NOT_AT_LOAD,
+            f"{detail}; at {load:.2f} of an engine's capacity (< {AT_LOAD_DECODE:g}): speed {speed:.3f} kept",
+        )
+    return _learned(
+        config, feedback, component, ready, speed + _FASTER_WEIGHT * (measured - speed), detail, measured=measured
+    )
+
+
+# --- prefill -----------------------------------------------------------------------------------------------------
+
+
+def _prompt_lengths(traffic: TrafficObservation) -> Sequence[float]:
+    """Each request's prompt tokens where the source recorded them one by one, else the window's mean."""
+    arrivals = traffic.prompt_arrivals
+    if arrivals is not None and arrivals.resolution_s == 0 and arrivals.isl:
+        return arrivals.isl
+    return (traffic.isl,)
+
+
+def learn_prefill_speed(
+    config: PlannerConfig, feedback: PoolFeedback, window: FeedbackWindow, model: ForwardPassModel
+) -> tuple[PoolFeedback, StepRecord]:
+    """The prefill pool's speed after the window (module docstring), `model` being the pool's model at speed 1."""
+    component, traffic = Component.PREFILL, window.traffic
+    ready = window.workers.ready(component)
+    measured_fpm = fpm_speed(component, window.fpm, model, window.limits)  # the engines' own iterations
+    why = _unusable(feedback, component, window, 1.0 if measured_fpm is not None else traffic.ttft_ms)
+    if why:
+        return _held(feedback, component, ready, _unusable_reason(why), why)
+    if measured_fpm is not None:
+        return _learn_from_fpm(config, feedback, component, ready, measured_fpm)
+    assert traffic.ttft_ms is not None  # _unusable checked it
+    hit, _ = effective_kv_hit_rate(window.kv_hit_rate, component)
+    budget = window.limits.max_num_batched_tokens
+    compute_s = [
+        chunked_prefill_s(max(1.0, math.ceil(isl * (1.0 - hit))), budget, model.prefill_wall_s)
+        for isl in _prompt_lengths(traffic)
+    ]
+    mean_compute_s = sum(compute_s) / len(compute_s)
+    if not (mean_compute_s > 0 and traffic.ttft_ms > 0):
+        return _held(feedback, component, ready, ReasonCode.FEEDBACK_NO_LATENCY, "no usable TTFT in the window")
+    speed = feedback.speed
+    target_ms = config.ttft_ms
+    lower_bound = mean_compute_s * 1000.0 / traffic.ttft_ms
+    too_long = sum(1 for s in compute_s if s / speed * 1000.0 > target_ms) / len(compute_s)
+    tail_name, tail_ms = _usable_tail(traffic, too_long)
+    utilization = traffic.num_req / window.window_s / ready * mean_compute_s / speed
+    detail = (
+        f"TTFT mean {traffic.ttft_ms:.0f} ms, {tail_name} {_ms(tail_ms)} (target {target_ms:g} ms; "
+        f"{too_long:.1%} of prompts beyond it alone); compute {mean_compute_s * 1000.0:.0f} ms a prompt: speed >= "
+        f"{lower_bound:.3f}; utilisation {utilization:.2f}"
+    )
+    if tail_ms is not None and tail_ms > target_ms:
+        factor = min(_DECREASE_CEILING, max(_DECREASE_FLOOR, math.sqrt(target_ms / tail_ms)))
+        return _learned(config, feedback, component, ready, speed * factor, detail, measured=lower_bound)
+    if lower_bound > speed:
+        return _learned(
+            config,
+            feedback,
+            component,
+            ready,
+            speed + _FASTER_WEIGHT * (lower_bound - speed),
+            detail,
+            measured=lower_bound,
+        )
+    if tail_ms is not None and tail_ms <= COMFORT * target_ms and speed < 1.0:
+        if utilization < AT_LOAD_PREFILL:
+            return _held(
+                feedback,
+                component,
+                ready,
+                ReasonCode.FEEDBACK_NOT_AT_LOAD,
+                f"{detail} (< {AT_LOAD_PREFILL:g}): speed {speed:.3f} kept",
+            )
+        return _learned(
+            config, feedback, component, ready, min(1.0, speed * _RECOVERY_STEP), detail, measured=lower_bound
+        )
+    return _learned(config, feedback, component, ready, speed, detail, measured=lower_bound)
+
+
+def _usable_tail(traffic: TrafficObservation, too_long: float) -> tuple[str, float | None]:
+    """The TTFT tail that judges the pool: the p99 when at most 0.5 % of the prompts cannot meet the target alone,
+    the p95 up to 3 %, none beyond (or where the source has no tail)."""
+    if too_long <= _P99_UNATTAINABLE and traffic.ttft_ms_p99 is not None:
+        return "p99", traffic.ttft_ms_p99
+    if too_long <= _P95_UNATTAINABLE and traffic.ttft_ms_p95 is not None:
+        return "p95", traffic.ttft_ms_p95
+    return "tail", None
+
+
+def _ms(value: float | None) -> str:
+    return "unusable" if value is None else f"{value:.0f} ms"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import gzip
 import json
@@ -18,6 +19,7 @@ from planner_core.domain import Loop
 from planner_core.runtime.report import (
     EngineLoadRow,
     ReportData,
+    StepRow,
     TickRow,
     UnknownDeployment,
     build_charts,
@@ -51,6 +53,7 @@ CHART_KEYS = [
     "gpu_hours",
     # ours
     "forecast_vs_actual",
+    "learned_speed",
     "reason_timeline",
 ]
 GENERATED_AT = dt.datetime(2026, 3, 2, tzinfo=dt.UTC)
@@ -218,7 +221,7 @@ def _synthetic(engine_loads=()) -> ReportData:
 
 
 def test_charts_are_dynamos_thirteen_then_ours() -> None:
-    """15 charts in order; what was not recorded is marked, the rest is not."""
+    """16 charts in order; what was not recorded is marked, the rest is not."""
     charts = build_charts(_synthetic())
     assert [c.key for c in charts] == CHART_KEYS
     missing = {c.key for c in charts if c.missing}
@@ -231,11 +234,34 @@ def test_charts_are_dynamos_thirteen_then_ours() -> None:
         "decode_load",
         "load_decisions",
         "engine_capacity",
+        "learned_speed",
         "reason_timeline",
     }
     for chart in charts:
         notes = [a.text for a in chart.figure.layout.annotations]
         assert any("no data recorded" in n for n in notes) == (chart.key in missing), chart.key
+
+
+def test_learned_speed_chart_draws_each_pools_closed_loop_steps() -> None:
+    steps = tuple(
+        StepRow(
+            tick_id=i,
+            loop=Loop.THROUGHPUT,
+            at_s=T0.timestamp() + 60.0 * i,
+            seq=1,
+            step="capacity_feedback",
+            component=pool,
+            reason="feedback_learned",
+            value=speed,
+            detail=f"measured speed {speed}",
+        )  # fmt: skip
+        for i, (pool, speed) in enumerate([("prefill", 0.9), ("decode", 1.0), ("prefill", 0.85)])
+    )
+    data = dataclasses.replace(_synthetic(), steps=steps)
+    chart = next(c for c in build_charts(data) if c.key == "learned_speed")
+    assert chart.missing is None
+    traces = {t.name: list(t.y) for t in chart.figure.data}
+    assert traces == {"prefill speed": [0.9, 0.85], "decode speed": [1.0]}
 
 
 def test_engine_load_charts_draw_recorded_forward_pass_metrics() -> None:
@@ -267,12 +293,12 @@ def test_engine_load_charts_draw_recorded_forward_pass_metrics() -> None:
 
 
 def test_page_is_deterministic_and_carries_plotly_once() -> None:
-    """Same data, same page; one inlined copy of plotly.js for all 15 charts."""
+    """Same data, same page; one inlined copy of plotly.js for all 16 charts."""
     data = _synthetic()
     page = render_html(data, generated_at=GENERATED_AT)
     assert page == render_html(data, generated_at=GENERATED_AT)
-    assert page.count('data-chart="') == 15
-    assert page.count("Plotly.newPlot(") == 15
+    assert page.count('data-chart="') == len(CHART_KEYS)
+    assert page.count("Plotly.newPlot(") == len(CHART_KEYS)
     # plotly.js declares its version banner once per copy
     assert len(re.findall(r"plotly\.js v\d", page)) == 1
     assert "<script src=" not in page  # nothing loaded from the network: renders offline
@@ -387,11 +413,11 @@ def test_unknown_deployment_is_named(database_url, scenario) -> None:
 
 
 def test_report_renders_in_headless_chromium(database_url, scenario, chromium, tmp_path) -> None:
-    """The written page renders all 15 charts in a real browser, "no data recorded" notes included."""
+    """The written page renders all 16 charts in a real browser, "no data recorded" notes included."""
     out = tmp_path / "reports" / "report.html"
     with session_factory(database_url).begin() as session:
         written = generate_report(session, scenario.deployment, out, generated_at=GENERATED_AT, write_log=True)
-    assert written.num_charts == 15 and out.stat().st_mode & 0o777 == 0o644
+    assert written.num_charts == len(CHART_KEYS) and out.stat().st_mode & 0o777 == 0o644
     dom = rendered_dom(chromium, out, tmp_path)
     # each chart container holds a plotly div that plotly.js drew into (an SVG of class main-svg)
     sections = re.split(r'<div class="chart[^"]*" data-chart="', dom)[1:]
@@ -483,9 +509,9 @@ def test_report_command(database_url, scenario, tmp_path) -> None:
     assert result.returncode == 0, result.stderr
     num_decisions = sum(not r.outcome.decision.is_empty for r in (scenario.load, scenario.second, scenario.third))
     # from T0 + 60 s: 8 ready GPUs for 60 s = 0.13 GPU-hours
-    expected = f"{out}: 15 charts, 3 ticks, {num_decisions} decisions, 0.13 GPU-hours"
+    expected = f"{out}: {len(CHART_KEYS)} charts, 3 ticks, {num_decisions} decisions, 0.13 GPU-hours"
     assert result.stdout.splitlines() == [expected]
-    assert out.read_text().count('data-chart="') == 15
+    assert out.read_text().count('data-chart="') == len(CHART_KEYS)
 
 
 @pytest.mark.parametrize(

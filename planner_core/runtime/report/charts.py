@@ -1,5 +1,5 @@
-"""The report's charts (pure): Dynamo's 13 diagnostics charts plus forecast against actual, GPU-hours and the
-reason timeline (`build_charts`). A chart whose data is not recorded is drawn with what exists and a note."""
+"""The report's charts (pure): Dynamo's 13 diagnostics charts plus forecast against actual, the closed loop's learned
+engine speeds, GPU-hours and the reason timeline (`build_charts`). A chart whose data is not recorded is drawn with what exists and a note."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from planner_core.domain import Component, Loop
+from planner_core.domain import Component, Loop, StepName
 from planner_core.runtime.metrics import LOAD_DECISION_REASONS, THROUGHPUT_DECISION_REASONS
 from planner_core.runtime.report.data import NO_DATA, ReportData, TickRow
 from planner_core.runtime.report.series import (
@@ -312,6 +312,42 @@ def _forecast_chart(data: ReportData) -> Chart:
     return Chart(key="forecast_vs_actual", title="Forecast vs actual", figure=fig, missing=missing)
 
 
+def _learned_speed_chart(data: ReportData) -> Chart:
+    """The closed loop: each pool's learned engine speed (x the perf model's) after each throughput tick, with the
+    window's measure and latency in the hover text (`capacity_feedback` steps)."""
+    import plotly.graph_objects as go
+
+    title = "Closed loop: learned engine speed (x the perf model)"
+    fig = _figure(title, "speed")
+    has = False
+    for component in (Component.PREFILL, Component.DECODE):
+        steps = [
+            s for s in data.steps
+            if s.step == StepName.CAPACITY_FEEDBACK.value and s.component == component.value and s.value is not None
+        ]  # fmt: skip
+        if not steps:
+            continue
+        has = True
+        fig.add_trace(
+            go.Scatter(
+                x=[_utc(s.at_s) for s in steps],
+                y=[s.value for s in steps],
+                name=f"{component.value} speed",
+                mode="lines+markers",
+                line={"shape": "hv"},
+                hovertext=[f"{_iso(s.at_s)}<br>{s.reason}<br>{html.escape(s.detail)}" for s in steps],
+                hoverinfo="text",
+            )
+        )
+    missing = None
+    if has:
+        fig.add_hline(y=1.0, line={"dash": "dash", "color": "#7f8c8d"}, annotation_text="the perf model")
+    else:
+        missing = "no closed-loop step in this window (throughput_capacity_feedback off, or no throughput tick)"
+        _no_data(fig, missing)
+    return Chart(key="learned_speed", title=title, figure=fig, missing=missing)
+
+
 def _reason_timeline_chart(data: ReportData) -> Chart:
     """Every non-routine step (clamps, fallbacks, holds) and what happened to each decision, over time."""
     fig = _figure("Timeline of decision reasons", "")
@@ -360,7 +396,8 @@ def _reason_timeline_chart(data: ReportData) -> Chart:
 
 
 def build_charts(data: ReportData) -> list[Chart]:
-    """Dynamo's 13 diagnostics charts in its order, then forecast vs actual and the reason timeline."""
+    """Dynamo's 13 diagnostics charts in its order, then forecast vs actual, the closed loop's learned engine speeds
+    and the reason timeline."""
     estimate_why = "per-engine {} estimates (forward-pass metric models) are not recorded yet"
     charts = [
         _replicas_chart(data),
@@ -413,6 +450,7 @@ def build_charts(data: ReportData) -> list[Chart]:
         _decisions_chart(data, Loop.THROUGHPUT),
         _gpu_hours_chart(data),
         _forecast_chart(data),
+        _learned_speed_chart(data),
         _reason_timeline_chart(data),
     ]
     for chart in charts:

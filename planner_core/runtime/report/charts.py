@@ -1,5 +1,6 @@
 """The report's charts (pure): Dynamo's 13 diagnostics charts plus forecast against actual, the closed loop's learned
-engine speeds, GPU-hours and the reason timeline (`build_charts`). A chart whose data is not recorded is drawn with what exists and a note."""
+engine speeds, GPU-hours and the reason timeline (`build_charts`). A chart whose data is not recorded is drawn with
+what exists and a note."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The closed loop (ours): each pool's engine speed learned from the latency it served, so the sizing follows the
+"""The closed loop (ours): each pool's engine speed learned from what its engines report and the latency it served,
 engines the planner drives rather than the profile it was given.
 
 Real engines never run exactly as profiled (another driver, a prefix-cache hit rate, a router that is not least
@@ -72,6 +72,7 @@ __all__ = [
     "FeedbackWindow",
     "fpm_speed",
     "learn_decode_speed",
+    "learn_pool_speed",
     "learn_prefill_speed",
     "learned_model",
     "sizing_speed",
@@ -258,19 +259,49 @@ def _learn_from_fpm(
 # --- decode ------------------------------------------------------------------------------------------------------
 
 
-def learn_decode_speed(
-    config: PlannerConfig, feedback: PoolFeedback, window: FeedbackWindow, model: ForwardPassModel
+def learn_pool_speed(
+    component: Component,
+    config: PlannerConfig,
+    feedback: PoolFeedback,
+    window: FeedbackWindow,
+    model: ForwardPassModel,
 ) -> tuple[PoolFeedback, StepRecord]:
-    """The decode pool's speed after the window (module docstring), `model` being the pool's model at speed 1."""
-    component, traffic = Component.DECODE, window.traffic
+    """`component`'s pool speed after the window (module docstring), `model` being the pool's model at speed 1:
+    from its engines' iterations where they report a working one, else from the window's latency (TTFT for
+    prefill, ITL for decode)."""
+    traffic = window.traffic
     ready = window.workers.ready(component)
-    measured_fpm = fpm_speed(component, window.fpm, model, window.limits)  # the engines' own iterations
-    why = _unusable(feedback, component, window, 1.0 if measured_fpm is not None else traffic.itl_ms)
+    measured_fpm = fpm_speed(component, window.fpm, model, window.limits)
+    latency_ms = traffic.ttft_ms if component is Component.PREFILL else traffic.itl_ms
+    why = _unusable(feedback, component, window, 1.0 if measured_fpm is not None else latency_ms)
     if why:
         return _held(feedback, component, ready, _unusable_reason(why), why)
     if measured_fpm is not None:
         return _learn_from_fpm(config, feedback, component, ready, measured_fpm)
-    assert traffic.itl_ms is not None  # _unusable checked it
+    from_latency = _prefill_from_ttft if component is Component.PREFILL else _decode_from_itl
+    return from_latency(config, feedback, window, model, ready)
+
+
+def learn_decode_speed(
+    config: PlannerConfig, feedback: PoolFeedback, window: FeedbackWindow, model: ForwardPassModel
+) -> tuple[PoolFeedback, StepRecord]:
+    """The decode pool's speed after the window (`learn_pool_speed`)."""
+    return learn_pool_speed(Component.DECODE, config, feedback, window, model)
+
+
+def learn_prefill_speed(
+    config: PlannerConfig, feedback: PoolFeedback, window: FeedbackWindow, model: ForwardPassModel
+) -> tuple[PoolFeedback, StepRecord]:
+    """The prefill pool's speed after the window (`learn_pool_speed`)."""
+    return learn_pool_speed(Component.PREFILL, config, feedback, window, model)
+
+
+def _decode_from_itl(
+    config: PlannerConfig, feedback: PoolFeedback, window: FeedbackWindow, model: ForwardPassModel, ready: int
+) -> tuple[PoolFeedback, StepRecord]:
+    """Decode from the mean ITL at the batch Little's law gives (module docstring)."""
+    component, traffic = Component.DECODE, window.traffic
+    assert traffic.itl_ms is not None  # learn_pool_speed checked it
     itl_s = traffic.itl_ms / 1000.0
     osl = max(1.0, traffic.osl)
     isl = max(1.0, traffic.isl)
@@ -326,19 +357,12 @@ def _prompt_lengths(traffic: TrafficObservation) -> Sequence[float]:
     return (traffic.isl,)
 
 
-def learn_prefill_speed(
-    config: PlannerConfig, feedback: PoolFeedback, window: FeedbackWindow, model: ForwardPassModel
+def _prefill_from_ttft(
+    config: PlannerConfig, feedback: PoolFeedback, window: FeedbackWindow, model: ForwardPassModel, ready: int
 ) -> tuple[PoolFeedback, StepRecord]:
-    """The prefill pool's speed after the window (module docstring), `model` being the pool's model at speed 1."""
+    """Prefill from the window's TTFT: its tail over the target, its mean below the compute (module docstring)."""
     component, traffic = Component.PREFILL, window.traffic
-    ready = window.workers.ready(component)
-    measured_fpm = fpm_speed(component, window.fpm, model, window.limits)  # the engines' own iterations
-    why = _unusable(feedback, component, window, 1.0 if measured_fpm is not None else traffic.ttft_ms)
-    if why:
-        return _held(feedback, component, ready, _unusable_reason(why), why)
-    if measured_fpm is not None:
-        return _learn_from_fpm(config, feedback, component, ready, measured_fpm)
-    assert traffic.ttft_ms is not None  # _unusable checked it
+    assert traffic.ttft_ms is not None  # learn_pool_speed checked it
     hit, _ = effective_kv_hit_rate(window.kv_hit_rate, component)
     budget = window.limits.max_num_batched_tokens
     compute_s = [

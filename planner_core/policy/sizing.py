@@ -46,8 +46,7 @@ from planner_core.domain import (
 from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, min_endpoints
 from planner_core.policy.feedback import (
     FeedbackWindow,
-    learn_decode_speed,
-    learn_prefill_speed,
+    learn_pool_speed,
     learned_model,
     sizing_speed,
 )
@@ -204,8 +203,7 @@ def learn_engine_speeds(request: SizingRequest) -> tuple[SizingRequest, Steps]:
             accept_length=state.last_accept_length,
             fpm=serving,
         )
-        learn = learn_prefill_speed if component is Component.PREFILL else learn_decode_speed
-        pool, step = learn(config, learned.of(component), window, model)
+        pool, step = learn_pool_speed(component, config, learned.of(component), window, model)
         field_name = "prefill" if component is Component.PREFILL else "decode"
         learned = dataclasses.replace(learned, **{field_name: pool})
         steps += (step,)

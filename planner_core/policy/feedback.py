@@ -1,5 +1,5 @@
 """The closed loop (ours): each pool's engine speed learned from what its engines report and the latency it served,
-engines the planner drives rather than the profile it was given.
+so the sizing follows the engines the planner drives rather than the profile it was given.
 
 Real engines never run exactly as profiled (another driver, a prefix-cache hit rate, a router that is not least
 loaded, a noisy neighbour). On every throughput tick (`throughput_capacity_feedback: true`) the window just observed

@@ -9,8 +9,8 @@ the model at the learned speed (`planner_core.perf.scaled`), in the mean-rate ca
 
 - **From the engines' own iterations, where they report them** (forward-pass metrics: each iteration's scheduled
   work and wall time): the model's time for that work over the reported one is the speed, exactly; the median over
-  the pool's working iterations is the window's measure (`fpm_speed`). The sources without them fall back on the
-  window's latency:
+  the pool's working iterations is the window's measure (`fpm_speed`); a tick whose reports are all idle measures
+  nothing. The sources without them (no engine reports at all) read the window's latency instead:
 - **Decode, from the mean ITL.** Little's law gives the batch each engine carried: `b = rate per engine x OSL x
   ITL`; the model times an iteration of that batch at the window's context; the ratio of the model's ITL to the
   observed one is the window's speed.
@@ -267,16 +267,22 @@ def learn_pool_speed(
     model: ForwardPassModel,
 ) -> tuple[PoolFeedback, StepRecord]:
     """`component`'s pool speed after the window (module docstring), `model` being the pool's model at speed 1:
-    from its engines' iterations where they report a working one, else from the window's latency (TTFT for
-    prefill, ITL for decode)."""
+    from its engines' iterations where they report them (a tick whose reports are all idle measures nothing),
+    else, for sources without them, from the window's latency (TTFT for prefill, ITL for decode). The latency
+    path is kept off where iterations are reported: a TTFT tail mixes the pool's speed with the bursts the
+    forecast missed, and the iterations measure the speed alone."""
     traffic = window.traffic
     ready = window.workers.ready(component)
-    measured_fpm = fpm_speed(component, window.fpm, model, window.limits)
+    reports = any(fpm.component is component for fpm in window.fpm)
     latency_ms = traffic.ttft_ms if component is Component.PREFILL else traffic.itl_ms
-    why = _unusable(feedback, component, window, 1.0 if measured_fpm is not None else latency_ms)
+    why = _unusable(feedback, component, window, 1.0 if reports else latency_ms)
     if why:
         return _held(feedback, component, ready, _unusable_reason(why), why)
-    if measured_fpm is not None:
+    if reports:
+        measured_fpm = fpm_speed(component, window.fpm, model, window.limits)
+        if measured_fpm is None:
+            detail = f"the pool's engines report no working iteration this tick: speed {feedback.speed:.3f} kept"
+            return _held(feedback, component, ready, ReasonCode.FEEDBACK_TOO_FEW_REQUESTS, detail)
         return _learn_from_fpm(config, feedback, component, ready, measured_fpm)
     from_latency = _prefill_from_ttft if component is Component.PREFILL else _decode_from_itl
     return from_latency(config, feedback, window, model, ready)

@@ -90,6 +90,11 @@ def test_engine_iterations_measure_the_speed_exactly() -> None:
 def test_idle_reports_measure_nothing() -> None:
     idle = ForwardPassMetrics(component=Component.PREFILL, worker_id="p0", wall_time_s=0.0)
     assert fpm_speed(Component.PREFILL, (idle,), FWD, LIMITS) is None
+    # where the engines report, a tick of idle reports keeps the speed: a TTFT tail over the target is not read
+    # (it mixes the pool's speed with the bursts the forecast missed)
+    kept, step = learn_prefill_speed(CONFIG, STEADY, window((idle,), ttft_ms=300.0, ttft_ms_p99=2000.0), FWD)
+    assert kept.speed == 1.0
+    assert step.reason is ReasonCode.FEEDBACK_TOO_FEW_REQUESTS
 
 
 def test_the_sizing_model_runs_at_the_learned_speed_outside_the_dead_band() -> None:

@@ -41,6 +41,7 @@ from planner_cli import (
     sim,
 )
 from planner_cli.parser import PlannerArgumentParser, VersionAction
+from planner_core.runtime.redact import install_log_redaction, redact_text, redact_value
 from planner_core.runtime.store.migrate import SchemaOutOfDate
 
 # In the order `planner --help` lists them.
@@ -71,12 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         # is no file (called in-process with stderr captured): there is nowhere to write the stacks to.
         with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):
             faulthandler.register(signal.SIGUSR1, all_threads=True)
+    install_log_redaction()  # a password quoted by any library's log line is masked before a handler sees it
     args = build_parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given, for records of what was run
+    args.argv = redact_value(list(sys.argv[1:] if argv is None else argv))  # as given (no password), for records
     try:
         return int(args.func(args))
     except (ValueError, LookupError, SchemaOutOfDate) as exc:  # config, trace, profile, schema: one line already
-        print(f"planner: error: {exc}", file=sys.stderr)
+        print(f"planner: error: {redact_text(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("planner: interrupted", file=sys.stderr)
@@ -84,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the last resort: one line, the traceback only on request
         if os.environ.get("PLANNER_DEBUG"):
             raise
-        print(f"planner: error: {one_line_error(exc)} (PLANNER_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(
+            f"planner: error: {redact_text(one_line_error(exc))} (PLANNER_DEBUG=1 shows the traceback)", file=sys.stderr
+        )
         return 1
 
 

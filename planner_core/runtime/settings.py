@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from planner_core.runtime.redact import register_secret, register_secrets_of
+
 # The deployment `planner serve` and `planner ingest` record into when neither --deployment nor PLANNER_DEPLOYMENT
 # names one.
 DEFAULT_DEPLOYMENT = "default"
@@ -116,6 +118,14 @@ class RuntimeSettings(BaseSettings):
     fpm_curve_clients_dir: Path | None = Field(
         default=None, description="folder of the public CURVE certificates of the publishers the ingest accepts"
     )
+
+    def model_post_init(self, _context: object, /) -> None:
+        # the process's configured secrets are masked verbatim in every text it logs, audits or prints, whatever
+        # shape the text quotes them in (planner_core/runtime/redact.py)
+        for url in (self.database_url, self.migration_database_url, self.prometheus_endpoint):
+            register_secrets_of(url)
+        if self.prometheus_token is not None:
+            register_secret(self.prometheus_token.get_secret_value())
 
     @property
     def embedded_pg_dir(self) -> Path:

@@ -53,6 +53,7 @@ import httpx
 from planner_core.arrivals import LOOKBACK_S, RequestArrivals
 from planner_core.config import PlannerConfig, ServiceConfig
 from planner_core.domain import TrafficObservation
+from planner_core.runtime.redact import register_secrets_of
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.sources.base import NoTrafficDataKind, TrafficUnavailable
 from planner_core.runtime.sources.prometheus_answers import (
@@ -108,6 +109,7 @@ class PrometheusOptions:
         """Connection settings from the environment; the arrival resolution from the config's service settings."""
         token = settings.prometheus_token
         service = service or ServiceConfig()
+        register_secrets_of(endpoint)  # the config file's endpoint is not among the settings' (registered there)
         return cls(
             endpoint=endpoint,
             bearer_token=token.get_secret_value() if token is not None else None,

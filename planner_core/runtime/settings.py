@@ -21,7 +21,7 @@ DEFAULT_DEPLOYMENT = "default"
 class RuntimeSettings(BaseSettings):
     """Environment-provided settings (prefix `PLANNER_`)."""
 
-    model_config = SettingsConfigDict(env_prefix="PLANNER_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="PLANNER_", frozen=True, extra="ignore", allow_inf_nan=False)
 
     database_url: str | None = Field(
         default=None, description="SQLAlchemy URL of Postgres; unset = embedded server under data_dir/pg"
@@ -42,7 +42,10 @@ class RuntimeSettings(BaseSettings):
         default=None, description="trace replayed in wall-clock time as the traffic source of served flows"
     )
     trace_rate_scale: float = Field(
-        default=1.0, gt=0, description="multiply the PLANNER_TRACE replay's request rate (its shape kept), e.g. 12"
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="multiply the PLANNER_TRACE replay's request rate (its shape kept), e.g. 12",
     )
 
     # Prometheus traffic source. Each also answers to Dynamo's variable name, so a Dynamo deployment's environment
@@ -81,6 +84,7 @@ class RuntimeSettings(BaseSettings):
     prometheus_timeout_s: float = Field(
         default=10.0,
         gt=0,
+        le=3600,
         validation_alias=AliasChoices(
             "PLANNER_PROMETHEUS_TIMEOUT_S",
             "DYN_PLANNER_PROMETHEUS_REQUEST_TIMEOUT_SECONDS",
@@ -109,7 +113,9 @@ class RuntimeSettings(BaseSettings):
     fpm_bind: str = Field(
         default="tcp://127.0.0.1:20380", description="ZMQ endpoint the ingest binds its SUB socket to"
     )
-    fpm_retention_minutes: float = Field(default=30.0, gt=0, description="raw forward-pass samples kept this long")
+    fpm_retention_minutes: float = Field(
+        default=30.0, gt=0, le=366 * 24 * 60, description="raw forward-pass samples kept this long"
+    )
     fpm_curve_secret_key_file: Path | None = Field(
         default=None,
         description="the ingest's ZeroMQ CURVE certificate (secret key file); set: only publishers whose public "

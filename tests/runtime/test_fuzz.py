@@ -397,3 +397,43 @@ def test_fuzz_a_configured_secret_is_masked_in_any_text(password: str) -> None:
         assert not [form for form in forms if form in out], (text, out)
     out = json.dumps(redact_value({"problem": texts, "password": password}))
     assert password not in json.loads(out)["problem"][0] and json.loads(out)["password"] == "***"
+
+
+# --- command-line numbers -----------------------------------------------------------------------------------------
+
+
+def _bounded_options() -> list[tuple[str, Any]]:
+    from planner_cli.main import build_parser
+    from planner_cli.parser import walk_parsers
+    from planner_cli.ranges import Bounded
+
+    found = {}
+    for parser in walk_parsers(build_parser()):
+        for action in parser._actions:
+            if isinstance(action.type, Bounded):
+                found[f"{parser.prog} {action.dest}"] = action.type
+    return sorted(found.items())
+
+
+BOUNDED_OPTIONS = _bounded_options()
+number_texts = st.one_of(
+    st.sampled_from(["nan", "-nan", "inf", "-inf", "1e999", "1e308", "-1", "0", "0.0", "1", "2.5", "", " ", "0x10",
+                     "1_000", "100000", "9" * 40, "true", "1e-320"]),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.integers(min_value=-(2**70), max_value=2**70).map(str),
+    st.text(max_size=8),
+)  # fmt: skip
+
+
+@FUZZ
+@given(option=st.sampled_from(BOUNDED_OPTIONS), text=number_texts)
+def test_fuzz_numeric_options_take_only_finite_values_in_range(option: tuple[str, Any], text: str) -> None:
+    """Any text given to any numeric option: a finite value inside the option's range, or argparse's one-line
+    refusal; never nan, an infinity or a value outside the range."""
+    import argparse
+
+    _, convert = option
+    value = ends_cleanly(lambda: convert(text), argparse.ArgumentTypeError)
+    if value is not None:
+        assert math.isfinite(value) and value in convert.bounds, (text, value)
+        assert isinstance(value, convert.kind)

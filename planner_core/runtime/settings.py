@@ -92,6 +92,14 @@ class RuntimeSettings(BaseSettings):
         ),
         description="timeout of each Prometheus HTTP request (s)",
     )
+    prometheus_window_deadline_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="deadline of all the Prometheus queries of one window together (s); past it the tick records "
+        "what it has: no traffic data (window_deadline) without the request count and lengths, else the observation "
+        "without its optional figures (audited as traffic_partial)",
+    )
     # `planner demo` / `planner serve` end (status 3, one line) when the Prefect server is lost this long.
     prefect_lost_s: float = Field(
         default=30.0, gt=0, le=3600, description="seconds without an answer from the Prefect server before giving up"

@@ -2,9 +2,11 @@
 
 `python -m planner_core.lab.ingest_memory --publishers 1 4 8 --record docs/results/ingest/memory.json` starts
 `planner ingest` (a process of its own, on `PLANNER_DATABASE_URL` or the embedded Postgres of `PLANNER_DATA_DIR`),
-then for each publisher count and each table state: N publisher processes send, as fast as their sockets take
-them, a valid forward-pass message and a 256 KiB frame in turn (oversized: four times what the ingest accepts)
-for `--seconds`, while another session holds `LOCK TABLE fpm_samples IN ACCESS EXCLUSIVE MODE` (locked) or not.
+then for each flood, publisher count and table state: N publisher processes send as fast as their sockets take
+them, for `--seconds`, while another session holds `LOCK TABLE fpm_samples IN ACCESS EXCLUSIVE MODE` (locked) or
+not. Floods: `mixed`, a valid forward-pass message and a 256 KiB frame in turn (oversized: four times what the
+ingest accepts; issue 43's flood), and `valid`, valid messages only (what fills the queue of decoded samples
+while the table is locked).
 The ingest's peak RSS (the kernel's `VmHWM` of its process) and its RSS a few seconds after the flood are
 recorded with its own counters (its `stopped:` line). A fresh ingest per row, so each peak is that row's own.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import itertools
 import json
 import multiprocessing
 import os
@@ -32,9 +35,9 @@ DEPLOYMENT = "ingest-memory"
 SETTLE_S = 5.0  # after the flood: what stays resident
 
 
-def _publish(endpoint: str, seconds: float, seed: int, sent: multiprocessing.Value) -> None:
-    """One publisher process: a valid message and an oversized frame in turn, non-blocking (a full send queue
-    drops, as an engine's PUB socket does), for `seconds`."""
+def _publish(endpoint: str, seconds: float, seed: int, flood: str, sent: multiprocessing.Value) -> None:
+    """One publisher process: valid messages, with an oversized frame after each in the `mixed` flood,
+    non-blocking (a full send queue drops, as an engine's PUB socket does), for `seconds`."""
     import random
 
     import zmq
@@ -54,7 +57,7 @@ def _publish(endpoint: str, seconds: float, seed: int, sent: multiprocessing.Val
     while time.monotonic() < ends_at:
         counter += 1
         valid = encode_fpm_message(synthetic_fpm(Component.DECODE, f"bench-{seed}", counter, rng))  # [topic, payload]
-        for frames in (valid, [b"fpm.decode", big]):
+        for frames in (valid, [b"fpm.decode", big]) if flood == "mixed" else (valid,):
             with contextlib.suppress(zmq.Again):
                 socket.send_multipart(frames, zmq.NOBLOCK)
                 num_sent += 1
@@ -86,8 +89,11 @@ def _start_ingest(port: int, env: dict[str, str]) -> tuple[subprocess.Popen, lis
     raise RuntimeError("planner ingest did not start: " + "".join(lines)[-2000:])
 
 
-def measure(num_publishers: int, locked: bool, seconds: float, owner_url: str, env: dict[str, str]) -> dict:
-    """One row: a fresh ingest flooded by `num_publishers` for `seconds`, the table locked or not."""
+def measure(
+    num_publishers: int, locked: bool, seconds: float, owner_url: str, env: dict[str, str], flood: str = "mixed"
+) -> dict:
+    """One row: a fresh ingest flooded (`mixed` or `valid`) by `num_publishers` for `seconds`, the table locked
+    or not."""
     import psycopg
 
     from planner_core.runtime.localhost import free_port
@@ -102,7 +108,7 @@ def measure(num_publishers: int, locked: bool, seconds: float, owner_url: str, e
         if locker is not None:
             locker.execute("LOCK TABLE fpm_samples IN ACCESS EXCLUSIVE MODE")  # held until the rollback
         publishers = [
-            multiprocessing.Process(target=_publish, args=(endpoint, seconds, seed, sent))
+            multiprocessing.Process(target=_publish, args=(endpoint, seconds, seed, flood, sent))
             for seed in range(num_publishers)
         ]
         for publisher in publishers:
@@ -121,6 +127,7 @@ def measure(num_publishers: int, locked: bool, seconds: float, owner_url: str, e
         _, rest = ingest.communicate(timeout=120)
     stopped = next((line for line in (rest or "").splitlines() if line.startswith("stopped:")), "")
     return {
+        "flood": flood,
         "publishers": num_publishers,
         "table": "locked" if locked else "not locked",
         "seconds": seconds,
@@ -136,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--publishers", type=int, nargs="+", default=[1, 4, 8], help="publisher counts to run")
     parser.add_argument("--seconds", type=float, default=20.0, help="flood duration of each row")
+    parser.add_argument("--floods", nargs="+", choices=["mixed", "valid"], default=["mixed", "valid"], help="floods")
     parser.add_argument("--record", type=Path, default=None, help="write the rows and how they were made as JSON")
     args = parser.parse_args(argv)
     if any(n < 1 or n > 64 for n in args.publishers) or not 0 < args.seconds <= 600:
@@ -153,16 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     owner_url = resolve_owner_database_url()
     env = dict(os.environ, PLANNER_DATABASE_URL=url)
     rows = []
-    for num_publishers in args.publishers:
-        for locked in (True, False):
-            row = measure(num_publishers, locked, args.seconds, owner_url, env)
-            sys.stdout.write(
-                f"{row['publishers']} publisher(s), table {row['table']}: peak RSS {row['peak_rss_mb']} MB "
-                f"(start {row['rss_start_mb']}, {SETTLE_S:g} s after {row['rss_after_mb']}); "
-                f"sent {row['messages_sent']}; ingest {row['ingest']}\n"
-            )
-            sys.stdout.flush()
-            rows.append(row)
+    for flood, num_publishers, locked in itertools.product(args.floods, args.publishers, (True, False)):
+        row = measure(num_publishers, locked, args.seconds, owner_url, env, flood)
+        sys.stdout.write(
+            f"{flood} flood, {row['publishers']} publisher(s), table {row['table']}: peak RSS {row['peak_rss_mb']} "
+            f"MB (start {row['rss_start_mb']}, {SETTLE_S:g} s after {row['rss_after_mb']}); "
+            f"sent {row['messages_sent']}; ingest {row['ingest']}\n"
+        )
+        sys.stdout.flush()
+        rows.append(row)
     if args.record is not None:
         record = {
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -100,6 +100,7 @@ OPTION_RANGES: dict[str, Range] = {
     "--max-osl": _TOKENS,
     "--max-windows": _from(1, MAX_COUNT),
     "--max-workers": _from(1, 1024),
+    "--metrics-port": _from(0, 65_535),
     "--min-gpus": _from(0, MAX_GPUS),
     "--nice": _from(0, 19),
     "--older-than": _from(0, 36_600),  # days

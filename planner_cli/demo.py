@@ -36,8 +36,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config = load_config(args.config).policy
     check_simulated_floor(config, args.config)
     load_profile(resolve_profile_dir(config, args.config))
+    trace = load_trace(args.trace)
     try:  # the scaled trace's size: a rate the run cannot carry is one line now, not gigabytes later
-        load_trace(args.trace).check_rate_factor(args.rate_scale)
+        trace.check_rate_factor(args.rate_scale)
     except ValueError as exc:
         raise ValueError(f"--rate-scale = {args.rate_scale:g}: {exc}") from None
     url = resolve_database_url(settings)

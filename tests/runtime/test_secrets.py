@@ -183,10 +183,15 @@ def test_traffic_unavailable_redacts_its_detail() -> None:
 
 
 def test_no_flow_or_task_takes_the_database_url() -> None:
-    """Prefect keeps flow and task parameters: none of ours is a database URL."""
+    """Prefect keeps flow parameters: none of ours is a database URL in clear (the fleet's flow takes it as a
+    `SecretStr`, which Prefect stores as `**********`; task parameters are not stored)."""
     import inspect
+    import typing
 
-    from flows import demo, replay, report, serve, ticks
+    from prefect import Flow
+    from pydantic import SecretStr
+
+    from flows import demo, fleet, replay, report, serve, ticks
 
     for module in (demo, replay, report, serve, ticks):
         for name, value in vars(module).items():
@@ -194,3 +199,13 @@ def test_no_flow_or_task_takes_the_database_url() -> None:
             if fn is not None and callable(fn) and getattr(value, "__module__", "") == module.__name__:
                 params = inspect.signature(fn).parameters
                 assert "database_url" not in params and "url" not in params, f"{module.__name__}.{name}"
+    flows = [value for value in vars(fleet).values() if isinstance(value, Flow)]
+    assert flows
+    for each in flows:
+        hints = typing.get_type_hints(each.fn)
+        for param in inspect.signature(each.fn).parameters:
+            if "url" in param:
+                assert SecretStr in typing.get_args(hints[param]), f"{each.name}: {param} is {hints[param]}"
+    assert each.serialize_parameters({"database_url": SecretStr(f"postgresql://u:{DB_SECRET}@h/db")}) == {
+        "database_url": "**********"
+    }

@@ -13,8 +13,10 @@ a run stopped anywhere resumes where it stopped (as after a kill -9).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +24,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from planner_core.runtime.localhost import answers, free_port, wait_for
 
@@ -93,6 +96,19 @@ class _ServerWatchdog:
         os._exit(LOST_EXIT_STATUS)  # not sys.exit: Prefect's exit hooks would retry the dead server for minutes
 
 
+def _unwind_on_sigterm() -> tuple[bool, Any]:
+    """From here on SIGTERM unwinds like Ctrl-C (KeyboardInterrupt), so `prefect_api`'s `finally` stops the server
+    it started: Python's default SIGTERM ends the process at once and left the server running (issue 43). Returns
+    whether a handler was set (not off the main thread, where none can be) and the one to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        return False, None
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    return True, signal.signal(signal.SIGTERM, interrupt)
+
+
 @contextlib.contextmanager
 def prefect_api(
     port: int | None = None, log_file: Path | None = None, *, exit_when_lost: bool = False
@@ -129,6 +145,7 @@ def prefect_api(
         )
     watchdog = _ServerWatchdog(api_url, server, lost_after_s) if exit_when_lost else None
     _STARTED.append(server)
+    previous_sigterm = _unwind_on_sigterm()
     try:
         wait_healthy(api_url, timeout_s=120)
         os.environ["PREFECT_API_URL"] = api_url
@@ -146,3 +163,10 @@ def prefect_api(
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
+        # The server is gone: a run log still queued (a crash's last lines, shipped at exit) can only fail, and
+        # Prefect's log worker would print two lines of that ("--- Error logging to API ---", "All connection
+        # attempts failed") after the command's one-line error. It prints only while `logging.raiseExceptions`.
+        logging.raiseExceptions = False
+        installed, previous = previous_sigterm
+        if installed:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

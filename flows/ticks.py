@@ -74,6 +74,8 @@ def collect_traffic(
     if collected is not None and collected.curve_problem is not None:
         problem = redact_text(collected.curve_problem)
         _logger().warning("no prompt-arrival curve for [%s, %s): %s", window_start, window_end, problem)
+    if collected is not None and collected.partial_problem is not None:
+        _logger().warning("partial traffic data for [%s, %s): %s", window_start, window_end, collected.partial_problem)
     return collected
 
 
@@ -97,6 +99,7 @@ def decide_and_record(
     traffic: TrafficObservation | None,
     traffic_problem: str | None = None,
     curve_problem: str | None = None,
+    partial_problem: str | None = None,
 ) -> dict:
     """Run the pure tick on the inputs and record everything in one transaction (skipped if already recorded)."""
     result = run_tick(
@@ -108,6 +111,7 @@ def decide_and_record(
         task_run_id=str(task_run.id or ""),
         traffic_problem=traffic_problem,
         curve_problem=curve_problem,
+        partial_problem=partial_problem,
     )
     if result.outcome is None:
         return {"tick_id": None, "skipped": "already recorded"}
@@ -200,8 +204,9 @@ def throughput_tick(deployment: str = "default", config_path: str | None = None)
     if collected is None:
         return decide_and_record(ctx, Loop.THROUGHPUT, scheduled_at, None)
     return decide_and_record(
-        ctx, Loop.THROUGHPUT, scheduled_at, collected.observation, collected.problem, collected.curve_problem
-    )
+        ctx, Loop.THROUGHPUT, scheduled_at, collected.observation, collected.problem, collected.curve_problem,
+        collected.partial_problem,
+    )  # fmt: skip
 
 
 @flow(name="load-tick", log_prints=False)

@@ -9,8 +9,14 @@ import time
 from pathlib import Path
 
 from planner_cli.common import DEFAULT_TRACE, prefect_environment, print_example_queries
+from planner_core.config import PlannerConfig
 from planner_core.data import DEFAULT_CONFIG
 from planner_core.runtime.settings import RuntimeSettings
+
+MAX_SIMULATED_FLOOR_ENGINES = 1000
+"""Most engines the demo's simulated cluster may be held at by the config's floors: 800 (min_endpoint 400, both
+pools, no GPU ceiling) ran 2 windows in 42 s at 384 MB peak; 20,000 (min_endpoint 10000) ran for minutes at 700 MB
+without finishing a window (issue 43, 2026-12-07)."""
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -28,10 +34,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     # Check the inputs before starting anything: a bad file is one line, not a failed flow run.
     config = load_config(args.config).policy
+    check_simulated_floor(config, args.config)
     load_profile(resolve_profile_dir(config, args.config))
-    load_trace(args.trace)
-    if args.rate_scale <= 0:
-        raise ValueError(f"--rate-scale = {args.rate_scale!r}: must be > 0")
+    trace = load_trace(args.trace)
+    try:  # the scaled trace's size: a rate the run cannot carry is one line now, not gigabytes later
+        trace.check_rate_factor(args.rate_scale)
+    except ValueError as exc:
+        raise ValueError(f"--rate-scale = {args.rate_scale:g}: {exc}") from None
     url = resolve_database_url(settings)
     started = time.perf_counter()
     with prefect_api(exit_when_lost=True) as api_url:
@@ -74,6 +83,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print_example_queries(url, result["deployment"])
     print(f"\nConnect with: planner db url   (data under {settings.data_dir.resolve()})")
     return 0
+
+
+def check_simulated_floor(config: PlannerConfig, path: Path) -> None:
+    """Raise ValueError (one line naming the file, field and value) when the floors hold the simulated cluster
+    above `MAX_SIMULATED_FLOOR_ENGINES` engines; a GPU ceiling bounds them already (a config rule)."""
+    from planner_core.config import managed_components
+    from planner_core.domain import Component
+
+    floors = {
+        Component.PREFILL: ("prefill_min_endpoint", config.prefill_min_endpoint_effective),
+        Component.DECODE: ("decode_min_endpoint", config.decode_min_endpoint_effective),
+    }
+    managed = [floors[c] for c in managed_components(config.mode) if c in floors]
+    num_engines = sum(num for _, num in managed)
+    if num_engines > MAX_SIMULATED_FLOOR_ENGINES:
+        field = next((name for name, _ in managed if getattr(config, name) is not None), "min_endpoint")
+        raise ValueError(
+            f"{path}: field {field!r} = {getattr(config, field)}: the floors hold the demo's simulated cluster at "
+            f"{num_engines} engines, more than it carries ({MAX_SIMULATED_FLOOR_ENGINES})"
+        )
 
 
 def print_comparison(rows: list[dict]) -> None:

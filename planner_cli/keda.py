@@ -50,7 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "keda-scaler", help="serve the planner's targets to KEDA (External Scaler gRPC API, ScaledObject type external)"
     )
     keda.add_argument("--port", type=int, default=9090, help="gRPC port (0 picks a free one)")
-    keda.add_argument("--host", default="[::]", help="address to listen on")
+    keda.add_argument(
+        "--host", default="127.0.0.1",
+        help="address to listen on; in a pod, 0.0.0.0 (or [::]) so that KEDA reaches it (infra/keda/keda-scaler.yaml)",
+    )  # fmt: skip
     keda.add_argument(
         "--deployment", default=None, metavar="NAME",
         help="serve only this managed deployment; triggers may then omit metadata 'deployment' "

@@ -231,7 +231,7 @@ def tick_fleet_member(
     """One member's tick for one loop and slot, in its own transaction (skipped if already recorded): the loop's
     traffic window from the member's source first (the throughput loop's, and the load loop's when it scales on
     tail latency), then `run_tick` with the member's ceiling. Every fleet path ticks a member through here."""
-    observation, traffic_problem, curve_problem = None, None, None
+    observation, traffic_problem, curve_problem, partial_problem = None, None, None, None
     if due.loop is Loop.THROUGHPUT or ctx.config.load_tail_latency_scaling:
         interval_s = (
             ctx.config.throughput_adjustment_interval_seconds
@@ -244,6 +244,7 @@ def tick_fleet_member(
             observation = collected.observation
             if due.loop is Loop.THROUGHPUT:
                 traffic_problem, curve_problem = collected.problem, collected.curve_problem
+                partial_problem = collected.partial_problem
     return run_tick(
         ctx,
         due.loop,
@@ -253,6 +254,7 @@ def tick_fleet_member(
         task_run_id=task_run_id,
         traffic_problem=traffic_problem,
         curve_problem=curve_problem,
+        partial_problem=partial_problem,
         gpu_ceiling=gpu_ceiling,
     )
 

@@ -305,13 +305,16 @@ def run_tick(
     task_run_id: str | None = None,
     traffic_problem: str | None = None,
     curve_problem: str | None = None,
+    partial_problem: str | None = None,
     gpu_ceiling: int | None = None,
 ) -> TickResult:
     """Run and record one tick in a single transaction; a tick already recorded is skipped, not redone.
 
     A load tick reads the newest forward-pass metrics per engine from the ingested samples. `traffic_problem`
     (why the source had no observation) and `curve_problem` (why the observation has no prompt-arrival curve)
-    are written to the audit log with the tick (`traffic_unavailable`, `arrival_curve_unavailable`).
+    and `partial_problem` (what the observation lacks: the window deadline passed before its optional figures were
+    read) are written to the audit log with the tick (`traffic_unavailable`, `arrival_curve_unavailable`,
+    `traffic_partial`).
     `gpu_ceiling`: a fleet member's ceiling (`TickInputs.gpu_ceiling`, from `planner_core.runtime.fleet`).
     """
     # The tick's day's partitions and the next day's, each in its own short transaction before the tick's: a
@@ -363,6 +366,7 @@ def run_tick(
         for event, problem in (
             ("traffic_unavailable", traffic_problem),
             ("arrival_curve_unavailable", curve_problem),
+            ("traffic_partial", partial_problem),
         ):
             if problem is not None and tick_id is not None:
                 detail = {"loop": loop.value, "problem": problem}

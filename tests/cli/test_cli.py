@@ -325,7 +325,7 @@ def test_every_option_has_help_and_shows_its_default() -> None:
     helps = {parser.prog: " ".join(parser.format_help().split()) for parser in parsers}
     assert "table (why cut to 40 characters), CSV or JSON (default: table)" in helps["planner history"]
     assert "(default: 9400)" in helps["planner sim-exporter"]
-    assert "random seed of the synthetic metrics (default: 0)" in helps["planner fpm-publish"]
+    assert "random seed of the synthetic metrics; range [0, 4294967295] (default: 0)" in helps["planner fpm-publish"]
     assert "(default: 5000)" in helps["planner db prune"]
     assert "(default: None)" not in " ".join(helps.values())
     assert "(default: False)" not in " ".join(helps.values())
@@ -343,6 +343,74 @@ def test_unknown_options_are_refused_in_one_line(args) -> None:
     assert result.stdout == ""
     [line] = result.stderr.splitlines()
     assert line.startswith("planner: error: unrecognized arguments: ")
+
+
+def test_every_numeric_option_has_a_range_in_its_help() -> None:
+    """Every int or float option of every command converts through `Bounded` and states its range in its help;
+    a numeric option missing from planner_cli/ranges.py fails the parser's construction."""
+    import argparse
+
+    from planner_cli.main import build_parser
+    from planner_cli.parser import walk_parsers
+    from planner_cli.ranges import Bounded, bound_numeric_options
+
+    numeric = 0
+    for parser in walk_parsers(build_parser()):
+        for action in parser._actions:
+            assert action.type not in (int, float), f"{parser.prog} {action.dest}: unbounded"
+            if isinstance(action.type, Bounded):
+                numeric += 1
+                assert f"range {action.type.bounds}" in action.help, f"{parser.prog} {action.dest}"
+    assert numeric >= 100  # every command's numbers (111 when written)
+    stray = argparse.ArgumentParser(prog="planner stray")
+    stray.add_argument("--unlisted-number", type=float)
+    with pytest.raises(LookupError, match="--unlisted-number: a numeric option needs its range"):
+        bound_numeric_options(stray)
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["demo", "--rate-scale", "nan"], "argument --rate-scale: nan is not in (0, 1000]"),
+        (["demo", "--rate-scale", "100000"], "argument --rate-scale: 100000 is not in (0, 1000]"),
+        (["demo", "--max-windows", "0"], "argument --max-windows: 0 is not in [1, 1000000]"),
+        (["capacity", "--ttft-ms", "inf"], "argument --ttft-ms: inf is not in (0, 3600000]"),
+        (["bench", "--max-gpu-budget", "1.5"], "argument --max-gpu-budget: '1.5' is not an integer"),
+    ],
+)
+def test_numbers_out_of_range_are_refused_in_one_line(args: list[str], error: str) -> None:
+    result = planner(*args)
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"planner: error: {error} (see `planner ")
+
+
+def test_demo_refuses_what_the_machine_cannot_carry_before_starting(tmp_path) -> None:
+    """A rate scale within range but beyond the trace, or floors no simulator can hold with no GPU ceiling: one
+    line, status 2, in seconds, and no database or Prefect server started (no embedded Postgres, no Prefect
+    database in the data folder)."""
+    env = {"PLANNER_DATA_DIR": str(tmp_path / "data")}
+    scaled = planner("demo", "--rate-scale", "1000", env=env)
+    assert scaled.returncode == 2
+    [line] = scaled.stderr.splitlines()
+    assert line.startswith("planner: error: --rate-scale = 1000: ") and "more than a run carries (2000000)" in line
+    config = write_config(tmp_path, min_endpoint=10000, max_gpu_budget=-1)
+    floors = planner("demo", "--config", str(config), env=env)
+    assert floors.returncode == 2
+    assert floors.stderr.splitlines() == [
+        f"planner: error: {config}: field 'min_endpoint' = 10000: the floors hold the demo's simulated cluster at "
+        "20000 engines, more than it carries (1000)"
+    ]
+    data = tmp_path / "data"
+    assert not (data / "pg").exists() and not list(data.rglob("*.db"))
+
+
+def test_a_runtime_setting_out_of_range_is_one_line() -> None:
+    result = planner("db", "url", env={"PLANNER_PROMETHEUS_TIMEOUT_S": "nan"})
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "planner: error: RuntimeSettings: PLANNER_PROMETHEUS_TIMEOUT_S = 'nan': Input should be a finite number"
+    ]
 
 
 def test_version_is_the_installed_distribution() -> None:

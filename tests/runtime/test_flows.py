@@ -219,6 +219,7 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
     assert "served throughput tick 20" in log_text
     artifacts = _report_artifacts("tick-served-throughput")
     assert len(artifacts) >= 3 and all("| step | pool | value | reason | detail |" in a.data for a in artifacts)
+    assert all("**Why** " in a.data for a in artifacts)
     times = [t[0] for t in ticks]
     assert len(set(times)) == len(times)
     gaps_s = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
@@ -291,20 +292,47 @@ def test_a_bad_config_fails_before_prefect_starts(tmp_path) -> None:
     assert not (tmp_path / "data" / "prefect").exists()
 
 
-def test_tick_summary_line_says_targets_reason_and_forecast() -> None:
+def test_tick_summary_line_says_targets_why_and_forecast() -> None:
+    """The run log's line: the targets, the deciding stage with its numbers (as `decision_history` records them),
+    the forecast; a tick without a decision gives its headline reason."""
     from flows.ticks import tick_summary_line
-    from planner_core.domain import Loop, PlannerState, Prediction, ReasonCode, ScalingDecision, TickOutcome
+    from planner_core.domain import (
+        Component,
+        Loop,
+        PlannerState,
+        Prediction,
+        ReasonCode,
+        ReplicaProposal,
+        ScalingDecision,
+        StepName,
+        StepRecord,
+        TickOutcome,
+    )
 
+    steps = (
+        StepRecord(step=StepName.DEMAND, component=Component.PREFILL, value=2, reason=ReasonCode.DEMAND_SIZED),
+        StepRecord(step=StepName.BURST, component=Component.PREFILL, value=3, reason=ReasonCode.BURST_SIZED),
+    )
+    proposals = (
+        ReplicaProposal(component=Component.PREFILL, current=2, desired=3, reason=ReasonCode.SCALE),
+        ReplicaProposal(component=Component.DECODE, current=2, desired=2, reason=ReasonCode.NO_CHANGE),
+    )
     outcome = TickOutcome(
         decision=ScalingDecision(num_prefill=3, num_decode=2),
         next_state=PlannerState(),
-        steps=(),
+        steps=steps,
+        proposals=proposals,
         prediction=Prediction(num_req=3512.4, isl=1023.2, osl=231.9),
         reason=ReasonCode.SCALE,
     )
     at = dt.datetime(2023, 11, 16, 18, 16, tzinfo=dt.UTC)
     assert tick_summary_line("prod", Loop.THROUGHPUT, at, outcome) == (
-        "prod throughput tick 2023-11-16T18:16:00+00:00: 3P/2D, scale; forecast 3512 requests, ISL 1023, OSL 232"
+        "prod throughput tick 2023-11-16T18:16:00+00:00: 3P/2D, burst: prefill 2->3: p99 prompt burst needs 3 "
+        "(forecast 2); forecast 3512 requests, ISL 1023, OSL 232"
+    )
+    held = TickOutcome(decision=ScalingDecision(), next_state=PlannerState(), steps=(), reason=ReasonCode.NO_CHANGE)
+    assert tick_summary_line("prod", Loop.THROUGHPUT, at, held) == (
+        "prod throughput tick 2023-11-16T18:16:00+00:00: no change, no_change"
     )
 
 

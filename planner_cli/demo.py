@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from planner_cli.common import DEFAULT_TRACE, prefect_environment, print_example_queries
+from planner_cli.common import DEFAULT_TRACE, above, at_least, prefect_environment, print_example_queries
 from planner_core.data import DEFAULT_CONFIG
 from planner_core.runtime.settings import RuntimeSettings
 
@@ -30,8 +30,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config = load_config(args.config).policy
     load_profile(resolve_profile_dir(config, args.config))
     load_trace(args.trace)
-    if args.rate_scale <= 0:
-        raise ValueError(f"--rate-scale = {args.rate_scale!r}: must be > 0")
     url = resolve_database_url(settings)
     started = time.perf_counter()
     with prefect_api(exit_when_lost=True) as api_url:
@@ -98,7 +96,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="PlannerConfig YAML/JSON (default: the recommended policy, planner_core/configs/policies/planner.yaml)",
     )  # fmt: skip
     demo.add_argument("--deployment", default="demo", help="managed-deployment name (a new name starts afresh)")
-    demo.add_argument("--startup-s", type=float, default=120.0, help="simulated worker start-up time")
-    demo.add_argument("--rate-scale", type=float, default=12.0, help="multiply the trace's request rate (shape kept)")
-    demo.add_argument("--max-windows", type=int, default=None, help="stop after this many throughput windows")
+    # the numbers are checked as they are parsed: a bad one is refused before the deployment is recorded
+    demo.add_argument("--startup-s", type=at_least(0, float), default=120.0, help="simulated worker start-up time")
+    demo.add_argument(
+        "--rate-scale", type=above(0), default=12.0, help="multiply the trace's request rate (shape kept)"
+    )
+    demo.add_argument(
+        "--max-windows", type=at_least(1), default=None, help="stop after this many throughput windows (>= 1)"
+    )
     demo.set_defaults(func=cmd_demo)

@@ -179,6 +179,12 @@ def cmd_fleet_bench(args: argparse.Namespace) -> int:
     import dataclasses
     import tempfile
 
+    from planner_cli.common import check_output_path
+
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)  # as it always did: the result's folder is made
+        check_output_path(args.json, "--json")  # but a file it cannot write is refused before the members run
+
     from sqlalchemy.engine import make_url
 
     from planner_core.lab.fleet_bench import bench_config, run_fleet_bench

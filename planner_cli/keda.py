@@ -21,6 +21,11 @@ def cmd_keda_scaler(args: argparse.Namespace) -> int:
     url = resolve_database_url(settings)
     check_schema_current(url)  # one line with the fix, not a traceback on the first KEDA call
     deployment = args.deployment or settings.deployment
+    if deployment:
+        # a name that is not recorded would serve nothing, every KEDA poll: refused now, naming the ones that are
+        from planner_cli.common import select_deployment
+
+        deployment = select_deployment(url, args.deployment)  # the flag, else PLANNER_DEPLOYMENT, named as such
     ready_replicas = None
     if args.watch_workloads:
         # the workloads' available replicas, read with the pod's service account (or the kubeconfig)

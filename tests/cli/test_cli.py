@@ -456,3 +456,47 @@ def test_a_sigterm_unwinds_like_ctrl_c_so_finally_blocks_run(tmp_path) -> None:
     )
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert "KeyboardInterrupt" in result.stderr and marker.read_text() == "stopped"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["demo", "--max-windows", "0"], "argument --max-windows: must be >= 1, got 0"),
+        (["demo", "--rate-scale", "-2"], "argument --rate-scale: must be > 0, got -2"),
+        (["demo", "--startup-s", "nan?"], "argument --startup-s: not a number: 'nan?'"),
+        (
+            ["bench", "--trace", "t.csv", "--throughput-interval-s", "0"],
+            "argument --throughput-interval-s: must be >= 1",
+        ),
+        (["bench", "--trace", "t.csv", "--compress", "0"], "argument --compress: must be > 0, got 0"),
+    ],
+    ids=["demo-max-windows", "demo-rate-scale", "demo-startup", "bench-interval", "bench-compress"],
+)
+def test_numbers_out_of_range_are_refused_before_anything_is_recorded(database_url, args, message) -> None:
+    """A number out of its range is refused while the arguments are parsed: exit 2, one line naming the flag and
+    the value, and no deployment recorded (the demo used to record one, then fail 50 s later)."""
+    result = planner(*args, env={"PLANNER_DATABASE_URL": database_url})
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"planner: error: {message}"), line
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        assert conn.execute("SELECT count(*) FROM deployments").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("flag", ["--json", "--html", "--record"])
+def test_bench_output_into_a_missing_folder_is_refused_before_the_run(tmp_path, flag) -> None:
+    """`bench --json missing/rows.json` is one line before the policies are sized (it used to fail after the run)."""
+    out = tmp_path / "missing" / "rows.json"
+    result = planner("bench", "--trace", "planner_core/data/traces/synthetic_trace.jsonl", flag, str(out))
+    assert result.returncode == 2
+    assert _error_lines(result) == [f"planner: error: {flag} {out}: folder {out.parent} does not exist"]
+    assert "sizing the policies" not in result.stderr
+
+
+def test_keda_scaler_refuses_a_deployment_that_is_not_recorded(database_url, tmp_path) -> None:
+    """`keda-scaler --deployment nope` would serve nothing on every KEDA poll: refused at start, naming the known."""
+    _record_deployments(database_url, tmp_path, "alpha")
+    result = planner("keda-scaler", "--deployment", "nope", "--port", "0", env={"PLANNER_DATABASE_URL": database_url})
+    assert result.returncode == 2
+    assert _error_lines(result) == ["planner: error: --deployment = 'nope': no such deployment (known: alpha)"]
+    assert "KEDA external scaler on" not in result.stderr

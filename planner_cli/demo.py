@@ -21,15 +21,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # logs, that traceback included, still reach the Prefect server (its UI shows them).
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     from flows.prefect_server import prefect_api
-    from planner_core.config import load_config, resolve_profile_dir
-    from planner_core.perf.profile import load_profile
+    from planner_core.config import load_config
+    from planner_core.planner import RequestShape, refuse_what_cannot_work
     from planner_core.runtime.store.db import resolve_database_url
     from planner_core.traces import load_trace
 
-    # Check the inputs before starting anything: a bad file is one line, not a failed flow run.
+    # Check the inputs before starting anything: a bad file, a missing profile or an SLA the profile cannot reach
+    # for the trace's mean request is one line, not a failed flow run or a run at 0 %.
     config = load_config(args.config).policy
-    load_profile(resolve_profile_dir(config, args.config))
-    load_trace(args.trace)
+    trace = load_trace(args.trace)
+    mean = RequestShape(isl=float(trace.isl.mean()), osl=float(trace.osl.mean()), source="the trace's mean request")
+    refuse_what_cannot_work(config, args.config, shape=mean)
     url = resolve_database_url(settings)
     started = time.perf_counter()
     with prefect_api(exit_when_lost=True) as api_url:

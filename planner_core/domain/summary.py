@@ -191,7 +191,8 @@ def _changes(
         if not is_count or step.value is None:
             continue
         value = int(round(step.value))
-        if value != count:
+        # the forecast's need is the baseline the later stages are read against: shown even when it is the count
+        if value != count or (step.reason is ReasonCode.DEMAND_SIZED and not changes):
             stage, source = _stage_of_count_step(step), step
             if (stage is None or step.reason is ReasonCode.WITHIN_RANGE) and uncounted is not None:
                 stage, source = _STAGE_OF_REASON[uncounted.reason], uncounted

@@ -202,9 +202,10 @@ def test_a_real_tick_names_the_bound_that_decided(overrides: dict, stage: Decisi
 
 
 def test_a_real_tick_raised_to_its_minimum() -> None:
-    """6 requests a minute need one engine of each pool; the minimum of 3 prefill engines decides prefill."""
+    """6 requests a minute need one engine of each pool (the current count: the forecast's need is still shown, as
+    the baseline); the minimum of 3 engines per pool decides."""
     config = make_config(min_endpoint=3)
     outcome = tick(throughput_inputs(traffic(6), workers(1, 1)), PlannerState(), config, FAKE)
     summary = summarize_decision(outcome)
     assert summary.stage is DecisionStage.MINIMUM
-    assert summary.text.startswith("prefill 1->3: minimum 3")
+    assert summary.text == "prefill 1->3: forecast needs 1; minimum 3 | decode 1->3: forecast needs 1; minimum 3"

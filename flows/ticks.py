@@ -24,7 +24,7 @@ from prefect.runtime import flow_run, task_run
 
 from planner_core.config import PlannerConfig, ServiceConfig
 from planner_core.data import DEFAULT_CONFIG as SHIPPED_DEFAULT_CONFIG
-from planner_core.domain import Loop, TickOutcome, TrafficObservation, summarize_decision
+from planner_core.domain import DecisionStage, Loop, TickOutcome, TrafficObservation, summarize_decision
 from planner_core.planner import Planner
 from planner_core.runtime.fleet import ContextCache
 from planner_core.runtime.redact import redact_text
@@ -113,6 +113,14 @@ def decide_and_record(
         return {"tick_id": None, "skipped": "already recorded"}
     decision = result.outcome.decision
     _logger().info("%s", tick_summary_line(ctx.deployment, loop, scheduled_at, result.outcome))
+    if not decision.is_empty and summarize_decision(result.outcome).stage is DecisionStage.BUDGET:
+        # not an error (the budget is the operator's choice), but less than the planner asked for: said in the run
+        # log as a warning; the decision records it (decisions.stage 'budget')
+        _logger().warning(
+            "the GPU budget (max_gpu_budget %s) set this decision: %s",
+            ctx.config.max_gpu_budget,
+            summarize_decision(result.outcome).text,
+        )
     _publish_tick_artifact(ctx.deployment, loop, scheduled_at, result.tick_id, result.outcome)
     return {
         "tick_id": result.tick_id,

@@ -66,6 +66,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "workers, the first window and the tail to the last request)"
     )
     print_comparison(result["comparison"])
+    capped = result["budget_capped"]
+    if capped:  # not an error (the budget is a choice), but the run did less than the planner asked for
+        print(
+            f"  warning: the GPU budget (max_gpu_budget {result['max_gpu_budget']}) set {len(capped)} of the "
+            f"{result['num_decisions']} decisions, the first: {capped[0]} (decision_history, reason 'budget')"
+        )
     prefill, decode = result["starting_size"]
     print(f"  started at {prefill}P/{decode}D, as if already serving (the oracle's size for the first 3 minutes)")
     print("  replica timeline (simulated time since the first request -> prefill/decode targets):")

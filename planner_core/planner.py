@@ -92,7 +92,11 @@ class RequestShape:
 
 # The shortest request the profile knows: the interpolators clamp a length to the profiled range, so a one-token
 # prompt asks for the profile's fastest prefill and smallest decode context.
-_SHORTEST = RequestShape(isl=1.0, osl=1.0, source="the profile's shortest request")
+_SHORTEST = RequestShape(isl=1.0, osl=1.0, source="its shortest request")
+
+
+def _lengths(shape: RequestShape) -> str:
+    return "" if shape is _SHORTEST else f" (ISL {shape.isl:.0f}, OSL {shape.osl:.0f})"
 
 
 def refuse_what_cannot_work(
@@ -128,7 +132,7 @@ def refuse_what_cannot_work(
         if not prefill.sla_met:
             raise ConfigError(
                 f"{source}: field 'ttft_ms' = {config.ttft_ms:g}: unreachable, the profile's best TTFT for "
-                f"{where.source} (ISL {where.isl:g}) is {prefill.latency_ms:.1f} ms at batch 1",
+                f"{where.source}{_lengths(where)} is {prefill.latency_ms:.1f} ms at batch 1",
                 source=source,
                 field="ttft_ms",
             )
@@ -136,7 +140,7 @@ def refuse_what_cannot_work(
         if not decode.sla_met:
             raise ConfigError(
                 f"{source}: field 'itl_ms' = {config.itl_ms:g}: unreachable, the profile's best ITL for "
-                f"{where.source} (context {where.isl + where.osl / 2:g}) is {decode.latency_ms:.2f} ms",
+                f"{where.source}{_lengths(where)} is {decode.latency_ms:.2f} ms",
                 source=source,
                 field="itl_ms",
             )

@@ -323,7 +323,8 @@ def test_every_option_has_help_and_shows_its_default() -> None:
     ]
     assert missing == []
     helps = {parser.prog: " ".join(parser.format_help().split()) for parser in parsers}
-    assert "table (why cut to 40 characters), CSV or JSON (default: table)" in helps["planner history"]
+    history_format = "table (a line per decision, cells cut to 40 characters, its why in full on the line below), "
+    assert f"{history_format}CSV or JSON (default: table)" in helps["planner history"]
     assert "(default: 9400)" in helps["planner sim-exporter"]
     assert "random seed of the synthetic metrics (default: 0)" in helps["planner fpm-publish"]
     assert "(default: 5000)" in helps["planner db prune"]
@@ -500,3 +501,53 @@ def test_keda_scaler_refuses_a_deployment_that_is_not_recorded(database_url, tmp
     assert result.returncode == 2
     assert _error_lines(result) == ["planner: error: --deployment = 'nope': no such deployment (known: alpha)"]
     assert "KEDA external scaler on" not in result.stderr
+
+
+_CANNOT_WORK = {
+    "missing-profile": (
+        {"profile_results_dir": "/nonexistent/profile"},
+        "field 'profile_results_dir' = '/nonexistent/profile': no such folder /nonexistent/profile",
+    ),
+    "unreachable-ttft": (
+        {"ttft_ms": 5},
+        "field 'ttft_ms' = 5: unreachable, the profile's best TTFT for its shortest request is 19.5 ms at batch 1",
+    ),
+    "unreachable-itl": (
+        {"itl_ms": 1},
+        "field 'itl_ms' = 1: unreachable, the profile's best ITL for its shortest request is ",
+    ),
+}
+
+
+@pytest.mark.parametrize("problem", list(_CANNOT_WORK))
+@pytest.mark.parametrize(
+    "command",
+    [["serve", "--port", "0"], ["deployments", "add", "member"], ["demo"]],
+    ids=["serve", "deployments-add", "demo"],
+)
+def test_a_config_that_cannot_work_is_refused_alike_by_every_command(database_url, tmp_path, command, problem):
+    """A missing profile folder or an SLA the profile cannot reach: exit 2, the same one line from every command
+    that loads a config, before a Prefect server starts or anything is recorded (serve used to start and record
+    `model_not_ready` every minute; the demo to run at 0 %)."""
+    overrides, message = _CANNOT_WORK[problem]
+    config = write_config(tmp_path, **overrides)
+    result = planner(*command, "--config", str(config), env={"PLANNER_DATABASE_URL": database_url})
+    assert result.returncode == 2, result.stderr
+    assert _error_lines(result)[0].startswith(f"planner: error: {config}: {message}")
+    assert "Prefect" not in result.stderr
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        assert conn.execute("SELECT count(*) FROM deployments").fetchone()[0] == 0
+
+
+def test_demo_refuses_an_sla_the_traces_mean_request_cannot_meet(database_url, tmp_path) -> None:
+    """TTFT 25 ms is within reach of the shortest prompt (19.5 ms) but not of the conversation trace's mean one:
+    the demo, which knows its trace, refuses it rather than run at 0 %."""
+    config = write_config(tmp_path, ttft_ms=25)
+    result = planner("demo", "--config", str(config), env={"PLANNER_DATABASE_URL": database_url})
+    assert result.returncode == 2
+    [line] = _error_lines(result)
+    assert line.startswith(
+        f"planner: error: {config}: field 'ttft_ms' = 25: unreachable, the profile's best TTFT for the trace's mean "
+        "request (ISL 1"
+    ), line
+

@@ -117,6 +117,12 @@ def check_output_path(path: Path | None, flag: str) -> None:
         raise ValueError(f"{flag} {path}: folder {folder} is not writable")
 
 
+def data_subfolder(path: Path | None, name: str) -> Path:
+    """An output folder given by a flag, else `name` under PLANNER_DATA_DIR (`.planner` by default), where the
+    database, Prefect's home and the reports already go."""
+    return path if path is not None else RuntimeSettings().data_dir / name
+
+
 def prefect_environment(settings: RuntimeSettings) -> None:
     """Offline-friendly Prefect defaults; anything the user set wins."""
     prefect_home = (settings.data_dir / "prefect").resolve()

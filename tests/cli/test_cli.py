@@ -551,3 +551,15 @@ def test_demo_refuses_an_sla_the_traces_mean_request_cannot_meet(database_url, t
         "request (ISL 1"
     ), line
 
+
+def test_profile_and_live_write_under_planner_data_dir_by_default(monkeypatch, tmp_path) -> None:
+    """`profile --out` and `live --out` default to PLANNER_DATA_DIR/profile and /live, with the database and the
+    reports (they were `.planner/...` of the working folder whatever PLANNER_DATA_DIR said); a flag still wins."""
+    from planner_cli.common import data_subfolder
+
+    monkeypatch.setenv("PLANNER_DATA_DIR", str(tmp_path / "data"))
+    assert data_subfolder(None, "profile") == tmp_path / "data" / "profile"
+    assert data_subfolder(None, "live") == tmp_path / "data" / "live"
+    assert data_subfolder(tmp_path / "mine", "live") == tmp_path / "mine"
+    for command in ("profile", "live"):
+        assert f"PLANNER_DATA_DIR/{command}" in " ".join(planner(command, "--help").stdout.split())

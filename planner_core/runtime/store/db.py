@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from functools import cache
@@ -25,6 +26,12 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from planner_core.runtime.settings import RuntimeSettings
+
+# pgserver asks platformdirs for a runtime dir; without XDG_RUNTIME_DIR (usual in containers) platformdirs falls
+# back to /tmp/runtime-<uid> and says so in two lines. The fallback works (every pgserver process shares its lock
+# there), so only the notice is dropped, here, for every process that opens the embedded database: the CLI, and
+# also each served tick's flow run (a subprocess) and the tests, which the CLI's own filter never reached.
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 # The embedded server's login role for the planner (a member of `WRITER_ROLE`), and the role itself: migration
 # 0009 grants it its privileges; it is created here too so the login can exist before the first migration.

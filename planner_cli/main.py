@@ -41,6 +41,7 @@ from planner_cli import (
     sim,
 )
 from planner_cli.parser import PlannerArgumentParser, VersionAction
+from planner_core.runtime.store.db import dispose_engines
 from planner_core.runtime.store.migrate import SchemaOutOfDate
 
 # In the order `planner --help` lists them.
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"planner: error: {one_line_error(exc)} (PLANNER_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
+    finally:
+        dispose_engines()  # the pools' connections closed now, not by the garbage collector with a ResourceWarning
 
 
 def one_line_error(exc: BaseException) -> str:

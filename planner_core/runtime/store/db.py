@@ -412,6 +412,17 @@ def resolve_owner_database_url(settings: RuntimeSettings | None = None) -> str:
     return embedded_database_url(settings.embedded_pg_dir)
 
 
+_ENGINES: list[Engine] = []  # every engine `get_engine` made in this process, for `dispose_engines`
+
+
+def dispose_engines() -> None:
+    """Close the pooled connections of every engine of this process. A command calls it as it ends: connections
+    left in a pool are otherwise closed by the garbage collector at exit, each with a ResourceWarning (`planner
+    replay` printed two). The engines stay usable: a later query opens a new connection."""
+    for engine in _ENGINES:
+        engine.dispose()
+
+
 @cache
 def get_engine(url: str, *, lock_timeout_ms: int | None = None, statement_timeout_ms: int | None = None) -> Engine:
     """One pooled engine per URL (and timeouts) per process. Every connection works in UTC.
@@ -421,6 +432,7 @@ def get_engine(url: str, *, lock_timeout_ms: int | None = None, statement_timeou
     another session holds a lock (the forward-pass ingest sets them: its writes must never stall its receiving).
     """
     engine = create_engine(url, pool_pre_ping=True, future=True)
+    _ENGINES.append(engine)
     settings = [("lock_timeout", lock_timeout_ms), ("statement_timeout", statement_timeout_ms)]
 
     @event.listens_for(engine, "connect")

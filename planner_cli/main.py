@@ -66,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     # platformdirs falls back to /tmp/runtime-<uid> and says so in two lines on every command. The fallback works,
     # and it is the dir every pgserver process shares its lock in, so keep it and drop only that notice.
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+    # One OpenBLAS thread for every command, set before anything loads numpy: the predictors' statsmodels fits are
+    # on 64 points, where BLAS threads only fight each other and other processes for the cores. `planner replay`
+    # of the demo's 58 ticks took 8.1-15.5 s with OpenBLAS' default threads against 4.6-5.6 s with one (2-core
+    # machine, load ~3.5, 2026-12-07); `demo` and `serve` already set it for their flows (`prefect_environment`).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if hasattr(signal, "SIGUSR1"):
         # `kill -USR1 <pid>` prints every thread's stack to stderr and the command goes on: how to see where a
         # command that seems stuck is waiting (`planner chaos` does it before killing a hung demo). Not when stderr

@@ -137,10 +137,14 @@ def _phrase(stage: DecisionStage, step: StepRecord, count: int) -> str:
         case DecisionStage.PLUGIN:
             return f"plugin {_plugin_of(step)}sets {count}"
         case DecisionStage.LOAD:
+            # the load signals' details read `<n> -> <desired>: <what the engines measured>`: that measure is kept
             signal = str(step.step).removesuffix("_signal").replace("_", " ")
-            return f"{signal} signal asks {count}"
+            _, _, measured = step.detail.partition(": ")
+            return f"{signal} signal asks {count}" + (f" ({measured})" if measured else "")
         case DecisionStage.TAIL_LATENCY:
-            return f"frontend TTFT tail asks {count}"
+            # `<tail and queue> above the <target> ms TTFT target: <n> -> <raised>`: the measure is kept
+            measured = step.detail.rpartition(": ")[0]
+            return f"frontend TTFT tail asks {count}" + (f" ({measured})" if measured else "")
         case DecisionStage.UNPLACED:
             return f"{value:.0f} unplaced requests: {count}"
         case DecisionStage.THROUGHPUT_FLOOR:

@@ -130,12 +130,15 @@ def test_a_load_signal_and_a_fleet_ceiling() -> None:
         _step(StepName.FLEET_CEILING, None, 5, ReasonCode.FLEET_CEILING_CAPPED),
     ]
     load = summarize_decision(_outcome(steps[:3], {P: 1, D: 3}, {P: 1, D: 4}, {P: 1, D: 4}))
-    assert (load.stage, load.text) == (DecisionStage.LOAD, "decode 3->4: itl signal asks 4")
+    assert (load.stage, load.text) == (
+        DecisionStage.LOAD,
+        "decode 3->4: itl signal asks 4 (ITL 61.00 ms at worst against 50 ms)",
+    )
     # in a fleet, the member's ceiling (5 GPUs, prefill holding 2) cuts the 4 decode engines to 3
     fleet = summarize_decision(_outcome(steps, {P: 2, D: 2}, {P: 2, D: 4}, {P: 2, D: 3}))
     assert (fleet.stage, fleet.text) == (
         DecisionStage.FLEET,
-        "decode 2->3: itl signal asks 4; fleet ceiling 5 GPUs allows 3",
+        "decode 2->3: itl signal asks 4 (ITL 61.00 ms at worst against 50 ms); fleet ceiling 5 GPUs allows 3",
     )
 
 
@@ -209,3 +212,15 @@ def test_a_real_tick_raised_to_its_minimum() -> None:
     summary = summarize_decision(outcome)
     assert summary.stage is DecisionStage.MINIMUM
     assert summary.text == "prefill 1->3: forecast needs 1; minimum 3 | decode 1->3: forecast needs 1; minimum 3"
+
+
+def test_a_real_load_tick_names_its_signal_and_what_the_engines_measured() -> None:
+    """test_load_loop's burst: one prefill engine's TTFT is 626 ms against 200 ms, so the load loop adds one."""
+    from tests.core.test_load_loop import Cluster, burst, make_config, run_load_ticks
+
+    records, _ = run_load_ticks(Cluster(expected={P: 1, D: 1}), [burst(60_000)], make_config())
+    summary = summarize_decision(records[0].outcome)
+    assert (summary.stage, summary.text) == (
+        DecisionStage.LOAD,
+        "prefill 1->2: ttft signal asks 2 (every engine's TTFT is above 200 ms (lowest 626.00 ms))",
+    )

@@ -103,6 +103,17 @@ def above(bound: float):
     return parse
 
 
+def port_number(text: str) -> int:
+    """An argparse `type` for a TCP port, 0..65535 (0: the OS picks one, where the command allows it)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 0..65535, got {text}")
+    return value
+
+
 def check_output_path(path: Path | None, flag: str) -> None:
     """Refuse, before any work, an output file whose folder does not exist or is not writable, or that names a
     folder: one line naming the flag and the path (`-` is stdout, and passes)."""

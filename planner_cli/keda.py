@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from planner_cli.common import port_number
 from planner_core.runtime.settings import RuntimeSettings
 
 
@@ -33,6 +34,9 @@ def cmd_keda_scaler(args: argparse.Namespace) -> int:
         from planner_core.runtime.connectors.workloads import WorkloadConnector
 
         ready_replicas = WorkloadConnector(api_client=api_client_from_environment(), targets=()).available_replicas
+    from planner_core.runtime.localhost import check_port_free
+
+    check_port_free(args.port, args.host)
     scaler = KedaScaler(url, deployment=deployment, max_age_s=args.max_age_s, ready_replicas=ready_replicas)
     server, port = start_server(scaler, port=args.port, host=args.host, stream_interval_s=args.stream_interval_s)
     served = f"deployment '{deployment}'" if deployment else "the deployment each trigger's metadata names"
@@ -54,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     keda = sub.add_parser(
         "keda-scaler", help="serve the planner's targets to KEDA (External Scaler gRPC API, ScaledObject type external)"
     )
-    keda.add_argument("--port", type=int, default=9090, help="gRPC port (0 picks a free one)")
+    keda.add_argument("--port", type=port_number, default=9090, help="gRPC port (0 picks a free one)")
     keda.add_argument("--host", default="[::]", help="address to listen on")
     keda.add_argument(
         "--deployment", default=None, metavar="NAME",

@@ -587,3 +587,31 @@ def test_replay_leaves_no_connection_to_the_garbage_collector(database_url, tmp_
     assert result.returncode == 0, result.stderr
     assert "1 identical, 0 differing" in result.stdout
     assert "ResourceWarning" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", [["serve"], ["keda-scaler", "--host", "127.0.0.1"]], ids=["serve", "keda-scaler"])
+def test_a_port_that_is_taken_is_one_line_at_once(database_url, command) -> None:
+    """A port another socket listens on: exit 2 with one line naming the flag and the port, before any server
+    starts (serve used to print nothing for two minutes, then `cannot join thread before it is started`)."""
+    import socket
+    import time
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        result = planner(*command, "--port", str(port), env={"PLANNER_DATABASE_URL": database_url})
+        elapsed_s = time.monotonic() - started
+    assert result.returncode == 2
+    assert _error_lines(result) == [
+        f"planner: error: --port {port}: cannot listen on 127.0.0.1:{port} (Address already in use)"
+    ]
+    assert "Prefect UI" not in result.stderr and "KEDA external scaler on" not in result.stderr
+    assert elapsed_s < 30  # the interpreter's start and imports; the Prefect health check alone waited 120 s
+
+
+def test_a_port_out_of_range_is_refused_while_parsing() -> None:
+    result = planner("serve", "--port", "70000")
+    assert result.returncode == 2
+    assert result.stderr.startswith("planner: error: argument --port: must be a port number 0..65535, got 70000")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -511,3 +513,54 @@ def test_the_example_plugin_changes_demo_decisions_and_the_run_replays_without_i
     summary = replay(database_url, "with-plugin", start, capped[-1][0] + dt.timedelta(seconds=1))
     expected = (GRPC_DEMO_WINDOWS, GRPC_DEMO_WINDOWS)
     assert (summary.num_ticks, summary.num_identical) == expected, summary.differences
+
+
+def test_ctrl_c_on_serve_pauses_the_schedules_and_exits_0(database_url, tmp_path, profile_dir) -> None:
+    """Ctrl-C in a terminal signals the whole foreground process group: `serve` and the Prefect server it started
+    (which has a session of its own). The command pauses every schedule, stops its server and exits 0 (it used to
+    exit 3, the server gone before the schedules were paused)."""
+    import shutil
+    import sqlite3
+    import tempfile
+
+    data_dir = Path(tempfile.mkdtemp(prefix="pci", dir="/tmp"))  # short: unix socket paths are limited
+    env = dict(os.environ, PLANNER_DATA_DIR=str(data_dir), PLANNER_DATABASE_URL=database_url)
+    env.pop("PREFECT_API_URL", None)  # its own Prefect server, as a user's terminal would have
+    config = write_config(tmp_path, profile_results_dir=str(profile_dir))
+    prefect_db = data_dir / "prefect" / "prefect.db"
+
+    def paused() -> list[bool]:
+        with contextlib.closing(sqlite3.connect(prefect_db)) as db:
+            return [bool(p) for (p,) in db.execute("SELECT paused FROM deployment WHERE name = 'ctrl-c'")]
+
+    log = (tmp_path / "serve.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "planner_cli.main", "serve", "--config", str(config), "--port", "0",
+         "--deployment", "ctrl-c"],
+        cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(sqlite3.Error):
+                if len(paused()) == 5:  # every deployment served
+                    break
+            time.sleep(1)
+        assert process.poll() is None and len(paused()) == 5, (tmp_path / "serve.log").read_text()[-3000:]
+        time.sleep(3)  # the runner polls its schedules: serving, not starting
+        os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole group
+        returncode = process.wait(timeout=90)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+    text = (tmp_path / "serve.log").read_text()
+    try:
+        assert returncode == 0, text[-3000:]
+        assert "planner serve: stopped; the schedules are paused" in text and "Traceback" not in text
+        assert paused() == [True] * 5
+        [ui] = re.findall(r"Prefect UI: (http://127\.0\.0\.1:\d+)", text)
+        with pytest.raises(httpx.TransportError):  # the command stopped the Prefect server it started
+            httpx.get(f"{ui}/api/health", timeout=5)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)

@@ -405,7 +405,8 @@ def test_sigterm_to_fleet_serve_finishes_the_round_and_stops_its_server(database
     import httpx
 
     env = dict(os.environ, PLANNER_DATABASE_URL=database_url, PLANNER_DATA_DIR=str(tmp_path / "data"))
-    env.pop("PREFECT_API_URL", None)
+    for name in ("PREFECT_API_URL", "PREFECT_HOME"):  # its own Prefect server and home
+        env.pop(name, None)
     config = write_config(tmp_path)
     added = subprocess.run(
         [sys.executable, "-m", "planner_cli.main", "deployments", "add", "m1", "--config", str(config)],

@@ -525,12 +525,13 @@ def test_ctrl_c_on_serve_pauses_the_schedules_and_exits_0(database_url, tmp_path
 
     data_dir = Path(tempfile.mkdtemp(prefix="pci", dir="/tmp"))  # short: unix socket paths are limited
     env = dict(os.environ, PLANNER_DATA_DIR=str(data_dir), PLANNER_DATABASE_URL=database_url)
-    env.pop("PREFECT_API_URL", None)  # its own Prefect server, as a user's terminal would have
+    for name in ("PREFECT_API_URL", "PREFECT_HOME"):  # its own Prefect server and home, as in a user's terminal
+        env.pop(name, None)
     config = write_config(tmp_path, profile_results_dir=str(profile_dir))
     prefect_db = data_dir / "prefect" / "prefect.db"
 
     def paused() -> list[bool]:
-        with contextlib.closing(sqlite3.connect(prefect_db)) as db:
+        with contextlib.closing(sqlite3.connect(f"file:{prefect_db}?mode=ro", uri=True)) as db:  # never creates it
             return [bool(p) for (p,) in db.execute("SELECT paused FROM deployment WHERE name = 'ctrl-c'")]
 
     log = (tmp_path / "serve.log").open("w")

@@ -26,12 +26,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from planner_core.runtime.localhost import answers, free_port, wait_for
+from planner_core.runtime.localhost import answers, check_port_free, free_port, wait_for
 
 
-def wait_healthy(api_url: str, timeout_s: float) -> None:
-    """Poll `<api_url>/health` until it answers 200; raise after `timeout_s`."""
-    wait_for(f"Prefect server at {api_url}", lambda: answers(f"{api_url}/health"), timeout_s, poll_s=0.3)
+def wait_healthy(api_url: str, timeout_s: float, process: subprocess.Popen | None = None) -> None:
+    """Poll `<api_url>/health` until it answers 200; raise after `timeout_s`, or as soon as `process` (the server
+    started for it) has exited."""
+    what = f"Prefect server at {api_url}"
+    wait_for(what, lambda: answers(f"{api_url}/health"), timeout_s, process=process, poll_s=0.3)
 
 
 def _flush_run_logs() -> None:
@@ -41,6 +43,13 @@ def _flush_run_logs() -> None:
 
         with contextlib.suppress(Exception):
             APILogHandler.flush()
+        from prefect.logging.handlers import APILogWorker
+
+        # Every Prefect service's queue (logs, events) sent while the server is up, within 5 s: a service still
+        # holding items when the server is gone drains them at exit and waits for ever (`fleet serve` hung so
+        # after a SIGTERM). `serve` drains the same way before it returns.
+        with contextlib.suppress(Exception):
+            APILogWorker.drain_all(timeout=5)
 
 
 LOST_EXIT_STATUS = 3
@@ -67,7 +76,8 @@ class _ServerWatchdog:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():  # never started when the server did not come up
+            self._thread.join(timeout=5)
 
     def _healthy(self) -> bool:
         try:
@@ -131,6 +141,8 @@ def prefect_api(
             if watchdog is not None:
                 watchdog.stop()
         return
+    if port:
+        check_port_free(port)  # a taken port is one line now, not a failed health check two minutes later
     port = port or free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     prefect_bin = shutil.which("prefect", path=str(Path(sys.executable).parent)) or "prefect"
@@ -142,12 +154,16 @@ def prefect_api(
             env=dict(os.environ, PREFECT_UI_API_URL=api_url),
             stdout=log,
             stderr=subprocess.STDOUT,
+            # Its own session: Ctrl-C in a terminal signals the whole foreground process group, and a server that
+            # got it too stopped before the command had paused its schedules (exit 3, schedules left active). The
+            # command stops it itself, below, once it has finished with it.
+            start_new_session=True,
         )
     watchdog = _ServerWatchdog(api_url, server, lost_after_s) if exit_when_lost else None
     _STARTED.append(server)
     previous_sigterm = _unwind_on_sigterm()
     try:
-        wait_healthy(api_url, timeout_s=120)
+        wait_healthy(api_url, timeout_s=120, process=server)
         os.environ["PREFECT_API_URL"] = api_url
         if watchdog is not None:
             watchdog.start()

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from planner_cli.common import DEFAULT_TRACE, prefect_environment, print_example_queries
+from planner_cli.common import DEFAULT_TRACE, above, at_least, prefect_environment, print_example_queries
 from planner_core.config import PlannerConfig
 from planner_core.data import DEFAULT_CONFIG
 from planner_core.runtime.settings import RuntimeSettings
@@ -27,20 +27,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # logs, that traceback included, still reach the Prefect server (its UI shows them).
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     from flows.prefect_server import prefect_api
-    from planner_core.config import load_config, resolve_profile_dir
-    from planner_core.perf.profile import load_profile
+    from planner_core.config import load_config
+    from planner_core.planner import RequestShape, refuse_what_cannot_work
     from planner_core.runtime.store.db import resolve_database_url
     from planner_core.traces import load_trace
 
-    # Check the inputs before starting anything: a bad file is one line, not a failed flow run.
+    # Check the inputs before starting anything: a bad file, a missing profile or an SLA the profile cannot reach
+    # for the trace's mean request is one line, not a failed flow run or a run at 0 %.
     config = load_config(args.config).policy
     check_simulated_floor(config, args.config)
-    load_profile(resolve_profile_dir(config, args.config))
     trace = load_trace(args.trace)
     try:  # the scaled trace's size: a rate the run cannot carry is one line now, not gigabytes later
         trace.check_rate_factor(args.rate_scale)
     except ValueError as exc:
         raise ValueError(f"--rate-scale = {args.rate_scale:g}: {exc}") from None
+    mean = RequestShape(isl=float(trace.isl.mean()), osl=float(trace.osl.mean()), source="the trace's mean request")
+    refuse_what_cannot_work(config, args.config, shape=mean)
     url = resolve_database_url(settings)
     started = time.perf_counter()
     with prefect_api(exit_when_lost=True) as api_url:
@@ -75,6 +77,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "workers, the first window and the tail to the last request)"
     )
     print_comparison(result["comparison"])
+    capped = result["budget_capped"]
+    if capped:  # not an error (the budget is a choice), but the run did less than the planner asked for
+        print(
+            f"  warning: the GPU budget (max_gpu_budget {result['max_gpu_budget']}) set {len(capped)} of the "
+            f"{result['num_decisions']} decisions, the first: {capped[0]} (decision_history, reason 'budget')"
+        )
     prefill, decode = result["starting_size"]
     print(f"  started at {prefill}P/{decode}D, as if already serving (the oracle's size for the first 3 minutes)")
     print("  replica timeline (simulated time since the first request -> prefill/decode targets):")
@@ -127,7 +135,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="PlannerConfig YAML/JSON (default: the recommended policy, planner_core/configs/policies/planner.yaml)",
     )  # fmt: skip
     demo.add_argument("--deployment", default="demo", help="managed-deployment name (a new name starts afresh)")
-    demo.add_argument("--startup-s", type=float, default=120.0, help="simulated worker start-up time")
-    demo.add_argument("--rate-scale", type=float, default=12.0, help="multiply the trace's request rate (shape kept)")
-    demo.add_argument("--max-windows", type=int, default=None, help="stop after this many throughput windows")
+    # the numbers are checked as they are parsed: a bad one is refused before the deployment is recorded
+    demo.add_argument("--startup-s", type=at_least(0, float), default=120.0, help="simulated worker start-up time")
+    demo.add_argument(
+        "--rate-scale", type=above(0), default=12.0, help="multiply the trace's request rate (shape kept)"
+    )
+    demo.add_argument(
+        "--max-windows", type=at_least(1), default=None, help="stop after this many throughput windows (>= 1)"
+    )
     demo.set_defaults(func=cmd_demo)

@@ -43,6 +43,7 @@ from planner_cli import (
 from planner_cli.parser import PlannerArgumentParser, VersionAction, walk_parsers
 from planner_cli.ranges import bound_numeric_options
 from planner_core.runtime.redact import install_log_redaction, redact_text, redact_value
+from planner_core.runtime.store.db import dispose_engines
 from planner_core.runtime.store.migrate import SchemaOutOfDate
 
 # In the order `planner --help` lists them.
@@ -69,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     # platformdirs falls back to /tmp/runtime-<uid> and says so in two lines on every command. The fallback works,
     # and it is the dir every pgserver process shares its lock in, so keep it and drop only that notice.
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+    # One OpenBLAS thread for every command, set before anything loads numpy: the predictors' statsmodels fits are
+    # on 64 points, where BLAS threads only fight each other and other processes for the cores. `planner replay`
+    # of the demo's 58 ticks took 8.1-15.5 s with OpenBLAS' default threads against 4.6-5.6 s with one (2-core
+    # machine, load ~3.5, 2026-12-07); `demo` and `serve` already set it for their flows (`prefect_environment`).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if hasattr(signal, "SIGUSR1"):
         # `kill -USR1 <pid>` prints every thread's stack to stderr and the command goes on: how to see where a
         # command that seems stuck is waiting (`planner chaos` does it before killing a hung demo). Not when stderr
@@ -93,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             f"planner: error: {redact_text(one_line_error(exc))} (PLANNER_DEBUG=1 shows the traceback)", file=sys.stderr
         )
         return 1
+    finally:
+        dispose_engines()  # the pools' connections closed now, not by the garbage collector with a ResourceWarning
 
 
 def usage_error_line(exc: ValueError | LookupError | SchemaOutOfDate) -> str:

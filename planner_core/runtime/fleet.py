@@ -37,7 +37,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from planner_core.config import PlannerConfig
-from planner_core.domain import Loop
+from planner_core.domain import DecisionStage, Loop
+from planner_core.domain.summary import with_arbitration_cut
 from planner_core.policy.arbitration import (
     ArbitrationRound,
     GpuClaim,
@@ -378,6 +379,13 @@ def _grant_row(
             # a pool the decision left unset stays unset: the cut never scales a pool the planner does not manage
             decision.target_prefill = None if decision.target_prefill is None else prefill
             decision.target_decode = None if decision.target_decode is None else decode
+            decision.stage = DecisionStage.FLEET.value
+            decision.summary = with_arbitration_cut(
+                decision.summary,
+                granted_gpus=grant.granted_gpus,
+                prefill=decision.target_prefill,
+                decode=decision.target_decode,
+            )
             repo.audit(
                 session,
                 "decision_arbitrated",

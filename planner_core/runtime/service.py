@@ -46,7 +46,7 @@ from planner_core.domain import (
 )
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.pipeline import PluginLoadError
-from planner_core.planner import Planner, build_planner
+from planner_core.planner import Planner, build_planner, refuse_what_cannot_work
 from planner_core.runtime.connectors.local import LocalConnector
 from planner_core.runtime.connectors.virtual import VirtualConnector
 from planner_core.runtime.plugin_client import connect_remote_plugins, take_remote_answers
@@ -173,6 +173,7 @@ def served_config(config_path: Path | None, settings: RuntimeSettings) -> tuple[
     """
     path = str((config_path or settings.config or DEFAULT_CONFIG).resolve())
     loaded = load_config(path)
+    refuse_what_cannot_work(loaded.policy, Path(path))  # a missing profile, an unreachable SLA: one line, now
     connect_cluster(loaded)
     return path, loaded
 

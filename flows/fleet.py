@@ -28,6 +28,7 @@ from prefect.futures import wait
 from prefect.runtime import flow_run, task_run
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
+from pydantic import SecretStr
 
 from flows.ticks import tick_summary_line
 from planner_core.policy.arbitration import GpuGrant
@@ -217,15 +218,17 @@ def _one_line(exc: BaseException) -> str:
 @flow(name="fleet-tick", log_prints=False, task_runner=ThreadPoolTaskRunner(max_workers=DEFAULT_MAX_CONCURRENT))
 def fleet_tick(
     scheduled_at: dt.datetime | None = None,
-    database_url: str | None = None,
+    database_url: SecretStr | None = None,
     task_per_member: bool = True,
     max_concurrent: int = DEFAULT_MAX_CONCURRENT,
 ) -> dict:
     """Tick every due member, arbitrate the GPU budget, execute pending decisions. `scheduled_at`: the slot (the
     flow run's scheduled start when None). `task_per_member` False runs the whole round as one task run
     (`fleet-round`, `run_round` on `max_concurrent` threads): each member's tick is a line of its log instead of a
-    task run of its own, which costs the Prefect server far less per member (see the fleet docs' figures)."""
-    url = database_url or resolve_database_url(RuntimeSettings())
+    task run of its own, which costs the Prefect server far less per member (see the fleet docs' figures).
+    `database_url` is a `SecretStr`: Prefect keeps a flow run's parameters in its database, and stores a
+    `SecretStr` as `**********` (the URL may hold a password). Task parameters are not stored."""
+    url = database_url.get_secret_value() if database_url is not None else resolve_database_url(RuntimeSettings())
     if scheduled_at is None:
         scheduled_at = dt.datetime.fromtimestamp(flow_run.scheduled_start_time.timestamp(), tz=dt.UTC)
     cache = context_cache(url)
@@ -329,7 +332,7 @@ def run_fleet_tick(
     with _without_flow_heartbeats():
         return _fleet_tick_flow(max_concurrent)(
             scheduled_at=scheduled_at,
-            database_url=database_url,
+            database_url=SecretStr(database_url),  # stored by Prefect as ********** (fleet_tick)
             task_per_member=task_per_member,
             max_concurrent=max_concurrent,
         )

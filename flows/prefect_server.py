@@ -13,8 +13,10 @@ a run stopped anywhere resumes where it stopped (as after a kill -9).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -22,13 +24,16 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from planner_core.runtime.localhost import answers, free_port, wait_for
+from planner_core.runtime.localhost import answers, check_port_free, free_port, wait_for
 
 
-def wait_healthy(api_url: str, timeout_s: float) -> None:
-    """Poll `<api_url>/health` until it answers 200; raise after `timeout_s`."""
-    wait_for(f"Prefect server at {api_url}", lambda: answers(f"{api_url}/health"), timeout_s, poll_s=0.3)
+def wait_healthy(api_url: str, timeout_s: float, process: subprocess.Popen | None = None) -> None:
+    """Poll `<api_url>/health` until it answers 200; raise after `timeout_s`, or as soon as `process` (the server
+    started for it) has exited."""
+    what = f"Prefect server at {api_url}"
+    wait_for(what, lambda: answers(f"{api_url}/health"), timeout_s, process=process, poll_s=0.3)
 
 
 def _flush_run_logs() -> None:
@@ -38,6 +43,13 @@ def _flush_run_logs() -> None:
 
         with contextlib.suppress(Exception):
             APILogHandler.flush()
+        from prefect.logging.handlers import APILogWorker
+
+        # Every Prefect service's queue (logs, events) sent while the server is up, within 5 s: a service still
+        # holding items when the server is gone drains them at exit and waits for ever (`fleet serve` hung so
+        # after a SIGTERM). `serve` drains the same way before it returns.
+        with contextlib.suppress(Exception):
+            APILogWorker.drain_all(timeout=5)
 
 
 LOST_EXIT_STATUS = 3
@@ -64,7 +76,8 @@ class _ServerWatchdog:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():  # never started when the server did not come up
+            self._thread.join(timeout=5)
 
     def _healthy(self) -> bool:
         try:
@@ -93,6 +106,19 @@ class _ServerWatchdog:
         os._exit(LOST_EXIT_STATUS)  # not sys.exit: Prefect's exit hooks would retry the dead server for minutes
 
 
+def _unwind_on_sigterm() -> tuple[bool, Any]:
+    """From here on SIGTERM unwinds like Ctrl-C (KeyboardInterrupt), so `prefect_api`'s `finally` stops the server
+    it started: Python's default SIGTERM ends the process at once and left the server running (issue 43). Returns
+    whether a handler was set (not off the main thread, where none can be) and the one to restore."""
+    if threading.current_thread() is not threading.main_thread():
+        return False, None
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    return True, signal.signal(signal.SIGTERM, interrupt)
+
+
 @contextlib.contextmanager
 def prefect_api(
     port: int | None = None, log_file: Path | None = None, *, exit_when_lost: bool = False
@@ -115,6 +141,8 @@ def prefect_api(
             if watchdog is not None:
                 watchdog.stop()
         return
+    if port:
+        check_port_free(port)  # a taken port is one line now, not a failed health check two minutes later
     port = port or free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     prefect_bin = shutil.which("prefect", path=str(Path(sys.executable).parent)) or "prefect"
@@ -126,11 +154,16 @@ def prefect_api(
             env=dict(os.environ, PREFECT_UI_API_URL=api_url),
             stdout=log,
             stderr=subprocess.STDOUT,
+            # Its own session: Ctrl-C in a terminal signals the whole foreground process group, and a server that
+            # got it too stopped before the command had paused its schedules (exit 3, schedules left active). The
+            # command stops it itself, below, once it has finished with it.
+            start_new_session=True,
         )
     watchdog = _ServerWatchdog(api_url, server, lost_after_s) if exit_when_lost else None
     _STARTED.append(server)
+    previous_sigterm = _unwind_on_sigterm()
     try:
-        wait_healthy(api_url, timeout_s=120)
+        wait_healthy(api_url, timeout_s=120, process=server)
         os.environ["PREFECT_API_URL"] = api_url
         if watchdog is not None:
             watchdog.start()
@@ -146,3 +179,10 @@ def prefect_api(
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
+        # The server is gone: a run log still queued (a crash's last lines, shipped at exit) can only fail, and
+        # Prefect's log worker would print two lines of that ("--- Error logging to API ---", "All connection
+        # attempts failed") after the command's one-line error. It prints only while `logging.raiseExceptions`.
+        logging.raiseExceptions = False
+        installed, previous = previous_sigterm
+        if installed:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

@@ -24,7 +24,7 @@ from prefect.runtime import flow_run, task_run
 
 from planner_core.config import PlannerConfig, ServiceConfig
 from planner_core.data import DEFAULT_CONFIG as SHIPPED_DEFAULT_CONFIG
-from planner_core.domain import Loop, TickOutcome, TrafficObservation
+from planner_core.domain import DecisionStage, Loop, TickOutcome, TrafficObservation, summarize_decision
 from planner_core.planner import Planner
 from planner_core.runtime.fleet import ContextCache
 from planner_core.runtime.redact import redact_text
@@ -74,6 +74,8 @@ def collect_traffic(
     if collected is not None and collected.curve_problem is not None:
         problem = redact_text(collected.curve_problem)
         _logger().warning("no prompt-arrival curve for [%s, %s): %s", window_start, window_end, problem)
+    if collected is not None and collected.partial_problem is not None:
+        _logger().warning("partial traffic data for [%s, %s): %s", window_start, window_end, collected.partial_problem)
     return collected
 
 
@@ -97,6 +99,7 @@ def decide_and_record(
     traffic: TrafficObservation | None,
     traffic_problem: str | None = None,
     curve_problem: str | None = None,
+    partial_problem: str | None = None,
 ) -> dict:
     """Run the pure tick on the inputs and record everything in one transaction (skipped if already recorded)."""
     result = run_tick(
@@ -108,11 +111,20 @@ def decide_and_record(
         task_run_id=str(task_run.id or ""),
         traffic_problem=traffic_problem,
         curve_problem=curve_problem,
+        partial_problem=partial_problem,
     )
     if result.outcome is None:
         return {"tick_id": None, "skipped": "already recorded"}
     decision = result.outcome.decision
     _logger().info("%s", tick_summary_line(ctx.deployment, loop, scheduled_at, result.outcome))
+    if not decision.is_empty and summarize_decision(result.outcome).stage is DecisionStage.BUDGET:
+        # not an error (the budget is the operator's choice), but less than the planner asked for: said in the run
+        # log as a warning; the decision records it (decisions.stage 'budget')
+        _logger().warning(
+            "the GPU budget (max_gpu_budget %s) set this decision: %s",
+            ctx.config.max_gpu_budget,
+            summarize_decision(result.outcome).text,
+        )
     _publish_tick_artifact(ctx.deployment, loop, scheduled_at, result.tick_id, result.outcome)
     return {
         "tick_id": result.tick_id,
@@ -132,12 +144,22 @@ def _targets(outcome: TickOutcome) -> str:
 
 
 def tick_summary_line(deployment: str, loop: Loop, scheduled_at: dt.datetime, outcome: TickOutcome) -> str:
-    """One line for the flow run's log: the tick, its decision and reason, and the forecast it sized for."""
-    line = f"{deployment} {loop.value} tick {scheduled_at.isoformat()}: {_targets(outcome)}, {outcome.reason.value}"
+    """One line for the flow run's log: the tick, its decision and why (the deciding stage and its numbers, as
+    `decision_history` shows them; the headline reason without a decision), and the forecast it sized for."""
+    line = f"{deployment} {loop.value} tick {scheduled_at.isoformat()}: {_targets(outcome)}, {_why(outcome)}"
     if outcome.prediction is not None:
         p = outcome.prediction
         line += f"; forecast {p.num_req:.0f} requests, ISL {p.isl:.0f}, OSL {p.osl:.0f}"
     return line
+
+
+def _why(outcome: TickOutcome) -> str:
+    """`<stage>: <summary>` for a decision (`summarize_decision`, what `decision_history` records), else the
+    tick's headline reason."""
+    if outcome.decision.is_empty:
+        return outcome.reason.value
+    summary = summarize_decision(outcome)
+    return f"{summary.stage.value}: {summary.text}"
 
 
 def _publish_tick_artifact(
@@ -164,6 +186,8 @@ def _publish_tick_artifact(
             f"### {deployment}: {loop.value} tick {scheduled_at.isoformat()} (tick {tick_id})",
             "",
             f"**Targets** {_targets(outcome)} · **reason** `{outcome.reason.value}` · **forecast** {forecast}",
+            "",
+            f"**Why** {_why(outcome)}",
             "",
             "| step | pool | value | reason | detail |",
             "|---|---|---|---|---|",
@@ -200,8 +224,9 @@ def throughput_tick(deployment: str = "default", config_path: str | None = None)
     if collected is None:
         return decide_and_record(ctx, Loop.THROUGHPUT, scheduled_at, None)
     return decide_and_record(
-        ctx, Loop.THROUGHPUT, scheduled_at, collected.observation, collected.problem, collected.curve_problem
-    )
+        ctx, Loop.THROUGHPUT, scheduled_at, collected.observation, collected.problem, collected.curve_problem,
+        collected.partial_problem,
+    )  # fmt: skip
 
 
 @flow(name="load-tick", log_prints=False)

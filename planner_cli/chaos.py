@@ -9,13 +9,15 @@ import dataclasses
 import json
 from pathlib import Path
 
-from planner_cli.common import DEFAULT_TRACE, stop_like_ctrl_c
+from planner_cli.common import DEFAULT_TRACE, check_output_path, stop_like_ctrl_c
 from planner_core.data import CHAOS_CONFIG
 from planner_core.lab.chaos.options import FAULTS
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
     from planner_core.lab.chaos import ChaosOptions, report_clean, report_summary, run_chaos
+
+    check_output_path(args.report, "--report")  # before the runs, not after them
 
     fields = {f.name for f in dataclasses.fields(ChaosOptions)} - {"argv"}
     options = ChaosOptions(**{name: getattr(args, name) for name in fields}, argv=tuple(args.argv))

@@ -8,9 +8,15 @@ import sys
 import time
 from pathlib import Path
 
-from planner_cli.common import DEFAULT_TRACE, prefect_environment, print_example_queries
+from planner_cli.common import DEFAULT_TRACE, above, at_least, prefect_environment, print_example_queries
+from planner_core.config import PlannerConfig
 from planner_core.data import DEFAULT_CONFIG
 from planner_core.runtime.settings import RuntimeSettings
+
+MAX_SIMULATED_FLOOR_ENGINES = 1000
+"""Most engines the demo's simulated cluster may be held at by the config's floors: 800 (min_endpoint 400, both
+pools, no GPU ceiling) ran 2 windows in 42 s at 384 MB peak; 20,000 (min_endpoint 10000) ran for minutes at 700 MB
+without finishing a window (issue 43, 2026-12-07)."""
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -21,17 +27,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # logs, that traceback included, still reach the Prefect server (its UI shows them).
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     from flows.prefect_server import prefect_api
-    from planner_core.config import load_config, resolve_profile_dir
-    from planner_core.perf.profile import load_profile
+    from planner_core.config import load_config
+    from planner_core.planner import RequestShape, refuse_what_cannot_work
     from planner_core.runtime.store.db import resolve_database_url
     from planner_core.traces import load_trace
 
-    # Check the inputs before starting anything: a bad file is one line, not a failed flow run.
+    # Check the inputs before starting anything: a bad file, a missing profile or an SLA the profile cannot reach
+    # for the trace's mean request is one line, not a failed flow run or a run at 0 %.
     config = load_config(args.config).policy
-    load_profile(resolve_profile_dir(config, args.config))
-    load_trace(args.trace)
-    if args.rate_scale <= 0:
-        raise ValueError(f"--rate-scale = {args.rate_scale!r}: must be > 0")
+    check_simulated_floor(config, args.config)
+    trace = load_trace(args.trace)
+    try:  # the scaled trace's size: a rate the run cannot carry is one line now, not gigabytes later
+        trace.check_rate_factor(args.rate_scale)
+    except ValueError as exc:
+        raise ValueError(f"--rate-scale = {args.rate_scale:g}: {exc}") from None
+    mean = RequestShape(isl=float(trace.isl.mean()), osl=float(trace.osl.mean()), source="the trace's mean request")
+    refuse_what_cannot_work(config, args.config, shape=mean)
     url = resolve_database_url(settings)
     started = time.perf_counter()
     with prefect_api(exit_when_lost=True) as api_url:
@@ -66,6 +77,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "workers, the first window and the tail to the last request)"
     )
     print_comparison(result["comparison"])
+    capped = result["budget_capped"]
+    if capped:  # not an error (the budget is a choice), but the run did less than the planner asked for
+        print(
+            f"  warning: the GPU budget (max_gpu_budget {result['max_gpu_budget']}) set {len(capped)} of the "
+            f"{result['num_decisions']} decisions, the first: {capped[0]} (decision_history, reason 'budget')"
+        )
     prefill, decode = result["starting_size"]
     print(f"  started at {prefill}P/{decode}D, as if already serving (the oracle's size for the first 3 minutes)")
     print("  replica timeline (simulated time since the first request -> prefill/decode targets):")
@@ -74,6 +91,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print_example_queries(url, result["deployment"])
     print(f"\nConnect with: planner db url   (data under {settings.data_dir.resolve()})")
     return 0
+
+
+def check_simulated_floor(config: PlannerConfig, path: Path) -> None:
+    """Raise ValueError (one line naming the file, field and value) when the floors hold the simulated cluster
+    above `MAX_SIMULATED_FLOOR_ENGINES` engines; a GPU ceiling bounds them already (a config rule)."""
+    from planner_core.config import managed_components
+    from planner_core.domain import Component
+
+    floors = {
+        Component.PREFILL: ("prefill_min_endpoint", config.prefill_min_endpoint_effective),
+        Component.DECODE: ("decode_min_endpoint", config.decode_min_endpoint_effective),
+    }
+    managed = [floors[c] for c in managed_components(config.mode) if c in floors]
+    num_engines = sum(num for _, num in managed)
+    if num_engines > MAX_SIMULATED_FLOOR_ENGINES:
+        field = next((name for name, _ in managed if getattr(config, name) is not None), "min_endpoint")
+        raise ValueError(
+            f"{path}: field {field!r} = {getattr(config, field)}: the floors hold the demo's simulated cluster at "
+            f"{num_engines} engines, more than it carries ({MAX_SIMULATED_FLOOR_ENGINES})"
+        )
 
 
 def print_comparison(rows: list[dict]) -> None:
@@ -98,7 +135,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="PlannerConfig YAML/JSON (default: the recommended policy, planner_core/configs/policies/planner.yaml)",
     )  # fmt: skip
     demo.add_argument("--deployment", default="demo", help="managed-deployment name (a new name starts afresh)")
-    demo.add_argument("--startup-s", type=float, default=120.0, help="simulated worker start-up time")
-    demo.add_argument("--rate-scale", type=float, default=12.0, help="multiply the trace's request rate (shape kept)")
-    demo.add_argument("--max-windows", type=int, default=None, help="stop after this many throughput windows")
+    # the numbers are checked as they are parsed: a bad one is refused before the deployment is recorded
+    demo.add_argument("--startup-s", type=at_least(0, float), default=120.0, help="simulated worker start-up time")
+    demo.add_argument(
+        "--rate-scale", type=above(0), default=12.0, help="multiply the trace's request rate (shape kept)"
+    )
+    demo.add_argument(
+        "--max-windows", type=at_least(1), default=None, help="stop after this many throughput windows (>= 1)"
+    )
     demo.set_defaults(func=cmd_demo)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from planner_cli.common import port_number
 from planner_core.runtime.settings import RuntimeSettings
 
 if TYPE_CHECKING:
@@ -134,16 +135,43 @@ def cmd_fleet_serve(args: argparse.Namespace) -> int:
     settings = RuntimeSettings()
     _sessions()
     prefect_environment(settings)
+    import signal
+    import threading
+
     from flows.prefect_server import prefect_api
+
+    stop = threading.Event()
+
+    def finish_the_round(signum: int, _frame: object) -> None:
+        # SIGTERM used to end the process at once: the round in flight crashed (its runs left Running) and the
+        # Prefect server started below was orphaned. Now the round finishes, then the server is stopped.
+        print(f"planner fleet serve: {signal.Signals(signum).name}: finishing the round in flight", file=sys.stderr)
+        stop.set()
 
     with prefect_api(port=args.port, exit_when_lost=True) as api_url:
         print(f"Prefect UI: {api_url.removesuffix('/api')}", file=sys.stderr)
         from flows.fleet import serve_fleet
 
-        try:
-            serve_fleet(args.interval, args.max_concurrent, task_per_member=args.task_per_member)
-        except KeyboardInterrupt:
-            pass
+        signal.signal(signal.SIGTERM, finish_the_round)
+        signal.signal(signal.SIGINT, finish_the_round)
+        # The rounds run in a thread of their own: a flow run in the main thread installs Prefect's SIGTERM
+        # handler for its duration, which crashes the run in flight instead of letting it finish. The main
+        # thread only waits, so the handlers above get every signal.
+        failure: list[BaseException] = []
+
+        def rounds() -> None:
+            try:
+                serve_fleet(args.interval, args.max_concurrent, stop, task_per_member=args.task_per_member)
+            except BaseException as exc:  # re-raised in the main thread, as if serve_fleet had run there
+                failure.append(exc)
+                stop.set()
+
+        worker = threading.Thread(target=rounds, name="fleet-rounds")
+        worker.start()
+        while worker.is_alive():
+            worker.join(timeout=0.5)
+        if failure:
+            raise failure[0]
     print("planner fleet serve: stopped", file=sys.stderr)
     return 0
 
@@ -178,6 +206,12 @@ def cmd_fleet_bench(args: argparse.Namespace) -> int:
     With --prefect, a Prefect server of its own (a fresh PREFECT_HOME, removed afterwards) runs every round."""
     import dataclasses
     import tempfile
+
+    from planner_cli.common import check_output_path
+
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)  # as it always did: the result's folder is made
+        check_output_path(args.json, "--json")  # but a file it cannot write is refused before the members run
 
     from sqlalchemy.engine import make_url
 
@@ -283,13 +317,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve = fsub.add_parser("serve", help="a fleet tick at every slot of --interval until Ctrl-C")
     serve.add_argument("--interval", type=float, default=5.0, help="seconds between fleet ticks (default 5)")
     serve.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
-    serve.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
+    serve.add_argument("--port", type=port_number, default=4200, help="port of the local Prefect server")
     _granularity(serve)
     serve.set_defaults(func=cmd_fleet_serve)
     tick = fsub.add_parser("tick", help="one fleet tick now (or --at a time) and print its summary")
     tick.add_argument("--at", type=_aware, default=None, help="the slot time (ISO 8601; default now)")
     tick.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
-    tick.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
+    tick.add_argument("--port", type=port_number, default=4200, help="port of the local Prefect server")
     _granularity(tick)
     tick.set_defaults(func=cmd_fleet_tick)
     replay = fsub.add_parser("replay", help="run a recorded arbitration round again and compare")

@@ -47,8 +47,9 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def _print_table(frame: pd.DataFrame) -> None:
-    """One line per decision, each followed by its `why` in full on its own line: the numbers behind a decision
-    (`ceil(450000 / 49481) = 10`) do not fit a table cell."""
+    """One line per decision (cells cut to 40 characters), each followed by its `why` in full on its own line:
+    the deciding stage and its numbers (`prefill 5->6: p99 prompt burst needs 7 (forecast 3); ...`, at most 160
+    characters) do not fit a table cell."""
     lines = frame.drop(columns="why").to_string(index=False, max_colwidth=40).splitlines()
     print(lines[0])
     for line, why in zip(lines[1:], frame["why"], strict=True):
@@ -140,7 +141,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--format",
         choices=["table", "csv", "json"],
         default="table",
-        help="table (why cut to 40 characters), CSV or JSON",
+        help="table (a line per decision, cells cut to 40 characters, its why in full on the line below), CSV or JSON",
     )
     history.add_argument("--examples", action="store_true", help="print the example SQL queries and their output")
     history.set_defaults(func=cmd_history)

@@ -38,6 +38,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         url, deployment_id, bind=bind, connect=args.connect or (), retention_s=retention_minutes * 60, curve=curve,
         dynamo_discovery=args.dynamo_discovery,
     )  # fmt: skip
+    if args.metrics_port is not None:
+        from planner_core.runtime.ingest_metrics import start_ingest_metrics_server
+
+        start_ingest_metrics_server(ingest, args.metrics_port, addr=settings.metrics_bind)
     print(
         f"ingesting forward-pass metrics for deployment '{deployment}' on {', '.join(ingest.endpoints) or '-'}"
         f"{'' if args.dynamo_discovery is None else f' and from the publishers in {args.dynamo_discovery}'} "
@@ -97,6 +101,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="keep raw samples this long (default: PLANNER_FPM_RETENTION_MINUTES)",
     )
     ingest.add_argument("--stats-every-s", type=float, default=60.0, help="log the counters this often")
+    ingest.add_argument(
+        "--metrics-port", type=int, default=None,
+        help="serve the ingest's counters (received, stored, dropped by reason, lost to a full queue) as Prometheus "
+        "metrics on this port, at PLANNER_METRICS_BIND (127.0.0.1 unless set)",
+    )  # fmt: skip
     ingest.set_defaults(func=cmd_ingest)
 
     publish = sub.add_parser("fpm-publish", help="publish synthetic forward-pass metrics to an ingest (trials)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from planner_cli.common import port_number
 from planner_core.runtime.settings import RuntimeSettings
 
 
@@ -21,6 +22,11 @@ def cmd_keda_scaler(args: argparse.Namespace) -> int:
     url = resolve_database_url(settings)
     check_schema_current(url)  # one line with the fix, not a traceback on the first KEDA call
     deployment = args.deployment or settings.deployment
+    if deployment:
+        # a name that is not recorded would serve nothing, every KEDA poll: refused now, naming the ones that are
+        from planner_cli.common import select_deployment
+
+        deployment = select_deployment(url, args.deployment)  # the flag, else PLANNER_DEPLOYMENT, named as such
     ready_replicas = None
     if args.watch_workloads:
         # the workloads' available replicas, read with the pod's service account (or the kubeconfig)
@@ -28,6 +34,9 @@ def cmd_keda_scaler(args: argparse.Namespace) -> int:
         from planner_core.runtime.connectors.workloads import WorkloadConnector
 
         ready_replicas = WorkloadConnector(api_client=api_client_from_environment(), targets=()).available_replicas
+    from planner_core.runtime.localhost import check_port_free
+
+    check_port_free(args.port, args.host)
     scaler = KedaScaler(url, deployment=deployment, max_age_s=args.max_age_s, ready_replicas=ready_replicas)
     server, port = start_server(scaler, port=args.port, host=args.host, stream_interval_s=args.stream_interval_s)
     served = f"deployment '{deployment}'" if deployment else "the deployment each trigger's metadata names"
@@ -49,8 +58,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     keda = sub.add_parser(
         "keda-scaler", help="serve the planner's targets to KEDA (External Scaler gRPC API, ScaledObject type external)"
     )
-    keda.add_argument("--port", type=int, default=9090, help="gRPC port (0 picks a free one)")
-    keda.add_argument("--host", default="[::]", help="address to listen on")
+    keda.add_argument("--port", type=port_number, default=9090, help="gRPC port (0 picks a free one)")
+    keda.add_argument(
+        "--host", default="127.0.0.1",
+        help="address to listen on; in a pod, 0.0.0.0 (or [::]) so that KEDA reaches it (infra/keda/keda-scaler.yaml)",
+    )  # fmt: skip
     keda.add_argument(
         "--deployment", default=None, metavar="NAME",
         help="serve only this managed deployment; triggers may then omit metadata 'deployment' "

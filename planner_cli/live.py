@@ -11,8 +11,10 @@ from pathlib import Path
 
 
 def cmd_live(args: argparse.Namespace) -> int:
+    from planner_cli.common import data_subfolder
     from planner_core.lab.live import LiveError, LiveOptions, run_live, summarize_runs
 
+    args.out = data_subfolder(args.out, "live")
     if args.summarize:
         print(summarize_runs(args.out, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, record=args.record))
         return 0
@@ -33,7 +35,9 @@ def cmd_live(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the live command's parser."""
     live = sub.add_parser("live", help="scale Dynamo's frontend + mocker engines under aiperf traffic; compare")
-    live.add_argument("--out", type=Path, default=Path(".planner/live"), help="folder of the runs")
+    live.add_argument(
+        "--out", type=Path, default=None, help="folder of the runs (default: PLANNER_DATA_DIR/live, .planner/live)"
+    )
     live.add_argument("--duration-s", type=float, default=560.0, help="traffic per run (s)")
     live.add_argument(
         "--traffic",

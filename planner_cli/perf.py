@@ -32,6 +32,10 @@ def cmd_perf_table(args: argparse.Namespace) -> int:
     """Precompute a perf table with aiconfigurator (one estimate per grid point) and write it atomically."""
     import shlex
 
+    from planner_cli.common import check_output_path
+
+    check_output_path(args.out, "--out")  # before the estimates, not after them
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -45,8 +45,10 @@ def measure(args: argparse.Namespace, endpoint: str, out: Path, *, reference=Non
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from planner_cli.common import data_subfolder
     from planner_core.lab.profiler import ProfilerError
 
+    args.out = data_subfolder(args.out, "profile")
     try:
         if args.aic:
             return _aic(args)
@@ -161,7 +163,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="measure an engine (or ask aiconfigurator) and write its profile and plots")
     p.add_argument("--endpoint", default=None, help="OpenAI-compatible engine or frontend, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="served model name")
-    p.add_argument("--out", type=Path, default=Path(".planner/profile"), help="profile folder (resumes what it holds)")
+    p.add_argument(
+        "--out", type=Path, default=None,
+        help="profile folder, resumed if it holds one (default: PLANNER_DATA_DIR/profile, .planner/profile)",
+    )  # fmt: skip
     p.add_argument(
         "--isls", default=None, help=f"prefill prompt lengths (default {','.join(map(str, defaults.prefill_isls))})"
     )

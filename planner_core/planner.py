@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner_core.config import PlannerConfig, resolve_config_relative, resolve_profile_dir
+from planner_core.config import ConfigError, PlannerConfig, resolve_config_relative, resolve_profile_dir
 from planner_core.domain import PlannerState, TickInputs, TickOutcome, TrafficObservation
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.pipeline import Plugin, PluginLoadError
@@ -24,7 +24,7 @@ from planner_core.pipeline.user_plugins import load_plugins
 from planner_core.policy.throughput import with_prompt_curve
 from planner_core.tick import tick
 
-__all__ = ["Planner", "build_planner"]
+__all__ = ["Planner", "RequestShape", "build_planner", "refuse_what_cannot_work"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,3 +79,69 @@ def build_planner(
         perf = ProfilePerfModel.load(profile_dir, perf_table=perf_table) if profile_dir.exists() else None
     plugins, errors = load_plugins(config, perf, source=config_path.name if config_path is not None else "config")
     return Planner(config=config, perf=perf, plugins=plugins, plugin_load_errors=errors)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestShape:
+    """A request's mean lengths (tokens) and where they come from (`the trace's mean`), for the SLA check."""
+
+    isl: float
+    osl: float
+    source: str
+
+
+# The shortest request the profile knows: the interpolators clamp a length to the profiled range, so a one-token
+# prompt asks for the profile's fastest prefill and smallest decode context.
+_SHORTEST = RequestShape(isl=1.0, osl=1.0, source="its shortest request")
+
+
+def _lengths(shape: RequestShape) -> str:
+    return "" if shape is _SHORTEST else f" (ISL {shape.isl:.0f}, OSL {shape.osl:.0f})"
+
+
+def refuse_what_cannot_work(
+    config: PlannerConfig, config_path: Path | None, *, shape: RequestShape | None = None
+) -> Planner:
+    """The planner of a config every command that loads one builds first, refusing in one line what cannot work
+    (the budget against the minimums is a config rule already, checked as the file loads):
+
+    - the throughput loop sizes on the engine profile: its folder (`profile_results_dir`, relative to the config
+      file) must exist, else every tick would record `model_not_ready` forever;
+    - the SLA must be reachable by the perf model at some batch: at batch 1 for the profile's shortest request,
+      and for `shape` when the command knows its traffic (the demo's trace), else every window misses it.
+
+    Raises:
+        ConfigError: one line naming the file, the field and the value (the folder, or the target and the best
+            latency the profile reaches).
+        ProfileError: the profile folder exists but is malformed.
+    """
+    source = str(config_path) if config_path is not None else "config"
+    planner = build_planner(config, config_path)
+    if planner.perf is None:
+        if config.throughput_scaling_active:
+            folder = resolve_profile_dir(config, config_path)
+            raise ConfigError(
+                f"{source}: field 'profile_results_dir' = {config.profile_results_dir!r}: no such folder {folder} "
+                "(the throughput loop sizes the pools on this engine profile)",
+                source=source,
+                field="profile_results_dir",
+            )
+        return planner
+    for where in (_SHORTEST, shape) if shape is not None else (_SHORTEST,):
+        prefill = planner.perf.prefill_capacity(isl=where.isl, ttft_ms=config.capacity_ttft_ms)
+        if not prefill.sla_met:
+            raise ConfigError(
+                f"{source}: field 'ttft_ms' = {config.ttft_ms:g}: unreachable, the profile's best TTFT for "
+                f"{where.source}{_lengths(where)} is {prefill.latency_ms:.1f} ms at batch 1",
+                source=source,
+                field="ttft_ms",
+            )
+        decode = planner.perf.decode_capacity(isl=where.isl, osl=where.osl, itl_ms=config.capacity_itl_ms)
+        if not decode.sla_met:
+            raise ConfigError(
+                f"{source}: field 'itl_ms' = {config.itl_ms:g}: unreachable, the profile's best ITL for "
+                f"{where.source}{_lengths(where)} is {decode.latency_ms:.2f} ms",
+                source=source,
+                field="itl_ms",
+            )
+    return planner

@@ -3,7 +3,7 @@
 Two markers in the Markdown sources are replaced while the site builds (nothing is written to `docs/`):
 
 - `<!-- config-reference -->` (configuration.md): one table per pydantic model of `REFERENCE_MODELS` and of the
-  models nested in their fields: name, aliases (or environment variables), type, default, description. A field
+  models nested in their fields: name, aliases (or environment variables), type, default, range, description. A field
   without a description gets an empty cell.
 - `<!-- bench-records -->` (benchmarks.md): one table per `docs/results/*.json` record that `planner bench --record`
   wrote, newest first, each under its date, command and commit.
@@ -25,6 +25,9 @@ Two markers in the Markdown sources are replaced while the site builds (nothing 
 - `<!-- chaos-records -->` (operations.md): the JSON reports of `planner chaos --report` kept in
   `docs/results/chaos/`, newest first: one column per run with its date, command, commit, kills by fault, rounds,
   what was duplicated, lost, extra or changed, the audit chain and the ingest leg's check.
+
+- `<!-- cli-ranges -->` (operations.md): the range of every numeric command-line option
+  (`planner_cli.ranges.OPTION_RANGES`), with the commands that take it.
 
 The renderers are plain functions of their inputs (`config_reference`, `render_bench_records`,
 `render_router_records`), so tests can call them without MkDocs.
@@ -55,6 +58,7 @@ REFERENCE_MODELS: tuple[str, ...] = (
 
 BENCH_RECORD_FORMAT = "planner-bench-record/v1"
 CONFIG_MARKER = "<!-- config-reference -->"
+CLI_RANGES_MARKER = "<!-- cli-ranges -->"
 BENCH_MARKER = "<!-- bench-records -->"
 ROUTER_MARKER = "<!-- router-records -->"
 STARTUP_MARKER = "<!-- startup-records -->"
@@ -73,6 +77,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str: 
     """Replace the markers of generated content in a page's Markdown."""
     if CONFIG_MARKER in markdown:
         markdown = markdown.replace(CONFIG_MARKER, config_reference(load_models(REFERENCE_MODELS)))
+    if CLI_RANGES_MARKER in markdown:
+        markdown = markdown.replace(CLI_RANGES_MARKER, cli_ranges())
     if BENCH_MARKER in markdown:
         markdown = markdown.replace(BENCH_MARKER, render_bench_records(Path(config["docs_dir"]) / "results"))
     if ROUTER_MARKER in markdown:
@@ -141,8 +147,8 @@ def config_reference(roots: Iterable[type[BaseModel]]) -> str:
             "",
             f"`{model.__module__}.{model.__name__}`: {doc}",
             "",
-            f"| Field | {names_header} | Type | Default | Description |",
-            "|---|---|---|---|---|",
+            f"| Field | {names_header} | Type | Default | Range | Description |",
+            "|---|---|---|---|---|---|",
         ]
         for name, info in model.model_fields.items():
             names = _env_names(name, info, env_prefix) if env_prefix is not None else _aliases(name, info)
@@ -151,11 +157,40 @@ def config_reference(roots: Iterable[type[BaseModel]]) -> str:
                 ", ".join(f"`{n}`" for n in names),
                 _type_name(info.annotation),
                 _default(info),
+                field_range(info),
                 info.description or "",
             ]
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         sections.append("\n".join(lines))
     return "\n\n".join(sections) + "\n"
+
+
+def field_range(info: FieldInfo) -> str:
+    """A numeric field's bounds as `[lo, hi]` (`(` or `)` where open), from its `ge`/`gt`/`le`/`lt`; empty if none."""
+    bounds = {type(item).__name__: item for item in info.metadata}
+    if not bounds.keys() & {"Ge", "Gt", "Le", "Lt"}:
+        return ""
+    lo = f"[{bounds['Ge'].ge:g}" if "Ge" in bounds else f"({bounds['Gt'].gt:g}" if "Gt" in bounds else "(-inf"
+    hi = f"{bounds['Le'].le:g}]" if "Le" in bounds else f"{bounds['Lt'].lt:g})" if "Lt" in bounds else "inf)"
+    return f"`{lo}, {hi}`"
+
+
+def cli_ranges() -> str:
+    """Markdown: one row per numeric command-line option, its range and the commands that take it."""
+    from planner_cli.main import build_parser
+    from planner_cli.parser import walk_parsers
+    from planner_cli.ranges import Bounded
+
+    commands: dict[str, tuple[str, list[str]]] = {}
+    for parser in walk_parsers(build_parser()):
+        for action in parser._actions:
+            if isinstance(action.type, Bounded):
+                name = action.option_strings[-1] if action.option_strings else action.dest
+                bounds, progs = commands.setdefault(name, (str(action.type.bounds), []))
+                progs.append(f"`{parser.prog}`")
+    lines = ["| Option | Range | Commands |", "|---|---|---|"]
+    lines += [f"| `{name}` | `{bounds}` | {', '.join(progs)} |" for name, (bounds, progs) in sorted(commands.items())]
+    return "\n".join(lines) + "\n"
 
 
 def _alias_choices(info: FieldInfo) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner_core.config.errors import Violation, _raise_rules, _rule
-from planner_core.config.limits import _INTERVAL, _PRIORITY, Number, Whole
+from planner_core.config.limits import _COUNT, _INTERVAL, _PRIORITY, Number, Whole
 from planner_core.domain import HoldPolicy
 
 
@@ -27,9 +27,11 @@ class CircuitBreakerConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    failure_threshold: int = Field(default=5, ge=1, description="Failures within the window that open the breaker.")
-    window_seconds: float = Field(default=60.0, gt=0, description="How far back failures count (s).")
-    cooldown_seconds: float = Field(default=30.0, gt=0, description="Seconds open before a trial call.")
+    failure_threshold: int = Field(
+        **_COUNT, default=5, ge=1, description="Failures within the window that open the breaker."
+    )
+    window_seconds: float = Field(**_INTERVAL, default=60.0, gt=0, description="How far back failures count (s).")
+    cooldown_seconds: float = Field(**_INTERVAL, default=30.0, gt=0, description="Seconds open before a trial call.")
 
 
 EXTERNAL_PLUGIN_TYPES = ("observe", "predict", "propose", "reconcile", "constrain")
@@ -62,10 +64,10 @@ class ExternalPluginConfig(BaseModel):
 
     plugin_id: str = Field(pattern=r"^[a-z][a-z0-9_.-]{0,62}$", description="Unique plugin id.")
     plugin_type: str = Field(description="observe | predict | propose | reconcile | constrain.")
-    priority: int = Field(default=100, description="Merge precedence; smaller wins.")
+    priority: int = Field(**_PRIORITY, default=100, description="Merge precedence; smaller wins.")
     endpoint: str = Field(description="grpc://host:port, host:port or unix:///path.")
-    timeout_seconds: float = Field(default=5.0, gt=0, description="gRPC deadline of one call (s).")
-    execution_interval_seconds: float = Field(default=0.0, ge=0, description="Run at most this often (s).")
+    timeout_seconds: float = Field(**_INTERVAL, default=5.0, gt=0, description="gRPC deadline of one call (s).")
+    execution_interval_seconds: float = Field(**_INTERVAL, default=0.0, ge=0, description="Run at most this often (s).")
     hold_policy: HoldPolicy = Field(default=HoldPolicy.ACCEPT_WHEN_IDLE, description="Contribution while not due.")
     needs: tuple[str, ...] = Field(default=(), description="Inputs it reads.")
     requires_produced_fields: tuple[str, ...] = Field(default=(), description="Fields it needs produced first.")
@@ -74,7 +76,9 @@ class ExternalPluginConfig(BaseModel):
     )
     auth_token: str = Field(default="", description="Dynamo's; accepted, not used.")
     protocol_version: str = Field(default="1.0", description="Dynamo's; accepted, not used.")
-    observation_window_seconds: float = Field(default=0.0, ge=0, description="Dynamo's; accepted, not used.")
+    observation_window_seconds: float = Field(
+        **_INTERVAL, default=0.0, ge=0, description="Dynamo's; accepted, not used."
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -158,11 +158,13 @@ class PlannerConfig(BaseModel):
     ttft_dispatch_threshold: float = Field(
         default=1.0,
         gt=0,
+        le=1000,
         description="Router slo: an engine is sent a prompt only if its predicted TTFT <= ttft_ms x this.",
     )
     tpot_dispatch_threshold: float = Field(
         default=1.0,
         gt=0,
+        le=1000,
         description="Router slo: an engine is sent a request to decode only if its predicted TPOT <= itl_ms x this.",
     )
 
@@ -468,7 +470,7 @@ class PlannerConfig(BaseModel):
     # The start-up time the horizon assumes for a pool until one of its scale-ups has been seen through to ready;
     # from then on the pool's measured start-up (median of its last scale-ups) is used.
     throughput_startup_seconds: float = Field(
-        default=120.0, ge=0, description="Worker start-up time (s) assumed until one is measured."
+        **_INTERVAL, default=120.0, ge=0, description="Worker start-up time (s) assumed until one is measured."
     )
     # Closed loop (ours; off = Dynamo, which sizes on the perf model alone). Each throughput tick learns each pool's
     # engine speed relative to the perf model from the latency the pool served at the load it carried (prefill from

@@ -15,6 +15,9 @@ from planner_core.config.limits import _GPUS, _HOURS, _INTERVAL, _MAGNITUDE, _PO
 from planner_core.config.policy import PlannerConfig
 from planner_core.domain import Component
 
+MAX_LOCAL_WORKERS = 256
+"""Most local worker processes a pool starts with: each is a process on this one machine."""
+
 
 class WorkloadRef(BaseModel):
     """One plain Kubernetes workload that serves a role: its kind, and its name or a label selector.
@@ -165,6 +168,7 @@ class LocalWorkersConfig(BaseModel):
     initial_prefill: Whole | None = Field(
         default=None,
         ge=0,
+        le=MAX_LOCAL_WORKERS,
         description=(
             "Prefill workers started before the first decision (the deployment as it runs when the planner takes "
             "over); None = the minimum endpoints."
@@ -173,6 +177,7 @@ class LocalWorkersConfig(BaseModel):
     initial_decode: Whole | None = Field(
         default=None,
         ge=0,
+        le=MAX_LOCAL_WORKERS,
         description="Decode (in mode agg: aggregated) workers started before the first decision; None = the minimum.",
     )
 

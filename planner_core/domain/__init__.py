@@ -14,7 +14,8 @@ Modules (every public name is re-exported here, so `from planner_core.domain imp
 * `forecast`: `Prediction` and the predictors' state (`LoadHistory` and each series' model);
 * `pipeline_state`: the plugin pipeline's overrides, partial predictions, remote answers and schedules;
 * `state`: `PlannerState` and the loops' own cross-tick state (threshold planner, needs, start-up, horizon);
-* `ticks`: `TickInputs`, `ReplicaProposal`, `ScalingDecision` and `TickOutcome`.
+* `ticks`: `TickInputs`, `ReplicaProposal`, `ScalingDecision` and `TickOutcome`;
+* `summary`: `summarize_decision`, a decision in one line with the `DecisionStage` that set its targets.
 """
 
 from __future__ import annotations
@@ -91,6 +92,11 @@ from planner_core.domain.state import (
     StartupState,
     ThresholdPlannerState,
 )
+from planner_core.domain.summary import (
+    DecisionStage,
+    DecisionSummary,
+    summarize_decision,
+)
 from planner_core.domain.ticks import (
     ReplicaProposal,
     ScalingDecision,
@@ -104,6 +110,8 @@ __all__ = [
     "ArimaSearch",
     "ArimaState",
     "Component",
+    "DecisionStage",
+    "DecisionSummary",
     "EngineLifecycle",
     "EngineLimits",
     "EnsembleMember",
@@ -159,4 +167,5 @@ __all__ = [
     "WorkerCounts",
     "cumulative_gpu_hours",
     "gpu_hours",
+    "summarize_decision",
 ]

@@ -37,7 +37,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from planner_core.config import PlannerConfig
-from planner_core.domain import Loop
+from planner_core.domain import DecisionStage, Loop
+from planner_core.domain.summary import with_arbitration_cut
 from planner_core.policy.arbitration import (
     ArbitrationRound,
     GpuClaim,
@@ -231,7 +232,7 @@ def tick_fleet_member(
     """One member's tick for one loop and slot, in its own transaction (skipped if already recorded): the loop's
     traffic window from the member's source first (the throughput loop's, and the load loop's when it scales on
     tail latency), then `run_tick` with the member's ceiling. Every fleet path ticks a member through here."""
-    observation, traffic_problem, curve_problem = None, None, None
+    observation, traffic_problem, curve_problem, partial_problem = None, None, None, None
     if due.loop is Loop.THROUGHPUT or ctx.config.load_tail_latency_scaling:
         interval_s = (
             ctx.config.throughput_adjustment_interval_seconds
@@ -244,6 +245,7 @@ def tick_fleet_member(
             observation = collected.observation
             if due.loop is Loop.THROUGHPUT:
                 traffic_problem, curve_problem = collected.problem, collected.curve_problem
+                partial_problem = collected.partial_problem
     return run_tick(
         ctx,
         due.loop,
@@ -253,6 +255,7 @@ def tick_fleet_member(
         task_run_id=task_run_id,
         traffic_problem=traffic_problem,
         curve_problem=curve_problem,
+        partial_problem=partial_problem,
         gpu_ceiling=gpu_ceiling,
     )
 
@@ -376,6 +379,13 @@ def _grant_row(
             # a pool the decision left unset stays unset: the cut never scales a pool the planner does not manage
             decision.target_prefill = None if decision.target_prefill is None else prefill
             decision.target_decode = None if decision.target_decode is None else decode
+            decision.stage = DecisionStage.FLEET.value
+            decision.summary = with_arbitration_cut(
+                decision.summary,
+                granted_gpus=grant.granted_gpus,
+                prefill=decision.target_prefill,
+                decode=decision.target_decode,
+            )
             repo.audit(
                 session,
                 "decision_arbitrated",

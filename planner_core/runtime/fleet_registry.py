@@ -13,6 +13,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from planner_core.config import load_config
+from planner_core.planner import refuse_what_cannot_work
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.models import (
     Deployment,
@@ -66,6 +67,7 @@ def add_member(
     _check_share(name, min_gpus, max_gpus, weight)
     path = str(config_path.resolve())
     loaded = load_config(path)
+    refuse_what_cannot_work(loaded.policy, Path(path))  # not a member recording model_not_ready every minute
     deployment = repo.ensure_deployment(session, name, loaded.policy)
     values = {
         "config_path": path,
@@ -132,7 +134,9 @@ def read_fleet_folder(folder: Path) -> list[FolderMember]:
         raise FleetError(f"{folder}: no config file ({', '.join(CONFIG_SUFFIXES)}) in it")
     members: dict[str, FolderMember] = {}
     for path in paths:
-        share = load_config(path).service.fleet
+        loaded = load_config(path)
+        refuse_what_cannot_work(loaded.policy, path)
+        share = loaded.service.fleet
         name = share.name if share is not None and share.name is not None else path.stem
         if name in members:
             raise FleetError(f"{path}: deployment {name!r} is also declared by {members[name].config_path}")

@@ -17,16 +17,23 @@ unknown keys are ignored so a newer engine that adds fields is still read. Idle 
 counted and stored like any sample: they are an idle engine's only report, and the load loop needs every ready
 engine's report to scale an idle pool down (the online perf models skip them). A message that is oversized, not
 two frames with a known topic, not msgpack, or not the schema is counted under its `DropReason`, logged
-(rate-limited) and dropped; nothing a publisher sends stops the ingest. Decoded samples are inserted in batches
-(every `batch_size` samples or `flush_interval_s`); while Postgres is unreachable they wait in memory up to
-`max_pending` (then the oldest are dropped and counted).
-Samples older than the retention period are deleted in batches of short transactions.
+(rate-limited) and dropped; nothing a publisher sends stops the ingest.
 
-Memory is bounded whatever the publishers or the database do: the ingest's connection has a `lock_timeout` and a
-`statement_timeout`, so a write blocked by a lock (or a stalled server) fails within seconds and the loop goes
-back to draining the socket; decoded samples wait in a queue of at most `max_pending` (the oldest dropped and
-counted in `lost_pending` beyond it); and ZMQ's own queue holds at most `RCVHWM` messages of at most
-`ZMQ_MAX_MESSAGE_BYTES` each (ZMQ drops beyond its high-water mark and disconnects a peer sending larger messages).
+Memory is bounded end to end, whatever the publishers or the database do:
+
+- at the socket, ZeroMQ refuses a frame larger than `ZMQ_MAX_MESSAGE_BYTES` from its size header, before receiving
+  it (it disconnects that peer, which reconnects), and queues at most `RCVHWM` messages per connection (beyond it
+  ZeroMQ drops what arrives): at most `RCVHWM x ZMQ_MAX_MESSAGE_BYTES` per publisher in the worst case, and in
+  practice nearly nothing, since the receive loop never waits on the database;
+- the receive loop (`run`'s thread) only takes messages off the socket, decodes them and queues the samples; a
+  writer thread of its own inserts them in batches (every `batch_size` samples or `flush_interval_s`) and deletes
+  the samples older than the retention period. A write blocked by a lock or a stalled server holds up only the
+  writer (its session's `lock_timeout` and `statement_timeout` end it within seconds, and it retries with a
+  back-off);
+- between the two, the queue holds at most `max_pending` samples, the batch being written included. Overflow
+  policy: drop the oldest waiting sample (the newest when all of them are in the batch being written), counted in
+  `stats.lost_pending`, logged (rate-limited) and in the periodic and final counters line. A batch whose write
+  failed goes back to the front of the queue, where it is the first to be dropped.
 
 Authentication (optional, `CurveServer`): with ZeroMQ CURVE the ingest's socket is a CURVE server and hears only
 publishers whose public certificate is in an allowed folder (checked by pyzmq's ZAP authenticator); the traffic is
@@ -75,12 +82,15 @@ from planner_core.runtime.store.fpm import FpmSample, delete_fpm_samples_before,
 
 log = logging.getLogger("planner.ingest")
 
-# ZMQ's own cap: a peer that sends more is disconnected by ZMQ before we see it (a memory guard, not counted).
-# Four times our own limit, so that oversized messages up to it still arrive to be counted.
-ZMQ_MAX_MESSAGE_BYTES = 4 * MAX_MESSAGE_BYTES
-# Messages ZMQ queues per connection while the loop is not draining (a flush in progress): with 0.25 MiB messages at
-# most ~2.5 GiB in the worst case, ~2.5 MB of real (~250 byte) messages; beyond it ZMQ drops what arrives.
-RCVHWM = 10_000
+# ZMQ's cap on one frame (ZMQ_MAXMSGSIZE): a peer that sends a larger one is disconnected by ZMQ from the frame's
+# size header, before the frame is received (not counted: it never reaches us). Our own limit plus room for
+# Dynamo's event-plane envelope, so a frame just over our limit still arrives to be counted as `oversized`.
+# Issue 43: at four times our limit, a flood of 256 KiB frames was received in full, then dropped.
+ZMQ_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES + 4096
+# Messages ZMQ queues per connection while the receive loop is busy: ~250 KB of real (~250 byte) messages, at most
+# ~66 MB of the largest frames ZMQ lets in; beyond it ZMQ drops what arrives. Was 10,000 (2.5 GiB of 256 KiB frames
+# per publisher while a stuck database write held the loop).
+RCVHWM = 1000
 # The ingest's database session: a blocked write fails within these, and the loop goes back to the socket.
 LOCK_TIMEOUT_S = 2.0
 STATEMENT_TIMEOUT_S = 10.0
@@ -176,8 +186,8 @@ class FpmIngest:
         flush_interval_s: ... or this long after the previous flush.
         retention_s: samples received longer ago than this are deleted ...
         retention_every_s: ... checked this often, in batches of `retention_batch` rows.
-        max_pending: samples kept in memory while Postgres is unreachable or blocked; beyond it the oldest are
-            dropped and counted (`stats.lost_pending`).
+        max_pending: samples kept in memory, the batch being written included, while Postgres is slow,
+            unreachable or blocked; beyond it the oldest are dropped and counted (`stats.lost_pending`).
         max_message_bytes: larger payloads are dropped as `oversized`.
         lock_timeout_s, statement_timeout_s: the database session's `lock_timeout` and `statement_timeout`.
         curve: authenticate publishers with ZeroMQ CURVE (module docstring); None = no authentication.
@@ -227,7 +237,12 @@ class FpmIngest:
             lock_timeout_ms=max(1, round(lock_timeout_s * 1000)),
             statement_timeout_ms=max(1, round(statement_timeout_s * 1000)),
         )
+        # Shared by the receive loop and the writer thread, under `_lock`: the waiting samples and the batch the
+        # writer is storing (taken off `_pending`, put back at its front when the write fails and may be retried).
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)  # notified when a batch is waiting
         self._pending: deque[FpmSample] = deque()
+        self._in_flight: list[FpmSample] = []
         self._limiter = _LogLimiter()
         self._flush_backoff_s = 0.0
         self._authenticator = None
@@ -280,11 +295,19 @@ class FpmIngest:
             # Stored all the same: without it an idle engine would vanish from the load ticks (no report in the
             # last load intervals), and a pool whose engines went quiet could never be scaled down.
             self.stats.heartbeats += 1
-        if len(self._pending) >= self.max_pending:  # the database is behind: the oldest sample goes, counted
-            self._pending.popleft()
-            self.stats.lost_pending += 1
-            self._limiter.warning("full", "forward-pass queue full (%d samples): dropping the oldest", self.max_pending)
-        self._pending.append(FpmSample(fpm=fpm, received_at=received_at, version=version))
+        sample = FpmSample(fpm=fpm, received_at=received_at, version=version)
+        with self._lock:
+            if len(self._pending) + len(self._in_flight) >= self.max_pending:  # the database is behind
+                self.stats.lost_pending += 1
+                self._limiter.warning(
+                    "full", "forward-pass queue full (%d samples): dropping the oldest", self.max_pending
+                )
+                if not self._pending:  # every kept sample is in the batch being written: the new one goes
+                    return
+                self._pending.popleft()
+            self._pending.append(sample)
+            if len(self._pending) >= self.batch_size:
+                self._ready.notify()
 
     def rescan_discovery(self) -> None:
         """Connect to the publishers newly registered in the Dynamo discovery store, and disconnect from those gone
@@ -320,35 +343,37 @@ class FpmIngest:
     # -- storing --
 
     def flush(self) -> bool:
-        """Insert the waiting samples in one transaction. False (batch kept) when the database refused."""
-        if not self._pending:
-            return True
-        batch = list(self._pending)
+        """Insert the waiting samples in one transaction (the writer thread's step; callable directly when no
+        writer runs). False when the database refused: a retryable failure puts the batch back at the front of
+        the queue, a permanent one (Postgres refuses these rows and always will) drops it, counted."""
+        with self._lock:
+            if not self._pending:
+                return True
+            batch = self._in_flight = list(self._pending)
+            self._pending.clear()
         try:
             with self._sessions.begin() as session:
                 insert_fpm_samples(session, self.deployment_id, batch)
         except (SQLAlchemyError, psycopg.Error) as exc:  # COPY runs on the driver connection: psycopg's own errors
-            self.stats.db_errors += 1
+            with self._lock:
+                self._in_flight = []
+                self.stats.db_errors += 1
+                if isinstance(exc, _PERMANENT_DB_ERRORS):
+                    self.stats.lost_pending += len(batch)
+                else:  # back in front, oldest first: the next overflow drops them first
+                    self._pending.extendleft(reversed(batch))
             if isinstance(exc, _PERMANENT_DB_ERRORS):
-                # Postgres refuses these rows and always will: retrying would block every later sample.
-                for _ in range(len(batch)):
-                    self._pending.popleft()
-                self.stats.lost_pending += len(batch)
                 log.error("dropped %d forward-pass samples Postgres refused: %s", len(batch), str(exc).splitlines()[0])
                 return False
-            overflow = len(self._pending) - self.max_pending
-            for _ in range(max(0, overflow)):
-                self._pending.popleft()
-            self.stats.lost_pending += max(0, overflow)
             self._flush_backoff_s = min(30.0, max(1.0, 2 * self._flush_backoff_s))
             self._limiter.warning(
                 "db", "cannot store %d forward-pass samples (retrying): %s", len(batch), str(exc).splitlines()[0]
             )
             return False
+        with self._lock:
+            self._in_flight = []
+            self.stats.stored += len(batch)
         self._flush_backoff_s = 0.0
-        for _ in range(len(batch)):
-            self._pending.popleft()
-        self.stats.stored += len(batch)
         return True
 
     def expire(self, now: dt.datetime) -> int:
@@ -372,13 +397,36 @@ class FpmIngest:
 
     # -- the loop --
 
+    def _write_loop(self, stop_writing: threading.Event) -> None:
+        """The writer thread: a flush when a batch is waiting or `flush_interval_s` has passed (after a failure, not
+        before its back-off), and the retention deletes; until `stop_writing` is set."""
+        next_expire = time.monotonic()
+        while not stop_writing.is_set():
+            if self._flush_backoff_s > 0:
+                stop_writing.wait(self._flush_backoff_s)  # the database failed: no retry storm
+            else:
+                with self._ready:
+                    self._ready.wait_for(
+                        lambda: len(self._pending) >= self.batch_size or stop_writing.is_set(),
+                        timeout=self.flush_interval_s,
+                    )
+            if stop_writing.is_set():
+                return
+            self.flush()
+            if time.monotonic() >= next_expire:
+                self.expire(dt.datetime.now(dt.UTC))
+                next_expire = time.monotonic() + self.retention_every_s
+
     def run(self, stop: threading.Event, *, stats_every_s: float = 60.0) -> IngestStats:
-        """Receive, flush and expire until `stop` is set; then flush what is left and close the socket."""
+        """Receive until `stop` is set while a writer thread stores (module docstring); then flush what is left
+        and close the socket."""
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
+        stop_writing = threading.Event()
+        writer = threading.Thread(target=self._write_loop, args=(stop_writing,), name="fpm-writer", daemon=True)
+        writer.start()
         now = time.monotonic()
-        next_flush, next_expire, next_stats = now + self.flush_interval_s, now, now + stats_every_s
-        next_discovery = now
+        next_stats, next_discovery = now + stats_every_s, now
         try:
             while not stop.is_set():
                 if now >= next_discovery:
@@ -387,22 +435,25 @@ class FpmIngest:
                 if poller.poll(timeout=100):  # wake at least every 100 ms to notice `stop`
                     self._drain()
                 now = time.monotonic()
-                if len(self._pending) >= self.batch_size or now >= next_flush:
-                    self.flush()
-                    next_flush = now + self.flush_interval_s + self._flush_backoff_s
-                if now >= next_expire:
-                    self.expire(dt.datetime.now(dt.UTC))
-                    next_expire = now + self.retention_every_s
                 if now >= next_stats:
                     log.info("forward-pass metrics: %s", self.stats.summary())
                     next_stats = now + stats_every_s
-            self._drain()
-            if not self.flush():
-                self.stats.lost_pending += len(self._pending)
-                log.warning("stopping with %d forward-pass samples not stored", len(self._pending))
-                self._pending.clear()
         finally:
-            self.close()
+            stop_writing.set()
+            with self._ready:
+                self._ready.notify()
+            # a write in progress ends within the session's statement_timeout
+            writer.join()
+            try:
+                self._drain()
+                if not self.flush():
+                    with self._lock:
+                        num_left = len(self._pending)
+                        self.stats.lost_pending += num_left
+                        self._pending.clear()
+                    log.warning("stopping with %d forward-pass samples not stored", num_left)
+            finally:
+                self.close()
         return self.stats
 
     def close(self) -> None:
@@ -415,12 +466,14 @@ class FpmIngest:
 
     @property
     def num_pending(self) -> int:
-        """How many decoded samples wait for the next flush (at most `max_pending`)."""
-        return len(self._pending)
+        """How many decoded samples are not stored yet, the batch being written included (at most `max_pending`)."""
+        with self._lock:
+            return len(self._pending) + len(self._in_flight)
 
     def pending(self) -> Iterator[FpmSample]:
-        """Samples decoded but not stored yet (oldest first)."""
-        return iter(self._pending)
+        """Samples decoded but not stored yet (the batch being written first, then the waiting ones, oldest first)."""
+        with self._lock:
+            return iter([*self._in_flight, *self._pending])
 
 
 def resolve_deployment_id(database_url: str, name: str, config_path: str | Path) -> int:

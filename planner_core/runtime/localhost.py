@@ -24,6 +24,26 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def check_port_free(port: int, host: str = "127.0.0.1", *, flag: str = "--port") -> None:
+    """Refuse, in one line and at once, a port this process could not listen on (taken, privileged, an address
+    that is not this machine's). A server started on it would fail only later: Prefect's after ~2 minutes of
+    health checks. Port 0 (the OS picks one) always passes. The probe binds as servers do (SO_REUSEADDR), so a
+    port whose last connection is still in TIME_WAIT is not refused; one another socket listens on is.
+
+    Raises:
+        ValueError: `<flag> <port>: cannot listen on <host>:<port> (<reason>)`.
+    """
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        raise ValueError(f"{flag} {port}: cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+
+
 def code_commit() -> str | None:
     """`git describe --always --dirty` of the code's checkout (None outside one: an installed package)."""
     try:

@@ -46,7 +46,7 @@ from planner_core.domain import (
 )
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.pipeline import PluginLoadError
-from planner_core.planner import Planner, build_planner
+from planner_core.planner import Planner, build_planner, refuse_what_cannot_work
 from planner_core.runtime.connectors.local import LocalConnector
 from planner_core.runtime.connectors.virtual import VirtualConnector
 from planner_core.runtime.plugin_client import connect_remote_plugins, take_remote_answers
@@ -173,6 +173,7 @@ def served_config(config_path: Path | None, settings: RuntimeSettings) -> tuple[
     """
     path = str((config_path or settings.config or DEFAULT_CONFIG).resolve())
     loaded = load_config(path)
+    refuse_what_cannot_work(loaded.policy, Path(path))  # a missing profile, an unreachable SLA: one line, now
     connect_cluster(loaded)
     return path, loaded
 
@@ -305,13 +306,16 @@ def run_tick(
     task_run_id: str | None = None,
     traffic_problem: str | None = None,
     curve_problem: str | None = None,
+    partial_problem: str | None = None,
     gpu_ceiling: int | None = None,
 ) -> TickResult:
     """Run and record one tick in a single transaction; a tick already recorded is skipped, not redone.
 
     A load tick reads the newest forward-pass metrics per engine from the ingested samples. `traffic_problem`
     (why the source had no observation) and `curve_problem` (why the observation has no prompt-arrival curve)
-    are written to the audit log with the tick (`traffic_unavailable`, `arrival_curve_unavailable`).
+    and `partial_problem` (what the observation lacks: the window deadline passed before its optional figures were
+    read) are written to the audit log with the tick (`traffic_unavailable`, `arrival_curve_unavailable`,
+    `traffic_partial`).
     `gpu_ceiling`: a fleet member's ceiling (`TickInputs.gpu_ceiling`, from `planner_core.runtime.fleet`).
     """
     # The tick's day's partitions and the next day's, each in its own short transaction before the tick's: a
@@ -363,6 +367,7 @@ def run_tick(
         for event, problem in (
             ("traffic_unavailable", traffic_problem),
             ("arrival_curve_unavailable", curve_problem),
+            ("traffic_partial", partial_problem),
         ):
             if problem is not None and tick_id is not None:
                 detail = {"loop": loop.value, "problem": problem}

@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from planner_core.runtime.redact import register_secret, register_secrets_of
+
 # The deployment `planner serve` and `planner ingest` record into when neither --deployment nor PLANNER_DEPLOYMENT
 # names one.
 DEFAULT_DEPLOYMENT = "default"
@@ -19,7 +21,7 @@ DEFAULT_DEPLOYMENT = "default"
 class RuntimeSettings(BaseSettings):
     """Environment-provided settings (prefix `PLANNER_`)."""
 
-    model_config = SettingsConfigDict(env_prefix="PLANNER_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="PLANNER_", frozen=True, extra="ignore", allow_inf_nan=False)
 
     database_url: str | None = Field(
         default=None, description="SQLAlchemy URL of Postgres; unset = embedded server under data_dir/pg"
@@ -40,7 +42,10 @@ class RuntimeSettings(BaseSettings):
         default=None, description="trace replayed in wall-clock time as the traffic source of served flows"
     )
     trace_rate_scale: float = Field(
-        default=1.0, gt=0, description="multiply the PLANNER_TRACE replay's request rate (its shape kept), e.g. 12"
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="multiply the PLANNER_TRACE replay's request rate (its shape kept), e.g. 12",
     )
 
     # Prometheus traffic source. Each also answers to Dynamo's variable name, so a Dynamo deployment's environment
@@ -79,12 +84,21 @@ class RuntimeSettings(BaseSettings):
     prometheus_timeout_s: float = Field(
         default=10.0,
         gt=0,
+        le=3600,
         validation_alias=AliasChoices(
             "PLANNER_PROMETHEUS_TIMEOUT_S",
             "DYN_PLANNER_PROMETHEUS_REQUEST_TIMEOUT_SECONDS",
             "prometheus_timeout_s",
         ),
         description="timeout of each Prometheus HTTP request (s)",
+    )
+    prometheus_window_deadline_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="deadline of all the Prometheus queries of one window together (s); past it the tick records "
+        "what it has: no traffic data (window_deadline) without the request count and lengths, else the observation "
+        "without its optional figures (audited as traffic_partial)",
     )
     # `planner demo` / `planner serve` end (status 3, one line) when the Prefect server is lost this long.
     prefect_lost_s: float = Field(
@@ -107,7 +121,9 @@ class RuntimeSettings(BaseSettings):
     fpm_bind: str = Field(
         default="tcp://127.0.0.1:20380", description="ZMQ endpoint the ingest binds its SUB socket to"
     )
-    fpm_retention_minutes: float = Field(default=30.0, gt=0, description="raw forward-pass samples kept this long")
+    fpm_retention_minutes: float = Field(
+        default=30.0, gt=0, le=366 * 24 * 60, description="raw forward-pass samples kept this long"
+    )
     fpm_curve_secret_key_file: Path | None = Field(
         default=None,
         description="the ingest's ZeroMQ CURVE certificate (secret key file); set: only publishers whose public "
@@ -116,6 +132,14 @@ class RuntimeSettings(BaseSettings):
     fpm_curve_clients_dir: Path | None = Field(
         default=None, description="folder of the public CURVE certificates of the publishers the ingest accepts"
     )
+
+    def model_post_init(self, _context: object, /) -> None:
+        # the process's configured secrets are masked verbatim in every text it logs, audits or prints, whatever
+        # shape the text quotes them in (planner_core/runtime/redact.py)
+        for url in (self.database_url, self.migration_database_url, self.prometheus_endpoint):
+            register_secrets_of(url)
+        if self.prometheus_token is not None:
+            register_secret(self.prometheus_token.get_secret_value())
 
     @property
     def embedded_pg_dir(self) -> Path:

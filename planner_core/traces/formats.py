@@ -226,10 +226,17 @@ def _read_mooncake_jsonl(path: Path) -> _Requests:
             raise TraceError(
                 f"{path}: line {line_no} field 'schema': a Dynamo record in a Mooncake trace (one format per file)"
             )
-        try:
-            values = [float(record[key]) for key in _MOONCAKE_KEYS]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TraceError(f"{path}: line {line_no}: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(record, dict):
+            raise TraceError(f"{path}: line {line_no}: {type(record).__name__} {record!r:.80}, not a JSON object")
+        missing = [key for key in _MOONCAKE_KEYS if key not in record]
+        if missing:
+            raise TraceError(f"{path}: line {line_no} field '{missing[0]}' is missing")
+        # JSON numbers only: float() took `true` as a 1-token request and "7" as 7 (issue 43)
+        for key in _MOONCAKE_KEYS:
+            if isinstance(record[key], bool) or not isinstance(record[key], int | float):
+                shown = json.dumps(record[key])[:80]  # as the file has it: `true`, not Python's True
+                raise TraceError(f"{path}: line {line_no} field '{key}' = {shown} is not a number >= 0")
+        values = [float(record[key]) for key in _MOONCAKE_KEYS]
         for key, value in zip(_MOONCAKE_KEYS, values, strict=True):
             if not math.isfinite(value) or value < 0:
                 raise TraceError(f"{path}: line {line_no} field '{key}' = {record[key]!r} is not a number >= 0")

@@ -29,6 +29,9 @@ MAX_TRACE_SPAN_S = 366 * 86_400.0
 """Longest time from a trace's first request to its last (a year): a replay or demo runs one tick per window."""
 MAX_EPOCH_MS = 4_102_444_800_000.0
 """Latest absolute (Unix ms) timestamp accepted: 2100-01-01T00:00:00Z."""
+MAX_SCALED_REQUESTS = 2_000_000
+"""Most requests a rate-scaled trace may hold: the scaling alone took ~150 MB for 1.9 M requests, and every request
+is then simulated; ten times the demo's default (Azure conversations at 12x: 232,392)."""
 
 
 class TraceError(ValueError):
@@ -82,6 +85,19 @@ class RequestTrace:
     def num_requests(self) -> int:
         return len(self.arrival_s)
 
+    def check_rate_factor(self, rate_factor: float) -> None:
+        """Raise ValueError (one line) unless `scaled(rate_factor)` is possible: finite, > 0 and within
+        `MAX_SCALED_REQUESTS`; cheap, so a command checks it before starting anything."""
+        if not (math.isfinite(rate_factor) and rate_factor > 0):
+            raise ValueError(f"{self.source}: rate factor must be a finite number > 0, got {rate_factor!r}")
+        num_scaled = math.ceil(self.num_requests * rate_factor)
+        if num_scaled > MAX_SCALED_REQUESTS:
+            raise ValueError(
+                f"{self.source}: rate factor {rate_factor:g} would make its {self.num_requests} requests "
+                f"{num_scaled}, more than a run carries ({MAX_SCALED_REQUESTS}): at most "
+                f"{MAX_SCALED_REQUESTS / max(1, self.num_requests):.4g} for this trace"
+            )
+
     def scaled(self, rate_factor: float) -> RequestTrace:
         """The same traffic shape at `rate_factor` times the request rate (duration unchanged).
 
@@ -89,8 +105,7 @@ class RequestTrace:
         selection of a `rate_factor % 1` fraction of requests; copy `j` arrives `j / copies` of the mean
         inter-arrival time after the original, so copies interleave instead of stacking on one instant.
         """
-        if not rate_factor > 0:
-            raise ValueError(f"{self.source}: rate factor must be > 0, got {rate_factor!r}")
+        self.check_rate_factor(rate_factor)
         if rate_factor == 1:
             return self
         num_copies = int(np.ceil(rate_factor))

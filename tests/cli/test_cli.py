@@ -323,9 +323,10 @@ def test_every_option_has_help_and_shows_its_default() -> None:
     ]
     assert missing == []
     helps = {parser.prog: " ".join(parser.format_help().split()) for parser in parsers}
-    assert "table (why cut to 40 characters), CSV or JSON (default: table)" in helps["planner history"]
+    history_format = "table (a line per decision, cells cut to 40 characters, its why in full on the line below), "
+    assert f"{history_format}CSV or JSON (default: table)" in helps["planner history"]
     assert "(default: 9400)" in helps["planner sim-exporter"]
-    assert "random seed of the synthetic metrics (default: 0)" in helps["planner fpm-publish"]
+    assert "random seed of the synthetic metrics; range [0, 4294967295] (default: 0)" in helps["planner fpm-publish"]
     assert "(default: 5000)" in helps["planner db prune"]
     assert "(default: None)" not in " ".join(helps.values())
     assert "(default: False)" not in " ".join(helps.values())
@@ -343,6 +344,74 @@ def test_unknown_options_are_refused_in_one_line(args) -> None:
     assert result.stdout == ""
     [line] = result.stderr.splitlines()
     assert line.startswith("planner: error: unrecognized arguments: ")
+
+
+def test_every_numeric_option_has_a_range_in_its_help() -> None:
+    """Every int or float option of every command converts through `Bounded` and states its range in its help;
+    a numeric option missing from planner_cli/ranges.py fails the parser's construction."""
+    import argparse
+
+    from planner_cli.main import build_parser
+    from planner_cli.parser import walk_parsers
+    from planner_cli.ranges import Bounded, bound_numeric_options
+
+    numeric = 0
+    for parser in walk_parsers(build_parser()):
+        for action in parser._actions:
+            assert action.type not in (int, float), f"{parser.prog} {action.dest}: unbounded"
+            if isinstance(action.type, Bounded):
+                numeric += 1
+                assert f"range {action.type.bounds}" in action.help, f"{parser.prog} {action.dest}"
+    assert numeric >= 100  # every command's numbers (111 when written)
+    stray = argparse.ArgumentParser(prog="planner stray")
+    stray.add_argument("--unlisted-number", type=float)
+    with pytest.raises(LookupError, match="--unlisted-number: a numeric option needs its range"):
+        bound_numeric_options(stray)
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["demo", "--rate-scale", "nan"], "argument --rate-scale: nan is not in (0, 1000]"),
+        (["demo", "--rate-scale", "100000"], "argument --rate-scale: 100000 is not in (0, 1000]"),
+        (["demo", "--max-windows", "0"], "argument --max-windows: 0 is not in [1, 1000000]"),
+        (["capacity", "--ttft-ms", "inf"], "argument --ttft-ms: inf is not in (0, 3600000]"),
+        (["bench", "--max-gpu-budget", "1.5"], "argument --max-gpu-budget: '1.5' is not an integer"),
+    ],
+)
+def test_numbers_out_of_range_are_refused_in_one_line(args: list[str], error: str) -> None:
+    result = planner(*args)
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"planner: error: {error} (see `planner ")
+
+
+def test_demo_refuses_what_the_machine_cannot_carry_before_starting(tmp_path) -> None:
+    """A rate scale within range but beyond the trace, or floors no simulator can hold with no GPU ceiling: one
+    line, status 2, in seconds, and no database or Prefect server started (no embedded Postgres, no Prefect
+    database in the data folder)."""
+    env = {"PLANNER_DATA_DIR": str(tmp_path / "data")}
+    scaled = planner("demo", "--rate-scale", "1000", env=env)
+    assert scaled.returncode == 2
+    [line] = scaled.stderr.splitlines()
+    assert line.startswith("planner: error: --rate-scale = 1000: ") and "more than a run carries (2000000)" in line
+    config = write_config(tmp_path, min_endpoint=10000, max_gpu_budget=-1)
+    floors = planner("demo", "--config", str(config), env=env)
+    assert floors.returncode == 2
+    assert floors.stderr.splitlines() == [
+        f"planner: error: {config}: field 'min_endpoint' = 10000: the floors hold the demo's simulated cluster at "
+        "20000 engines, more than it carries (1000)"
+    ]
+    data = tmp_path / "data"
+    assert not (data / "pg").exists() and not list(data.rglob("*.db"))
+
+
+def test_a_runtime_setting_out_of_range_is_one_line() -> None:
+    result = planner("db", "url", env={"PLANNER_PROMETHEUS_TIMEOUT_S": "nan"})
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "planner: error: RuntimeSettings: PLANNER_PROMETHEUS_TIMEOUT_S = 'nan': Input should be a finite number"
+    ]
 
 
 def test_version_is_the_installed_distribution() -> None:
@@ -456,3 +525,161 @@ def test_a_sigterm_unwinds_like_ctrl_c_so_finally_blocks_run(tmp_path) -> None:
     )
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert "KeyboardInterrupt" in result.stderr and marker.read_text() == "stopped"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["demo", "--max-windows", "0"], "argument --max-windows: must be >= 1, got 0"),
+        (["demo", "--rate-scale", "-2"], "argument --rate-scale: must be > 0, got -2"),
+        (["demo", "--startup-s", "nan?"], "argument --startup-s: not a number: 'nan?'"),
+        (
+            ["bench", "--trace", "t.csv", "--throughput-interval-s", "0"],
+            "argument --throughput-interval-s: must be >= 1",
+        ),
+        (["bench", "--trace", "t.csv", "--compress", "0"], "argument --compress: must be > 0, got 0"),
+    ],
+    ids=["demo-max-windows", "demo-rate-scale", "demo-startup", "bench-interval", "bench-compress"],
+)
+def test_numbers_out_of_range_are_refused_before_anything_is_recorded(database_url, args, message) -> None:
+    """A number out of its range is refused while the arguments are parsed: exit 2, one line naming the flag and
+    the value, and no deployment recorded (the demo used to record one, then fail 50 s later)."""
+    result = planner(*args, env={"PLANNER_DATABASE_URL": database_url})
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"planner: error: {message}"), line
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        assert conn.execute("SELECT count(*) FROM deployments").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("flag", ["--json", "--html", "--record"])
+def test_bench_output_into_a_missing_folder_is_refused_before_the_run(tmp_path, flag) -> None:
+    """`bench --json missing/rows.json` is one line before the policies are sized (it used to fail after the run)."""
+    out = tmp_path / "missing" / "rows.json"
+    result = planner("bench", "--trace", "planner_core/data/traces/synthetic_trace.jsonl", flag, str(out))
+    assert result.returncode == 2
+    assert _error_lines(result) == [f"planner: error: {flag} {out}: folder {out.parent} does not exist"]
+    assert "sizing the policies" not in result.stderr
+
+
+def test_keda_scaler_refuses_a_deployment_that_is_not_recorded(database_url, tmp_path) -> None:
+    """`keda-scaler --deployment nope` would serve nothing on every KEDA poll: refused at start, naming the known."""
+    _record_deployments(database_url, tmp_path, "alpha")
+    result = planner("keda-scaler", "--deployment", "nope", "--port", "0", env={"PLANNER_DATABASE_URL": database_url})
+    assert result.returncode == 2
+    assert _error_lines(result) == ["planner: error: --deployment = 'nope': no such deployment (known: alpha)"]
+    assert "KEDA external scaler on" not in result.stderr
+
+
+_CANNOT_WORK = {
+    "missing-profile": (
+        {"profile_results_dir": "/nonexistent/profile"},
+        "field 'profile_results_dir' = '/nonexistent/profile': no such folder /nonexistent/profile",
+    ),
+    "unreachable-ttft": (
+        {"ttft_ms": 5},
+        "field 'ttft_ms' = 5: unreachable, the profile's best TTFT for its shortest request is 19.5 ms at batch 1",
+    ),
+    "unreachable-itl": (
+        {"itl_ms": 1},
+        "field 'itl_ms' = 1: unreachable, the profile's best ITL for its shortest request is ",
+    ),
+}
+
+
+@pytest.mark.parametrize("problem", list(_CANNOT_WORK))
+@pytest.mark.parametrize(
+    "command",
+    [["serve", "--port", "0"], ["deployments", "add", "member"], ["demo"]],
+    ids=["serve", "deployments-add", "demo"],
+)
+def test_a_config_that_cannot_work_is_refused_alike_by_every_command(database_url, tmp_path, command, problem):
+    """A missing profile folder or an SLA the profile cannot reach: exit 2, the same one line from every command
+    that loads a config, before a Prefect server starts or anything is recorded (serve used to start and record
+    `model_not_ready` every minute; the demo to run at 0 %)."""
+    overrides, message = _CANNOT_WORK[problem]
+    config = write_config(tmp_path, **overrides)
+    result = planner(*command, "--config", str(config), env={"PLANNER_DATABASE_URL": database_url})
+    assert result.returncode == 2, result.stderr
+    assert _error_lines(result)[0].startswith(f"planner: error: {config}: {message}")
+    assert "Prefect" not in result.stderr
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        assert conn.execute("SELECT count(*) FROM deployments").fetchone()[0] == 0
+
+
+def test_demo_refuses_an_sla_the_traces_mean_request_cannot_meet(database_url, tmp_path) -> None:
+    """TTFT 25 ms is within reach of the shortest prompt (19.5 ms) but not of the conversation trace's mean one:
+    the demo, which knows its trace, refuses it rather than run at 0 %."""
+    config = write_config(tmp_path, ttft_ms=25)
+    result = planner("demo", "--config", str(config), env={"PLANNER_DATABASE_URL": database_url})
+    assert result.returncode == 2
+    [line] = _error_lines(result)
+    assert line.startswith(
+        f"planner: error: {config}: field 'ttft_ms' = 25: unreachable, the profile's best TTFT for the trace's mean "
+        "request (ISL 1"
+    ), line
+
+
+def test_profile_and_live_write_under_planner_data_dir_by_default(monkeypatch, tmp_path) -> None:
+    """`profile --out` and `live --out` default to PLANNER_DATA_DIR/profile and /live, with the database and the
+    reports (they were `.planner/...` of the working folder whatever PLANNER_DATA_DIR said); a flag still wins."""
+    from planner_cli.common import data_subfolder
+
+    monkeypatch.setenv("PLANNER_DATA_DIR", str(tmp_path / "data"))
+    assert data_subfolder(None, "profile") == tmp_path / "data" / "profile"
+    assert data_subfolder(None, "live") == tmp_path / "data" / "live"
+    assert data_subfolder(tmp_path / "mine", "live") == tmp_path / "mine"
+    for command in ("profile", "live"):
+        assert f"PLANNER_DATA_DIR/{command}" in " ".join(planner(command, "--help").stdout.split())
+
+
+def test_replay_leaves_no_connection_to_the_garbage_collector(database_url, tmp_path, profile_dir) -> None:
+    """`planner replay` closes its pooled database connections as it ends: no ResourceWarning at exit (it printed
+    two, one per connection of its snapshot reader and its writer)."""
+    import datetime as dt
+
+    from planner_core.domain import Loop, TrafficObservation
+    from planner_core.runtime.service import load_context, run_tick
+    from planner_core.runtime.store.db import get_engine
+
+    ctx = load_context(database_url, "replayed", write_config(tmp_path))
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    run_tick(ctx, Loop.THROUGHPUT, at, TrafficObservation(duration_s=60, num_req=600, isl=3000, osl=300))
+    get_engine(database_url).dispose()
+    result = subprocess.run(
+        [sys.executable, "-W", "always::ResourceWarning", "-m", "planner_cli.main", "replay", "--deployment",
+         "replayed", "--from", "2025-12-31", "--to", "2026-01-02"],
+        cwd=REPO_ROOT, env={**os.environ, "PLANNER_DATABASE_URL": database_url}, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "1 identical, 0 differing" in result.stdout
+    assert "ResourceWarning" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", [["serve"], ["keda-scaler", "--host", "127.0.0.1"]], ids=["serve", "keda-scaler"])
+def test_a_port_that_is_taken_is_one_line_at_once(database_url, command) -> None:
+    """A port another socket listens on: exit 2 with one line naming the flag and the port, before any server
+    starts (serve used to print nothing for two minutes, then `cannot join thread before it is started`)."""
+    import socket
+    import time
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        result = planner(*command, "--port", str(port), env={"PLANNER_DATABASE_URL": database_url})
+        elapsed_s = time.monotonic() - started
+    assert result.returncode == 2
+    assert _error_lines(result) == [
+        f"planner: error: --port {port}: cannot listen on 127.0.0.1:{port} (Address already in use)"
+    ]
+    assert "Prefect UI" not in result.stderr and "KEDA external scaler on" not in result.stderr
+    assert elapsed_s < 30  # the interpreter's start and imports; the Prefect health check alone waited 120 s
+
+
+def test_a_port_out_of_range_is_refused_while_parsing() -> None:
+    result = planner("serve", "--port", "70000")
+    assert result.returncode == 2
+    assert result.stderr.startswith("planner: error: argument --port: must be a port number 0..65535, got 70000")

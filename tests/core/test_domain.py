@@ -30,6 +30,8 @@ from planner_core.domain import (
     ArimaState,
     CapacityFeedback,
     Component,
+    DecisionStage,
+    DecisionSummary,
     EngineLimits,
     EnsembleMember,
     EnsembleState,
@@ -436,6 +438,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         ReplicaProposal: proposal,
         ScalingDecision: decision,
         TickOutcome: outcome,
+        DecisionSummary: st.builds(DecisionSummary, stage=st.sampled_from(DecisionStage), text=st.text(max_size=160)),
     }
 
 

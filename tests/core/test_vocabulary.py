@@ -222,3 +222,31 @@ def test_plugin_scoped_step_names_stay_free_form() -> None:
     for name in ("throughput:my_plugin", "my_plugin_check"):
         step = StepRecord(step=name, reason=ReasonCode.PLUGIN_NO_OPINION)
         assert step.step == name and not isinstance(step.step, StepName)
+
+
+# `decisions.stage` (migration 0023), shown as `decision_history.reason`: queries group and filter on these values.
+STORED_DECISION_STAGES = frozenset(
+    {
+        "budget",
+        "burst",
+        "fleet",
+        "forecast",
+        "hold",
+        "horizon",
+        "load",
+        "minimum",
+        "other",
+        "plugin",
+        "rate_limit",
+        "tail_latency",
+        "throughput_floor",
+        "unplaced",
+    }
+)
+
+
+def test_decision_stage_values_are_pinned() -> None:
+    from planner_core.domain import DecisionStage
+
+    assert {stage.value for stage in DecisionStage} == STORED_DECISION_STAGES
+    assert max(len(stage.value) for stage in DecisionStage) <= 20  # decisions.stage is varchar(20)

@@ -237,3 +237,81 @@ def test_verify_reads_one_snapshot_while_the_planner_appends(database_url, tmp_p
     with sessions.begin() as session:
         after = verify_chain(session)
     assert after.ok and after.num_rows == first.num_rows + 1
+
+
+def _recompute_whole_chain(url: str, row_id: int) -> None:
+    """What a superuser can do: edit a row, then recompute every link after it and the head, so that the chain
+    holds again inside the database."""
+    content = (
+        "convert_to(jsonb_build_array(id, to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US'), "
+        "deployment_id, tick_id, decision_id, event, detail)::text, 'UTF8')"
+    )
+    with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
+        conn.execute("ALTER TABLE audit_log DISABLE TRIGGER audit_log_append_only")
+        conn.execute(f"UPDATE audit_log SET event = 'forged' WHERE id = {row_id}")
+        prev = bytes(GENESIS_HASH)
+        for (each,) in conn.execute("SELECT id FROM audit_log ORDER BY id").fetchall():
+            conn.execute(
+                f"UPDATE audit_log SET prev_hash = %s, row_hash = sha256(%s || {content}) WHERE id = %s",
+                (prev, prev, each),
+            )
+            prev = bytes(conn.execute("SELECT row_hash FROM audit_log WHERE id = %s", (each,)).fetchone()[0])
+            last = each
+        conn.execute("UPDATE audit_chain_head SET last_id = %s, last_hash = %s WHERE id = 1", (last, prev))
+        conn.execute("ALTER TABLE audit_log ENABLE TRIGGER audit_log_append_only")
+
+
+def _audit_cli(url: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PLANNER_DATABASE_URL=url)
+    command = [sys.executable, "-m", "planner_cli.main", "audit", *args]
+    return subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_head_kept_outside_catches_a_recomputed_chain(database_url, tmp_path) -> None:
+    """`planner audit head` exports the head; rows appended later still verify against it; a superuser who edits
+    an earlier row and recomputes the whole chain and its head passes plain `verify` (issue 43) but not
+    `verify --head`, which names the anchored row."""
+    import json
+
+    _record_ticks(database_url, tmp_path, 3)
+    exported = _audit_cli(database_url, "head")
+    assert exported.returncode == 0, exported.stderr
+    head = json.loads(exported.stdout)
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        ids = [r[0] for r in conn.execute("SELECT id FROM audit_log ORDER BY id")]
+        stored = bytes(conn.execute("SELECT row_hash FROM audit_log WHERE id = %s", (ids[-1],)).fetchone()[0])
+    assert (head["row"], head["hash"]) == (ids[-1], stored.hex()) and head["at"].startswith("20")
+    anchor = tmp_path / "audit-head.json"
+    anchor.write_text(exported.stdout)
+    _record_ticks(database_url, tmp_path, 2, deployment="later")  # the log grows past the anchor
+    grown = _audit_cli(database_url, "verify", "--head", str(anchor))
+    assert grown.returncode == 0, grown.stdout + grown.stderr
+    assert f"anchored head holds: row {ids[-1]} has hash {stored.hex()}" in grown.stdout
+    _recompute_whole_chain(database_url, ids[1])
+    assert _audit_cli(database_url, "verify").returncode == 0  # the chain alone cannot tell
+    caught = _audit_cli(database_url, "verify", "--head", str(anchor))
+    assert caught.returncode == 1
+    assert f"audit_log row {ids[-1]}: row_hash expected {stored.hex()} (the head kept outside the database)" in (
+        caught.stdout
+    )
+    inline = _audit_cli(database_url, "verify", "--head", f"{ids[-1]}:{stored.hex()}")
+    assert inline.returncode == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("12:abc", "not a head"),
+        ('{"row": "x", "hash": "00"}', "field 'row' = 'x'"),
+        ('{"row": 3, "hash": "zz"}', "field 'hash' = 'zz'"),
+    ],
+)
+def test_a_bad_head_is_one_line(tmp_path, value: str, fragment: str) -> None:
+    from planner_core.runtime.store.audit_chain import ChainHead
+
+    with pytest.raises(ValueError, match=fragment):
+        ChainHead.parse(value, "head.json")
+    missing = _audit_cli("postgresql+psycopg://nobody@127.0.0.1:1/none", "verify", "--head", str(tmp_path / "none"))
+    assert missing.returncode == 2
+    [line] = missing.stderr.splitlines()
+    assert line.startswith(f"planner: error: --head {tmp_path / 'none'}: cannot be read")

@@ -393,3 +393,48 @@ def test_fleet_ticks_run_without_flow_heartbeats_and_keep_the_other_settings() -
         assert first is second and first is not outside
         assert first.flows.heartbeat_frequency is None and first.api.url == "http://127.0.0.1:9/api"
         assert get_current_settings() is outside
+
+
+def test_sigterm_to_fleet_serve_finishes_the_round_and_stops_its_server(database_url, tmp_path, profile_dir) -> None:
+    """SIGTERM during a round: the round finishes (its member's tick recorded, no flow run left Running), the Prefect
+    server the command started is stopped, exit 0 (it used to crash the round and orphan the server)."""
+    import re
+    import signal
+    import time
+
+    import httpx
+
+    env = dict(os.environ, PLANNER_DATABASE_URL=database_url, PLANNER_DATA_DIR=str(tmp_path / "data"))
+    for name in ("PREFECT_API_URL", "PREFECT_HOME"):  # its own Prefect server and home
+        env.pop(name, None)
+    config = write_config(tmp_path)
+    added = subprocess.run(
+        [sys.executable, "-m", "planner_cli.main", "deployments", "add", "m1", "--config", str(config)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    log_path = tmp_path / "fleet.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "planner_cli.main", "fleet", "serve", "--interval", "2", "--port", "0"],
+            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and "Beginning flow run" not in log_path.read_text():
+                assert process.poll() is None, log_path.read_text()[-3000:]
+                time.sleep(0.2)
+            process.send_signal(signal.SIGTERM)  # a round is in flight (or the next starts within 2 s)
+            returncode = process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    text = log_path.read_text()
+    assert returncode == 0, text[-3000:]
+    assert "planner fleet serve: SIGTERM: finishing the round in flight" in text, text[-3000:]
+    assert "planner fleet serve: stopped" in text and "Traceback" not in text and "TerminationSignal" not in text
+    [ui] = re.findall(r"Prefect UI: (http://127\.0\.0\.1:\d+)", text)
+    with pytest.raises(httpx.TransportError):  # the server it started is gone
+        httpx.get(f"{ui}/api/health", timeout=5)
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        assert conn.execute("SELECT count(*) FROM ticks").fetchone()[0] >= 1  # the round in flight recorded

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -219,6 +221,7 @@ def test_served_deployments_run_on_schedule(prefect_api_url, database_url, tmp_p
     assert "served throughput tick 20" in log_text
     artifacts = _report_artifacts("tick-served-throughput")
     assert len(artifacts) >= 3 and all("| step | pool | value | reason | detail |" in a.data for a in artifacts)
+    assert all("**Why** " in a.data for a in artifacts)
     times = [t[0] for t in ticks]
     assert len(set(times)) == len(times)
     gaps_s = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
@@ -291,20 +294,47 @@ def test_a_bad_config_fails_before_prefect_starts(tmp_path) -> None:
     assert not (tmp_path / "data" / "prefect").exists()
 
 
-def test_tick_summary_line_says_targets_reason_and_forecast() -> None:
+def test_tick_summary_line_says_targets_why_and_forecast() -> None:
+    """The run log's line: the targets, the deciding stage with its numbers (as `decision_history` records them),
+    the forecast; a tick without a decision gives its headline reason."""
     from flows.ticks import tick_summary_line
-    from planner_core.domain import Loop, PlannerState, Prediction, ReasonCode, ScalingDecision, TickOutcome
+    from planner_core.domain import (
+        Component,
+        Loop,
+        PlannerState,
+        Prediction,
+        ReasonCode,
+        ReplicaProposal,
+        ScalingDecision,
+        StepName,
+        StepRecord,
+        TickOutcome,
+    )
 
+    steps = (
+        StepRecord(step=StepName.DEMAND, component=Component.PREFILL, value=2, reason=ReasonCode.DEMAND_SIZED),
+        StepRecord(step=StepName.BURST, component=Component.PREFILL, value=3, reason=ReasonCode.BURST_SIZED),
+    )
+    proposals = (
+        ReplicaProposal(component=Component.PREFILL, current=2, desired=3, reason=ReasonCode.SCALE),
+        ReplicaProposal(component=Component.DECODE, current=2, desired=2, reason=ReasonCode.NO_CHANGE),
+    )
     outcome = TickOutcome(
         decision=ScalingDecision(num_prefill=3, num_decode=2),
         next_state=PlannerState(),
-        steps=(),
+        steps=steps,
+        proposals=proposals,
         prediction=Prediction(num_req=3512.4, isl=1023.2, osl=231.9),
         reason=ReasonCode.SCALE,
     )
     at = dt.datetime(2023, 11, 16, 18, 16, tzinfo=dt.UTC)
     assert tick_summary_line("prod", Loop.THROUGHPUT, at, outcome) == (
-        "prod throughput tick 2023-11-16T18:16:00+00:00: 3P/2D, scale; forecast 3512 requests, ISL 1023, OSL 232"
+        "prod throughput tick 2023-11-16T18:16:00+00:00: 3P/2D, burst: prefill 2->3: p99 prompt burst needs 3 "
+        "(forecast 2); forecast 3512 requests, ISL 1023, OSL 232"
+    )
+    held = TickOutcome(decision=ScalingDecision(), next_state=PlannerState(), steps=(), reason=ReasonCode.NO_CHANGE)
+    assert tick_summary_line("prod", Loop.THROUGHPUT, at, held) == (
+        "prod throughput tick 2023-11-16T18:16:00+00:00: no change, no_change"
     )
 
 
@@ -483,3 +513,55 @@ def test_the_example_plugin_changes_demo_decisions_and_the_run_replays_without_i
     summary = replay(database_url, "with-plugin", start, capped[-1][0] + dt.timedelta(seconds=1))
     expected = (GRPC_DEMO_WINDOWS, GRPC_DEMO_WINDOWS)
     assert (summary.num_ticks, summary.num_identical) == expected, summary.differences
+
+
+def test_ctrl_c_on_serve_pauses_the_schedules_and_exits_0(database_url, tmp_path, profile_dir) -> None:
+    """Ctrl-C in a terminal signals the whole foreground process group: `serve` and the Prefect server it started
+    (which has a session of its own). The command pauses every schedule, stops its server and exits 0 (it used to
+    exit 3, the server gone before the schedules were paused)."""
+    import shutil
+    import sqlite3
+    import tempfile
+
+    data_dir = Path(tempfile.mkdtemp(prefix="pci", dir="/tmp"))  # short: unix socket paths are limited
+    env = dict(os.environ, PLANNER_DATA_DIR=str(data_dir), PLANNER_DATABASE_URL=database_url)
+    for name in ("PREFECT_API_URL", "PREFECT_HOME"):  # its own Prefect server and home, as in a user's terminal
+        env.pop(name, None)
+    config = write_config(tmp_path, profile_results_dir=str(profile_dir))
+    prefect_db = data_dir / "prefect" / "prefect.db"
+
+    def paused() -> list[bool]:
+        with contextlib.closing(sqlite3.connect(f"file:{prefect_db}?mode=ro", uri=True)) as db:  # never creates it
+            return [bool(p) for (p,) in db.execute("SELECT paused FROM deployment WHERE name = 'ctrl-c'")]
+
+    log = (tmp_path / "serve.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "planner_cli.main", "serve", "--config", str(config), "--port", "0",
+         "--deployment", "ctrl-c"],
+        cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(sqlite3.Error):
+                if len(paused()) == 5:  # every deployment served
+                    break
+            time.sleep(1)
+        assert process.poll() is None and len(paused()) == 5, (tmp_path / "serve.log").read_text()[-3000:]
+        time.sleep(3)  # the runner polls its schedules: serving, not starting
+        os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole group
+        returncode = process.wait(timeout=90)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+    text = (tmp_path / "serve.log").read_text()
+    try:
+        assert returncode == 0, text[-3000:]
+        assert "planner serve: stopped; the schedules are paused" in text and "Traceback" not in text
+        assert paused() == [True] * 5
+        [ui] = re.findall(r"Prefect UI: (http://127\.0\.0\.1:\d+)", text)
+        with pytest.raises(httpx.TransportError):  # the command stopped the Prefect server it started
+            httpx.get(f"{ui}/api/health", timeout=5)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)

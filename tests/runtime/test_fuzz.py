@@ -334,3 +334,106 @@ def test_fuzz_fpm_stream_is_counted_and_bounded(stream: list[list[bytes]]) -> No
         assert stats.num_dropped + stats.lost_pending + ingest.num_pending == len(stream)
     finally:
         ingest.close()
+
+
+# --- secrets ------------------------------------------------------------------------------------------------------
+
+# the printable ASCII range: a password may hold any of it (an operator's vault does not ask the URL's opinion)
+PRINTABLE = st.characters(min_codepoint=0x20, max_codepoint=0x7E)
+passwords = st.text(alphabet=PRINTABLE, min_size=1, max_size=24)
+unspaced_passwords = st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=24)
+
+
+@FUZZ
+@given(password=unspaced_passwords)
+def test_fuzz_redaction_masks_any_password_in_every_url_shape(password: str) -> None:
+    """Without knowing the secret: each shape, its password taken from the printable range (white space aside: a
+    raw space ends a URL in a text), comes out exactly as the same text with `***` in the password's place."""
+    from urllib.parse import quote
+
+    from planner_core.runtime.redact import redact_text
+
+    encoded = quote(password, safe="")
+    libpq = password.replace("\\", "\\\\").replace("'", "\\'")
+    cases = {
+        f"http://prom-user:{password}@127.0.0.1:9090/api/v1/query: ConnectError: [Errno 111]": (
+            "http://prom-user:***@127.0.0.1:9090/api/v1/query: ConnectError: [Errno 111]"
+        ),
+        f"unreachable postgresql+psycopg://planner:{encoded}@db:5432/planner (x)": (
+            "unreachable postgresql+psycopg://planner:***@db:5432/planner (x)"
+        ),
+        f"endpoint prom-user:{password}@prometheus:9090 refused": "endpoint prom-user:***@prometheus:9090 refused",
+        f"GET http://prometheus:9090/api/v1/query?token={encoded}&query=up failed": (
+            "GET http://prometheus:9090/api/v1/query?token=***&query=up failed"
+        ),
+        f"GET http://prometheus:9090/api?query=up&api_key={encoded}": "GET http://prometheus:9090/api?query=up&api_key=***",
+        f"host=db user=planner password='{libpq}' dbname=planner": "host=db user=planner password=*** dbname=planner",
+    }
+    for text, redacted in cases.items():
+        assert redact_text(text) == redacted, text
+
+
+@FUZZ
+@given(password=passwords.filter(lambda p: len(p.strip()) >= 6))
+def test_fuzz_a_configured_secret_is_masked_in_any_text(password: str) -> None:
+    """A password from the whole printable range (spaces too) in a configured URL, raw or percent-encoded: once the
+    settings read it, no text the redaction passes holds the secret or its encoded form, whatever quotes it."""
+    from urllib.parse import quote
+
+    from planner_core.runtime.redact import redact_text, redact_value
+    from planner_core.runtime.settings import RuntimeSettings
+
+    raw = f"http://prom-user:{password}@127.0.0.1:9090"
+    RuntimeSettings(prometheus_endpoint=raw, database_url=f"postgresql://planner:{quote(password, safe='')}@db/x")
+    forms = (password, quote(password, safe=""), quote(password))
+    texts = [
+        f"{raw}: ConnectError: [Errno 111] Connection refused",
+        f"Invalid port: {password!r} in {raw}/api/v1/query",
+        f"secret was '{password}'; encoded {quote(password)}",
+        f"postgresql://planner:{quote(password, safe='')}@db/x: connection refused",
+    ]
+    for text in texts:
+        out = redact_text(text)
+        assert not [form for form in forms if form in out], (text, out)
+    out = json.dumps(redact_value({"problem": texts, "password": password}))
+    assert password not in json.loads(out)["problem"][0] and json.loads(out)["password"] == "***"
+
+
+# --- command-line numbers -----------------------------------------------------------------------------------------
+
+
+def _bounded_options() -> list[tuple[str, Any]]:
+    from planner_cli.main import build_parser
+    from planner_cli.parser import walk_parsers
+    from planner_cli.ranges import Bounded
+
+    found = {}
+    for parser in walk_parsers(build_parser()):
+        for action in parser._actions:
+            if isinstance(action.type, Bounded):
+                found[f"{parser.prog} {action.dest}"] = action.type
+    return sorted(found.items())
+
+
+BOUNDED_OPTIONS = _bounded_options()
+number_texts = st.one_of(
+    st.sampled_from(["nan", "-nan", "inf", "-inf", "1e999", "1e308", "-1", "0", "0.0", "1", "2.5", "", " ", "0x10",
+                     "1_000", "100000", "9" * 40, "true", "1e-320"]),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.integers(min_value=-(2**70), max_value=2**70).map(str),
+    st.text(max_size=8),
+)  # fmt: skip
+
+
+@FUZZ
+@given(option=st.sampled_from(BOUNDED_OPTIONS), text=number_texts)
+def test_fuzz_numeric_options_take_only_finite_values_in_range(option: tuple[str, Any], text: str) -> None:
+    """Any text given to any numeric option: a finite value inside the option's range, or argparse's one-line
+    refusal; never nan, an infinity or a value outside the range."""
+    import argparse
+
+    _, convert = option
+    value = ends_cleanly(lambda: convert(text), argparse.ArgumentTypeError)
+    if value is not None:
+        assert math.isfinite(value) and value in convert.bounds, (text, value)
+        assert isinstance(value, convert.kind)

@@ -130,6 +130,11 @@ def _mooncake(path: Path, records: list[dict]) -> Path:
         ({"timestamp": 0, "input_length": 1e308, "output_length": 10}, "field 'input_length' = 1e+308 is over"),
         ({"timestamp": 0, "input_length": 10, "output_length": MAX_REQUEST_TOKENS + 1}, "field 'output_length'"),
         ({"timestamp": 1e308, "input_length": 10, "output_length": 10}, "field 'timestamp' = 1e+308 is over"),
+        # issue 43: `true` was a 1-token request, "7" seven tokens
+        ({"timestamp": 0, "input_length": True, "output_length": 10}, "field 'input_length' = true is not a number"),
+        ({"timestamp": 0, "input_length": 10, "output_length": "7"}, "field 'output_length' = \"7\" is not a number"),
+        ({"timestamp": None, "input_length": 10, "output_length": 7}, "field 'timestamp' = null is not a number"),
+        ({"input_length": 10, "output_length": 7}, "field 'timestamp' is missing"),
     ],
 )
 def test_mooncake_values_are_bounded(tmp_path: Path, record: dict, fragment: str) -> None:
@@ -293,6 +298,53 @@ def test_metrics_listen_on_loopback_unless_told(database_url: str) -> None:
         server.server_close()
         thread.join(timeout=10)
     assert RuntimeSettings().metrics_bind == "127.0.0.1"  # what `planner serve` passes unless PLANNER_METRICS_BIND
+
+
+def test_every_server_listens_on_loopback_unless_told(database_url: str) -> None:
+    """Each command-line option naming a listening address defaults to loopback (or to a setting that does), and
+    `planner keda-scaler` started with no --host listens on 127.0.0.1 only (issue 43: it listened on every
+    interface)."""
+    from planner_cli.main import build_parser
+    from planner_cli.parser import walk_parsers
+    from planner_core.runtime.keda.scaler import KedaScaler, start_server
+    from planner_core.runtime.settings import RuntimeSettings
+
+    listening = {"--host", "--addr", "--bind"}
+    defaults = {
+        f"{parser.prog} {action.option_strings[-1]}": action.default
+        for parser in walk_parsers(build_parser())
+        for action in parser._actions
+        if listening & set(action.option_strings)
+    }
+    assert {"planner keda-scaler --host", "planner route-proxy --host", "planner sim-exporter --addr"} <= set(defaults)
+    settings = RuntimeSettings()
+    for name, default in defaults.items():
+        default = default or settings.fpm_bind  # `planner ingest --bind`: unset, PLANNER_FPM_BIND
+        assert default in ("127.0.0.1", "tcp://127.0.0.1:20380"), (name, default)
+    server, port = start_server(KedaScaler(database_url), port=0)
+    try:
+        assert _listening_addresses(port) == {"127.0.0.1"}
+    finally:
+        server.stop(grace=0)
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The local addresses of the sockets listening on `port`, from the kernel's tables (/proc/net/tcp, tcp6)."""
+    import ipaddress
+
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address_hex, port_hex = local.split(":")
+            if state == "0A" and int(port_hex, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(address_hex)
+                # the kernel prints each 32-bit word in host (little-endian) order
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                address = ipaddress.ip_address(words)
+                mapped = getattr(address, "ipv4_mapped", None)
+                found.add(str(mapped or address))
+    return found
 
 
 def test_metrics_scrapes_share_one_database_read_per_cache_period(database_url: str) -> None:
@@ -687,6 +739,54 @@ def test_demo_ends_in_one_line_when_its_prefect_server_dies(database_url: str, t
     assert len(errors) == 1 and "Prefect server" in errors[0], "".join(seen)[-3000:]
     assert not any(line.startswith("Traceback") for line in seen)
     assert waited_s < 10 + 20
+
+
+def test_sigterm_to_the_demo_stops_its_prefect_server(database_url: str, tmp_path: Path) -> None:
+    """SIGTERM to `planner demo` alone (not its process group), once the run is under way: the demo ends with one
+    line and the Prefect server it started is stopped too (issue 43: the server kept running)."""
+    import queue
+    import threading
+    import time
+
+    import psutil
+
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    env |= {"PLANNER_DATABASE_URL": database_url, "PLANNER_DATA_DIR": str(tmp_path / "data")}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "planner_cli.main", "demo", "--deployment", "sigterm"],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in demo.stderr], daemon=True)
+    reader.start()
+    seen: list[str] = []
+    server = None
+    try:
+        deadline = time.monotonic() + 240
+        while not any(line.startswith("Prefect API:") for line in seen):
+            assert time.monotonic() < deadline and demo.poll() is None, "".join(seen)[-3000:]
+            with contextlib.suppress(queue.Empty):
+                seen.append(lines.get(timeout=1))
+        time.sleep(3)  # the flow run is under way
+        [server] = [
+            child for child in psutil.Process(demo.pid).children(recursive=True)
+            if "server" in child.cmdline() and "start" in child.cmdline()
+        ]  # fmt: skip
+        demo.send_signal(signal.SIGTERM)
+        status = demo.wait(timeout=60)
+        server.wait(timeout=30)  # psutil.TimeoutExpired if the server outlives the demo
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        if server is not None and server.is_running():
+            server.kill()
+    reader.join(timeout=10)
+    while not lines.empty():
+        seen.append(lines.get())
+    assert status == 130
+    assert seen[-1].strip() == "planner: interrupted", "".join(seen)[-3000:]
+    assert not any(line.startswith("Traceback") for line in seen)
 
 
 # ---------------------------------------------------------------------------------------------------------

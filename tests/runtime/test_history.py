@@ -224,7 +224,8 @@ def test_history_cli_csv_has_a_header_and_one_line_per_decision(history) -> None
 
 
 def test_history_cli_table_shows_why_in_full_under_each_decision(history) -> None:
-    """The table: a header, then each decision's line followed by its `why` with the numbers (not cut to a cell)."""
+    """The table: a header, then each decision's line followed by its `why`, the deciding stage's numbers in one
+    line (not cut to a cell, at most 160 characters)."""
     url, _ = history
     result = planner("history", "--deployment", "hist", env={"PLANNER_DATABASE_URL": url})
     assert result.returncode == 0, result.stderr
@@ -233,7 +234,8 @@ def test_history_cli_table_shows_why_in_full_under_each_decision(history) -> Non
     rows = history_rows(url, "hist")
     expected = [f"    why: {row['why']}" for row in rows if row["why"]]
     assert [line for line in lines if line.startswith("    why: ")] == expected
-    assert len(expected) == len(rows) and any("ceil(" in line for line in expected)
+    assert len(expected) == len(rows) and all(len(row["why"]) <= 160 for row in rows)
+    assert all(row["why"].startswith(("prefill ", "decode ")) and "needs" in row["why"] for row in rows)
     assert len(lines) == 1 + len(rows) + len(expected)
 
 

@@ -260,7 +260,8 @@ def test_stream_with_garbage_is_counted_dropped_and_good_messages_land(
         publisher.publish(ForwardPassMetrics(component=D, worker_id="d-1", counter_id=99))  # idle heartbeat
         publisher.send_frames([b"fpm.decode", os.urandom(64) + b"\xc1"])  # garbage bytes
         publisher.send_frames([b"fpm.decode", _payload(dp_rank="zero")])  # wrong schema
-        publisher.send_frames([b"fpm.decode", _payload(worker_id="z" * 100_000)])  # oversized
+        # oversized for us, not for ZeroMQ (which disconnects a peer sending a frame over ZMQ_MAX_MESSAGE_BYTES)
+        publisher.send_frames([b"fpm.decode", _payload(worker_id="z" * 66_000)])
         publisher.send_frames([b"fpm.decode"])  # one frame (fpm. prefix, so it passes the subscription)
         publisher.send_frames([b"fpm.gpu", _payload()])  # unknown pool
         for component, worker, rank in engines:
@@ -584,3 +585,33 @@ def test_the_ingest_reads_publishers_it_finds_in_a_dynamo_discovery_store(deploy
         stored = session.execute(select(FpmSampleRow.component, FpmSampleRow.worker_id).distinct()).all()
     assert sorted(stored) == [("decode", "d-0"), ("prefill", "p-0")]
     assert ingest.stats.dropped.get(DropReason.UNKNOWN_PUBLISHER, 0) == 0
+
+
+def test_the_ingest_counters_are_prometheus_metrics() -> None:
+    """`planner ingest --metrics-port`: every scrape reads the running ingest's counters, the queue's overflow
+    (samples lost while Postgres is behind) and the drops by reason among them."""
+    import urllib.request
+
+    from planner_core.runtime.ingest_metrics import start_ingest_metrics_server
+    from planner_core.runtime.localhost import free_port
+
+    # the URL is never connected to: nothing is flushed, so the queue fills and overflows
+    ingest = FpmIngest("postgresql+psycopg://nobody@127.0.0.1:1/none", 1, bind=["tcp://127.0.0.1:*"], max_pending=3)
+    port = free_port()
+    server, thread = start_ingest_metrics_server(ingest, port)
+    try:
+        now = dt.datetime.now(dt.UTC)
+        for counter in range(5):
+            ingest.handle(encode_fpm_message(busy(D, "d-0", counter)), now)
+        ingest.handle([b"fpm.decode", b"\xc1"], now)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+        ingest.close()
+    assert "planner_ingest_messages_received_total 6.0" in text
+    assert "planner_ingest_samples_lost_total 2.0" in text  # 5 decoded, 3 kept
+    assert "planner_ingest_samples_pending 3.0" in text
+    assert 'planner_ingest_messages_dropped_total{reason="not_msgpack"} 1.0' in text

@@ -247,6 +247,7 @@ def test_migration_0008_operator_views_downgrades_and_upgrades_again(empty_datab
         at = dt.datetime(2026, 1, 1, 0, minute, tzinfo=dt.UTC)
         assert run_tick(ctx, Loop.THROUGHPUT, at, traffic).tick_id is not None
     get_engine(url).dispose()
+    downgrade(url, "0022")  # `why` as 0008 made it (0023 shows the decision's summary instead)
     sla_sql = "SELECT num_windows_with_latency, num_windows_met, request_weighted_attainment FROM sla_by_hour"
     why_sql = "SELECT why FROM decision_history ORDER BY decision_id"
     grants = (
@@ -297,6 +298,7 @@ def test_migration_0008_bounds_why(empty_database_url, tmp_path, profile_dir) ->
     traffic = TrafficObservation(duration_s=60, num_req=3000, isl=3000, osl=300)
     tick_id = run_tick(ctx, Loop.THROUGHPUT, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), traffic).tick_id
     get_engine(url).dispose()
+    downgrade(url, "0022")  # `why` as 0008 made it (0023 shows the decision's summary instead)
     insert = (  # steps appended to the tick's explanation (`tick_step_lists` with `step_templates`, migration 0018)
         "WITH t AS (INSERT INTO step_templates (step, reason, template) VALUES ('plugin', 'override_set', "
         "repeat(%(text)s, %(n)s)) RETURNING id) "
@@ -361,6 +363,8 @@ def test_migration_0015_compact_tick_storage(empty_database_url, tmp_path, profi
     view = _relation(url, _VIEW_FPM_ROWS)[1]
     assert [row[:3] for row in view] == [(first, "decode", "d-0"), (first, "prefill", "p-0"), (second, "decode", "d-1")]
     assert [row[5]["counter_id"] for row in view] == [1, 2, 1]
+    get_engine(url).dispose()
+    downgrade(url, "0022")  # `decision_history` with 0021's columns (0023 adds one)
 
     steps_sql = "SELECT tick_id, seq, step, component, value, reason, detail FROM tick_steps ORDER BY tick_id, seq"
     steps = _relation(url, steps_sql)
@@ -476,8 +480,9 @@ def test_migration_0018_step_templates(empty_database_url, tmp_path, profile_dir
     )
     view = _relation(url, steps_sql)
     assert len(view[1]) > 20 and [row[6] for row in view[1][-5:]] == list(details)
-    history = _relation(url, "SELECT * FROM decision_history ORDER BY decision_id")
     get_engine(url).dispose()
+    downgrade(url, "0022")  # `decision_history` with 0021's columns (0023 adds one)
+    history = _relation(url, "SELECT * FROM decision_history ORDER BY decision_id")
 
     downgrade(url, "0017")
     assert "step_templates" not in _tables(url) and "steps" in _columns(url, "tick_step_lists")
@@ -485,7 +490,7 @@ def test_migration_0018_step_templates(empty_database_url, tmp_path, profile_dir
     last = _relation(url, "SELECT steps FROM tick_step_lists ORDER BY tick_id DESC LIMIT 1")[1][0][0]
     assert [step[2] for step in last] == [None, "Infinity", 0.30000000000000004, "NaN", 7]
 
-    upgrade(url)
+    upgrade(url, "0022")
     assert "packed" in _columns(url, "tick_step_lists") and "steps" not in _columns(url, "tick_step_lists")
     assert _relation(url, steps_sql) == view
     assert _relation(url, "SELECT * FROM decision_history ORDER BY decision_id") == history
@@ -652,3 +657,39 @@ def test_migration_0020_positional_inputs_and_delta_dictionary(empty_database_ur
     assert _relation(url, _VIEW_FPM_ROWS)[1] == view
     assert delta_flags() == {True} and states() == before and _relation(url, whole)[1] == [(0, 1)]
     get_engine(url).dispose()
+
+
+def test_migration_0023_decision_summary(empty_database_url, tmp_path, profile_dir) -> None:
+    """0023: a decision records its deciding stage and summary; `decision_history.reason` is the stage, `why` the
+    summary, `headline_reason` the loop's headline. 0023 -> 0022 gives 0022's view back (columns, rows, grants,
+    comments; the step chain in `why`); 0022 -> 0023 shows those older decisions with their headline and chain."""
+    url = empty_database_url
+    upgrade(url)
+    ctx = load_context(url, "summary", write_config(tmp_path, max_throughput_scaling_replicas=2))
+    traffic = TrafficObservation(duration_s=60, num_req=6000, isl=3000, osl=300)
+    assert run_tick(ctx, Loop.THROUGHPUT, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), traffic).tick_id is not None
+    get_engine(url).dispose()
+    history_sql = "SELECT reason, why, headline_reason FROM decision_history"
+    grants = "SELECT has_table_privilege('planner_analyst', 'decision_history', 'SELECT')"
+    # 6000 req/min needs 7 engines per pool (test_store's arithmetic); at most 2 more per tick: 1 -> 3
+    [(stage, why, headline)] = _relation(url, history_sql)[1]
+    assert (stage, headline) == ("rate_limit", "scale")
+    assert why == (
+        "prefill 1->3: forecast needs 7; change limit allows 3 | decode 1->3: forecast needs 7; change limit allows 3"
+    )
+    assert _relation(url, grants)[1] == [(True,)]
+
+    downgrade(url, "0022")
+    columns, [row] = _relation(url, "SELECT * FROM decision_history")
+    assert "headline_reason" not in columns and "stage" not in _columns(url, "decisions")
+    assert (
+        row[columns.index("reason")] == "scale"
+        and "change_rate (prefill): 1 -> 7 limited to 3" in row[columns.index("why")]
+    )
+    assert _relation(url, grants)[1] == [(True,)]
+    comment = "SELECT obj_description('decision_history'::regclass, 'pg_class')"
+    assert "with their numbers" in _relation(url, comment)[1][0][0]
+
+    upgrade(url)
+    [(reason, old_why, headline)] = _relation(url, history_sql)[1]
+    assert (reason, headline) == ("scale", "scale") and old_why == row[columns.index("why")]

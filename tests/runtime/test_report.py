@@ -368,7 +368,8 @@ def test_report_data_is_what_the_ticks_recorded(database_url, scenario) -> None:
 
 
 def test_decisions_table_shows_the_numbers_behind_each_decision(database_url, scenario) -> None:
-    """A decided tick carries `decision_history.why` (the steps' arithmetic), and the decisions table shows it."""
+    """A decided tick carries `decision_history.why` (the decision in one line, the deciding stage's numbers first),
+    and the decisions table shows it."""
     import psycopg
 
     from planner_core.runtime.store.db import to_libpq_uri
@@ -378,7 +379,7 @@ def test_decisions_table_shows_the_numbers_behind_each_decision(database_url, sc
     first = data.ticks[0]
     with psycopg.connect(to_libpq_uri(database_url)) as conn:
         [(why,)] = conn.execute("SELECT why FROM decision_history WHERE tick_id = %s", (first.tick_id,)).fetchall()
-    assert first.why == why and "demand (prefill): ceil(" in why
+    assert first.why == why and why.startswith("prefill 1->4: forecast needs 4")
     assert all(t.why is None for t in data.ticks if t.decision_id is None)
     page = render_html(data, generated_at=GENERATED_AT, charts=[])
     assert f"<td>{why.replace('>', '&gt;')}</td>" in page

@@ -18,7 +18,8 @@ from tests.conftest import REPO_ROOT, write_config
 from tests.runtime.databases import create_login, drop_login
 
 DB_SECRET = "Db5ecret-7f3a"
-PROM_SECRET = "Pr0mSecret-91c2"
+# an unencoded "@" in it (URL clients take it: the user-info ends at the last "@"), as in issue 43's leak
+PROM_SECRET = "p@ss-Zq9Secret"
 
 pytestmark = pytest.mark.prefect
 
@@ -32,6 +33,13 @@ pytestmark = pytest.mark.prefect
         ("host=db user=planner password=hunter2 dbname=x", "host=db user=planner password=*** dbname=x"),
         ("http://host:9090/api?x=1", "http://host:9090/api?x=1"),
         ("http://user@host/path", "http://user@host/path"),
+        ("http://prom-user:p@ss-Zq9Secret@127.0.0.1:1", "http://prom-user:***@127.0.0.1:1"),
+        ("http://u:pa/ss?x#y@h:1/api", "http://u:***@h:1/api"),
+        ("prom-user:p@ss@127.0.0.1:9090: refused", "prom-user:***@127.0.0.1:9090: refused"),
+        ("http://h:9090/api?query=up&token=T0k3n", "http://h:9090/api?query=up&token=***"),
+        ("GET /x?access_token=abc&api-key=def&sig=ghi", "GET /x?access_token=***&api-key=***&sig=***"),
+        ("host=db password='a b\\' c' dbname=x", "host=db password=*** dbname=x"),
+        ("max_tokens=512 cache_key=k3 signal=9", "max_tokens=512 cache_key=k3 signal=9"),
     ],
 )
 def test_redact_text_masks_passwords_only(text: str, redacted: str) -> None:
@@ -39,8 +47,31 @@ def test_redact_text_masks_passwords_only(text: str, redacted: str) -> None:
 
 
 def test_redact_value_walks_json() -> None:
-    value = {"problem": ["http://a:b@h", {"url": "x password=y"}], "n": 3}
-    assert redact_value(value) == {"problem": ["http://a:***@h", {"url": "x password=***"}], "n": 3}
+    value = {"problem": ["http://a:b@h", {"url": "x password=y"}], "n": 3, "token": "abc", "num_tokens": "12"}
+    assert redact_value(value) == {
+        "problem": ["http://a:***@h", {"url": "x password=***"}],
+        "n": 3,
+        "token": "***",
+        "num_tokens": "12",
+    }
+
+
+def test_log_records_are_redacted_before_any_handler(caplog) -> None:
+    """`install_log_redaction`: a message, its arguments and its traceback reach every handler masked."""
+    import logging
+
+    from planner_core.runtime.redact import install_log_redaction
+
+    install_log_redaction()
+    log = logging.getLogger("planner.test_secrets")
+    with caplog.at_level(logging.WARNING, logger="planner.test_secrets"):
+        log.warning("cannot reach %s", f"http://u:{PROM_SECRET}@h:1")
+        try:
+            raise ConnectionError(f"http://u:{PROM_SECRET}@h:1 refused")
+        except ConnectionError:
+            log.exception("failed")
+    assert PROM_SECRET not in caplog.text and "http://u:***@h:1" in caplog.text
+    assert "ConnectionError" in caplog.text
 
 
 def _closed_port() -> int:
@@ -152,10 +183,15 @@ def test_traffic_unavailable_redacts_its_detail() -> None:
 
 
 def test_no_flow_or_task_takes_the_database_url() -> None:
-    """Prefect keeps flow and task parameters: none of ours is a database URL."""
+    """Prefect keeps flow parameters: none of ours is a database URL in clear (the fleet's flow takes it as a
+    `SecretStr`, which Prefect stores as `**********`; task parameters are not stored)."""
     import inspect
+    import typing
 
-    from flows import demo, replay, report, serve, ticks
+    from prefect import Flow
+    from pydantic import SecretStr
+
+    from flows import demo, fleet, replay, report, serve, ticks
 
     for module in (demo, replay, report, serve, ticks):
         for name, value in vars(module).items():
@@ -163,3 +199,13 @@ def test_no_flow_or_task_takes_the_database_url() -> None:
             if fn is not None and callable(fn) and getattr(value, "__module__", "") == module.__name__:
                 params = inspect.signature(fn).parameters
                 assert "database_url" not in params and "url" not in params, f"{module.__name__}.{name}"
+    flows = [value for value in vars(fleet).values() if isinstance(value, Flow)]
+    assert flows
+    for each in flows:
+        hints = typing.get_type_hints(each.fn)
+        for param in inspect.signature(each.fn).parameters:
+            if "url" in param:
+                assert SecretStr in typing.get_args(hints[param]), f"{each.name}: {param} is {hints[param]}"
+    assert each.serialize_parameters({"database_url": SecretStr(f"postgresql://u:{DB_SECRET}@h/db")}) == {
+        "database_url": "**********"
+    }

@@ -265,13 +265,16 @@ def test_history_views_answer_what_when_why_and_what_happened(ctx) -> None:
     with ctx.sessions.begin() as session:
         rows = repo.query_rows(session, "SELECT * FROM decision_history")
         ticks = repo.query_rows(session, "SELECT * FROM tick_history")
+        decisions = repo.query_rows(session, "SELECT stage, summary FROM decisions")
     assert len(rows) == 1 and len(ticks) == 1
     row = rows[0]
     assert row["deployment"] == "store-test" and row["decided_at"] == T0
     assert (row["prefill_before"], row["decode_before"], row["target_prefill"], row["target_decode"]) == (1, 1, 7, 7)
     assert row["status"] == "pending" and row["num_attempts"] == 0 and row["acknowledged_at"] is None
-    # the steps' numbers (migration 0008), not their reason codes
-    assert "demand (prefill): ceil(" in row["why"] and "decide: prefill 1 -> 7, decode 1 -> 7" in row["why"]
+    # the deciding stage and its numbers in one line (migration 0023); the loop's headline reason beside it
+    assert row["reason"] == "forecast" and row["headline_reason"] == "scale"
+    assert row["why"] == "prefill 1->7: forecast needs 7 | decode 1->7: forecast needs 7"
+    assert decisions == [{"stage": "forecast", "summary": row["why"]}]
     assert ticks[0]["observed_num_req"] == 6000 and ticks[0]["proposed_decode"] == 7
 
 

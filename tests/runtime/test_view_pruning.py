@@ -155,6 +155,7 @@ def test_the_views_return_the_same_columns_and_rows_as_0020s(days_of_ticks) -> N
     the rows exercise what the new definitions read differently (a capacity from the steps, a decision's `why`,
     worker counts, forecasts, proposals); 0020 -> 0021 gives 0021's definitions back."""
     url, _ = days_of_ticks
+    downgrade(url, "0022")  # 0021's `decision_history` (0023 adds a column and shows the summary in `why`)
     new = _snapshot(url)
     new_definitions = _definitions(url)
     [(with_capacity, with_forecast, with_proposal, days)] = _rows(
@@ -175,9 +176,11 @@ def test_the_views_return_the_same_columns_and_rows_as_0020s(days_of_ticks) -> N
         assert old_definitions != new_definitions
         assert _snapshot(url) == new
     finally:
-        upgrade(url)
+        upgrade(url, "0022")
         get_engine(url).dispose()
     assert _definitions(url) == new_definitions
+    upgrade(url)
+    get_engine(url).dispose()
 
 
 def test_0021_downgrades_to_exactly_0020s_definitions(empty_database_url, days_of_ticks) -> None:

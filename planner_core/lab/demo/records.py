@@ -94,6 +94,12 @@ def summary_dict(ctx: PlannerContext, rows: list[BenchRow], events: list[ScaleEv
             "SELECT status, count(*) AS n FROM decision_history WHERE deployment = :name GROUP BY status ORDER BY 1",
             name=ctx.deployment,
         )
+        # the decisions the GPU budget set (their deciding stage, `decisions.stage`): the demo warns about them
+        capped = repo.query_rows(
+            session,
+            "SELECT why FROM decision_history WHERE deployment = :name AND reason = 'budget' ORDER BY decided_at",
+            name=ctx.deployment,
+        )
     return {
         "deployment": ctx.deployment,
         "window_s": float(ctx.config.throughput_adjustment_interval_seconds),
@@ -101,6 +107,8 @@ def summary_dict(ctx: PlannerContext, rows: list[BenchRow], events: list[ScaleEv
         "num_ticks": counts["num_ticks"],
         "num_decisions": counts["num_decisions"],
         "decision_statuses": ", ".join(f"{row['n']} {row['status']}" for row in statuses) or "none",
+        "budget_capped": [row["why"] for row in capped],
+        "max_gpu_budget": ctx.config.max_gpu_budget,
         "num_requests": rows[0].requests,
         "sla_attainment": rows[0].sla_attainment,
         "ttft_ms": ctx.config.ttft_ms,

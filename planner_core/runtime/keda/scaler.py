@@ -333,7 +333,7 @@ class ExternalScalerServicer(pb_grpc.ExternalScalerServicer):
 
 
 def start_server(
-    scaler: KedaScaler, *, port: int, host: str = "[::]", stream_interval_s: float = 5.0, max_workers: int = 8
+    scaler: KedaScaler, *, port: int, host: str = "127.0.0.1", stream_interval_s: float = 5.0, max_workers: int = 8
 ) -> tuple[grpc.Server, int]:
     """Start serving (plaintext, as KEDA's external scalers usually are in-cluster); returns the server and port.
 

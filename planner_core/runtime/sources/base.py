@@ -37,6 +37,7 @@ class NoTrafficDataKind(enum.StrEnum):
     MALFORMED = "malformed"  # the answer is not what the API promises (not JSON, wrong shape, too large)
     NO_SERIES = "no_series"  # the series do not exist there: nothing scraped, wrong names or labels
     INVALID_VALUE = "invalid_value"  # a value is NaN where a number is needed, negative, or implausibly large
+    WINDOW_DEADLINE = "window_deadline"  # the window's queries together ran past their deadline
 
 
 class TrafficUnavailable(Exception):
@@ -73,12 +74,14 @@ class CollectedTraffic:
     """What a collection produced: an observation, or why there is none (`observation` None).
 
     `curve_problem` (`kind: detail`) is set when the observation is there but its prompt-arrival curve is not,
-    because the source's arrivals could not be read."""
+    because the source's arrivals could not be read; `partial_problem` when the observation lacks optional figures
+    the source could not read in time (its `partial_problem` after `collect`: the window deadline)."""
 
     observation: TrafficObservation | None
     problem_kind: NoTrafficDataKind | None = None
     problem_detail: str = ""
     curve_problem: str | None = None
+    partial_problem: str | None = None
 
     @property
     def problem(self) -> str | None:
@@ -104,11 +107,13 @@ def collect_safely(
         observation = source.collect(window_start, window_end)
     except TrafficUnavailable as exc:
         return CollectedTraffic(observation=None, problem_kind=exc.kind, problem_detail=exc.detail)
+    partial = getattr(source, "partial_problem", None)  # a source may say what it left out (Prometheus does)
     if planner is None or not isinstance(source, ArrivalSource):
-        return CollectedTraffic(observation=observation)
+        return CollectedTraffic(observation=observation, partial_problem=partial)
     try:
         arrivals = source.arrivals(window_start, window_end)
     except TrafficUnavailable as exc:
-        return CollectedTraffic(observation=observation, curve_problem=f"{exc.kind.value}: {exc.detail}")
+        curve_problem = f"{exc.kind.value}: {exc.detail}"
+        return CollectedTraffic(observation=observation, curve_problem=curve_problem, partial_problem=partial)
     observed = with_arrivals(observation, arrivals, window_start.timestamp(), window_end.timestamp())
-    return CollectedTraffic(observation=observed)
+    return CollectedTraffic(observation=observed, partial_problem=partial)

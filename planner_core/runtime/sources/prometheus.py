@@ -53,6 +53,7 @@ import httpx
 from planner_core.arrivals import LOOKBACK_S, RequestArrivals
 from planner_core.config import PlannerConfig, ServiceConfig
 from planner_core.domain import TrafficObservation
+from planner_core.runtime.redact import register_secrets_of
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.sources.base import NoTrafficDataKind, TrafficUnavailable
 from planner_core.runtime.sources.prometheus_answers import (
@@ -95,9 +96,14 @@ class PrometheusOptions:
     ca_bundle: Path | None = None
     verify_tls: bool = True
     timeout_s: float = 10.0
+    # all the queries of one window together (`collect` and `arrivals`): a dozen sequential queries at 10 s each
+    # could hold a tick two minutes
+    window_deadline_s: float = 30.0
     arrival_resolution_s: float = 1.0  # step of the arrival-curve range queries (`ServiceConfig`)
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.window_deadline_s) and self.window_deadline_s > 0):
+            raise ValueError(f"window_deadline_s = {self.window_deadline_s!r}: must be a finite number > 0")
         if not (math.isfinite(self.arrival_resolution_s) and self.arrival_resolution_s > 0):
             raise ValueError(f"arrival_resolution_s = {self.arrival_resolution_s!r}: must be a finite number > 0")
 
@@ -108,6 +114,7 @@ class PrometheusOptions:
         """Connection settings from the environment; the arrival resolution from the config's service settings."""
         token = settings.prometheus_token
         service = service or ServiceConfig()
+        register_secrets_of(endpoint)  # the config file's endpoint is not among the settings' (registered there)
         return cls(
             endpoint=endpoint,
             bearer_token=token.get_secret_value() if token is not None else None,
@@ -115,6 +122,7 @@ class PrometheusOptions:
             ca_bundle=settings.prometheus_ca_bundle,
             verify_tls=settings.prometheus_ssl_verify,
             timeout_s=settings.prometheus_timeout_s,
+            window_deadline_s=settings.prometheus_window_deadline_s,
             arrival_resolution_s=service.prometheus_arrival_resolution_seconds,
         )
 
@@ -178,6 +186,23 @@ class _QueryDeadline:
         self._timer.cancel()
 
 
+class _WindowDeadline:
+    """The deadline of all the queries of one window (`PrometheusOptions.window_deadline_s`), from its first query:
+    each query gets the smaller of its own timeout and what is left of the window's."""
+
+    def __init__(self, window: tuple[dt.datetime, dt.datetime], deadline_s: float) -> None:
+        self.window, self.deadline_s = window, deadline_s
+        self._expires_at = time.monotonic() + deadline_s
+
+    def remaining_s(self) -> float:
+        return self._expires_at - time.monotonic()
+
+    def passed(self) -> TrafficUnavailable:
+        return TrafficUnavailable(
+            NoTrafficDataKind.WINDOW_DEADLINE, f"the window's queries ran past its {self.deadline_s:g} s deadline"
+        )
+
+
 def _shut(sock: socket.socket) -> None:
     """End every blocked read and write on `sock` (close() from another thread would not wake a blocked recv)."""
     try:
@@ -196,6 +221,9 @@ class PrometheusTrafficSource:
         """Raises ValueError (one line) when the CA bundle cannot be loaded."""
         self.options = options
         self.queries = queries
+        self._window: _WindowDeadline | None = None
+        # what `collect` left out of its observation because the window deadline passed (`kind: detail`), else None
+        self.partial_problem: str | None = None
         self._url = options.endpoint.rstrip("/") + "/api/v1/query"
         self._range_url = options.endpoint.rstrip("/") + "/api/v1/query_range"
         # No kept-alive connections: each query opens its own, so its deadline knows the one socket to cut (a few
@@ -267,10 +295,32 @@ class PrometheusTrafficSource:
         status_code, body = self._get(self._range_url, params, MAX_RANGE_ANSWER_BYTES)
         return parse_range_answer(status_code, body, promql)
 
+    def _start_window(self, window_start: dt.datetime, window_end: dt.datetime) -> None:
+        """The window deadline for the window's queries: a new one, unless `collect` already started this window's
+        (then `arrivals` shares it)."""
+        window = (window_start, window_end)
+        if self._window is None or self._window.window != window:
+            self._window = _WindowDeadline(window, self.options.window_deadline_s)
+
     def _get(self, url: str, params: dict[str, str], max_bytes: int) -> tuple[int, bytes]:
-        """One GET with the bearer token: the status and the body, read up to `max_bytes`, all within `timeout_s`."""
+        """One GET with the bearer token: the status and the body, read up to `max_bytes`, all within `timeout_s`
+        and what is left of the window deadline (a query outside `collect`/`arrivals` has only its own)."""
+        timeout_s = self.options.timeout_s
+        window = self._window
+        if window is not None and window.remaining_s() < timeout_s:
+            if window.remaining_s() <= 0:
+                raise window.passed()
+            try:
+                return self._get_within(url, params, max_bytes, window.remaining_s())
+            except TrafficUnavailable as exc:
+                if window.remaining_s() <= 0:  # cut by the window's deadline, not the query's own
+                    raise window.passed() from exc
+                raise
+        return self._get_within(url, params, max_bytes, timeout_s)
+
+    def _get_within(self, url: str, params: dict[str, str], max_bytes: int, timeout_s: float) -> tuple[int, bytes]:
         headers = self._headers()
-        deadline = _QueryDeadline(self.options.timeout_s)
+        deadline = _QueryDeadline(timeout_s)
         try:
             with self._client.stream(
                 "GET", url, params=params, headers=headers, extensions={"trace": deadline.trace}
@@ -303,6 +353,8 @@ class PrometheusTrafficSource:
             raise ValueError(f"window [{window_start}, {window_end}) is empty")
         window = range_of(duration_s)
         queries, series = self.queries, self.queries.series
+        self._start_window(window_start, window_end)
+        self.partial_problem = None
         num_req = self.query(queries.requests(window), window_end)
         if num_req is None:  # no started counter: count completed requests, as Dynamo falls back to
             num_req = self.query(queries.requests(window, started=False), window_end)
@@ -311,21 +363,35 @@ class PrometheusTrafficSource:
                 NoTrafficDataKind.NO_SERIES,
                 f"neither {series.requests_started} nor {series.requests_total} exists for {queries.traffic_selector}",
             )
-        accept_query = queries.accept_length(window)
-        queue_query = queries.queue_s(window)
-        answers = RawAnswers(
-            duration_s=duration_s,
-            num_req=num_req,
-            isl=self.query(queries.mean(series.input_sequence_tokens, window), window_end),
-            osl=self.query(queries.mean(series.output_sequence_tokens, window), window_end),
-            ttft_s=self.query(queries.mean(series.time_to_first_token_s, window), window_end),
-            itl_s=self.query(queries.mean(series.inter_token_latency_s, window), window_end),
-            kv_hit_rate=self.query(queries.kv_hit_rate(window), window_end),
-            accept_length=self.query(accept_query, window_end) if accept_query else None,
-            ttft_p95_s=self.query(queries.quantile(series.time_to_first_token_s, 0.95, window), window_end),
-            ttft_p99_s=self.query(queries.quantile(series.time_to_first_token_s, 0.99, window), window_end),
-            queue_s=self.query(queue_query, window_end) if queue_query else None,
-        )
+        isl = self.query(queries.mean(series.input_sequence_tokens, window), window_end)
+        osl = self.query(queries.mean(series.output_sequence_tokens, window), window_end)
+        # Past the window deadline the optional figures are left out: the observation keeps what was read, and
+        # `partial_problem` names what is missing (the tick audits it as `traffic_partial`).
+        optional = {
+            "ttft_s": queries.mean(series.time_to_first_token_s, window),
+            "itl_s": queries.mean(series.inter_token_latency_s, window),
+            "kv_hit_rate": queries.kv_hit_rate(window),
+            "accept_length": queries.accept_length(window),
+            "ttft_p95_s": queries.quantile(series.time_to_first_token_s, 0.95, window),
+            "ttft_p99_s": queries.quantile(series.time_to_first_token_s, 0.99, window),
+            "queue_s": queries.queue_s(window),
+        }
+        values: dict[str, float | None] = {}
+        left_out = []
+        for name, promql in optional.items():
+            if not promql:
+                values[name] = None
+                continue
+            try:
+                values[name] = self.query(promql, window_end)
+            except TrafficUnavailable as exc:
+                if exc.kind is not NoTrafficDataKind.WINDOW_DEADLINE:
+                    raise
+                values[name], cut = None, exc
+                left_out.append(name)
+        if left_out:
+            self.partial_problem = f"{cut.kind.value}: {cut.detail}; left out {', '.join(left_out)}"
+        answers = RawAnswers(duration_s=duration_s, num_req=num_req, isl=isl, osl=osl, **values)
         return observation_from_answers(answers)
 
     def arrivals(self, window_start: dt.datetime, window_end: dt.datetime) -> RequestArrivals:
@@ -348,6 +414,7 @@ class PrometheusTrafficSource:
                 f"{MAX_RANGE_POINTS}: raise prometheus_arrival_resolution_seconds",
             )
         queries, series = self.queries, self.queries.series
+        self._start_window(window_start, window_end)
         started = self.query_range(queries.counter(series.requests_started), grid)
         name = series.requests_started
         if not started:  # no started counter: completed requests, as `collect` falls back to

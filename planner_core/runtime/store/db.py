@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from functools import cache
@@ -25,6 +26,12 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from planner_core.runtime.settings import RuntimeSettings
+
+# pgserver asks platformdirs for a runtime dir; without XDG_RUNTIME_DIR (usual in containers) platformdirs falls
+# back to /tmp/runtime-<uid> and says so in two lines. The fallback works (every pgserver process shares its lock
+# there), so only the notice is dropped, here, for every process that opens the embedded database: the CLI, and
+# also each served tick's flow run (a subprocess) and the tests, which the CLI's own filter never reached.
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 # The embedded server's login role for the planner (a member of `WRITER_ROLE`), and the role itself: migration
 # 0009 grants it its privileges; it is created here too so the login can exist before the first migration.
@@ -405,6 +412,17 @@ def resolve_owner_database_url(settings: RuntimeSettings | None = None) -> str:
     return embedded_database_url(settings.embedded_pg_dir)
 
 
+_ENGINES: list[Engine] = []  # every engine `get_engine` made in this process, for `dispose_engines`
+
+
+def dispose_engines() -> None:
+    """Close the pooled connections of every engine of this process. A command calls it as it ends: connections
+    left in a pool are otherwise closed by the garbage collector at exit, each with a ResourceWarning (`planner
+    replay` printed two). The engines stay usable: a later query opens a new connection."""
+    for engine in _ENGINES:
+        engine.dispose()
+
+
 @cache
 def get_engine(url: str, *, lock_timeout_ms: int | None = None, statement_timeout_ms: int | None = None) -> Engine:
     """One pooled engine per URL (and timeouts) per process. Every connection works in UTC.
@@ -414,6 +432,7 @@ def get_engine(url: str, *, lock_timeout_ms: int | None = None, statement_timeou
     another session holds a lock (the forward-pass ingest sets them: its writes must never stall its receiving).
     """
     engine = create_engine(url, pool_pre_ping=True, future=True)
+    _ENGINES.append(engine)
     settings = [("lock_timeout", lock_timeout_ms), ("statement_timeout", statement_timeout_ms)]
 
     @event.listens_for(engine, "connect")

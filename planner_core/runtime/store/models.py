@@ -104,6 +104,14 @@ SCHEDULED_AT_COMMENT = (
 DROPPED_TICK_COMMENT = (
     "A tick id (no foreign key since migration 0017): may name a tick whose partition retention dropped"
 )
+STAGE_COMMENT = (
+    "The stage that set the targets (planner_core.domain.summary.DecisionStage: forecast, burst, hold, budget, "
+    "plugin, load, ...); NULL before migration 0023"
+)
+SUMMARY_COMMENT = (
+    "The decision in one line, the deciding stage's numbers first (at most 160 characters); NULL before migration "
+    "0023 (tick_steps has the full chain)"
+)
 
 
 def _of_tick(*args: Any) -> tuple[Any, ...]:
@@ -400,6 +408,10 @@ class DecisionRow(Base):
     status: Mapped[str] = mapped_column(String(30))
     created_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
     status_changed_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+    # The stage that set the targets and the decision in one line (`planner_core.domain.summary`; migration 0023).
+    # NULL on decisions recorded before 0023: `decision_history` shows their headline reason and step chain.
+    stage: Mapped[str | None] = mapped_column(String(20), comment=STAGE_COMMENT)
+    summary: Mapped[str | None] = mapped_column(Text, comment=SUMMARY_COMMENT)
 
 
 class ExecutionRow(Base):

@@ -25,6 +25,7 @@ from planner_core.domain import (
     PlannerState,
     TickInputs,
     TickOutcome,
+    summarize_decision,
 )
 from planner_core.runtime.redact import redact_value
 from planner_core.runtime.store.codec import from_jsonable, stored_inputs, to_jsonable
@@ -585,6 +586,7 @@ def _record_decision(session: Session, tick_id: int, deployment_id: int, outcome
     if outcome.decision.is_empty:
         return None
     status = DecisionStatus.ADVISORY if outcome.decision.advisory else DecisionStatus.PENDING
+    summary = summarize_decision(outcome)
     decision = DecisionRow(
         tick_id=tick_id,
         deployment_id=deployment_id,
@@ -592,6 +594,8 @@ def _record_decision(session: Session, tick_id: int, deployment_id: int, outcome
         target_decode=outcome.decision.num_decode,
         reason=outcome.reason.value,
         status=status.value,
+        stage=summary.stage.value,
+        summary=summary.text,
     )
     session.add(decision)
     session.flush()
@@ -605,6 +609,7 @@ def _record_decision(session: Session, tick_id: int, deployment_id: int, outcome
             "target_prefill": decision.target_prefill,
             "target_decode": decision.target_decode,
             "reason": outcome.reason.value,
+            "stage": summary.stage.value,
         },
         deployment_id=deployment_id,
         tick_id=tick_id,

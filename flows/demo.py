@@ -72,11 +72,26 @@ def _walk_windows(
             cluster.run_until(end_s)
             counts = cluster.worker_counts()
             client.report_workers(ready_prefill=counts.ready_prefill, ready_decode=counts.ready_decode)
+            if ctx.config.throughput_capacity_feedback:
+                _publish_engine_iterations(ctx, cluster, now)
             traffic = cluster.observe(end_s - window_s, end_s, planner=ctx.planner)
             decide_and_record(ctx, Loop.THROUGHPUT, now, traffic)
             apply_decisions(ctx, now)
             follow_decisions(client, cluster, now)
             progress.update(bar, advance=1)
+
+
+def _publish_engine_iterations(ctx: PlannerContext, cluster: ClusterSimulator, now: dt.datetime) -> None:
+    """The simulated engines' latest iterations into `fpm_samples`, as the forward-pass ingest stores a real
+    engine's: the closed loop's tick reads them there (`service._tick_inputs`), as the bench's reads the
+    simulator's (`PlannerPolicy.decide`)."""
+    from planner_core.runtime.store import repository as repo
+    from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
+
+    samples = [FpmSample(fpm=fpm, received_at=now) for fpm in cluster.latest_fpm()]
+    with ctx.sessions.begin() as session:
+        deployment = repo.ensure_deployment(session, ctx.deployment, ctx.config)
+        insert_fpm_samples(session, deployment.id, samples)
 
 
 def _publish_run_report(ctx: PlannerContext, config_path: str, report_dir: str | None, at: dt.datetime):

@@ -20,6 +20,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
 from prefect import Flow, flow, get_run_logger, tags, task
 from prefect.cache_policies import NO_CACHE
@@ -368,17 +370,51 @@ def bench_round_runner(
     return run
 
 
+@dataclass(frozen=True, slots=True)
+class AuditHeadPublishing:
+    """Where and how often `serve_fleet` publishes the audit log's head (`planner fleet serve --audit-head-file`)."""
+
+    path: Path
+    every_s: float
+
+
+def publish_audit_head(url: str, path: Path) -> None:
+    """Verify the audit chain and write its head to `path` (`audit_chain.publish_head`); a broken chain is logged
+    as an error and leaves the last good head in the file."""
+    from planner_core.runtime.store.audit_chain import publish_head
+
+    log = logging.getLogger(__name__)
+    with session_factory(url).begin() as session:
+        report, head = publish_head(session, path)
+    if head is None:
+        assert report.broken is not None
+        log.error("audit head not published: the chain is broken after %d rows: %s", report.num_rows,
+                  report.broken.line())  # fmt: skip
+    else:
+        log.info("audit head published to %s: row %s", path, head.row_id)
+
+
 def serve_fleet(
-    interval_s: float, max_concurrent: int, stop: threading.Event | None = None, *, task_per_member: bool = True
+    interval_s: float,
+    max_concurrent: int,
+    stop: threading.Event | None = None,
+    *,
+    task_per_member: bool = True,
+    audit_head: AuditHeadPublishing | None = None,
 ) -> None:
-    """Run a fleet tick at every slot of `interval_s` (aligned to the epoch) until `stop` is set or Ctrl-C.
+    """Run a fleet tick at every slot of `interval_s` (aligned to the epoch) until `stop` is set or Ctrl-C; with
+    `audit_head`, publish the audit log's head to its file at start and then every `every_s` seconds.
 
     A tick that overruns its slot makes the next run start at the newest slot: slots in between are not run (the
     members count them as missed ticks), so the fleet never falls further behind."""
     url = resolve_database_url(RuntimeSettings())
     ensure_partitions_ahead(get_engine(url), dt.datetime.now(dt.UTC))  # today's and the next days' (each tick: its own)
     stop = stop or threading.Event()
+    next_head_s = time.time()
     while not stop.is_set():
+        if audit_head is not None and time.time() >= next_head_s:
+            publish_audit_head(url, audit_head.path)
+            next_head_s = time.time() + audit_head.every_s
         next_slot_s = math.floor(time.time() / interval_s) * interval_s + interval_s
         if stop.wait(max(0.0, next_slot_s - time.time())):
             break

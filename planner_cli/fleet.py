@@ -148,6 +148,14 @@ def cmd_fleet_serve(args: argparse.Namespace) -> int:
         print(f"planner fleet serve: {signal.Signals(signum).name}: finishing the round in flight", file=sys.stderr)
         stop.set()
 
+    audit_head = None
+    if args.audit_head_file is not None:
+        from flows.fleet import AuditHeadPublishing
+
+        if not args.audit_head_file.parent.is_dir():  # checked before anything starts
+            raise ValueError(f"--audit-head-file {args.audit_head_file}: folder {args.audit_head_file.parent} does "
+                             "not exist")  # fmt: skip
+        audit_head = AuditHeadPublishing(path=args.audit_head_file, every_s=args.audit_head_every_s)
     with prefect_api(port=args.port, exit_when_lost=True) as api_url:
         print(f"Prefect UI: {api_url.removesuffix('/api')}", file=sys.stderr)
         from flows.fleet import serve_fleet
@@ -161,7 +169,10 @@ def cmd_fleet_serve(args: argparse.Namespace) -> int:
 
         def rounds() -> None:
             try:
-                serve_fleet(args.interval, args.max_concurrent, stop, task_per_member=args.task_per_member)
+                serve_fleet(
+                    args.interval, args.max_concurrent, stop, task_per_member=args.task_per_member,
+                    audit_head=audit_head,
+                )  # fmt: skip
             except BaseException as exc:  # re-raised in the main thread, as if serve_fleet had run there
                 failure.append(exc)
                 stop.set()
@@ -318,6 +329,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--interval", type=float, default=5.0, help="seconds between fleet ticks (default 5)")
     serve.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
     serve.add_argument("--port", type=port_number, default=4200, help="port of the local Prefect server")
+    serve.add_argument(
+        "--audit-head-file", type=Path, default=None, metavar="PATH",
+        help="publish the audit log's head (as `planner audit head` prints it) to PATH at start and every "
+        "--audit-head-every-s; keep PATH where the database's owner cannot write (a volume of its own, synced to a "
+        "ConfigMap) and check with `planner audit verify --head PATH`. A broken chain leaves the last good head",
+    )  # fmt: skip
+    serve.add_argument(
+        "--audit-head-every-s", type=float, default=3600.0,
+        help="seconds between two publications of the audit head (default 3600: verifying reads the whole log)",
+    )  # fmt: skip
     _granularity(serve)
     serve.set_defaults(func=cmd_fleet_serve)
     tick = fsub.add_parser("tick", help="one fleet tick now (or --at a time) and print its summary")

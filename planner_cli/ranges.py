@@ -60,6 +60,7 @@ _RATIO = _positive(1000)
 OPTION_RANGES: dict[str, Range] = {
     "--accept-length": _from(1, 64),
     "--attempt-timeout-s": _SECONDS,
+    "--audit-head-every-s": _positive(7 * DAY_S),
     "--batch-size": _from(1, MAX_COUNT),
     "--budget": _from(0, MAX_GPUS),
     "--chars-per-token": _positive(100),

@@ -315,3 +315,28 @@ def test_a_bad_head_is_one_line(tmp_path, value: str, fragment: str) -> None:
     assert missing.returncode == 2
     [line] = missing.stderr.splitlines()
     assert line.startswith(f"planner: error: --head {tmp_path / 'none'}: cannot be read")
+
+
+def test_the_fleet_publishes_the_head_and_a_broken_chain_keeps_the_last_good_one(database_url, tmp_path) -> None:
+    """`planner fleet serve --audit-head-file` (`flows.fleet.publish_audit_head`): the head as `planner audit head`
+    prints it, written whole; `verify --head` holds against it; once the chain is broken, publishing leaves the
+    last good head in place for the verification that catches it."""
+    import json
+
+    from flows.fleet import publish_audit_head
+
+    _record_ticks(database_url, tmp_path, 2)
+    path = tmp_path / "anchor" / "audit-head.json"
+    path.parent.mkdir()
+    publish_audit_head(database_url, path)
+    exported = _audit_cli(database_url, "head")
+    assert json.loads(path.read_text()) == json.loads(exported.stdout)
+    assert [p.name for p in path.parent.iterdir()] == ["audit-head.json"]  # no partial file left behind
+    assert _audit_cli(database_url, "verify", "--head", str(path)).returncode == 0
+    published = path.read_text()
+    with psycopg.connect(to_libpq_uri(database_url)) as conn:
+        first = conn.execute("SELECT min(id) FROM audit_log").fetchone()[0]
+    _as_owner(database_url, f"UPDATE audit_log SET event = 'forged' WHERE id = {first}")
+    publish_audit_head(database_url, path)
+    assert path.read_text() == published
+    assert _audit_cli(database_url, "verify", "--head", str(path)).returncode == 1

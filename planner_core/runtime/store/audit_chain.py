@@ -20,8 +20,10 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
@@ -176,6 +178,20 @@ def current_head(session: Session) -> tuple[ChainReport, ChainHead | None]:
     if report.head_row_id is not None:
         at = session.execute(text("SELECT at FROM audit_log WHERE id = :id"), {"id": report.head_row_id}).scalar_one()
     return report, ChainHead(row_id=report.head_row_id, hash_hex=report.head_hash, at=at)
+
+
+def publish_head(session: Session, path: Path) -> tuple[ChainReport, ChainHead | None]:
+    """Verify the chain and write its head to `path` as `planner audit head` prints it, atomically (a reader sees
+    the previous head or the new one, never half of one); a broken chain leaves the file as it was, so the last good
+    anchor survives whoever broke it. The fleet publishes it periodically (`planner fleet serve --audit-head-file`)
+    to a place the database's owner does not control."""
+    report, head = current_head(session)
+    if head is None:
+        return report, None
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(head.to_json()) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+    return report, head
 
 
 def _broken(num_rows: int, head: bytes, row_id: int, field: str, expected: bytes, found: bytes) -> ChainReport:

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from planner_cli.common import DEFAULT_PROFILE, above, at_least, check_output_path
+from planner_cli.common import DEFAULT_PROFILE, check_output_path
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -263,9 +263,9 @@ def _add_workload_arguments(bench: argparse.ArgumentParser) -> None:
     """The trace and how it is scaled and shaped; the engines' profile."""
     bench.add_argument("--trace", type=Path, required=True, help="Azure CSV, Mooncake or Dynamo v1 trace")
     bench.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="engine profile (timing and sizing)")
-    bench.add_argument("--rate-scale", type=above(0), default=1.0, help="multiply the trace's request rate")
+    bench.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's request rate")
     bench.add_argument(
-        "--compress", type=above(0), default=1.0, help="serve the same requests in 1/X of the time (after scaling)"
+        "--compress", type=float, default=1.0, help="serve the same requests in 1/X of the time (after scaling)"
     )
     bench.add_argument(
         "--shape", type=Path, default=None,
@@ -341,18 +341,16 @@ def _add_router_arguments(bench: argparse.ArgumentParser) -> None:
 
 def _add_planner_arguments(bench: argparse.ArgumentParser) -> None:
     """The SLA, the start-up time, the planners' and the oracle's settings, and what serves the requests."""
-    bench.add_argument("--ttft-ms", type=above(0), default=500.0, help="TTFT target (ms)")
-    bench.add_argument("--itl-ms", type=above(0), default=50.0, help="ITL target (ms)")
-    bench.add_argument("--startup-s", type=at_least(0, float), default=120.0, help="worker start-up time (s)")
+    bench.add_argument("--ttft-ms", type=float, default=500.0, help="TTFT target (ms)")
+    bench.add_argument("--itl-ms", type=float, default=50.0, help="ITL target (ms)")
+    bench.add_argument("--startup-s", type=float, default=120.0, help="worker start-up time (s)")
     bench.add_argument(
         "--horizon-quantiles", type=_quantiles, default=(), metavar="Q[,Q...]",
         help="also run the recommended policy at each of these throughput_horizon_quantile values (0 <= q < 1), "
         "named planner@qQ; --html then draws their attainment vs GPU-hours frontier",
     )  # fmt: skip
     bench.add_argument("--max-gpu-budget", type=int, default=-1, help="GPU ceiling for the planners (-1: none)")
-    bench.add_argument(
-        "--throughput-interval-s", type=at_least(1), default=180, help="throughput window / oracle window"
-    )
+    bench.add_argument("--throughput-interval-s", type=int, default=180, help="throughput window / oracle window")
     bench.add_argument(
         "--oracle-target",
         type=float,

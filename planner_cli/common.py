@@ -70,50 +70,6 @@ def select_deployment(database_url: str | None, requested: str | None, *, record
     raise LookupError(f"{len(known)} deployments recorded (known: {shown}): choose one with --deployment NAME")
 
 
-def at_least(minimum: float, kind: type = int):
-    """An argparse `type` that refuses a number below `minimum` while the arguments are parsed, before anything
-    is recorded or computed: `planner demo: error: argument --max-windows: must be >= 1, got 0`."""
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a{'n integer' if kind is int else ' number'}: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum:g}, got {text}")
-        return value
-
-    parse.__name__ = f"{kind.__name__} >= {minimum:g}"
-    return parse
-
-
-def above(bound: float):
-    """An argparse `type` for a float strictly above `bound` (a rate scale, an interval)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > bound:  # also refuses nan
-            raise argparse.ArgumentTypeError(f"must be > {bound:g}, got {text}")
-        return value
-
-    parse.__name__ = f"float > {bound:g}"
-    return parse
-
-
-def port_number(text: str) -> int:
-    """An argparse `type` for a TCP port, 0..65535 (0: the OS picks one, where the command allows it)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 0..65535, got {text}")
-    return value
-
-
 def check_output_path(path: Path | None, flag: str) -> None:
     """Refuse, before any work, an output file whose folder does not exist or is not writable, or that names a
     folder: one line naming the flag and the path (`-` is stdout, and passes)."""

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from planner_cli.common import DEFAULT_TRACE, above, at_least, prefect_environment, print_example_queries
+from planner_cli.common import DEFAULT_TRACE, prefect_environment, print_example_queries
 from planner_core.config import PlannerConfig
 from planner_core.data import DEFAULT_CONFIG
 from planner_core.runtime.settings import RuntimeSettings
@@ -136,11 +136,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     demo.add_argument("--deployment", default="demo", help="managed-deployment name (a new name starts afresh)")
     # the numbers are checked as they are parsed: a bad one is refused before the deployment is recorded
-    demo.add_argument("--startup-s", type=at_least(0, float), default=120.0, help="simulated worker start-up time")
-    demo.add_argument(
-        "--rate-scale", type=above(0), default=12.0, help="multiply the trace's request rate (shape kept)"
-    )
-    demo.add_argument(
-        "--max-windows", type=at_least(1), default=None, help="stop after this many throughput windows (>= 1)"
-    )
+    demo.add_argument("--startup-s", type=float, default=120.0, help="simulated worker start-up time")
+    demo.add_argument("--rate-scale", type=float, default=12.0, help="multiply the trace's request rate (shape kept)")
+    demo.add_argument("--max-windows", type=int, default=None, help="stop after this many throughput windows (>= 1)")
     demo.set_defaults(func=cmd_demo)

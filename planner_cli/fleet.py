@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from planner_cli.common import port_number
 from planner_core.runtime.settings import RuntimeSettings
 
 if TYPE_CHECKING:
@@ -328,7 +327,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve = fsub.add_parser("serve", help="a fleet tick at every slot of --interval until Ctrl-C")
     serve.add_argument("--interval", type=float, default=5.0, help="seconds between fleet ticks (default 5)")
     serve.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
-    serve.add_argument("--port", type=port_number, default=4200, help="port of the local Prefect server")
+    serve.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
     serve.add_argument(
         "--audit-head-file", type=Path, default=None, metavar="PATH",
         help="publish the audit log's head (as `planner audit head` prints it) to PATH at start and every "
@@ -344,7 +343,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     tick = fsub.add_parser("tick", help="one fleet tick now (or --at a time) and print its summary")
     tick.add_argument("--at", type=_aware, default=None, help="the slot time (ISO 8601; default now)")
     tick.add_argument("--max-concurrent", type=int, default=4, help="member ticks at a time (default 4)")
-    tick.add_argument("--port", type=port_number, default=4200, help="port of the local Prefect server")
+    tick.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
     _granularity(tick)
     tick.set_defaults(func=cmd_fleet_tick)
     replay = fsub.add_parser("replay", help="run a recorded arbitration round again and compare")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from planner_cli.common import port_number
 from planner_core.runtime.settings import RuntimeSettings
 
 
@@ -58,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     keda = sub.add_parser(
         "keda-scaler", help="serve the planner's targets to KEDA (External Scaler gRPC API, ScaledObject type external)"
     )
-    keda.add_argument("--port", type=port_number, default=9090, help="gRPC port (0 picks a free one)")
+    keda.add_argument("--port", type=int, default=9090, help="gRPC port (0 picks a free one)")
     keda.add_argument(
         "--host", default="127.0.0.1",
         help="address to listen on; in a pod, 0.0.0.0 (or [::]) so that KEDA reaches it (infra/keda/keda-scaler.yaml)",

@@ -12,8 +12,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from planner_cli.common import port_number
-
 
 def cmd_route_proxy(args: argparse.Namespace) -> int:
     import uvicorn
@@ -81,5 +79,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chars-per-token", type=float, default=4.0, help="prompt characters per token (the estimate)")
     p.add_argument("--namespace", default="dynamo", help="Dynamo namespace of the workers")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=port_number, default=8800, help="port to listen on")
+    p.add_argument("--port", type=int, default=8800, help="port to listen on")
     p.set_defaults(func=cmd_route_proxy)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from planner_cli.common import add_deployment_argument, port_number, prefect_environment, select_deployment
+from planner_cli.common import add_deployment_argument, prefect_environment, select_deployment
 from planner_core.runtime.settings import RuntimeSettings
 
 
@@ -37,5 +37,5 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="PlannerConfig (default: PLANNER_CONFIG, else the recommended policy planner.yaml)",
     )  # fmt: skip
     add_deployment_argument(serve, records=True)
-    serve.add_argument("--port", type=port_number, default=4200, help="port of the local Prefect server")
+    serve.add_argument("--port", type=int, default=4200, help="port of the local Prefect server")
     serve.set_defaults(func=cmd_serve)

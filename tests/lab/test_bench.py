@@ -526,7 +526,11 @@ def test_agg_planner_sizes_for_bursts_above_the_mean_rate(profile_perf: ProfileP
     base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 60}
     (burst,) = build_policies(["planner"], base, trace, profile_perf, FWD, agg, window_s=60, initial="min")
     assert isinstance(burst, PlannerPolicy) and burst.config.throughput_prefill_burst_sizing
-    settings = yaml.safe_load(policy_path("planner").read_text()) | {"mode": "agg"}
+    # agg mode: the closed loop (disaggregated pools only) off, as `bench_config` turns it off for agg
+    settings = yaml.safe_load(policy_path("planner").read_text()) | {
+        "mode": "agg",
+        "throughput_capacity_feedback": False,
+    }
     mean_only = UserPlannerConfig(name="config:mean-only", path=tmp_path / "mean-only.yaml")
     mean_only.path.write_text(yaml.safe_dump(settings | {"throughput_prefill_burst_sizing": False}))
     (plain,) = build_policies([], base, trace, profile_perf, FWD, agg, window_s=60, initial="min",
@@ -544,11 +548,14 @@ def test_a_named_policy_is_its_config_file(profile_perf: ProfilePerfModel) -> No
     trace = busy_trace(24_000, 900.0)  # ~9 then ~18 requests/s
     base = {"ttft_ms": 500.0, "itl_ms": 50.0, "max_gpu_budget": -1, "throughput_adjustment_interval_seconds": 180}
     assert set(policy_names()) >= {"planner", "dynamo-0x", "dynamo-1x", "threshold", "dynamo-defaults"}
+    # the engines the profile describes: the closed loop measures them at its speed (on the fake engines it learns
+    # they are faster, up to its bound, and holds one engine throughout)
+    engines = profile_perf.forward_pass_model()
     named, from_file = build_policies(
-        ["planner"], base, trace, profile_perf, FWD, SimSpec(), window_s=60, initial="min",
+        ["planner"], base, trace, profile_perf, engines, SimSpec(), window_s=60, initial="min",
         user_configs=[UserPlannerConfig(name="config:planner", path=policy_path("planner"))],
     )  # fmt: skip
-    runs = run_bench([named, from_file], trace, FWD, SimSpec(startup_s=30), ttft_ms=500, itl_ms=50)
+    runs = run_bench([named, from_file], trace, engines, SimSpec(startup_s=30), ttft_ms=500, itl_ms=50)
     rows = [dataclasses.asdict(run.row) for run in runs]
     for row in rows:
         del row["policy"], row["wall_s"]

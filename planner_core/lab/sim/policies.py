@@ -322,14 +322,16 @@ def bench_config(path: Path, base: Mapping[str, object], *, aggregated: bool | N
     """A planner config file as a bench runs it: the file's settings, with the bench's scenario
     (`SCENARIO_FIELDS` of `base`: the SLA targets the requests are scored against and the simulated engines' GPUs)
     in place of the file's, and the rest of `base` (budget, window, per-tick cap) where the file leaves a field
-    unset. `aggregated` True runs a disaggregated file with `mode: agg` (a named policy in `--mode agg`).
+    unset. `aggregated` True runs a disaggregated file with `mode: agg` (a named policy in `--mode agg`), its closed
+    loop off (it learns disaggregated pools only).
 
     Raises ConfigError (one line naming the file, field and value) for a bad file."""
     policy = load_config(path).policy
     unset = {key: value for key, value in base.items() if key not in SCENARIO_FIELDS}
     unset = {key: value for key, value in unset.items() if key not in policy.model_fields_set}
     scenario = {key: base[key] for key in SCENARIO_FIELDS if key in base}
-    mode = {"mode": PlannerMode.AGG.value} if aggregated else {}
+    # the closed loop learns disaggregated pools only (`planner_core.policy.feedback`): off for aggregated engines
+    mode = {"mode": PlannerMode.AGG.value, "throughput_capacity_feedback": False} if aggregated else {}
     return parse_config({**unset, **policy.model_dump(exclude_unset=True), **scenario, **mode}, str(path)).policy
 
 

@@ -437,6 +437,21 @@ class PlannerConfig(BaseModel):
     throughput_prefill_burst_sizing: bool = Field(
         default=False, description="Also size prefill so a p99 prompt burst drains within the TTFT target."
     )
+    # Pooled burst percentile (ours; 0 = each window's own p99). The burst sizing reads the p99 prompt-arrival
+    # curve pooled over at least this many requests of the newest windows (planner_core.policy.burst_pool): a
+    # window of a few hundred requests has a p99 that is nearly its largest value and swings from window to window.
+    throughput_burst_pool_requests: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="Requests the burst sizing pools its p99 prompt-arrival curve over (newest windows); 0 = off.",
+    )
+    throughput_burst_pool_windows: int = Field(
+        default=10,
+        ge=1,
+        le=120,
+        description="Most throughput windows (the newest, the current one included) the burst percentile pools.",
+    )
     # Scale-down hold (ours; 0 = Dynamo): each pool is sized for the largest need the throughput loop found over
     # the last this many seconds, so capacity removed in a lull is not missing when the traffic returns before a
     # new worker could start (start-up takes minutes; removing one is instant).

@@ -21,6 +21,21 @@ PROMPT_ARRIVAL_INTERVALS_S: dict[str, float] = {
     "prompt_tokens_p99_30s": 30.0,
 }
 
+# The quantiles a window's prompt-arrival curve keeps of each interval's distribution (`PromptBurstQuantiles`), so
+# the burst rule can pool its 99th percentile over the requests of several windows; 0.99 is the curve's own point.
+PROMPT_BURST_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 1.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PromptBurstQuantiles:
+    """One interval of a window's prompt-arrival curve as a distribution: over the window's `num_requests` requests
+    (those the percentile is taken over), the prompt tokens that arrived in the `interval_s` up to each one, at the
+    quantiles `PROMPT_BURST_QUANTILES` (linear interpolation, as `numpy.percentile`)."""
+
+    interval_s: float
+    num_requests: int
+    tokens: tuple[float, ...]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RecordedArrivals:
@@ -71,6 +86,9 @@ class TrafficObservation:
         prompt_arrivals: the window's raw request arrivals as the source recorded them (policy-free), which the
             tick derives the curve from; None where the source has none, and in ticks stored before it (whose
             stored curve is then read as it is).
+        prompt_tokens_quantiles: derived in the tick with the curve, from the same arrivals and cap: each
+            interval's distribution over the window's requests (`PromptBurstQuantiles`), which the burst rule pools
+            over several windows (`planner_core.policy.burst_pool`); empty where the curve is not derived.
     """
 
     duration_s: float
@@ -99,6 +117,8 @@ class TrafficObservation:
     prompt_tokens_p99_30s: float | None = None
     # the raw arrivals the curve is derived from in the tick; None (ticks stored before it): the curve as stored
     prompt_arrivals: RecordedArrivals | None = None
+    # derived with the curve in the tick: each interval's distribution, which the burst rule pools over windows
+    prompt_tokens_quantiles: tuple[PromptBurstQuantiles, ...] = ()
 
     def prompt_arrival_curve(self) -> tuple[tuple[float, float], ...]:
         """The observed points of the prompt-token arrival curve as (interval s, p99 tokens), shortest first."""
@@ -113,7 +133,7 @@ class TrafficObservation:
         """Name of the first field that is NaN, infinite or negative, or None when all are usable."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, RecordedArrivals):
+            if isinstance(value, RecordedArrivals | tuple):
                 continue  # not a figure: the curve derived from it is checked where it is read
             if value is not None and (math.isnan(value) or math.isinf(value) or value < 0):
                 return f.name

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from planner_core.domain.components import Component
 from planner_core.domain.forecast import LoadHistory
+from planner_core.domain.observations import PromptBurstQuantiles
 from planner_core.domain.perf_state import OnlinePerfState
 from planner_core.domain.pipeline_state import PipelineState
 
@@ -133,6 +134,19 @@ class CapacityFeedback:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PromptBurstWindow:
+    """One throughput window's prompt-arrival distributions (`PromptBurstQuantiles` per interval), kept so the
+    burst rule pools its percentile over more requests than one window holds (`planner_core.policy.burst_pool`)."""
+
+    at_s: float
+    points: tuple[PromptBurstQuantiles, ...] = ()
+
+    @property
+    def num_requests(self) -> int:
+        return max((point.num_requests for point in self.points), default=0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlannerState:
     """Cross-tick state of one managed deployment; stored as JSONB after every tick."""
 
@@ -155,3 +169,5 @@ class PlannerState:
     horizon_windows: tuple[HorizonWindow, ...] = ()
     # Ours: each pool's engine speed learned from the latency it served (`planner_core.policy.feedback`).
     capacity_feedback: CapacityFeedback = field(default_factory=CapacityFeedback)
+    # Ours: the previous windows' prompt-arrival distributions the burst rule pools (`planner_core.policy.burst_pool`).
+    recent_prompt_bursts: tuple[PromptBurstWindow, ...] = ()

@@ -9,7 +9,7 @@ the stages in a fixed order, each a function that returns its value and its step
 2. capacity: each pool's size at the forecast rate, on the engines' forward-pass capacity (Dynamo 1.x,
    `size_on_engine_capacity`) or on the profile's interpolated throughput (Dynamo 0.x, `size_on_interpolation`);
 3. bursts (ours, optional): the pool that computes prompts raised to drain the observed prompt bursts within the
-   TTFT target (`size_for_bursts`);
+   TTFT target (`size_for_bursts`), their percentile pooled over the newest windows where configured;
 4. horizon (ours, optional): each need raised by its learned start-up-horizon headroom (`raise_for_horizon`);
 5. hold (ours, optional): each pool at its largest need of the last hold seconds (`hold_scale_down`);
 6. margin (ours, optional): a shrinking pool kept until its need clears a hysteresis margin (`scale_down_margin`);
@@ -44,6 +44,7 @@ from planner_core.domain import (
     TrafficObservation,
 )
 from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, min_endpoints
+from planner_core.policy.burst_pool import pool_prompt_bursts, remember_prompt_bursts
 from planner_core.policy.feedback import (
     FeedbackWindow,
     learn_pool_speed,
@@ -158,7 +159,7 @@ def size_pools(request: SizingRequest) -> SizingOutcome:
     if sizes is None:
         return SizingOutcome(desired=None, steps=steps, state=state)
     if config.throughput_prefill_burst_sizing:
-        sizes, stage_steps = size_for_bursts(request, shape, sizes)
+        sizes, state, stage_steps = size_for_bursts(request, state, shape, sizes)
         steps += stage_steps
     if config.throughput_horizon_quantile > 0 and sizes.observed:
         # before the hold and the margin: the raised size is a need the hold keeps, and the headroom is added to
@@ -347,14 +348,32 @@ def _pool_capacity(
 # --- bursts ------------------------------------------------------------------------------------------------------
 
 
-def size_for_bursts(request: SizingRequest, shape: RequestShape, sizes: PoolSizes) -> tuple[PoolSizes, Steps]:
+def size_for_bursts(
+    request: SizingRequest, state: PlannerState, shape: RequestShape, sizes: PoolSizes
+) -> tuple[PoolSizes, PlannerState, Steps]:
     """Ours: raise the pool that computes prompts (prefill, or the aggregated engines, scaled as the decode pool)
     so the observed prompt bursts drain within the TTFT target (`burst_prefill_replicas`), at the engine rate of
-    `burst_engine_rate`. The window's own burst need (the curve not shrunk to the forecast) goes into `observed`."""
+    `burst_engine_rate`. With `throughput_burst_pool_requests` the curve read is pooled over the newest windows
+    (`planner_core.policy.burst_pool`), whose distributions the state keeps. The window's own burst need (the curve
+    not shrunk to the forecast) goes into `observed`."""
     config, prediction, traffic = request.config, request.prediction, request.traffic
     component = Component.DECODE if config.mode is PlannerMode.AGG else Component.PREFILL
     if component not in sizes.sized:
-        return sizes, ()
+        return sizes, state, ()
+    curve, pooled = None, ""
+    if config.throughput_burst_pool_requests > 0:
+        pool = {
+            "min_requests": config.throughput_burst_pool_requests,
+            "max_windows": config.throughput_burst_pool_windows,
+        }
+        pooled_curve = pool_prompt_bursts(traffic.prompt_tokens_quantiles, state.recent_prompt_bursts, **pool)
+        if pooled_curve is not None:
+            curve = pooled_curve.points
+            pooled = f" (pooled: {pooled_curve.num_requests} requests, {pooled_curve.num_windows} windows)"
+        recent = remember_prompt_bursts(
+            state.recent_prompt_bursts, request.inputs.now_s, traffic.prompt_tokens_quantiles, **pool
+        )
+        state = dataclasses.replace(state, recent_prompt_bursts=recent)
     mean_rate_replicas = sizes.sized[component]
     engine_tokens_per_s, iteration_s = burst_engine_rate(request, shape, component)
     rule = {
@@ -363,6 +382,8 @@ def size_for_bursts(request: SizingRequest, shape: RequestShape, sizes: PoolSize
         "engine_prompt_tokens_per_s": engine_tokens_per_s,
         "iteration_s": iteration_s,
         "component": component,
+        "curve": curve,
+        "pooled": pooled,
     }
     replicas, step, burst_need = burst_prefill_replicas(
         traffic, prediction.num_req * prediction.isl / request.window_s, **rule
@@ -377,7 +398,7 @@ def size_for_bursts(request: SizingRequest, shape: RequestShape, sizes: PoolSize
         if observed_need is not None:
             observed[component] = max(observed.get(component, 0.0), observed_need)
     sized = {**sizes.sized, component: replicas}
-    return PoolSizes(sized=sized, unrounded=unrounded, observed=observed), (step,)
+    return PoolSizes(sized=sized, unrounded=unrounded, observed=observed), state, (step,)
 
 
 def burst_engine_rate(request: SizingRequest, shape: RequestShape, component: Component) -> tuple[float, float]:

@@ -40,7 +40,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from planner_core.arrivals import PromptCap, prompt_arrival_curve, recorded_request_arrivals
+from planner_core.arrivals import PromptCap, prompt_arrival_quantiles, recorded_request_arrivals
 from planner_core.config import LengthSizing, PlannerConfig, PlannerMode
 from planner_core.domain import (
     PROMPT_ARRIVAL_INTERVALS_S,
@@ -341,7 +341,8 @@ def prompt_cap(
 def with_prompt_curve(
     config: PlannerConfig, perf: ThroughputPerfModel | None, traffic: TrafficObservation
 ) -> TrafficObservation:
-    """`traffic` with the prompt-arrival curve this policy reads, derived from the arrivals the source recorded
+    """`traffic` with the prompt-arrival curve this policy reads (and each interval's distribution, which the burst
+    rule pools over windows), derived from the arrivals the source recorded
     (`TrafficObservation.prompt_arrivals`), each prompt counted up to this policy's engine share (`prompt_cap`):
     the tick calls it, so a replay under another config derives the curve again. Every curve field is replaced
     (an interval the arrivals cannot show is None). Without recorded arrivals (a source without timestamps, or a
@@ -350,8 +351,14 @@ def with_prompt_curve(
     if record is None:
         return traffic
     cap = prompt_cap(config, perf, traffic)
-    curve = prompt_arrival_curve(recorded_request_arrivals(record), record.start_s, record.end_s, cap=cap)
-    return dataclasses.replace(traffic, **{name: curve.get(name) for name in PROMPT_ARRIVAL_INTERVALS_S})
+    curve, quantiles = prompt_arrival_quantiles(
+        recorded_request_arrivals(record), record.start_s, record.end_s, cap=cap
+    )
+    return dataclasses.replace(
+        traffic,
+        **{name: curve.get(name) for name in PROMPT_ARRIVAL_INTERVALS_S},
+        prompt_tokens_quantiles=quantiles,
+    )
 
 
 def burst_prefill_replicas(
@@ -363,6 +370,8 @@ def burst_prefill_replicas(
     engine_prompt_tokens_per_s: float,
     iteration_s: float,
     component: Component = Component.PREFILL,
+    curve: tuple[tuple[float, float], ...] | None = None,
+    pooled: str = "",
 ) -> tuple[int, StepRecord, float | None]:
     """Prefill engines that also drain the observed prompt bursts, shrunk to a lower forecast, within the TTFT target.
 
@@ -375,6 +384,8 @@ def burst_prefill_replicas(
         iteration_s: wall time of one full-chunk iteration (s).
         component: the pool sized: PREFILL, or DECODE for aggregated engines (their prompt rate and iteration under
             the decode batch then stand for `engine_prompt_tokens_per_s` and `iteration_s`).
+        curve: the curve to read in place of the window's own (the pooled one, `planner_core.policy.burst_pool`),
+            as (interval s, p99 tokens); `pooled` says in the step what it was pooled over.
 
     Returns:
         The larger of `mean_rate_replicas` and `max over L of ceil(g * A(L) / (mu * (L + T')))` (module
@@ -382,7 +393,8 @@ def burst_prefill_replicas(
         window has no arrival curve or no prompt tokens, or the engine rate is unknown: `mean_rate_replicas` kept),
         and the burst need in engines before rounding up (None when unavailable).
     """
-    curve = traffic.prompt_arrival_curve()
+    if curve is None:
+        curve = traffic.prompt_arrival_curve()
     observed_tokens_per_s = traffic.num_req * traffic.isl / traffic.duration_s if traffic.duration_s > 0 else 0.0
     if not curve or observed_tokens_per_s <= 0 or engine_prompt_tokens_per_s <= 0:
         why = (
@@ -413,8 +425,9 @@ def burst_prefill_replicas(
         value=replicas,
         reason=ReasonCode.BURST_SIZED if burst > mean_rate_replicas else ReasonCode.BURST_COVERED,
         detail=(
-            f"ceil({growth:.3g} x {tokens:.0f} p99 tokens in {interval_s:g} s / ({engine_prompt_tokens_per_s:.0f} "
-            f"tokens/s x ({interval_s:g} + {slack_s:.3f}) s)) = {burst}; mean rate {mean_rate_replicas}"
+            f"ceil({growth:.3g} x {tokens:.0f} p99 tokens in {interval_s:g} s{pooled} / "
+            f"({engine_prompt_tokens_per_s:.0f} tokens/s x ({interval_s:g} + {slack_s:.3f}) s)) = {burst}; "
+            f"mean rate {mean_rate_replicas}"
         ),
     )
     return replicas, step, need

@@ -58,6 +58,8 @@ from planner_core.domain import (
     PluginSchedule,
     PoolFeedback,
     Prediction,
+    PromptBurstQuantiles,
+    PromptBurstWindow,
     QueuedRequests,
     ReasonCode,
     RecordedArrivals,
@@ -99,6 +101,12 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         num_req=float_tuples,
         resolution_s=floats,
     )
+    burst_quantiles = st.builds(
+        PromptBurstQuantiles,
+        interval_s=floats,
+        num_requests=counts,
+        tokens=float_tuples,
+    )
     traffic = st.builds(
         TrafficObservation,
         duration_s=floats,
@@ -114,6 +122,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         prompt_tokens_p99_250ms=opt_floats,
         prompt_tokens_p99_30s=opt_floats,
         prompt_arrivals=st.none() | recorded_arrivals,
+        prompt_tokens_quantiles=st.lists(burst_quantiles, max_size=2).map(tuple),
     )
     scheduled = st.builds(
         ScheduledRequests,
@@ -349,6 +358,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         PoolFeedback, speed=floats, num_updates=counts, last_ready=counts, last_measured=opt_floats
     )
     capacity_feedback = st.builds(CapacityFeedback, prefill=pool_feedback, decode=pool_feedback)
+    burst_window = st.builds(PromptBurstWindow, at_s=floats, points=st.lists(burst_quantiles, max_size=2).map(tuple))
     state = st.builds(
         PlannerState,
         load_history=history,
@@ -365,6 +375,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         startup=startup,
         horizon_windows=st.lists(horizon_window, max_size=3).map(tuple),
         capacity_feedback=capacity_feedback,
+        recent_prompt_bursts=st.lists(burst_window, max_size=2).map(tuple),
     )
     step = st.builds(
         StepRecord,
@@ -397,6 +408,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
     )
     return {
         RecordedArrivals: recorded_arrivals,
+        PromptBurstQuantiles: burst_quantiles,
         TrafficObservation: traffic,
         WorkerCounts: workers,
         ScheduledRequests: scheduled,
@@ -433,6 +445,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         HorizonWindow: horizon_window,
         PoolFeedback: pool_feedback,
         CapacityFeedback: capacity_feedback,
+        PromptBurstWindow: burst_window,
         PlannerState: state,
         StepRecord: step,
         ReplicaProposal: proposal,
@@ -574,6 +587,7 @@ def test_non_finite_floats_become_strings() -> None:
         "ttft_ms_p99": None,
         "queue_ms": None,
         "prompt_arrivals": None,
+        "prompt_tokens_quantiles": [],
     }
     json.dumps(to_jsonable(obs), allow_nan=False)  # strict JSON: no bare NaN/Infinity tokens
     restored = from_jsonable(TrafficObservation, to_jsonable(obs))
@@ -611,7 +625,11 @@ class InvalidFieldCase:
 
 
 BASE_TRAFFIC = TrafficObservation(duration_s=60.0, num_req=600.0, isl=1000.0, osl=100.0)
-TRAFFIC_FIELDS = [f.name for f in dataclasses.fields(TrafficObservation) if f.name != "prompt_arrivals"]  # figures
+TRAFFIC_FIELDS = [  # the figures
+    f.name
+    for f in dataclasses.fields(TrafficObservation)
+    if f.name not in ("prompt_arrivals", "prompt_tokens_quantiles")
+]
 
 INVALID_FIELD_CASES = [
     InvalidFieldCase(id="all-valid", changes={}, want=None),

@@ -52,7 +52,8 @@ _QUEUED = {k: v for k, v in _SCHEDULED.items() if k != "sum_prefill_kv_tokens"}
 PINNED_DEFAULTS = {
     "TickInputs": {"traffic": None, "fpm": [], "unplaced": [], "remote": [], "gpu_ceiling": None, "applied": []},
     "WorkerCounts": {},
-    "TrafficObservation": _NO_TRAFFIC_FEATURES,
+    "TrafficObservation": {**_NO_TRAFFIC_FEATURES, "prompt_tokens_quantiles": []},
+    "PromptBurstQuantiles": {},
     "RecordedArrivals": {"at_s": [], "isl": [], "num_req": [], "resolution_s": 0.0},
     "ForwardPassMetrics": {
         "dp_rank": 0,

@@ -52,6 +52,8 @@ from planner_core.domain import (
     PluginSchedule,
     PoolFeedback,
     Prediction,
+    PromptBurstQuantiles,
+    PromptBurstWindow,
     QueuedRequests,
     ReasonCode,
     RecordedArrivals,
@@ -227,6 +229,7 @@ _DATACLASSES: dict[str, type] = {
     cls.__name__: cls
     for cls in (
         RecordedArrivals,
+        PromptBurstQuantiles,
         TrafficObservation,
         WorkerCounts,
         ScheduledRequests,
@@ -263,6 +266,7 @@ _DATACLASSES: dict[str, type] = {
         HorizonWindow,
         PoolFeedback,
         CapacityFeedback,
+        PromptBurstWindow,
         PlannerState,
         StepRecord,
         ReplicaProposal,

@@ -575,11 +575,8 @@ def _base_model_for(
     state: PlannerState, mode: PlannerMode, component: Component, bootstrap: ForwardPassModel | None
 ) -> ForwardPassModel | None:
     """The pool's model before the closed loop's speed: the online regression once ready, else the bootstrap."""
-    from planner_core.perf.online import OnlineForwardPassModel
-
-    role = PerfModelRole.AGG if mode is PlannerMode.AGG else ROLE_OF_POOL[component]
-    online = OnlineForwardPassModel(getattr(state.perf_models, role.value))
-    return online if online.is_ready() else bootstrap
+    model, _ = forward_model_for(state, mode, component, bootstrap)
+    return model
 
 
 def forward_model_for(
@@ -604,22 +601,14 @@ def forward_model_for(
     if learned is not None and mode is not PlannerMode.AGG:
         pool_speed = sizing_speed(learned.of(component))
         speed = "" if pool_speed == 1.0 else f", at the learned speed {pool_speed:.3f}"
-    if online.is_ready():
-        detail = f"the online {role.value} regression answers ({samples}){speed}"
-        model = online if learned is None or not speed else learned_model(online, learned, component)
-        return model, StepRecord(
-            step=MODEL_STEP, component=component, reason=ReasonCode.PERF_MODEL_READY, detail=detail
-        )
+    base: ForwardPassModel | None = online if online.is_ready() else bootstrap
+    if base is not None and learned is not None and speed:
+        base = learned_model(base, learned, component)
     why = f"the online {role.value} model is {online_state.readiness.value} ({samples})"
-    if bootstrap is None:
-        detail = f"{why} and there is no bootstrap model"
-        return None, StepRecord(
-            step=MODEL_STEP, component=component, reason=ReasonCode.INSUFFICIENT_DATA, detail=detail
-        )
-    model = bootstrap if learned is None or not speed else learned_model(bootstrap, learned, component)
-    return model, StepRecord(
-        step=MODEL_STEP,
-        component=component,
-        reason=ReasonCode.PERF_MODEL_BOOTSTRAP,
-        detail=f"{why}: {type(bootstrap).__name__} answers{speed}",
-    )
+    if online.is_ready():
+        reason, detail = ReasonCode.PERF_MODEL_READY, f"the online {role.value} regression answers ({samples}){speed}"
+    elif bootstrap is None:
+        reason, detail = ReasonCode.INSUFFICIENT_DATA, f"{why} and there is no bootstrap model"
+    else:
+        reason, detail = ReasonCode.PERF_MODEL_BOOTSTRAP, f"{why}: {type(bootstrap).__name__} answers{speed}"
+    return base, StepRecord(step=MODEL_STEP, component=component, reason=reason, detail=detail)

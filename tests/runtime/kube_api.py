@@ -521,3 +521,24 @@ class KubeApiServer:
 
     def successful_writes(self) -> list[LoggedRequest]:
         return [r for r in self.writes() if 200 <= r.status < 300]
+
+
+# --- RBAC, as the Role tests compare it --------------------------------------------------------------------
+
+
+def rules_by_resource(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    """A Role's rules as {(api group, resource as RBAC names it): verbs}."""
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
+
+
+def access_by_resource(accesses: Any) -> dict[tuple[str, str], set[str]]:
+    """A connector's `REQUIRED_ACCESS` in the same form as `rules_by_resource`."""
+    needed: dict[tuple[str, str], set[str]] = {}
+    for access in accesses:
+        needed.setdefault((access.group, access.rbac_resource), set()).add(access.verb)
+    return needed

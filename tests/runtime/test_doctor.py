@@ -218,7 +218,7 @@ def kube_env(clean_env: pytest.MonkeyPatch, tmp_path: Path, database_url: str) -
 def test_a_service_account_lacking_one_verb_fails_naming_it(
     kube_env: KubeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """environment: kubernetes. The Role of infra/k8s/planner-rbac.yaml: every review allowed, pass. The same Role
+    """environment: kubernetes. The Role of infra/k8s/dgd/planner-rbac.yaml: every review allowed, pass. The same Role
     without `patch` on the DGD: fail, naming the verb, the object and the manifest to apply."""
     config = write_config(tmp_path, environment="kubernetes")
     rules = _role_rules(kubernetes.RBAC_FILE)

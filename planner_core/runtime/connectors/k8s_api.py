@@ -177,7 +177,7 @@ def with_retries(
     sleep: Callable[[float], None],
     conflict_statuses: frozenset[int] = frozenset({409}),
     passthrough: tuple[type[BaseException], ...] = (),
-    rbac_file: str = "infra/k8s/planner-rbac.yaml",
+    rbac_file: str = "infra/k8s/dgd/planner-rbac.yaml",
 ) -> T:
     """Run `attempt` (a read, or a read-compare-write) until it succeeds or the tries run out.
 

@@ -88,7 +88,7 @@ SUPPORTED_API_VERSIONS = ("v1beta1", "v1alpha1")  # v1beta1: spec.components[]; 
 JSON_PATCH = "application/json-patch+json"
 
 
-RBAC_FILE = "infra/k8s/planner-rbac.yaml"
+RBAC_FILE = "infra/k8s/dgd/planner-rbac.yaml"
 
 # The requests the connector makes, and all of them: the DGD read by name and patched (the replicas of a component
 # without a scaling adapter), the adapters' scale read and replaced. RBAC_FILE's Role grants exactly these.

@@ -20,7 +20,7 @@ reuses):
   retry with bounded exponential backoff, each retry listed in the attempt's detail.
 
 Nothing here touches the database: `store.execution.execute_pending` records each attempt in the caller's
-transaction. The API calls are exactly those `infra/k8s/planner-workloads-rbac.yaml` grants (get and list on the
+transaction. The API calls are exactly those `infra/k8s/workloads/planner-workloads-rbac.yaml` grants (get and list on the
 workloads, get and update on their scale).
 """
 
@@ -60,7 +60,7 @@ from planner_core.runtime.connectors.kubernetes import (
 )
 from planner_core.runtime.store.models import DecisionRow, ExecutionOutcome
 
-RBAC_FILE = "infra/k8s/planner-workloads-rbac.yaml"
+RBAC_FILE = "infra/k8s/workloads/planner-workloads-rbac.yaml"
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from planner_core.runtime.store.models import DecisionRow, ExecutionRow, WorkerO
 from tests.conftest import REPO_ROOT, write_config
 from tests.runtime.databases import record_decision
 from tests.runtime.kube_api import DGD, DGDSA, KubeApiServer, access_by_resource
+from tests.runtime.kustomize import planner_role
 
 NAME = "k8s-test"
 DGD_NAME = "llm"
@@ -918,6 +919,7 @@ def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> No
             ("nvidia.com", "dynamographdeploymentscalingadapters/scale"): {"get", "update"},
         }
         == access_by_resource(REQUIRED_ACCESS)  # what `planner doctor` asks the cluster for
+        == planner_role("overlays/dgd")  # what the Kustomize install binds to the planner's account
     )
     assert names == {DGD_NAME, PREFILL_ADAPTER, DECODE_ADAPTER}  # no collection read: nothing but these three
     binding = by_kind["RoleBinding"]

@@ -34,6 +34,7 @@ from planner_core.runtime.store.models import ExecutionRow
 from tests.conftest import REPO_ROOT, write_config
 from tests.runtime.databases import record_decision
 from tests.runtime.kube_api import DEPLOYMENTS, STATEFULSETS, KubeApiServer, access_by_resource
+from tests.runtime.kustomize import planner_role
 
 NAME = "workloads-test"
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
@@ -556,7 +557,8 @@ def _rbac_verb(method: str, path: str) -> tuple[str, str]:
 
 
 def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> None:
-    """Every code path (by name, by selector, both kinds, counts, a write, a conflict) against the Role's rules."""
+    """Every code path (by name, by selector, both kinds, counts, a write, a conflict) against the Role's rules, the
+    connector's REQUIRED_ACCESS and the Role the Kustomize "workloads" overlay binds to the planner."""
     for kind, plural in (("Deployment", DEPLOYMENTS), ("StatefulSet", STATEFULSETS)):
         kube.put(plural, workload(kind, "llm-prefill", "prefill"))
         kube.put(plural, workload(kind, "llm-decode", "decode"))
@@ -603,6 +605,7 @@ def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> No
             ("apps", "statefulsets/scale"): {"get", "update"},
         }
         == access_by_resource(workloads_connector.REQUIRED_ACCESS)  # what `planner doctor` asks the cluster for
+        == planner_role("overlays/workloads")  # what the Kustomize install binds to the planner's account
     )
     binding = by_kind["RoleBinding"]
     assert binding["roleRef"]["name"] == by_kind["Role"]["metadata"]["name"]

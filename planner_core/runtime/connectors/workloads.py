@@ -20,8 +20,8 @@ reuses):
   retry with bounded exponential backoff, each retry listed in the attempt's detail.
 
 Nothing here touches the database: `store.execution.execute_pending` records each attempt in the caller's
-transaction. The API calls are exactly those `infra/k8s/workloads/planner-workloads-rbac.yaml` grants (get and list on the
-workloads, get and update on their scale).
+transaction. The API calls are exactly those `infra/k8s/workloads/planner-workloads-rbac.yaml` grants (get and list
+on the workloads, get and update on their scale: `REQUIRED_ACCESS`).
 """
 
 from __future__ import annotations

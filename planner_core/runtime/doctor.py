@@ -116,7 +116,7 @@ def check_perf_model(loaded: PlannerFile, path: Path) -> CheckResult:
     table = f", perf table {loaded.policy.perf_table}" if loaded.policy.perf_table is not None else ""
     return _pass(
         CheckName.PERF_MODEL,
-        f"profile {resolve_profile_dir(loaded.policy, path)}{table} readable; TTFT {loaded.policy.ttft_ms:g} ms and "
+        f"profile {resolve_profile_dir(loaded.policy, path).resolve()}{table} readable; TTFT {loaded.policy.ttft_ms:g} ms and "
         f"ITL {loaded.policy.itl_ms:g} ms reachable",
     )
 

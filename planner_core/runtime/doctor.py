@@ -114,10 +114,11 @@ def check_perf_model(loaded: PlannerFile, path: Path) -> CheckResult:
     from planner_core.config import resolve_profile_dir
 
     table = f", perf table {loaded.policy.perf_table}" if loaded.policy.perf_table is not None else ""
+    profile = resolve_profile_dir(loaded.policy, path).resolve()
     return _pass(
         CheckName.PERF_MODEL,
-        f"profile {resolve_profile_dir(loaded.policy, path).resolve()}{table} readable; TTFT {loaded.policy.ttft_ms:g} ms and "
-        f"ITL {loaded.policy.itl_ms:g} ms reachable",
+        f"profile {profile}{table} readable; TTFT {loaded.policy.ttft_ms:g} ms and ITL {loaded.policy.itl_ms:g} ms "
+        "reachable",
     )
 
 

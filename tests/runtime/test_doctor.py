@@ -6,6 +6,7 @@ the emulated Kubernetes API, tests/runtime/kube_api.py) each fail with their one
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,8 +15,10 @@ import pytest
 import yaml
 
 from planner_cli.main import main
+from planner_core.config import load_config
 from planner_core.runtime.connectors import kubernetes, workloads
 from planner_core.runtime.localhost import free_port
+from planner_core.runtime.sources.promql import TrafficQueries
 from tests.conftest import REPO_ROOT, write_config
 from tests.runtime.demo_runs import run_demo
 from tests.runtime.kube_api import KubeApiServer
@@ -97,16 +100,14 @@ def test_the_demos_database_and_prefect_pass(
 def test_a_stopped_database_fails_with_its_line(
     clean_env: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The embedded Postgres started and migrated (`planner db upgrade`), then stopped (`planner db stop`): the
-    doctor says it is not running; with its URL in PLANNER_DATABASE_URL, that it is unreachable. Exit 1 both."""
+    """No PLANNER_DATABASE_URL and no embedded Postgres running: the doctor says so (and starts none). A Postgres
+    server of its own, migrated: pass; the same server stopped: unreachable, naming the fix. Exit 1 when failing."""
+    import pgserver
+
+    from planner_core.runtime.store.db import to_sqlalchemy_url
+    from planner_core.runtime.store.migrate import upgrade
+
     config = write_config(tmp_path)
-    assert main(["db", "upgrade"]) == 0
-    capsys.readouterr()
-    url = main_output(capsys, ["db", "url"])
-    status, checks = _doctor(capsys, "--config", str(config))
-    assert status == 0 and checks["database"][0] == "pass"
-    assert main(["db", "stop"]) == 0
-    capsys.readouterr()
     status, checks = _doctor(capsys, "--config", str(config))
     pg_dir = tmp_path / "data" / "pg"
     assert status == 1 and checks["database"] == (
@@ -114,7 +115,15 @@ def test_a_stopped_database_fails_with_its_line(
         f"PLANNER_DATABASE_URL is not set and no embedded Postgres runs under {pg_dir}: set PLANNER_DATABASE_URL, or "
         "start the embedded one (`planner db upgrade`)",
     )
+    assert not pg_dir.exists()  # nothing was started
+
+    server = pgserver.get_server(tempfile.mkdtemp(prefix="pgd", dir="/tmp"), cleanup_mode="delete")  # short: socket
+    url = to_sqlalchemy_url(server.get_uri())
+    upgrade(url)
     clean_env.setenv("PLANNER_DATABASE_URL", url)
+    status, checks = _doctor(capsys, "--config", str(config))
+    assert status == 0 and checks["database"][0] == "pass", checks["database"]
+    server.cleanup()  # stops the server (and removes its folder)
     status, checks = _doctor(capsys, "--config", str(config))
     state, detail = checks["database"]
     assert status == 1 and state == "fail"
@@ -124,11 +133,6 @@ def test_a_stopped_database_fails_with_its_line(
     assert [name for name, (state, _) in checks.items() if state == "fail"] == ["database"]
 
 
-def main_output(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    assert main(argv) == 0
-    return capsys.readouterr().out.strip()
-
-
 def test_prometheus_serving_the_series_passes_and_a_wrong_url_fails(
     clean_env: pytest.MonkeyPatch, database_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -136,12 +140,14 @@ def test_prometheus_serving_the_series_passes_and_a_wrong_url_fails(
     sampled an hour ago: stale. A missing one: named. A URL where nothing listens: unreachable, one line."""
     clean_env.setenv("PLANNER_DATABASE_URL", database_url)
     config = write_config(tmp_path)
+    selector = TrafficQueries.from_config(load_config(config).policy).traffic_selector
     fake = FakePrometheus()
     try:
         sampled = {"requests_started_total": 12.0, "input_sequence_tokens": 12.0, "output_sequence_tokens": 12.0}
 
         def answer(query: str) -> tuple[int, bytes]:
-            assert query.startswith("max(timestamp(dynamo_frontend_") and 'dynamo_namespace="dynamo"' in query, query
+            # the series of the config's namespace and model: the selector the traffic source reads them with
+            assert query.startswith("max(timestamp(dynamo_frontend_") and query.endswith(f"{selector}))"), query
             age_s = next((age for key, age in sampled.items() if key in query), None)
             result = [] if age_s is None else [{"metric": {}, "value": [time.time(), str(time.time() - age_s)]}]
             return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
@@ -149,7 +155,7 @@ def test_prometheus_serving_the_series_passes_and_a_wrong_url_fails(
         fake.answer = answer
         clean_env.setenv("PLANNER_PROMETHEUS_ENDPOINT", fake.url)
         status, checks = _doctor(capsys, "--config", str(config))
-        assert status == 0
+        assert status == 0, json.dumps(checks)
         assert checks["prometheus"] == (
             "pass",
             f"{fake.url}: dynamo_frontend_requests_started_total 12 s old, dynamo_frontend_input_sequence_tokens_count "

@@ -279,3 +279,16 @@ def test_workload_rights_follow_the_config(
     assert status == 1 and checks["kubernetes"][1].startswith(
         f"the ServiceAccount may not update deployments/scale (apps, namespace ns): apply {workloads.RBAC_FILE}"
     )
+
+
+def test_skip_names_the_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--skip` takes the checks' names (the CLI's list is the runtime's), and refuses another in one line."""
+    from planner_cli.doctor import CHECKS
+    from planner_core.runtime.doctor import CheckName
+
+    assert CHECKS == tuple(name.value for name in CheckName)
+    with pytest.raises(SystemExit) as exited:
+        main(["doctor", "--skip", "database,prometheus,bogus"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "argument --skip: unknown check bogus (known: config, perf-model," in error

@@ -14,7 +14,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 # source again (a planner start: 13 s of CPU instead of 4.5 s; test_dynamo_policy's load-step test 53 s -> ~20 s).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv demo check test test-envs explore lint docs clean dynamo-env live-model live-env live test-live test-workers profile-roundtrip
+.PHONY: venv demo check test test-envs explore lint docs clean image dynamo-env live-model live-env live test-live test-workers profile-roundtrip
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,17 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check planner_core planner_cli flows tests infra docs migrations
 	$(VENV)/bin/ruff format --check planner_core planner_cli flows tests infra docs migrations
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/hadolint Containerfile
+
+# The planner's image (Containerfile: the wheel built in one stage, installed in the next; non-root; entrypoint
+# `planner`), with podman, else docker (CONTAINER_ENGINE=... to choose); IMAGE names it. The Kustomize install
+# (infra/base) runs llm-planner:<version>: push it where the cluster pulls from and set it there (docs/install.md).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= llm-planner:$(VERSION)
+CONTAINER_ENGINE ?= $(shell command -v podman || command -v docker)
+image:
+	@test -n "$(CONTAINER_ENGINE)" || { echo "make image: no container engine: install podman or docker"; exit 1; }
+	$(CONTAINER_ENGINE) build -f Containerfile -t $(IMAGE) .
 
 # The quick loop before a commit: lint and the decision core's tests (tests/core: no Postgres, Prefect or
 # subprocess server; tests/core/conftest.py fails the run if they import the runtime): 79 s on the idle 2-core
@@ -96,6 +107,8 @@ live-model: $(LIVE_MODEL)/config.json
 live-env: $(AIPERF_STAMP) $(LIVE_MODEL)/config.json
 	@command -v prometheus >/dev/null || apt-get install -y -q prometheus
 
+# The install's manifests are rendered with `kubectl kustomize` (tests/runtime/kustomize.py): kubectl must be on
+# PATH (the tests fail, naming how to get it, without it).
 # Three pytest workers (pytest-xdist) on the 2-core machine, a test file to each at a time (`--dist loadfile`: a
 # file's module fixtures are made once): most tests wait on Postgres, Prefect or a subprocess (two workers kept the
 # CPU 63 % busy, three 84 %: pytest 938 s -> 761 s on fresh clones, 2026-12-07). Each has its own Postgres server,

@@ -26,6 +26,7 @@ from planner_cli import (
     completion,
     db,
     demo,
+    doctor,
     fleet,
     forecast,
     history,
@@ -49,7 +50,7 @@ from planner_core.runtime.store.migrate import SchemaOutOfDate
 # In the order `planner --help` lists them.
 COMMAND_GROUPS = (
     db, demo, serve, fleet, capacity, perf, profile, report, bench, history, audit, chaos, forecast, k8s, keda, ingest,
-    sim, live, route_proxy, completion,
+    sim, live, route_proxy, doctor, completion,
 )  # fmt: skip
 
 

@@ -95,6 +95,7 @@ OPTION_RANGES: dict[str, Range] = {
     "--max-duration-s": _positive(7 * DAY_S),
     "--max-gpu-budget": _from(-1, MAX_GPUS),  # -1: no ceiling
     "--max-gpus": _from(0, MAX_GPUS),
+    "--max-series-age-s": _SECONDS,
     "--max-isl": _TOKENS,
     "--max-kv-tokens": _from(1, 1e9),
     "--max-num-batched-tokens": _from(1, 1e9),
@@ -128,6 +129,7 @@ OPTION_RANGES: dict[str, Range] = {
     "--stats-every-s": _SECONDS,
     "--stream-interval-s": _SECONDS,
     "--throughput-interval-s": _from(1, DAY_S),
+    "--timeout-s": _positive(300),
     "--tp": _from(1, MAX_GPUS_PER_ENGINE),
     "--tpot-dispatch-threshold": _RATIO,
     "--trace-start-s": _from(0, MAX_TRACE_SPAN_S),

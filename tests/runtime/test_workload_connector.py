@@ -20,6 +20,7 @@ from planner_core.domain import (
     WorkerCounts,
 )
 from planner_core.planner import Planner
+from planner_core.runtime.connectors import workloads as workloads_connector
 from planner_core.runtime.connectors.kubernetes import KubernetesConnectorError, RetryPolicy
 from planner_core.runtime.connectors.workloads import (
     RolloutReason,
@@ -32,7 +33,8 @@ from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.models import ExecutionRow
 from tests.conftest import REPO_ROOT, write_config
 from tests.runtime.databases import record_decision
-from tests.runtime.kube_api import DEPLOYMENTS, STATEFULSETS, KubeApiServer
+from tests.runtime.kube_api import DEPLOYMENTS, STATEFULSETS, KubeApiServer, access_by_resource
+from tests.runtime.kustomize import planner_role
 
 NAME = "workloads-test"
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
@@ -555,7 +557,8 @@ def _rbac_verb(method: str, path: str) -> tuple[str, str]:
 
 
 def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> None:
-    """Every code path (by name, by selector, both kinds, counts, a write, a conflict) against the Role's rules."""
+    """Every code path (by name, by selector, both kinds, counts, a write, a conflict) against the Role's rules, the
+    connector's REQUIRED_ACCESS and the Role the Kustomize "workloads" overlay binds to the planner."""
     for kind, plural in (("Deployment", DEPLOYMENTS), ("StatefulSet", STATEFULSETS)):
         kube.put(plural, workload(kind, "llm-prefill", "prefill"))
         kube.put(plural, workload(kind, "llm-decode", "decode"))
@@ -582,7 +585,7 @@ def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> No
         resource, verb = _rbac_verb(request.method, request.path)
         used.setdefault(("apps", resource), set()).add(verb)
 
-    documents = list(yaml.safe_load_all((REPO_ROOT / "infra" / "k8s" / "planner-workloads-rbac.yaml").read_text()))
+    documents = list(yaml.safe_load_all((REPO_ROOT / workloads_connector.RBAC_FILE).read_text()))
     by_kind = {d["kind"]: d for d in documents}
     assert sorted(by_kind) == ["Role", "RoleBinding", "ServiceAccount"]
     granted: dict[tuple[str, str], set[str]] = {}
@@ -601,6 +604,8 @@ def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> No
             ("apps", "deployments/scale"): {"get", "update"},
             ("apps", "statefulsets/scale"): {"get", "update"},
         }
+        == access_by_resource(workloads_connector.REQUIRED_ACCESS)  # what `planner doctor` asks the cluster for
+        == planner_role("overlays/workloads")  # what the Kustomize install binds to the planner's account
     )
     binding = by_kind["RoleBinding"]
     assert binding["roleRef"]["name"] == by_kind["Role"]["metadata"]["name"]

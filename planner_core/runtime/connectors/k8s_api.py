@@ -27,6 +27,24 @@ TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 T = TypeVar("T")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiAccess:
+    """One kind of request a connector makes, as RBAC names it: the API group, the resource (and subresource) and
+    the verb. Each connector lists the ones it makes (`REQUIRED_ACCESS`); its Role grants exactly these
+    (tests/runtime/test_*_connector.py compare both with the requests the emulated API server logged) and
+    `planner doctor` asks the API server whether the planner's ServiceAccount has each."""
+
+    group: str
+    resource: str
+    verb: str
+    subresource: str = ""
+
+    @property
+    def rbac_resource(self) -> str:
+        """The resource as a Role's rule names it (`deployments/scale`)."""
+        return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+
+
 class KubernetesConnectorError(ValueError):
     """A start-up or configuration problem; the message is one line naming the object, field and value."""
 
@@ -159,7 +177,7 @@ def with_retries(
     sleep: Callable[[float], None],
     conflict_statuses: frozenset[int] = frozenset({409}),
     passthrough: tuple[type[BaseException], ...] = (),
-    rbac_file: str = "infra/k8s/planner-rbac.yaml",
+    rbac_file: str = "infra/k8s/dgd/planner-rbac.yaml",
 ) -> T:
     """Run `attempt` (a read, or a read-compare-write) until it succeeds or the tries run out.
 

@@ -64,6 +64,7 @@ from planner_core.runtime.connectors.dgd import (
 from planner_core.runtime.connectors.k8s_api import (
     SERVICE_ACCOUNT_NAMESPACE_FILE,
     TRANSIENT_STATUSES,
+    ApiAccess,
     KubernetesApiError,
     KubernetesConnectorError,
     KubernetesSettings,
@@ -87,7 +88,16 @@ SUPPORTED_API_VERSIONS = ("v1beta1", "v1alpha1")  # v1beta1: spec.components[]; 
 JSON_PATCH = "application/json-patch+json"
 
 
-RBAC_FILE = "infra/k8s/planner-rbac.yaml"
+RBAC_FILE = "infra/k8s/dgd/planner-rbac.yaml"
+
+# The requests the connector makes, and all of them: the DGD read by name and patched (the replicas of a component
+# without a scaling adapter), the adapters' scale read and replaced. RBAC_FILE's Role grants exactly these.
+REQUIRED_ACCESS = (
+    ApiAccess(group=GROUP, resource=DGD_PLURAL, verb="get"),
+    ApiAccess(group=GROUP, resource=DGD_PLURAL, verb="patch"),
+    ApiAccess(group=GROUP, resource=DGDSA_PLURAL, subresource="scale", verb="get"),
+    ApiAccess(group=GROUP, resource=DGDSA_PLURAL, subresource="scale", verb="update"),
+)
 
 
 class _NoAdapter(Exception):
@@ -465,6 +475,7 @@ __all__ = [
     "KubernetesSettings",
     "MODEL_FLAGS",
     "RBAC_FILE",
+    "REQUIRED_ACCESS",
     "ROLLOUT_BLOCKING_PHASES",
     "RetryPolicy",
     "SERVICE_ACCOUNT_NAMESPACE_FILE",

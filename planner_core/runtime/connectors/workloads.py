@@ -20,8 +20,8 @@ reuses):
   retry with bounded exponential backoff, each retry listed in the attempt's detail.
 
 Nothing here touches the database: `store.execution.execute_pending` records each attempt in the caller's
-transaction. The API calls are exactly those `infra/k8s/planner-workloads-rbac.yaml` grants (get and list on the
-workloads, get and update on their scale).
+transaction. The API calls are exactly those `infra/k8s/workloads/planner-workloads-rbac.yaml` grants (get and list
+on the workloads, get and update on their scale: `REQUIRED_ACCESS`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session
 from planner_core.config import KubernetesWorkloadsConfig, PlannerConfig, WorkloadKind, WorkloadRef
 from planner_core.domain import Component, WorkerCounts
 from planner_core.runtime.connectors.dgd import _gpu_quantity, _main_container
+from planner_core.runtime.connectors.k8s_api import ApiAccess
 from planner_core.runtime.connectors.kubernetes import (
     GPU_RESOURCE_KEYS,
     SERVICE_ACCOUNT_NAMESPACE_FILE,
@@ -59,7 +60,7 @@ from planner_core.runtime.connectors.kubernetes import (
 )
 from planner_core.runtime.store.models import DecisionRow, ExecutionOutcome
 
-RBAC_FILE = "infra/k8s/planner-workloads-rbac.yaml"
+RBAC_FILE = "infra/k8s/workloads/planner-workloads-rbac.yaml"
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -92,6 +93,22 @@ _APIS: dict[WorkloadKind, _KindApi] = {
         replace_scale="replace_namespaced_stateful_set_scale",
     ),
 }
+
+
+def required_access(kind: WorkloadKind, *, by_selector: bool = True) -> tuple[ApiAccess, ...]:
+    """The requests the connector makes on workloads of `kind`: get (found by name), list (found by a label
+    selector: only when `by_selector`), and get and update of the scale subresource."""
+    plural = _APIS[kind].plural
+    return (
+        ApiAccess(group="apps", resource=plural, verb="get"),
+        *((ApiAccess(group="apps", resource=plural, verb="list"),) if by_selector else ()),
+        ApiAccess(group="apps", resource=plural, subresource="scale", verb="get"),
+        ApiAccess(group="apps", resource=plural, subresource="scale", verb="update"),
+    )
+
+
+REQUIRED_ACCESS = tuple(access for kind in WorkloadKind for access in required_access(kind))
+"""Every request the connector can make, for both kinds: what RBAC_FILE's Role grants."""
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -188,7 +188,8 @@ def stored_policy(session: Session, stored_hash: str, source: str) -> PlannerCon
 
 
 def _stored_policy(session: Session, stored_hash: str) -> PlannerConfig | None:
-    """The policy of a stored config body (an old body may still hold service fields); None if unparsable."""
+    """The policy of a stored config body, None if there is none or it does not parse. Not checked against its
+    hash: a body stored before the policy/service split holds service fields under the whole file's hash."""
     body = session.scalar(select(PlannerConfigRow.body).where(PlannerConfigRow.config_hash == stored_hash))
     if body is None:
         return None

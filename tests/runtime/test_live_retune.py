@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 
 import psycopg
 import pytest
@@ -119,6 +120,36 @@ def test_a_stale_revision_is_refused_by_the_cli_path_and_by_the_database(databas
         )
     assert raised.value.sqlstate == "PR001" and str(raised.value).splitlines()[0] == message
     assert _rows(database_url, "SELECT max(revision) FROM config_revisions") == [(2,)]
+
+
+def test_of_two_operators_racing_from_the_same_revision_the_second_is_refused_as_stale(
+    database_url, tmp_path, operator
+) -> None:
+    """Both pass the command's check (revision 1 is current for both); the second's INSERT waits for the first's
+    transaction on the deployment's row, then the trigger finds revision 2 current and refuses it."""
+    ctx = load_context(database_url, NAME, write_config(tmp_path))
+    run_tick(ctx, Loop.THROUGHPUT, T0, BUSY)
+    operator_url, _ = operator
+    refused: list[str] = []
+
+    def second() -> None:
+        try:
+            _set(operator_url, 1, max_gpu_budget=12, reason="second operator")
+        except RetuneRefused as exc:
+            refused.append(str(exc))
+
+    with session_factory(operator_url).begin() as first:
+        retune(first, NAME, 1, {"ttft_ms": 300}, "first operator", check=refuse_what_cannot_work)
+        racer = threading.Thread(target=second)
+        racer.start()
+        racer.join(timeout=3.0)
+        assert racer.is_alive()  # its INSERT waits on the row the first transaction holds
+    racer.join(timeout=30.0)
+    assert refused == ["deployment 'retune': stale config revision: expected revision 1, the current revision is 2"]
+    assert _rows(database_url, "SELECT revision, reason FROM config_revisions ORDER BY revision") == [
+        (1, f"config file {ctx.config_path.resolve()}"),
+        (2, "first operator"),
+    ]
 
 
 def test_a_login_outside_planner_operator_is_refused(database_url, tmp_path) -> None:

@@ -99,6 +99,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 1 if exact_check_failed else 0
     rate = summary.num_ticks / summary.elapsed_s if summary.elapsed_s > 0 else 0.0
     under = "the recorded configs" if args.config is None else str(args.config)
+    if args.config is None and summary.revisions:
+        under += f" (config revisions {', '.join(str(r) for r in summary.revisions)})"
     print(
         f"Replayed {summary.num_ticks} ticks of '{summary.deployment}' scheduled in [{start.isoformat()}, "
         f"{end.isoformat()}) under {under}, {summary.mode.value} states, in {summary.elapsed_s:.2f} s "

@@ -24,6 +24,7 @@ from planner_cli import (
     capacity,
     chaos,
     completion,
+    config,
     db,
     demo,
     doctor,
@@ -49,8 +50,8 @@ from planner_core.runtime.store.migrate import SchemaOutOfDate
 
 # In the order `planner --help` lists them.
 COMMAND_GROUPS = (
-    db, demo, serve, fleet, capacity, perf, profile, report, bench, history, audit, chaos, forecast, k8s, keda, ingest,
-    sim, live, route_proxy, doctor, completion,
+    db, demo, serve, fleet, config, capacity, perf, profile, report, bench, history, audit, chaos, forecast, k8s, keda,
+    ingest, sim, live, route_proxy, doctor, completion,
 )  # fmt: skip
 
 

@@ -75,6 +75,7 @@ OPTION_RANGES: dict[str, Range] = {
     "--drop-partitions-older-than": _from(1, 36_600),  # days: a century
     "--duration": _SECONDS,
     "--duration-s": _SECONDS,
+    "--expect-revision": _from(0, 2**31 - 1),  # config_revisions.revision is a Postgres integer
     "--fixed-size": _ENGINES,
     "--gpus-per-engine": _from(1, MAX_GPUS_PER_ENGINE),
     "--ingest-kills": _from(0, 10_000),
@@ -119,6 +120,7 @@ OPTION_RANGES: dict[str, Range] = {
     "--rate": _positive(1e6),
     "--rate-scale": _positive(MAX_RATE_SCALE),
     "--retention-minutes": _positive(366 * 24 * 60.0),
+    "--revision": _from(1, 2**31 - 1),  # a config revision (config_revisions.revision)
     "--seconds": _SECONDS,
     "--seed": _from(0, 2**32 - 1),
     "--shape-hours": _positive(366 * 24),

@@ -40,6 +40,7 @@ The modules, each importing at run time only those listed before it:
 * `service`: `ServiceConfig`, its sections, and `PlannerFile` (one file: policy and service).
 * `loading`: `parse_config`, `load_config`, the YAML/JSON parsing and its bounds, the paths a config names.
 * `hashing`: `config_hash`.
+* `live`: `LIVE_FIELDS`, the policy fields a live retune may change, and `live_changes`.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from planner_core.config.limits import (
     Number,
     Whole,
 )
+from planner_core.config.live import LIVE_FIELDS, live_changes
 from planner_core.config.loading import (
     MAX_CONFIG_BYTES,
     MAX_CONFIG_DEPTH,
@@ -105,6 +107,7 @@ from planner_core.config.service import (
 from planner_core.domain import LengthQuantile
 
 __all__ = [
+    "LIVE_FIELDS",
     "EXTERNAL_PLUGIN_NEEDS",
     "EXTERNAL_PLUGIN_TYPES",
     "MAX_CONFIG_BYTES",
@@ -149,6 +152,7 @@ __all__ = [
     "WorkloadKind",
     "WorkloadRef",
     "config_hash",
+    "live_changes",
     "load_config",
     "managed_components",
     "parse_config",

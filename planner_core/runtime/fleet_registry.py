@@ -68,7 +68,8 @@ def add_member(
     path = str(config_path.resolve())
     loaded = load_config(path)
     refuse_what_cannot_work(loaded.policy, Path(path))  # not a member recording model_not_ready every minute
-    deployment = repo.ensure_deployment(session, name, loaded.policy)
+    # the file's policy is the deployment's newest `file` revision (a live retune of the same file stays in force)
+    deployment = repo.ensure_deployment(session, name, loaded.policy, source_path=path)
     values = {
         "config_path": path,
         "min_gpus": min_gpus,

@@ -6,10 +6,13 @@ ticks call — and compares the outcome with what was recorded: headline reason,
 explanation steps and next state. Results go to `replay_runs` and `replay_ticks` only, in one transaction; the
 production history is read in one consistent snapshot and never written.
 
-Configs: by default each tick runs under the policy it was recorded with (`planner_configs`, by the tick's
-`config_hash`): with the same code every tick must come out identical. With a what-if config file every tick
-runs under that file's policy instead, and the differences are what that policy would have changed; the file's
-service settings (reports, ports, endpoints) play no part, so a file differing only in them replays identically.
+Configs: by default each tick runs under the policy it was recorded with: the config revision it ran
+(`ticks.config_revision`, migration 0025: a live retune is in force from the tick after it, so the ticks before and
+after it replay each under its own), whose policy is in `planner_configs` by the revision's `config_hash` (ticks
+recorded before revisions: by the tick's own hash). With the same code every tick must come out identical. With a
+what-if config file every tick runs under that file's policy instead, and the differences are what that policy
+would have changed; the file's service settings (reports, ports, endpoints) play no part, so a file differing only
+in them replays identically.
 
 States (`ReplayMode`):
 - `recorded` (default without a what-if config): every tick starts from the state the original run had before
@@ -63,7 +66,10 @@ _COPY_BATCH = 10_000
 # One row per tick: the recorded tick, its outcome in comparable form, and its state after, whole or as a delta
 # against the previous tick's (`_with_states` rebuilds it; migration 0016).
 _TICKS_SQL = """
-SELECT t.id, t.loop, t.scheduled_at, t.config_hash, t.reason, t.inputs, t.previous_tick_id,
+SELECT t.id, t.loop, t.scheduled_at, t.reason, t.inputs, t.previous_tick_id,
+       -- the config revision the tick ran (migration 0025; NULL before it) and that revision's policy: the foreign
+       -- key makes it the tick's own config hash, which ticks recorded before revisions are replayed under
+       t.config_revision, COALESCE(r.config_hash, t.config_hash) AS config_hash,
        s.tick_id IS NOT NULL AS has_state,
        s.state, s.delta, s.base_tick_id,
        -- a fleet member's decision as its tick made it: the targets before the arbitration cut them (its first grant)
@@ -82,6 +88,7 @@ SELECT t.id, t.loop, t.scheduled_at, t.config_hash, t.reason, t.inputs, t.previo
                              'osl_quantile', pr.osl_quantile)
        END AS prediction
   FROM ticks t
+  LEFT JOIN config_revisions r ON r.deployment_id = t.deployment_id AND r.revision = t.config_revision
   -- `scheduled_at` in the joins: each row is in its tick's partition, and the range bounds which partitions
   LEFT JOIN planner_states s ON s.tick_id = t.id AND s.scheduled_at = t.scheduled_at
        AND s.scheduled_at >= :start AND s.scheduled_at < :end
@@ -132,6 +139,7 @@ class ReplaySummary:
     num_skipped: int
     elapsed_s: float
     differences: tuple[TickDifference, ...]  # differing and skipped ticks, in tick order
+    revisions: tuple[int, ...] = ()  # the config revisions the replayed ticks ran (ticks before 0025 have none)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -144,6 +152,7 @@ class ReplaySummary:
             "mode": self.mode.value,
             "config": self.config_source,
             "elapsed_s": round(self.elapsed_s, 3),
+            "revisions": list(self.revisions),
             "differences": [d.to_json() for d in self.differences],
         }
 
@@ -227,6 +236,7 @@ def replay(
         num_skipped=counts[ReplayTickOutcome.SKIPPED],
         elapsed_s=elapsed_s,
         differences=tuple(differences),
+        revisions=tuple(sorted(comparer.revisions)),
     )
 
 
@@ -460,6 +470,7 @@ class _Comparer:
         self._history_obj_version = -1
         self._equal_cache: dict[tuple[int, int], tuple[LoadHistory, bool]] = {}
         self._json_cache: dict[int, tuple[LoadHistory, Any]] = {}
+        self.revisions: set[int] = set()  # the config revisions of the ticks replayed
 
     def run(self, rows: Iterator[Any]) -> Iterator[_Result]:
         previous_id: int | None = None
@@ -480,7 +491,9 @@ class _Comparer:
                 before = self._state_of(row)
             first = False
             previous_id, previous_state = row.id, recorded_state
-            ctx = self._contexts.for_tick(self._reader, row.config_hash)
+            ctx = self._contexts.for_tick(self._reader, row.config_hash)  # the policy of the tick's revision
+            if row.config_revision is not None:
+                self.revisions.add(row.config_revision)
             if before is None:
                 chained_state = None
                 yield self._skipped(row, f"the state before tick {row.id} (tick {row.previous_tick_id}) was pruned")

@@ -31,6 +31,8 @@ from planner_core.config import (
     PlannerConfig,
     PlannerFile,
     ServiceConfig,
+    config_hash,
+    live_changes,
     load_config,
     resolve_config_relative,
 )
@@ -81,6 +83,14 @@ class PlannerContext:
     local: LocalConnector | None = None  # `environment: local`: built by load_context
     # The newest state this context recorded, kept between its ticks (a cache the tick checks against the database)
     memo: repo.TickMemo = dataclasses.field(default_factory=repo.TickMemo, compare=False)
+    config_path: Path | None = None  # the file the policy came from: relative paths in it are taken from its folder
+    # The contexts of the live retunes this context's ticks ran (`at_revision`), by config hash: built once each
+    revisions: dict[str, PlannerContext] = dataclasses.field(default_factory=dict, compare=False)
+    file_config_hash: str = ""  # `config_hash` of the file's policy (`context_for_config` sets it; "" = not known)
+
+    def file_policy_hash(self) -> str:
+        """The hash of the config file's policy: what a tick runs unless a live retune is in force."""
+        return self.file_config_hash or config_hash(self.config)
 
     @property
     def config(self) -> PlannerConfig:
@@ -242,6 +252,8 @@ def context_for_config(
         # relative paths and globs are anchored at the config file's folder
         warmup_trace=resolve_config_relative(warmup, config_path) if warmup else None,
         kubernetes=kubernetes,
+        config_path=config_path,
+        file_config_hash=config_hash(config),
     )
 
 
@@ -321,12 +333,17 @@ def run_tick(
     # The tick's day's partitions and the next day's, each in its own short transaction before the tick's: a
     # dictionary lookup when known, so the tick's own transaction never waits on DDL (store/partitions.py).
     ensure_partitions_ahead(ctx.sessions.kw["bind"], scheduled_at, days_ahead=1)
+    file_ctx = ctx
     with ctx.sessions.begin() as session:
-        deployment_id, config_hash, recorded = repo.lock_deployment_for_tick(
-            session, ctx.deployment, ctx.config, loop.value, scheduled_at, ctx.memo
+        source_path = None if ctx.config_path is None else str(Path(ctx.config_path).resolve())
+        locked = repo.lock_deployment_for_tick(
+            session, ctx.deployment, ctx.config, loop.value, scheduled_at, ctx.memo, source_path=source_path
         )
-        if recorded:
+        if locked.recorded:
             return TickResult(tick_id=None, outcome=None, inputs=None)
+        # the newest revision, read under the deployment's lock: the file's policy, or a live retune of it
+        ctx = at_revision(session, file_ctx, locked)
+        deployment_id, config_hash = locked.deployment_id, locked.config_hash
         previous_tick_id, state, inputs = _tick_inputs(
             session, ctx, deployment_id, loop, scheduled_at, traffic, gpu_ceiling=gpu_ceiling
         )
@@ -358,6 +375,7 @@ def run_tick(
                 decide_ms=decide_ms,
                 flow_run_id=flow_run_id,
                 task_run_id=task_run_id,
+                config_revision=locked.revision,
             ),
             inputs,
             outcome,
@@ -373,6 +391,30 @@ def run_tick(
                 detail = {"loop": loop.value, "problem": problem}
                 repo.audit(session, event, detail, deployment_id=deployment_id, tick_id=tick_id)
     return TickResult(tick_id=tick_id, outcome=outcome, inputs=inputs)
+
+
+def at_revision(session: Session, ctx: PlannerContext, locked: repo.LockedDeployment) -> PlannerContext:
+    """The context a tick runs under: `ctx` (its config file's) when the revision in force is that file's policy,
+    else the same context deciding with the revision's policy (a live retune, built once per revision and kept in
+    `ctx.revisions`: the engine model and the connectors are the file's, which no live field changes).
+
+    Raises:
+        ConfigError: the revision's stored policy does not parse, does not hash to its key, or changes a field that
+            cannot change live (a revision written in SQL past `planner config set`'s checks); one line naming the
+            deployment, the revision and the field. The tick fails and records nothing.
+    """
+    if locked.config_hash == ctx.file_policy_hash():
+        return ctx
+    cached = ctx.revisions.get(locked.config_hash)
+    if cached is not None:
+        return cached
+    source = f"deployment {ctx.deployment!r}: config revision {locked.revision}"
+    policy = repo.stored_policy(session, locked.config_hash, source)
+    live_changes(ctx.config, policy, source)
+    planner = connect_remote_plugins(build_planner(policy, ctx.config_path, perf=ctx.perf))
+    run = dataclasses.replace(ctx, planner=planner)
+    ctx.revisions[locked.config_hash] = run
+    return run
 
 
 def _tick_inputs(

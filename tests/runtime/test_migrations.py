@@ -43,6 +43,7 @@ TABLES = {
     "fleet_budget",
     "arbitration_rounds",
     "arbitration_grants",
+    "config_revisions",
 }
 VIEWS = {
     "decision_history",
@@ -739,4 +740,49 @@ def test_upgrade_from_the_previous_release_replays_its_ticks_identically(
     assert (summary.num_ticks, summary.num_identical, summary.num_differing, summary.num_skipped) == (
         num_ticks, num_ticks, 0, 0
     )  # fmt: skip
+
+
+def test_migration_0025_config_revisions(empty_database_url, tmp_path, profile_dir) -> None:
+    """0025: every deployment recorded before it gets revision 1 (source file: the config it runs), its ticks name no
+    revision and still replay; a tick after it records revision 1. The operator role may insert revisions and read,
+    nothing else; the writer may not change a revision. 0025 -> 0023 drops the table and the columns, keeps the
+    ticks."""
+    from planner_core.runtime.replay import replay
+
+    url = empty_database_url
+    upgrade(url)
+    ctx = load_context(url, "revised", write_config(tmp_path))
+    traffic = TrafficObservation(duration_s=60, num_req=6000, isl=3000, osl=300)
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    assert run_tick(ctx, Loop.THROUGHPUT, at, traffic).tick_id is not None
+    get_engine(url).dispose()
+
+    downgrade(url, "0023")
+    assert "config_revision" not in _columns(url, "ticks") and "config_revisions" not in _tables(url)
+    assert _relation(url, "SELECT count(*) FROM ticks")[1] == [(1,)]
+
+    upgrade(url)
+    [(revision, source, config_hash, author)] = _relation(
+        url, "SELECT revision, source, config_hash, author FROM config_revisions"
+    )[1]
+    assert (revision, source, config_hash) == (1, "file", ctx.file_config_hash) and author == _relation(
+        url, "SELECT current_user"
+    )[1][0][0]
+    assert _relation(url, "SELECT config_revision FROM deployments")[1] == [(1,)]
+    ctx = load_context(url, "revised", ctx.config_path)
+    assert run_tick(ctx, Loop.THROUGHPUT, at + dt.timedelta(minutes=1), traffic).tick_id is not None
+    assert _relation(url, "SELECT config_revision FROM ticks ORDER BY id")[1] == [(None,), (1,)]
+    summary = replay(url, "revised", at, at + dt.timedelta(minutes=2))
+    assert (summary.num_ticks, summary.num_identical, summary.revisions) == (2, 2, (1,))
+    privileges = _relation(
+        url,
+        "SELECT has_table_privilege('planner_operator', 'config_revisions', 'INSERT'), "
+        "has_table_privilege('planner_operator', 'planner_configs', 'INSERT'), "
+        "has_table_privilege('planner_operator', 'ticks', 'INSERT'), "
+        "has_table_privilege('planner_operator', 'deployments', 'UPDATE'), "
+        "has_table_privilege('planner_writer', 'config_revisions', 'INSERT'), "
+        "has_table_privilege('planner_writer', 'config_revisions', 'UPDATE'), "
+        "has_table_privilege('planner_writer', 'config_revisions', 'DELETE')",
+    )[1]
+    assert privileges == [(True, True, False, False, True, False, False)]
     get_engine(url).dispose()

@@ -325,7 +325,8 @@ def test_a_what_if_replay_derives_the_prompt_curve_again_from_the_recorded_arriv
 def test_service_settings_are_outside_the_replayed_policy(database_url, tmp_path, azure_conv_trace) -> None:
     """Ticks recorded under a file with service settings replay identically after only those settings changed, under
     the same config hash; a policy change changes the hash. Rows stored before the split (the whole file hashed, its
-    body holding service fields) still replay exactly, and re-registering the same policy is a rehash, not a change.
+    body holding service fields) still replay exactly, and re-registering the same policy is a revision that changes
+    nothing (a rehash).
     """
     from planner_core.config import config_hash, load_config
     from planner_core.runtime.service import load_context
@@ -352,15 +353,23 @@ def test_service_settings_are_outside_the_replayed_policy(database_url, tmp_path
         conn.execute(
             "INSERT INTO planner_configs (config_hash, body) VALUES (%s, %s)", (old_hash, json.dumps(old_body))
         )
-        conn.execute("UPDATE ticks SET config_hash = %s", (old_hash,))
+        # ticks recorded before config revisions (migration 0025) name no revision
+        conn.execute("UPDATE ticks SET config_hash = %s, config_revision = NULL", (old_hash,))
         conn.execute("UPDATE deployments SET config_hash = %s", (old_hash,))
+        [(deployment_id,)] = conn.execute("SELECT id FROM deployments").fetchall()
+        conn.execute(
+            "INSERT INTO config_revisions (deployment_id, revision, config_hash, source, reason) "
+            "VALUES (%s, 2, %s, 'file', 'as migration 0025 found it')",
+            (deployment_id, old_hash),
+        )
     summary = replay(database_url, "split", start, end)
     assert (summary.num_ticks, summary.num_identical, summary.num_differing) == (4, 4, 0)
+    assert summary.revisions == ()
     ctx = load_context(database_url, "split", first)
     with ctx.sessions.begin() as session:
-        repo.ensure_deployment(session, "split", ctx.config)
-    events = _rows(database_url, "SELECT event, detail->>'from' FROM audit_log WHERE event LIKE 'config_%%'")
-    assert events == [("config_rehashed", old_hash)]
+        repo.ensure_deployment(session, "split", ctx.config, source_path=str(first))
+    [(changes, reason)] = _rows(database_url, "SELECT changes, reason FROM config_revisions WHERE revision = 3")
+    assert changes == {} and reason == f"config file {first} (the same policy under its current hash)"
 
 
 def test_recorded_steps_are_step_names_or_plugin_scoped(recorded) -> None:

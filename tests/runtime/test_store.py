@@ -74,7 +74,7 @@ def test_tick_records_everything_it_saw_and_decided(ctx) -> None:
         events = list(session.scalars(select(AuditLogRow.event).order_by(AuditLogRow.id)))
         decision = session.scalar(select(DecisionRow))
         assert decision.status == "pending" and decision.reason == "scale"
-    assert events == ["deployment_created", "decision_created", "tick_recorded"]
+    assert events == ["deployment_created", "config_revision", "decision_created", "tick_recorded"]
 
 
 def test_a_tick_is_never_recorded_twice(ctx) -> None:
@@ -246,7 +246,8 @@ def test_every_state_of_a_multi_tick_run_reads_back_exactly(database_url, tmp_pa
 
 
 def test_config_hash_is_stored_with_every_tick_and_changes_are_audited(database_url, tmp_path, profile_dir) -> None:
-    """Ticks carry the hash of the config they ran under; switching config is an audit event."""
+    """Ticks carry the hash of the config they ran under; switching config file is a new config revision (an
+    audit event), which the next tick records."""
     first = load_context(database_url, "cfg", write_config(tmp_path, ttft_ms=200))
     second = load_context(database_url, "cfg", write_config(tmp_path, ttft_ms=300))
     run_tick(first, Loop.THROUGHPUT, T0, BUSY)
@@ -255,8 +256,9 @@ def test_config_hash_is_stored_with_every_tick_and_changes_are_audited(database_
         hashes = list(session.scalars(select(Tick.config_hash).order_by(Tick.id)))
         assert len(set(hashes)) == 2
         assert session.scalar(select(func.count()).select_from(PlannerConfigRow)) == 2
-        events = list(session.scalars(select(AuditLogRow.event).where(AuditLogRow.event == "config_changed")))
-    assert events == ["config_changed"]
+        revisions = list(session.scalars(text("SELECT config_revision FROM ticks ORDER BY id")))
+        events = list(session.scalars(select(AuditLogRow.event).where(AuditLogRow.event == "config_revision")))
+    assert revisions == [1, 2] and events == ["config_revision", "config_revision"]
 
 
 def test_history_views_answer_what_when_why_and_what_happened(ctx) -> None:

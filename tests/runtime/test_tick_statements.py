@@ -35,7 +35,7 @@ class _Statements:
 def test_a_tick_of_an_unchanged_config_does_not_send_its_body_again(database_url, tmp_path, profile_dir) -> None:
     """The first tick stores the config body; later ticks of the same config do not touch `planner_configs`
     (they used to upsert the whole body every tick) nor insert the connector's row again; a changed config is
-    stored and audited as before."""
+    stored and audited as a new config revision (migration 0025)."""
     config = write_config(tmp_path)
     ctx = load_context(database_url, "chat", config)
     slot = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
@@ -57,7 +57,7 @@ def test_a_tick_of_an_unchanged_config_does_not_send_its_body_again(database_url
         session.flush()
         events = [row["event"] for row in repo.query_rows(session, "SELECT event FROM audit_log ORDER BY id")]
         stored = repo.query_rows(session, "SELECT count(*) AS n FROM planner_configs")[0]["n"]
-    assert "config_changed" in events and stored == 2
+    assert events.count("config_revision") == 2 and stored == 2
 
 
 def test_a_rounds_arbitration_locks_and_reads_decisions_in_one_statement_each(

@@ -147,6 +147,44 @@ class Deployment(Base):
     environment: Mapped[str] = mapped_column(String(40))
     config_hash: Mapped[str] = mapped_column(ForeignKey("planner_configs.config_hash"))
     created_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
+    config_revision: Mapped[int | None] = mapped_column(
+        Integer, comment="The newest config revision (config_revisions); NULL before any (migration 0025)"
+    )
+
+
+class ConfigRevisionRow(Base):
+    """One config revision of a deployment (migration 0025): from its file or a live retune, append-only. The
+    trigger `config_revisions_guard` numbers them (the current revision plus one, else refused as stale), allows a
+    `set` revision to `planner_operator` members only, sets `author` and moves `deployments.config_revision`."""
+
+    __tablename__ = "config_revisions"
+    __table_args__ = (
+        UniqueConstraint("deployment_id", "revision", "config_hash"),
+        CheckConstraint("source IN ('file', 'set')", name="source"),
+        CheckConstraint("revision >= 1", name="revision"),
+        {
+            "comment": "Every config a deployment has run, numbered: from its file (source file) or a live retune "
+            "(source set, planner_operator only); append-only (migration 0025)"
+        },
+    )
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), primary_key=True)
+    revision: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    config_hash: Mapped[str] = mapped_column(ForeignKey("planner_configs.config_hash"))
+    source: Mapped[str] = mapped_column(String(10))
+    changes: Mapped[dict[str, Any]] = mapped_column(
+        server_default=text("'{}'::jsonb"), comment="field -> [before, after] against the previous revision"
+    )
+    source_path: Mapped[str | None] = mapped_column(
+        Text,
+        comment="The config file whose folder relative paths (profile, perf table, warm-up trace) are taken from",
+    )
+    author: Mapped[str] = mapped_column(
+        Text,
+        server_default=text("SESSION_USER"),
+        comment="The database login that wrote the revision (session_user, set by the trigger)",
+    )
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
 
 
 class Tick(Base):
@@ -164,6 +202,12 @@ class Tick(Base):
             "deployment_id",
             text("date_trunc('hour', scheduled_at, 'UTC')"),
             postgresql_where=text("loop = 'throughput'"),
+        ),
+        # The revision a tick ran, and its config hash is that revision's (migration 0025).
+        ForeignKeyConstraint(
+            ["deployment_id", "config_revision", "config_hash"],
+            ["config_revisions.deployment_id", "config_revisions.revision", "config_revisions.config_hash"],
+            name="fk_ticks_deployment_id_config_revisions",
         ),
         PARTITIONED,
     )
@@ -183,6 +227,10 @@ class Tick(Base):
     decide_ms: Mapped[float]
     flow_run_id: Mapped[str | None] = mapped_column(String(64))
     task_run_id: Mapped[str | None] = mapped_column(String(64))
+    config_revision: Mapped[int | None] = mapped_column(
+        Integer,
+        comment="The config revision the tick ran (config_revisions); NULL on ticks recorded before migration 0025",
+    )
 
 
 class TrafficObservationRow(Base):

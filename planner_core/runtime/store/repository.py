@@ -31,6 +31,7 @@ from planner_core.runtime.redact import redact_value
 from planner_core.runtime.store.codec import from_jsonable, stored_inputs, to_jsonable
 from planner_core.runtime.store.models import (
     AuditLogRow,
+    ConfigRevisionRow,
     DecisionRow,
     DecisionStatus,
     Deployment,
@@ -98,45 +99,104 @@ def register_config(session: Session, config: PlannerConfig) -> str:
     return digest
 
 
-def _policy_hash_of_stored(session: Session, stored_hash: str) -> str | None:
-    """The policy hash of a stored config body (an old body may still hold service fields); None if unparsable."""
-    body = session.scalar(select(PlannerConfigRow.body).where(PlannerConfigRow.config_hash == stored_hash))
-    if body is None:
-        return None
-    try:
-        return config_hash(parse_config(body, f"planner_configs[{stored_hash[:12]}]").policy)
-    except ConfigError:
-        return None
+def ensure_deployment(
+    session: Session, name: str, config: PlannerConfig, *, source_path: str | None = None
+) -> Deployment:
+    """Get or create the managed deployment `name`, locked for the rest of the transaction (`lock_deployment`), with
+    `config` (its config file's policy, from `source_path`) recorded as its newest `file` revision if the file's
+    policy is not that revision's already (`follow_file`; the audit log says so through the revision's trigger).
 
-
-def ensure_deployment(session: Session, name: str, config: PlannerConfig) -> Deployment:
-    """Get or create the managed deployment `name`, recording a config change in the audit log.
-
-    Every tick calls this: when the deployment already runs this config (the usual case), its body is stored
-    already (`deployments.config_hash` references it) and is not sent to the database again."""
+    A live retune (a `set` revision) stays in force while the file is unchanged: the file's policy is compared with
+    the newest revision that came from the file, not with the newest revision."""
     digest = config_hash(config)
     deployment = session.scalar(select(Deployment).where(Deployment.name == name))
-    if deployment is not None and deployment.config_hash == digest:
-        return deployment
-    register_config(session, config)
     if deployment is None:
+        register_config(session, config)
         deployment = Deployment(
             name=name, mode=config.mode.value, environment=config.environment.value, config_hash=digest
         )
         session.add(deployment)
         session.flush()
         audit(session, "deployment_created", {"name": name, "config_hash": digest}, deployment_id=deployment.id)
-    elif deployment.config_hash != digest:
-        # Rows recorded before the policy/service split carry the hash of the whole file; the same policy under its
-        # new hash is a rehash, not a change, so the audit log does not claim the operator changed the config.
-        event = (
-            "config_rehashed" if _policy_hash_of_stored(session, deployment.config_hash) == digest else "config_changed"
-        )
-        audit(session, event, {"from": deployment.config_hash, "to": digest}, deployment_id=deployment.id)
-        deployment.config_hash = digest
+    lock_deployment(session, deployment.id)
+    if follow_file(session, deployment.id, config, source_path) is not None:
+        session.expire(deployment)  # the revision's trigger moved its config_hash and config_revision
         deployment.mode = config.mode.value
         deployment.environment = config.environment.value
     return deployment
+
+
+# The newest revision of a deployment and the newest one that came from its file (migration 0025).
+_REVISIONS_SQL = text(
+    """SELECT d.config_revision AS revision, d.config_hash AS config_hash,
+              (SELECT r.config_hash FROM config_revisions r WHERE r.deployment_id = d.id AND r.source = 'file'
+                ORDER BY r.revision DESC LIMIT 1) AS file_hash
+         FROM deployments d WHERE d.id = :id"""
+)
+
+
+def follow_file(session: Session, deployment_id: int, config: PlannerConfig, source_path: str | None) -> int | None:
+    """Record `config` (the policy of the deployment's config file) as its next revision (source `file`) unless the
+    newest revision from the file is this policy already; the new revision's number, or None. The caller holds the
+    deployment's lock (`lock_deployment`)."""
+    digest = config_hash(config)
+    newest = session.execute(_REVISIONS_SQL, {"id": deployment_id}).one()
+    if newest.file_hash == digest:
+        return None
+    register_config(session, config)
+    changes: dict[str, list[Any]] = {}
+    reason = f"config file {source_path}" if source_path else "config of the planner"
+    if newest.revision is not None:
+        before = _stored_policy(session, newest.config_hash)
+        if before is not None:
+            old, new = before.model_dump(mode="json"), config.model_dump(mode="json")
+            changes = {name: [old.get(name), new[name]] for name in new if old.get(name) != new[name]}
+        if not changes and newest.file_hash is not None and before is not None:
+            reason += " (the same policy under its current hash)"  # a body stored before the policy/service split
+    revision = (newest.revision or 0) + 1
+    session.add(
+        ConfigRevisionRow(
+            deployment_id=deployment_id,
+            revision=revision,
+            config_hash=digest,
+            source="file",
+            changes=changes,
+            source_path=source_path,
+            reason=reason,
+        )
+    )
+    session.flush()  # through the trigger now: it moves deployments.config_revision and audits the revision
+    return revision
+
+
+def stored_policy(session: Session, stored_hash: str, source: str) -> PlannerConfig:
+    """The policy stored under `stored_hash`, checked to hash to it.
+
+    Raises:
+        ConfigError: no such body, a body that does not parse, or one whose policy hashes otherwise (one line
+            starting with `source`).
+    """
+    body = session.scalar(select(PlannerConfigRow.body).where(PlannerConfigRow.config_hash == stored_hash))
+    if body is None:
+        raise ConfigError(f"{source}: config {stored_hash[:12]} is not in planner_configs", source=source)
+    policy = parse_config(body, source).policy
+    if config_hash(policy) != stored_hash:
+        raise ConfigError(
+            f"{source}: the policy stored as {stored_hash[:12]} hashes to {config_hash(policy)[:12]}", source=source
+        )
+    return policy
+
+
+def _stored_policy(session: Session, stored_hash: str) -> PlannerConfig | None:
+    """The policy of a stored config body, None if there is none or it does not parse. Not checked against its
+    hash: a body stored before the policy/service split holds service fields under the whole file's hash."""
+    body = session.scalar(select(PlannerConfigRow.body).where(PlannerConfigRow.config_hash == stored_hash))
+    if body is None:
+        return None
+    try:
+        return parse_config(body, f"planner_configs[{stored_hash[:12]}]").policy
+    except ConfigError:
+        return None
 
 
 def find_deployment(session: Session, name: str) -> Deployment | None:
@@ -161,32 +221,52 @@ def lock_deployments(session: Session, deployment_ids: Sequence[int]) -> None:
     ).all()
 
 
-# A known deployment locked, whether it still runs the config it is known with, and whether the slot is recorded,
-# in one statement (three before: `ensure_deployment`, `lock_deployment`, `tick_exists`).
+# A known deployment locked, whether it still runs the config revision it is known with, and whether the slot is
+# recorded, in one statement (three before: `ensure_deployment`, `lock_deployment`, `tick_exists`).
 _LOCK_KNOWN_DEPLOYMENT = """
-SELECT d.config_hash = %(config_hash)s AS same_config,
+SELECT d.config_revision = %(revision)s AS same_config,
        EXISTS (SELECT 1 FROM ticks t
                 WHERE t.deployment_id = d.id AND t.loop = %(loop)s AND t.scheduled_at = %(scheduled_at)s) AS recorded
   FROM deployments d WHERE d.id = %(deployment_id)s FOR UPDATE
 """
 
 
+@dataclass(frozen=True, slots=True)
+class LockedDeployment:
+    """The deployment a tick is for, locked: its id, the config revision in force and its policy's hash (what the
+    tick runs and records), and whether the tick's slot is recorded already."""
+
+    deployment_id: int
+    revision: int
+    config_hash: str
+    recorded: bool
+
+
 def lock_deployment_for_tick(
-    session: Session, name: str, config: PlannerConfig, loop: str, scheduled_at: dt.datetime, memo: TickMemo
-) -> tuple[int, str, bool]:
-    """The deployment a tick is for, locked for the rest of the transaction (`lock_deployment`): its id, the config
-    hash the tick records, and whether the tick's slot is recorded already. Made or updated as
-    `ensure_deployment` does; when `memo` knows it with this config, one statement does all of it."""
+    session: Session,
+    name: str,
+    config: PlannerConfig,
+    loop: str,
+    scheduled_at: dt.datetime,
+    memo: TickMemo,
+    *,
+    source_path: str | None = None,
+) -> LockedDeployment:
+    """The deployment a tick is for, locked for the rest of the transaction (`lock_deployment`), with the revision
+    the tick runs: the newest, read under the lock, so a retune committed before it is in force and one committed
+    after waits for the tick. Made, and the file `config` came from followed, as `ensure_deployment` does; when
+    `memo` knows the deployment at its newest revision, one statement does all of it."""
     if memo.deployment is not None:
-        deployment_id, digest = memo.deployment
-        params = {"config_hash": digest, "loop": loop, "scheduled_at": scheduled_at, "deployment_id": deployment_id}
+        deployment_id, revision, digest = memo.deployment
+        params = {"revision": revision, "loop": loop, "scheduled_at": scheduled_at, "deployment_id": deployment_id}
         row = session.connection().exec_driver_sql(_LOCK_KNOWN_DEPLOYMENT, params).first()
         if row is not None and row.same_config:
-            return deployment_id, digest, bool(row.recorded)
-    deployment = ensure_deployment(session, name, config)
-    lock_deployment(session, deployment.id)
-    memo.deployment = (deployment.id, deployment.config_hash)
-    return deployment.id, deployment.config_hash, tick_exists(session, deployment.id, loop, scheduled_at)
+            return LockedDeployment(deployment_id, revision, digest, bool(row.recorded))
+    deployment = ensure_deployment(session, name, config, source_path=source_path)
+    newest = session.execute(_REVISIONS_SQL, {"id": deployment.id}).one()
+    memo.deployment = (deployment.id, newest.revision, newest.config_hash)
+    recorded = tick_exists(session, deployment.id, loop, scheduled_at)
+    return LockedDeployment(deployment.id, newest.revision, newest.config_hash, recorded)
 
 
 def tick_exists(session: Session, deployment_id: int, loop: str, scheduled_at: dt.datetime) -> bool:
@@ -213,7 +293,8 @@ class TickMemo:
     from the same state whether it was remembered or read: replay stays exact."""
 
     newest: tuple[int, PlannerState, StoredState] | None = None  # (tick id, state, as stored): set in one assignment
-    deployment: tuple[int, str] | None = None  # (deployment id, the context's config hash) once it is stored
+    # (deployment id, the config revision its last tick ran, that revision's hash) once it is stored
+    deployment: tuple[int, int, str] | None = None
 
     def remember(self, session: Session, tick_id: int) -> None:
         """Keep the state `record_tick` just wrote for `tick_id` in this session (no-op if it wrote none)."""
@@ -373,6 +454,7 @@ class TickRecord:
     decide_ms: float
     flow_run_id: str | None = None
     task_run_id: str | None = None
+    config_revision: int | None = None  # the config revision the tick ran (migration 0025)
 
 
 def _unplaced_columns(inputs: TickInputs) -> dict[str, int | None]:
@@ -396,9 +478,9 @@ _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 # statement compilation took a fifth of a fleet member's tick); each statement's text is made once per column set.
 _INSERT_TICK = """
 INSERT INTO ticks (deployment_id, loop, scheduled_at, config_hash, reason, inputs, previous_tick_id, decide_ms,
-                   flow_run_id, task_run_id)
+                   flow_run_id, task_run_id, config_revision)
 VALUES (%(deployment_id)s, %(loop)s, %(scheduled_at)s, %(config_hash)s, %(reason)s, %(inputs)s::json,
-        %(previous_tick_id)s, %(decide_ms)s, %(flow_run_id)s, %(task_run_id)s)
+        %(previous_tick_id)s, %(decide_ms)s, %(flow_run_id)s, %(task_run_id)s, %(config_revision)s)
 ON CONFLICT (deployment_id, loop, scheduled_at) DO NOTHING RETURNING id
 """
 _INSERT_SQL: dict[tuple[str, tuple[str, ...]], str] = {}
@@ -445,7 +527,12 @@ def record_tick(session: Session, record: TickRecord, inputs: TickInputs, outcom
         audit(
             session,
             "tick_recorded",
-            {"loop": inputs.loop.value, "reason": outcome.reason.value, "config_hash": record.config_hash},
+            {
+                "loop": inputs.loop.value,
+                "reason": outcome.reason.value,
+                "config_hash": record.config_hash,
+                "config_revision": record.config_revision,
+            },
             deployment_id=record.deployment_id,
             tick_id=tick_id,
             decision_id=decision_id,
@@ -467,6 +554,7 @@ def _tick_row(record: TickRecord, inputs: TickInputs, outcome: TickOutcome) -> d
         "decide_ms": record.decide_ms,
         "flow_run_id": record.flow_run_id,
         "task_run_id": record.task_run_id,
+        "config_revision": record.config_revision,
     }
 
 

@@ -10,9 +10,12 @@ Attainment here is counted over the attainable requests (those that meet both ta
 pass 100 % where a prefix cache lets a request meet a target it could not meet computing its whole prompt (the
 idle-cluster check computes every prompt in full).
 
-The goal (`startup_goal`): the recommended policy serves at least `TARGET_ATTAINMENT` of the attainable requests
-within both targets at no more than `MAX_VS_ORACLE` times the oracle's GPU-hours, and no comparison policy (the
-static sizes, `fixed:`, the Dynamo-style presets) is both cheaper and better. The oracles (`oracle`, instant,
+The goal (`startup_goal`, the project's goal for every benchmark): the recommended policy serves at least
+`TARGET_ATTAINMENT` of the attainable requests within both targets, or what `oracle-seen` serves where that is
+lower (no policy without foresight does better on bursts larger than any before them), at no more than
+`MAX_VS_ORACLE` times `oracle-ahead`'s GPU-hours, and no comparison policy (the static sizes, `fixed:`, the
+Dynamo-style presets) is both cheaper and better. A run without `oracle-ahead` is held to the instant `oracle`'s
+GPU-hours, and a run without `oracle-seen` to `TARGET_ATTAINMENT`. The oracles (`oracle`, instant,
 `oracle-ahead`, which knows the future but pays the start-up, `oracle-seen`, the same never above the sizes
 already needed, and `oracle-peak`, the same holding the largest burst's engines until it comes) and the hindsight
 references (`static-best`, the cheapest fixed size meeting the target over the whole run, and `oracle-budget`, the
@@ -50,7 +53,8 @@ REFERENCES = ("oracle", *FORESIGHT, *HINDSIGHT)  # know the trace: never a cheap
 TARGET_TEXT = f"{100.0 * TARGET_ATTAINMENT:g} %"
 GOAL_TEXT = (
     f"the recommended policy ({SHIPPED_POLICY}) serves >= {TARGET_TEXT} of the attainable requests within both "
-    f"targets at <= {MAX_VS_ORACLE:g}x the oracle's GPU-hours, and no comparison policy is both cheaper and better"
+    f"targets (or oracle-seen's share, where lower) at <= {MAX_VS_ORACLE:g}x oracle-ahead's GPU-hours (the "
+    "oracle's, without oracle-ahead), and no comparison policy is both cheaper and better"
 )
 
 
@@ -81,6 +85,8 @@ class StartupGoal:
     vs_oracle: float | None
     cheaper_and_better: tuple[str, ...]
     met: bool | None
+    reference: str = "oracle"  # the policy whose GPU-hours `vs_oracle` divides by
+    attainment_target: float = TARGET_ATTAINMENT
 
 
 def frontier_points(rows: Iterable[Mapping[str, Any]]) -> list[FrontierPoint]:
@@ -125,9 +131,31 @@ def knob_crossing(points: Sequence[FrontierPoint], target: float = TARGET_ATTAIN
     return None
 
 
+def goal_reference(points: Sequence[FrontierPoint]) -> tuple[FrontierPoint | None, float]:
+    """What the goal holds a run to: the cost reference (`oracle-ahead`, else the instant `oracle`; None when the
+    run has neither) and the attainment target (`TARGET_ATTAINMENT`, or `oracle-seen`'s share where lower)."""
+    reference = _named(points, "oracle-ahead") or _named(points, "oracle")
+    seen = _named(points, "oracle-seen")
+    target = min(TARGET_ATTAINMENT, seen.of_attainable) if seen is not None else TARGET_ATTAINMENT
+    return reference, target
+
+
+def meets_goal(
+    point: FrontierPoint, reference: FrontierPoint | None, target: float
+) -> tuple[bool | None, float | None]:
+    """Whether `point` reaches the attainment target within `MAX_VS_ORACLE` x the reference's GPU-hours, and that
+    ratio; (None, None) without a reference."""
+    if reference is None or reference.gpu_hours <= 0:
+        return None, None
+    ratio = point.gpu_hours / reference.gpu_hours
+    return point.of_attainable >= target - 1e-12 and ratio <= MAX_VS_ORACLE, ratio
+
+
 def startup_goal(points: Sequence[FrontierPoint]) -> StartupGoal:
     """The goal (module docstring) on one run's points."""
-    shipped, oracle = _named(points, SHIPPED_POLICY), _named(points, "oracle")
+    shipped = _named(points, SHIPPED_POLICY)
+    reference, target = goal_reference(points)
+    name = reference.policy if reference is not None else "oracle"
     if shipped is None:
         return StartupGoal(shipped=None, vs_oracle=None, cheaper_and_better=(), met=None)
     competitors = [
@@ -136,22 +164,28 @@ def startup_goal(points: Sequence[FrontierPoint]) -> StartupGoal:
     better = tuple(
         p.policy for p in competitors if p.gpu_hours < shipped.gpu_hours and p.of_attainable > shipped.of_attainable
     )
-    if oracle is None or oracle.gpu_hours <= 0:
-        return StartupGoal(shipped=shipped, vs_oracle=None, cheaper_and_better=better, met=None)
-    vs_oracle = shipped.gpu_hours / oracle.gpu_hours
-    met = shipped.of_attainable >= TARGET_ATTAINMENT and vs_oracle <= MAX_VS_ORACLE and not better
-    return StartupGoal(shipped=shipped, vs_oracle=vs_oracle, cheaper_and_better=better, met=met)
+    met, vs_oracle = meets_goal(shipped, reference, target)
+    return StartupGoal(
+        shipped=shipped,
+        vs_oracle=vs_oracle,
+        cheaper_and_better=better,
+        met=None if met is None else met and not better,
+        reference=name,
+        attainment_target=target,
+    )
 
 
 def describe_startup_goal(points: Sequence[FrontierPoint]) -> list[str]:
     """Lines for a report: the goal (`GOAL_TEXT`) on this run, the knob's crossing of the target, and the foresight
     reference."""
     goal = startup_goal(points)
-    oracle = _named(points, "oracle")
+    oracle, _ = goal_reference(points)
 
     def gpu_hours_text(gpu_hours: float) -> str:
-        ratio = f" ({gpu_hours / oracle.gpu_hours:.2f}x the oracle)" if oracle and oracle.gpu_hours > 0 else ""
-        return f"{gpu_hours:.2f} GPU-h{ratio}"
+        if oracle is None or oracle.gpu_hours <= 0:
+            return f"{gpu_hours:.2f} GPU-h"
+        name = "the oracle" if oracle.policy == "oracle" else oracle.policy
+        return f"{gpu_hours:.2f} GPU-h ({gpu_hours / oracle.gpu_hours:.2f}x {name})"
 
     def at(point: FrontierPoint) -> str:
         return f"{100.0 * point.of_attainable:.1f} % of attainable at {gpu_hours_text(point.gpu_hours)}"
@@ -160,7 +194,12 @@ def describe_startup_goal(points: Sequence[FrontierPoint]) -> list[str]:
     if goal.shipped is not None:
         verdict = {True: "met", False: "not met", None: "not judged (no oracle in the run)"}[goal.met]
         others = f"; cheaper and better: {', '.join(goal.cheaper_and_better)}" if goal.cheaper_and_better else ""
-        lines.append(f"goal {verdict}: {SHIPPED_POLICY} {at(goal.shipped)}{others}")
+        target = (
+            ""
+            if goal.attainment_target >= TARGET_ATTAINMENT
+            else f" (target: oracle-seen's {100.0 * goal.attainment_target:.1f} %)"
+        )
+        lines.append(f"goal {verdict}: {SHIPPED_POLICY} {at(goal.shipped)}{target}{others}")
     line = knob_points(points)
     if line:
         crossing = knob_crossing(points)

@@ -186,6 +186,24 @@ def _run_and_write(row: GoalRow, out: Path, command: str) -> str:
     return f"{row.name}: planner {'met' if goal['planner']['met'] else 'missed'} ({goal['planner']})"
 
 
+def recorded_command(argv: Sequence[str], out: Path) -> str:
+    """The command as a record states it: an `--out` outside the repository (a scratch folder whose records are
+    copied into the docs) is not named, so a record holds no path of the machine it ran on."""
+    inside = not out.is_absolute() or out.resolve().is_relative_to(Path.cwd().resolve())
+    words, skip = [], False
+    for word in argv:
+        if skip:
+            words.append(str(word) if inside else "<a scratch folder; the records copied here>")
+            skip = False
+            continue
+        if word == "--out":
+            skip = True
+        elif word.startswith("--out=") and not inside:
+            word = "--out=<a scratch folder; the records copied here>"
+        words.append(word)
+    return " ".join(["python -m planner_core.lab.closed_loop", *words])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m planner_core.lab.closed_loop", description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default="all", help="comma-separated row names, or all")
@@ -200,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.jobs < 1:
         parser.error(f"--jobs: {args.jobs} is not >= 1")
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python -m planner_core.lab.closed_loop " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = recorded_command(argv if argv is not None else sys.argv[1:], args.out)
     with concurrent.futures.ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(_run_and_write, known[name], args.out, command) for name in names]
         for future in concurrent.futures.as_completed(futures):

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from planner_core.lab.closed_loop import GoalRow, judge, summary, window_attainment
+from planner_core.lab.closed_loop import GoalRow, judge, recorded_command, summary, window_attainment
 from planner_core.lab.sim.benchmark import BenchRequest, benchmark
 from planner_core.lab.sim.des import EngineSpeed
 from planner_core.lab.sim.des.spec import SimResult
@@ -121,6 +121,15 @@ def test_judge_reads_the_goal_against_oracle_seen_and_oracle_ahead() -> None:
         }
     )
     assert not too_dear["planner"]["met"] and too_dear["planner"]["attainment_met"]
+
+
+def test_a_record_names_no_scratch_folder_outside_the_repository(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    outside = tmp_path.parent / "scratch"
+    assert recorded_command(["--jobs", "2", "--out", str(outside)], outside) == (
+        "python -m planner_core.lab.closed_loop --jobs 2 --out <a scratch folder; the records copied here>"
+    )
+    assert recorded_command(["--out", "results"], tmp_path / "results").endswith("--out results")
 
 
 def test_window_attainment_counts_each_window_of_arrivals() -> None:

@@ -52,6 +52,7 @@ from planner_core.config.enums import (
     LoadPolicy,
     LoadPredictorName,
     OptimizationTarget,
+    OutsideChangeRule,
     PlannerMode,
     RouterKind,
     SweepingMode,
@@ -105,6 +106,7 @@ from planner_core.config.service import (
 from planner_core.domain import LengthQuantile
 
 __all__ = [
+    "OutsideChangeRule",
     "EXTERNAL_PLUGIN_NEEDS",
     "EXTERNAL_PLUGIN_TYPES",
     "MAX_CONFIG_BYTES",

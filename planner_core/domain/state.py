@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner_core.domain.actuation import AdoptedCount, SignalStatus
 from planner_core.domain.components import Component
 from planner_core.domain.forecast import LoadHistory
 from planner_core.domain.perf_state import OnlinePerfState
@@ -155,3 +156,7 @@ class PlannerState:
     horizon_windows: tuple[HorizonWindow, ...] = ()
     # Ours: each pool's engine speed learned from the latency it served (`planner_core.policy.feedback`).
     capacity_feedback: CapacityFeedback = field(default_factory=CapacityFeedback)
+    # Ours: counts someone else set that the planner adopted and holds (`planner_core.policy.ownership`).
+    adopted_counts: tuple[AdoptedCount, ...] = ()
+    # Ours: each source signal's freshness and miss streak (`planner_core.policy.signals`), in `Signal` order.
+    signals: tuple[SignalStatus, ...] = ()

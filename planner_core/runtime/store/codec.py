@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from planner_core.domain import (
+    AdoptedCount,
     AppliedTargets,
     ArimaFit,
     ArimaSearch,
@@ -27,6 +28,7 @@ from planner_core.domain import (
     EngineLimits,
     EnsembleMember,
     EnsembleState,
+    EventReason,
     ExecuteAction,
     ForwardPassMetrics,
     FpmSample,
@@ -43,6 +45,7 @@ from planner_core.domain import (
     ObservedValue,
     OnlineModelState,
     OnlinePerfState,
+    OutsideChange,
     OverrideType,
     PartialPrediction,
     PendingScaleUp,
@@ -61,11 +64,14 @@ from planner_core.domain import (
     ScalingDecision,
     ScheduledRequests,
     SeriesModel,
+    Signal,
+    SignalStatus,
     SizedNeed,
     StartupSample,
     StartupState,
     StepRecord,
     ThresholdPlannerState,
+    TickEvent,
     TickInputs,
     TickOutcome,
     TrafficObservation,
@@ -263,6 +269,10 @@ _DATACLASSES: dict[str, type] = {
         HorizonWindow,
         PoolFeedback,
         CapacityFeedback,
+        OutsideChange,
+        AdoptedCount,
+        SignalStatus,
+        TickEvent,
         PlannerState,
         StepRecord,
         ReplicaProposal,
@@ -285,5 +295,7 @@ _ENUMS: dict[str, type[enum.Enum]] = {
         HoldPolicy,
         ExecuteAction,
         EngineLifecycle,
+        Signal,
+        EventReason,
     )
 }

@@ -7,7 +7,7 @@ and hands it to the tick as an `OutsideChange`; this module applies `outside_cha
   tick keeps the pool at it whatever the loops or plugins propose (the hold is applied after the minimum endpoints
   and the GPU budget: an operator's count is the operator's), then the planner sizes the pool again from it. The
   adoption is remembered (`PlannerState.adopted_counts`) so the same outside count is not detected again, and
-  forgotten once the pool is back at a count the planner applied (no outside change reported).
+  forgotten once the pool is back at a count the planner applied (no outside change reported) after its hold.
 - `restore`: the tick's target for the pool is the count the planner last applied (then the minimum endpoints and
   the budget), so the next execution writes it back.
 
@@ -47,6 +47,12 @@ def _step(reason: ReasonCode, component: Component, value: int, detail: str) -> 
     return StepRecord(step=StepName.OWNERSHIP, reason=reason, component=component, value=float(value), detail=detail)
 
 
+def _held_step(known: AdoptedCount) -> StepRecord:
+    c = known.component
+    detail = f"{c.value} held at the count adopted at t={known.at_s:g} until t={known.hold_until_s:g}"
+    return _step(ReasonCode.OUTSIDE_CHANGE_HELD, c, known.replicas, detail)
+
+
 def resolve_ownership(config: PlannerConfig, inputs: TickInputs, adopted: Sequence[AdoptedCount]) -> OwnershipOutcome:
     """Apply `config.outside_change_rule` to this tick's outside changes (`inputs.outside_changes`).
 
@@ -67,8 +73,18 @@ def resolve_ownership(config: PlannerConfig, inputs: TickInputs, adopted: Sequen
     restore: dict[Component, int] = {}
     kept: list[AdoptedCount] = []
     steps: list[StepRecord] = []
-    for change in _changes_by_pool(inputs.outside_changes, managed):
-        c = change.component
+    changes = {change.component: change for change in _changes_by_pool(inputs.outside_changes, managed)}
+    for c in managed:
+        known = earlier.get(c)
+        if c not in changes:
+            # no outside change reported: a decision of the planner's carried the adopted count (a decision names
+            # every managed pool), so the count is the planner's now; the hold still runs while the count is it
+            if known is not None and now_s < known.hold_until_s and inputs.workers.expected(c) == known.replicas:
+                steps.append(_held_step(known))
+                hold[c] = known.replicas
+                kept.append(known)
+            continue
+        change = changes[c]
         seen = f"{c.value} count changed outside the planner: {change.planner_replicas} -> {change.observed_replicas}"
         if config.outside_change_rule is OutsideChangeRule.RESTORE:
             restore[c] = change.planner_replicas
@@ -81,7 +97,6 @@ def resolve_ownership(config: PlannerConfig, inputs: TickInputs, adopted: Sequen
                 )
             )
             continue
-        known = earlier.get(c)
         if known is None or known.replicas != change.observed_replicas:
             known = AdoptedCount(
                 component=c,
@@ -99,14 +114,7 @@ def resolve_ownership(config: PlannerConfig, inputs: TickInputs, adopted: Sequen
             )
             hold[c] = known.replicas
         elif now_s < known.hold_until_s:
-            steps.append(
-                _step(
-                    ReasonCode.OUTSIDE_CHANGE_HELD,
-                    c,
-                    known.replicas,
-                    f"{c.value} held at the count adopted at t={known.at_s:g} until t={known.hold_until_s:g}",
-                )
-            )
+            steps.append(_held_step(known))
             hold[c] = known.replicas
         # past its hold, an adoption is only remembered: the planner sizes the pool from the adopted count
         kept.append(known)

@@ -87,6 +87,10 @@ def test_an_outside_change_is_adopted_held_then_sized_again() -> None:
     assert after.next_state.adopted_counts == first.next_state.adopted_counts
 
     # the planner's 2 applied: the runtime reports no outside change any more and the adoption is forgotten
+    # (during the hold, a decision carrying the adopted count would make it the planner's: the hold goes on)
+    carried = run_pipeline(shrink, TickInputs(now_s=400.0, loop=Loop.LOAD, workers=workers(2, 5)),
+                           first.next_state, CONFIG)  # fmt: skip
+    assert carried.decision.is_empty and steps_of(carried, StepName.OWNERSHIP)[0][0] is ReasonCode.OUTSIDE_CHANGE_HELD
     settled = run_pipeline(shrink, TickInputs(now_s=760.0, loop=Loop.LOAD, workers=workers(2, 2)),
                            after.next_state, CONFIG)  # fmt: skip
     assert settled.next_state.adopted_counts == ()
@@ -231,3 +235,35 @@ def test_a_missing_signal_never_lets_a_pool_shrink(
     decision = outcome.decision
     for component, target in ((P, decision.num_prefill), (D, decision.num_decode)):
         assert target is None or target >= inputs.workers.expected(component)
+
+
+# --- the tick's one Event ---------------------------------------------------------------------------------------
+
+
+def test_one_event_per_tick_the_most_telling_first() -> None:
+    """A missing signal outranks an outside change, which outranks a budget cut, which outranks the scale itself;
+    an unchanged tick posts nothing."""
+    from planner_core.domain import EventReason, ScalingDecision, StepRecord, TickOutcome
+    from planner_core.policy.events import tick_event
+
+    inputs = TickInputs(now_s=0.0, loop=Loop.LOAD, workers=workers(2, 4))
+
+    def outcome(decision: ScalingDecision, *reasons: ReasonCode) -> TickOutcome:
+        steps = tuple(StepRecord(step="x", reason=r, detail=r.value) for r in reasons)
+        return TickOutcome(decision=decision, next_state=PlannerState(), steps=steps, reason=ReasonCode.SCALE)
+
+    up, down = ScalingDecision(num_prefill=3, num_decode=4), ScalingDecision(num_prefill=2, num_decode=3)
+    cases = [
+        (outcome(up, ReasonCode.GPU_BUDGET_CAPPED, ReasonCode.OUTSIDE_CHANGE_ADOPTED, ReasonCode.SIGNAL_MISSED),
+         EventReason.METRICS_UNAVAILABLE),
+        (outcome(up, ReasonCode.GPU_BUDGET_CAPPED, ReasonCode.OUTSIDE_CHANGE_RESTORED), EventReason.OUTSIDE_CHANGE),
+        (outcome(up, ReasonCode.FLEET_CEILING_CAPPED), EventReason.RESOURCE_CONSTRAINED),
+        (outcome(up), EventReason.SCALED_UP),
+        (outcome(down), EventReason.SCALED_DOWN),
+    ]  # fmt: skip
+    for tick_outcome, want in cases:
+        event = tick_event(inputs, tick_outcome)
+        assert event is not None and event.reason is want
+    assert tick_event(inputs, outcome(down)).message == "load tick: prefill 2 -> 2, decode 4 -> 3 (scale)"
+    assert tick_event(inputs, outcome(ScalingDecision())) is None
+    assert tick_event(inputs, outcome(ScalingDecision(num_prefill=1, advisory=True))) is None

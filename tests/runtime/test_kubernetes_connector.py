@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client as k8s_client
 from sqlalchemy import select
 
-from planner_core.config import OutsideChangeRule, PlannerMode, load_config, parse_config
+from planner_core.config import PlannerMode, load_config, parse_config
 from planner_core.domain import (
     Component,
     EventReason,
@@ -26,7 +26,7 @@ from planner_core.domain import (
     TrafficObservation,
     WorkerCounts,
 )
-from planner_core.planner import Planner
+from planner_core.planner import Planner, build_planner
 from planner_core.runtime.connectors.kubernetes import (
     DgdComponent,
     KubernetesApiError,
@@ -44,6 +44,7 @@ from planner_core.runtime.connectors.kubernetes import (
     resolve_namespace,
     resolve_roles,
 )
+from planner_core.runtime.replay import replay
 from planner_core.runtime.service import PlannerContext, default_workers, load_context, run_execution, run_tick
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.execution import MAX_ATTEMPTS
@@ -1039,17 +1040,14 @@ def _steps(ctx: PlannerContext, step: str) -> list[tuple[str, str, float]]:
     [("adopt_and_hold", "outside_change_adopted", 5.0), ("restore", "outside_change_restored", 3.0)],
 )
 def test_an_outside_scale_is_detected_at_the_next_tick_and_handled_by_the_rule(
-    k8s_ctx: PlannerContext, disagg: KubeApiServer, rule: str, want_reason: str, want_value: float
+    k8s_ctx: PlannerContext, disagg: KubeApiServer, tmp_path: Path, rule: str, want_reason: str, want_value: float
 ) -> None:
     """The planner applies prefill 3; someone scales the DGDSA to 5; the next tick records the change with the
     rule's reason in `tick_steps`: adopted (no decision: 5 is held) or restored (a decision for 3, which the next
     execution writes back). A tick before the outside change records nothing of the kind."""
-    ctx = dataclasses.replace(
-        k8s_ctx,
-        planner=Planner(
-            config=k8s_ctx.config.model_copy(update={"outside_change_rule": OutsideChangeRule(rule)}), perf=None
-        ),
-    )
+    # the planner as `planner serve` builds it (profile included), so that replay decides with the same models
+    path = write_config(tmp_path, environment="kubernetes", outside_change_rule=rule)
+    ctx = dataclasses.replace(k8s_ctx, planner=build_planner(load_config(path).policy, path))
     decide(ctx, 0, 3, None)
     [applied] = run_execution(ctx, T0)
     assert applied.outcome.value == "applied"
@@ -1079,6 +1077,10 @@ def test_an_outside_scale_is_detected_at_the_next_tick_and_handled_by_the_rule(
     else:
         assert result.outcome.decision.is_empty
         assert disagg.get(DGDSA, PREFILL_ADAPTER)["spec"]["replicas"] == 5  # left as the operator set it
+    # the outside change is an input recorded with the tick: replay decides the same without a cluster
+    # (from the first tick of the planner's own: the decision at T0 is hand-made)
+    summary = replay(ctx.database_url, NAME, T0 + dt.timedelta(seconds=30), T0 + dt.timedelta(hours=1))
+    assert (summary.num_ticks, summary.num_identical) == (2, 2), summary.differences
 
 
 def test_an_unreadable_cluster_is_a_missing_signal_not_a_failed_tick(

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -320,12 +320,29 @@ def run_tick(
     loop: Loop,
     scheduled_at: dt.datetime,
     traffic: TrafficObservation | None,
-    **kwargs: Any,
+    *,
+    flow_run_id: str | None = None,
+    task_run_id: str | None = None,
+    traffic_problem: str | None = None,
+    curve_problem: str | None = None,
+    partial_problem: str | None = None,
+    gpu_ceiling: int | None = None,
 ) -> TickResult:
-    """`record_tick`, then the tick's one Event on the scaled object (`planner_core.policy.events`): a tick that
-    raised posts `DecisionFailed` (and raises), a recorded one what it did, if anything (Kubernetes only)."""
+    """`record_tick` (its arguments), then the tick's one Event on the scaled object (`planner_core.policy.events`,
+    Kubernetes only): a tick that raised posts `DecisionFailed` and raises, a recorded one what it did, if anything."""
     try:
-        result = record_tick(ctx, loop, scheduled_at, traffic, **kwargs)
+        result = record_tick(
+            ctx,
+            loop,
+            scheduled_at,
+            traffic,
+            flow_run_id=flow_run_id,
+            task_run_id=task_run_id,
+            traffic_problem=traffic_problem,
+            curve_problem=curve_problem,
+            partial_problem=partial_problem,
+            gpu_ceiling=gpu_ceiling,
+        )
     except Exception as exc:
         failed = TickEvent(reason=EventReason.DECISION_FAILED, message=f"{loop.value} tick: {exc}"[:1024], warning=True)
         _post_event(ctx, failed, scheduled_at)

@@ -23,6 +23,7 @@ from planner_core.domain import (
     Loop,
     OutsideChange,
     TickEvent,
+    TickOutcome,
     TrafficObservation,
     WorkerCounts,
 )
@@ -1099,3 +1100,21 @@ def test_an_unreadable_cluster_is_a_missing_signal_not_a_failed_tick(
     with k8s_ctx.sessions.begin() as session:
         [row] = repo.query_rows(session, "SELECT detail FROM audit_log WHERE event = 'worker_counts_unavailable'")
     assert "500" in row["detail"]["problem"]
+
+
+class _FailingPlanner(Planner):
+    """A planner whose decision raises (a broken model or plugin chain, as far as the tick can tell)."""
+
+    def decide(self, *_args: object, **_kwargs: object) -> TickOutcome:
+        raise RuntimeError("the perf model could not be evaluated")
+
+
+def test_a_tick_that_raises_posts_decision_failed_and_still_raises(
+    k8s_ctx: PlannerContext, disagg: KubeApiServer
+) -> None:
+    ctx = dataclasses.replace(k8s_ctx, planner=_FailingPlanner(config=k8s_ctx.config, perf=None))
+    with pytest.raises(RuntimeError, match="could not be evaluated"):
+        run_tick(ctx, Loop.THROUGHPUT, T0, None)
+    [event] = _events(disagg)
+    assert (event["reason"], event["type"]) == ("DecisionFailed", "Warning")
+    assert event["message"] == "throughput tick: the perf model could not be evaluated"

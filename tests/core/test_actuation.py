@@ -117,6 +117,13 @@ def test_restore_writes_the_planners_count_back_even_without_an_opinion() -> Non
     assert (outcome.decision.num_prefill, outcome.decision.num_decode) == (3, 4)
     assert steps_of(outcome, StepName.OWNERSHIP) == [(ReasonCode.OUTSIDE_CHANGE_RESTORED, P, 3.0)]
     assert outcome.next_state.adopted_counts == ()
+    # what decision_history shows for it (through tick(), which summarises the same steps)
+    from planner_core.domain import DecisionStage, summarize_decision
+
+    inputs = TickInputs(now_s=0.0, loop=Loop.LOAD, workers=workers(1, 4), outside_changes=change)
+    summary = summarize_decision(tick(inputs, PlannerState(), config, None))
+    assert summary.stage is DecisionStage.OWNERSHIP
+    assert summary.text == "prefill 1->3: changed outside the planner: its 3 restored"
 
 
 def test_an_outside_change_of_a_pool_the_mode_does_not_manage_is_ignored() -> None:

@@ -247,6 +247,7 @@ STORED_DECISION_STAGES = frozenset(
         "load",
         "minimum",
         "other",
+        "ownership",
         "plugin",
         "rate_limit",
         "tail_latency",

@@ -304,13 +304,13 @@ class TickResult:
     inputs: TickInputs | None
 
 
-def _post_event(ctx: PlannerContext, event: TickEvent | None, at: dt.datetime) -> None:
+def _post_event(ctx: PlannerContext, event: TickEvent | None, loop: Loop, at: dt.datetime) -> None:
     """Post a tick's Event on the DGD (`environment: kubernetes` only); a failure to post is logged, never raised."""
     post = getattr(ctx.kubernetes, "post_event", None)
     if event is None or post is None:
         return
     try:
-        post(event, at)
+        post(event, at, loop=loop.value)
     except Exception as exc:  # an Event is worth a log line, never a failed tick
         log.warning("could not post the %s Event on %s: %s", event.reason.value, ctx.deployment, exc)
 
@@ -345,10 +345,10 @@ def run_tick(
         )
     except Exception as exc:
         failed = TickEvent(reason=EventReason.DECISION_FAILED, message=f"{loop.value} tick: {exc}"[:1024], warning=True)
-        _post_event(ctx, failed, scheduled_at)
+        _post_event(ctx, failed, loop, scheduled_at)
         raise
     if result.outcome is not None and result.inputs is not None:
-        _post_event(ctx, tick_event(result.inputs, result.outcome), scheduled_at)
+        _post_event(ctx, tick_event(result.inputs, result.outcome), loop, scheduled_at)
     return result
 
 

@@ -907,7 +907,7 @@ def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> No
     kube.interfere("PATCH", rf"/{DGD}/{DGD_NAME}$", DGD, DGD_NAME, _annotate)
     fallback.apply(None, Decision(4, 1), T0)
     fallback.worker_counts(None, 0, default=NO_WORKERS)
-    fallback.post_event(TickEvent(reason=EventReason.SCALED_UP, message="prefill 1 -> 4"), T0)
+    fallback.post_event(TickEvent(reason=EventReason.SCALED_UP, message="prefill 1 -> 4"), T0, loop="throughput")
     used: dict[tuple[str, str], set[str]] = {}
     names: set[str] = set()
     for request in kube.requests:
@@ -1066,7 +1066,11 @@ def test_an_outside_scale_is_detected_at_the_next_tick_and_handled_by_the_rule(
     assert _steps(ctx, "ownership") == [(want_reason, "prefill", want_value)]
     # the tick's one Event on the DGD says so (the first tick, with no traffic window, said MetricsUnavailable)
     second = T0 + dt.timedelta(minutes=2)
-    events = [e for e in _events(disagg) if e["metadata"]["name"] == f"{DGD_NAME}.{int(second.timestamp() * 1000):x}"]
+    events = [
+        e
+        for e in _events(disagg)
+        if e["metadata"]["name"] == f"{DGD_NAME}.throughput.{int(second.timestamp() * 1000):x}"
+    ]
     assert [(e["reason"], e["type"], e["involvedObject"]["name"]) for e in events] == [
         ("ReplicasChangedOutside", "Warning", DGD_NAME)
     ]

@@ -6,7 +6,8 @@
   reports them). Listing needs `list` on both; a refusal is said, not hidden (a 404, no such API or CRD, means
   nothing of that kind exists).
 - `post_event`: one core/v1 Event on the scaled object (`TickEvent`, at most one per tick), named
-  `<object>.<tick time in ms, hex>` so a retried post of the same tick answers 409 instead of adding a second.
+  `<object>.<loop>.<tick time in ms, hex>` so a retried post of the same tick answers 409 instead of adding a second
+  (the two loops may tick at the same time: each has its own name).
 """
 
 from __future__ import annotations
@@ -85,14 +86,16 @@ def post_event(
     event: TickEvent,
     at: dt.datetime,
     *,
+    loop: str,
     timeout_s: float = 10.0,
 ) -> None:
-    """Post `event` on `target` (raises ApiException; the caller logs it: an Event is never worth a failed tick)."""
+    """Post `event` of the `loop` tick at `at` on `target` (raises ApiException; the caller logs it: an Event is
+    never worth a failed tick)."""
     stamp = at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     body = {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{target.name}.{int(at.timestamp() * 1000):x}", "namespace": namespace},
+        "metadata": {"name": f"{target.name}.{loop}.{int(at.timestamp() * 1000):x}", "namespace": namespace},
         "involvedObject": {"apiVersion": api_version, "kind": target.kind, "name": target.name, "namespace": namespace},
         "reason": event.reason.value,
         "message": event.message[:1024],

@@ -351,11 +351,18 @@ class KubernetesConnector:
         """The HPAs and ScaledObjects of the namespace that scale the DGD or its adapters (one line each)."""
         return competing_autoscalers(self.api_client, self.namespace, self.scaled_targets(), timeout_s=self._timeout_s)
 
-    def post_event(self, event: TickEvent, at: dt.datetime) -> None:
-        """Post a tick's Event on the DGD (raises ApiException; the caller logs it)."""
+    def post_event(self, event: TickEvent, at: dt.datetime, *, loop: str) -> None:
+        """Post the Event of the `loop` tick at `at` on the DGD (raises ApiException; the caller logs it)."""
         target = ScaledTarget(kind="DynamoGraphDeployment", name=self.dgd_name)
         post_event(
-            self.api_client, self.namespace, target, f"{GROUP}/{self.api_version}", event, at, timeout_s=self._timeout_s
+            self.api_client,
+            self.namespace,
+            target,
+            f"{GROUP}/{self.api_version}",
+            event,
+            at,
+            loop=loop,
+            timeout_s=self._timeout_s,
         )
 
     # --- applying a decision --------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`planner k8s-check`: the DynamoGraphDeployment the planner would scale, validated."""
+"""`planner k8s-check`: the DynamoGraphDeployment the planner would scale, validated, and any HPA or ScaledObject
+that scales the same objects (another owner of the replica count)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ def cmd_k8s_check(args: argparse.Namespace) -> int:
             f"  {role.value}: {component.name} (type {component.component_type}), {gpus}, "
             f"{counts.ready(role)} ready of {counts.expected(role)} expected"
         )
+    competing = connector.competing_autoscalers()
+    if not competing:
+        print("  other autoscalers: none (no HorizontalPodAutoscaler or ScaledObject scales the DGD or its adapters)")
+    for line in competing:
+        # each would fight the planner over the count; the planner detects its changes (outside_change_rule)
+        print(f"  WARNING: {line}")
     return 0
 
 

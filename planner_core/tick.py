@@ -38,6 +38,7 @@ from planner_core.pipeline.loader import configured
 from planner_core.pipeline.run import run_pipeline
 from planner_core.pipeline.types import Plugin
 from planner_core.policy.horizon import track_startups
+from planner_core.policy.signals import observe_signals
 from planner_core.policy.throughput import with_prompt_curve
 
 __all__ = ["tick"]
@@ -81,7 +82,9 @@ def tick(
         inputs = dataclasses.replace(inputs, traffic=with_prompt_curve(config, perf, inputs.traffic))
     # The config's `plugins.overrides` apply to builtin plugins as to user ones (validated at load time).
     builtins = tuple(configured(plugin, config) for plugin in builtin_plugins(inputs.loop, perf))
-    outcome = run_pipeline((*builtins, *plugins), inputs, state, config, clock=clock)
+    # the signals this loop's builtin plugins read: a missing one keeps every pool from shrinking (policy.signals)
+    health = observe_signals(config, inputs, state.signals)
+    outcome = run_pipeline((*builtins, *plugins), inputs, state, config, clock=clock, health=health)
     builtin_headline = headline_of(outcome.steps)
     if outcome.action in (ExecuteAction.APPLY, ExecuteAction.ADVISORY):
         headline = ReasonCode.SCALE

@@ -53,6 +53,7 @@ from planner_core.config.enums import (
     LoadPolicy,
     LoadPredictorName,
     OptimizationTarget,
+    OutsideChangeRule,
     PlannerMode,
     RouterKind,
     SweepingMode,
@@ -108,6 +109,7 @@ from planner_core.domain import LengthQuantile
 
 __all__ = [
     "LIVE_FIELDS",
+    "OutsideChangeRule",
     "EXTERNAL_PLUGIN_NEEDS",
     "EXTERNAL_PLUGIN_TYPES",
     "MAX_CONFIG_BYTES",

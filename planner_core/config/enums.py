@@ -137,6 +137,13 @@ class RouterKind(enum.StrEnum):
     SLO = "slo"  # SLO-aware routing (planner_core.routing): lowest predicted latency within SLO x threshold
 
 
+class OutsideChangeRule(enum.StrEnum):
+    """What the planner does when someone else changed a pool's count (ours; Dynamo silently writes its own back)."""
+
+    ADOPT_AND_HOLD = "adopt_and_hold"  # take the new count as the pool's and keep it for outside_change_hold_seconds
+    RESTORE = "restore"  # write back the count the planner last applied
+
+
 def managed_components(mode: PlannerMode) -> tuple[Component, ...]:
     """Pools the planner scales in a mode (aggregated mode's single pool is represented as DECODE)."""
     if mode is PlannerMode.PREFILL:

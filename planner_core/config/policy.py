@@ -20,6 +20,7 @@ from planner_core.config.enums import (
     LoadPolicy,
     LoadPredictorName,
     OptimizationTarget,
+    OutsideChangeRule,
     PlannerMode,
     RouterKind,
     SweepingMode,
@@ -499,6 +500,20 @@ class PlannerConfig(BaseModel):
     )
     throughput_feedback_speed_max: float = Field(
         default=1.5, ge=1, le=10, description="Highest engine speed (x the perf model's) the closed loop may learn."
+    )
+
+    # Safe actuation (ours). A pool's count changed by someone else (an HPA, `kubectl scale`, an operator) is
+    # detected at the next tick and handled by this rule (planner_core.policy.ownership); Dynamo writes its own
+    # count back without a word.
+    outside_change_rule: OutsideChangeRule = Field(
+        default=OutsideChangeRule.ADOPT_AND_HOLD,
+        description="A count someone else set: adopt_and_hold (keep it for the hold) or restore (write ours back).",
+    )
+    outside_change_hold_seconds: Number = Field(
+        **_INTERVAL,
+        default=600.0,
+        ge=0,
+        description="How long (s) an adopted outside count is held before the planner sizes the pool again.",
     )
 
     # ------------------------------------------------------------------------------------------------

@@ -15,11 +15,21 @@ Modules (every public name is re-exported here, so `from planner_core.domain imp
 * `pipeline_state`: the plugin pipeline's overrides, partial predictions, remote answers and schedules;
 * `state`: `PlannerState` and the loops' own cross-tick state (threshold planner, needs, start-up, horizon);
 * `ticks`: `TickInputs`, `ReplicaProposal`, `ScalingDecision` and `TickOutcome`;
+* `actuation`: who owns a pool's count (`OutsideChange`, `AdoptedCount`), signal health (`Signal`,
+  `SignalStatus`) and the one Event a tick posts (`TickEvent`);
 * `summary`: `summarize_decision`, a decision in one line with the `DecisionStage` that set its targets.
 """
 
 from __future__ import annotations
 
+from planner_core.domain.actuation import (
+    AdoptedCount,
+    EventReason,
+    OutsideChange,
+    Signal,
+    SignalStatus,
+    TickEvent,
+)
 from planner_core.domain.components import (
     Component,
     Loop,
@@ -108,6 +118,12 @@ from planner_core.domain.ticks import (
 )
 
 __all__ = [
+    "AdoptedCount",
+    "EventReason",
+    "OutsideChange",
+    "Signal",
+    "SignalStatus",
+    "TickEvent",
     "AppliedTargets",
     "ArimaFit",
     "ArimaSearch",

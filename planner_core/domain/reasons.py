@@ -21,6 +21,7 @@ class ReasonFamily(enum.StrEnum):
     LOAD = "load"  # the load loop's decisions and steps (Dynamo 1.x and the 2025 threshold planner)
     SIZING = "sizing"  # the throughput loop's headroom, burst sizing and scale-down hold (ours)
     NEXT_REQUEST = "next_request"  # where the SLA load loop's "next request" comes from
+    ACTUATION = "actuation"  # safe actuation (ours): who owns a pool's count, signal health
 
 
 class ReasonCode(enum.StrEnum):
@@ -162,6 +163,14 @@ class ReasonCode(enum.StrEnum):
     NEXT_REQUEST_ENGINE_AVERAGE = "next_request_engine_average"  # the engines' moving averages (Dynamo's)
     NEXT_REQUEST_TRAFFIC_WINDOW = "next_request_traffic_window"  # the last traffic window's mean lengths (ours)
     NEXT_REQUEST_UNKNOWN = "next_request_unknown"  # nothing reported yet: no next request is added
+    # family: ACTUATION (safe actuation, ours: planner_core.policy.ownership and planner_core.policy.signals)
+    OUTSIDE_CHANGE_ADOPTED = "outside_change_adopted"  # someone else changed the count: adopted and held
+    OUTSIDE_CHANGE_HELD = "outside_change_held"  # a count adopted earlier is still held (its hold has not ended)
+    OUTSIDE_CHANGE_RESTORED = "outside_change_restored"  # someone else changed the count: the planner's restored
+    SIGNAL_MISSED = "signal_missed"  # a signal the tick expected is missing (value: the miss streak)
+    SIGNAL_RECOVERED = "signal_recovered"  # a signal missed by the previous ticks is back
+    STALE_SIGNAL_NO_SHRINK = "stale_signal_no_shrink"  # a signal is missing: the pool is kept from shrinking
+    WORKER_COUNTS_UNAVAILABLE = "worker_counts_unavailable"  # the counts could not be read: no pool is changed
 
 
 # The first member of each family, in source order: a member belongs to the family of the last start before it.
@@ -175,6 +184,7 @@ _FAMILY_STARTS: dict[ReasonCode, ReasonFamily] = {
     ReasonCode.SCALE_UP: ReasonFamily.LOAD,
     ReasonCode.HEADROOM_APPLIED: ReasonFamily.SIZING,
     ReasonCode.NEXT_REQUEST_ENGINE_AVERAGE: ReasonFamily.NEXT_REQUEST,
+    ReasonCode.OUTSIDE_CHANGE_ADOPTED: ReasonFamily.ACTUATION,
 }
 
 
@@ -245,6 +255,9 @@ class StepName(enum.StrEnum):
     TTFT_ESTIMATE = "ttft_estimate"
     TTFT_SIGNAL = "ttft_signal"
     UNPLACED_SIGNAL = "unplaced_signal"  # the load loop: requests the router could not place
+    OWNERSHIP = "ownership"  # a pool's count changed outside the planner, and the rule applied (ours)
+    SIGNAL = "signal"  # a source signal missed or back (ours)
+    SIGNAL_GUARD = "signal_guard"  # the final guard: no pool shrinks on a missing signal (ours)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

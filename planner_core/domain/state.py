@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner_core.domain.actuation import AdoptedCount, SignalStatus
 from planner_core.domain.components import Component
 from planner_core.domain.forecast import LoadHistory
 from planner_core.domain.observations import PromptBurstQuantiles
@@ -171,3 +172,7 @@ class PlannerState:
     capacity_feedback: CapacityFeedback = field(default_factory=CapacityFeedback)
     # Ours: the previous windows' prompt-arrival distributions the burst rule pools (`planner_core.policy.burst_pool`).
     recent_prompt_bursts: tuple[PromptBurstWindow, ...] = ()
+    # Ours: counts someone else set that the planner adopted and holds (`planner_core.policy.ownership`).
+    adopted_counts: tuple[AdoptedCount, ...] = ()
+    # Ours: each source signal's freshness and miss streak (`planner_core.policy.signals`), in `Signal` order.
+    signals: tuple[SignalStatus, ...] = ()

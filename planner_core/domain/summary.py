@@ -46,6 +46,7 @@ class DecisionStage(enum.StrEnum):
     UNPLACED = "unplaced"  # requests the SLO-aware router could not place
     THROUGHPUT_FLOOR = "throughput_floor"  # the load loop raised to (or held at) the throughput loop's floor
     OTHER = "other"  # no step recorded a count change (an older or foreign explanation)
+    OWNERSHIP = "ownership"  # a count changed outside the planner was restored to the planner's (outside_change_rule)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,6 +72,7 @@ _COUNT_STEPS = frozenset(
         StepName.AGG_SIGNAL,
         StepName.THROUGHPUT_FLOOR,
         StepName.LOAD_DECISION,
+        StepName.OWNERSHIP,
     }
 )
 _MERGE_SUFFIX = ":merge"
@@ -100,6 +102,7 @@ _STAGE_OF_REASON = {
     ReasonCode.UNPLACED_REQUESTS: DecisionStage.UNPLACED,
     ReasonCode.RAISED_TO_THROUGHPUT_FLOOR: DecisionStage.THROUGHPUT_FLOOR,
     ReasonCode.SCALE_DOWN_CAPPED_BY_THROUGHPUT: DecisionStage.THROUGHPUT_FLOOR,
+    ReasonCode.OUTSIDE_CHANGE_RESTORED: DecisionStage.OWNERSHIP,
 }
 # Steps that move a pool's count without recording the count (their value is engines of headroom, or requests):
 # a count step after them that only passes its input on shows their effect.
@@ -149,6 +152,8 @@ def _phrase(stage: DecisionStage, step: StepRecord, count: int) -> str:
             return f"{value:.0f} unplaced requests: {count}"
         case DecisionStage.THROUGHPUT_FLOOR:
             return f"throughput floor {count}"
+        case DecisionStage.OWNERSHIP:
+            return f"changed outside the planner: its {count} restored"
     return f"{step.step} {count}"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner_core.domain.actuation import OutsideChange
 from planner_core.domain.components import Component, Loop
 from planner_core.domain.forecast import Prediction
 from planner_core.domain.observations import (
@@ -46,6 +47,12 @@ class TickInputs:
     # first (ours: what splits a measured start-up into the connector's acknowledgement and the engines' own
     # start). Empty where targets apply within the deciding tick (the benchmark's simulator).
     applied: tuple[AppliedTargets, ...] = ()
+    # Pools whose count in force someone else changed (ours, `planner_core.policy.ownership`): the count the planner
+    # last applied and the count observed. Empty where the connector owns the count alone (local, virtual).
+    outside_changes: tuple[OutsideChange, ...] = ()
+    # False when the connector could not read the worker counts this tick (`workers` is then a stand-in and the
+    # tick changes no pool, `planner_core.policy.signals`).
+    workers_observed: bool = True
 
     def unplaced_for(self, component: Component) -> UnplacedRequests | None:
         """The unplaced-request report of `component`'s pool, if any."""

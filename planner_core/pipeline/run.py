@@ -28,8 +28,12 @@ Per tick:
   preempt a running plugin, so overruns are detected when the plugin returns: a plugin whose run takes the sum past
   the deadline has its result discarded, later plugins are not run and EXECUTE is skip_tick_timeout. The clock is
   read twice per plugin run (before and after).
-* EXECUTE: if no override spoke about any pool, skip_no_targets. Otherwise the final invariants apply to every
-  managed pool, whoever proposed it: the minimum endpoints, then the GPU budget (`policy.bounds`). Pools whose
+* EXECUTE: if no override spoke about any pool (and no outside change is to be restored), skip_no_targets.
+  Otherwise a pool whose count someone else changed takes the planner's own count under `outside_change_rule:
+  restore` (`policy.ownership`), then the final invariants apply to every managed pool, whoever proposed it: the
+  minimum endpoints, then the GPU budget (`policy.bounds`), then a count adopted under `adopt_and_hold` is held
+  during its hold, and last the signal guard (`policy.signals`): with a signal the tick expected missing no pool
+  shrinks, without worker counts none changes. Pools whose
   target equals the expected count are unchanged; if none changed, skip_no_targets, else apply (advisory when
   `config.advisory`: everything computed and recorded, nothing executed). Like `tick()`, the decision then carries
   every managed pool's target.
@@ -82,6 +86,8 @@ from planner_core.pipeline.types import (
     PluginSpec,
 )
 from planner_core.policy.bounds import bound_min_endpoint, fleet_ceiling, guard_config_budget, min_endpoints
+from planner_core.policy.ownership import resolve_ownership
+from planner_core.policy.signals import SignalHealth, guard_decision
 
 Clock = Callable[[], float]
 _MAX_ERROR_CHARS = 300
@@ -108,6 +114,7 @@ def run_pipeline(
     config: PlannerConfig,
     *,
     clock: Clock | None = None,
+    health: SignalHealth | None = None,
 ) -> PipelineOutcome:
     """Run one tick of the plugin pipeline.
 
@@ -117,6 +124,9 @@ def run_pipeline(
         state: the planner state after the previous tick; `state.pipeline` holds the plugin schedules.
         config: the planner config (mode, min endpoints, GPU budget, advisory, tick deadline).
         clock: monotonic seconds, for the tick deadline and per-plugin timeouts; None disables both.
+        health: the signals this tick expected and missed (`planner_core.policy.signals.observe_signals`, which
+            `tick()` runs for its loop's builtin plugins): its steps open the tick's explanation, its statuses are
+            the next state's, and EXECUTE guards the targets with it. None: no signal is checked.
 
     Returns:
         The EXECUTE decision, the targets, the next state and the explanation steps.
@@ -124,7 +134,7 @@ def run_pipeline(
     Raises:
         ValueError: two plugins share a plugin id (a wiring error of the caller, not a plugin failure).
     """
-    return _Tick(plugins, inputs, state, config, clock).run()
+    return _Tick(plugins, inputs, state, config, clock, health).run()
 
 
 def _one_line(text: str) -> str:
@@ -190,6 +200,7 @@ class _Tick:
         state: PlannerState,
         config: PlannerConfig,
         clock: Clock | None,
+        health: SignalHealth | None,
     ) -> None:
         self.inputs = inputs
         self.config = config
@@ -215,6 +226,12 @@ class _Tick:
             self.schedules[spec.plugin_id] = known or PluginSchedule(
                 plugin_id=spec.plugin_id, registered_at_s=self.now_s
             )
+        # safe actuation (ours): the signals this tick misses (observed by the caller) and the rule for counts
+        # changed outside the planner, decided before any plugin runs and applied in EXECUTE after every other
+        # bound (no plugin escapes them)
+        self.health = health or SignalHealth(statuses=state.signals, missing=(), steps=())
+        self.steps.extend(self.health.steps)
+        self.ownership = resolve_ownership(config, inputs, state.adopted_counts)
 
     def _entries(self, plugins: Sequence[Plugin]) -> list[tuple[PluginSpec, Plugin]]:
         entries: list[tuple[PluginSpec, Plugin]] = []
@@ -613,17 +630,24 @@ class _Tick:
     ) -> PipelineOutcome:
         proposals: tuple[ReplicaProposal, ...] = ()
         decision = ScalingDecision()
+        self.steps.extend(self.ownership.steps)
         if self.stop is ReasonCode.SKIP_SHORT_CIRCUIT:
             action, detail = ExecuteAction.SKIP_SHORT_CIRCUIT, short_circuit_reason
         elif self.stop is ReasonCode.SKIP_TICK_TIMEOUT:
             action, detail = ExecuteAction.SKIP_TICK_TIMEOUT, self.stop_detail
-        elif not touched:
+        elif not touched and not self.ownership.restore:
             action, detail = ExecuteAction.SKIP_NO_TARGETS, "no plugin had an opinion about replica counts"
         else:
+            # outside_change_rule restore: the planner's own count is the pool's target, then the usual bounds
+            targets = MappingProxyType({**targets, **self.ownership.restore})
             wanted = self._final_invariants(targets)
             # The proposals are what the planner wants (a fleet's arbitration reads them as the member's claim);
             # the decision is what the fleet's ceiling lets it have.
             final = self._fleet_ceiling(wanted)
+            # an adopted outside count is held as it is (the operator's), and no signal missing lets a pool shrink
+            final = {c: self.ownership.hold.get(c, value) for c, value in final.items()}
+            final, guard_steps = guard_decision(self.health.missing, self.expected, final)
+            self.steps.extend(guard_steps)
             changed = [c for c in self.components if final[c] != self.expected[c]]
             proposals = tuple(
                 ReplicaProposal(
@@ -649,11 +673,14 @@ class _Tick:
                     detail = "advisory mode, not executed: " + detail
         self.steps.append(StepRecord(step=StepName.EXECUTE, reason=ReasonCode(action.value), detail=detail))
         pipeline = PipelineState(plugins=tuple(self.schedules[key] for key in sorted(self.schedules)))
+        next_state = dataclasses.replace(
+            self.state, pipeline=pipeline, signals=self.health.statuses, adopted_counts=self.ownership.adopted
+        )
         return PipelineOutcome(
             action=action,
             decision=decision,
             proposals=proposals,
-            next_state=dataclasses.replace(self.state, pipeline=pipeline),
+            next_state=next_state,
             steps=tuple(self.steps),
             predictions=self.predictions,
             runs=tuple(self.runs),

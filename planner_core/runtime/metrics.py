@@ -19,6 +19,9 @@ enums) `load_scaling_decision` and `throughput_scaling_decision`; per engine (`w
 newest recorded forward-pass metrics); `tick_lag_seconds`; per out-of-process plugin (`plugin_id`)
 `plugin_circuit_state` (Dynamo's values: 0 closed, 0.5 half-open, 1 open, as of the newest tick's planner
 state) and the counter `plugin_circuit_open_skips_total` (ticks that skipped it because its breaker was open);
+per source signal (`signal`: traffic, latency, fpm, workers) `signal_age_seconds` (since a tick last had it) and
+`signal_miss_streak` (ticks in a row that expected it and missed it: while > 0 no pool shrinks), as of the newest
+tick's planner state;
 and the histogram `tick_duration_seconds` (the pure decision time of every recorded tick). A value the planner
 did not record (e.g. TTFT from a source without it) has no sample rather than an invented one.
 """
@@ -107,6 +110,16 @@ class PluginCircuit:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SignalHealthRow:
+    """One source signal as the newest tick left it (`planner_core.policy.signals`): seconds since a tick last
+    had it (None: never) and the ticks in a row that expected it and missed it."""
+
+    signal: str
+    age_s: float | None
+    num_misses: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsSnapshot:
     """What the metrics show: the newest recorded ticks of one deployment (None = not recorded).
 
@@ -140,6 +153,7 @@ class MetricsSnapshot:
     tick_duration_buckets: tuple[int, ...] = (0,) * (len(TICK_DURATION_BUCKETS_S) + 1)
     tick_duration_sum_s: float = 0.0
     plugin_circuits: tuple[PluginCircuit, ...] = ()
+    signals: tuple[SignalHealthRow, ...] = ()
 
 
 # --- metric families (pure) -------------------------------------------------------------------------------------
@@ -229,6 +243,22 @@ def metric_families(snapshot: MetricsSnapshot) -> Iterator[Any]:
         skips.add_metric([plugin.plugin_id], float(plugin.open_skips))
     yield circuit
     yield skips
+    age = GaugeMetricFamily(
+        PREFIX + "signal_age_seconds",
+        "Seconds from the newest tick back to the last tick that had the signal (traffic, latency, fpm, workers)",
+        labels=["signal"],
+    )
+    misses = GaugeMetricFamily(
+        PREFIX + "signal_miss_streak",
+        "Ticks in a row, up to the newest, that expected the signal and missed it (0: fresh; > 0: no pool shrinks)",
+        labels=["signal"],
+    )
+    for signal in snapshot.signals:
+        if _known(signal.age_s):
+            age.add_metric([signal.signal], float(signal.age_s))
+        misses.add_metric([signal.signal], float(signal.num_misses))
+    yield age
+    yield misses
     bounds = [*(repr(float(b)) for b in TICK_DURATION_BUCKETS_S), "+Inf"]
     yield HistogramMetricFamily(
         PREFIX + "tick_duration_seconds",
@@ -386,6 +416,35 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator if numerator is not None and denominator else None
 
 
+# The newest tick's planner state (either loop): each signal's health as that tick left it.
+_NEWEST_STATE_SQL = """
+SELECT t.scheduled_at, s.tick_id AS state_tick_id
+  FROM ticks t
+  JOIN deployments d ON d.id = t.deployment_id
+  JOIN planner_states s ON s.tick_id = t.id
+ WHERE d.name = :deployment
+ ORDER BY t.scheduled_at DESC, t.id DESC
+ LIMIT 1
+"""
+
+
+def _signals(session: Session, deployment: str) -> tuple[SignalHealthRow, ...]:
+    """Each signal ever expected, as of the newest tick's state (the JSON form of `SignalStatus`)."""
+    row = session.execute(text(_NEWEST_STATE_SQL), {"deployment": deployment}).mappings().first()
+    if row is None:
+        return ()
+    state = repo.state_json(session, row["state_tick_id"]) or {}
+    now_s = row["scheduled_at"].timestamp()
+    return tuple(
+        SignalHealthRow(
+            signal=str(entry["signal"]),
+            age_s=None if entry.get("last_seen_s") is None else max(0.0, now_s - float(entry["last_seen_s"])),
+            num_misses=int(entry.get("num_misses", 0)),
+        )
+        for entry in state.get("signals") or ()
+    )
+
+
 def load_metrics_snapshot(session: Session, deployment: str) -> MetricsSnapshot:
     """The newest recorded state of `deployment` (an empty snapshot when it has recorded nothing yet)."""
     params = {"deployment": deployment}
@@ -443,6 +502,7 @@ def load_metrics_snapshot(session: Session, deployment: str) -> MetricsSnapshot:
         ),
         tick_duration_sum_s=float(durations["sum_s"]),
         plugin_circuits=_plugin_circuits(session, deployment),
+        signals=_signals(session, deployment),
     )
 
 

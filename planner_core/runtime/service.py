@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,13 +35,16 @@ from planner_core.config import (
     config_hash,
     live_changes,
     load_config,
+    managed_components,
     resolve_config_relative,
 )
 from planner_core.data import DEFAULT_CONFIG
 from planner_core.domain import (
     AppliedTargets,
+    EventReason,
     Loop,
     PlannerState,
+    TickEvent,
     TickInputs,
     TickOutcome,
     TrafficObservation,
@@ -49,8 +53,10 @@ from planner_core.domain import (
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.pipeline import PluginLoadError
 from planner_core.planner import Planner, build_planner, refuse_what_cannot_work
+from planner_core.policy.events import tick_event
 from planner_core.runtime.connectors.local import LocalConnector
 from planner_core.runtime.connectors.virtual import VirtualConnector
+from planner_core.runtime.ownership import outside_changes
 from planner_core.runtime.plugin_client import connect_remote_plugins, take_remote_answers
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.store import repository as repo
@@ -64,6 +70,8 @@ from planner_core.runtime.warmup import warm_history
 if TYPE_CHECKING:  # the kubernetes client is imported only when a Kubernetes connector is used (~0.4 s)
     from planner_core.runtime.connectors.kubernetes import KubernetesConnector
     from planner_core.runtime.connectors.workloads import WorkloadConnector
+
+log = logging.getLogger(__name__)
 
 # The environments whose connector talks to a cluster: built and validated once, by `connect_cluster`.
 CLUSTER_ENVIRONMENTS = (EnvironmentKind.KUBERNETES, EnvironmentKind.KUBERNETES_WORKLOADS)
@@ -308,7 +316,55 @@ class TickResult:
     inputs: TickInputs | None
 
 
+def _post_event(ctx: PlannerContext, event: TickEvent | None, loop: Loop, at: dt.datetime) -> None:
+    """Post a tick's Event on the DGD (`environment: kubernetes` only); a failure to post is logged, never raised."""
+    post = getattr(ctx.kubernetes, "post_event", None)
+    if event is None or post is None:
+        return
+    try:
+        post(event, at, loop=loop.value)
+    except Exception as exc:  # an Event is worth a log line, never a failed tick
+        log.warning("could not post the %s Event on %s: %s", event.reason.value, ctx.deployment, exc)
+
+
 def run_tick(
+    ctx: PlannerContext,
+    loop: Loop,
+    scheduled_at: dt.datetime,
+    traffic: TrafficObservation | None,
+    *,
+    flow_run_id: str | None = None,
+    task_run_id: str | None = None,
+    traffic_problem: str | None = None,
+    curve_problem: str | None = None,
+    partial_problem: str | None = None,
+    gpu_ceiling: int | None = None,
+) -> TickResult:
+    """`record_tick` (its arguments), then the tick's one Event on the scaled object (`planner_core.policy.events`,
+    Kubernetes only): a tick that raised posts `DecisionFailed` and raises, a recorded one what it did, if anything."""
+    try:
+        result = record_tick(
+            ctx,
+            loop,
+            scheduled_at,
+            traffic,
+            flow_run_id=flow_run_id,
+            task_run_id=task_run_id,
+            traffic_problem=traffic_problem,
+            curve_problem=curve_problem,
+            partial_problem=partial_problem,
+            gpu_ceiling=gpu_ceiling,
+        )
+    except Exception as exc:
+        failed = TickEvent(reason=EventReason.DECISION_FAILED, message=f"{loop.value} tick: {exc}"[:1024], warning=True)
+        _post_event(ctx, failed, loop, scheduled_at)
+        raise
+    if result.outcome is not None and result.inputs is not None:
+        _post_event(ctx, tick_event(result.inputs, result.outcome), loop, scheduled_at)
+    return result
+
+
+def record_tick(
     ctx: PlannerContext,
     loop: Loop,
     scheduled_at: dt.datetime,
@@ -344,7 +400,7 @@ def run_tick(
         # the newest revision, read under the deployment's lock: the file's policy, or a live retune of it
         ctx = at_revision(session, file_ctx, locked)
         deployment_id, config_hash = locked.deployment_id, locked.config_hash
-        previous_tick_id, state, inputs = _tick_inputs(
+        previous_tick_id, state, inputs, workers_problem = _tick_inputs(
             session, ctx, deployment_id, loop, scheduled_at, traffic, gpu_ceiling=gpu_ceiling
         )
         take_remote_answers(ctx.planner)  # nothing left over from a tick that failed before being recorded
@@ -386,6 +442,7 @@ def run_tick(
             ("traffic_unavailable", traffic_problem),
             ("arrival_curve_unavailable", curve_problem),
             ("traffic_partial", partial_problem),
+            ("worker_counts_unavailable", workers_problem),
         ):
             if problem is not None and tick_id is not None:
                 detail = {"loop": loop.value, "problem": problem}
@@ -426,11 +483,15 @@ def _tick_inputs(
     traffic: TrafficObservation | None,
     *,
     gpu_ceiling: int | None,
-) -> tuple[int | None, PlannerState, TickInputs]:
+) -> tuple[int | None, PlannerState, TickInputs, str | None]:
     """What a tick decides on, read in its transaction: the worker counts, a load tick's newest forward-pass
-    metrics (a throughput tick's too under the closed loop), the previous tick's state (or a warm start) and the
-    decisions applied since; (the previous tick's id, the state, the inputs)."""
-    workers = ctx.connector.worker_counts(session, deployment_id, default=default_workers(ctx.config))
+    metrics (a throughput tick's too under the closed loop), the previous tick's state (or a warm start), the
+    decisions applied since and the pools someone else scaled; (the previous tick's id, the state, the inputs,
+    why the worker counts could not be read or None)."""
+    workers, workers_problem = _worker_counts(session, ctx, deployment_id)
+    outside = ()
+    if workers_problem is None and ctx.config.environment in CLUSTER_ENVIRONMENTS:
+        outside = outside_changes(session, deployment_id, workers, managed_components(ctx.config.mode))
     fpm = ()
     if loop is Loop.LOAD or ctx.config.throughput_capacity_feedback:  # the closed loop measures engine speed on them
         since = scheduled_at - dt.timedelta(seconds=fpm_max_age_s(ctx.config))
@@ -448,8 +509,24 @@ def _tick_inputs(
         fpm=fpm,
         gpu_ceiling=gpu_ceiling,
         applied=_applied_since_pending(session, deployment_id, state, scheduled_at),
+        outside_changes=outside,
+        workers_observed=workers_problem is None,
     )
-    return previous_tick_id, state, inputs
+    return previous_tick_id, state, inputs, workers_problem
+
+
+def _worker_counts(session: Session, ctx: PlannerContext, deployment_id: int) -> tuple[WorkerCounts, str | None]:
+    """The connector's worker counts, or, when a cluster's API cannot be read, the minimum endpoints as a stand-in
+    and why (the tick then changes no pool: `TickInputs.workers_observed`, `planner_core.policy.signals`)."""
+    default = default_workers(ctx.config)
+    if ctx.config.environment not in CLUSTER_ENVIRONMENTS:
+        return ctx.connector.worker_counts(session, deployment_id, default=default), None
+    from planner_core.runtime.connectors.k8s_api import KubernetesApiError, KubernetesConnectorError
+
+    try:
+        return ctx.connector.worker_counts(session, deployment_id, default=default), None
+    except (KubernetesApiError, KubernetesConnectorError) as exc:
+        return default, str(exc)
 
 
 def _applied_since_pending(

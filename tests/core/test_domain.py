@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from planner_core import domain
 from planner_core.domain import (
+    AdoptedCount,
     AppliedTargets,
     ArimaFit,
     ArimaSearch,
@@ -35,6 +36,7 @@ from planner_core.domain import (
     EngineLimits,
     EnsembleMember,
     EnsembleState,
+    EventReason,
     ForwardPassMetrics,
     FpmSample,
     HeldResult,
@@ -49,6 +51,7 @@ from planner_core.domain import (
     ObservedValue,
     OnlineModelState,
     OnlinePerfState,
+    OutsideChange,
     OverrideType,
     PartialPrediction,
     PendingScaleUp,
@@ -69,11 +72,14 @@ from planner_core.domain import (
     ScalingDecision,
     ScheduledRequests,
     SeriesModel,
+    Signal,
+    SignalStatus,
     SizedNeed,
     StartupSample,
     StartupState,
     StepRecord,
     ThresholdPlannerState,
+    TickEvent,
     TickInputs,
     TickOutcome,
     TrafficObservation,
@@ -313,6 +319,16 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         final=st.booleans(),
         observations=st.lists(observed, max_size=2).map(tuple),
     )
+    outside_change = st.builds(
+        OutsideChange, component=st.sampled_from(Component), planner_replicas=counts, observed_replicas=counts
+    )
+    adopted_count = st.builds(
+        AdoptedCount, component=st.sampled_from(Component), replicas=counts, at_s=floats, hold_until_s=floats
+    )
+    signal_status = st.builds(SignalStatus, signal=st.sampled_from(Signal), last_seen_s=opt_floats, num_misses=counts)
+    tick_event = st.builds(
+        TickEvent, reason=st.sampled_from(EventReason), message=st.text(max_size=20), warning=st.booleans()
+    )
     inputs = st.builds(
         TickInputs,
         now_s=floats,
@@ -323,6 +339,8 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         unplaced=st.lists(unplaced, max_size=2).map(tuple),
         remote=st.lists(remote_answer, max_size=2).map(tuple),
         applied=st.lists(applied_targets, max_size=2).map(tuple),
+        outside_changes=st.lists(outside_change, max_size=2).map(tuple),
+        workers_observed=st.booleans(),
     )
     pipeline_state = st.builds(PipelineState, plugins=st.lists(plugin_schedule, max_size=3).map(tuple))
     threshold_planner = st.builds(
@@ -376,6 +394,8 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         horizon_windows=st.lists(horizon_window, max_size=3).map(tuple),
         capacity_feedback=capacity_feedback,
         recent_prompt_bursts=st.lists(burst_window, max_size=2).map(tuple),
+        adopted_counts=st.lists(adopted_count, max_size=2).map(tuple),
+        signals=st.lists(signal_status, max_size=4).map(tuple),
     )
     step = st.builds(
         StepRecord,
@@ -446,6 +466,10 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         PoolFeedback: pool_feedback,
         CapacityFeedback: capacity_feedback,
         PromptBurstWindow: burst_window,
+        OutsideChange: outside_change,
+        AdoptedCount: adopted_count,
+        SignalStatus: signal_status,
+        TickEvent: tick_event,
         PlannerState: state,
         StepRecord: step,
         ReplicaProposal: proposal,

@@ -387,10 +387,9 @@ def test_load_tick(case: LoadCase) -> None:
         assert [s.reason for s in outcome.steps] == [ReasonCode.DISABLED]
     else:
         assert decide_step(outcome).reason is case.want
-    # nothing else changes but the plugin schedules the pipeline keeps
-    assert dataclasses.replace(outcome.next_state, pipeline=state.pipeline) == dataclasses.replace(
-        state, num_load_ticks=5
-    )
+    # nothing else changes but the plugin schedules the pipeline keeps and the signals' health
+    kept = dataclasses.replace(outcome.next_state, pipeline=state.pipeline, signals=state.signals)
+    assert kept == dataclasses.replace(state, num_load_ticks=5)
 
 
 def test_throughput_tick_counts_only_itself() -> None:

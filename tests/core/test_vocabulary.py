@@ -10,6 +10,13 @@ from planner_core.domain import ReasonCode, ReasonFamily, StepName, StepRecord
 
 STORED_REASON_CODES = frozenset(
     {
+        "outside_change_adopted",
+        "outside_change_held",
+        "outside_change_restored",
+        "signal_missed",
+        "signal_recovered",
+        "stale_signal_no_shrink",
+        "worker_counts_unavailable",
         "accept_length_clamped",
         "advisory",
         "apply",
@@ -150,6 +157,9 @@ STORED_STEP_NAMES = frozenset(
         "itl_estimate",
         "itl_signal",
         "unplaced_signal",
+        "ownership",
+        "signal",
+        "signal_guard",
         "kv_hit_rate",
         "length_sizing",
         "load",
@@ -204,6 +214,7 @@ def test_every_reason_code_has_a_family_and_families_are_contiguous_in_the_sourc
         (ReasonCode.PREFILL_QUEUE_TREND, ReasonFamily.LOAD),
         (ReasonCode.SCALE_DOWN_HELD, ReasonFamily.SIZING),
         (ReasonCode.NEXT_REQUEST_UNKNOWN, ReasonFamily.NEXT_REQUEST),
+        (ReasonCode.STALE_SIGNAL_NO_SHRINK, ReasonFamily.ACTUATION),
     ],
 )
 def test_family_of_a_member(code: ReasonCode, family: ReasonFamily) -> None:
@@ -236,6 +247,7 @@ STORED_DECISION_STAGES = frozenset(
         "load",
         "minimum",
         "other",
+        "ownership",
         "plugin",
         "rate_limit",
         "tail_latency",

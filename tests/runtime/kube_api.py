@@ -49,6 +49,14 @@ APPS = "apps"
 DEPLOYMENTS = "deployments"
 STATEFULSETS = "statefulsets"
 APPS_PLURALS = frozenset({DEPLOYMENTS, STATEFULSETS})
+HPAS = "horizontalpodautoscalers"  # autoscaling/v2: what `planner k8s-check` looks for beside the planner
+SCALEDOBJECTS = "scaledobjects"  # keda.sh/v1alpha1
+EVENTS = "events"  # core v1: the Events the planner posts on the scaled object
+_OTHER_RESOURCES = {
+    HPAS: ("autoscaling", "v2"),
+    SCALEDOBJECTS: ("keda.sh", "v1alpha1"),
+    EVENTS: ("", "v1"),
+}
 
 
 @dataclass
@@ -123,6 +131,8 @@ class ExtendedEmulator(kmock.KubernetesEmulator):
     def resource(self, plural: str) -> kmock.resource:
         if plural in APPS_PLURALS:
             return kmock.resource(APPS, "v1", plural)
+        if plural in _OTHER_RESOURCES:
+            return kmock.resource(*_OTHER_RESOURCES[plural], plural)
         return kmock.resource(GROUP, self.version, plural)
 
     def bump(self) -> str:

@@ -232,7 +232,7 @@ def test_a_service_account_lacking_one_verb_fails_naming_it(
     status, checks = _doctor(capsys, "--config", str(config))
     assert status == 0 and checks["kubernetes"] == (
         "pass",
-        f"all 4 requests the connector makes are allowed ({kubernetes.RBAC_FILE})",
+        f"all 5 requests the connector makes are allowed ({kubernetes.RBAC_FILE})",
     )
     reviews = [r for r in kube_env.requests if r.path.endswith("/selfsubjectaccessreviews")]
     asked = {
@@ -245,6 +245,7 @@ def test_a_service_account_lacking_one_verb_fails_naming_it(
         ("dynamographdeployments", None, "patch", "llm"),
         ("dynamographdeploymentscalingadapters", "scale", "get", None),
         ("dynamographdeploymentscalingadapters", "scale", "update", None),
+        ("events", None, "create", None),
     }
 
     kube_env.grant(_without(rules, "dynamographdeployments", "patch"))

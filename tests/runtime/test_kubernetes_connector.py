@@ -6,6 +6,7 @@ the execution outbox on real Postgres.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 import socket
 from pathlib import Path
@@ -18,11 +19,15 @@ from sqlalchemy import select
 from planner_core.config import PlannerMode, load_config, parse_config
 from planner_core.domain import (
     Component,
+    EventReason,
     Loop,
+    OutsideChange,
+    TickEvent,
+    TickOutcome,
     TrafficObservation,
     WorkerCounts,
 )
-from planner_core.planner import Planner
+from planner_core.planner import Planner, build_planner
 from planner_core.runtime.connectors.kubernetes import (
     RBAC_FILE,
     REQUIRED_ACCESS,
@@ -42,13 +47,14 @@ from planner_core.runtime.connectors.kubernetes import (
     resolve_namespace,
     resolve_roles,
 )
+from planner_core.runtime.replay import replay
 from planner_core.runtime.service import PlannerContext, default_workers, load_context, run_execution, run_tick
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.execution import MAX_ATTEMPTS
 from planner_core.runtime.store.models import DecisionRow, ExecutionRow, WorkerObservationRow
 from tests.conftest import REPO_ROOT, write_config
 from tests.runtime.databases import record_decision
-from tests.runtime.kube_api import DGD, DGDSA, KubeApiServer, access_by_resource
+from tests.runtime.kube_api import DGD, DGDSA, EVENTS, HPAS, SCALEDOBJECTS, KubeApiServer, access_by_resource
 from tests.runtime.kustomize import planner_role
 
 NAME = "k8s-test"
@@ -858,7 +864,9 @@ def _rbac_request(method: str, path: str) -> tuple[str, str, str]:
     """(resource as RBAC names it, verb, object name) of one logged request to
     /apis/nvidia.com/<version>/namespaces/<ns>/<plural>[/<name>[/scale]]."""
     parts = path.strip("/").split("/")
-    assert parts[:2] == ["apis", "nvidia.com"] and parts[3] == "namespaces", path
+    if parts[:2] == ["api", "v1"]:  # the core group: /api/v1/namespaces/<ns>/events (the tick's Event)
+        parts = ["apis", "", *parts[1:]]
+    assert parts[0] == "apis" and parts[1] in ("nvidia.com", "") and parts[3] == "namespaces", path
     plural, rest = parts[5], parts[6:]
     if not rest:  # a collection: list (GET), create (POST); a watch is a list with ?watch=1
         return plural, {"GET": "list", "POST": "create"}[method], ""
@@ -902,11 +910,12 @@ def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> No
     kube.interfere("PATCH", rf"/{DGD}/{DGD_NAME}$", DGD, DGD_NAME, _annotate)
     fallback.apply(None, Decision(4, 1), T0)
     fallback.worker_counts(None, 0, default=NO_WORKERS)
+    fallback.post_event(TickEvent(reason=EventReason.SCALED_UP, message="prefill 1 -> 4"), T0, loop="throughput")
     used: dict[tuple[str, str], set[str]] = {}
     names: set[str] = set()
     for request in kube.requests:
         resource, verb, name = _rbac_request(request.method, request.path)
-        used.setdefault(("nvidia.com", resource), set()).add(verb)
+        used.setdefault(("" if resource == "events" else "nvidia.com", resource), set()).add(verb)
         names.add(name)
 
     granted, by_kind = _granted_rules(REPO_ROOT / RBAC_FILE)
@@ -917,11 +926,13 @@ def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> No
         == {
             ("nvidia.com", "dynamographdeployments"): {"get", "patch"},
             ("nvidia.com", "dynamographdeploymentscalingadapters/scale"): {"get", "update"},
+            ("", "events"): {"create"},
         }
         == access_by_resource(REQUIRED_ACCESS)  # what `planner doctor` asks the cluster for
         == planner_role("overlays/dgd")  # what the Kustomize install binds to the planner's account
     )
-    assert names == {DGD_NAME, PREFILL_ADAPTER, DECODE_ADAPTER}  # no collection read: nothing but these three
+    # no collection read: nothing but these three (and the create of an Event, which names no object)
+    assert names == {DGD_NAME, PREFILL_ADAPTER, DECODE_ADAPTER, ""}
     binding = by_kind["RoleBinding"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "dynamo-planner"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": by_kind["ServiceAccount"]["metadata"]["name"]}]
@@ -932,8 +943,8 @@ def test_the_docs_state_the_rbac_the_manifests_grant() -> None:
     text = " ".join((REPO_ROOT / "docs" / "operations.md").read_text().split())
     assert (
         "`infra/k8s/dgd/planner-rbac.yaml` (ServiceAccount, Role, RoleBinding `dynamo-planner`) grants get and "
-        "patch on "
-        "`dynamographdeployments` and get and update on `dynamographdeploymentscalingadapters/scale`"
+        "patch on `dynamographdeployments`, get and update on `dynamographdeploymentscalingadapters/scale` and "
+        "create on `events`"
     ) in text
     assert (
         "`infra/k8s/workloads/planner-workloads-rbac.yaml` (ServiceAccount, Role, RoleBinding `planner-workloads`) "
@@ -957,6 +968,41 @@ def test_k8s_check_command(tmp_path: Path, kube_env: KubeApiServer, capsys: pyte
         "  model: test-model",
         "  prefill: VllmPrefillWorker (type prefill), 1 GPU(s)/replica, 1 ready of 1 expected",
         "  decode: VllmDecodeWorker (type decode), 2 GPU(s)/replica, 1 ready of 1 expected",
+        "  other autoscalers: none (no HorizontalPodAutoscaler or ScaledObject scales the DGD or its adapters)",
+    ]
+    # an HPA on the decode adapter and a ScaledObject on the DGD fight the planner; one on another object does not
+    kube_env.put(
+        HPAS,
+        {
+            "metadata": {"name": "decode-hpa"},
+            "spec": {
+                "scaleTargetRef": {
+                    "apiVersion": "nvidia.com/v1beta1",
+                    "kind": "DynamoGraphDeploymentScalingAdapter",
+                    "name": DECODE_ADAPTER,
+                }
+            },
+        },
+    )
+    kube_env.put(
+        SCALEDOBJECTS,
+        {
+            "metadata": {"name": "llm-so"},
+            "spec": {
+                "scaleTargetRef": {
+                    "apiVersion": "nvidia.com/v1beta1",
+                    "kind": "DynamoGraphDeployment",
+                    "name": DGD_NAME,
+                }
+            },
+        },
+    )
+    kube_env.put(HPAS, {"metadata": {"name": "web"}, "spec": {"scaleTargetRef": {"kind": "Deployment",
+                                                                                 "name": DGD_NAME}}})  # fmt: skip
+    assert main(["k8s-check", "--config", str(config)]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        f"  WARNING: HorizontalPodAutoscaler ns/decode-hpa scales DynamoGraphDeploymentScalingAdapter {DECODE_ADAPTER}",
+        f"  WARNING: ScaledObject ns/llm-so scales DynamoGraphDeployment {DGD_NAME}",
     ]
     kube_env.delete(DGD, DGD_NAME)
     assert main(["k8s-check", "--config", str(config)]) == 2
@@ -965,3 +1011,120 @@ def test_k8s_check_command(tmp_path: Path, kube_env: KubeApiServer, capsys: pyte
         error.startswith("planner: error: DynamoGraphDeployment ns/llm cannot be read at start-up")
         and error.count("\n") == 1
     )
+
+
+# --------------------------------------------------------------------------------------------------------
+# One owner of the replica count: an outside change is detected at the next tick and handled by the rule
+# --------------------------------------------------------------------------------------------------------
+
+
+def _kubectl_scale(kube: KubeApiServer, adapter_name: str, replicas: int) -> None:
+    """What `kubectl scale` (or an HPA) does to a DGDSA: its spec.replicas changes behind the planner's back."""
+    scaled = copy.deepcopy(kube.get(DGDSA, adapter_name))
+    scaled["spec"]["replicas"] = replicas
+    kube.put(DGDSA, scaled)
+
+
+def _events(kube: KubeApiServer) -> list[dict]:
+    """The Events the server holds, oldest first."""
+    found = kube._call(lambda: [o for (r, _, _), o in kube.emulator.objects.items() if r.plural == EVENTS])
+    return sorted((dict(o) for o in found), key=lambda e: e["metadata"]["name"])
+
+
+def _steps(ctx: PlannerContext, step: str) -> list[tuple[str, str, float]]:
+    with ctx.sessions.begin() as session:
+        rows = repo.query_rows(
+            session,
+            "SELECT s.reason, s.component, s.value FROM tick_steps s JOIN ticks t ON t.id = s.tick_id "
+            "WHERE s.step = :step ORDER BY t.scheduled_at",
+            step=step,
+        )
+    return [(row["reason"], row["component"], row["value"]) for row in rows]
+
+
+@pytest.mark.parametrize(
+    ("rule", "want_reason", "want_value"),
+    [("adopt_and_hold", "outside_change_adopted", 5.0), ("restore", "outside_change_restored", 3.0)],
+)
+def test_an_outside_scale_is_detected_at_the_next_tick_and_handled_by_the_rule(
+    k8s_ctx: PlannerContext, disagg: KubeApiServer, tmp_path: Path, rule: str, want_reason: str, want_value: float
+) -> None:
+    """The planner applies prefill 3; someone scales the DGDSA to 5; the next tick records the change with the
+    rule's reason in `tick_steps`: adopted (no decision: 5 is held) or restored (a decision for 3, which the next
+    execution writes back). A tick before the outside change records nothing of the kind."""
+    # the planner as `planner serve` builds it (profile included), so that replay decides with the same models
+    path = write_config(tmp_path, environment="kubernetes", outside_change_rule=rule)
+    ctx = dataclasses.replace(k8s_ctx, planner=build_planner(load_config(path).policy, path))
+    decide(ctx, 0, 3, None)
+    [applied] = run_execution(ctx, T0)
+    assert applied.outcome.value == "applied"
+    disagg.settle(DGD_NAME)
+    run_tick(ctx, Loop.THROUGHPUT, T0 + dt.timedelta(minutes=1), None)
+    assert _steps(ctx, "ownership") == []  # the count in force is the planner's
+
+    _kubectl_scale(disagg, PREFILL_ADAPTER, 5)
+    # with a traffic window: a missing one would keep the pool from shrinking back (the signal guard)
+    window = TrafficObservation(duration_s=60.0, num_req=60.0, isl=100.0, osl=10.0)
+    result = run_tick(ctx, Loop.THROUGHPUT, T0 + dt.timedelta(minutes=2), window)
+    assert result.inputs.outside_changes == (
+        OutsideChange(component=Component.PREFILL, planner_replicas=3, observed_replicas=5),
+    )
+    assert _steps(ctx, "ownership") == [(want_reason, "prefill", want_value)]
+    # the tick's one Event on the DGD says so (the first tick, with no traffic window, said MetricsUnavailable)
+    second = T0 + dt.timedelta(minutes=2)
+    events = [
+        e
+        for e in _events(disagg)
+        if e["metadata"]["name"] == f"{DGD_NAME}.throughput.{int(second.timestamp() * 1000):x}"
+    ]
+    assert [(e["reason"], e["type"], e["involvedObject"]["name"]) for e in events] == [
+        ("ReplicasChangedOutside", "Warning", DGD_NAME)
+    ]
+    assert "prefill count changed outside the planner: 3 -> 5" in events[0]["message"]
+    if rule == "restore":
+        assert result.outcome.decision.num_prefill == 3
+        run_execution(ctx, T0 + dt.timedelta(minutes=2))
+        assert disagg.get(DGDSA, PREFILL_ADAPTER)["spec"]["replicas"] == 3  # written back
+    else:
+        assert result.outcome.decision.is_empty
+        assert disagg.get(DGDSA, PREFILL_ADAPTER)["spec"]["replicas"] == 5  # left as the operator set it
+    # the outside change is an input recorded with the tick: replay decides the same without a cluster
+    # (from the first tick of the planner's own: the decision at T0 is hand-made)
+    summary = replay(ctx.database_url, NAME, T0 + dt.timedelta(seconds=30), T0 + dt.timedelta(hours=1))
+    assert (summary.num_ticks, summary.num_identical) == (2, 2), summary.differences
+
+
+def test_an_unreadable_cluster_is_a_missing_signal_not_a_failed_tick(
+    k8s_ctx: PlannerContext, disagg: KubeApiServer
+) -> None:
+    """The API server answers 500 to every read of the DGD: the tick is recorded with the minimum endpoints as a
+    stand-in, `signal_missed` for the worker counts, no decision, and the problem in the audit log."""
+    disagg.fail("GET", rf"/{DGD}/{DGD_NAME}$", 500, times=10)
+    result = run_tick(k8s_ctx, Loop.THROUGHPUT, T0, None)
+    assert result.tick_id is not None and result.outcome.decision.is_empty
+    assert not result.inputs.workers_observed
+    with k8s_ctx.sessions.begin() as session:
+        missed = repo.query_rows(session, "SELECT reason, value, detail FROM tick_steps WHERE step = 'signal'")
+    assert [(row["reason"], row["value"]) for row in missed] == [("signal_missed", 1.0)] * 2
+    assert sorted(row["detail"].split()[0] for row in missed) == ["traffic", "workers"]
+    with k8s_ctx.sessions.begin() as session:
+        [row] = repo.query_rows(session, "SELECT detail FROM audit_log WHERE event = 'worker_counts_unavailable'")
+    assert "500" in row["detail"]["problem"]
+
+
+class _FailingPlanner(Planner):
+    """A planner whose decision raises (a broken model or plugin chain, as far as the tick can tell)."""
+
+    def decide(self, *_args: object, **_kwargs: object) -> TickOutcome:
+        raise RuntimeError("the perf model could not be evaluated")
+
+
+def test_a_tick_that_raises_posts_decision_failed_and_still_raises(
+    k8s_ctx: PlannerContext, disagg: KubeApiServer
+) -> None:
+    ctx = dataclasses.replace(k8s_ctx, planner=_FailingPlanner(config=k8s_ctx.config, perf=None))
+    with pytest.raises(RuntimeError, match="could not be evaluated"):
+        run_tick(ctx, Loop.THROUGHPUT, T0, None)
+    [event] = _events(disagg)
+    assert (event["reason"], event["type"]) == ("DecisionFailed", "Warning")
+    assert event["message"] == "throughput tick: the perf model could not be evaluated"

@@ -27,7 +27,7 @@ from planner_core.runtime.report import load_report_data, summarise
 from planner_core.runtime.service import load_context, run_tick
 from planner_core.runtime.store.db import get_engine, session_factory
 from tests.conftest import REPO_ROOT, write_config
-from tests.runtime.recorded import BUSY, SCENARIO_GPU_HOURS, record_scenario
+from tests.runtime.recorded import BUSY, SCENARIO_GPU_HOURS, T0, record_scenario
 
 DASHBOARD = REPO_ROOT / "infra" / "grafana" / "planner-dashboard.json"
 
@@ -153,6 +153,23 @@ def test_scrape_before_and_after_ticks_are_recorded(database_url, tmp_path, prof
     assert _value(families, "tick_duration_seconds_bucket", le="2.5") == 4
     assert families[PREFIX + "engine_queued_prefill_tokens"].samples == []  # no forward-pass metrics recorded
     assert _value(families, "tick_lag_seconds") > 0  # recorded (wall clock, now) long after T0 (2026-03-01)
+
+
+def test_signal_health_is_exported_from_the_newest_tick(database_url, tmp_path, profile_dir, exporter) -> None:
+    """After the scenario every signal is fresh; a throughput tick 60 s later without a traffic window shows the
+    traffic's age (60 s) and a miss streak of 1, the worker counts still fresh."""
+    record_scenario(database_url, tmp_path)
+    families = exporter()
+    assert _value(families, "signal_miss_streak", signal="traffic") == 0
+    assert _value(families, "signal_age_seconds", signal="traffic") == 0
+    config = write_config(tmp_path, prefill_engine_num_gpu=2, max_gpu_budget=32, ttft_ms=200, itl_ms=10)
+    ctx = load_context(database_url, "scenario", config)
+    run_tick(ctx, Loop.THROUGHPUT, T0 + dt.timedelta(seconds=180), None)
+    families = exporter()
+    assert _value(families, "signal_miss_streak", signal="traffic") == 1
+    assert _value(families, "signal_age_seconds", signal="traffic") == 60
+    assert (_value(families, "signal_miss_streak", signal="workers"), _value(families, "signal_age_seconds",
+                                                                             signal="workers")) == (0, 0)  # fmt: skip
 
 
 def test_a_tick_sized_by_engine_capacity_shows_its_capacity(database_url, tmp_path, profile_dir) -> None:

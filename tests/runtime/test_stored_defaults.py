@@ -50,7 +50,17 @@ _SCHEDULED = {
 }
 _QUEUED = {k: v for k, v in _SCHEDULED.items() if k != "sum_prefill_kv_tokens"}
 PINNED_DEFAULTS = {
-    "TickInputs": {"traffic": None, "fpm": [], "unplaced": [], "remote": [], "gpu_ceiling": None, "applied": []},
+    "TickInputs": {
+        "traffic": None,
+        "fpm": [],
+        "unplaced": [],
+        "remote": [],
+        "gpu_ceiling": None,
+        "applied": [],
+        # ours, safe actuation: no outside change, worker counts read (what every tick before them saw)
+        "outside_changes": [],
+        "workers_observed": True,
+    },
     "WorkerCounts": {},
     "TrafficObservation": {**_NO_TRAFFIC_FEATURES, "prompt_tokens_quantiles": []},
     "PromptBurstQuantiles": {},
@@ -71,6 +81,7 @@ PINNED_DEFAULTS = {
     "ReplicaOverride": {"replicas": None, "reason": ""},
     "ObservedValue": {},
     "AppliedTargets": {"num_prefill": None, "num_decode": None},
+    "OutsideChange": {},
 }
 
 

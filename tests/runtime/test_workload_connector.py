@@ -635,3 +635,25 @@ def test_the_example_config_and_manifests_fit_together() -> None:
         assert (
             match["spec"]["selector"]["matchLabels"].items() <= match["spec"]["template"]["metadata"]["labels"].items()
         )
+
+
+def test_an_outside_scale_of_a_workload_is_adopted_at_the_next_tick(ctx: PlannerContext, two: KubeApiServer) -> None:
+    """The planner applies decode 2; `kubectl scale deployment llm-decode --replicas=4`; the next tick records
+    `outside_change_adopted` for decode (held at 4: no decision) in `tick_steps`."""
+    from planner_core.domain import Component, Loop, OutsideChange
+    from planner_core.runtime.service import run_tick
+
+    decide(ctx, 0, 1, 2)
+    [applied] = run_execution(ctx, T0)
+    assert applied.status.value == "applied"
+    two.settle_workload(DEPLOYMENTS, "llm-decode")
+    two.update(DEPLOYMENTS, "llm-decode", lambda obj: obj["spec"].update(replicas=4))
+    two.settle_workload(DEPLOYMENTS, "llm-decode")
+    result = run_tick(ctx, Loop.THROUGHPUT, T0 + dt.timedelta(minutes=1), None)
+    assert result.inputs.outside_changes == (
+        OutsideChange(component=Component.DECODE, planner_replicas=2, observed_replicas=4),
+    )
+    assert result.outcome.decision.is_empty
+    with ctx.sessions.begin() as session:
+        rows = repo.query_rows(session, "SELECT reason, component, value FROM tick_steps WHERE step = 'ownership'")
+    assert [(r["reason"], r["component"], r["value"]) for r in rows] == [("outside_change_adopted", "decode", 4.0)]

@@ -42,7 +42,8 @@ from kubernetes.client.exceptions import ApiException
 from sqlalchemy.orm import Session
 
 from planner_core.config import PlannerConfig
-from planner_core.domain import Component, WorkerCounts
+from planner_core.domain import Component, TickEvent, WorkerCounts
+from planner_core.runtime.connectors.autoscalers import ScaledTarget, competing_autoscalers, post_event
 from planner_core.runtime.connectors.dgd import (
     GPU_RESOURCE_KEYS,
     MODEL_FLAGS,
@@ -97,6 +98,7 @@ REQUIRED_ACCESS = (
     ApiAccess(group=GROUP, resource=DGD_PLURAL, verb="patch"),
     ApiAccess(group=GROUP, resource=DGDSA_PLURAL, subresource="scale", verb="get"),
     ApiAccess(group=GROUP, resource=DGDSA_PLURAL, subresource="scale", verb="update"),
+    ApiAccess(group="", resource="events", verb="create"),  # the tick's one Event on the DGD
 )
 
 
@@ -167,6 +169,7 @@ class KubernetesConnector:
         request_timeout_s: float = 10.0,
     ) -> None:
         self.api = k8s_client.CustomObjectsApi(api_client)
+        self.api_client = api_client
         self.namespace = namespace
         self.dgd_name = dgd_name
         self.api_version = api_version
@@ -343,6 +346,35 @@ class KubernetesConnector:
         except _NoAdapter:
             return component.replicas
         return int((scale.get("spec") or {}).get("replicas", 0))
+
+    # --- other owners of the count, and Events --------------------------------------------------------
+
+    def scaled_targets(self) -> list[ScaledTarget]:
+        """What an HPA or a ScaledObject would name to scale what this planner scales: the DGD and the scaling
+        adapters of the managed components."""
+        adapters = [
+            ScaledTarget(kind="DynamoGraphDeploymentScalingAdapter", name=scaling_adapter_name(self.dgd_name, c.name))
+            for _, c in self.info.roles
+        ]
+        return [ScaledTarget(kind="DynamoGraphDeployment", name=self.dgd_name), *adapters]
+
+    def competing_autoscalers(self) -> list[str]:
+        """The HPAs and ScaledObjects of the namespace that scale the DGD or its adapters (one line each)."""
+        return competing_autoscalers(self.api_client, self.namespace, self.scaled_targets(), timeout_s=self._timeout_s)
+
+    def post_event(self, event: TickEvent, at: dt.datetime, *, loop: str) -> None:
+        """Post the Event of the `loop` tick at `at` on the DGD (raises ApiException; the caller logs it)."""
+        target = ScaledTarget(kind="DynamoGraphDeployment", name=self.dgd_name)
+        post_event(
+            self.api_client,
+            self.namespace,
+            target,
+            f"{GROUP}/{self.api_version}",
+            event,
+            at,
+            loop=loop,
+            timeout_s=self._timeout_s,
+        )
 
     # --- applying a decision --------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from planner_core.domain import (
+    AdoptedCount,
     AppliedTargets,
     ArimaFit,
     ArimaSearch,
@@ -27,6 +28,7 @@ from planner_core.domain import (
     EngineLimits,
     EnsembleMember,
     EnsembleState,
+    EventReason,
     ExecuteAction,
     ForwardPassMetrics,
     FpmSample,
@@ -43,6 +45,7 @@ from planner_core.domain import (
     ObservedValue,
     OnlineModelState,
     OnlinePerfState,
+    OutsideChange,
     OverrideType,
     PartialPrediction,
     PendingScaleUp,
@@ -63,11 +66,14 @@ from planner_core.domain import (
     ScalingDecision,
     ScheduledRequests,
     SeriesModel,
+    Signal,
+    SignalStatus,
     SizedNeed,
     StartupSample,
     StartupState,
     StepRecord,
     ThresholdPlannerState,
+    TickEvent,
     TickInputs,
     TickOutcome,
     TrafficObservation,
@@ -267,6 +273,10 @@ _DATACLASSES: dict[str, type] = {
         PoolFeedback,
         CapacityFeedback,
         PromptBurstWindow,
+        OutsideChange,
+        AdoptedCount,
+        SignalStatus,
+        TickEvent,
         PlannerState,
         StepRecord,
         ReplicaProposal,
@@ -289,5 +299,7 @@ _ENUMS: dict[str, type[enum.Enum]] = {
         HoldPolicy,
         ExecuteAction,
         EngineLifecycle,
+        Signal,
+        EventReason,
     )
 }

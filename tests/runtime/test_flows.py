@@ -527,7 +527,9 @@ def test_ctrl_c_on_serve_pauses_the_schedules_and_exits_0(database_url, tmp_path
     env = dict(os.environ, PLANNER_DATA_DIR=str(data_dir), PLANNER_DATABASE_URL=database_url)
     for name in ("PREFECT_API_URL", "PREFECT_HOME"):  # its own Prefect server and home, as in a user's terminal
         env.pop(name, None)
-    config = write_config(tmp_path, profile_results_dir=str(profile_dir))
+    # a budget that leaves no GPU above the minimums (1P + 1D): valid, but no pool can ever grow, which serve says
+    # at start (before the Prefect server) and records
+    config = write_config(tmp_path, profile_results_dir=str(profile_dir), max_gpu_budget=2)
     prefect_db = data_dir / "prefect" / "prefect.db"
 
     def paused() -> list[bool]:
@@ -560,6 +562,18 @@ def test_ctrl_c_on_serve_pauses_the_schedules_and_exits_0(database_url, tmp_path
         assert returncode == 0, text[-3000:]
         assert "planner serve: stopped; the schedules are paused" in text and "Traceback" not in text
         assert paused() == [True] * 5
+        warned = [line for line in text.splitlines() if line.startswith("planner serve: warning: ")]
+        assert [("prefill pool cannot scale up" in w, "decode pool cannot scale up" in w) for w in warned] == [
+            (True, False),
+            (False, True),
+        ], text[-3000:]
+        assert text.index(warned[-1]) < text.index("Prefect UI: "), text[-3000:]  # at start
+        recorded = rows(
+            database_url,
+            "SELECT detail->>'deployment', detail->>'warning' FROM audit_log "
+            "WHERE event = 'config_warning' AND detail->>'deployment' = 'ctrl-c' ORDER BY id",
+        )
+        assert recorded == [("ctrl-c", w.removeprefix("planner serve: warning: ")) for w in warned], recorded
         [ui] = re.findall(r"Prefect UI: (http://127\.0\.0\.1:\d+)", text)
         with pytest.raises(httpx.TransportError):  # the command stopped the Prefect server it started
             httpx.get(f"{ui}/api/health", timeout=5)

@@ -53,7 +53,7 @@ def start_command(
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             [*executable, *args], cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=_as_in_a_terminal,
         )  # fmt: skip
     command = Command(process, log_path)
     try:
@@ -67,6 +67,13 @@ def start_command(
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def _as_in_a_terminal() -> None:
+    """In the child before it runs the command: SIGINT handled by default, as in a terminal. A job a shell starts in
+    the background (CI runners, `make test &`) inherits SIGINT ignored, and Python then never turns it into
+    KeyboardInterrupt: a Ctrl-C test would pass or fail by how pytest was started."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stop_with(command: Command, sig: signal.Signals, *, timeout_s: float = 90.0) -> int:

@@ -83,20 +83,41 @@ def to_jsonable(value: Any, *, omit_defaults: bool = False) -> Any:
     With `omit_defaults`, a dataclass field holding exactly its default (same type and value, the sign of a zero
     included) is left out: `from_jsonable` fills it back in, so the tree reads back equal with less to store. What
     was stored that way depends on the defaults staying what they are (pinned by
-    tests/runtime/test_stored_defaults.py)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: to_jsonable(getattr(value, f.name), omit_defaults=omit_defaults)
-            for f in dataclasses.fields(value)
-            if not (omit_defaults and _holds_default(f, getattr(value, f.name)))
-        }
+    tests/runtime/test_stored_defaults.py).
+
+    Replay encodes every replayed outcome and state to compare them (~150 calls a load tick), so the common cases
+    come first: plain numbers, strings and None by their exact type, a series of finite floats in one pass, a
+    dataclass's fields looked up once per class."""
+    kind = type(value)
+    if kind in _AS_IS:
+        return value
+    if kind is float:
+        return value if value - value == 0.0 else repr(value)  # JSONB has no NaN/inf; keep them visible as strings
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple | list):
+        if all(type(v) is float and v - v == 0.0 for v in value):  # finite floats (x - x is NaN for NaN and inf)
+            return list(value)
         return [to_jsonable(v, omit_defaults=omit_defaults) for v in value]
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return repr(value)  # JSONB has no NaN/inf; keep them visible as strings
+    fields = _dataclass_fields(kind)
+    if fields is not None:
+        return {
+            f.name: to_jsonable(getattr(value, f.name), omit_defaults=omit_defaults)
+            for f in fields
+            if not (omit_defaults and _holds_default(f, getattr(value, f.name)))
+        }
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):  # a float subclass
+        return repr(value)
     return value
+
+
+_AS_IS = frozenset({int, str, bool, type(None)})
+
+
+@functools.cache
+def _dataclass_fields(kind: type) -> tuple[dataclasses.Field, ...] | None:
+    """The fields of a dataclass type, None for any other type (instances of these types are encoded)."""
+    return dataclasses.fields(kind) if dataclasses.is_dataclass(kind) else None
 
 
 def field_default(f: dataclasses.Field) -> Any:

@@ -196,11 +196,14 @@ def main() -> None:
         with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
             row = conn.execute(
-                "SELECT pg_size_pretty(pg_total_relation_size('planner_states')), "
-                "avg(pg_column_size(state))::int, avg(length(state::text))::int FROM planner_states"
+                # the table is partitioned by day: its size is its partitions'
+                "SELECT (SELECT pg_size_pretty(sum(pg_total_relation_size(inhrelid))) FROM pg_inherits "
+                "        WHERE inhparent = 'planner_states'::regclass), "
+                # a state is stored whole (JSONB) or as a delta against an earlier one (bytea, migration 0016)
+                "avg(coalesce(pg_column_size(state), pg_column_size(delta)))::int FROM planner_states"
             ).fetchone()
             by_loop = dict(conn.execute("SELECT loop, count(*) FROM ticks GROUP BY loop").fetchall())
-            print(f"  planner_states {row[0]} (state: {row[1]:,} bytes stored, {row[2]:,} bytes of JSON on average)")
+            print(f"  planner_states {row[0]} ({row[1]:,} bytes stored per state on average)")
         record.update(num_ticks=num_ticks, ticks_by_loop=by_loop, planner_states_size=row[0])
         start, end = T0, T0 + dt.timedelta(days=args.days, seconds=1)
         runs = []

@@ -28,8 +28,9 @@ from flows.replay import replay_ticks
 from flows.report import planner_report
 from flows.ticks import execute_decisions, load_tick, throughput_tick
 from planner_core.config import EnvironmentKind, PlannerFile
+from planner_core.planner import budget_warnings
 from planner_core.runtime.execution_listener import ExecutionListener, ListenerSettings, Trigger
-from planner_core.runtime.service import served_config
+from planner_core.runtime.service import record_config_warnings, served_config
 from planner_core.runtime.settings import DEFAULT_DEPLOYMENT, RuntimeSettings
 from planner_core.runtime.store.db import get_engine, resolve_database_url, resolve_owner_database_url
 from planner_core.runtime.store.migrate import upgrade
@@ -138,6 +139,8 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
     upgrade(resolve_owner_database_url(settings))  # as the owner; the flows write through `database_url`
     ensure_partitions_ahead(get_engine(database_url), dt.datetime.now(dt.UTC))  # today's and the next days'
     name = deployment or settings.deployment or DEFAULT_DEPLOYMENT
+    # `planner serve` printed them at start; the audit log keeps them
+    record_config_warnings(database_url, name, budget_warnings(loaded.policy, Path(path)))
     if loaded.service.metric_reporting_prometheus_port:
         from planner_core.runtime.metrics import start_metrics_server
 

@@ -6,8 +6,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from planner_cli.common import DEFAULT_PROFILE, check_output_path
+
+if TYPE_CHECKING:
+    from planner_core.lab.sim.benchmark import BenchRequest
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -41,7 +45,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         engine=args.engine, dynamo_oracle=args.dynamo_oracle, engine_speed=speed, speed_change=change,
     )  # fmt: skip
     to_stdout = args.json is not None and str(args.json) == "-"
-    print("bench: sizing the policies (the oracle simulates every window at several sizes)...", file=sys.stderr)
+    print(f"bench: sizing the policies ({_oracle_work(request)})...", file=sys.stderr)
     with Progress(
         TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
         TimeElapsedColumn(), transient=True, disable=to_stdout,
@@ -246,6 +250,24 @@ def _quantiles(text: str) -> tuple[float, ...]:
             raise argparse.ArgumentTypeError(f"--horizon-quantiles: {part} is outside [0, 1)")
         values.append(value)
     return tuple(values)
+
+
+def _oracle_work(request: BenchRequest) -> str:
+    """What the oracle's search will do before the runs, for the line `bench` prints while it sizes the policies:
+    the whole trace only when a row needs it (an oracle or static baseline, a hindsight reference)."""
+    from planner_core.lab.sim.policies import (
+        BASELINE_NAMES,
+        DEFAULT_AGG_POLICIES,
+        DEFAULT_POLICIES,
+        REFERENCE_NAMES,
+    )
+
+    names = request.policies or (DEFAULT_AGG_POLICIES if request.aggregated else DEFAULT_POLICIES)
+    if any(name in (*BASELINE_NAMES, *REFERENCE_NAMES) for name in names):
+        return "the oracle simulates every window at several sizes"
+    if request.initial == "oracle":
+        return "no oracle row: the oracle searches the first window alone, the planners' starting size"
+    return "no oracle row and --initial min: no oracle search"
 
 
 def register(sub: argparse._SubParsersAction) -> None:

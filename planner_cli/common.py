@@ -124,6 +124,10 @@ def stop_like_ctrl_c() -> None:
     import signal
 
     def interrupt(*_: object) -> None:
+        # the first signal stops the command; a second (an impatient Ctrl-C, a supervisor's repeat) must not break
+        # the stopping half-way and leave servers behind (each is SIGKILLed after its own grace anyway)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)

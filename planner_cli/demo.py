@@ -28,7 +28,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     from flows.prefect_server import prefect_api
     from planner_core.config import load_config
-    from planner_core.planner import RequestShape, refuse_what_cannot_work
+    from planner_core.planner import RequestShape, budget_warnings, refuse_what_cannot_work
     from planner_core.runtime.store.db import resolve_database_url
     from planner_core.traces import load_trace
 
@@ -43,6 +43,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--rate-scale = {args.rate_scale:g}: {exc}") from None
     mean = RequestShape(isl=float(trace.isl.mean()), osl=float(trace.osl.mean()), source="the trace's mean request")
     refuse_what_cannot_work(config, args.config, shape=mean)
+    for warning in budget_warnings(config, args.config):  # not errors: said before the run, as serve does
+        print(f"planner demo: warning: {warning}", file=sys.stderr)
     url = resolve_database_url(settings)
     started = time.perf_counter()
     with prefect_api(exit_when_lost=True) as api_url:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 def cmd_live(args: argparse.Namespace) -> int:
     from planner_cli.common import data_subfolder
-    from planner_core.lab.live import LiveError, LiveOptions, run_live, summarize_runs
+    from planner_core.lab.live import LiveCancelled, LiveError, LiveOptions, run_live, summarize_runs
 
     args.out = data_subfolder(args.out, "live")
     if args.summarize:
@@ -28,6 +28,16 @@ def cmd_live(args: argparse.Namespace) -> int:
     except LiveError as exc:
         print(f"planner live: {exc}", file=sys.stderr)
         return 2
+    except LiveCancelled as exc:  # asked to stop: not a failure, and nothing of the run left running
+        print(
+            f"planner live: stopped; {exc}, its components stopped (runs finished before it: planner live "
+            f"--summarize --out {args.out})",
+            file=sys.stderr,
+        )
+        return 0
+    except KeyboardInterrupt:  # stopped before or between the runs: nothing of a run is running
+        print("planner live: stopped", file=sys.stderr)
+        return 0
     print(table, end="")
     return 0
 

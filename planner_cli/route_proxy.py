@@ -9,7 +9,9 @@ tables of `--profile` (the Dynamo profile the engines are timed by), and forward
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -53,8 +55,45 @@ def cmd_route_proxy(args: argparse.Namespace) -> int:
     from planner_core.runtime.localhost import check_port_free
 
     check_port_free(args.port, args.host)  # one line now, not uvicorn's traceback
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_GRACE_S
+    )
+    print(
+        f"planner route-proxy on http://{args.host}:{args.port} in front of {settings.frontend_url}; "
+        "stop with Ctrl-C or SIGTERM",
+        file=sys.stderr,
+        flush=True,
+    )
+    _server_class()(config).run()
+    print("planner route-proxy: stopped", file=sys.stderr)
     return 0
+
+
+SHUTDOWN_GRACE_S = 30.0
+"""How long a stopped proxy lets the requests in flight finish (a streamed answer runs for its output's length);
+those still running then are cancelled."""
+
+
+def _server_class():  # uvicorn loads only when the command runs
+    import signal
+
+    import uvicorn
+
+    class StoppedBySignal(uvicorn.Server):
+        """uvicorn's server, stopped by SIGINT and SIGTERM alike: it stops accepting, lets the requests in flight
+        finish (for `SHUTDOWN_GRACE_S`), runs the app's shutdown and returns. uvicorn's own handling raises the
+        signal again once stopped, so Ctrl-C ended the command with exit 130 and SIGTERM killed it (-15)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return StoppedBySignal
 
 
 def register(sub: argparse._SubParsersAction) -> None:

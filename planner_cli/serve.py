@@ -16,7 +16,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     check_port_free(args.port)  # first: a taken port is one line within a second, before the config's checks
     settings = RuntimeSettings()
-    served_config(args.config, settings)  # a bad config fails in one line before a Prefect server starts
+    path, loaded = served_config(args.config, settings)  # a bad config fails in one line before a Prefect server starts
+    from planner_core.planner import budget_warnings
+
+    for warning in budget_warnings(loaded.policy, Path(path)):  # not errors: said now, and recorded as it serves
+        print(f"planner serve: warning: {warning}", file=sys.stderr)
     prefect_environment(settings)
     from flows.prefect_server import prefect_api
 

@@ -16,15 +16,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner_core.config import ConfigError, PlannerConfig, resolve_config_relative, resolve_profile_dir
-from planner_core.domain import PlannerState, TickInputs, TickOutcome, TrafficObservation
+from planner_core.config import (
+    ConfigError,
+    PlannerConfig,
+    managed_components,
+    resolve_config_relative,
+    resolve_profile_dir,
+)
+from planner_core.domain import Component, PlannerState, TickInputs, TickOutcome, TrafficObservation
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.pipeline import Plugin, PluginLoadError
 from planner_core.pipeline.user_plugins import load_plugins
 from planner_core.policy.throughput import with_prompt_curve
 from planner_core.tick import tick
 
-__all__ = ["Planner", "RequestShape", "build_planner", "refuse_what_cannot_work"]
+__all__ = ["Planner", "RequestShape", "budget_warnings", "build_planner", "refuse_what_cannot_work"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,3 +151,30 @@ def refuse_what_cannot_work(
                 field="itl_ms",
             )
     return planner
+
+
+def budget_warnings(config: PlannerConfig, config_path: Path | None) -> tuple[str, ...]:
+    """What the GPU budget will cap that is not an error: a pool whose first scale-up above its minimum the budget
+    forbids (the GPUs left above the minimums are fewer than one more engine's). A valid config (the budget is
+    the operator's choice, and a pool held at its minimum may be the intent), but every decision that would grow
+    that pool will be set by the budget instead: the commands that run a config print these at start and record
+    them (`config_warning` in the audit log) rather than let the first capped scale-up be the news.
+
+    Returns one line per capped pool, naming the file, the field and the numbers; none without a budget."""
+    if config.max_gpu_budget < 0 or not config.throughput_scaling_active and not config.load_scaling_active:
+        return ()
+    pools = {
+        Component.PREFILL: (config.prefill_min_endpoint_effective, config.prefill_gpus_per_engine),
+        Component.DECODE: (config.decode_min_endpoint_effective, config.decode_gpus_per_engine),
+    }
+    managed = [(component, *pools[component]) for component in managed_components(config.mode)]
+    floor_gpus = sum(num * gpus for _, num, gpus in managed)
+    headroom_gpus = config.max_gpu_budget - floor_gpus
+    source = str(config_path) if config_path is not None else "config"
+    return tuple(
+        f"{source}: field 'max_gpu_budget' = {config.max_gpu_budget}: the {component.value} pool cannot scale up "
+        f"from its minimum of {num} (an engine takes {gpus} GPU{'s' if gpus != 1 else ''}; the minimums take "
+        f"{floor_gpus}, {headroom_gpus} left): every scale-up it needs will be capped"
+        for component, num, gpus in managed
+        if gpus > headroom_gpus
+    )

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from planner_core.config import (
@@ -64,6 +65,7 @@ from planner_core.runtime.store.db import session_factory
 from planner_core.runtime.store.execution import ExecutionSummary, execute_pending
 from planner_core.runtime.store.fpm import latest_fpm
 from planner_core.runtime.store.migrate import check_schema_current, upgrade
+from planner_core.runtime.store.models import Deployment
 from planner_core.runtime.store.partitions import ensure_partitions_ahead, partition_start
 from planner_core.runtime.warmup import warm_history
 
@@ -194,6 +196,20 @@ def served_config(config_path: Path | None, settings: RuntimeSettings) -> tuple[
     refuse_what_cannot_work(loaded.policy, Path(path))  # a missing profile, an unreachable SLA: one line, now
     connect_cluster(loaded)
     return path, loaded
+
+
+def record_config_warnings(database_url: str, deployment: str, warnings: tuple[str, ...]) -> None:
+    """Append each start-up warning about the served config (`budget_warnings`) to the audit log as a
+    `config_warning` row, so the record says the operator was told, not only the terminal. The deployment's row is
+    not created here (its first tick does, under the config the cluster connection makes effective)."""
+    if not warnings:
+        return
+    with session_factory(database_url).begin() as session:
+        deployment_id = session.scalar(select(Deployment.id).where(Deployment.name == deployment))
+        for warning in warnings:
+            repo.audit(
+                session, "config_warning", {"deployment": deployment, "warning": warning}, deployment_id=deployment_id
+            )
 
 
 def load_context(database_url: str, deployment: str, config_path: str | Path) -> PlannerContext:

@@ -683,3 +683,23 @@ def test_a_port_out_of_range_is_refused_while_parsing() -> None:
     result = planner("serve", "--port", "70000")
     assert result.returncode == 2
     assert result.stderr.startswith("planner: error: argument --port: 70000 is not in [0, 65535]")
+
+
+def test_bench_says_what_the_oracle_will_search() -> None:
+    """The line `bench` prints while it sizes the policies: the whole trace only when a row needs it, the first
+    window alone for the planners' starting size, nothing with `--initial min` and no oracle row."""
+    from pathlib import Path
+
+    from planner_cli.bench import _oracle_work
+    from planner_core.lab.sim.benchmark import BenchRequest
+
+    trace, profile = Path("t.csv"), Path("profile")
+    whole = "the oracle simulates every window at several sizes"
+    assert _oracle_work(BenchRequest(trace=trace, profile=profile)) == whole  # the default policies
+    assert _oracle_work(BenchRequest(trace=trace, profile=profile, policies=("planner", "static-best"))) == whole
+    assert _oracle_work(BenchRequest(trace=trace, profile=profile, policies=("planner",))) == (
+        "no oracle row: the oracle searches the first window alone, the planners' starting size"
+    )
+    assert _oracle_work(BenchRequest(trace=trace, profile=profile, policies=("planner",), initial="min")) == (
+        "no oracle row and --initial min: no oracle search"
+    )

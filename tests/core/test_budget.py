@@ -195,3 +195,33 @@ def test_property_guard_never_reverses_and_respects_the_band(
     for now, want, got in zip(current, proposed, result, strict=True):
         assert min(now, want) <= got <= max(now, want)
     assert result[0] * gpus[0] + result[1] * gpus[1] <= max_gpu_budget
+
+
+def test_a_budget_that_forbids_a_pools_first_scale_up_is_a_warning_naming_the_pool() -> None:
+    """`budget_warnings`: valid configs whose GPU budget leaves less than one more engine above the minimums get
+    one line per pool that can never grow (printed at start by serve and demo, recorded by serve); a budget with
+    room, or none, gets nothing."""
+    from pathlib import Path
+
+    from planner_core.config import parse_config
+    from planner_core.planner import budget_warnings
+
+    def warnings(**fields: object) -> tuple[str, ...]:
+        body = {"optimization_target": "sla", "mode": "disagg", "ttft_ms": 500, "itl_ms": 50, **fields}
+        return budget_warnings(parse_config(body, "p.yaml").policy, Path("p.yaml"))
+
+    assert warnings(max_gpu_budget=8) == () and warnings(max_gpu_budget=-1) == ()
+    assert warnings(max_gpu_budget=3) == ()  # one GPU above the minimums: either pool can grow by one engine
+    prefill, decode = warnings(max_gpu_budget=2)
+    assert prefill == (
+        "p.yaml: field 'max_gpu_budget' = 2: the prefill pool cannot scale up from its minimum of 1 (an engine "
+        "takes 1 GPU; the minimums take 2, 0 left): every scale-up it needs will be capped"
+    )
+    assert decode.startswith("p.yaml: field 'max_gpu_budget' = 2: the decode pool cannot scale up")
+    # decode engines of 2 GPUs: one GPU left above 1P + 1D lets prefill grow, never decode
+    (only,) = warnings(max_gpu_budget=4, decode_engine_num_gpu=2)
+    assert "the decode pool cannot scale up from its minimum of 1 (an engine takes 2 GPUs; the minimums take 3, " in (
+        only
+    )
+    assert warnings(max_gpu_budget=2, mode="agg") == ()  # aggregated: one pool of 1 engine, one GPU left
+    assert len(warnings(max_gpu_budget=1, mode="agg")) == 1

@@ -255,8 +255,8 @@ def test_the_bracket_oracle_replays_from_our_simulators_answers_and_its_sizes_me
     spec = SimSpec(decode_limits=EngineLimits(max_kv_tokens=perf.profiled_max_kv_tokens() or 2_000_000), startup_s=30)
     asked: list[int] = []
 
-    def bracket():
-        asked.append(1)
+    def bracket(num_windows: int | None):
+        asked.append(num_windows)
         return oracle_windows(trace, fwd, spec, ttft_ms=500.0, itl_ms=50.0, window_s=120.0)
 
     policies, runs = dynamo_bench(
@@ -264,10 +264,39 @@ def test_the_bracket_oracle_replays_from_our_simulators_answers_and_its_sizes_me
         settings=OracleSettings(), initial="min", dynamo_python=None, profile_dir=Path(PROFILE_DIR), bracket=bracket,
     )  # fmt: skip
     oracle_policy = policies[0]
-    assert isinstance(oracle_policy, OraclePolicy) and asked == [1] and len(oracle_policy.sizes) == 2
+    assert isinstance(oracle_policy, OraclePolicy) and asked == [None] and len(oracle_policy.sizes) == 2
     assert all(w.num_simulations > 0 for w in oracle_policy.windows)
     assert all(w.num_met >= w.num_required > 0 for w in oracle_policy.windows if w.feasible)
     assert runs[0].row.sla_attainment >= 0.95 * runs[0].row.attainable
+
+
+@pytest.mark.skipif(
+    find_dynamo_python() is None,
+    reason="needs the Dynamo comparison environment: run `make dynamo-env` (or set $DYNAMO_PYTHON)",
+)
+def test_without_an_oracle_row_the_bracket_oracle_searches_the_first_window_alone() -> None:
+    """No baseline among the policies: the bracket approximation asks our simulator for the first window only (the
+    planners' starting size), not for the whole trace's search, and with `initial="min"` asks nothing."""
+    trace = busy_trace(900, 240.0)
+    perf = ProfilePerfModel.load(PROFILE_DIR)
+    fwd = perf.forward_pass_model()
+    spec = SimSpec(decode_limits=EngineLimits(max_kv_tokens=perf.profiled_max_kv_tokens() or 2_000_000), startup_s=30)
+    asked: list[int | None] = []
+
+    def bracket(num_windows: int | None):
+        asked.append(num_windows)
+        return oracle_windows(trace.head(120.0 + OracleSettings().context_s), fwd, spec, ttft_ms=500.0, itl_ms=50.0,
+                              window_s=120.0)[:num_windows]  # fmt: skip
+
+    fixed = FixedPolicy(name="fixed:2:2", num_prefill=2, num_decode=2)
+    for initial, expected in (("oracle", [1]), ("min", [])):
+        asked.clear()
+        policies, runs = dynamo_bench(
+            ["fixed:2:2"], lambda _names: [fixed], trace, spec, ttft_ms=500.0, itl_ms=50.0, window_s=120.0,
+            settings=OracleSettings(), initial=initial, dynamo_python=None, profile_dir=Path(PROFILE_DIR),
+            bracket=bracket,
+        )  # fmt: skip
+        assert asked == expected and [run.row.policy for run in runs] == [policies[0].name]
 
 
 def test_the_engine_is_a_bench_option_and_a_missing_interpreter_is_one_line(tmp_path: Path) -> None:

@@ -100,6 +100,26 @@ def test_the_live_policy_is_the_recommended_one_with_its_time_constants_compress
     assert {k: getattr(live, k) for k in same} == {k: getattr(shipped, k) for k in same}
 
 
+@pytest.mark.parametrize("adaptive", [True, False], ids=["planner", "fixed"])
+def test_the_runs_config_loads_as_serve_loads_it(tmp_path, adaptive) -> None:
+    """The config a run writes for its `planner serve` passes every check serve makes (the closed loop, on in the
+    recommended policy since aedd43b, needs disagg: on the stack's aggregated engines it made every run fail at
+    start until it was turned off there)."""
+    from planner_core.lab.live.spec import write_config
+    from planner_core.planner import refuse_what_cannot_work
+
+    spec = RunSpec(
+        name="planner" if adaptive else "fixed-2", adaptive=adaptive, fixed_size=2, duration_s=60, ttft_ms=2000,
+        itl_ms=100, interval_s=None, max_workers=4, trace=tmp_path / "trace.jsonl", nice=0, profile_dir=PROFILE_DIR,
+        cooldown_s=5, speedup=6.0,
+    )  # fmt: skip
+    path = write_config(spec, tmp_path, {}, "http://127.0.0.1:9090")
+    config = load_config(path).policy
+    refuse_what_cannot_work(config, path)
+    assert config.mode.value == "agg" and not config.throughput_capacity_feedback
+    assert config.max_gpu_budget == (4 if adaptive else 2)
+
+
 def test_the_day_is_a_cosine_from_the_mean_down_to_the_night_up_to_the_peak_and_back() -> None:
     shape = day_shape(560.0, 0.125)
     rates = shape.rates

@@ -31,6 +31,7 @@ from planner_core.runtime.service import load_context
 from planner_core.runtime.store.db import session_factory, to_libpq_uri
 from tests.conftest import REPO_ROOT, write_config
 from tests.runtime.databases import record_decision
+from tests.runtime.lifecycle import STOP_SIGNAL_IDS, STOP_SIGNALS, start_command, stop_with
 
 SLOT = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)  # a multiple of 60 s
 
@@ -395,12 +396,14 @@ def test_fleet_ticks_run_without_flow_heartbeats_and_keep_the_other_settings() -
         assert get_current_settings() is outside
 
 
-def test_sigterm_to_fleet_serve_finishes_the_round_and_stops_its_server(database_url, tmp_path, profile_dir) -> None:
-    """SIGTERM during a round: the round finishes (its member's tick recorded, no flow run left Running), the Prefect
-    server the command started is stopped, exit 0 (it used to crash the round and orphan the server)."""
+@pytest.mark.parametrize("sig", STOP_SIGNALS, ids=STOP_SIGNAL_IDS)
+def test_a_signal_to_fleet_serve_finishes_the_round_and_stops_its_server(
+    database_url, tmp_path, profile_dir, sig
+) -> None:
+    """Ctrl-C (the process group) or SIGTERM (the command) during a round: the round finishes (its member's tick
+    recorded, no flow run left Running), the Prefect server the command started is stopped, exit 0 (SIGTERM used to
+    crash the round and orphan the server)."""
     import re
-    import signal
-    import time
 
     import httpx
 
@@ -413,25 +416,14 @@ def test_sigterm_to_fleet_serve_finishes_the_round_and_stops_its_server(database
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert added.returncode == 0, added.stderr
-    log_path = tmp_path / "fleet.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "planner_cli.main", "fleet", "serve", "--interval", "2", "--port", "0"],
-            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        try:
-            deadline = time.monotonic() + 240
-            while time.monotonic() < deadline and "Beginning flow run" not in log_path.read_text():
-                assert process.poll() is None, log_path.read_text()[-3000:]
-                time.sleep(0.2)
-            process.send_signal(signal.SIGTERM)  # a round is in flight (or the next starts within 2 s)
-            returncode = process.wait(timeout=120)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-    text = log_path.read_text()
+    args = ["fleet", "serve", "--interval", "2", "--port", "0"]
+    with start_command(
+        args, env=env, log_path=tmp_path / "fleet.log", ready=lambda log: "Beginning flow run" in log
+    ) as command:
+        returncode = stop_with(command, sig, timeout_s=120)  # a round is in flight (or the next starts within 2 s)
+    text = command.log()
     assert returncode == 0, text[-3000:]
-    assert "planner fleet serve: SIGTERM: finishing the round in flight" in text, text[-3000:]
+    assert f"planner fleet serve: {sig.name}: finishing the round in flight" in text, text[-3000:]
     assert "planner fleet serve: stopped" in text and "Traceback" not in text and "TerminationSignal" not in text
     [ui] = re.findall(r"Prefect UI: (http://127\.0\.0\.1:\d+)", text)
     with pytest.raises(httpx.TransportError):  # the server it started is gone

@@ -22,6 +22,7 @@ from planner_core.runtime.localhost import free_port
 from planner_core.runtime.store.db import to_libpq_uri
 from tests.conftest import REPO_ROOT, write_config
 from tests.runtime.demo_runs import decisions, has_ticks, rows, run_demo
+from tests.runtime.lifecycle import STOP_SIGNAL_IDS, STOP_SIGNALS, start_command, stop_with
 
 pytestmark = pytest.mark.prefect
 
@@ -515,10 +516,13 @@ def test_the_example_plugin_changes_demo_decisions_and_the_run_replays_without_i
     assert (summary.num_ticks, summary.num_identical) == expected, summary.differences
 
 
-def test_ctrl_c_on_serve_pauses_the_schedules_and_exits_0(database_url, tmp_path, profile_dir) -> None:
+@pytest.mark.parametrize("sig", STOP_SIGNALS, ids=STOP_SIGNAL_IDS)
+def test_a_signal_to_serve_pauses_the_schedules_stops_its_server_and_exits_0(
+    database_url, tmp_path, profile_dir, sig
+) -> None:
     """Ctrl-C in a terminal signals the whole foreground process group: `serve` and the Prefect server it started
-    (which has a session of its own). The command pauses every schedule, stops its server and exits 0 (it used to
-    exit 3, the server gone before the schedules were paused)."""
+    (which has a session of its own); SIGTERM comes to `serve` alone. Either way the command pauses every schedule,
+    stops its server and exits 0 (Ctrl-C used to exit 3, the server gone before the schedules were paused)."""
     import shutil
     import sqlite3
     import tempfile
@@ -527,39 +531,45 @@ def test_ctrl_c_on_serve_pauses_the_schedules_and_exits_0(database_url, tmp_path
     env = dict(os.environ, PLANNER_DATA_DIR=str(data_dir), PLANNER_DATABASE_URL=database_url)
     for name in ("PREFECT_API_URL", "PREFECT_HOME"):  # its own Prefect server and home, as in a user's terminal
         env.pop(name, None)
-    config = write_config(tmp_path, profile_results_dir=str(profile_dir))
+    # a budget that leaves no GPU above the minimums (1P + 1D): valid, but no pool can ever grow, which serve says
+    # at start (before the Prefect server) and records
+    config = write_config(tmp_path, profile_results_dir=str(profile_dir), max_gpu_budget=2)
     prefect_db = data_dir / "prefect" / "prefect.db"
+    name = f"stop-{sig.name.lower()}"
 
     def paused() -> list[bool]:
+        if not prefect_db.exists():
+            return []
         with contextlib.closing(sqlite3.connect(f"file:{prefect_db}?mode=ro", uri=True)) as db:  # never creates it
-            return [bool(p) for (p,) in db.execute("SELECT paused FROM deployment WHERE name = 'ctrl-c'")]
+            return [bool(p) for (p,) in db.execute("SELECT paused FROM deployment WHERE name = ?", (name,))]
 
-    log = (tmp_path / "serve.log").open("w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "planner_cli.main", "serve", "--config", str(config), "--port", "0",
-         "--deployment", "ctrl-c"],
-        cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+    def serving(_log: str) -> bool:
+        with contextlib.suppress(sqlite3.Error):
+            return len(paused()) == 5  # every deployment served
+        return False
+
+    args = ["serve", "--config", str(config), "--port", "0", "--deployment", name]
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and process.poll() is None:
-            with contextlib.suppress(sqlite3.Error):
-                if len(paused()) == 5:  # every deployment served
-                    break
-            time.sleep(1)
-        assert process.poll() is None and len(paused()) == 5, (tmp_path / "serve.log").read_text()[-3000:]
-        time.sleep(3)  # the runner polls its schedules: serving, not starting
-        os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole group
-        returncode = process.wait(timeout=90)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        log.close()
-    text = (tmp_path / "serve.log").read_text()
-    try:
+        with start_command(args, env=env, log_path=tmp_path / "serve.log", ready=serving) as command:
+            time.sleep(3)  # the runner polls its schedules: serving, not starting
+            returncode = stop_with(command, sig)
+        text = command.log()
         assert returncode == 0, text[-3000:]
         assert "planner serve: stopped; the schedules are paused" in text and "Traceback" not in text
         assert paused() == [True] * 5
+        warned = [line for line in text.splitlines() if line.startswith("planner serve: warning: ")]
+        assert [("prefill pool cannot scale up" in w, "decode pool cannot scale up" in w) for w in warned] == [
+            (True, False),
+            (False, True),
+        ], text[-3000:]
+        assert text.index(warned[-1]) < text.index("Prefect UI: "), text[-3000:]  # at start
+        recorded = rows(
+            database_url,
+            "SELECT detail->>'deployment', detail->>'warning' FROM audit_log "
+            "WHERE event = 'config_warning' AND detail->>'deployment' = %s ORDER BY id",
+            name,
+        )
+        assert recorded == [(name, w.removeprefix("planner serve: warning: ")) for w in warned], recorded
         [ui] = re.findall(r"Prefect UI: (http://127\.0\.0\.1:\d+)", text)
         with pytest.raises(httpx.TransportError):  # the command stopped the Prefect server it started
             httpx.get(f"{ui}/api/health", timeout=5)

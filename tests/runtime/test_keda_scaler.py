@@ -10,9 +10,6 @@ import datetime as dt
 import logging
 import os
 import re
-import signal
-import subprocess
-import sys
 import time
 
 import grpc
@@ -27,6 +24,7 @@ from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.models import AuditLogRow, DecisionRow
 from tests.conftest import REPO_ROOT, write_config
 from tests.runtime.databases import record_decision
+from tests.runtime.lifecycle import STOP_SIGNAL_IDS, STOP_SIGNALS, start_command, stop_with
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)
 NAME = "keda-test"
@@ -237,32 +235,30 @@ def test_stream_metric_spec_is_unimplemented(ctx, serve) -> None:
     assert error.value.code() is grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_cli_process_serves_and_stops_on_sigterm(ctx) -> None:
-    """`planner keda-scaler` as its own process (a scaler restart = a new process on the same database)."""
+@pytest.mark.parametrize("sig", STOP_SIGNALS, ids=STOP_SIGNAL_IDS)
+def test_cli_process_serves_and_stops_on_a_signal(ctx, tmp_path, sig) -> None:
+    """`planner keda-scaler` as its own process (a scaler restart = a new process on the same database): Ctrl-C and
+    SIGTERM end it alike, with KEDA's stream in flight: the call is ended within the stop's grace (5 s), the command
+    says it stopped and exits 0."""
     decide(ctx, 0, 3, 7)
     env = os.environ | {"PLANNER_DATABASE_URL": ctx.database_url, "PYTHONPATH": str(REPO_ROOT)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "planner_cli", "keda-scaler", "--port", "0", "--host", "127.0.0.1",
-         "--deployment", NAME],
-        env=env, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
-    )  # fmt: skip
-    try:
-        line = ""
-        deadline = time.monotonic() + 60
-        while "KEDA external scaler on" not in line and time.monotonic() < deadline:
-            line = process.stderr.readline()
-            assert line or process.poll() is None, "keda-scaler exited before serving"
-        port = int(re.search(r"127\.0\.0\.1:(\d+)", line).group(1))
+    args = ["keda-scaler", "--port", "0", "--host", "127.0.0.1", "--deployment", NAME]
+    with start_command(
+        args, env=env, log_path=tmp_path / "keda.log", ready=lambda log: "KEDA external scaler on" in log
+    ) as command:
+        port = int(re.search(r"KEDA external scaler on 127\.0\.0\.1:(\d+)", command.log()).group(1))
         keda = Keda(port)
         assert (keda.metric("prefill"), keda.metric("decode", deployment=None)) == (3.0, 7.0)
+        stream = keda.stub.StreamIsActive(keda.ref("prefill"), timeout=60)
+        assert next(stream).result is True  # a call in flight when the signal comes
+        stopped_at = time.monotonic()
+        assert stop_with(command, sig) == 0, command.log()[-3000:]
+        with pytest.raises(grpc.RpcError):  # ended by the server's stop, not left hanging
+            next(stream)
+        assert time.monotonic() - stopped_at < 30
         keda.close()
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
-        assert "planner keda-scaler: stopped" in process.stderr.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    log = command.log()
+    assert "planner keda-scaler: stopped" in log and "Traceback" not in log, log[-3000:]
 
 
 def test_watching_workloads_acknowledges_when_they_reach_the_targets(ctx, serve) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import http.server
 import ipaddress
 import json
 import math
@@ -19,11 +18,10 @@ import os
 import shutil
 import ssl
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -74,9 +72,15 @@ from planner_core.runtime.sources.prometheus import (
 from planner_core.runtime.store.models import AuditLogRow, DecisionRow
 from planner_core.traces import RequestTrace, load_trace
 from tests.conftest import PROFILE_DIR, write_config
-
-T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-
+from tests.runtime.fake_prometheus import (
+    GOOD,
+    T0,
+    FakePrometheus,
+    answers_by_series,
+    collect_window,
+    prometheus_source,
+    vector,
+)
 
 # --- queries --------------------------------------------------------------------------------------------------
 
@@ -135,17 +139,12 @@ def test_range_is_whole_milliseconds() -> None:
 # --- answers --------------------------------------------------------------------------------------------------
 
 
-def _vector(*values: object) -> bytes:
-    result = [{"metric": {}, "value": [1.0, v]} for v in values]
-    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
-
-
 @pytest.mark.parametrize(
     ("status", "body", "expected"),
     [
-        (200, _vector("12.5"), 12.5),
-        (200, _vector("NaN"), "nan"),  # 0/0 of an idle window: a value, judged by the caller
-        (200, _vector(), None),  # the series does not exist
+        (200, vector("12.5"), 12.5),
+        (200, vector("NaN"), "nan"),  # 0/0 of an idle window: a value, judged by the caller
+        (200, vector(), None),  # the series does not exist
         (500, b"internal error", NoTrafficDataKind.HTTP_ERROR),
         (502, b"<html>bad gateway</html>", NoTrafficDataKind.HTTP_ERROR),
         (422, b'{"status":"error","errorType":"execution","error":"boom"}', NoTrafficDataKind.QUERY_ERROR),
@@ -157,9 +156,9 @@ def _vector(*values: object) -> bytes:
             b'{"status":"success","data":{"resultType":"matrix","result":[]}}',
             NoTrafficDataKind.MALFORMED,
         ),
-        (200, _vector("1", "2"), NoTrafficDataKind.MALFORMED),  # a sum() never answers two samples
-        (200, _vector("abc"), NoTrafficDataKind.MALFORMED),
-        (200, _vector(3.0), NoTrafficDataKind.MALFORMED),  # the API writes values as strings
+        (200, vector("1", "2"), NoTrafficDataKind.MALFORMED),  # a sum() never answers two samples
+        (200, vector("abc"), NoTrafficDataKind.MALFORMED),
+        (200, vector(3.0), NoTrafficDataKind.MALFORMED),  # the API writes values as strings
         (200, b'{"status":"success","data":{"resultType":"vector","result":[{"value":[1]}]}}', "malformed"),
     ],
     ids=[
@@ -275,7 +274,7 @@ def test_parse_range_answer() -> None:
     [
         (500, b"oops", NoTrafficDataKind.HTTP_ERROR),
         (400, b'{"status":"error","errorType":"bad_data","error":"too many points"}', NoTrafficDataKind.QUERY_ERROR),
-        (200, _vector("1"), NoTrafficDataKind.MALFORMED),  # an instant vector is not a range answer
+        (200, vector("1"), NoTrafficDataKind.MALFORMED),  # an instant vector is not a range answer
         (200, b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{}}]}}', "malformed"),
         (200, _matrix([(100, 1.0)]), NoTrafficDataKind.MALFORMED),  # values are strings in the API
         (200, _matrix([(100, "x")]), NoTrafficDataKind.MALFORMED),
@@ -374,74 +373,7 @@ def test_arrival_resolution_is_validated_and_bounded(tmp_path: Path) -> None:
     assert info.value.kind == NoTrafficDataKind.QUERY_ERROR
 
 
-# --- a fake Prometheus over real HTTP ---------------------------------------------------------------------------
-
-Answer = tuple[int, bytes]
-
-
-class FakePrometheus:
-    """A real HTTP server answering `/api/v1/query` from `answer(query) -> (status, body)`; records headers."""
-
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        fake = self
-        self.answer: Callable[[str], Answer] = lambda _query: (200, _vector())
-        self.delay_s = 0.0
-        self.headers: list[dict[str, str]] = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # http.server's naming
-                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("query", [""])[0]
-                fake.headers.append(dict(self.headers))
-                time.sleep(fake.delay_s)
-                status, body = fake.answer(query)
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                with contextlib.suppress(OSError):  # the client may have given up (timeout test)
-                    self.wfile.write(body)
-
-            def log_message(self, *_args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        if tls is not None:
-            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
-        self.scheme = "https" if tls is not None else "http"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.server.server_port}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def answers_by_series(values: dict[str, object]) -> Callable[[str], Answer]:
-    """Answer each query with the value of the first key found in it (None = empty vector)."""
-
-    def answer(query: str) -> Answer:
-        for key, value in values.items():
-            if key in query:
-                return (200, _vector() if value is None else _vector(str(value)))
-        return (200, _vector())
-
-    return answer
-
-
-GOOD = {
-    "requests_started_total": "120",
-    "input_sequence_tokens": "3000",
-    "output_sequence_tokens": "300",
-    "time_to_first_token": "0.2",
-    "inter_token_latency": "0.01",
-    "kv_hit_rate": "0.3",
-    "spec_decode": "1.8",
-}
+# --- a fake Prometheus over real HTTP (tests/runtime/fake_prometheus.py) ----------------------------------------
 
 
 @pytest.fixture
@@ -451,21 +383,10 @@ def fake_prometheus() -> Iterator[FakePrometheus]:
     server.close()
 
 
-def _source(url: str, **options: object) -> PrometheusTrafficSource:
-    return PrometheusTrafficSource(
-        PrometheusOptions(endpoint=url, timeout_s=2.0, **options), TrafficQueries(backend=Backend.VLLM)
-    )
-
-
-def _collect(source: PrometheusTrafficSource) -> TrafficObservation:
-    with source:
-        return source.collect(T0, T0 + dt.timedelta(seconds=60))
-
-
 def test_fake_prometheus_good_answer_and_bearer_token(fake_prometheus: FakePrometheus) -> None:
     """Every query carries the bearer token; a good set of answers becomes one observation."""
     fake_prometheus.answer = answers_by_series(GOOD)
-    obs = _collect(_source(fake_prometheus.url, bearer_token="s3cret"))
+    obs = collect_window(prometheus_source(fake_prometheus.url, bearer_token="s3cret"))
     assert (obs.num_req, obs.isl, obs.osl, obs.kv_hit_rate, obs.accept_length) == (120, 3000, 300, 0.3, 1.8)
     # requests, ISL, OSL, TTFT, ITL, KV hit rate, accept length, p95 and p99 TTFT, queue time
     assert len(fake_prometheus.headers) == 10
@@ -476,7 +397,7 @@ def test_token_file_is_reread_every_collection(fake_prometheus: FakePrometheus, 
     """A rotated token file is picked up by the next collection (Kubernetes service-account tokens rotate)."""
     fake_prometheus.answer = answers_by_series(GOOD)
     token_file = tmp_path / "token"
-    source = _source(fake_prometheus.url, bearer_token_file=token_file)
+    source = prometheus_source(fake_prometheus.url, bearer_token_file=token_file)
     token_file.write_text("first\n")
     source.collect(T0, T0 + dt.timedelta(seconds=60))
     token_file.write_text("second")
@@ -488,7 +409,7 @@ def test_token_file_is_reread_every_collection(fake_prometheus: FakePrometheus, 
 def test_fallback_to_completed_requests(fake_prometheus: FakePrometheus) -> None:
     """Without the started counter the completed-requests counter is used (Dynamo's fallback)."""
     fake_prometheus.answer = answers_by_series({**GOOD, "requests_started_total": None, "requests_total": "90"})
-    assert _collect(_source(fake_prometheus.url)).num_req == 90
+    assert collect_window(prometheus_source(fake_prometheus.url)).num_req == 90
 
 
 @pytest.mark.parametrize(
@@ -497,7 +418,7 @@ def test_fallback_to_completed_requests(fake_prometheus: FakePrometheus) -> None
         (lambda _q: (500, b"oops"), NoTrafficDataKind.HTTP_ERROR),
         (lambda _q: (200, b"{not json"), NoTrafficDataKind.MALFORMED),
         (lambda _q: (200, b" " * (MAX_ANSWER_BYTES + 1)), NoTrafficDataKind.MALFORMED),
-        (lambda _q: (200, _vector()), NoTrafficDataKind.NO_SERIES),
+        (lambda _q: (200, vector()), NoTrafficDataKind.NO_SERIES),
         (answers_by_series({**GOOD, "requests_started_total": "NaN"}), NoTrafficDataKind.INVALID_VALUE),
         (answers_by_series({**GOOD, "requests_started_total": "-3"}), NoTrafficDataKind.INVALID_VALUE),
         (answers_by_series({**GOOD, "input_sequence_tokens": "1e300"}), NoTrafficDataKind.INVALID_VALUE),
@@ -508,7 +429,7 @@ def test_fake_prometheus_garbage(fake_prometheus: FakePrometheus, answer, kind: 
     """Garbage over real HTTP is a typed no-data result, never an observation."""
     fake_prometheus.answer = answer
     with pytest.raises(TrafficUnavailable) as info:
-        _collect(_source(fake_prometheus.url))
+        collect_window(prometheus_source(fake_prometheus.url))
     assert info.value.kind == kind
 
 
@@ -523,7 +444,7 @@ def test_slow_and_refused_are_unreachable(fake_prometheus: FakePrometheus) -> No
             source.collect(T0, T0 + dt.timedelta(seconds=60))
     assert info.value.kind == NoTrafficDataKind.UNREACHABLE
     with pytest.raises(TrafficUnavailable, match="ConnectError") as info:
-        _collect(_source(f"http://127.0.0.1:{free_port()}"))
+        collect_window(prometheus_source(f"http://127.0.0.1:{free_port()}"))
     assert info.value.kind == NoTrafficDataKind.UNREACHABLE
 
 
@@ -575,15 +496,15 @@ def test_tls_with_ca_bundle(tmp_path: Path) -> None:
     server = FakePrometheus(tls=server_context)
     server.answer = answers_by_series(GOOD)
     try:
-        assert _collect(_source(server.url, ca_bundle=ca_file)).num_req == 120
+        assert collect_window(prometheus_source(server.url, ca_bundle=ca_file)).num_req == 120
         with pytest.raises(TrafficUnavailable, match="CERTIFICATE_VERIFY_FAILED") as info:
-            _collect(_source(server.url))
+            collect_window(prometheus_source(server.url))
         assert info.value.kind == NoTrafficDataKind.UNREACHABLE
-        assert _collect(_source(server.url, verify_tls=False)).num_req == 120
+        assert collect_window(prometheus_source(server.url, verify_tls=False)).num_req == 120
     finally:
         server.close()
     with pytest.raises(ValueError, match="CA bundle .*missing.pem: cannot be used"):
-        _source(server.url, ca_bundle=tmp_path / "missing.pem")
+        prometheus_source(server.url, ca_bundle=tmp_path / "missing.pem")
 
 
 def test_source_selection_from_config_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -636,59 +557,6 @@ def test_garbage_answer_makes_the_tick_hold(
         audit = session.scalars(select(AuditLogRow).where(AuditLogRow.event == "traffic_unavailable")).one()
         assert audit.tick_id == result.tick_id
         assert audit.detail == {"loop": "throughput", "problem": "invalid_value: num_req = nan: not a finite number"}
-
-
-def test_a_window_has_one_deadline_for_all_its_queries(fake_prometheus: FakePrometheus) -> None:
-    """Every answer 0.3 s late, each well inside its 2 s query timeout: the window's ten queries would take 3 s.
-    With a 1 s window deadline `collect` ends at ~1 s with the request count and lengths it has, and says what it
-    left out (issue 43: a dozen queries at the default 10 s could hold a tick two minutes)."""
-    fake_prometheus.answer = answers_by_series(GOOD)
-    fake_prometheus.delay_s = 0.3
-    source = _source(fake_prometheus.url, window_deadline_s=1.0)
-    started = time.monotonic()
-    obs = _collect(source)
-    elapsed_s = time.monotonic() - started
-    assert (obs.num_req, obs.isl, obs.osl) == (120, 3000, 300)
-    assert obs.ttft_ms is None and obs.kv_hit_rate is None
-    assert source.partial_problem is not None
-    assert source.partial_problem.startswith("window_deadline: the window's queries ran past its 1 s deadline; ")
-    assert "left out ttft_s, itl_s, kv_hit_rate" in source.partial_problem
-    assert elapsed_s < 1.6, elapsed_s
-    assert len(fake_prometheus.headers) <= 4  # the three needed queries and the one the deadline cut
-
-
-def test_a_window_deadline_before_the_needed_answers_is_no_data(fake_prometheus: FakePrometheus) -> None:
-    """When the deadline passes before the request count and both lengths are in, there is no observation: the
-    tick holds with reason code `window_deadline`."""
-    fake_prometheus.answer = answers_by_series(GOOD)
-    fake_prometheus.delay_s = 0.6
-    started = time.monotonic()
-    with pytest.raises(TrafficUnavailable) as info:
-        _collect(_source(fake_prometheus.url, window_deadline_s=1.0))
-    assert info.value.kind == NoTrafficDataKind.WINDOW_DEADLINE
-    assert time.monotonic() - started < 1.5
-
-
-def test_a_partial_window_is_recorded_with_its_reason(
-    fake_prometheus: FakePrometheus, database_url: str, tmp_path: Path, profile_dir: Path, monkeypatch
-) -> None:
-    """The tick decides on what the window deadline left and audits `traffic_partial` with the reason code."""
-    fake_prometheus.answer = answers_by_series(GOOD)
-    fake_prometheus.delay_s = 0.3
-    monkeypatch.setenv("PLANNER_PROMETHEUS_WINDOW_DEADLINE_S", "1")
-    config_path = write_config(tmp_path, metric_pulling_prometheus_endpoint=fake_prometheus.url)
-    ctx = load_context(database_url, "partial-window", config_path)
-    collected = collect_traffic.fn(ctx.config, ctx.service, T0, T0 + dt.timedelta(seconds=60))
-    assert collected.observation is not None and collected.observation.num_req == 120
-    result = run_tick(
-        ctx, Loop.THROUGHPUT, T0 + dt.timedelta(seconds=60), collected.observation,
-        partial_problem=collected.partial_problem,
-    )  # fmt: skip
-    assert result.outcome.reason != ReasonCode.NO_TRAFFIC_DATA
-    with ctx.sessions.begin() as session:
-        audit = session.scalars(select(AuditLogRow).where(AuditLogRow.event == "traffic_partial")).one()
-    assert audit.tick_id == result.tick_id
-    assert audit.detail["problem"].startswith("window_deadline: ")
 
 
 # --- a real Prometheus scraping the simulator's exporter -------------------------------------------------------

@@ -10,16 +10,24 @@ state, load history included, exactly as a live deployment does.
     PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python -m planner_core.lab.history.replay_week \\
         [--days 7] [--predictor constant]
 
-Then replays the week under the recorded config (`--repeat` times, median reported), and once under a what-if
-config (TTFT 50 ms / ITL 5 ms, chained). Uses `--database-url` or a throw-away pgserver under /tmp.
+Then replays the week under the recorded config (`--repeat` times in this process, median reported), once through
+`planner replay` as its own process, and once under a what-if config (TTFT 50 ms / ITL 5 ms, chained). Uses
+`--database-url` or a throw-away pgserver under /tmp. `--record docs/results/replay/week.json` writes the figures
+with date, command and commit, and beside it `week.md`, the table docs/replay.md includes. `--reuse` replays a week
+already recorded in `--database-url` (recording it takes ~25 minutes), keeping the recording's figures from the
+previous record.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +38,7 @@ import yaml
 
 from planner_core.data import H200_PROFILE_DIR
 from planner_core.domain import Loop, TickInputs, TrafficObservation, WorkerCounts
+from planner_core.runtime.localhost import code_commit
 from planner_core.runtime.replay import replay
 from planner_core.runtime.service import context_for_config, decide, initial_state
 from planner_core.runtime.store import repository as repo
@@ -40,6 +49,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 PROFILE_DIR = H200_PROFILE_DIR
 T0 = dt.datetime(2026, 3, 2, tzinfo=dt.UTC)
 THROUGHPUT_S, LOAD_S = 180, 5
+TARGET_S = 60  # issue 42: a recorded week replayed within a minute on the 2-core machine
 
 
 def write_config(directory: Path, predictor: str, **overrides: object) -> Path:
@@ -138,7 +148,14 @@ def main() -> None:
     parser.add_argument("--predictor", default="constant")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--reuse", action="store_true", help="replay the week already recorded in --database-url")
+    parser.add_argument(
+        "--record", type=Path, default=None, metavar="FILE",
+        help="write the figures with their date, command and commit to FILE (JSON) and its table beside it (.md); "
+        "with --reuse, the recording's figures are kept from FILE's previous record",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.record is not None and not args.record.parent.is_dir():  # before an hour of recording, not after
+        parser.error(f"--record {args.record}: no such folder {args.record.parent}")
     server = None
     if args.database_url is None:
         import pgserver
@@ -148,45 +165,163 @@ def main() -> None:
     else:
         url = to_sqlalchemy_url(args.database_url)
     folder = Path(tempfile.mkdtemp(prefix="replay-bench"))
+    record: dict = {
+        "benchmark": "replay_week",
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": code_commit(),
+        # the database URL left out: a throw-away server's socket path, or a password
+        "command": "python -m planner_core.lab.history.replay_week " + " ".join(_shown_arguments(sys.argv[1:])),
+        "cpus": os.cpu_count(),
+        "load_average_1m_at_start": round(os.getloadavg()[0], 2),
+        "days": args.days,
+        "predictor": args.predictor,
+        "target_s": TARGET_S,
+    }
     try:
         upgrade(url)
         config = write_config(folder, args.predictor)
         if args.reuse:
             with psycopg.connect(to_libpq_uri(url)) as conn:
                 num_ticks = conn.execute("SELECT count(*) FROM ticks").fetchone()[0]
+            record["recording"] = _previous_recording(args.record, num_ticks)
         else:
             print(f"recording {args.days:g} days, predictor {args.predictor}:")
+            started = time.perf_counter()
             num_ticks = record_week(url, config, "week", args.days)
+            elapsed_s = time.perf_counter() - started
+            record["recording"] = {
+                "seconds": round(elapsed_s, 1), "ticks_per_s": round(num_ticks / elapsed_s, 1),
+                "date": record["date"], "commit": record["commit"],
+            }  # fmt: skip
         with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
             row = conn.execute(
-                "SELECT pg_size_pretty(pg_total_relation_size('planner_states')), "
-                "avg(pg_column_size(state))::int, avg(length(state::text))::int FROM planner_states"
+                # the table is partitioned by day: its size is its partitions'
+                "SELECT (SELECT pg_size_pretty(sum(pg_total_relation_size(inhrelid))) FROM pg_inherits "
+                "        WHERE inhparent = 'planner_states'::regclass), "
+                # a state is stored whole (JSONB) or as a delta against an earlier one (bytea, migration 0016)
+                "avg(coalesce(pg_column_size(state), pg_column_size(delta)))::int FROM planner_states"
             ).fetchone()
-            print(f"  planner_states {row[0]} (state: {row[1]:,} bytes stored, {row[2]:,} bytes of JSON on average)")
+            by_loop = dict(conn.execute("SELECT loop, count(*) FROM ticks GROUP BY loop").fetchall())
+            print(f"  planner_states {row[0]} ({row[1]:,} bytes stored per state on average)")
+        record.update(num_ticks=num_ticks, ticks_by_loop=by_loop, planner_states_size=row[0])
         start, end = T0, T0 + dt.timedelta(days=args.days, seconds=1)
-        times = []
+        runs = []
         for attempt in range(args.repeat):
+            cpu_started = time.process_time()
             summary = replay(url, "week", start, end)
+            cpu_s = time.process_time() - cpu_started
             assert summary.num_ticks == num_ticks, summary
-            times.append(summary.elapsed_s)
+            runs.append({"seconds": round(summary.elapsed_s, 2), "cpu_seconds": round(cpu_s, 2),
+                         "identical": summary.num_identical, "differing": summary.num_differing,
+                         "skipped": summary.num_skipped})  # fmt: skip
             print(
                 f"  replay {attempt + 1} (recorded config): {summary.num_ticks:,} ticks, {summary.num_identical:,} "
                 f"identical, {summary.num_differing} differing in {summary.elapsed_s:.1f} s "
-                f"({summary.num_ticks / summary.elapsed_s:,.0f} ticks/s)"
+                f"({summary.num_ticks / summary.elapsed_s:,.0f} ticks/s, {cpu_s:.1f} s of CPU)"
             )
-        median = statistics.median(times)
-        print(f"median of {len(times)}: {median:.1f} s, {num_ticks / median:,.0f} ticks/s")
+        median = statistics.median(run["seconds"] for run in runs)
+        record["replay"] = {"runs": runs, "median_s": median, "ticks_per_s": round(num_ticks / median)}
+        print(f"median of {len(runs)}: {median:.1f} s, {num_ticks / median:,.0f} ticks/s")
+        record["command_replay"] = _command_replay(url, start, end, num_ticks)
         what_if = write_config(folder, args.predictor, ttft_ms=50, itl_ms=5)
         summary = replay(url, "week", start, end, config_path=what_if)
+        record["what_if"] = {
+            "change": "ttft_ms 50, itl_ms 5, chained states", "seconds": round(summary.elapsed_s, 2),
+            "differing": summary.num_differing, "ticks": summary.num_ticks,
+        }  # fmt: skip
         print(
             f"what-if TTFT 50 ms / ITL 5 ms (chained): {summary.num_differing:,} of {summary.num_ticks:,} ticks "
             f"differ, {summary.elapsed_s:.1f} s ({summary.num_ticks / summary.elapsed_s:,.0f} ticks/s)"
         )
+        record["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+        if args.record is not None:
+            args.record.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+            args.record.with_suffix(".md").write_text(markdown(record), encoding="utf-8")
+            print(f"record: {args.record} and {args.record.with_suffix('.md')}")
     finally:
         get_engine(url).dispose()
         if server is not None:
             server.cleanup()
+
+
+def _shown_arguments(argv: list[str]) -> list[str]:
+    """The command's arguments as a record shows them: the database URL's value replaced."""
+    shown = list(argv)
+    for index, argument in enumerate(shown):
+        if argument == "--database-url" and index + 1 < len(shown):
+            shown[index + 1] = "URL"
+        elif argument.startswith("--database-url="):
+            shown[index] = "--database-url=URL"
+    return shown
+
+
+def _previous_recording(path: Path | None, num_ticks: int) -> dict | None:
+    """With --reuse: the recording's figures of the record at `path` if it recorded these ticks, else None."""
+    if path is None or not path.is_file():
+        return None
+    previous = json.loads(path.read_text(encoding="utf-8"))
+    return previous.get("recording") if previous.get("num_ticks") == num_ticks else None
+
+
+def _command_replay(url: str, start: dt.datetime, end: dt.datetime, num_ticks: int) -> dict:
+    """`planner replay` of the week as its own process (its imports, its connection, its record of the run): the
+    command's wall time, and the replay's own time as the command prints it."""
+    env = {**os.environ, "PLANNER_DATABASE_URL": url, "PYTHONPATH": str(REPO_ROOT)}
+    argv = [sys.executable, "-m", "planner_cli", "replay", "--deployment", "week", "--from", start.isoformat(),
+            "--to", end.isoformat(), "--json"]  # fmt: skip
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
+    wall_s = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"planner replay exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    result = json.loads(done.stdout)
+    assert result["ticks"] == num_ticks and result["identical"] == num_ticks, {k: result[k] for k in ("ticks",)}
+    print(f"  planner replay: {result['identical']:,} identical, {result['elapsed_s']:.1f} s ({wall_s:.1f} s wall)")
+    return {
+        "seconds": round(result["elapsed_s"], 2),
+        "wall_seconds": round(wall_s, 2),
+        "identical": result["identical"],
+    }
+
+
+def markdown(record: dict) -> str:
+    """The record as the table docs/replay.md includes (generated: edit the record's command, not this file)."""
+    replay_runs = record["replay"]["runs"]
+    runs = ", ".join(f"{run['seconds']:.1f}" for run in replay_runs)
+    cpu = ", ".join(f"{run['cpu_seconds']:.1f}" for run in replay_runs)
+    identical = min(run["identical"] for run in replay_runs)
+    num_ticks = record["num_ticks"]
+    command = record["command_replay"]
+    what_if = record["what_if"]
+    loops = ", ".join(f"{count:,} {loop}" for loop, count in sorted(record["ticks_by_loop"].items()))
+    met = "within" if record["replay"]["median_s"] <= record["target_s"] else "over"
+    lines = [
+        f"| Replay of the week ({num_ticks:,} ticks: {loops}) | time | ticks/s |",
+        "|---|---|---|",
+        f"| recorded config, recorded states, in one process: {identical:,} of {num_ticks:,} `identical` "
+        f"(median of {len(replay_runs)}: {runs} s; CPU {cpu} s) | {record['replay']['median_s']:.1f} s "
+        f"({met} the {record['target_s']} s target) | {record['replay']['ticks_per_s']:,} |",
+        f"| the same through `planner replay` (its own process) | {command['seconds']:.1f} s "
+        f"({command['wall_seconds']:.1f} s wall) | {num_ticks / command['seconds']:,.0f} |",
+        f"| what-if {what_if['change']}: {what_if['differing']:,} differ | {what_if['seconds']:.1f} s "
+        f"| {what_if['ticks'] / what_if['seconds']:,.0f} |",
+        "",
+    ]
+    recording = record.get("recording")
+    recorded = (
+        f"Recording the week took {recording['seconds']:,.0f} s ({recording['ticks_per_s']:,.0f} ticks/s, at "
+        f"{recording['commit']}, {recording['date']}); "
+        if recording
+        else ""
+    )
+    lines.append(
+        f"{recorded}`planner_states` {record['planner_states_size']}. Measured {record['date']} at "
+        f"{record['commit']} with `{record['command']}`, {record['cpus']} CPUs, load average "
+        f"{record['load_average_1m_at_start']} at the start and {record['load_average_1m_at_end']} at the end "
+        f"(other jobs on the machine)."
+    )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

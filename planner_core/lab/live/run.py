@@ -26,6 +26,7 @@ from planner_core.lab.live.stack import (
     REPO,
     STUBS_DIR,
     CpuSampler,
+    LiveCancelled,
     get,
     process,
     wait_for,
@@ -186,19 +187,47 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
     from planner_core.runtime.store.db import stop_embedded_database
 
     run_dir = _fresh_run_dir(spec, root)
-    base_env = _base_env(run_dir)
-    database_url = _migrated_database(run_dir)
-    ports = _Ports(frontend=free_port(), prometheus=free_port(), prefect=free_port(), proxy=free_port())
-    worker_env = {
-        "DYNAMO_PYTHON": tools["dynamo"],
-        "PLANNER_LOCAL_MODEL_DIR": tools["model"],
-        "PLANNER_LOCAL_MODEL_NAME": MODEL_NAME,
-        "PLANNER_LOCAL_PROFILE_DIR": str(spec.profile_dir),
-        "PYTHONPATH": str(STUBS_DIR),
-    }
-    config = write_config(spec, run_dir, worker_env, f"http://127.0.0.1:{ports.prometheus}")
     cpu = CpuSampler()
     figures: dict = {"run": spec.name, "command": spec.command, "commit": spec.commit, "traffic": spec.traffic}
+    try:
+        base_env = _base_env(run_dir)
+        database_url = _migrated_database(run_dir)
+        ports = _Ports(frontend=free_port(), prometheus=free_port(), prefect=free_port(), proxy=free_port())
+        worker_env = {
+            "DYNAMO_PYTHON": tools["dynamo"],
+            "PLANNER_LOCAL_MODEL_DIR": tools["model"],
+            "PLANNER_LOCAL_MODEL_NAME": MODEL_NAME,
+            "PLANNER_LOCAL_PROFILE_DIR": str(spec.profile_dir),
+            "PYTHONPATH": str(STUBS_DIR),
+        }
+        config = write_config(spec, run_dir, worker_env, f"http://127.0.0.1:{ports.prometheus}")
+        started, ended = _serve_the_traffic(spec, tools, run_dir, ports, base_env, database_url, config, cpu, figures)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (`stop_like_ctrl_c`): the exit stack has stopped the components
+        cpu.stop()
+        stop_embedded_database(run_dir / "data" / "pg")
+        marker = run_dir / "cancelled.json"
+        cancelled = {**figures, "cancelled_at": dt.datetime.now(dt.UTC).isoformat()}
+        marker.write_text(json.dumps(cancelled, indent=2, default=str))
+        raise LiveCancelled(spec.name, marker) from None
+    figures.update(_scored(spec, run_dir, database_url, started, ended, cpu))
+    (run_dir / "figures.json").write_text(json.dumps(figures, indent=2, default=str))
+    stop_embedded_database(run_dir / "data" / "pg")
+    return figures
+
+
+def _serve_the_traffic(
+    spec: RunSpec,
+    tools: dict[str, str],
+    run_dir: Path,
+    ports: _Ports,
+    base_env: dict,
+    database_url: str,
+    config: Path,
+    cpu: CpuSampler,
+    figures: dict,
+) -> tuple[dt.datetime, dt.datetime]:
+    """The stack up, the traffic through it, the cool-down; every component stopped on the way out (also when
+    interrupted). Fills `figures` with what the run measured; returns the traffic's start and end."""
     with contextlib.ExitStack() as stack:
         components = _start_metrics_and_frontend(stack, spec, tools, run_dir, ports, base_env)
         traffic_url = f"http://127.0.0.1:{ports.frontend}"
@@ -229,10 +258,7 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
         time.sleep(spec.cooldown_s)
         figures["unsettled_decisions"] = _settle_decisions(database_url, timeout_s=DRAIN_GRACE_S + 40)
         cpu.stop()
-    figures.update(_scored(spec, run_dir, database_url, started, ended, cpu))
-    (run_dir / "figures.json").write_text(json.dumps(figures, indent=2, default=str))
-    stop_embedded_database(run_dir / "data" / "pg")
-    return figures
+    return started, ended
 
 
 def _scored(

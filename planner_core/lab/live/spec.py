@@ -63,6 +63,10 @@ def write_config(spec: RunSpec, run_dir: Path, env: dict[str, str], prometheus_u
         {
             "environment": "local",
             "mode": "agg",
+            # the closed loop learns separate prefill and decode pools' speeds (disagg only): off on the stack's
+            # aggregated engines, as `planner bench --mode agg` runs the recommended policy (with it on, since
+            # aedd43b, the config was refused and `planner live` could not start a run)
+            "throughput_capacity_feedback": False,
             "namespace": "dynamo",
             "model_name": MODEL_NAME,
             "ttft_ms": spec.ttft_ms,

@@ -31,6 +31,16 @@ class LiveError(RuntimeError):
     """The live stack cannot run (a missing tool, a component that did not come up): one line."""
 
 
+class LiveCancelled(Exception):
+    """A run stopped by Ctrl-C or SIGTERM: its components are stopped, its database server too, and its folder holds
+    `cancelled.json` instead of `figures.json` (so `--summarize` leaves it out)."""
+
+    def __init__(self, run: str, marker: Path) -> None:
+        super().__init__(f"run {run} cancelled ({marker})")
+        self.run = run
+        self.marker = marker
+
+
 def tool(env_name: str, default: Path, make_target: str) -> str:
     """The path of a tool the stack needs: `env_name` if set, else `default`; says which make target makes it."""
     value = os.environ.get(env_name)

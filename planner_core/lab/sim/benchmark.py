@@ -30,7 +30,7 @@ from planner_core.lab.sim.des import (
     SloRouting,
     SpeedChange,
 )
-from planner_core.lab.sim.oracle import OracleSettings, oracle_windows
+from planner_core.lab.sim.oracle import OracleSettings, oracle_first_window, oracle_windows
 from planner_core.perf.forward import ForwardPassModel
 from planner_core.perf.model import ProfilePerfModel
 from planner_core.perf.table import TablePerfModel
@@ -288,7 +288,13 @@ def _dynamo_benchmark(  # untyped: benchmark's locals, passed through
     if request.dynamo_oracle not in ("exact", "bracket"):
         raise ValueError(f"--dynamo-oracle: {request.dynamo_oracle!r} is neither 'exact' nor 'bracket'")
 
-    def bracket():  # our simulator's oracle windows, the approximation's starting sizes
+    def bracket(num_windows: int | None):  # our simulator's oracle windows, the approximation's starting sizes
+        if num_windows == 1:  # the planners' starting size alone (no baseline row): not the whole trace's search
+            first = oracle_first_window(
+                trace, fwd, spec, ttft_ms=request.ttft_ms, itl_ms=request.itl_ms,
+                window_s=request.throughput_interval_s, settings=oracle,
+            )  # fmt: skip
+            return [] if first is None else [first]
         return oracle_windows(
             trace, fwd, spec, ttft_ms=request.ttft_ms, itl_ms=request.itl_ms,
             window_s=request.throughput_interval_s, settings=oracle,

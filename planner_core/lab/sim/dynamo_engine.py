@@ -389,13 +389,15 @@ def dynamo_bench(
     num_configs: int = 0,
     on_policies_built: Callable[[Sequence[ScalingPolicy]], None] | None = None,
     on_policy_done: Callable[[Any], None] | None = None,
-    bracket: Callable[[], Sequence[OracleWindow]] | None = None,
+    bracket: Callable[[int | None], Sequence[OracleWindow]] | None = None,
 ) -> tuple[list[ScalingPolicy], list[PolicyRun]]:
     """The bench on Dynamo's engine: `names` in order (the baselines from `replay_oracle_windows`, the others
     from `build`, which builds the named policies and then the `num_configs` config files as the default engine
     does), each served by Dynamo's replay. Planners start at the engine's oracle's first-window size with
     `initial="oracle"`, at their minimum endpoints with "min". With `bracket` (our simulator's oracle windows, computed
-    when called; its time counts in the oracle's), the oracle is `replay_oracle_windows`' bracket approximation."""
+    when called with the number of windows searched, None for all; its time counts in the oracle's), the oracle is
+    `replay_oracle_windows`' bracket approximation. Without a baseline row only the first window is searched (the
+    planners' starting size), and nothing at all with `initial="min"`."""
     from planner_core.lab.sim.bench import BASELINE_NAMES
 
     if spec.aggregated:
@@ -418,10 +420,11 @@ def dynamo_bench(
             started = time.perf_counter()
             windows: list[OracleWindow] = []
             if wants_baselines or (initial == "oracle" and others):
+                num_windows = None if wants_baselines else 1  # no baseline row: the planners' starting size only
                 windows = replay_oracle_windows(
                     engine, ttft_ms=ttft_ms, itl_ms=itl_ms, window_s=window_s, settings=settings,
-                    gpus=gpus, num_windows=None if wants_baselines else 1,
-                    bracket=bracket() if bracket is not None else None, attainable_mask=attainable_mask,
+                    gpus=gpus, num_windows=num_windows,
+                    bracket=bracket(num_windows) if bracket is not None else None, attainable_mask=attainable_mask,
                 )  # fmt: skip
             search_s = time.perf_counter() - started
             baselines: dict[str, ScalingPolicy] = {

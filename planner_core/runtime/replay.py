@@ -7,7 +7,7 @@ explanation steps and next state. Results go to `replay_runs` and `replay_ticks`
 production history is read in one consistent snapshot and never written.
 
 Configs: by default each tick runs under the policy it was recorded with: the config revision it ran
-(`ticks.config_revision`, migration 0025: a live retune is in force from the tick after it, so the ticks before and
+(`ticks.config_revision`, migration 0024: a live retune is in force from the tick after it, so the ticks before and
 after it replay each under its own), whose policy is in `planner_configs` by the revision's `config_hash` (ticks
 recorded before revisions: by the tick's own hash). With the same code every tick must come out identical. With a
 what-if config file every tick runs under that file's policy instead, and the differences are what that policy
@@ -67,7 +67,7 @@ _COPY_BATCH = 10_000
 # against the previous tick's (`_with_states` rebuilds it; migration 0016).
 _TICKS_SQL = """
 SELECT t.id, t.loop, t.scheduled_at, t.reason, t.inputs, t.previous_tick_id,
-       -- the config revision the tick ran (migration 0025; NULL before it) and that revision's policy: the foreign
+       -- the config revision the tick ran (migration 0024; NULL before it) and that revision's policy: the foreign
        -- key makes it the tick's own config hash, which ticks recorded before revisions are replayed under
        t.config_revision, COALESCE(r.config_hash, t.config_hash) AS config_hash,
        s.tick_id IS NOT NULL AS has_state,
@@ -139,7 +139,7 @@ class ReplaySummary:
     num_skipped: int
     elapsed_s: float
     differences: tuple[TickDifference, ...]  # differing and skipped ticks, in tick order
-    revisions: tuple[int, ...] = ()  # the config revisions the replayed ticks ran (ticks before 0025 have none)
+    revisions: tuple[int, ...] = ()  # the config revisions the replayed ticks ran (ticks before 0024 have none)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,4 +1,4 @@
-"""Live retune (migration 0025, `planner config set`): a changed `ttft_ms` is run by the next tick, which records its
+"""Live retune (migration 0024, `planner config set`): a changed `ttft_ms` is run by the next tick, which records its
 revision; a stale revision and a login outside `planner_operator` are refused in one line, by the CLI and by the
 database for SQL writers alike; a field that cannot change live is refused; replay of the ticks before and after
 the change is identical. Real Postgres, real ticks (`run_tick`), real login roles."""

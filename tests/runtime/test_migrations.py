@@ -742,10 +742,10 @@ def test_upgrade_from_the_previous_release_replays_its_ticks_identically(
     )  # fmt: skip
 
 
-def test_migration_0025_config_revisions(empty_database_url, tmp_path, profile_dir) -> None:
-    """0025: every deployment recorded before it gets revision 1 (source file: the config it runs), its ticks name no
+def test_migration_0024_config_revisions(empty_database_url, tmp_path, profile_dir) -> None:
+    """0024: every deployment recorded before it gets revision 1 (source file: the config it runs), its ticks name no
     revision and still replay; a tick after it records revision 1. The operator role may insert revisions and read,
-    nothing else; the writer may not change a revision. 0025 -> 0023 drops the table and the columns, keeps the
+    nothing else; the writer may not change a revision. 0024 -> 0023 drops the table and the columns, keeps the
     ticks."""
     from planner_core.runtime.replay import replay
 

@@ -353,13 +353,13 @@ def test_service_settings_are_outside_the_replayed_policy(database_url, tmp_path
         conn.execute(
             "INSERT INTO planner_configs (config_hash, body) VALUES (%s, %s)", (old_hash, json.dumps(old_body))
         )
-        # ticks recorded before config revisions (migration 0025) name no revision
+        # ticks recorded before config revisions (migration 0024) name no revision
         conn.execute("UPDATE ticks SET config_hash = %s, config_revision = NULL", (old_hash,))
         conn.execute("UPDATE deployments SET config_hash = %s", (old_hash,))
         [(deployment_id,)] = conn.execute("SELECT id FROM deployments").fetchall()
         conn.execute(
             "INSERT INTO config_revisions (deployment_id, revision, config_hash, source, reason) "
-            "VALUES (%s, 2, %s, 'file', 'as migration 0025 found it')",
+            "VALUES (%s, 2, %s, 'file', 'as migration 0024 found it')",
             (deployment_id, old_hash),
         )
     summary = replay(database_url, "split", start, end)

@@ -35,7 +35,7 @@ class _Statements:
 def test_a_tick_of_an_unchanged_config_does_not_send_its_body_again(database_url, tmp_path, profile_dir) -> None:
     """The first tick stores the config body; later ticks of the same config do not touch `planner_configs`
     (they used to upsert the whole body every tick) nor insert the connector's row again; a changed config is
-    stored and audited as a new config revision (migration 0025)."""
+    stored and audited as a new config revision (migration 0024)."""
     config = write_config(tmp_path)
     ctx = load_context(database_url, "chat", config)
     slot = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.UTC)

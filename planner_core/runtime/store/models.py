@@ -148,12 +148,12 @@ class Deployment(Base):
     config_hash: Mapped[str] = mapped_column(ForeignKey("planner_configs.config_hash"))
     created_at: Mapped[dt.datetime] = mapped_column(server_default=func.now())
     config_revision: Mapped[int | None] = mapped_column(
-        Integer, comment="The newest config revision (config_revisions); NULL before any (migration 0025)"
+        Integer, comment="The newest config revision (config_revisions); NULL before any (migration 0024)"
     )
 
 
 class ConfigRevisionRow(Base):
-    """One config revision of a deployment (migration 0025): from its file or a live retune, append-only. The
+    """One config revision of a deployment (migration 0024): from its file or a live retune, append-only. The
     trigger `config_revisions_guard` numbers them (the current revision plus one, else refused as stale), allows a
     `set` revision to `planner_operator` members only, sets `author` and moves `deployments.config_revision`."""
 
@@ -164,7 +164,7 @@ class ConfigRevisionRow(Base):
         CheckConstraint("revision >= 1", name="revision"),
         {
             "comment": "Every config a deployment has run, numbered: from its file (source file) or a live retune "
-            "(source set, planner_operator only); append-only (migration 0025)"
+            "(source set, planner_operator only); append-only (migration 0024)"
         },
     )
     deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"), primary_key=True)
@@ -203,7 +203,7 @@ class Tick(Base):
             text("date_trunc('hour', scheduled_at, 'UTC')"),
             postgresql_where=text("loop = 'throughput'"),
         ),
-        # The revision a tick ran, and its config hash is that revision's (migration 0025).
+        # The revision a tick ran, and its config hash is that revision's (migration 0024).
         ForeignKeyConstraint(
             ["deployment_id", "config_revision", "config_hash"],
             ["config_revisions.deployment_id", "config_revisions.revision", "config_revisions.config_hash"],
@@ -229,7 +229,7 @@ class Tick(Base):
     task_run_id: Mapped[str | None] = mapped_column(String(64))
     config_revision: Mapped[int | None] = mapped_column(
         Integer,
-        comment="The config revision the tick ran (config_revisions); NULL on ticks recorded before migration 0025",
+        comment="The config revision the tick ran (config_revisions); NULL on ticks recorded before migration 0024",
     )
 
 

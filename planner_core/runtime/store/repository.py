@@ -126,7 +126,7 @@ def ensure_deployment(
     return deployment
 
 
-# The newest revision of a deployment and the newest one that came from its file (migration 0025).
+# The newest revision of a deployment and the newest one that came from its file (migration 0024).
 _REVISIONS_SQL = text(
     """SELECT d.config_revision AS revision, d.config_hash AS config_hash,
               (SELECT r.config_hash FROM config_revisions r WHERE r.deployment_id = d.id AND r.source = 'file'
@@ -454,7 +454,7 @@ class TickRecord:
     decide_ms: float
     flow_run_id: str | None = None
     task_run_id: str | None = None
-    config_revision: int | None = None  # the config revision the tick ran (migration 0025)
+    config_revision: int | None = None  # the config revision the tick ran (migration 0024)
 
 
 def _unplaced_columns(inputs: TickInputs) -> dict[str, int | None]:

@@ -1,4 +1,4 @@
-"""Live retune: a deployment's config revisions (`config_revisions`, migration 0025) read, and a new one written.
+"""Live retune: a deployment's config revisions (`config_revisions`, migration 0024) read, and a new one written.
 
 Every config a deployment runs is a numbered revision: its config file's policy (source `file`, recorded by the
 tick or `planner deployments add/sync` when the file's policy changes: `repository.follow_file`) or a live retune
@@ -30,7 +30,7 @@ from planner_core.config.policy import _ALIAS_TO_FIELD
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.models import ConfigRevisionRow, Deployment
 
-# SQLSTATEs the revisions' trigger raises (migration 0025): a retune by a login outside `planner_operator` (or a
+# SQLSTATEs the revisions' trigger raises (migration 0024): a retune by a login outside `planner_operator` (or a
 # login without the table privileges), and a stale expected revision.
 UNAUTHORISED_SQLSTATE = "42501"
 STALE_SQLSTATE = "PR001"

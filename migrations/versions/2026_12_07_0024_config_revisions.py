@@ -28,7 +28,7 @@ default: no rewrite) and the foreign key's validation (every existing tick has N
 Downgrade: drops the foreign key, the two columns, the table, the function and the operator role's privileges
 (the role itself only when nothing depends on it and it has no members). The `config_revision` audit rows stay.
 
-Revision ID: 0025
+Revision ID: 0024
 Revises: 0023
 Create Date: 2026-12-07 09:20:00
 """
@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0025"
+revision: str = "0024"
 down_revision: str | None = "0023"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
@@ -68,16 +68,16 @@ CREATE TABLE config_revisions (
 
 _COMMENTS = [
     "COMMENT ON TABLE config_revisions IS 'Every config a deployment has run, numbered: from its file (source file) "
-    "or a live retune (source set, planner_operator only); append-only (migration 0025)'",
+    "or a live retune (source set, planner_operator only); append-only (migration 0024)'",
     "COMMENT ON COLUMN config_revisions.changes IS 'field -> [before, after] against the previous revision'",
     "COMMENT ON COLUMN config_revisions.author IS 'The database login that wrote the revision (session_user, set "
     "by the trigger)'",
     "COMMENT ON COLUMN config_revisions.source_path IS 'The config file whose folder relative paths (profile, perf "
     "table, warm-up trace) are taken from'",
     "COMMENT ON COLUMN deployments.config_revision IS 'The newest config revision (config_revisions); NULL before "
-    "any (migration 0025)'",
+    "any (migration 0024)'",
     "COMMENT ON COLUMN ticks.config_revision IS 'The config revision the tick ran (config_revisions); NULL on ticks "
-    "recorded before migration 0025'",
+    "recorded before migration 0024'",
 ]
 
 _GUARD = f"""
@@ -161,7 +161,7 @@ $$
 # is audited; this user owns the schema, so it may write either source).
 _BACKFILL = """
 INSERT INTO config_revisions (deployment_id, revision, config_hash, source, reason)
-SELECT id, 1, config_hash, 'file', 'migration 0025: the config in force' FROM deployments ORDER BY id
+SELECT id, 1, config_hash, 'file', 'migration 0024: the config in force' FROM deployments ORDER BY id
 """
 
 _REVOKE_OPERATOR = f"""

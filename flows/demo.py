@@ -36,9 +36,16 @@ from planner_core.lab.demo import (
     summary_dict,
 )
 from planner_core.lab.sim.des import ClusterSimulator
+from planner_core.planner import budget_warnings
 from planner_core.runtime.connectors.virtual import VirtualConnectorClient
 from planner_core.runtime.report import periodic_report_path
-from planner_core.runtime.service import PlannerContext, load_context, prepare_database, resolve_report_dir
+from planner_core.runtime.service import (
+    PlannerContext,
+    load_context,
+    prepare_database,
+    record_config_warnings,
+    resolve_report_dir,
+)
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.traces import RequestTrace, load_trace
 
@@ -150,6 +157,8 @@ def demo(
     # before its first tick leaves no deployment behind.
     with ctx.sessions.begin() as session:
         repo.ensure_deployment(session, deployment, ctx.config)
+    # `planner demo` printed them at start; the audit log keeps them, as `serve`'s does
+    record_config_warnings(url, deployment, budget_warnings(ctx.config, Path(config_path)))
     cluster = simulate_timeline(ctx, trace, recorded_scale_events(ctx, trace), resume_s, startup_s, start)
     with VirtualConnectorClient(url, deployment) as client:
         acknowledge_after_restart(client, ctx, trace)

@@ -59,7 +59,7 @@ def pool_prompt_bursts(
     if not current:
         return None
     pooled = [current]
-    num_requests = _num_requests(current)
+    num_requests = PromptBurstWindow(at_s=0.0, points=current).num_requests
     for window in reversed(recent):
         if num_requests >= min_requests or len(pooled) >= max_windows:
             break
@@ -93,10 +93,6 @@ def remember_prompt_bursts(
         kept.append(window)
         num_requests += window.num_requests
     return tuple(reversed(kept))
-
-
-def _num_requests(points: tuple[PromptBurstQuantiles, ...]) -> int:
-    return max((point.num_requests for point in points), default=0)
 
 
 def _pooled_p99(points: list[PromptBurstQuantiles]) -> float:

@@ -27,6 +27,26 @@ from tests.runtime.lifecycle import STOP_SIGNAL_IDS, STOP_SIGNALS, start_command
 pytestmark = pytest.mark.prefect
 
 
+def test_the_demo_records_the_budget_warning_it_printed(
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+) -> None:
+    """A GPU budget that leaves no room above the minimums is a warning, not an error: `planner demo` prints it at
+    start, and the run records it in the audit log as `serve` does (`config_warning`)."""
+    from planner_core.config import load_config
+    from planner_core.planner import budget_warnings
+
+    config = write_config(tmp_path, max_gpu_budget=2)
+    expected = budget_warnings(load_config(config).policy, config)
+    assert expected  # the budget above does leave no room
+    run_demo(database_url, config, azure_conv_trace, "budget-warned", max_windows=1)
+    recorded = rows(
+        database_url,
+        "SELECT detail->>'warning' FROM audit_log WHERE event = 'config_warning' AND detail->>'deployment' = %s",
+        "budget-warned",
+    )
+    assert [warning for (warning,) in recorded] == list(expected)
+
+
 def test_demo_flow_records_ticks_as_prefect_task_runs(
     prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
 ) -> None:

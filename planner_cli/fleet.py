@@ -41,6 +41,11 @@ def cmd_add(args: argparse.Namespace) -> int:
         )
     print(f"{member.name}: {member.config_path} (min {member.min_gpus}, max {member.max_gpus}, "
           f"priority {member.priority}, weight {member.weight:g})")  # fmt: skip
+    from planner_core.config import load_config
+    from planner_core.planner import budget_warnings
+
+    for warning in budget_warnings(load_config(args.config).policy, args.config):  # recorded by `add_member`
+        print(f"planner deployments add: warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -13,7 +13,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from planner_core.config import load_config
-from planner_core.planner import refuse_what_cannot_work
+from planner_core.planner import budget_warnings, refuse_what_cannot_work
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.models import (
     Deployment,
@@ -83,6 +83,8 @@ def add_member(
         .on_conflict_do_update(index_elements=["deployment_id"], set_=values)
     )
     repo.audit(session, "fleet_member_added", {"name": name, **values}, deployment_id=deployment.id)
+    for warning in budget_warnings(loaded.policy, Path(path)):  # valid, but said (`deployments add` prints them)
+        repo.audit(session, "config_warning", {"deployment": name, "warning": warning}, deployment_id=deployment.id)
     return FleetMember(name=name, deployment_id=deployment.id, **values)
 
 

@@ -94,6 +94,14 @@ def test_cli_add_list_budget_remove(database_url, tmp_path, profile_dir) -> None
     assert "fleet budget: 12 GPUs" in listed.stdout and "chat\tmin 2\tmax -\tpriority 0\tweight 3" in listed.stdout
     bad = planner("deployments", "add", "x", "--config", str(tmp_path / "missing.yaml"))
     assert bad.returncode == 2 and "missing.yaml" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    # a budget that caps every scale-up is valid: said on stderr and recorded (as `serve` and `demo` do)
+    capped = planner("deployments", "add", "capped", "--config", str(write_config(tmp_path, max_gpu_budget=2)))
+    assert capped.returncode == 0 and "planner deployments add: warning: " in capped.stderr, capped.stderr
+    assert "the prefill pool cannot scale up from its minimum of 1" in capped.stderr
+    warned = _rows(database_url, "SELECT detail->>'warning' FROM audit_log WHERE event = 'config_warning'")
+    assert [w for (w,) in warned] == [
+        line.removeprefix("planner deployments add: warning: ") for line in capped.stderr.strip().splitlines()
+    ]
     gone = planner("deployments", "remove", "nobody")
     assert gone.returncode == 2 and "deployment 'nobody': not a member of the fleet" in gone.stderr
     assert planner("deployments", "remove", "chat").returncode == 0

@@ -1,7 +1,6 @@
 """Request arrivals, and the prompt-token arrival curve computed from them: the burst features a tick reads.
 
-Every traffic source reaches the curve through `prompt_arrival_quantiles`, the one function that computes it (with
-each interval's distribution; `prompt_arrival_curve` is its curve alone):
+Every traffic source reaches the curve through `prompt_arrival_curve`, the one function that computes it:
 - the trace source and the simulator pass the requests themselves (`RequestArrivals` with `resolution_s` 0);
 - the Prometheus source passes arrivals rebuilt from counter increments at its query resolution
   (`arrivals_from_counts`): the requests counted in each step, spread evenly over it, each with the step's mean
@@ -98,43 +97,65 @@ def prompt_arrival_curve(
 ) -> dict[str, float]:
     """The window [start_s, end_s)'s prompt-token arrival curve as `TrafficObservation` field values (module
     docstring); intervals shorter than `arrivals.resolution_s` are left out, and so is everything for a window
-    without requests. The curve alone of `prompt_arrival_quantiles`."""
-    curve, _ = prompt_arrival_quantiles(arrivals, start_s, end_s, cap=cap)
-    return curve
+    without requests."""
+    points = _curve_points(arrivals, start_s, end_s, cap=cap, quantiles=(99.0,))
+    return {
+        name: point.tokens[0]
+        for name, point in zip(PROMPT_ARRIVAL_INTERVALS_S, points, strict=True)
+        if point is not None
+    }
 
 
 def prompt_arrival_quantiles(
     arrivals: RequestArrivals, start_s: float, end_s: float, *, cap: PromptCap | None = None
 ) -> tuple[dict[str, float], tuple[PromptBurstQuantiles, ...]]:
-    """The curve (`prompt_arrival_curve`) and, from the same counts, each interval's distribution at
-    `PROMPT_BURST_QUANTILES` (what the burst rule pools over windows): the curve's points are the 0.99 quantiles
-    (numpy's percentiles of a list are each what it gives for that percentile alone)."""
+    """The curve of `prompt_arrival_curve` and, from the same counts, each interval's distribution at
+    `PROMPT_BURST_QUANTILES` (what the burst rule pools over windows); the curve's points are the 0.99 quantiles."""
+    percents = tuple(100.0 * q for q in PROMPT_BURST_QUANTILES)
+    p99 = PROMPT_BURST_QUANTILES.index(0.99)
+    curve, points = {}, []
+    for name, point in zip(
+        PROMPT_ARRIVAL_INTERVALS_S, _curve_points(arrivals, start_s, end_s, cap=cap, quantiles=percents), strict=True
+    ):
+        if point is not None:
+            curve[name] = point.tokens[p99]
+            points.append(point)
+    return curve, tuple(points)
+
+
+def _curve_points(
+    arrivals: RequestArrivals, start_s: float, end_s: float, *, cap: PromptCap | None, quantiles: tuple[float, ...]
+) -> list[PromptBurstQuantiles | None]:
+    """Per interval of `PROMPT_ARRIVAL_INTERVALS_S`, the percentiles `quantiles` (0..100) of the prompt tokens
+    that arrived in the interval up to each request of the window (None where the source cannot see the interval,
+    and for every interval of a window without requests). With `quantiles=(99.0,)` the one point is the curve's."""
     arrival = np.asarray(arrivals.arrival_s, dtype=float)
     isl = np.asarray(arrivals.isl, dtype=float)
     first = int(np.searchsorted(arrival, start_s, side="left"))
     stop = int(np.searchsorted(arrival, end_s, side="left"))
     if stop <= first:
-        return {}, ()
+        return [None] * len(PROMPT_ARRIVAL_INTERVALS_S)
     observers = np.arange(first, stop)
     if cap is not None:
         # a request whose prompt alone outlasts the slack misses the target whatever the pool: it sets no need
         fits = observers[isl[observers] <= cap.engine_prompt_tokens_per_s * cap.slack_s]
         observers = fits if len(fits) else observers
     upto = observers + 1  # cumulative[upto] counts every request up to and including each one
-    percents = [100.0 * q for q in PROMPT_BURST_QUANTILES]
-    p99 = PROMPT_BURST_QUANTILES.index(0.99)
-    curve: dict[str, float] = {}
-    points: list[PromptBurstQuantiles] = []
-    for name, interval_s in PROMPT_ARRIVAL_INTERVALS_S.items():
+    points: list[PromptBurstQuantiles | None] = []
+    for interval_s in PROMPT_ARRIVAL_INTERVALS_S.values():
         if interval_s < arrivals.resolution_s - 1e-9:
-            continue  # the source cannot see bursts this short
+            points.append(None)  # the source cannot see bursts this short
+            continue
         counted = isl if cap is None else np.minimum(isl, cap.engine_prompt_tokens_per_s * (interval_s + cap.slack_s))
         cumulative = np.concatenate([[0.0], np.cumsum(counted)])
         since = np.searchsorted(arrival, arrival[observers] - interval_s, side="right")
-        tokens = tuple(float(t) for t in np.percentile(cumulative[upto] - cumulative[since], percents))
-        curve[name] = tokens[p99]
-        points.append(PromptBurstQuantiles(interval_s=interval_s, num_requests=len(observers), tokens=tokens))
-    return curve, tuple(points)
+        tokens = np.percentile(cumulative[upto] - cumulative[since], quantiles)
+        points.append(
+            PromptBurstQuantiles(
+                interval_s=interval_s, num_requests=len(observers), tokens=tuple(float(t) for t in tokens)
+            )
+        )
+    return points
 
 
 def arrivals_from_counts(

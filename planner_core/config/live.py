@@ -41,6 +41,11 @@ LIVE_FIELDS: frozenset[str] = frozenset(
         "throughput_startup_seconds",
         "throughput_feedback_speed_min",
         "throughput_feedback_speed_max",
+        "error_budget_target",
+        "error_budget_period_seconds",
+        "error_budget_fast_burn_seconds",
+        "error_budget_lean_decode_utilization",
+        "error_budget_lean_burst_quantile",
         # the load loop's knobs
         "load_scaling_down_sensitivity",
         "prefill_scale_up_queue_tokens",

@@ -502,6 +502,40 @@ class PlannerConfig(BaseModel):
         default=1.5, ge=1, le=10, description="Highest engine speed (x the perf model's) the closed loop may learn."
     )
 
+    # SLA error budget (ours; off = Dynamo, which sizes every window alike). An SLA of "this share of requests
+    # within TTFT and ITL" is kept over a period, not in every window: the throughput loop reads the share it
+    # served from the frontend's latency histograms, keeps the period's misses against the budget, and moves the
+    # margins between the configured ones and the lean ones below (planner_core.policy.error_budget): leaner
+    # while the period's misses stay well under the budget, back to the configured ones at once when the budget
+    # is spent or burns fast. The configured margins are the richest the budget uses; the lean ones the leanest.
+    throughput_error_budget: bool = Field(
+        default=False, description="Keep the SLA as an error budget over a period and size leaner while it is healthy."
+    )
+    error_budget_target: float = Field(
+        default=0.99, gt=0, lt=1, description="Share (0-1) of requests within both targets the budget keeps."
+    )
+    error_budget_period_seconds: Number = Field(
+        **_INTERVAL,
+        default=86400.0,
+        gt=0,
+        description="The period (s) the budget is kept over (the misses decay with this time constant).",
+    )
+    error_budget_fast_burn_seconds: Number = Field(
+        **_INTERVAL,
+        default=600.0,
+        gt=0,
+        description="The horizon (s) of the burn-rate guard: misses over it faster than the budget allows go rich.",
+    )
+    error_budget_lean_decode_utilization: Number = Field(
+        default=0.9, gt=0, le=1, description="Decode target utilization at the leanest posture."
+    )
+    error_budget_lean_burst_quantile: float = Field(
+        default=0.95,
+        ge=0.5,
+        le=0.99,
+        description="The prompt-burst percentile (of the pooled curve) the burst sizing reads at the leanest posture.",
+    )
+
     # Safe actuation (ours). A pool's count changed by someone else (an HPA, `kubectl scale`, an operator) is
     # detected at the next tick and handled by this rule (planner_core.policy.ownership); Dynamo writes its own
     # count back without a word.

@@ -59,6 +59,7 @@ from planner_core.domain.observations import (
     EngineLifecycle,
     EngineLimits,
     ForwardPassMetrics,
+    LatencyHistogram,
     PromptBurstQuantiles,
     QueuedRequests,
     RecordedArrivals,
@@ -95,6 +96,7 @@ from planner_core.domain.reasons import (
 )
 from planner_core.domain.state import (
     CapacityFeedback,
+    ErrorBudgetState,
     HorizonWindow,
     PendingScaleUp,
     PlannerState,
@@ -141,6 +143,7 @@ __all__ = [
     "HeldResult",
     "HoldPolicy",
     "CapacityFeedback",
+    "ErrorBudgetState",
     "HorizonWindow",
     "PoolFeedback",
     "KalmanState",
@@ -183,6 +186,7 @@ __all__ = [
     "ThresholdPlannerState",
     "TickInputs",
     "TickOutcome",
+    "LatencyHistogram",
     "RecordedArrivals",
     "TrafficObservation",
     "UnplacedRequests",

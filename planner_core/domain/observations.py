@@ -38,6 +38,36 @@ class PromptBurstQuantiles:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LatencyHistogram:
+    """A latency histogram over one window, as a frontend exports it (Prometheus' cumulative buckets): of the
+    window's `count` requests, `cumulative[i]` took at most `bounds_ms[i]`. Policy-free: the tick reads the share
+    within its own target from it (`share_within`).
+
+    Attributes:
+        bounds_ms: the buckets' upper bounds (ms), increasing, without the +Inf bucket.
+        cumulative: the requests at or under each bound (non-decreasing, at most `count`).
+        count: every request of the window the histogram counts (the +Inf bucket).
+    """
+
+    bounds_ms: tuple[float, ...]
+    cumulative: tuple[float, ...]
+    count: float
+
+    def share_within(self, target_ms: float) -> float | None:
+        """The share of the counted requests within `target_ms`, interpolated linearly inside the bucket that
+        holds the target (as Prometheus' `histogram_quantile` does); None when the histogram counts nothing."""
+        if self.count <= 0:
+            return None
+        lower_ms, below = 0.0, 0.0
+        for bound_ms, at_most in zip(self.bounds_ms, self.cumulative, strict=True):
+            if target_ms < bound_ms:
+                inside = (target_ms - lower_ms) / (bound_ms - lower_ms) if bound_ms > lower_ms else 1.0
+                return min(1.0, (below + (at_most - below) * max(0.0, inside)) / self.count)
+            lower_ms, below = bound_ms, at_most
+        return min(1.0, below / self.count)  # beyond the last bound: what the finite buckets hold
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RecordedArrivals:
     """The request arrivals a window's prompt-arrival curve is computed from, as the source saw them (no policy in
     them: the tick derives the curve with the prompt cap of the policy in force, `planner_core.arrivals`).
@@ -119,6 +149,9 @@ class TrafficObservation:
     prompt_arrivals: RecordedArrivals | None = None
     # derived with the curve in the tick: each interval's distribution, which the burst rule pools over windows
     prompt_tokens_quantiles: tuple[PromptBurstQuantiles, ...] = ()
+    # the frontend's TTFT and ITL histograms over the window, where the source has them: the SLA budget's reading
+    ttft_histogram: LatencyHistogram | None = None
+    itl_histogram: LatencyHistogram | None = None
 
     def prompt_arrival_curve(self) -> tuple[tuple[float, float], ...]:
         """The observed points of the prompt-token arrival curve as (interval s, p99 tokens), shortest first."""
@@ -133,7 +166,7 @@ class TrafficObservation:
         """Name of the first field that is NaN, infinite or negative, or None when all are usable."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, RecordedArrivals | tuple):
+            if isinstance(value, RecordedArrivals | LatencyHistogram | tuple):
                 continue  # not a figure: the curve derived from it is checked where it is read
             if value is not None and (math.isnan(value) or math.isinf(value) or value < 0):
                 return f.name

@@ -159,6 +159,12 @@ class ReasonCode(enum.StrEnum):
     FEEDBACK_POOL_CHANGING = "feedback_pool_changing"  # engines started or left during the window: kept
     FEEDBACK_NO_LATENCY = "feedback_no_latency"  # the source gave no latency for the window: the last speed kept
     FEEDBACK_TOO_FEW_REQUESTS = "feedback_too_few_requests"  # too few requests in the window to measure: kept
+    # the SLA error budget (ours): the share of requests within the targets over a period (policy.error_budget)
+    BUDGET_WARMING_UP = "budget_warming_up"  # too few requests judged yet: the configured margins
+    BUDGET_HEALTHY = "budget_healthy"  # the period's misses well under the budget, none burning: leaner margins
+    BUDGET_HOLDING = "budget_holding"  # within the budget, not far enough under it to go leaner: margins kept
+    BUDGET_BURNING = "budget_burning"  # over the budget, or burning it fast: back to the configured margins
+    BUDGET_UNAVAILABLE = "budget_unavailable"  # the source gave no latency histogram: the last posture kept
     # family: NEXT_REQUEST (SLA load loop: where the "next request" of every estimate comes from)
     NEXT_REQUEST_ENGINE_AVERAGE = "next_request_engine_average"  # the engines' moving averages (Dynamo's)
     NEXT_REQUEST_TRAFFIC_WINDOW = "next_request_traffic_window"  # the last traffic window's mean lengths (ours)
@@ -222,6 +228,7 @@ class StepName(enum.StrEnum):
     DEMAND = "demand"
     ENGINE_CAPACITY = "engine_capacity"
     ENGINE_LOAD = "engine_load"
+    ERROR_BUDGET = "error_budget"  # the SLA error budget read and the margins it chose (ours)
     EXECUTE = "execute"
     FLEET = "fleet"
     FLEET_CEILING = "fleet_ceiling"

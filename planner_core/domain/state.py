@@ -135,6 +135,26 @@ class CapacityFeedback:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorBudgetState:
+    """The SLA error budget the throughput loop keeps (ours; `planner_core.policy.error_budget`).
+
+    Attributes:
+        judged, missed: the requests judged against the targets and those that missed one, each window's counts
+            decayed by `exp(-age / period)` (a sliding period without a ring of windows).
+        recent_judged, recent_missed: the same over the fast-burn horizon (the burn-rate guard).
+        posture: where the margins sit between the configured ones (0) and the lean ones (1).
+        last_s: the tick that last updated the counts; None before the first.
+    """
+
+    judged: float = 0.0
+    missed: float = 0.0
+    recent_judged: float = 0.0
+    recent_missed: float = 0.0
+    posture: float = 0.0
+    last_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PromptBurstWindow:
     """One throughput window's prompt-arrival distributions (`PromptBurstQuantiles` per interval), kept so the
     burst rule pools its percentile over more requests than one window holds (`planner_core.policy.burst_pool`)."""
@@ -176,3 +196,6 @@ class PlannerState:
     adopted_counts: tuple[AdoptedCount, ...] = ()
     # Ours: each source signal's freshness and miss streak (`planner_core.policy.signals`), in `Signal` order.
     signals: tuple[SignalStatus, ...] = ()
+    # Ours: the SLA error budget read from the latency the pools served, and the margins' posture it sets
+    # (`planner_core.policy.error_budget`).
+    error_budget: ErrorBudgetState = field(default_factory=ErrorBudgetState)

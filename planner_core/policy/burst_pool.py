@@ -32,7 +32,7 @@ __all__ = ["PooledCurve", "pool_prompt_bursts", "remember_prompt_bursts"]
 # each kept quantile's share of a window's requests, in per mille (whole numbers: the sums below are exact)
 _PER_MILLE = tuple(round(1000 * q) for q in PROMPT_BURST_QUANTILES)
 _BAND_PER_MILLE = tuple(high - low for low, high in zip((0, *_PER_MILLE[:-1]), _PER_MILLE, strict=True))
-_P99_PER_MILLE = 990
+_P99 = 0.99
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,9 +51,11 @@ def pool_prompt_bursts(
     *,
     min_requests: int,
     max_windows: int,
+    quantile: float = _P99,
 ) -> PooledCurve | None:
     """The curve pooled over the window just observed (`current`, its distributions) and, newest first, as many
-    of the `recent` windows as it takes to hold `min_requests` requests, at most `max_windows` windows in all.
+    of the `recent` windows as it takes to hold `min_requests` requests, at most `max_windows` windows in all, at
+    `quantile` (the p99 unless the SLA error budget chose a leaner one, `planner_core.policy.error_budget`).
     None when the window just observed has no distributions (no recorded arrivals, or no requests): the burst rule
     then reads the window's own curve, or none."""
     if not current:
@@ -69,7 +71,7 @@ def pool_prompt_bursts(
     for interval_s in PROMPT_ARRIVAL_INTERVALS_S.values():
         seen = [point for points_ in pooled for point in points_ if point.interval_s == interval_s]
         if any(point.interval_s == interval_s for point in current):
-            points.append((interval_s, _pooled_p99(seen)))
+            points.append((interval_s, _pooled_quantile(seen, quantile)))
     return PooledCurve(points=tuple(points), num_requests=num_requests, num_windows=len(pooled))
 
 
@@ -95,14 +97,15 @@ def remember_prompt_bursts(
     return tuple(reversed(kept))
 
 
-def _pooled_p99(points: list[PromptBurstQuantiles]) -> float:
-    """The smallest kept value at which the windows' weighted quantile bands reach 99 % of their requests."""
+def _pooled_quantile(points: list[PromptBurstQuantiles], quantile: float) -> float:
+    """The smallest kept value at which the windows' weighted quantile bands reach `quantile` of their requests
+    (in whole per-ten-thousands, so the sums are exact and one window at the p99 gives its own p99)."""
     weighted = sorted(
-        (token, point.num_requests * band)
+        (token, point.num_requests * band * 10)
         for point in points
         for token, band in zip(point.tokens, _BAND_PER_MILLE, strict=True)
     )
-    target = _P99_PER_MILLE * sum(point.num_requests for point in points)
+    target = round(quantile * 10_000) * sum(point.num_requests for point in points)
     reached = 0
     for token, weight in weighted:
         reached += weight

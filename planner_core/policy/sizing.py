@@ -4,7 +4,9 @@
 the stages in a fixed order, each a function that returns its value and its steps and changes nothing it is given:
 
 0. feedback (ours, optional): each pool's engine speed learned from the latency it served (`learn_engine_speeds`,
-   `planner_core.policy.feedback`); every later stage reads the pools' models at the learned speeds;
+   `planner_core.policy.feedback`); every later stage reads the pools' models at the learned speeds; then the SLA
+   error budget (ours, optional): the window's misses against the period's budget, which set the posture of the
+   decode margin and the burst percentile the later stages read (`read_budget`, `planner_core.policy.error_budget`);
 1. shape: the request shape the pools are sized for (`sizing_shape`);
 2. capacity: each pool's size at the forecast rate, on the engines' forward-pass capacity (Dynamo 1.x,
    `size_on_engine_capacity`) or on the profile's interpolated throughput (Dynamo 0.x, `size_on_interpolation`);
@@ -45,6 +47,7 @@ from planner_core.domain import (
 )
 from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, min_endpoints
 from planner_core.policy.burst_pool import pool_prompt_bursts, remember_prompt_bursts
+from planner_core.policy.error_budget import BURST_QUANTILE, budget_margins, read_error_budget
 from planner_core.policy.feedback import (
     FeedbackWindow,
     learn_pool_speed,
@@ -77,9 +80,11 @@ __all__ = [
     "SizingOutcome",
     "SizingRequest",
     "bound_pools",
+    "burst_quantile",
     "forward_model_for",
     "hold_scale_down",
     "learn_engine_speeds",
+    "read_budget",
     "raise_for_horizon",
     "scale_down_margin",
     "size_for_bursts",
@@ -148,6 +153,9 @@ def size_pools(request: SizingRequest) -> SizingOutcome:
     steps: Steps = ()
     if config.throughput_capacity_feedback:
         request, steps = learn_engine_speeds(request)
+    if config.throughput_error_budget:
+        request, budget_step = read_budget(request)
+        steps += (budget_step,)
     state = request.state
     shape, shape_step = sizing_shape(request.prediction, config.throughput_length_sizing)
     steps += (shape_step,)
@@ -217,6 +225,14 @@ def learned_speeds(request: SizingRequest) -> CapacityFeedback | None:
     return request.state.capacity_feedback if request.config.throughput_capacity_feedback else None
 
 
+def read_budget(request: SizingRequest) -> tuple[SizingRequest, StepRecord]:
+    """Ours: the SLA error budget after the window just observed (`planner_core.policy.error_budget`), in the
+    request's state, with its `error_budget` step; the later stages read the margins its posture sets."""
+    state = request.state
+    budget, step = read_error_budget(request.config, state.error_budget, request.traffic, request.inputs.now_s)
+    return dataclasses.replace(request, state=dataclasses.replace(state, error_budget=budget)), step
+
+
 # --- capacity ----------------------------------------------------------------------------------------------------
 
 
@@ -249,7 +265,7 @@ def size_on_interpolation(request: SizingRequest, shape: RequestShape) -> tuple[
             perf,
             shape=shape,
             correction=correction,
-            target_utilization=target_utilization(config, component),
+            target_utilization=target_utilization(request, component),
         )
         steps += tuple(sizing_steps)
     return PoolSizes(sized=sized), steps
@@ -282,7 +298,7 @@ def size_on_engine_capacity(request: SizingRequest, shape: RequestShape) -> tupl
         if not capacity.usable:
             not_ready.append(component)
             continue
-        utilization = target_utilization(config, component)
+        utilization = target_utilization(request, component)
         pool_demand_rps, headroom_step = with_headroom(component, demand_rps, utilization)
         if headroom_step is not None:
             steps += (headroom_step,)
@@ -366,10 +382,14 @@ def size_for_bursts(
             "min_requests": config.throughput_burst_pool_requests,
             "max_windows": config.throughput_burst_pool_windows,
         }
-        pooled_curve = pool_prompt_bursts(traffic.prompt_tokens_quantiles, state.recent_prompt_bursts, **pool)
+        quantile = burst_quantile(request)
+        pooled_curve = pool_prompt_bursts(
+            traffic.prompt_tokens_quantiles, state.recent_prompt_bursts, **pool, quantile=quantile
+        )
         if pooled_curve is not None:
             curve = pooled_curve.points
-            pooled = f" (pooled: {pooled_curve.num_requests} requests, {pooled_curve.num_windows} windows)"
+            at = "" if quantile == BURST_QUANTILE else f" at p{quantile * 100:g} (the error budget's posture)"
+            pooled = f" (pooled: {pooled_curve.num_requests} requests, {pooled_curve.num_windows} windows{at})"
         recent = remember_prompt_bursts(
             state.recent_prompt_bursts, request.inputs.now_s, traffic.prompt_tokens_quantiles, **pool
         )
@@ -564,11 +584,24 @@ def bound_pools(request: SizingRequest, sizes: PoolSizes) -> tuple[dict[Componen
 # --- models ------------------------------------------------------------------------------------------------------
 
 
-def target_utilization(config: PlannerConfig, component: Component) -> float:
-    """The pool's throughput-sizing target utilisation (the aggregated pool is sized as decode)."""
+def target_utilization(request: SizingRequest, component: Component) -> float:
+    """The pool's throughput-sizing target utilisation (the aggregated pool is sized as decode): the configured
+    one, or for decode, where the SLA error budget is on, the one its posture sets."""
+    config = request.config
     if component is Component.PREFILL:
         return config.throughput_prefill_target_utilization
+    if config.throughput_error_budget:
+        return budget_margins(config, request.state.error_budget.posture).decode_utilization
     return config.throughput_decode_target_utilization
+
+
+def burst_quantile(request: SizingRequest) -> float:
+    """The percentile of the pooled prompt-burst curve the burst sizing reads: the p99, or where the SLA error
+    budget is on, the one its posture sets."""
+    config = request.config
+    if config.throughput_error_budget:
+        return budget_margins(config, request.state.error_budget.posture).burst_quantile
+    return BURST_QUANTILE
 
 
 def _base_model_for(

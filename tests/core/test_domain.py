@@ -36,12 +36,14 @@ from planner_core.domain import (
     EngineLimits,
     EnsembleMember,
     EnsembleState,
+    ErrorBudgetState,
     EventReason,
     ForwardPassMetrics,
     FpmSample,
     HeldResult,
     HorizonWindow,
     KalmanState,
+    LatencyHistogram,
     LengthQuantile,
     LoadHistory,
     LoadSeries,
@@ -113,6 +115,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         num_requests=counts,
         tokens=float_tuples,
     )
+    latency_histogram = st.builds(LatencyHistogram, bounds_ms=float_tuples, cumulative=float_tuples, count=floats)
     traffic = st.builds(
         TrafficObservation,
         duration_s=floats,
@@ -129,6 +132,8 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         prompt_tokens_p99_30s=opt_floats,
         prompt_arrivals=st.none() | recorded_arrivals,
         prompt_tokens_quantiles=st.lists(burst_quantiles, max_size=2).map(tuple),
+        ttft_histogram=st.none() | latency_histogram,
+        itl_histogram=st.none() | latency_histogram,
     )
     scheduled = st.builds(
         ScheduledRequests,
@@ -376,6 +381,15 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         PoolFeedback, speed=floats, num_updates=counts, last_ready=counts, last_measured=opt_floats
     )
     capacity_feedback = st.builds(CapacityFeedback, prefill=pool_feedback, decode=pool_feedback)
+    error_budget = st.builds(
+        ErrorBudgetState,
+        judged=floats,
+        missed=floats,
+        recent_judged=floats,
+        recent_missed=floats,
+        posture=floats,
+        last_s=opt_floats,
+    )
     burst_window = st.builds(PromptBurstWindow, at_s=floats, points=st.lists(burst_quantiles, max_size=2).map(tuple))
     state = st.builds(
         PlannerState,
@@ -396,6 +410,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         recent_prompt_bursts=st.lists(burst_window, max_size=2).map(tuple),
         adopted_counts=st.lists(adopted_count, max_size=2).map(tuple),
         signals=st.lists(signal_status, max_size=4).map(tuple),
+        error_budget=error_budget,
     )
     step = st.builds(
         StepRecord,
@@ -429,6 +444,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
     return {
         RecordedArrivals: recorded_arrivals,
         PromptBurstQuantiles: burst_quantiles,
+        LatencyHistogram: latency_histogram,
         TrafficObservation: traffic,
         WorkerCounts: workers,
         ScheduledRequests: scheduled,
@@ -465,6 +481,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         HorizonWindow: horizon_window,
         PoolFeedback: pool_feedback,
         CapacityFeedback: capacity_feedback,
+        ErrorBudgetState: error_budget,
         PromptBurstWindow: burst_window,
         OutsideChange: outside_change,
         AdoptedCount: adopted_count,
@@ -612,6 +629,8 @@ def test_non_finite_floats_become_strings() -> None:
         "queue_ms": None,
         "prompt_arrivals": None,
         "prompt_tokens_quantiles": [],
+        "ttft_histogram": None,
+        "itl_histogram": None,
     }
     json.dumps(to_jsonable(obs), allow_nan=False)  # strict JSON: no bare NaN/Infinity tokens
     restored = from_jsonable(TrafficObservation, to_jsonable(obs))
@@ -652,7 +671,7 @@ BASE_TRAFFIC = TrafficObservation(duration_s=60.0, num_req=600.0, isl=1000.0, os
 TRAFFIC_FIELDS = [  # the figures
     f.name
     for f in dataclasses.fields(TrafficObservation)
-    if f.name not in ("prompt_arrivals", "prompt_tokens_quantiles")
+    if f.name not in ("prompt_arrivals", "prompt_tokens_quantiles", "ttft_histogram", "itl_histogram")
 ]
 
 INVALID_FIELD_CASES = [

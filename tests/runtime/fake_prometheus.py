@@ -73,9 +73,13 @@ class FakePrometheus:
 
 
 def answers_by_series(values: dict[str, object]) -> Callable[[str], Answer]:
-    """Answer each query with the value of the first key found in it (None = empty vector)."""
+    """Answer each query with the value of the first key found in it (None = empty vector); a histogram's
+    buckets (`sum by (le)`) with an empty vector (no histogram), unless `values` has a `buckets` answer body."""
 
     def answer(query: str) -> Answer:
+        if query.startswith("sum by (le)"):
+            buckets = values.get("buckets")
+            return (200, buckets if isinstance(buckets, bytes) else vector())
         for key, value in values.items():
             if key in query:
                 return (200, vector() if value is None else vector(str(value)))

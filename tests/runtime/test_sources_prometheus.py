@@ -62,8 +62,10 @@ from planner_core.runtime.sources.prometheus import (
     StepGrid,
     TrafficQueries,
     arrivals_from_increments,
+    histogram_from_buckets,
     label_selector,
     observation_from_answers,
+    parse_bucket_answer,
     parse_instant_answer,
     parse_range_answer,
     range_of,
@@ -261,6 +263,30 @@ def _matrix(*series: list[tuple[float, str]]) -> bytes:
 GRID = StepGrid(start_ms=100_000, step_ms=1000, num_steps=5)  # points at 100 .. 105 s, steps (100, 101] .. (104, 105]
 
 
+def test_parse_bucket_answer_and_histogram() -> None:
+    """`sum by (le)` buckets, in any order, become a latency histogram in ms with the +Inf bucket as its count; an
+    extrapolated count below the one under it is raised to it; no +Inf bucket or no request is no histogram."""
+    samples = [("+Inf", "10"), ("0.1", "4"), ("0.5", "9"), ("0.25", "3.9")]
+    result = [{"metric": {"le": le}, "value": [1.0, v]} for le, v in samples]
+    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+    buckets = parse_bucket_answer(200, body, "q")
+    assert buckets == ((0.1, 4.0), (0.25, 3.9), (0.5, 9.0), (math.inf, 10.0))
+    histogram = histogram_from_buckets("ttft_buckets", buckets)
+    assert histogram is not None
+    assert histogram.bounds_ms == (100.0, 250.0, 500.0) and histogram.cumulative == (4.0, 4.0, 9.0)
+    assert histogram.count == 10.0 and histogram.share_within(500.0) == pytest.approx(0.9)
+    assert histogram_from_buckets("ttft_buckets", buckets[:-1]) is None
+    assert histogram_from_buckets("ttft_buckets", ((0.1, 0.0), (math.inf, 0.0))) is None
+    with pytest.raises(TrafficUnavailable) as info:
+        histogram_from_buckets("ttft_buckets", ((0.1, -1.0), (math.inf, 2.0)))
+    assert info.value.kind == NoTrafficDataKind.INVALID_VALUE
+    no_label = json.dumps(
+        {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1.0, "3"]}]}}
+    ).encode()
+    with pytest.raises(TrafficUnavailable, match="le label"):
+        parse_bucket_answer(200, no_label, "q")
+
+
 def test_parse_range_answer() -> None:
     """A matrix answer is every series' (time, value) points; an empty matrix is no series."""
     body = _matrix([(100, "1"), (101.5, "2.5")], [(101, "NaN")])
@@ -388,8 +414,8 @@ def test_fake_prometheus_good_answer_and_bearer_token(fake_prometheus: FakeProme
     fake_prometheus.answer = answers_by_series(GOOD)
     obs = collect_window(prometheus_source(fake_prometheus.url, bearer_token="s3cret"))
     assert (obs.num_req, obs.isl, obs.osl, obs.kv_hit_rate, obs.accept_length) == (120, 3000, 300, 0.3, 1.8)
-    # requests, ISL, OSL, TTFT, ITL, KV hit rate, accept length, p95 and p99 TTFT, queue time
-    assert len(fake_prometheus.headers) == 10
+    # requests, ISL, OSL, TTFT, ITL, KV hit rate, accept length, p95 and p99 TTFT, queue time, TTFT and ITL buckets
+    assert len(fake_prometheus.headers) == 12
     assert {h.get("Authorization") for h in fake_prometheus.headers} == {"Bearer s3cret"}
 
 
@@ -403,7 +429,7 @@ def test_token_file_is_reread_every_collection(fake_prometheus: FakePrometheus, 
     token_file.write_text("second")
     source.collect(T0, T0 + dt.timedelta(seconds=60))
     source.close()
-    assert [h["Authorization"] for h in fake_prometheus.headers[::10]] == ["Bearer first", "Bearer second"]
+    assert [h["Authorization"] for h in fake_prometheus.headers[::12]] == ["Bearer first", "Bearer second"]
 
 
 def test_fallback_to_completed_requests(fake_prometheus: FakePrometheus) -> None:
@@ -742,6 +768,14 @@ def test_real_prometheus_busy_window(live_prometheus: LiveSetup, tmp_path: Path,
     assert obs.ttft_ms == pytest.approx(1000 * float(np.mean(served.ttft_s[first])), rel=0.1)
     assert obs.itl_ms == pytest.approx(1000 * float(np.mean(served.itl_s[done])), rel=0.1)
     assert obs.invalid_field() is None
+    # the TTFT histogram the error budget reads: as many requests as the window's first tokens, each bucket's
+    # share as served (the exporter's buckets; 10 % for the extrapolation, as above)
+    assert obs.ttft_histogram is not None and obs.itl_histogram is not None
+    assert obs.ttft_histogram.count == pytest.approx(float(np.sum(first)), rel=0.15)
+    for bound_ms in (50.0, 100.0, 250.0):
+        served_share = float(np.mean(served.ttft_s[first] * 1000.0 <= bound_ms))
+        assert obs.ttft_histogram.share_within(bound_ms) == pytest.approx(served_share, abs=0.1)
+    assert obs.itl_histogram.share_within(50.0) == pytest.approx(float(np.mean(served.itl_s[done] <= 0.05)), abs=0.1)
 
 
 def test_real_prometheus_idle_window_is_zero_traffic(live_prometheus: LiveSetup, tmp_path: Path) -> None:

@@ -292,11 +292,14 @@ FEATURE_COLUMNS = ("kv_hit_rate", "accept_length", *PROMPT_ARRIVAL_INTERVALS_S)
 def test_every_traffic_field_has_a_column_in_traffic_observations() -> None:
     """Each figure of TrafficObservation (the window length as `window_s`) is a column of `traffic_observations`."""
     # the recorded arrivals are not a figure: `ticks.inputs` keeps them, the columns keep the curve derived from them
-    # nor are the curve's distributions the tick derives with it (the state keeps the windows the burst rule pools)
+    # nor are the curve's distributions the tick derives with it (the state keeps the windows the burst rule pools),
+    # nor the latency histograms (`ticks.inputs` keeps them; the error budget's step records what it read of them)
     fields = {f.name for f in dataclasses.fields(TrafficObservation)} - {
         "duration_s",
         "prompt_arrivals",
         "prompt_tokens_quantiles",
+        "ttft_histogram",
+        "itl_histogram",
     } | {"window_s"}
     assert fields <= set(TrafficObservationRow.__table__.columns.keys())
 

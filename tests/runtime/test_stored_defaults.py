@@ -36,7 +36,7 @@ _NO_TRAFFIC_FEATURES = dict.fromkeys(
     (
         "isl_p50 isl_p90 isl_p99 osl_p50 osl_p90 osl_p99 ttft_ms itl_ms ttft_ms_p95 ttft_ms_p99 queue_ms kv_hit_rate "
         "accept_length prompt_tokens_p99_250ms prompt_tokens_p99_500ms prompt_tokens_p99_1s prompt_tokens_p99_2s "
-        "prompt_tokens_p99_5s prompt_tokens_p99_10s prompt_tokens_p99_30s prompt_arrivals"
+        "prompt_tokens_p99_5s prompt_tokens_p99_10s prompt_tokens_p99_30s prompt_arrivals ttft_histogram itl_histogram"
     ).split()
 )
 _SCHEDULED = {
@@ -64,6 +64,7 @@ PINNED_DEFAULTS = {
     "WorkerCounts": {},
     "TrafficObservation": {**_NO_TRAFFIC_FEATURES, "prompt_tokens_quantiles": []},
     "PromptBurstQuantiles": {},
+    "LatencyHistogram": {},
     "RecordedArrivals": {"at_s": [], "isl": [], "num_req": [], "resolution_s": 0.0},
     "ForwardPassMetrics": {
         "dp_rank": 0,

@@ -46,9 +46,9 @@ from prometheus_client.utils import floatToGoString
 
 from planner_core.domain import WorkerCounts
 from planner_core.lab.sim.des import ClusterSimulator
+from planner_core.lab.sim.des.spec import LATENCY_BUCKETS_S
 
 TOKEN_BUCKETS = tuple(float(2**k) for k in range(4, 18))  # 16 .. 131072 tokens
-LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DURATION_BUCKETS_S = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 HIT_RATE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 # The classic text format every Prometheus reads (prometheus_client now labels its output version 1.0.0).

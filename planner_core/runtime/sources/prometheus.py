@@ -69,7 +69,9 @@ from planner_core.runtime.sources.prometheus_answers import (
     RawAnswers,
     StepGrid,
     arrivals_from_increments,
+    histogram_from_buckets,
     observation_from_answers,
+    parse_bucket_answer,
     parse_instant_answer,
     parse_range_answer,
     step_increments,
@@ -280,6 +282,16 @@ class PrometheusTrafficSource:
         status_code, body = self._get(self._url, params, MAX_ANSWER_BYTES)
         return parse_instant_answer(status_code, body, promql)
 
+    def query_buckets(self, promql: str, at: dt.datetime) -> tuple[tuple[float, float], ...]:
+        """One instant query of a histogram's buckets (`sum by (le) (...)`) at `at` (`parse_bucket_answer`).
+
+        Raises:
+            TrafficUnavailable: the query could not be answered.
+        """
+        params = {"query": promql, "time": f"{at.timestamp():.3f}"}
+        status_code, body = self._get(self._url, params, MAX_ANSWER_BYTES)
+        return parse_bucket_answer(status_code, body, promql)
+
     def query_range(self, promql: str, grid: StepGrid) -> tuple[RangeSeries, ...]:
         """One range query evaluated at the grid's points: every matching series' points (empty when none).
 
@@ -389,9 +401,22 @@ class PrometheusTrafficSource:
                     raise
                 values[name], cut = None, exc
                 left_out.append(name)
+        histograms = {
+            "ttft_buckets": queries.buckets(series.time_to_first_token_s, window),
+            "itl_buckets": queries.buckets(series.inter_token_latency_s, window),
+        }
+        buckets: dict[str, tuple[tuple[float, float], ...] | None] = {}
+        for name, promql in histograms.items():
+            try:
+                buckets[name] = self.query_buckets(promql, window_end)
+            except TrafficUnavailable as exc:
+                if exc.kind is not NoTrafficDataKind.WINDOW_DEADLINE:
+                    raise
+                buckets[name], cut = None, exc
+                left_out.append(name)
         if left_out:
             self.partial_problem = f"{cut.kind.value}: {cut.detail}; left out {', '.join(left_out)}"
-        answers = RawAnswers(duration_s=duration_s, num_req=num_req, isl=isl, osl=osl, **values)
+        answers = RawAnswers(duration_s=duration_s, num_req=num_req, isl=isl, osl=osl, **values, **buckets)
         return observation_from_answers(answers)
 
     def arrivals(self, window_start: dt.datetime, window_end: dt.datetime) -> RequestArrivals:
@@ -459,8 +484,10 @@ __all__ = [
     "TrafficQueries",
     "TrafficSeries",
     "arrivals_from_increments",
+    "histogram_from_buckets",
     "label_selector",
     "observation_from_answers",
+    "parse_bucket_answer",
     "parse_instant_answer",
     "parse_range_answer",
     "range_of",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner_core.arrivals import RequestArrivals, arrivals_from_counts
-from planner_core.domain import TrafficObservation
+from planner_core.domain import LatencyHistogram, TrafficObservation
 from planner_core.runtime.sources.base import NoTrafficDataKind, TrafficUnavailable
 
 # Plausibility limits: beyond these a value is a broken exporter or query, not traffic.
@@ -88,6 +88,59 @@ def _sample_value(text: str, shown: str) -> float:
         raise TrafficUnavailable(
             NoTrafficDataKind.MALFORMED, f"sample value {text[:40]!r} is not a number ({shown})"
         ) from None
+
+
+def parse_bucket_answer(status_code: int, body: bytes, query: str) -> tuple[tuple[float, float], ...]:
+    """A histogram's buckets from an instant-vector answer of `sum by (le) (...)`: (upper bound, count) pairs
+    sorted by bound, the +Inf bucket last as `math.inf`; empty when the vector is.
+
+    Raises:
+        TrafficUnavailable: as `parse_instant_answer`, for anything that is not a JSON instant vector whose samples
+            each carry an `le` label that is a number and a [time, numeric string] value (MALFORMED).
+    """
+    shown = _shown(query)
+    data = _api_data(status_code, body, query)
+    result = data.get("result")
+    if data.get("resultType") != "vector" or not isinstance(result, list):
+        found = data.get("resultType")
+        raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"expected an instant vector, got {found!r} ({shown})")
+    buckets: list[tuple[float, float]] = []
+    for sample in result:
+        metric = sample.get("metric") if isinstance(sample, dict) else None
+        value = sample.get("value") if isinstance(sample, dict) else None
+        le = metric.get("le") if isinstance(metric, dict) else None
+        if not isinstance(le, str) or not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], str)):
+            raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"bucket without an le label or value ({shown})")
+        buckets.append((_sample_value(le, shown), _sample_value(value[1], shown)))
+    return tuple(sorted(buckets))
+
+
+def histogram_from_buckets(field_name: str, buckets: tuple[tuple[float, float], ...] | None) -> LatencyHistogram | None:
+    """A latency histogram (ms) from Prometheus' buckets in seconds (`parse_bucket_answer`); None without buckets,
+    without a +Inf bucket or without a request. Each bucket's `increase` is extrapolated on its own, so the counts
+    are made non-decreasing (a running maximum) before they are read.
+
+    Raises:
+        TrafficUnavailable: INVALID_VALUE for a negative, NaN or infinite count or bound.
+    """
+    if not buckets or buckets[-1][0] != math.inf:
+        return None
+    bounds_ms: list[float] = []
+    cumulative: list[float] = []
+    running = 0.0
+    for bound_s, count in buckets:
+        if math.isnan(count) or math.isinf(count) or count < 0:
+            raise _invalid(field_name, count, f"bucket le={bound_s:g} is not a non-negative count")
+        running = max(running, count)
+        if bound_s == math.inf:
+            break
+        if math.isnan(bound_s) or bound_s < 0:
+            raise _invalid(field_name, bound_s, "bucket bound is not a non-negative number")
+        bounds_ms.append(bound_s * 1000.0)
+        cumulative.append(running)
+    if running <= 0:
+        return None
+    return LatencyHistogram(bounds_ms=tuple(bounds_ms), cumulative=tuple(cumulative), count=running)
 
 
 # A series of a range answer: its points as (time, value), time in epoch seconds.
@@ -244,6 +297,9 @@ class RawAnswers:
     ttft_p95_s: float | None = None
     ttft_p99_s: float | None = None
     queue_s: float | None = None
+    # the TTFT and ITL histograms' buckets, (le seconds, count) with +Inf last (`parse_bucket_answer`)
+    ttft_buckets: tuple[tuple[float, float], ...] | None = None
+    itl_buckets: tuple[tuple[float, float], ...] | None = None
 
 
 def _invalid(field_name: str, value: float, why: str) -> TrafficUnavailable:
@@ -309,4 +365,6 @@ def observation_from_answers(answers: RawAnswers) -> TrafficObservation:
         **tail_ms,
         kv_hit_rate=_optional("kv_hit_rate", answers.kv_hit_rate, 0.0, 1.0 + KV_HIT_RATE_SLACK),
         accept_length=_optional("accept_length", answers.accept_length, 1.0, MAX_ACCEPT_LENGTH),
+        ttft_histogram=histogram_from_buckets("ttft_buckets", answers.ttft_buckets),
+        itl_histogram=histogram_from_buckets("itl_buckets", answers.itl_buckets),
     )

@@ -105,6 +105,10 @@ class TrafficQueries:
             f"[{window}])))"
         )
 
+    def buckets(self, histogram: str, window: str) -> str:
+        """A histogram's buckets over the window, one sample per `le` (what the SLA error budget reads)."""
+        return f"sum by (le) (increase({histogram}_bucket{self.traffic_selector}[{window}]))"
+
     def queue_s(self, window: str) -> str | None:
         """The mean time a request waited for its first token: the frontend's queued-requests gauge averaged over
         the window, divided by the window's request rate (Little's law); None when the series has no such gauge."""

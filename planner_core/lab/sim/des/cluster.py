@@ -28,6 +28,7 @@ from planner_core.lab.sim.des.spec import (
     RouterPolicy,
     SimResult,
     SimSpec,
+    latency_histogram,
     window_kv_hit_rate,
     window_observation,
 )
@@ -235,6 +236,8 @@ class ClusterSimulator(_Routing, _Engines, _OnDemandKv):
             ttft_ms_p95=None if tail_ms is None else float(tail_ms[0]),
             ttft_ms_p99=None if tail_ms is None else float(tail_ms[1]),
             queue_ms=queue_ms,
+            ttft_histogram=latency_histogram(self._ttft_s[first]),
+            itl_histogram=latency_histogram(itl[done]),
         )
 
     def kv_hit_rate(self, start_s: float, end_s: float) -> tuple[float | None, int]:

@@ -15,6 +15,7 @@ from planner_core.config import PlannerConfig, PlannerMode
 from planner_core.domain import (
     Component,
     EngineLimits,
+    LatencyHistogram,
     TrafficObservation,
 )
 from planner_core.lab.sim.des.speed import PROFILE_SPEED, EngineSpeed, SpeedChange
@@ -165,6 +166,24 @@ def window_kv_hit_rate(
     return float(cached_tokens[served].sum()) / tokens, int(served.sum())
 
 
+# The frontend's latency histogram buckets (s): what the simulator's exporter publishes and the observation carries
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def latency_histogram(values_s: np.ndarray) -> LatencyHistogram | None:
+    """The frontend's histogram (`LATENCY_BUCKETS_S`) of the finite latencies `values_s`; None without one."""
+    values_s = values_s[np.isfinite(values_s)]
+    if not len(values_s):
+        return None
+    ordered = np.sort(values_s)
+    cumulative = np.searchsorted(ordered, LATENCY_BUCKETS_S, side="right")
+    return LatencyHistogram(
+        bounds_ms=tuple(b * 1000.0 for b in LATENCY_BUCKETS_S),
+        cumulative=tuple(float(c) for c in cumulative),
+        count=float(len(values_s)),
+    )
+
+
 def window_observation(
     trace: RequestTrace,
     start_s: float,
@@ -177,14 +196,16 @@ def window_observation(
     ttft_ms_p95: float | None = None,
     ttft_ms_p99: float | None = None,
     queue_ms: float | None = None,
+    ttft_histogram: LatencyHistogram | None = None,
+    itl_histogram: LatencyHistogram | None = None,
 ) -> TrafficObservation:
     """What a planner observes of the window [start_s, end_s): the trace's arrivals and lengths in it
     (`RequestTrace.observe`), the engine's mean TTFT/ITL and prefix-cache hit rate over it, and, for a `planner`,
     the requests' arrivals as recorded (`planner_core.arrivals.with_arrivals`: its tick derives the prompt-arrival
     curve from them at its engine rate). The one path by which both bench engines (this simulator and Dynamo's replay,
     `planner_core.lab.sim.dynamo_engine`) build a tick's observation; they differ only in where the latency
-    figures come from. The frontend's TTFT tail and queue time (`ttft_ms_p95`, `ttft_ms_p99`, `queue_ms`) are None
-    where the engine does not measure them."""
+    figures come from. The frontend's TTFT tail, queue time and latency histograms (`ttft_ms_p95`, `ttft_ms_p99`,
+    `queue_ms`, `ttft_histogram`, `itl_histogram`) are None where the engine does not measure them."""
     base = trace.observe(start_s, end_s)
     observed = dataclasses.replace(
         base,
@@ -194,6 +215,8 @@ def window_observation(
         ttft_ms_p95=ttft_ms_p95,
         ttft_ms_p99=ttft_ms_p99,
         queue_ms=queue_ms,
+        ttft_histogram=ttft_histogram,
+        itl_histogram=itl_histogram,
     )
     if planner is None:
         return observed

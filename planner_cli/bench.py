@@ -319,7 +319,7 @@ def _add_policy_arguments(bench: argparse.ArgumentParser) -> None:
         "burst's engines until it comes), static-best, oracle-budget (hindsight references, --engine sim: the "
         "cheapest fixed size, and the fewest GPU-hours over per-window sizes, meeting --oracle-target over the "
         "whole run), threshold, dynamo-0x, dynamo-1x, planner, planner-open-loop (the recommended policy with its "
-        "closed loop off), fixed:P:D, dynamo-1.6.1, "
+        "closed loops off: learned speeds and error budget), fixed:P:D, dynamo-1.6.1, "
         "dynamo-1.6.1-load (Dynamo's own planner; needs `make dynamo-env` or --dynamo-python). Default: "
         "static-peak,static-mean,oracle,oracle-ahead,threshold,dynamo-0x,dynamo-1x,planner; with --mode agg the same "
         "without dynamo-0x, and fixed:N (N aggregated engines)",

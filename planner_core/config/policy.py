@@ -530,7 +530,7 @@ class PlannerConfig(BaseModel):
         default=0.9, gt=0, le=1, description="Decode target utilization at the leanest posture."
     )
     error_budget_lean_burst_quantile: float = Field(
-        default=0.95,
+        default=0.99,
         ge=0.5,
         le=0.99,
         description="The prompt-burst percentile (of the pooled curve) the burst sizing reads at the leanest posture.",

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+import planner_core.lab.sim.policies as policies_module
 from planner_core.data import SERVEGEN_SHAPE
 from planner_core.lab.sim.bench import (
     DEFAULT_POLICIES,
@@ -161,12 +162,22 @@ def test_planner_policies_run_in_the_loop(profile_perf: ProfilePerfModel) -> Non
     assert any(run.row.scaling_events > 0 for run in runs)
 
 
-def test_unknown_policy_is_refused(profile_perf: ProfilePerfModel) -> None:
+def test_unknown_policy_is_refused(profile_perf: ProfilePerfModel, monkeypatch: pytest.MonkeyPatch) -> None:
     trace = busy_trace(60, 60.0)
     with pytest.raises(ValueError, match="unknown policy 'magic'"):
         build_policies(["magic"], {}, trace, profile_perf, FWD, SimSpec(), window_s=60)
     with pytest.raises(ValueError, match="fixed:P:D"):
         build_policies(["fixed:2"], {}, trace, profile_perf, FWD, SimSpec(), window_s=60)
+    # named after a planner (whose start needs the oracle's first-window search): refused before any search
+    searched = []
+    monkeypatch.setattr(
+        policies_module._OracleSearch, "starting_size", lambda _self, size: searched.append(size) or (1, 1)
+    )
+    with pytest.raises(ValueError, match=r"'config:lean': a config file is benched with --config FILE"):
+        build_policies(["planner", "config:lean"], {}, trace, profile_perf, FWD, SimSpec(), window_s=60)
+    with pytest.raises(ValueError, match="unknown policy 'magic'"):
+        build_policies(["planner", "magic"], {}, trace, profile_perf, FWD, SimSpec(), window_s=60)
+    assert searched == []
 
 
 def test_oracle_ahead_asks_for_each_size_a_start_up_before_its_window_and_holds_through_short_dips() -> None:

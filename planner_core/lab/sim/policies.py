@@ -290,7 +290,8 @@ def held_for_peak(sizes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
 BASELINE_NAMES = ("static-peak", "static-mean", "oracle", "oracle-ahead", "oracle-seen", "oracle-peak")
 # Hindsight references, run when asked for (`planner_core.lab.sim.references`): they search on top of the oracle's
 REFERENCE_NAMES = ("static-best", "oracle-budget")
-# The recommended policy with its closed loop off (`throughput_capacity_feedback: false`): what the loop buys
+# The recommended policy with its closed loops off (`throughput_capacity_feedback` and `throughput_error_budget`
+# false): what the loops buy
 OPEN_LOOP_POLICY = "planner-open-loop"
 # `oracle-seen` and `oracle-peak` run when asked for: they explain a start-up row's misses, they are not comparisons
 DEFAULT_POLICIES = (*BASELINE_NAMES[:4], "threshold", "dynamo-0x", "dynamo-1x", RECOMMENDED_POLICY)
@@ -402,7 +403,8 @@ def build_policies(
         whole_trace=any(name in (*BASELINE_NAMES, *REFERENCE_NAMES) for name in names),
     )  # fmt: skip
     aggregated = spec.aggregated
-    # Configs and refusals first, before the oracle's search spends minutes.
+    # Names, configs and refusals first, before the oracle's search spends minutes.
+    _check_names(names, known_policies, aggregated=aggregated)
     configs = _checked_configs(names, base, known_policies, user_configs, aggregated=aggregated)
 
     def planner_policy(name: str, path: Path) -> PlannerPolicy:
@@ -526,7 +528,9 @@ def _checked_configs(
     for name in names:
         if name == OPEN_LOOP_POLICY:
             recommended = bench_config(policy_path(RECOMMENDED_POLICY), base, aggregated=aggregated)
-            configs[name] = recommended.model_copy(update={"throughput_capacity_feedback": False})
+            # both loops off: the engine speeds learned and the SLA error budget (each feeds back what it observed)
+            update = {"throughput_capacity_feedback": False, "throughput_error_budget": False}
+            configs[name] = recommended.model_copy(update=update)
         elif name in known_policies:
             configs[name] = bench_config(policy_path(name), base, aggregated=aggregated)
             why = agg_refusal(configs[name]) if aggregated else None
@@ -579,6 +583,24 @@ def _fixed_disagg(name: str) -> FixedPolicy:
     if len(parts) != 3 or not all(p.isdigit() for p in parts[1:]):
         raise ValueError(f"--policies: {name!r}: a fixed size is written fixed:P:D, e.g. fixed:2:4")
     return FixedPolicy(name=name, num_prefill=int(parts[1]), num_decode=int(parts[2]))
+
+
+def _check_names(names: Sequence[str], known_policies: Sequence[str], *, aggregated: bool) -> None:
+    """Every name is a policy the bench knows and every fixed size is well written; raises ValueError (one line)
+    on the first that is not."""
+    named = {*BASELINE_NAMES, *REFERENCE_NAMES, *known_policies, OPEN_LOOP_POLICY, *DYNAMO_PRESETS}
+    for name in names:
+        if name in named:
+            continue
+        if name.startswith("fixed:"):
+            (_fixed_agg if aggregated else _fixed_disagg)(name)
+        elif name.startswith("config:"):
+            raise ValueError(
+                f"--policies: {name!r}: a config file is benched with --config FILE (it runs as config:<file stem>),"
+                " not named in --policies"
+            )
+        else:
+            raise ValueError(_unknown_policy(name, known_policies, aggregated=aggregated))
 
 
 def _unknown_policy(name: str, known_policies: Sequence[str], *, aggregated: bool) -> str:

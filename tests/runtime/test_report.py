@@ -54,6 +54,7 @@ CHART_KEYS = [
     # ours
     "forecast_vs_actual",
     "learned_speed",
+    "error_budget",
     "reason_timeline",
 ]
 GENERATED_AT = dt.datetime(2026, 3, 2, tzinfo=dt.UTC)
@@ -235,6 +236,7 @@ def test_charts_are_dynamos_thirteen_then_ours() -> None:
         "load_decisions",
         "engine_capacity",
         "learned_speed",
+        "error_budget",
         "reason_timeline",
     }
     for chart in charts:
@@ -262,6 +264,30 @@ def test_learned_speed_chart_draws_each_pools_closed_loop_steps() -> None:
     assert chart.missing is None
     traces = {t.name: list(t.y) for t in chart.figure.data}
     assert traces == {"prefill speed": [0.9, 0.85], "decode speed": [1.0]}
+
+
+def test_error_budget_chart_draws_the_posture_of_each_budget_step() -> None:
+    steps = tuple(
+        StepRow(
+            tick_id=i,
+            loop=Loop.THROUGHPUT,
+            at_s=T0.timestamp() + 60.0 * i,
+            seq=1,
+            step="error_budget",
+            component=None,
+            reason=reason,
+            value=posture,
+            detail="period: 99.60% within",
+        )  # fmt: skip
+        for i, (reason, posture) in enumerate(
+            [("budget_healthy", 0.25), ("budget_healthy", 0.5), ("budget_burning", 0.0)]
+        )
+    )
+    data = dataclasses.replace(_synthetic(), steps=steps)
+    chart = next(c for c in build_charts(data) if c.key == "error_budget")
+    assert chart.missing is None
+    assert [list(t.y) for t in chart.figure.data] == [[0.25, 0.5, 0.0]]
+    assert "budget_burning" in chart.figure.data[0].hovertext[-1]
 
 
 def test_engine_load_charts_draw_recorded_forward_pass_metrics() -> None:

@@ -349,6 +349,34 @@ def _learned_speed_chart(data: ReportData) -> Chart:
     return Chart(key="learned_speed", title=title, figure=fig, missing=missing)
 
 
+def _error_budget_chart(data: ReportData) -> Chart:
+    """The SLA error budget: the posture after each throughput tick (0: the configured margins, 1: the lean ones),
+    with the window's misses, the period's share within the targets and the burn rates in the hover text
+    (`error_budget` steps)."""
+    import plotly.graph_objects as go
+
+    title = "SLA error budget: margins' posture (0 configured, 1 lean)"
+    fig = _figure(title, "posture")
+    steps = [s for s in data.steps if s.step == StepName.ERROR_BUDGET.value and s.value is not None]
+    missing = None
+    if steps:
+        fig.add_trace(
+            go.Scatter(
+                x=[_utc(s.at_s) for s in steps],
+                y=[s.value for s in steps],
+                name="posture",
+                mode="lines+markers",
+                line={"shape": "hv"},
+                hovertext=[f"{_iso(s.at_s)}<br>{s.reason}<br>{html.escape(s.detail)}" for s in steps],
+                hoverinfo="text",
+            )
+        )
+    else:
+        missing = "no error-budget step in this window (throughput_error_budget off, or no throughput tick)"
+        _no_data(fig, missing)
+    return Chart(key="error_budget", title=title, figure=fig, missing=missing)
+
+
 def _reason_timeline_chart(data: ReportData) -> Chart:
     """Every non-routine step (clamps, fallbacks, holds) and what happened to each decision, over time."""
     fig = _figure("Timeline of decision reasons", "")
@@ -397,8 +425,8 @@ def _reason_timeline_chart(data: ReportData) -> Chart:
 
 
 def build_charts(data: ReportData) -> list[Chart]:
-    """Dynamo's 13 diagnostics charts in its order, then forecast vs actual, the closed loop's learned engine speeds
-    and the reason timeline."""
+    """Dynamo's 13 diagnostics charts in its order, then forecast vs actual, the closed loop's learned engine speeds,
+    the SLA error budget's posture and the reason timeline."""
     estimate_why = "per-engine {} estimates (forward-pass metric models) are not recorded yet"
     charts = [
         _replicas_chart(data),
@@ -452,6 +480,7 @@ def build_charts(data: ReportData) -> list[Chart]:
         _gpu_hours_chart(data),
         _forecast_chart(data),
         _learned_speed_chart(data),
+        _error_budget_chart(data),
         _reason_timeline_chart(data),
     ]
     for chart in charts:

@@ -176,3 +176,6 @@ class PlannerState:
     adopted_counts: tuple[AdoptedCount, ...] = ()
     # Ours: each source signal's freshness and miss streak (`planner_core.policy.signals`), in `Signal` order.
     signals: tuple[SignalStatus, ...] = ()
+    # Ours: when a tick last saw demand (epoch s; None before the first tick), for the idle hold of scale to zero
+    # (`planner_core.policy.scale_to_zero`).
+    last_demand_s: float | None = None

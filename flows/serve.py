@@ -120,17 +120,17 @@ def execution_listener(database_url: str, deployment: str, config_path: str, loa
     return ExecutionListener(database_url, deployment, execute, settings)
 
 
-def wake_listener(database_url: str, deployment: str, config_path: str) -> WakeListener:
+def wake_listener(database_url: str, deployment: str, config_path: str, quiet_s: float) -> WakeListener:
     """The serving process's wake (with `scale_to_zero_idle_seconds`): a `load-tick` flow run in this process (tagged
     `trigger:wake`) with the requests the edge holds as its input, as soon as the edge's NOTIFY arrives, instead of
     at the next scheduled tick; see `planner_core.runtime.wake`. Its decision reaches the execution listener by the
-    tick's own NOTIFY, like any other."""
+    tick's own NOTIFY, like any other. For `quiet_s` (the idle hold) after a wake tick, notifications run none."""
 
     def on_wake(held: int) -> None:
         with tags("planner", f"deployment:{deployment}", "trigger:wake"):
             load_tick(deployment=deployment, config_path=config_path, held_requests=held)
 
-    return WakeListener(database_url, deployment, on_wake)
+    return WakeListener(database_url, deployment, on_wake, quiet_s=quiet_s)
 
 
 class _GracefulRunner(Runner):
@@ -175,7 +175,7 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
     listener.start()
     waker = None
     if loaded.policy.scale_to_zero_idle_seconds is not None:
-        waker = wake_listener(database_url, name, path)
+        waker = wake_listener(database_url, name, path, float(loaded.policy.scale_to_zero_idle_seconds))
         waker.start()
     try:
         with contextlib.suppress(KeyboardInterrupt):

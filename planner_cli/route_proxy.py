@@ -37,11 +37,7 @@ def cmd_route_proxy(args: argparse.Namespace) -> int:
         print(f"planner route-proxy: --profile {args.profile}: {exc}", file=sys.stderr)
         return 2
     ttft, tpot = tables_from_dynamo_profile(profile, metadata={"source": str(args.profile)})
-    wake = None
-    if args.wake_deployment:
-        wake = _wake_settings(args)
-        if wake is None:
-            return 2
+    wake = _wake_settings(args) if args.wake_deployment else None
     settings = ProxySettings(
         frontend_url=args.frontend.rstrip("/"),
         discovery_dir=args.discovery_dir,
@@ -77,16 +73,11 @@ def cmd_route_proxy(args: argparse.Namespace) -> int:
 
 def _wake_settings(args: argparse.Namespace):
     """The hold-and-wake settings of `--wake-deployment` (the planner's database from the usual settings:
-    `PLANNER_DATABASE_URL`, else the embedded one), or None after printing why they are unusable."""
+    `PLANNER_DATABASE_URL`, else the embedded one); the numbers' ranges are checked by argparse (ranges.py)."""
     from planner_core.runtime.route_proxy import WakeSettings
     from planner_core.runtime.settings import RuntimeSettings
     from planner_core.runtime.store.db import resolve_database_url
 
-    for name in ("wake_max_held", "wake_timeout_s", "wake_renotify_s"):
-        if getattr(args, name) <= 0:
-            flag = "--" + name.replace("_", "-")
-            print(f"planner route-proxy: {flag} = {getattr(args, name)}: must be > 0", file=sys.stderr)
-            return None
     return WakeSettings(
         deployment=args.wake_deployment,
         database_url=resolve_database_url(RuntimeSettings()),

@@ -6,7 +6,10 @@ it again every few seconds while it still holds some (a notification is not stor
 away is lost, the next one is not). `planner serve` LISTENs on the channel (`WakeListener`) and, for its own
 deployment, runs a load tick right away with the held count as the tick's input (`TickInputs.unplaced`), so the
 decision that wakes the pool is a recorded, replayable tick (`planner_core.policy.scale_to_zero`), not a side door.
-Notifications queued behind one are coalesced into a single tick (the largest count).
+Notifications queued behind one are coalesced into a single tick (the largest count), and after a wake tick that
+ran, the notifications of the next `quiet_s` are counted but run none: that tick recorded demand, so no pool can be
+taken to zero again before the idle hold has passed (`planner serve` passes the hold), and the proxy's
+renotifications while the engine starts would only record ticks that change nothing.
 
 The LISTEN connection is reconnected with a bounded exponential backoff, and every wait is bounded so `close` ends
 the loop within about a second.
@@ -63,6 +66,7 @@ class WakeStats:
     num_wakes: int = 0  # ticks run
     num_notifies: int = 0  # notifications for this deployment (coalesced into the ticks)
     num_failures: int = 0  # ticks that raised
+    num_quiet: int = 0  # notifications within `quiet_s` of a wake tick that ran: no tick
     num_connects: int = 0
     held: list[int] = field(default_factory=list)  # the count each tick was given
 
@@ -78,12 +82,15 @@ class WakeListener:
         *,
         wait_slice_s: float = 1.0,
         reconnect_max_s: float = 30.0,
+        quiet_s: float = 0.0,
     ) -> None:
         self._uri = to_libpq_uri(database_url)
         self.deployment = deployment
         self._on_wake = on_wake
         self._wait_slice_s = wait_slice_s
         self._reconnect_max_s = reconnect_max_s
+        self._quiet_s = quiet_s
+        self._woke_at: float | None = None  # monotonic time of the last wake tick that ran
         self.stop = threading.Event()
         self.listening = threading.Event()  # set while a LISTEN connection is up (tests wait on it)
         self.stats = WakeStats()
@@ -152,6 +159,9 @@ class WakeListener:
                 conn.close()
 
     def _wake(self, held: int) -> None:
+        if self._woke_at is not None and time.monotonic() - self._woke_at < self._quiet_s:
+            self.stats.num_quiet += 1
+            return
         self.stats.num_wakes += 1
         self.stats.held.append(held)
         started = time.monotonic()
@@ -161,7 +171,8 @@ class WakeListener:
             self.stats.num_failures += 1
             _log.warning("wake tick for %s failed: %s", self.deployment, _one_line(exc))
             return
-        _log.info("wake tick for %s (%d held) in %.2f s", self.deployment, held, time.monotonic() - started)
+        self._woke_at = time.monotonic()
+        _log.info("wake tick for %s (%d held) in %.2f s", self.deployment, held, self._woke_at - started)
 
 
 def _one_line(exc: BaseException) -> str:

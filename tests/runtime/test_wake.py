@@ -24,7 +24,7 @@ from planner_core.routing.scheduler import SloTargets
 from planner_core.runtime.replay import replay
 from planner_core.runtime.route_proxy import ProxySettings, RouteProxy, WakeSettings
 from planner_core.runtime.service import load_context, run_tick
-from planner_core.runtime.wake import WakeListener, parse_wake_payload, wake_payload
+from planner_core.runtime.wake import WakeListener, parse_wake_payload, send_wake, wake_payload
 from tests.conftest import write_config
 from tests.core.test_routing import TPOT_JSON, TTFT_JSON
 
@@ -133,6 +133,27 @@ def test_held_requests_wake_the_planner_and_are_all_served(tmp_path, frontend, d
     assert proxy.counts["held"] == 3 and proxy.num_held == 0
     assert len(proxy.wake_waits_s) == 3 and all(0.5 <= w <= elapsed_s for w in proxy.wake_waits_s)
     assert proxy.status()["wakes_sent"] >= 1 and proxy.counts["wake_errors"] == 0
+
+
+def test_after_a_wake_tick_the_renotifications_of_the_quiet_time_run_none(database_url) -> None:
+    heard: list[int] = []
+    listener = WakeListener(database_url, NAME, heard.append, wait_slice_s=0.1, quiet_s=0.6)
+    listener.start()
+    try:
+        assert listener.listening.wait(10)
+        send_wake(database_url, "another deployment", 9)  # not ours: ignored
+        for held in (2, 3):  # the second within the quiet time
+            send_wake(database_url, NAME, held)
+            time.sleep(0.3)
+        time.sleep(0.5)  # past the quiet time
+        send_wake(database_url, NAME, 4)
+        deadline = time.monotonic() + 5
+        while len(heard) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        listener.close()
+    assert heard == [2, 4]
+    assert (listener.stats.num_wakes, listener.stats.num_quiet, listener.stats.num_notifies) == (2, 1, 3)
 
 
 def test_the_hold_is_bounded_overflow_503_and_timeout_504(tmp_path, frontend, database_url) -> None:

@@ -1,0 +1,240 @@
+"""The live wake (run by hand): a pool scaled to zero by the planner wakes for the first requests and serves them.
+
+`python -m planner_core.lab.live.wake [--out FILE]` brings up the live stack's parts under `.planner/live/wake`
+(the embedded Postgres, Prometheus, Dynamo's frontend in direct mode on file discovery, `planner route-proxy
+--wake-deployment live`, `planner serve` with the local connector starting Dynamo's mocker engines), then:
+
+1. waits for the first engine and sends a few requests (demand the planner sees);
+2. waits for the planner to take the pool to zero (`scale_to_zero_idle_seconds` without demand) and the engine to
+   stop;
+3. sends `NUM_WAKE_REQUESTS` requests at once to the proxy: they are held, the proxy's NOTIFY makes `planner serve`
+   run a wake tick, its decision starts an engine, and the held requests are forwarded once it registers;
+4. reads each request's latency and status, the proxy's counts, the woken tick and decision and the woken engine's
+   start (`local_workers`), and compares the wake latency with the engine's start-up plus one load interval.
+
+The figures are printed as JSON and written to `--out`. Needs `make dynamo-env live-env` and Prometheus, as
+`planner live`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import sys
+import time
+from pathlib import Path
+
+from planner_core.lab.live.run import (
+    _base_env,
+    _fresh_run_dir,
+    _migrated_database,
+    _Ports,
+    _start_metrics_and_frontend,
+    _start_planner,
+    _stop_workers,
+)
+from planner_core.lab.live.spec import RunSpec, compressed_policy
+from planner_core.lab.live.stack import (
+    DEPLOYMENT,
+    MODEL_NAME,
+    PROFILE_DIR,
+    REPO,
+    STUBS_DIR,
+    find_tools,
+    get,
+    process,
+    wait_for,
+)
+from planner_core.runtime.localhost import free_port
+
+SPEEDUP = 6.0  # the recommended policy's time constants / 6: a 10 s throughput window
+IDLE_HOLD_S = 20.0  # scale_to_zero_idle_seconds
+LOAD_INTERVAL_S = 5  # load_adjustment_interval_seconds (the wake's bound: start-up + one load interval)
+NUM_WARM_REQUESTS = 3
+NUM_WAKE_REQUESTS = 4
+ZERO_TIMEOUT_S = 180.0
+
+
+def _config(run_dir: Path, worker_env: dict[str, str], prometheus_url: str) -> Path:
+    import yaml
+
+    from planner_core.data import DEFAULT_CONFIG
+
+    body = compressed_policy(DEFAULT_CONFIG, SPEEDUP)
+    body.update(
+        {
+            "environment": "local",
+            "mode": "agg",
+            "throughput_capacity_feedback": False,
+            "namespace": "dynamo",
+            "model_name": MODEL_NAME,
+            "ttft_ms": 2000,
+            "itl_ms": 100,
+            "profile_results_dir": str(PROFILE_DIR),
+            "min_endpoint": 0,
+            "scale_to_zero_idle_seconds": IDLE_HOLD_S,
+            "load_adjustment_interval_seconds": LOAD_INTERVAL_S,
+            "max_gpu_budget": 1,
+            "metric_pulling_prometheus_endpoint": prometheus_url,
+            "execution_interval_seconds": 5,
+            "report_interval_hours": None,
+            "local_workers": {
+                "env": worker_env,
+                "discovery_dir": str(run_dir / "kv"),
+                "drain_grace_seconds": 5,
+                "initial_decode": 1,
+            },
+        }
+    )
+    path = run_dir / "planner.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+async def _requests(url: str, num: int) -> list[dict]:
+    """`num` chat completions at once through the proxy: each one's status, latency and error type."""
+    import httpx
+
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "wake up"}], "max_tokens": 8}
+
+    async def one(client: httpx.AsyncClient) -> dict:
+        started = time.monotonic()
+        reply = await client.post(f"{url}/v1/chat/completions", json=body)
+        kind = None if reply.status_code == 200 else reply.json().get("error", {}).get("type")
+        return {"status": reply.status_code, "latency_s": round(time.monotonic() - started, 3), "error": kind}
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        return list(await asyncio.gather(*(one(client) for _ in range(num))))
+
+
+def _running_workers(database_url: str) -> int:
+    from sqlalchemy import text
+
+    from planner_core.runtime.store.db import session_factory
+
+    with session_factory(database_url).begin() as session:
+        return int(session.scalar(text("SELECT count(*) FROM local_workers WHERE ended_at IS NULL")) or 0)
+
+
+def _db_figures(database_url: str, since: dt.datetime) -> dict:
+    """The decisions since `since` and the engine started by the first of them."""
+    from sqlalchemy import text
+
+    from planner_core.runtime.store.db import session_factory
+
+    with session_factory(database_url).begin() as session:
+        decisions = session.execute(
+            text(
+                "SELECT d.id, d.created_at, d.target_decode, d.summary, t.loop, t.scheduled_at FROM decisions d "
+                "JOIN ticks t ON t.id = d.tick_id WHERE d.created_at >= :since ORDER BY d.id"
+            ),
+            {"since": since},
+        ).all()
+        ticks = session.execute(
+            text("SELECT loop, count(*) AS n FROM ticks WHERE scheduled_at >= :since GROUP BY loop"), {"since": since}
+        ).all()
+        worker = session.execute(
+            text("SELECT started_at, ready_at FROM local_workers WHERE started_at >= :since ORDER BY id LIMIT 1"),
+            {"since": since},
+        ).first()
+    return {
+        "ticks_since": {t.loop: t.n for t in ticks},
+        "decisions": [
+            {
+                "id": d.id,
+                "at_s": (d.created_at - since).total_seconds(),
+                "target_decode": d.target_decode,
+                "loop": d.loop,
+                "summary": d.summary,
+            }
+            for d in decisions
+        ],  # fmt: skip
+        "engine_started_s": None if worker is None else (worker.started_at - since).total_seconds(),
+        "engine_ready_s": None
+        if worker is None or worker.ready_at is None
+        else (worker.ready_at - since).total_seconds(),
+    }
+
+
+def run(root: Path) -> dict:
+    tools = find_tools()
+    spec = RunSpec(
+        name="wake", adaptive=True, fixed_size=1, duration_s=0, ttft_ms=2000, itl_ms=100, interval_s=None,
+        max_workers=1, trace=Path(), nice=0, profile_dir=PROFILE_DIR, cooldown_s=0, router="slo",
+    )  # fmt: skip
+    run_dir = _fresh_run_dir(spec, root)
+    base_env = _base_env(run_dir)
+    database_url = _migrated_database(run_dir)
+    ports = _Ports(frontend=free_port(), prometheus=free_port(), prefect=free_port(), proxy=free_port())
+    worker_env = {
+        "DYNAMO_PYTHON": tools["dynamo"],
+        "PLANNER_LOCAL_MODEL_DIR": tools["model"],
+        "PLANNER_LOCAL_MODEL_NAME": MODEL_NAME,
+        "PLANNER_LOCAL_PROFILE_DIR": str(PROFILE_DIR),
+        "PYTHONPATH": str(STUBS_DIR),
+    }
+    config = _config(run_dir, worker_env, f"http://127.0.0.1:{ports.prometheus}")
+    figures: dict = {"idle_hold_s": IDLE_HOLD_S, "load_interval_s": LOAD_INTERVAL_S}
+    with contextlib.ExitStack() as stack:
+        _start_metrics_and_frontend(stack, spec, tools, run_dir, ports, base_env)
+        url = f"http://127.0.0.1:{ports.proxy}"
+        proxy = stack.enter_context(
+            process(
+                [sys.executable, "-m", "planner_cli", "route-proxy", "--frontend", f"http://127.0.0.1:{ports.frontend}",
+                 "--discovery-dir", str(run_dir / "kv"), "--profile", str(PROFILE_DIR), "--ttft-ms", "2000",
+                 "--itl-ms", "100", "--port", str(ports.proxy), "--wake-deployment", DEPLOYMENT,
+                 "--wake-renotify-s", "5"],
+                run_dir / "logs" / "route-proxy.log",
+                base_env,
+            )
+        )  # fmt: skip
+        wait_for("the routing proxy", lambda: get(f"{url}/route/status"), 60, proxy)
+        stack.callback(_stop_workers, database_url, config)
+        components = _start_planner(stack, run_dir, config, ports, base_env)
+        wait_for("the first engine", lambda: MODEL_NAME.encode() in get(f"{url}/v1/models"), 300, components["serve"])
+        figures["warm"] = asyncio.run(_requests(url, NUM_WARM_REQUESTS))
+        idle_from = time.monotonic()
+        wait_for("the pool at zero", lambda: _running_workers(database_url) == 0, ZERO_TIMEOUT_S, components["serve"])
+        wait_for("the proxy to see no worker", lambda: not json.loads(get(f"{url}/route/status"))["workers"], 30)
+        figures["to_zero_s"] = round(time.monotonic() - idle_from, 1)
+        time.sleep(2 * LOAD_INTERVAL_S)  # at zero for a while: a wake is not the tail of the scale-down
+        since = dt.datetime.now(dt.UTC)
+        figures["wake"] = asyncio.run(_requests(url, NUM_WAKE_REQUESTS))
+        figures["proxy"] = json.loads(get(f"{url}/route/status"))
+        figures["components_exited"] = {n: p.returncode for n, p in components.items() if p.poll() is not None}
+    figures.update(_db_figures(database_url, since))
+    worst = max(r["latency_s"] for r in figures["wake"])
+    startup = None
+    if figures["engine_started_s"] is not None:
+        # the engine's start-up: from its process start to the first held request answered (registration, the
+        # frontend and the proxy's discovery included: an upper bound of the engine's own start)
+        first = min(r["latency_s"] for r in figures["wake"])
+        startup = round(first - figures["engine_started_s"], 3)
+    figures["engine_startup_s"] = startup
+    # what the wake adds to the engine's start-up: the NOTIFY, the wake tick and the execution that starts it
+    figures["wake_overhead_s"] = figures["engine_started_s"]
+    figures["wake_latency_max_s"] = worst
+    figures["bound_s"] = None if startup is None else round(startup + LOAD_INTERVAL_S, 3)
+    figures["within_bound"] = startup is not None and worst <= startup + LOAD_INTERVAL_S
+    figures["lost_or_errored"] = sum(1 for r in figures["wake"] if r["status"] != 200)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="write the figures (JSON) here too")
+    args = parser.parse_args(argv)
+    figures = run(REPO / ".planner" / "live")
+    figures["date"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    text = json.dumps(figures, indent=2, default=str)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    return 0 if figures["within_bound"] and figures["lost_or_errored"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

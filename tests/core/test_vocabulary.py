@@ -17,6 +17,10 @@ STORED_REASON_CODES = frozenset(
         "signal_recovered",
         "stale_signal_no_shrink",
         "worker_counts_unavailable",
+        "scaled_to_zero",
+        "woken",
+        "idle_hold",
+        "at_zero",
         "accept_length_clamped",
         "advisory",
         "apply",
@@ -160,6 +164,7 @@ STORED_STEP_NAMES = frozenset(
         "ownership",
         "signal",
         "signal_guard",
+        "scale_to_zero",
         "kv_hit_rate",
         "length_sizing",
         "load",
@@ -215,6 +220,7 @@ def test_every_reason_code_has_a_family_and_families_are_contiguous_in_the_sourc
         (ReasonCode.SCALE_DOWN_HELD, ReasonFamily.SIZING),
         (ReasonCode.NEXT_REQUEST_UNKNOWN, ReasonFamily.NEXT_REQUEST),
         (ReasonCode.STALE_SIGNAL_NO_SHRINK, ReasonFamily.ACTUATION),
+        (ReasonCode.WOKEN, ReasonFamily.SCALE_TO_ZERO),
     ],
 )
 def test_family_of_a_member(code: ReasonCode, family: ReasonFamily) -> None:

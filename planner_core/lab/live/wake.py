@@ -228,7 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the figures (JSON) here too")
     args = parser.parse_args(argv)
     figures = run(REPO / ".planner" / "live")
+    from planner_core.runtime.replay import code_version
+
     figures["date"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    figures["commit"] = code_version()
+    figures["command"] = "python -m planner_core.lab.live.wake" + "".join(f" {a}" for a in sys.argv[1:])
     text = json.dumps(figures, indent=2, default=str)
     print(text)
     if args.out is not None:

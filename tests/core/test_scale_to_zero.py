@@ -9,12 +9,14 @@ import pytest
 from planner_core.config import ConfigError, PlannerConfig
 from planner_core.domain import (
     Component,
+    DecisionStage,
     Loop,
     PlannerState,
     ReasonCode,
     TickInputs,
     TickOutcome,
     UnplacedRequests,
+    summarize_decision,
 )
 from planner_core.tick import tick
 from tests.core.test_tick import FAKE, decide_step, make_config, steps_named, traffic, workers
@@ -72,6 +74,8 @@ def test_idle_pool_is_held_for_the_hold_then_goes_to_zero() -> None:
     gone = throughput(config, state, T0 + HOLD_S, num_req=0, decode=1)
     assert zero_step(gone).reason is ReasonCode.SCALED_TO_ZERO
     assert gone.decision.num_decode == 0
+    # the sizing's zero decides now that the hold lets it through
+    assert summarize_decision(gone).text == "prefill 1->0: forecast needs 0 | decode 1->0: forecast needs 0"
     # at zero with no demand: held there (a forecast's residue does not wake it)
     stays = throughput(config, gone.next_state, T0 + HOLD_S + 60, num_req=0, decode=0)
     assert zero_step(stays).reason is ReasonCode.AT_ZERO
@@ -90,6 +94,8 @@ def test_a_held_request_wakes_a_pool_at_zero_on_a_load_tick(load_loop: bool) -> 
     assert woken.decision.num_decode == 1
     assert woken.reason is ReasonCode.SCALE
     assert woken.next_state.last_demand_s == T0 + 1001
+    summary = summarize_decision(woken)
+    assert (summary.stage, summary.text) == (DecisionStage.SCALE_TO_ZERO, "decode 0->1: woken by demand 1")
     # the next throughput tick (an empty window: the held requests never reached the frontend) keeps it up
     after = throughput(config, woken.next_state, T0 + 1060, num_req=0, decode=1)
     assert zero_step(after).reason is ReasonCode.IDLE_HOLD

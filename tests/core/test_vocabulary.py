@@ -256,6 +256,7 @@ STORED_DECISION_STAGES = frozenset(
         "ownership",
         "plugin",
         "rate_limit",
+        "scale_to_zero",
         "tail_latency",
         "throughput_floor",
         "unplaced",

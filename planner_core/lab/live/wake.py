@@ -282,7 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="write the figures (JSON) here too")
     args = parser.parse_args(argv)
-    figures = run(REPO / ".planner" / "live")
+    from planner_core.runtime.store.db import stop_embedded_database
+
+    root = REPO / ".planner" / "live"
+    try:
+        figures = run(root)
+    finally:
+        stop_embedded_database(root / "wake" / "data" / "pg")  # the run's database outlived it otherwise
     from planner_core.runtime.replay import code_version
 
     figures["date"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

@@ -8,7 +8,9 @@ deployment runs every `report_interval_hours` (without a schedule, on demand onl
 `replay-ticks` has no schedule: it runs when started from the UI (or `prefect deployment run`) with a range.
 `execute-decisions` has no schedule either: the serving process LISTENs for the NOTIFY a tick sends when it records
 a pending decision and runs the flow in-process right away, with a slow fallback poll
-(`execution_fallback_poll_seconds`) for a notification it missed. With
+(`execution_fallback_poll_seconds`) for a notification it missed. With `scale_to_zero_idle_seconds`, it also LISTENs
+for the edge's wake (`planner_core.runtime.wake`) and runs a load tick at once when a request is held for a pool at
+zero. With
 `metric_reporting_prometheus_port` set, the serving process also exports the planner's Prometheus metrics.
 """
 
@@ -36,6 +38,7 @@ from planner_core.runtime.store.db import get_engine, resolve_database_url, reso
 from planner_core.runtime.store.migrate import upgrade
 from planner_core.runtime.store.models import DecisionStatus
 from planner_core.runtime.store.partitions import ensure_partitions_ahead
+from planner_core.runtime.wake import WakeListener
 
 NO_OVERLAP = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 
@@ -117,6 +120,19 @@ def execution_listener(database_url: str, deployment: str, config_path: str, loa
     return ExecutionListener(database_url, deployment, execute, settings)
 
 
+def wake_listener(database_url: str, deployment: str, config_path: str, quiet_s: float) -> WakeListener:
+    """The serving process's wake (with `scale_to_zero_idle_seconds`): a `load-tick` flow run in this process (tagged
+    `trigger:wake`) with the requests the edge holds as its input, as soon as the edge's NOTIFY arrives, instead of
+    at the next scheduled tick; see `planner_core.runtime.wake`. Its decision reaches the execution listener by the
+    tick's own NOTIFY, like any other. For `quiet_s` (the idle hold) after a wake tick, notifications run none."""
+
+    def on_wake(held: int) -> None:
+        with tags("planner", f"deployment:{deployment}", "trigger:wake"):
+            load_tick(deployment=deployment, config_path=config_path, held_requests=held)
+
+    return WakeListener(database_url, deployment, on_wake, quiet_s=quiet_s)
+
+
 class _GracefulRunner(Runner):
     """Prefect's runner, stopped by SIGTERM as cleanly as by Ctrl-C.
 
@@ -157,10 +173,16 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
         runner.add_deployment(runner_deployment)
     listener = execution_listener(database_url, name, path, loaded)
     listener.start()
+    waker = None
+    if loaded.policy.scale_to_zero_idle_seconds is not None:
+        waker = wake_listener(database_url, name, path, float(loaded.policy.scale_to_zero_idle_seconds))
+        waker.start()
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(runner.start())
     finally:
         listener.close()  # at most a second's wait, plus the execution run in flight
+        if waker is not None:
+            waker.close()
     # send the runner's last log lines while the Prefect server is still up (it stops when the command returns)
     APILogWorker.drain_all(timeout=5)

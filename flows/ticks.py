@@ -24,7 +24,15 @@ from prefect.runtime import flow_run, task_run
 
 from planner_core.config import PlannerConfig, ServiceConfig
 from planner_core.data import DEFAULT_CONFIG as SHIPPED_DEFAULT_CONFIG
-from planner_core.domain import DecisionStage, Loop, TickOutcome, TrafficObservation, summarize_decision
+from planner_core.domain import (
+    Component,
+    DecisionStage,
+    Loop,
+    TickOutcome,
+    TrafficObservation,
+    UnplacedRequests,
+    summarize_decision,
+)
 from planner_core.planner import Planner
 from planner_core.runtime.fleet import ContextCache
 from planner_core.runtime.redact import redact_text
@@ -100,8 +108,10 @@ def decide_and_record(
     traffic_problem: str | None = None,
     curve_problem: str | None = None,
     partial_problem: str | None = None,
+    held_requests: int = 0,
 ) -> dict:
-    """Run the pure tick on the inputs and record everything in one transaction (skipped if already recorded)."""
+    """Run the pure tick on the inputs and record everything in one transaction (skipped if already recorded).
+    `held_requests`: requests held at the edge for a pool at zero (a wake tick's input, `TickInputs.unplaced`)."""
     result = run_tick(
         ctx,
         loop,
@@ -112,6 +122,7 @@ def decide_and_record(
         traffic_problem=traffic_problem,
         curve_problem=curve_problem,
         partial_problem=partial_problem,
+        unplaced=(UnplacedRequests(component=Component.DECODE, num_waiting=held_requests),) if held_requests else (),
     )
     if result.outcome is None:
         return {"tick_id": None, "skipped": "already recorded"}
@@ -230,16 +241,19 @@ def throughput_tick(deployment: str = "default", config_path: str | None = None)
 
 
 @flow(name="load-tick", log_prints=False)
-def load_tick(deployment: str = "default", config_path: str | None = None) -> dict:
+def load_tick(deployment: str = "default", config_path: str | None = None, held_requests: int = 0) -> dict:
     """Reactive loop: correct the pools from per-engine load (the newest ingested forward-pass metrics) and, with
-    `load_tail_latency_scaling`, the frontend's TTFT tail and queue time over the load interval."""
+    `load_tail_latency_scaling`, the frontend's TTFT tail and queue time over the load interval. `held_requests`:
+    the wake tick's (`planner serve` runs one when the edge holds requests for a pool at zero,
+    `planner_core.runtime.wake`); the scheduled ticks have none."""
     ctx = _context(deployment, config_path)
     scheduled_at = _scheduled_at()
     if not ctx.config.load_tail_latency_scaling:
-        return decide_and_record(ctx, Loop.LOAD, scheduled_at, None)
+        return decide_and_record(ctx, Loop.LOAD, scheduled_at, None, held_requests=held_requests)
     window_start = scheduled_at - dt.timedelta(seconds=ctx.config.load_adjustment_interval_seconds)
     collected = collect_traffic(ctx.config, ctx.service, window_start, scheduled_at, ctx.planner)
-    return decide_and_record(ctx, Loop.LOAD, scheduled_at, None if collected is None else collected.observation)
+    observation = None if collected is None else collected.observation
+    return decide_and_record(ctx, Loop.LOAD, scheduled_at, observation, held_requests=held_requests)
 
 
 _EXECUTION_CONTEXTS: dict[str, ContextCache] = {}

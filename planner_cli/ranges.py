@@ -139,6 +139,9 @@ OPTION_RANGES: dict[str, Range] = {
     "--ttft-dispatch-threshold": _RATIO,
     "--ttft-ms": _positive(MAX_LATENCY_MS),
     "--ttft-threshold": _RATIO,
+    "--wake-max-held": _from(1, 100_000),  # requests a routing proxy holds for a pool at zero
+    "--wake-renotify-s": _SECONDS,
+    "--wake-timeout-s": _SECONDS,
     "--weight": _positive(1e6),
     "--window-s": _SECONDS,
     "--windows": _from(1, MAX_COUNT),

@@ -37,6 +37,7 @@ def cmd_route_proxy(args: argparse.Namespace) -> int:
         print(f"planner route-proxy: --profile {args.profile}: {exc}", file=sys.stderr)
         return 2
     ttft, tpot = tables_from_dynamo_profile(profile, metadata={"source": str(args.profile)})
+    wake = _wake_settings(args) if args.wake_deployment else None
     settings = ProxySettings(
         frontend_url=args.frontend.rstrip("/"),
         discovery_dir=args.discovery_dir,
@@ -50,6 +51,7 @@ def cmd_route_proxy(args: argparse.Namespace) -> int:
         chunk_tokens=args.chunk_tokens or None,
         policy=NoEndpointPolicy(args.no_endpoint),
         chars_per_token=args.chars_per_token,
+        wake=wake,
     )
     app = build_app(RouteProxy(settings, LatencyPredictor(ttft=ttft, tpot=tpot)))
     from planner_core.runtime.localhost import check_port_free
@@ -67,6 +69,22 @@ def cmd_route_proxy(args: argparse.Namespace) -> int:
     _server_class()(config).run()
     print("planner route-proxy: stopped", file=sys.stderr)
     return 0
+
+
+def _wake_settings(args: argparse.Namespace):
+    """The hold-and-wake settings of `--wake-deployment` (the planner's database from the usual settings:
+    `PLANNER_DATABASE_URL`, else the embedded one); the numbers' ranges are checked by argparse (ranges.py)."""
+    from planner_core.runtime.route_proxy import WakeSettings
+    from planner_core.runtime.settings import RuntimeSettings
+    from planner_core.runtime.store.db import resolve_database_url
+
+    return WakeSettings(
+        deployment=args.wake_deployment,
+        database_url=resolve_database_url(RuntimeSettings()),
+        max_held=args.wake_max_held,
+        timeout_s=args.wake_timeout_s,
+        renotify_s=args.wake_renotify_s,
+    )
 
 
 SHUTDOWN_GRACE_S = 30.0
@@ -117,6 +135,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--chars-per-token", type=float, default=4.0, help="prompt characters per token (the estimate)")
     p.add_argument("--namespace", default="dynamo", help="Dynamo namespace of the workers")
+    p.add_argument(
+        "--wake-deployment",
+        default=None,
+        help="hold requests while no worker is registered and wake this planner deployment (NOTIFY planner_wake; "
+        "its policy sets scale_to_zero_idle_seconds); default: answer 503 at once",
+    )
+    p.add_argument("--wake-max-held", type=int, default=256, help="most requests held at once (then 503)")
+    p.add_argument("--wake-timeout-s", type=float, default=300.0, help="longest hold (s), then 504")
+    p.add_argument("--wake-renotify-s", type=float, default=5.0, help="NOTIFY again this often while holding (s)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8800, help="port to listen on")
     p.set_defaults(func=cmd_route_proxy)

@@ -33,7 +33,7 @@ from planner_core.domain import (
     TickOutcome,
 )
 from planner_core.perf.protocol import ThroughputPerfModel
-from planner_core.pipeline.builtin import builtin_plugins, headline_of
+from planner_core.pipeline.builtin import ScaleToZeroPlugin, builtin_plugins, headline_of
 from planner_core.pipeline.loader import configured
 from planner_core.pipeline.run import run_pipeline
 from planner_core.pipeline.types import Plugin
@@ -72,7 +72,11 @@ def tick(
     else:
         state = dataclasses.replace(state, num_load_ticks=state.num_load_ticks + 1)
         active = config.load_scaling_active
-    if not active:
+    scale_to_zero = config.scale_to_zero_idle_seconds is not None
+    # With the load loop off, a load tick still bounds the zero-minimum pools: it is how a request held at the edge
+    # wakes a pool at zero without waiting for the next throughput tick (`planner_core.policy.scale_to_zero`).
+    wake_only = not active and scale_to_zero and inputs.loop is Loop.LOAD
+    if not active and not wake_only:
         step = StepRecord(step=StepName(inputs.loop.value), reason=ReasonCode.DISABLED)
         return TickOutcome(decision=ScalingDecision(), next_state=state, steps=(step,), reason=ReasonCode.DISABLED)
 
@@ -81,7 +85,10 @@ def tick(
         # it (an unusable observation is not: the forecast holds on it with `no_traffic_data`)
         inputs = dataclasses.replace(inputs, traffic=with_prompt_curve(config, perf, inputs.traffic))
     # The config's `plugins.overrides` apply to builtin plugins as to user ones (validated at load time).
-    builtins = tuple(configured(plugin, config) for plugin in builtin_plugins(inputs.loop, perf))
+    of_loop = builtin_plugins(inputs.loop, perf, scale_to_zero=scale_to_zero)
+    if wake_only:
+        of_loop = tuple(plugin for plugin in of_loop if isinstance(plugin, ScaleToZeroPlugin))
+    builtins = tuple(configured(plugin, config) for plugin in of_loop)
     # the signals this loop's builtin plugins read: a missing one keeps every pool from shrinking (policy.signals)
     health = observe_signals(config, inputs, state.signals)
     outcome = run_pipeline((*builtins, *plugins), inputs, state, config, clock=clock, health=health)

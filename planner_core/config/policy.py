@@ -208,6 +208,15 @@ class PlannerConfig(BaseModel):
     min_endpoint: Whole = Field(
         **_REPLICAS, default=1, ge=0, description="Fewest replicas per pool; 0 allows scale-to-zero."
     )  # 0 allows scale-to-zero
+    # Scale to zero (ours; None = off): a pool whose minimum is 0 goes to zero only once no demand was seen for this
+    # long, and a request held at the edge wakes it (planner_core.policy.scale_to_zero).
+    scale_to_zero_idle_seconds: Number | None = Field(
+        **_INTERVAL,
+        default=None,
+        gt=0,
+        description="Seconds without demand before a pool with minimum 0 goes to zero; a held request wakes it. "
+        "None = off.",
+    )
     prefill_min_endpoint: Whole | None = Field(
         **_REPLICAS, default=None, ge=1, description="Fewest prefill replicas; None = min_endpoint."
     )

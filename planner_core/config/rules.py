@@ -228,6 +228,22 @@ def feedback_rules(config: PlannerConfig) -> list[Violation]:
     return []
 
 
+def scale_to_zero_rules(config: PlannerConfig) -> list[Violation]:
+    """The idle hold of scale to zero only acts on a managed pool whose minimum endpoints is 0."""
+    hold_s = config.scale_to_zero_idle_seconds
+    if hold_s is None:
+        return []
+    floors = {
+        Component.PREFILL: config.prefill_min_endpoint_effective,
+        Component.DECODE: config.decode_min_endpoint_effective,
+    }
+    if any(floors[c] == 0 for c in managed_components(config.mode)):
+        return []
+    return [
+        _rule("scale_to_zero_idle_seconds", hold_s, "needs a managed pool with minimum endpoints 0 (min_endpoint: 0)")
+    ]
+
+
 CROSS_FIELD_RULES: tuple[Callable[[PlannerConfig], list[Violation]], ...] = (
     mode_floor_rules,
     gpu_budget_rules,
@@ -236,6 +252,7 @@ CROSS_FIELD_RULES: tuple[Callable[[PlannerConfig], list[Violation]], ...] = (
     load_loop_rules,
     loop_cadence_rules,
     feedback_rules,
+    scale_to_zero_rules,
 )
 """The rule groups in the order their violations are reported."""
 

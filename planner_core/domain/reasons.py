@@ -22,6 +22,7 @@ class ReasonFamily(enum.StrEnum):
     SIZING = "sizing"  # the throughput loop's headroom, burst sizing and scale-down hold (ours)
     NEXT_REQUEST = "next_request"  # where the SLA load loop's "next request" comes from
     ACTUATION = "actuation"  # safe actuation (ours): who owns a pool's count, signal health
+    SCALE_TO_ZERO = "scale_to_zero"  # scale to zero after an idle hold, and wake on demand (ours)
 
 
 class ReasonCode(enum.StrEnum):
@@ -177,6 +178,11 @@ class ReasonCode(enum.StrEnum):
     SIGNAL_RECOVERED = "signal_recovered"  # a signal missed by the previous ticks is back
     STALE_SIGNAL_NO_SHRINK = "stale_signal_no_shrink"  # a signal is missing: the pool is kept from shrinking
     WORKER_COUNTS_UNAVAILABLE = "worker_counts_unavailable"  # the counts could not be read: no pool is changed
+    # family: SCALE_TO_ZERO (ours: planner_core.policy.scale_to_zero, pools whose minimum endpoints is 0)
+    SCALED_TO_ZERO = "scaled_to_zero"  # idle for scale_to_zero_idle_seconds: the pool goes to zero
+    WOKEN = "woken"  # a pool at zero saw demand (a request held at the edge, arrived, or queued): at least one
+    IDLE_HOLD = "idle_hold"  # demand within the idle hold: the pool keeps at least one replica
+    AT_ZERO = "at_zero"  # at zero without demand: kept there until a request wakes it
 
 
 # The first member of each family, in source order: a member belongs to the family of the last start before it.
@@ -191,6 +197,7 @@ _FAMILY_STARTS: dict[ReasonCode, ReasonFamily] = {
     ReasonCode.HEADROOM_APPLIED: ReasonFamily.SIZING,
     ReasonCode.NEXT_REQUEST_ENGINE_AVERAGE: ReasonFamily.NEXT_REQUEST,
     ReasonCode.OUTSIDE_CHANGE_ADOPTED: ReasonFamily.ACTUATION,
+    ReasonCode.SCALED_TO_ZERO: ReasonFamily.SCALE_TO_ZERO,
 }
 
 
@@ -265,6 +272,7 @@ class StepName(enum.StrEnum):
     OWNERSHIP = "ownership"  # a pool's count changed outside the planner, and the rule applied (ours)
     SIGNAL = "signal"  # a source signal missed or back (ours)
     SIGNAL_GUARD = "signal_guard"  # the final guard: no pool shrinks on a missing signal (ours)
+    SCALE_TO_ZERO = "scale_to_zero"  # a zero-minimum pool's bound: idle hold, scale to zero, wake (ours)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -199,3 +199,6 @@ class PlannerState:
     # Ours: the SLA error budget read from the latency the pools served, and the margins' posture it sets
     # (`planner_core.policy.error_budget`).
     error_budget: ErrorBudgetState = field(default_factory=ErrorBudgetState)
+    # Ours: when a tick last saw demand (epoch s; None before the first tick), for the idle hold of scale to zero
+    # (`planner_core.policy.scale_to_zero`).
+    last_demand_s: float | None = None

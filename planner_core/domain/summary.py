@@ -47,6 +47,7 @@ class DecisionStage(enum.StrEnum):
     THROUGHPUT_FLOOR = "throughput_floor"  # the load loop raised to (or held at) the throughput loop's floor
     OTHER = "other"  # no step recorded a count change (an older or foreign explanation)
     OWNERSHIP = "ownership"  # a count changed outside the planner was restored to the planner's (outside_change_rule)
+    SCALE_TO_ZERO = "scale_to_zero"  # a zero-minimum pool woken by demand, held through its idle hold, or idle: 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,10 +104,18 @@ _STAGE_OF_REASON = {
     ReasonCode.RAISED_TO_THROUGHPUT_FLOOR: DecisionStage.THROUGHPUT_FLOOR,
     ReasonCode.SCALE_DOWN_CAPPED_BY_THROUGHPUT: DecisionStage.THROUGHPUT_FLOOR,
     ReasonCode.OUTSIDE_CHANGE_RESTORED: DecisionStage.OWNERSHIP,
+    ReasonCode.WOKEN: DecisionStage.SCALE_TO_ZERO,
+    ReasonCode.IDLE_HOLD: DecisionStage.SCALE_TO_ZERO,
+    ReasonCode.SCALED_TO_ZERO: DecisionStage.SCALE_TO_ZERO,
 }
+# The scale-to-zero bounds (a CONSTRAIN plugin's): the count they set shows in the merge step after them, which is
+# theirs rather than an anonymous plugin's.
+_ZERO_BOUNDS = frozenset({ReasonCode.WOKEN, ReasonCode.IDLE_HOLD, ReasonCode.SCALED_TO_ZERO})
 # Steps that move a pool's count without recording the count (their value is engines of headroom, or requests):
 # a count step after them that only passes its input on shows their effect.
-_UNCOUNTED = frozenset({ReasonCode.HORIZON_HEADROOM, ReasonCode.HORIZON_SHORT_HISTORY, ReasonCode.UNPLACED_REQUESTS})
+_UNCOUNTED = frozenset(
+    {ReasonCode.HORIZON_HEADROOM, ReasonCode.HORIZON_SHORT_HISTORY, ReasonCode.UNPLACED_REQUESTS, *_ZERO_BOUNDS}
+)
 # Pool-less steps that set targets of both pools: a final target that differs from the count followed is theirs.
 _POOL_LESS = frozenset({StepName.GPU_BUDGET, StepName.FLEET_CEILING})
 
@@ -154,6 +163,9 @@ def _phrase(stage: DecisionStage, step: StepRecord, count: int) -> str:
             return f"throughput floor {count}"
         case DecisionStage.OWNERSHIP:
             return f"changed outside the planner: its {count} restored"
+        case DecisionStage.SCALE_TO_ZERO:
+            why = {ReasonCode.WOKEN: "woken by demand", ReasonCode.SCALED_TO_ZERO: "idle for the hold"}
+            return f"{why.get(step.reason, 'idle hold keeps')} {count}"
     return f"{step.step} {count}"
 
 
@@ -203,7 +215,8 @@ def _changes(
         # the forecast's need is the baseline the later stages are read against: shown even when it is the count
         if value != count or (step.reason is ReasonCode.DEMAND_SIZED and not changes):
             stage, source = _stage_of_count_step(step), step
-            if (stage is None or step.reason is ReasonCode.WITHIN_RANGE) and uncounted is not None:
+            bounded = uncounted is not None and uncounted.reason in _ZERO_BOUNDS
+            if (stage is None or step.reason is ReasonCode.WITHIN_RANGE or bounded) and uncounted is not None:
                 stage, source = _STAGE_OF_REASON[uncounted.reason], uncounted
             if stage is not None:
                 changes.append(_Change(stage, _phrase(stage, source, value)))

@@ -47,6 +47,7 @@ from planner_core.pipeline.types import Phase, PipelineContext, PluginResult, Pl
 from planner_core.policy.bounds import guard_config_budget, min_endpoints
 from planner_core.policy.fleet import combine_headlines
 from planner_core.policy.load import LoadRuntime, LoadSlaTargets, SlaLoadInputs, calculate_load_replicas
+from planner_core.policy.scale_to_zero import scale_to_zero_bounds
 from planner_core.policy.sizing import ROLE_OF_POOL, SizingRequest, forward_model_for, size_pools
 from planner_core.policy.thresholds import (
     Threshold2025Settings,
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LoadPredictPlugin",
     "LoadProposePlugin",
+    "ScaleToZeroPlugin",
     "ThroughputProposePlugin",
     "builtin_plugins",
     "forward_model_for",  # re-exported: the load loop's bootstrap chain lives with the sizing's
@@ -75,6 +77,7 @@ __all__ = [
 PREDICT_ID = "builtin_load_predict"
 THROUGHPUT_ID = "builtin_throughput_propose"
 LOAD_ID = "builtin_load_propose"
+SCALE_TO_ZERO_ID = "builtin_scale_to_zero"
 DECIDE_STEP = StepName.DECIDE
 
 
@@ -353,14 +356,32 @@ class LoadProposePlugin:
         return value, (readiness_step(online_state, component), model_step, runtime_step, *pool_steps)
 
 
+# --- scale to zero ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleToZeroPlugin:
+    """CONSTRAIN (both loops, with `scale_to_zero_idle_seconds`): each zero-minimum pool kept at one replica or more
+    through the idle hold and woken by demand, or held at zero (`planner_core.policy.scale_to_zero`)."""
+
+    spec: PluginSpec = PluginSpec(
+        plugin_id=SCALE_TO_ZERO_ID, phase=Phase.CONSTRAIN, priority=0, wall_clock_limits=False
+    )
+
+    def run(self, context: PipelineContext) -> PluginResult:
+        bounds = scale_to_zero_bounds(context.config, context.inputs, context.state)
+        return PluginResult(overrides=bounds.overrides, steps=bounds.steps, state=bounds.state)
+
+
 def builtin_plugins(
-    loop: Loop, perf: ThroughputPerfModel | None
-) -> tuple[LoadPredictPlugin | ThroughputProposePlugin | LoadProposePlugin, ...]:
-    """The builtin plugins of one loop's tick."""
+    loop: Loop, perf: ThroughputPerfModel | None, *, scale_to_zero: bool = False
+) -> tuple[LoadPredictPlugin | ThroughputProposePlugin | LoadProposePlugin | ScaleToZeroPlugin, ...]:
+    """The builtin plugins of one loop's tick; with `scale_to_zero`, the zero-minimum pools' bounds too."""
+    zero = (ScaleToZeroPlugin(),) if scale_to_zero else ()
     if loop is Loop.THROUGHPUT:
-        return (LoadPredictPlugin(), ThroughputProposePlugin(perf))
+        return (LoadPredictPlugin(), ThroughputProposePlugin(perf), *zero)
     bootstrap = perf.forward_pass_model() if perf is not None else None
-    return (LoadProposePlugin(bootstrap),)
+    return (LoadProposePlugin(bootstrap), *zero)
 
 
 def headline_of(steps: tuple[StepRecord, ...]) -> ReasonCode | None:

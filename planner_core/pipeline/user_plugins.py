@@ -34,7 +34,7 @@ def load_plugins(
     remote = recorded_remote_plugins(config)
     if not loaded and not remote and not config.plugins.overrides:
         return (), errors
-    builtins = (*builtin_plugins(Loop.THROUGHPUT, perf), *builtin_plugins(Loop.LOAD, perf))
+    builtins = (*builtin_plugins(Loop.THROUGHPUT, perf, scale_to_zero=True), *builtin_plugins(Loop.LOAD, perf))
     builtin_ids = {plugin.spec.plugin_id for plugin in builtins}
     resolved = resolve_plugins((*builtins, *loaded, *remote), config, source=source)
     return tuple(plugin for plugin in resolved if plugin.spec.plugin_id not in builtin_ids), errors

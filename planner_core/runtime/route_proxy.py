@@ -13,7 +13,11 @@ counts are at `/metrics` (Prometheus text) and `/route/status` (JSON).
   `discovery_interval_s`; a worker gone is dropped.
 - No worker predicted to meet the SLO: `queue` holds the request at the proxy, re-asking at every change of load,
   until its wait reaches the TTFT target, then places it on the lowest predicted TTFT over every worker (`overdue`);
-  `reject` answers 503 at once. With no worker registered at all, both answer 503.
+  `reject` answers 503 at once. With no worker registered at all, both answer 503, unless the proxy wakes a pool at
+  zero (`wake`, `planner route-proxy --wake-deployment`): then the request is held (at most `max_held` at once,
+  503 `held_overflow` past that) until a worker registers and the frontend lists a model, for at most `timeout_s`
+  (504 `wake_timeout`), while the proxy sends `NOTIFY planner_wake` (`planner_core.runtime.wake`) at the first hold
+  and every `renotify_s` while it holds any; the planner's wake tick scales the pool up.
 - Prompt tokens: characters / `chars_per_token` (the proxy does not load the model's tokenizer); the figure is an
   estimate, documented in docs/routing.md.
 """
@@ -88,6 +92,17 @@ def prompt_chars(path: str, body: dict[str, Any]) -> int:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WakeSettings:
+    """Holding requests for a pool at zero and waking the planner (`planner_core.runtime.wake`)."""
+
+    deployment: str  # the planner's deployment the NOTIFY names
+    database_url: str  # the planner's database (the NOTIFY's channel)
+    max_held: int = 256  # requests held at once; more are answered 503 `held_overflow`
+    timeout_s: float = 300.0  # the longest hold; then 504 `wake_timeout`
+    renotify_s: float = 5.0  # NOTIFY again this often while requests are held (a notification is not stored)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProxySettings:
     frontend_url: str
     discovery_dir: Path
@@ -98,6 +113,7 @@ class ProxySettings:
     chars_per_token: float
     discovery_interval_s: float = 1.0
     request_timeout_s: float = 300.0
+    wake: WakeSettings | None = None  # None: no worker registered answers 503 at once
 
 
 class RouteProxy:
@@ -108,7 +124,14 @@ class RouteProxy:
         self.predictor = predictor
         self.state = DispatchState()
         self.placed: Counter[str] = Counter()
-        self.counts: Counter[str] = Counter()  # queued, rejected, overdue, no_worker, upstream_errors
+        # queued, rejected, overdue, no_worker, upstream_errors; with wake: held, held_overflow, wake_timeout,
+        # wakes_sent, wake_errors
+        self.counts: Counter[str] = Counter()
+        self.num_held = 0  # requests held now for a pool at zero
+        self.wake_waits_s: list[float] = []  # each woken request's hold (s), newest last (the last 1000)
+        self._last_wake_sent: float | None = None  # loop time of the last NOTIFY
+        self._wake_sending = False
+        self._wake_task: asyncio.Task | None = None
         self._ids = itertools.count()
         self._changed = asyncio.Event()
         self._client: httpx.AsyncClient | None = None
@@ -125,6 +148,9 @@ class RouteProxy:
     async def _watch(self) -> None:
         while True:
             self.refresh_workers()
+            if self.num_held and self._wake_due():
+                # kept referenced until done (a bare task may be collected); its errors are counted, never raised
+                self._wake_task = asyncio.create_task(self._send_wake())
             await asyncio.sleep(self.settings.discovery_interval_s)
 
     async def start(self) -> None:
@@ -160,7 +186,12 @@ class RouteProxy:
             if choice.placed:
                 return choice.worker_id, "queued" if waited else "selected"
             if not self.state.workers:
-                return None, "no_worker"
+                if s.wake is None:
+                    return None, "no_worker"
+                outcome = await self._hold_for_worker(s.wake)
+                if outcome != "woken":
+                    return None, outcome
+                continue
             if s.policy is NoEndpointPolicy.REJECT:
                 return None, "rejected"
             if not waited:
@@ -178,6 +209,75 @@ class RouteProxy:
             except TimeoutError:
                 pass
 
+    # ---------------------------------------------------------------------------------------------------- wake
+
+    def _wake_due(self) -> bool:
+        wake = self.settings.wake
+        if wake is None or self._wake_sending:
+            return False
+        now = asyncio.get_running_loop().time()
+        return self._last_wake_sent is None or now - self._last_wake_sent >= wake.renotify_s
+
+    async def _send_wake(self) -> None:
+        """NOTIFY the planner of the requests held now (off the event loop); a failure is counted and the next
+        renotification tries again."""
+        from planner_core.runtime.wake import send_wake
+
+        wake = self.settings.wake
+        assert wake is not None
+        self._wake_sending = True
+        self._last_wake_sent = asyncio.get_running_loop().time()
+        try:
+            await asyncio.to_thread(send_wake, wake.database_url, wake.deployment, self.num_held)
+            self.counts["wakes_sent"] += 1
+        except Exception:  # the database is unreachable: the hold goes on, the next renotification retries
+            self.counts["wake_errors"] += 1
+        finally:
+            self._wake_sending = False
+
+    async def _hold_for_worker(self, wake: WakeSettings) -> str:
+        """Hold a request while no worker is registered: `woken` once one is and the frontend lists a model,
+        `held_overflow` when `max_held` are held already, `wake_timeout` after `timeout_s`."""
+        if self.num_held >= wake.max_held:
+            self.counts["held_overflow"] += 1
+            return "held_overflow"
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + wake.timeout_s
+        self.num_held += 1
+        self.counts["held"] += 1
+        try:
+            if self.num_held == 1 or self._wake_due():
+                await self._send_wake()
+            while not self.state.workers:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    self.counts["wake_timeout"] += 1
+                    return "wake_timeout"
+                changed = self._changed
+                try:
+                    await asyncio.wait_for(changed.wait(), timeout=remaining)
+                except TimeoutError:
+                    pass
+            # the frontend watches the same discovery store: forward only once it serves a model too
+            while not await self._frontend_lists_a_model():
+                if loop.time() >= deadline:
+                    self.counts["wake_timeout"] += 1
+                    return "wake_timeout"
+                await asyncio.sleep(0.2)
+            self.wake_waits_s = [*self.wake_waits_s[-999:], loop.time() - started]
+            return "woken"
+        finally:
+            self.num_held -= 1
+
+    async def _frontend_lists_a_model(self) -> bool:
+        assert self._client is not None
+        try:
+            reply = await self._client.get("/v1/models", timeout=5.0)
+            return reply.status_code == 200 and bool(reply.json().get("data"))
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+
     # ---------------------------------------------------------------------------------------------------- HTTP
 
     async def handle_routed(self, path: str, raw: bytes, headers: dict[str, str]):
@@ -192,9 +292,10 @@ class RouteProxy:
         prompt_tokens = estimate_prompt_tokens(prompt_chars(path, body), self.settings.chars_per_token)
         worker_id, how = await self.place(prompt_tokens)
         if worker_id is None:
-            self.counts[how] += 1
-            message = "no worker registered" if how == "no_worker" else "no worker predicted to meet the SLO"
-            return JSONResponse({"error": {"message": message, "type": how}}, status_code=503)
+            if how in ("no_worker", "rejected"):
+                self.counts[how] += 1  # the hold counts its own refusals
+            message, status = _REFUSALS[how]
+            return JSONResponse({"error": {"message": message, "type": how}}, status_code=status)
         if how == "overdue":
             self.counts["overdue"] += 1
         self.placed[worker_id] += 1
@@ -265,6 +366,18 @@ class RouteProxy:
             "rejected": self.counts["rejected"],
             "no_worker": self.counts["no_worker"],
             "upstream_errors": self.counts["upstream_errors"],
+            **(
+                {}
+                if self.settings.wake is None
+                else {
+                    "held_now": self.num_held,
+                    **{
+                        k: self.counts[k]
+                        for k in ("held", "held_overflow", "wake_timeout", "wakes_sent", "wake_errors")
+                    },
+                    "wake_waits_s": self.wake_waits_s[-100:],
+                }
+            ),
         }
 
     def metrics_text(self) -> str:
@@ -278,6 +391,9 @@ class RouteProxy:
             ("overdue", "Queued requests placed on the lowest prediction once their wait reached the TTFT target."),
             ("rejected", "Requests answered 503: no worker predicted to meet the SLO (policy reject)."),
             ("no_worker", "Requests answered 503: no worker registered."),
+            ("held", "Requests held for a pool at zero until a worker registered (wake)."),
+            ("held_overflow", "Requests answered 503: the most requests were held already (wake)."),
+            ("wake_timeout", "Held requests answered 504: no worker registered within the hold (wake)."),
         ):
             lines += [
                 f"# HELP planner_route_{name}_total {help_text}",
@@ -293,6 +409,15 @@ class RouteProxy:
             for w in self.state.workers
         ]
         return "\n".join(lines) + "\n"
+
+
+# Why a request was not placed: its answer's message and status.
+_REFUSALS = {
+    "no_worker": ("no worker registered", 503),
+    "rejected": ("no worker predicted to meet the SLO", 503),
+    "held_overflow": ("no worker registered and the most requests are held already; retry later", 503),
+    "wake_timeout": ("no worker registered within the wake hold", 504),
+}
 
 
 def _forward_headers(headers: dict[str, str]) -> dict[str, str]:

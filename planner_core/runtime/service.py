@@ -49,6 +49,7 @@ from planner_core.domain import (
     TickInputs,
     TickOutcome,
     TrafficObservation,
+    UnplacedRequests,
     WorkerCounts,
 )
 from planner_core.perf.model import ProfilePerfModel
@@ -355,6 +356,7 @@ def run_tick(
     curve_problem: str | None = None,
     partial_problem: str | None = None,
     gpu_ceiling: int | None = None,
+    unplaced: tuple[UnplacedRequests, ...] = (),
 ) -> TickResult:
     """`record_tick` (its arguments), then the tick's one Event on the scaled object (`planner_core.policy.events`,
     Kubernetes only): a tick that raised posts `DecisionFailed` and raises, a recorded one what it did, if anything."""
@@ -370,6 +372,7 @@ def run_tick(
             curve_problem=curve_problem,
             partial_problem=partial_problem,
             gpu_ceiling=gpu_ceiling,
+            unplaced=unplaced,
         )
     except Exception as exc:
         failed = TickEvent(reason=EventReason.DECISION_FAILED, message=f"{loop.value} tick: {exc}"[:1024], warning=True)
@@ -392,6 +395,7 @@ def record_tick(
     curve_problem: str | None = None,
     partial_problem: str | None = None,
     gpu_ceiling: int | None = None,
+    unplaced: tuple[UnplacedRequests, ...] = (),
 ) -> TickResult:
     """Run and record one tick in a single transaction; a tick already recorded is skipped, not redone.
 
@@ -401,6 +405,8 @@ def record_tick(
     read) are written to the audit log with the tick (`traffic_unavailable`, `arrival_curve_unavailable`,
     `traffic_partial`).
     `gpu_ceiling`: a fleet member's ceiling (`TickInputs.gpu_ceiling`, from `planner_core.runtime.fleet`).
+    `unplaced`: the requests the edge reported holding (`TickInputs.unplaced`: the wake tick's, from
+    `planner_core.runtime.wake`); recorded with the inputs, so replay sees them.
     """
     # The tick's day's partitions and the next day's, each in its own short transaction before the tick's: a
     # dictionary lookup when known, so the tick's own transaction never waits on DDL (store/partitions.py).
@@ -419,6 +425,8 @@ def record_tick(
         previous_tick_id, state, inputs, workers_problem = _tick_inputs(
             session, ctx, deployment_id, loop, scheduled_at, traffic, gpu_ceiling=gpu_ceiling
         )
+        if unplaced:
+            inputs = dataclasses.replace(inputs, unplaced=unplaced)
         take_remote_answers(ctx.planner)  # nothing left over from a tick that failed before being recorded
         started = time.perf_counter()
         # The monotonic clock only enforces plugin timeouts and the tick deadline; the tick's time is `now_s`.

@@ -411,6 +411,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         adopted_counts=st.lists(adopted_count, max_size=2).map(tuple),
         signals=st.lists(signal_status, max_size=4).map(tuple),
         error_budget=error_budget,
+        last_demand_s=opt_floats,
     )
     step = st.builds(
         StepRecord,

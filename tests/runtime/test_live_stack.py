@@ -245,20 +245,40 @@ def _cut(results: list[tuple]) -> list[tuple]:
     return [r for r in results if r[1] != 200 or not r[3] or r[4] is not None or r[2] < OUTPUT_TOKENS]
 
 
-def test_a_scale_down_during_steady_traffic_cuts_no_request(make_ctx, frontend, monkeypatch) -> None:  # noqa: F811
-    """Two mocker engines behind Dynamo's frontend serve a steady stream of requests (each ~4 s long); mid-stream
-    the deployment is scaled to one. The engine removed is drained: no request is cut (each ends whole)."""
+def test_a_scale_down_during_steady_traffic_cuts_no_request(make_ctx, frontend, monkeypatch, database_url) -> None:  # noqa: F811
+    """Two mocker engines behind Dynamo's frontend serve a steady stream of requests (4/s, each ~4 s long) while the
+    ingest stores their forward-pass metrics; mid-stream the deployment is scaled to one. The engine removed is
+    the least loaded, drained: no request is cut (each ends whole), and the drain is recorded with the requests it
+    held at the start, none cut."""
+    import threading
+
+    from planner_core.runtime.ingest import FpmIngest
+    from planner_core.runtime.store import repository as repo
+    from tests.runtime.test_local_connector import drains
+
     url, kv = frontend
     ctx = _mocker_ctx(make_ctx, kv, monkeypatch, initial_decode=2)
     settle(ctx, lambda: len(workers(ctx, R)) == 2, timeout_s=180)
-    _chat(url)  # the frontend knows the model
+    with ctx.sessions.begin() as session:
+        deployment_id = repo.find_deployment(session, NAME).id
+    ingest = FpmIngest(database_url, deployment_id, dynamo_discovery=kv, discovery_every_s=0.5, flush_interval_s=0.1)
+    stop = threading.Event()
+    thread = threading.Thread(target=ingest.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        _chat(url)  # the frontend knows the model
 
-    def scale_down() -> None:
-        down = record(ctx, 0, 1)
-        settle(ctx, lambda: decision_status(ctx, down) == "acknowledged", timeout_s=90)
+        def scale_down() -> None:
+            down = record(ctx, 0, 1)
+            settle(ctx, lambda: decision_status(ctx, down) == "acknowledged", timeout_s=90)
 
-    results = _steady_traffic(url, rate_per_s=4, duration_s=14, at_s=5, action=scale_down)
+        results = _steady_traffic(url, rate_per_s=4, duration_s=14, at_s=5, action=scale_down)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
     ended = workers(ctx, LocalWorkerStatus.STOPPED, LocalWorkerStatus.KILLED)
-    print(f"requests {len(results)}, cut {len(_cut(results))}: {_cut(results)}; ended {[(w.id, w.status) for w in ended]}")  # noqa: T201
     assert len(ended) == 1 and counts(ctx) == (1, 1)
-    assert len(results) >= 50 and _cut(results) == []
+    assert len(results) >= 50 and _cut(results) == [], f"{len(_cut(results))} of {len(results)} cut: {_cut(results)}"
+    [drain] = drains(ctx)
+    assert drain.local_worker_id == ended[0].id and drain.outcome == "stopped" and drain.num_cut == 0
+    assert drain.num_in_flight_at_start is not None and drain.num_in_flight_at_start > 0  # it held requests

@@ -278,7 +278,7 @@ def test_a_scale_down_during_steady_traffic_cuts_no_request(make_ctx, frontend, 
         thread.join(timeout=10)
     ended = workers(ctx, LocalWorkerStatus.STOPPED, LocalWorkerStatus.KILLED)
     assert len(ended) == 1 and counts(ctx) == (1, 1)
-    assert len(results) >= 50 and _cut(results) == [], f"{len(_cut(results))} of {len(results)} cut: {_cut(results)}"
+    assert len(results) >= 40 and _cut(results) == [], f"{len(_cut(results))} of {len(results)} cut: {_cut(results)}"
     [drain] = drains(ctx)
     assert drain.local_worker_id == ended[0].id and drain.outcome == "stopped" and drain.num_cut == 0
     assert drain.num_in_flight_at_start is not None and drain.num_in_flight_at_start > 0  # it held requests

@@ -78,7 +78,9 @@ from planner_core.runtime.connectors.k8s_api import (
     transient_reason,
     with_retries,
 )
-from planner_core.runtime.store.models import DecisionRow, ExecutionOutcome
+from planner_core.runtime.connectors.pod_drain import PodDrainer, deletion_costs, planned_removals
+from planner_core.runtime.engine_load import in_flight_by_worker
+from planner_core.runtime.store.models import DecisionRow, DrainOutcome, DrainRow, ExecutionOutcome
 
 GROUP = "nvidia.com"
 DGD_PLURAL = "dynamographdeployments"
@@ -99,6 +101,9 @@ REQUIRED_ACCESS = (
     ApiAccess(group=GROUP, resource=DGDSA_PLURAL, subresource="scale", verb="get"),
     ApiAccess(group=GROUP, resource=DGDSA_PLURAL, subresource="scale", verb="update"),
     ApiAccess(group="", resource="events", verb="create"),  # the tick's one Event on the DGD
+    # drain before removal: the managed components' pods listed and given a deletion cost from their load
+    ApiAccess(group="", resource="pods", verb="list"),
+    ApiAccess(group="", resource="pods", verb="patch"),
 )
 
 
@@ -167,8 +172,14 @@ class KubernetesConnector:
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] = time.sleep,
         request_timeout_s: float = 10.0,
+        engine_loads: Callable[[Session | None, int, dt.datetime], Mapping[str, int]] | None = None,
     ) -> None:
         self.api = k8s_client.CustomObjectsApi(api_client)
+        self.pod_drainer = PodDrainer(api_client, namespace, timeout_s=request_timeout_s)
+        # worker id -> requests in flight: the stored forward-pass samples (none known without a session)
+        self._engine_loads = engine_loads or (
+            lambda session, deployment_id, now: in_flight_by_worker(session, deployment_id, now) if session else {}
+        )
         self.api_client = api_client
         self.namespace = namespace
         self.dgd_name = dgd_name
@@ -386,7 +397,6 @@ class KubernetesConnector:
                 the attempt as failed; components already written keep their new replicas, and the next
                 attempt finds them at the target and does not write them again).
         """
-        del session, now  # the API server holds this state; the caller records the attempt
         trail: list[str] = []
         dgd = self.read_dgd(trail)
         problem = readiness_problem(dgd)
@@ -396,12 +406,69 @@ class KubernetesConnector:
                 detail=f"{self.label} not ready: {problem}; nothing written",
             )
         targets = {Component.PREFILL: decision.target_prefill, Component.DECODE: decision.target_decode}
+        drains = [
+            note
+            for role, managed in self.info.roles
+            if (target := targets[role]) is not None
+            and (note := self._prepare_removal(session, decision, dgd, role, managed, target, now, trail))
+        ]
         writes = [
             (role, target, functools.partial(self._scale_component, managed, target, trail))
             for role, managed in self.info.roles
             if (target := targets[role]) is not None
         ]
-        return write_pool_targets(writes, trail, where=self.label)
+        result = write_pool_targets(writes, trail, where=self.label)
+        if not drains:
+            return result
+        return ApplyResult(outcome=result.outcome, detail=f"{result.detail}; drain: {'; '.join(drains)}")
+
+    def _prepare_removal(
+        self,
+        session: Session,
+        decision: DecisionRow,
+        dgd: Mapping[str, Any],
+        role: Component,
+        managed: DgdComponent,
+        target: int,
+        now: dt.datetime,
+        trail: list[str],
+    ) -> str | None:
+        """Before a component's replicas go down: its pods' deletion costs from their load (the least loaded go
+        first), and a `drains` row per pod expected to go (handed over: the kubelet drains it within its grace);
+        what was done, None without a scale-down. Without a session (a dry check) no load is known."""
+        component = self._component_in(dgd, managed.name)
+        num_remove = self._desired_replicas(component, trail) - target
+        if num_remove <= 0:
+            return None
+        loads = self._engine_loads(session, decision.deployment_id, now)
+        pods = self._with_retries(
+            f"list pods of {managed.name}", lambda: self.pod_drainer.pods(self.dgd_name, managed.name, loads), trail
+        )
+        costs = deletion_costs(pods)
+        written = self.pod_drainer.set_costs(
+            pods, costs, lambda what, attempt: self._with_retries(what, attempt, trail)
+        )
+        removed = planned_removals(pods, costs, num_remove)
+        for pod in removed if session is not None else ():
+            session.add(
+                DrainRow(
+                    deployment_id=decision.deployment_id,
+                    decision_id=decision.id,
+                    connector=self.name,
+                    role=role.value,
+                    engine=f"pod {self.namespace}/{pod.name}",
+                    worker_ids=pod.instance_id,
+                    started_at=now,
+                    grace_s=pod.grace_s,
+                    num_in_flight_at_start=pod.num_in_flight,
+                    outcome=DrainOutcome.HANDED_OVER.value,
+                    detail=f"deletion cost {costs.get(pod.name, pod.cost)}; replicas {num_remove + target}->{target}",
+                )
+            )
+        going = ", ".join(
+            f"{p.name} ({'?' if p.num_in_flight is None else p.num_in_flight} in flight)" for p in removed
+        )
+        return f"{managed.name}: deletion cost set on {written} pod(s); expected to go: {going or 'none listed'}"
 
     def _scale_component(self, managed: DgdComponent, target: int, trail: list[str]) -> str | None:
         """Set one component's replicas; a description of the write, or None if it was already at `target`."""

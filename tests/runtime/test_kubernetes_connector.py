@@ -1243,3 +1243,18 @@ def test_dynamo_pod_instance_id_is_rusts_hash_of_the_pod_name() -> None:
     assert dynamo_pod_instance_id("a") == "7688582637611507"
     assert dynamo_pod_instance_id("") == "121655548788207"
     assert dynamo_pod_instance_id("disagg-0123456789abcdef-worker-pod") == "2281199563725771"
+
+
+def test_deletion_costs_without_any_known_load_write_nothing() -> None:
+    """No pod's load known (no forward-pass samples): no cost is written and Kubernetes' own order holds; with some
+    known, an unknown pod costs the busiest + 1 and a pod not ready goes first whatever its cost."""
+    from planner_core.runtime.connectors.pod_drain import PodLoad, deletion_costs, planned_removals
+
+    def load(name: str, n: int | None, *, ready: bool = True) -> PodLoad:
+        return PodLoad(name=name, ready=ready, num_in_flight=n, grace_s=30.0, instance_id="1")
+
+    assert deletion_costs([load("a", None), load("b", None)]) == {}
+    pods = [load("a", 4), load("b", None), load("c", 9, ready=False), load("d", 1)]
+    costs = deletion_costs(pods)
+    assert costs == {"a": 4, "b": 10, "c": 9, "d": 1}
+    assert [p.name for p in planned_removals(pods, costs, 2)] == ["c", "d"]

@@ -80,7 +80,8 @@ from planner_core.runtime.connectors.k8s_api import (
 )
 from planner_core.runtime.connectors.pod_drain import PodDrainer, deletion_costs, planned_removals
 from planner_core.runtime.engine_load import in_flight_by_worker
-from planner_core.runtime.store.models import DecisionRow, DrainOutcome, DrainRow, ExecutionOutcome
+from planner_core.runtime.store.drains import DrainStart, open_drain
+from planner_core.runtime.store.models import DecisionRow, DrainOutcome, ExecutionOutcome
 
 GROUP = "nvidia.com"
 DGD_PLURAL = "dynamographdeployments"
@@ -450,21 +451,19 @@ class KubernetesConnector:
         )
         removed = planned_removals(pods, costs, num_remove)
         for pod in removed if session is not None else ():
-            session.add(
-                DrainRow(
-                    deployment_id=decision.deployment_id,
-                    decision_id=decision.id,
-                    connector=self.name,
-                    role=role.value,
-                    engine=f"pod {self.namespace}/{pod.name}",
-                    worker_ids=pod.instance_id,
-                    started_at=now,
-                    grace_s=pod.grace_s,
-                    num_in_flight_at_start=pod.num_in_flight,
-                    outcome=DrainOutcome.HANDED_OVER.value,
-                    detail=f"deletion cost {costs.get(pod.name, pod.cost)}; replicas {num_remove + target}->{target}",
-                )
+            start = DrainStart(
+                deployment_id=decision.deployment_id,
+                decision_id=decision.id,
+                connector=self.name,
+                role=role.value,
+                engine=f"pod {self.namespace}/{pod.name}",
+                worker_ids=(pod.instance_id,),
+                grace_s=pod.grace_s,
+                num_in_flight=pod.num_in_flight,
+                outcome=DrainOutcome.HANDED_OVER,
+                detail=f"deletion cost {costs.get(pod.name, pod.cost)}; replicas {num_remove + target}->{target}",
             )
+            open_drain(session, start, now)
         going = ", ".join(
             f"{p.name} ({'?' if p.num_in_flight is None else p.num_in_flight} in flight)" for p in removed
         )

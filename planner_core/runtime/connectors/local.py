@@ -45,11 +45,11 @@ from planner_core.config import LocalWorkersConfig, PlannerConfig, PlannerMode, 
 from planner_core.domain import Component, WorkerCounts
 from planner_core.runtime.engine_load import engine_in_flight, in_flight_by_worker
 from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.drains import DrainStart, close_drain, open_drain, open_local_drain
 from planner_core.runtime.store.models import (
     DecisionRow,
     DecisionStatus,
     DrainOutcome,
-    DrainRow,
     ExecutionOutcome,
     ExecutionRow,
     LocalConnectorStateRow,
@@ -496,21 +496,18 @@ class LocalConnector:
         worker.status = LocalWorkerStatus.DRAINING.value
         worker.drain_started_at = now
         grace_s = float(self.settings.drain_grace_seconds)
-        session.add(
-            DrainRow(
-                deployment_id=worker.deployment_id,
-                decision_id=decision_id,
-                connector=self.name,
-                role=worker.role,
-                engine=f"local worker {worker.id} (pid {worker.pid})",
-                local_worker_id=worker.id,
-                worker_ids=",".join(worker_ids) or None,
-                started_at=now,
-                grace_s=grace_s,
-                num_in_flight_at_start=num_in_flight,
-                outcome=DrainOutcome.DRAINING.value,
-            )
+        start = DrainStart(
+            deployment_id=worker.deployment_id,
+            decision_id=decision_id,
+            connector=self.name,
+            role=worker.role,
+            engine=f"local worker {worker.id} (pid {worker.pid})",
+            worker_ids=worker_ids,
+            grace_s=grace_s,
+            num_in_flight=num_in_flight,
+            local_worker_id=worker.id,
         )
+        open_drain(session, start, now)
         repo.audit(
             session,
             "local_worker_draining",
@@ -529,39 +526,16 @@ class LocalConnector:
         return f"drain {worker.role} worker {worker.id} (pid {worker.pid}, {load}, SIGTERM)"
 
     def _end_drain(self, session: Session, worker: LocalWorkerRow, outcome: DrainOutcome, now: dt.datetime) -> None:
-        """Complete the worker's open `drains` row: waited for = in flight at the start; cut = in flight (its newest
-        sample) when SIGKILLed, 0 when it exited by itself (Dynamo's runtime exits once its requests ended)."""
-        drain = session.scalar(
-            select(DrainRow).where(
-                DrainRow.local_worker_id == worker.id, DrainRow.outcome == DrainOutcome.DRAINING.value
-            )
-        )
+        """Close the worker's drain record: cut = its requests in flight (newest sample) when SIGKILLed, 0 when it
+        exited by itself (Dynamo's runtime exits once its requests ended)."""
+        drain = open_local_drain(session, worker.id)
         if drain is None:
             return  # drained before drains were recorded (migration 0025)
         num_cut: int | None = 0
         if outcome is DrainOutcome.KILLED:
             ids = drain.worker_ids.split(",") if drain.worker_ids else []
             num_cut = engine_in_flight(in_flight_by_worker(session, worker.deployment_id, now), ids)
-        drain.outcome = outcome.value
-        drain.ended_at = now
-        drain.duration_s = (now - drain.started_at).total_seconds()
-        drain.num_waited_for = drain.num_in_flight_at_start
-        drain.num_cut = num_cut
-        repo.audit(
-            session,
-            "engine_drain_ended",
-            {
-                "engine": drain.engine,
-                "role": drain.role,
-                "outcome": outcome.value,
-                "num_in_flight_at_start": drain.num_in_flight_at_start,
-                "num_cut": num_cut,
-                "grace_s": drain.grace_s,
-                "duration_s": round(drain.duration_s, 3),
-            },
-            deployment_id=worker.deployment_id,
-            decision_id=drain.decision_id,
-        )
+        close_drain(session, drain, outcome, now, num_cut=num_cut)
 
     def _end(self, session: Session, worker: LocalWorkerRow, status: LocalWorkerStatus, now: dt.datetime, why: str):
         worker.status = status.value

@@ -17,14 +17,17 @@ Rules:
   pending for the next execution run;
 - every write is conditional on the resourceVersion read just before it, so a concurrent writer makes it
   fail with 409 Conflict instead of being overwritten; conflicts, 429, 5xx and connection errors re-read
-  and retry with bounded exponential backoff (`sleep` is injectable: tests do not wait).
+  and retry with bounded exponential backoff (`sleep` is injectable: tests do not wait);
+- before a component's replicas go down, its pods get a deletion cost from their load (`pod_drain`): the
+  ReplicaSet controller removes the least loaded, and the pods expected to go are recorded as drains.
 
 Reading the DGD's JSON is `planner_core.runtime.connectors.dgd` (pure); settings, the API client, errors and retries,
 shared with the workloads connector, are `planner_core.runtime.connectors.k8s_api`; this module re-exports their
 public names.
 
-Nothing here touches the database: `store.execution.execute_pending` records each attempt (its outcome and
-the detail string built here, which lists retried HTTP errors) in the caller's transaction.
+The database is read for the engines' loads (`fpm_samples`) and written for the drain records (`drains`), in the
+caller's transaction; `store.execution.execute_pending` records each attempt (its outcome and the detail string
+built here, which lists retried HTTP errors) in it too.
 """
 
 from __future__ import annotations
@@ -179,7 +182,9 @@ class KubernetesConnector:
         self.pod_drainer = PodDrainer(api_client, namespace, timeout_s=request_timeout_s)
         # worker id -> requests in flight: the stored forward-pass samples (none known without a session)
         self._engine_loads = engine_loads or (
-            lambda session, deployment_id, now: in_flight_by_worker(session, deployment_id, now) if session else {}
+            lambda session, deployment_id, now: (
+                in_flight_by_worker(session, deployment_id, now) if session is not None else {}
+            )
         )
         self.api_client = api_client
         self.namespace = namespace

@@ -251,6 +251,18 @@ class ForwardPassMetrics:
     def is_idle_heartbeat(self) -> bool:
         return self.wall_time_s <= 0
 
+    @property
+    def num_in_flight(self) -> int:
+        """Requests the engine holds after this iteration: scheduled (prefilling or decoding) and queued. What a drain
+        of the engine waits for, and what removing it at once would cut."""
+        scheduled, queued = self.scheduled, self.queued
+        return (
+            scheduled.num_prefill_requests
+            + scheduled.num_decode_requests
+            + queued.num_prefill_requests
+            + queued.num_decode_requests
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineLimits:

@@ -17,6 +17,8 @@ connector relies on more, which this module adds by wrapping the emulator's requ
 - `settle()`, a minimal operator: it copies adapter replicas into the DGD and reports every component ready;
 - SelfSubjectAccessReviews (`planner doctor`), answered from the RBAC rules `grant()` set, as the API server
   answers for a ServiceAccount bound to a Role with those rules (none set: every review is allowed);
+- core v1 Pods (the deletion cost set before a scale-down): LIST filtered by an equality `labelSelector`, and
+  merge PATCH;
 - apps/v1 Deployments and StatefulSets (for the workload connector): GET, LIST filtered by an equality
   `labelSelector`, the `scale` subresource (a write bumps `metadata.generation`, as the real server does), and
   `settle_workload()`, a miniature workload controller (status caught up, or a rollout left in progress).
@@ -52,7 +54,9 @@ APPS_PLURALS = frozenset({DEPLOYMENTS, STATEFULSETS})
 HPAS = "horizontalpodautoscalers"  # autoscaling/v2: what `planner k8s-check` looks for beside the planner
 SCALEDOBJECTS = "scaledobjects"  # keda.sh/v1alpha1
 EVENTS = "events"  # core v1: the Events the planner posts on the scaled object
+PODS = "pods"  # core v1: listed by labels and merge-patched (the deletion cost before a scale-down)
 _OTHER_RESOURCES = {
+    PODS: ("", "v1"),
     HPAS: ("autoscaling", "v2"),
     SCALEDOBJECTS: ("keda.sh", "v1alpha1"),
     EVENTS: ("", "v1"),
@@ -201,6 +205,11 @@ class ExtendedEmulator(kmock.KubernetesEmulator):
         resource = request.resource
         if resource is not None and resource.group == APPS and resource.plural in APPS_PLURALS:
             return await self._apps(request, resource.plural)
+        if resource is not None and resource.group == "" and resource.plural == PODS:
+            if request.name is None and request.method == "GET":
+                return await self._list(request, PODS)
+            if request.method == "PATCH":
+                return await self._write(request, PODS)
         if resource is None or resource.group != GROUP or request.name is None:
             return await super()._handle(request)
         plural = resource.plural
@@ -285,9 +294,14 @@ class ExtendedEmulator(kmock.KubernetesEmulator):
             for item in items
             if all(((item.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in wanted.items())
         ]
-        kind = {DEPLOYMENTS: "DeploymentList", STATEFULSETS: "StatefulSetList"}[plural]
+        kind = {DEPLOYMENTS: "DeploymentList", STATEFULSETS: "StatefulSetList", PODS: "PodList"}[plural]
         return aiohttp.web.json_response(
-            {"apiVersion": "apps/v1", "kind": kind, "metadata": {"resourceVersion": str(self._next_rv)}, "items": items}
+            {
+                "apiVersion": "v1" if plural == PODS else "apps/v1",
+                "kind": kind,
+                "metadata": {"resourceVersion": str(self._next_rv)},
+                "items": items,
+            }
         )
 
     def _scale_view(self, obj: dict[str, Any]) -> dict[str, Any]:

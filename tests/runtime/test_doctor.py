@@ -73,7 +73,7 @@ def test_the_demos_database_and_prefect_pass(
         "config": "pass", "perf-model": "pass", "database": "pass", "prefect": "pass",
         "prometheus": "skip", "kubernetes": "skip",
     }  # fmt: skip
-    assert checks["database"][1].endswith("reachable, schema at head 0024")
+    assert checks["database"][1].endswith("reachable, schema at head 0025")
     assert checks["prefect"][1] == f"{prefect_api_url} healthy (no --work-pool to check)"
 
     pool = "doctor-pool"
@@ -232,7 +232,7 @@ def test_a_service_account_lacking_one_verb_fails_naming_it(
     status, checks = _doctor(capsys, "--config", str(config))
     assert status == 0 and checks["kubernetes"] == (
         "pass",
-        f"all 5 requests the connector makes are allowed ({kubernetes.RBAC_FILE})",
+        f"all 7 requests the connector makes are allowed ({kubernetes.RBAC_FILE})",
     )
     reviews = [r for r in kube_env.requests if r.path.endswith("/selfsubjectaccessreviews")]
     asked = {
@@ -246,6 +246,8 @@ def test_a_service_account_lacking_one_verb_fails_naming_it(
         ("dynamographdeploymentscalingadapters", "scale", "get", None),
         ("dynamographdeploymentscalingadapters", "scale", "update", None),
         ("events", None, "create", None),
+        ("pods", None, "list", None),
+        ("pods", None, "patch", None),
     }
 
     kube_env.grant(_without(rules, "dynamographdeployments", "patch"))

@@ -47,6 +47,7 @@ from planner_core.runtime.connectors.kubernetes import (
     resolve_namespace,
     resolve_roles,
 )
+from planner_core.runtime.engine_load import dynamo_pod_instance_id
 from planner_core.runtime.replay import replay
 from planner_core.runtime.service import PlannerContext, default_workers, load_context, run_execution, run_tick
 from planner_core.runtime.store import repository as repo
@@ -54,7 +55,7 @@ from planner_core.runtime.store.execution import MAX_ATTEMPTS
 from planner_core.runtime.store.models import DecisionRow, ExecutionRow, WorkerObservationRow
 from tests.conftest import REPO_ROOT, write_config
 from tests.runtime.databases import record_decision
-from tests.runtime.kube_api import DGD, DGDSA, EVENTS, HPAS, SCALEDOBJECTS, KubeApiServer, access_by_resource
+from tests.runtime.kube_api import DGD, DGDSA, EVENTS, HPAS, PODS, SCALEDOBJECTS, KubeApiServer, access_by_resource
 from tests.runtime.kustomize import planner_role
 
 NAME = "k8s-test"
@@ -409,13 +410,16 @@ class RecordedSleep:
         self.waits_s.append(seconds)
 
 
-def make_connector(kube: KubeApiServer, mode: PlannerMode = PlannerMode.DISAGG, **config) -> KubernetesConnector:
+def make_connector(
+    kube: KubeApiServer, mode: PlannerMode = PlannerMode.DISAGG, *, engine_loads=None, **config
+) -> KubernetesConnector:
     connector = KubernetesConnector(
         api_client=k8s_client.ApiClient(k8s_client.Configuration(host=kube.url)),
         namespace=kube.namespace,
         dgd_name=DGD_NAME,
         retry=RetryPolicy(max_tries=4, backoff_s=0.5, max_backoff_s=4.0),
         sleep=RecordedSleep(),
+        engine_loads=engine_loads,
     )
     connector.validate(parse_config({"environment": "kubernetes", "mode": mode.value, **config}).policy)
     return connector
@@ -426,6 +430,7 @@ class Decision:
 
     def __init__(self, target_prefill: int | None, target_decode: int | None) -> None:
         self.target_prefill, self.target_decode = target_prefill, target_decode
+        self.deployment_id, self.id = 0, None  # read for the drain records (written only with a session)
 
 
 NO_WORKERS = WorkerCounts(ready_prefill=0, ready_decode=0, expected_prefill=0, expected_decode=0)
@@ -864,7 +869,7 @@ def _rbac_request(method: str, path: str) -> tuple[str, str, str]:
     """(resource as RBAC names it, verb, object name) of one logged request to
     /apis/nvidia.com/<version>/namespaces/<ns>/<plural>[/<name>[/scale]]."""
     parts = path.strip("/").split("/")
-    if parts[:2] == ["api", "v1"]:  # the core group: /api/v1/namespaces/<ns>/events (the tick's Event)
+    if parts[:2] == ["api", "v1"]:  # the core group: /api/v1/namespaces/<ns>/events (the tick's Event), pods
         parts = ["apis", "", *parts[1:]]
     assert parts[0] == "apis" and parts[1] in ("nvidia.com", "") and parts[3] == "namespaces", path
     plural, rest = parts[5], parts[6:]
@@ -904,9 +909,14 @@ def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> No
     connector.apply(None, Decision(2, 3), T0)  # the no-op path reads only
     kube.delete(DGDSA, PREFILL_ADAPTER)
     kube.delete(DGDSA, DECODE_ADAPTER)
-    kube.put(DGD, disagg_dgd(prefill_adapter=False, decode_adapter=False))
+    dgd = disagg_dgd(prefill_adapter=False, decode_adapter=False)
+    next(c for c in dgd["spec"]["components"] if c["name"] == "VllmDecodeWorker")["replicas"] = 3
+    kube.put(DGD, dgd)
     kube.settle(DGD_NAME)
-    fallback = make_connector(kube)
+    for name in ("llm-decode-a", "llm-decode-b", "llm-decode-c"):  # the scale-down below annotates them
+        kube.put(PODS, pod(name, "VllmDecodeWorker"))
+    loads = {dynamo_pod_instance_id("llm-decode-a"): 3, dynamo_pod_instance_id("llm-decode-b"): 1}
+    fallback = make_connector(kube, engine_loads=lambda *_: loads)
     kube.interfere("PATCH", rf"/{DGD}/{DGD_NAME}$", DGD, DGD_NAME, _annotate)
     fallback.apply(None, Decision(4, 1), T0)
     fallback.worker_counts(None, 0, default=NO_WORKERS)
@@ -915,7 +925,7 @@ def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> No
     names: set[str] = set()
     for request in kube.requests:
         resource, verb, name = _rbac_request(request.method, request.path)
-        used.setdefault(("" if resource == "events" else "nvidia.com", resource), set()).add(verb)
+        used.setdefault(("" if resource in ("events", "pods") else "nvidia.com", resource), set()).add(verb)
         names.add(name)
 
     granted, by_kind = _granted_rules(REPO_ROOT / RBAC_FILE)
@@ -927,12 +937,14 @@ def test_rbac_grants_exactly_what_the_connector_calls(kube: KubeApiServer) -> No
             ("nvidia.com", "dynamographdeployments"): {"get", "patch"},
             ("nvidia.com", "dynamographdeploymentscalingadapters/scale"): {"get", "update"},
             ("", "events"): {"create"},
+            ("", "pods"): {"list", "patch"},
         }
         == access_by_resource(REQUIRED_ACCESS)  # what `planner doctor` asks the cluster for
         == planner_role("overlays/dgd")  # what the Kustomize install binds to the planner's account
     )
-    # no collection read: nothing but these three (and the create of an Event, which names no object)
-    assert names == {DGD_NAME, PREFILL_ADAPTER, DECODE_ADAPTER, ""}
+    # no collection read but the pods' (by label): the DGD, its adapters and the managed pods (the create of an
+    # Event and the list of pods name no object)
+    assert names == {DGD_NAME, PREFILL_ADAPTER, DECODE_ADAPTER, "llm-decode-a", "llm-decode-b", "llm-decode-c", ""}
     binding = by_kind["RoleBinding"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "dynamo-planner"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": by_kind["ServiceAccount"]["metadata"]["name"]}]
@@ -943,8 +955,8 @@ def test_the_docs_state_the_rbac_the_manifests_grant() -> None:
     text = " ".join((REPO_ROOT / "docs" / "operations.md").read_text().split())
     assert (
         "`infra/k8s/dgd/planner-rbac.yaml` (ServiceAccount, Role, RoleBinding `dynamo-planner`) grants get and "
-        "patch on `dynamographdeployments`, get and update on `dynamographdeploymentscalingadapters/scale` and "
-        "create on `events`"
+        "patch on `dynamographdeployments`, get and update on `dynamographdeploymentscalingadapters/scale`, "
+        "create on `events` (the tick's one Event on the DGD) and list and patch on `pods`"
     ) in text
     assert (
         "`infra/k8s/workloads/planner-workloads-rbac.yaml` (ServiceAccount, Role, RoleBinding `planner-workloads`) "
@@ -1128,3 +1140,126 @@ def test_a_tick_that_raises_posts_decision_failed_and_still_raises(
     [event] = _events(disagg)
     assert (event["reason"], event["type"]) == ("DecisionFailed", "Warning")
     assert event["message"] == "throughput tick: the perf model could not be evaluated"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Drain before removal: the pods' deletion cost from their load
+# --------------------------------------------------------------------------------------------------------
+
+
+def pod(name: str, component: str, *, ready: bool = True, grace_s: int | None = 45) -> dict:
+    """A pod of a DGD component as the Dynamo operator labels it."""
+    spec: dict = {"containers": [{"name": "main", "image": "dynamo:1.6.1"}]}
+    if grace_s is not None:
+        spec["terminationGracePeriodSeconds"] = grace_s
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"nvidia.com/dynamo-graph-deployment-name": DGD_NAME, "nvidia.com/dynamo-component": component},
+        },
+        "spec": spec,
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def _store_loads(ctx: PlannerContext, loads: dict[str, int], at: dt.datetime) -> None:
+    """A forward-pass sample per pod's engine (named by the instance id Dynamo derives from the pod name)."""
+    from planner_core.domain import ForwardPassMetrics, ScheduledRequests
+    from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
+
+    samples = [
+        FpmSample(
+            fpm=ForwardPassMetrics(
+                component=Component.DECODE,
+                worker_id=dynamo_pod_instance_id(name),
+                wall_time_s=0.02,
+                scheduled=ScheduledRequests(num_decode_requests=n),
+            ),
+            received_at=at,
+        )
+        for name, n in loads.items()
+    ]
+    with ctx.sessions.begin() as session:
+        insert_fpm_samples(session, repo.find_deployment(session, NAME).id, samples)
+
+
+def test_a_scale_down_gives_the_least_loaded_pods_the_lowest_deletion_cost(
+    k8s_ctx: PlannerContext, disagg: KubeApiServer
+) -> None:
+    """Four decode pods with 6, 0, unknown and 2 requests in flight (their engines' forward-pass samples; the third
+    has none): a decision from 4 to 2 decode replicas sets each pod's deletion cost to its load (the unknown one to
+    the busiest + 1) before the replicas go down, so Kubernetes removes the two least loaded; each is recorded as a
+    drain handed over with its load and its pod's grace. A prefill pod is left alone."""
+    from planner_core.runtime.connectors.pod_drain import DELETION_COST
+    from planner_core.runtime.store.models import DrainRow
+
+    disagg.update(DGDSA, DECODE_ADAPTER, lambda obj: obj["spec"].update(replicas=4))
+    disagg.settle(DGD_NAME)
+    names = ["llm-decode-a", "llm-decode-b", "llm-decode-c", "llm-decode-d"]
+    for name in names:
+        disagg.put(PODS, pod(name, "VllmDecodeWorker", grace_s=45 if name != "llm-decode-d" else None))
+    disagg.put(PODS, pod("llm-prefill-a", "VllmPrefillWorker"))
+    _store_loads(k8s_ctx, {"llm-decode-a": 6, "llm-decode-b": 0, "llm-decode-d": 2, "llm-prefill-a": 0}, T0)
+    decision_id = decide(k8s_ctx, 0, None, 2)
+    # the first attempt's write of the replicas fails (after its retries): its drain records go with its savepoint,
+    # the second attempt writes the replicas, and each pod expected to go is recorded once
+    disagg.fail("PUT", rf"/{DECODE_ADAPTER}/scale$", 503, times=4)
+    [failed] = run_execution(k8s_ctx, T0 + dt.timedelta(seconds=1))
+    assert failed.outcome.value == "failed"
+    [summary] = run_execution(k8s_ctx, T0 + dt.timedelta(seconds=2))
+    assert summary.outcome.value == "applied"
+
+    costs = {n: disagg.get(PODS, n)["metadata"].get("annotations", {}).get(DELETION_COST) for n in names}
+    assert costs == {"llm-decode-a": "6", "llm-decode-b": "0", "llm-decode-c": "7", "llm-decode-d": "2"}
+    assert "annotations" not in disagg.get(PODS, "llm-prefill-a")["metadata"]
+    assert disagg.get(DGDSA, DECODE_ADAPTER)["spec"]["replicas"] == 2
+    # the costs were written before the replicas went down
+    paths = [w.path for w in disagg.writes()]
+    assert max(i for i, p in enumerate(paths) if "/pods/" in p) < paths.index(
+        next(p for p in paths if p.endswith(f"/{DECODE_ADAPTER}/scale"))
+    )
+    with k8s_ctx.sessions.begin() as session:
+        drains = session.execute(
+            select(
+                DrainRow.engine,
+                DrainRow.num_in_flight_at_start,
+                DrainRow.grace_s,
+                DrainRow.outcome,
+                DrainRow.decision_id,
+            ).order_by(DrainRow.num_in_flight_at_start)
+        ).all()
+    assert [tuple(d) for d in drains] == [
+        ("pod ns/llm-decode-b", 0, 45.0, "handed_over", decision_id),
+        ("pod ns/llm-decode-d", 2, 30.0, "handed_over", decision_id),  # no grace in its spec: Kubernetes' 30 s
+    ]
+    assert (
+        "expected to go: llm-decode-b (0 in flight), llm-decode-d (2 in flight)"
+        in executions(k8s_ctx, decision_id)[-1][2]
+    )
+
+
+def test_dynamo_pod_instance_id_is_rusts_hash_of_the_pod_name() -> None:
+    """The values Rust 1.95 printed for `DefaultHasher` of these names masked to 53 bits (Dynamo's `hash_pod_name`),
+    with `rustc` on a 12-line program: `name.hash(&mut h); h.finish() & 0x001F_FFFF_FFFF_FFFF`."""
+
+    assert dynamo_pod_instance_id("vllm-agg-decode-7d9f8c6b5-x2k4p") == "883491428390499"
+    assert dynamo_pod_instance_id("a") == "7688582637611507"
+    assert dynamo_pod_instance_id("") == "121655548788207"
+    assert dynamo_pod_instance_id("disagg-0123456789abcdef-worker-pod") == "2281199563725771"
+
+
+def test_deletion_costs_without_any_known_load_write_nothing() -> None:
+    """No pod's load known (no forward-pass samples): no cost is written and Kubernetes' own order holds; with some
+    known, an unknown pod costs the busiest + 1 and a pod not ready goes first whatever its cost."""
+    from planner_core.runtime.connectors.pod_drain import PodLoad, deletion_costs, planned_removals
+
+    def load(name: str, n: int | None, *, ready: bool = True) -> PodLoad:
+        return PodLoad(name=name, ready=ready, num_in_flight=n, grace_s=30.0, instance_id="1")
+
+    assert deletion_costs([load("a", None), load("b", None)]) == {}
+    pods = [load("a", 4), load("b", None), load("c", 9, ready=False), load("d", 1)]
+    costs = deletion_costs(pods)
+    assert costs == {"a": 4, "b": 10, "c": 9, "d": 1}
+    assert [p.name for p in planned_removals(pods, costs, 2)] == ["c", "d"]

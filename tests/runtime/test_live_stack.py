@@ -100,7 +100,7 @@ def _chat_once(url: str) -> dict:
         return json.loads(response.read())
 
 
-def _mocker_ctx(make_ctx, kv: Path, monkeypatch):  # noqa: F811
+def _mocker_ctx(make_ctx, kv: Path, monkeypatch, *, initial_decode: int | None = None):  # noqa: F811
     """A local-connector context whose workers are Dynamo's mocker (the default command) on discovery folder `kv`."""
     for name, value in {
         "DYNAMO_PYTHON": find_dynamo_python(),
@@ -110,7 +110,7 @@ def _mocker_ctx(make_ctx, kv: Path, monkeypatch):  # noqa: F811
         "PYTHONPATH": str(STUBS_DIR),
     }.items():
         monkeypatch.setenv(name, value)
-    return make_ctx(discovery_dir=kv, default_command=True, grace_s=20)
+    return make_ctx(discovery_dir=kv, default_command=True, grace_s=20, initial_decode=initial_decode)
 
 
 def test_mocker_engines_scale_up_down_and_a_killed_one_is_replaced(make_ctx, frontend, monkeypatch) -> None:  # noqa: F811
@@ -184,3 +184,101 @@ def test_the_ingest_stores_what_dynamos_engines_publish(make_ctx, frontend, monk
     instances = [p.name.rsplit("%2F", 1)[-1] for p in (kv / "v1" / "instances").iterdir() if "generate" in p.name]
     assert {(component, worker) for component, worker, _ in rows} == {("decode", str(int(instances[0], 16)))}
     assert ingest.stats.num_dropped == 0
+
+
+# --- a scale-down during steady traffic ------------------------------------------------------------------------
+
+OUTPUT_TOKENS = 600  # ~4 s per request on the mocker's H200 timing: several in flight on each engine at the drain
+
+
+def _steady_traffic(url: str, *, rate_per_s: float, duration_s: float, at_s: float, action) -> list[tuple]:
+    """Streamed chat requests at a steady rate for `duration_s`, `action()` run at `at_s` (in a thread, so the
+    traffic keeps its pace); one (sent_at_s, status, num_chunks, done, error) per request."""
+    import asyncio
+    import threading
+    import time
+
+    import httpx
+
+    body = {
+        "model": "tiny", "messages": [{"role": "user", "content": "hello there " * 20}], "stream": True,
+        "max_tokens": OUTPUT_TOKENS, "min_tokens": OUTPUT_TOKENS, "ignore_eos": True,
+    }  # fmt: skip
+    results: list[tuple] = []
+
+    async def one(client: httpx.AsyncClient, sent_s: float) -> None:
+        status, num_chunks, done, error = None, 0, False, None
+        try:
+            async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+                status = response.status_code
+                async for line in response.aiter_lines():
+                    if line.strip() == "data: [DONE]":
+                        done = True
+                    elif line.startswith("data:"):
+                        chunk = json.loads(line[5:])
+                        num_chunks += bool(chunk.get("choices"))
+                        error = chunk.get("error") or error
+        except httpx.HTTPError as exc:
+            error = repr(exc)
+        results.append((round(sent_s, 2), status, num_chunks, done, error))
+
+    async def main() -> None:
+        async with httpx.AsyncClient(timeout=120) as client:
+            start = time.monotonic()
+            tasks, acted = [], None
+            while (now := time.monotonic() - start) < duration_s:
+                if acted is None and now >= at_s:
+                    acted = threading.Thread(target=action, daemon=True)
+                    acted.start()
+                tasks.append(asyncio.create_task(one(client, now)))
+                await asyncio.sleep(1 / rate_per_s)
+            await asyncio.gather(*tasks)
+            if acted is not None:
+                acted.join(timeout=120)
+
+    asyncio.run(main())
+    return sorted(results)
+
+
+def _cut(results: list[tuple]) -> list[tuple]:
+    """The requests that did not end whole: an error status, an error event, or fewer tokens than asked."""
+    return [r for r in results if r[1] != 200 or not r[3] or r[4] is not None or r[2] < OUTPUT_TOKENS]
+
+
+def test_a_scale_down_during_steady_traffic_cuts_no_request(make_ctx, frontend, monkeypatch, database_url) -> None:  # noqa: F811
+    """Two mocker engines behind Dynamo's frontend serve a steady stream of requests (4/s, each ~4 s long) while the
+    ingest stores their forward-pass metrics; mid-stream the deployment is scaled to one. The engine removed is
+    the least loaded, drained: no request is cut (each ends whole), and the drain is recorded with the requests it
+    held at the start, none cut."""
+    import threading
+
+    from planner_core.runtime.ingest import FpmIngest
+    from planner_core.runtime.store import repository as repo
+    from tests.runtime.test_local_connector import drains
+
+    url, kv = frontend
+    ctx = _mocker_ctx(make_ctx, kv, monkeypatch, initial_decode=2)
+    settle(ctx, lambda: len(workers(ctx, R)) == 2, timeout_s=180)
+    with ctx.sessions.begin() as session:
+        deployment_id = repo.find_deployment(session, NAME).id
+    ingest = FpmIngest(database_url, deployment_id, dynamo_discovery=kv, discovery_every_s=0.5, flush_interval_s=0.1)
+    stop = threading.Event()
+    thread = threading.Thread(target=ingest.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        _chat(url)  # the frontend knows the model
+
+        def scale_down() -> None:
+            down = record(ctx, 0, 1)
+            settle(ctx, lambda: decision_status(ctx, down) == "acknowledged", timeout_s=90)
+
+        results = _steady_traffic(url, rate_per_s=4, duration_s=14, at_s=5, action=scale_down)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    ended = workers(ctx, LocalWorkerStatus.STOPPED, LocalWorkerStatus.KILLED)
+    assert len(ended) == 1 and counts(ctx) == (1, 1)
+    assert len(results) >= 40 and _cut(results) == [], f"{len(_cut(results))} of {len(results)} cut: {_cut(results)}"
+    [drain] = drains(ctx)
+    assert drain.local_worker_id == ended[0].id and drain.outcome == "stopped" and drain.num_cut == 0
+    assert drain.num_in_flight_at_start is not None and drain.num_in_flight_at_start > 0  # it held requests

@@ -28,13 +28,21 @@ from planner_core.runtime.connectors.local import (
     parse_proc_stat,
     plan_pool,
     process_start_ticks,
+    registered_instances,
     registered_ports,
     render_command,
     restart_delay_s,
 )
 from planner_core.runtime.service import default_workers, load_context, run_execution
 from planner_core.runtime.store import repository as repo
-from planner_core.runtime.store.models import AuditLogRow, DecisionRow, ExecutionRow, LocalWorkerRow, LocalWorkerStatus
+from planner_core.runtime.store.models import (
+    AuditLogRow,
+    DecisionRow,
+    DrainRow,
+    ExecutionRow,
+    LocalWorkerRow,
+    LocalWorkerStatus,
+)
 from tests.conftest import write_config
 from tests.runtime.databases import record_decision
 
@@ -65,6 +73,16 @@ def test_plan_drains_not_ready_workers_first_then_the_newest() -> None:
     assert plan_pool(Component.PREFILL, views(R, R), 0).drain == (2, 1)
     with pytest.raises(ValueError, match="target of prefill = -1"):
         plan_pool(Component.PREFILL, views(), -1)
+
+
+def test_plan_drains_the_least_loaded_ready_workers_and_unknown_loads_last() -> None:
+    # ids 1..5 ready with 7, 0, unknown, 3, 0 requests in flight; id 6 starting (serves nothing: first)
+    loads = (7, 0, None, 3, 0)
+    workers = [WorkerView(worker_id=i + 1, status=R, num_in_flight=n) for i, n in enumerate(loads)]
+    workers.append(WorkerView(worker_id=6, status=S))
+    plan = plan_pool(Component.DECODE, workers, 2)
+    assert plan.drain == (6, 5, 2, 4)  # starting, then 0 (newest first), 0, 3; the busiest (7) and the unknown stay
+    assert plan_pool(Component.DECODE, workers, 0).drain == (6, 5, 2, 4, 1, 3)
 
 
 def test_render_command_substitutes_and_names_a_missing_variable() -> None:
@@ -99,6 +117,11 @@ def test_registered_ports_reads_generate_endpoints_of_the_namespace() -> None:
 
     texts = [entry("dynamo", "generate", 42829), entry("other", "generate", 1), entry("dynamo", "kv_query", 2), "{half"]
     assert registered_ports(texts, namespace="dynamo") == {42829}
+    # Dynamo's entries carry the instance id the engine's forward-pass samples are named by (beyond 2**53 here)
+    with_id = (
+        '{"namespace":"dynamo","endpoint":"generate","instance_id":15934747437336907462,"transport":{"tcp":"h:7/x"}}'
+    )
+    assert registered_instances([with_id, *texts], namespace="dynamo") == {7: {"15934747437336907462"}, 42829: set()}
 
 
 def test_local_workers_requires_environment_local(tmp_path) -> None:
@@ -315,3 +338,74 @@ def test_a_start_failing_midway_stops_the_workers_it_had_started(make_ctx, monke
     assert len(spawned) == 3
     for process in spawned[1:]:
         assert process.wait(timeout=10) == -signal.SIGKILL  # killed with their rows, not left running
+
+
+def _report_load(ctx, loads: dict[int, int]) -> None:
+    """Store a forward-pass sample per worker (by its process, whose instance id the stand-in registers as its pid)
+    with `loads[worker id]` requests decoding, as the ingest would."""
+    from planner_core.domain import ForwardPassMetrics, ScheduledRequests
+    from planner_core.runtime.store.fpm import FpmSample, insert_fpm_samples
+
+    now = dt.datetime.now(dt.UTC)
+    by_id = {w.id: w for w in workers(ctx)}
+    samples = [
+        FpmSample(
+            fpm=ForwardPassMetrics(
+                component=Component.DECODE,
+                worker_id=str(by_id[worker_id].pid),
+                wall_time_s=0.01,
+                scheduled=ScheduledRequests(num_decode_requests=n),
+            ),
+            received_at=now,
+        )
+        for worker_id, n in loads.items()
+    ]
+    with ctx.sessions.begin() as session:
+        insert_fpm_samples(session, repo.find_deployment(session, NAME).id, samples)
+
+
+def drains(ctx) -> list[DrainRow]:
+    with ctx.sessions.begin() as session:
+        rows = session.scalars(select(DrainRow).order_by(DrainRow.id)).all()
+        session.expunge_all()
+    return list(rows)
+
+
+def test_a_scale_down_drains_the_least_loaded_workers_and_records_what_it_waited_for(make_ctx) -> None:
+    """Four ready workers with 5, 0, 9 and 2 requests in flight (their forward-pass samples): a decision to 2 drains
+    the two least loaded (0 and 2), not the newest; each drain is recorded with its load, and ends `stopped` with
+    nothing cut once the process exits after SIGTERM."""
+    ctx = make_ctx("--drain-s", "0.3", initial_decode=4)
+    settle(ctx, lambda: len(workers(ctx, R)) == 4)
+    ids = [w.id for w in workers(ctx, R)]
+    _report_load(ctx, dict(zip(ids, (5, 0, 9, 2), strict=True)))
+    down = record_decision(ctx, NAME, T0, None, 2)
+    settle(ctx, lambda: decision_status(ctx, down) == "acknowledged")
+    assert [w.id for w in workers(ctx, R)] == [ids[0], ids[2]]  # the busiest two stay
+    recorded = {d.local_worker_id: d for d in drains(ctx)}
+    assert set(recorded) == {ids[1], ids[3]}
+    assert [(recorded[i].num_in_flight_at_start, recorded[i].num_waited_for) for i in (ids[1], ids[3])] == [
+        (0, 0),
+        (2, 2),
+    ]
+    for drain in recorded.values():
+        assert (drain.outcome, drain.num_cut, drain.decision_id, drain.grace_s) == ("stopped", 0, down, 5.0)
+        assert drain.duration_s is not None and 0.2 <= drain.duration_s < 5.0  # the stand-in's 0.3 s drain
+        assert drain.worker_ids == str(next(w.pid for w in workers(ctx) if w.id == drain.local_worker_id))
+
+
+def test_a_drain_past_the_grace_records_the_requests_it_cut(make_ctx) -> None:
+    """A worker that ignores SIGTERM is killed after the grace; the requests its newest sample still showed in
+    flight are recorded as cut."""
+    ctx = make_ctx("--ignore-sigterm", grace_s=0.5, initial_decode=2)
+    settle(ctx, lambda: len(workers(ctx, R)) == 2)
+    first, second = (w.id for w in workers(ctx, R))
+    _report_load(ctx, {first: 1, second: 4})
+    down = record_decision(ctx, NAME, T0, None, 1)
+    settle(ctx, lambda: decision_status(ctx, down) == "acknowledged")
+    [drain] = drains(ctx)
+    assert drain.local_worker_id == first and drain.outcome == "killed"
+    assert (drain.num_in_flight_at_start, drain.num_cut) == (1, 1)
+    with ctx.sessions.begin() as session:
+        [ended] = session.scalars(select(AuditLogRow.detail).where(AuditLogRow.event == "engine_drain_ended")).all()
+    assert ended["num_cut"] == 1 and ended["outcome"] == "killed"

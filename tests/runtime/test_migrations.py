@@ -44,6 +44,7 @@ TABLES = {
     "arbitration_rounds",
     "arbitration_grants",
     "config_revisions",
+    "drains",
 }
 VIEWS = {
     "decision_history",

@@ -38,6 +38,13 @@ def db_figures(database_url: str, started: dt.datetime, ended: dt.datetime, *, i
             ),
             {"a": started, "b": ended},
         ).one()
+        # every engine a scale-down removed (migration 0025): in flight when its drain started, and cut
+        drains = session.execute(
+            text(
+                "SELECT count(*), coalesce(sum(num_in_flight_at_start), 0), coalesce(sum(num_cut), 0), "
+                "count(*) FILTER (WHERE outcome = 'killed') FROM drains WHERE decision_id IS NOT NULL"
+            )
+        ).one()
     gpu_s = 0.0
     for _role, start, _ready, end, _status in workers:
         a, b = max(start, started), min(end or ended, ended)
@@ -66,6 +73,10 @@ def db_figures(database_url: str, started: dt.datetime, ended: dt.datetime, *, i
         "fpm_samples": fpm[0],
         "fpm_engines": fpm[1],
         "fpm_busy_samples": fpm[2],
+        "drains": drains[0],
+        "drains_in_flight_at_start": drains[1],
+        "drains_cut": drains[2],
+        "drains_killed": drains[3],
     }
 
 
@@ -135,6 +146,8 @@ def live_table(runs: list[dict], *, ttft_ms: float, itl_ms: float) -> str:
         ("applied decisions acknowledged", lambda r: f"{r.get('acknowledged_decisions')} of {r.get('applied_decisions')}"),  # noqa: E501
         ("forward-pass samples stored (busy; engines)",
          lambda r: f"{r.get('fpm_samples')} ({r.get('fpm_busy_samples')}; {r.get('fpm_engines')})"),
+        ("scale-down drains: in flight at start / cut (killed)",
+         lambda r: f"{r.get('drains')}: {r.get('drains_in_flight_at_start')} / {r.get('drains_cut')} ({r.get('drains_killed')})"),  # noqa: E501
         ("components that exited during the traffic", lambda r: _exited(r.get("components_exited"))),
         ("CPU idle mean / min", lambda r: f"{_pct(r.get('cpu_idle_mean'))} / {_pct(r.get('cpu_idle_min'))}"),
         ("recorded ticks replay identical", lambda r: _replayed(r.get("replay"))),

@@ -17,14 +17,17 @@ Rules:
   pending for the next execution run;
 - every write is conditional on the resourceVersion read just before it, so a concurrent writer makes it
   fail with 409 Conflict instead of being overwritten; conflicts, 429, 5xx and connection errors re-read
-  and retry with bounded exponential backoff (`sleep` is injectable: tests do not wait).
+  and retry with bounded exponential backoff (`sleep` is injectable: tests do not wait);
+- before a component's replicas go down, its pods get a deletion cost from their load (`pod_drain`): the
+  ReplicaSet controller removes the least loaded, and the pods expected to go are recorded as drains.
 
 Reading the DGD's JSON is `planner_core.runtime.connectors.dgd` (pure); settings, the API client, errors and retries,
 shared with the workloads connector, are `planner_core.runtime.connectors.k8s_api`; this module re-exports their
 public names.
 
-Nothing here touches the database: `store.execution.execute_pending` records each attempt (its outcome and
-the detail string built here, which lists retried HTTP errors) in the caller's transaction.
+The database is read for the engines' loads (`fpm_samples`) and written for the drain records (`drains`), in the
+caller's transaction; `store.execution.execute_pending` records each attempt (its outcome and the detail string
+built here, which lists retried HTTP errors) in it too.
 """
 
 from __future__ import annotations
@@ -78,7 +81,10 @@ from planner_core.runtime.connectors.k8s_api import (
     transient_reason,
     with_retries,
 )
-from planner_core.runtime.store.models import DecisionRow, ExecutionOutcome
+from planner_core.runtime.connectors.pod_drain import PodDrainer, deletion_costs, planned_removals
+from planner_core.runtime.engine_load import in_flight_by_worker
+from planner_core.runtime.store.drains import DrainStart, open_drain
+from planner_core.runtime.store.models import DecisionRow, DrainOutcome, ExecutionOutcome
 
 GROUP = "nvidia.com"
 DGD_PLURAL = "dynamographdeployments"
@@ -99,6 +105,9 @@ REQUIRED_ACCESS = (
     ApiAccess(group=GROUP, resource=DGDSA_PLURAL, subresource="scale", verb="get"),
     ApiAccess(group=GROUP, resource=DGDSA_PLURAL, subresource="scale", verb="update"),
     ApiAccess(group="", resource="events", verb="create"),  # the tick's one Event on the DGD
+    # drain before removal: the managed components' pods listed and given a deletion cost from their load
+    ApiAccess(group="", resource="pods", verb="list"),
+    ApiAccess(group="", resource="pods", verb="patch"),
 )
 
 
@@ -167,8 +176,16 @@ class KubernetesConnector:
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] = time.sleep,
         request_timeout_s: float = 10.0,
+        engine_loads: Callable[[Session | None, int, dt.datetime], Mapping[str, int]] | None = None,
     ) -> None:
         self.api = k8s_client.CustomObjectsApi(api_client)
+        self.pod_drainer = PodDrainer(api_client, namespace, timeout_s=request_timeout_s)
+        # worker id -> requests in flight: the stored forward-pass samples (none known without a session)
+        self._engine_loads = engine_loads or (
+            lambda session, deployment_id, now: (
+                in_flight_by_worker(session, deployment_id, now) if session is not None else {}
+            )
+        )
         self.api_client = api_client
         self.namespace = namespace
         self.dgd_name = dgd_name
@@ -386,7 +403,6 @@ class KubernetesConnector:
                 the attempt as failed; components already written keep their new replicas, and the next
                 attempt finds them at the target and does not write them again).
         """
-        del session, now  # the API server holds this state; the caller records the attempt
         trail: list[str] = []
         dgd = self.read_dgd(trail)
         problem = readiness_problem(dgd)
@@ -396,12 +412,67 @@ class KubernetesConnector:
                 detail=f"{self.label} not ready: {problem}; nothing written",
             )
         targets = {Component.PREFILL: decision.target_prefill, Component.DECODE: decision.target_decode}
+        drains = [
+            note
+            for role, managed in self.info.roles
+            if (target := targets[role]) is not None
+            and (note := self._prepare_removal(session, decision, dgd, role, managed, target, now, trail))
+        ]
         writes = [
             (role, target, functools.partial(self._scale_component, managed, target, trail))
             for role, managed in self.info.roles
             if (target := targets[role]) is not None
         ]
-        return write_pool_targets(writes, trail, where=self.label)
+        result = write_pool_targets(writes, trail, where=self.label)
+        if not drains:
+            return result
+        return ApplyResult(outcome=result.outcome, detail=f"{result.detail}; drain: {'; '.join(drains)}")
+
+    def _prepare_removal(
+        self,
+        session: Session,
+        decision: DecisionRow,
+        dgd: Mapping[str, Any],
+        role: Component,
+        managed: DgdComponent,
+        target: int,
+        now: dt.datetime,
+        trail: list[str],
+    ) -> str | None:
+        """Before a component's replicas go down: its pods' deletion costs from their load (the least loaded go
+        first), and a `drains` row per pod expected to go (handed over: the kubelet drains it within its grace);
+        what was done, None without a scale-down. Without a session (a dry check) no load is known."""
+        component = self._component_in(dgd, managed.name)
+        num_remove = self._desired_replicas(component, trail) - target
+        if num_remove <= 0:
+            return None
+        loads = self._engine_loads(session, decision.deployment_id, now)
+        pods = self._with_retries(
+            f"list pods of {managed.name}", lambda: self.pod_drainer.pods(self.dgd_name, managed.name, loads), trail
+        )
+        costs = deletion_costs(pods)
+        written = self.pod_drainer.set_costs(
+            pods, costs, lambda what, attempt: self._with_retries(what, attempt, trail)
+        )
+        removed = planned_removals(pods, costs, num_remove)
+        for pod in removed if session is not None else ():
+            start = DrainStart(
+                deployment_id=decision.deployment_id,
+                decision_id=decision.id,
+                connector=self.name,
+                role=role.value,
+                engine=f"pod {self.namespace}/{pod.name}",
+                worker_ids=(pod.instance_id,),
+                grace_s=pod.grace_s,
+                num_in_flight=pod.num_in_flight,
+                outcome=DrainOutcome.HANDED_OVER,
+                detail=f"deletion cost {costs.get(pod.name, pod.cost)}; replicas {num_remove + target}->{target}",
+            )
+            open_drain(session, start, now)
+        going = ", ".join(
+            f"{p.name} ({'?' if p.num_in_flight is None else p.num_in_flight} in flight)" for p in removed
+        )
+        return f"{managed.name}: deletion cost set on {written} pod(s); expected to go: {going or 'none listed'}"
 
     def _scale_component(self, managed: DgdComponent, target: int, trail: list[str]) -> str | None:
         """Set one component's replicas; a description of the write, or None if it was already at `target`."""

@@ -10,8 +10,12 @@ adopts the ones still running.
   (`DYN_FILE_KV`) holds an `instances` entry for its `generate` endpoint whose TCP port the worker's process
   listens on. Without a store a running worker counts as ready. Expected = the sizes in force
   (`local_connector_state`: the last applied decision's targets, or the minimum endpoints).
-- **Scale-up** starts the missing workers; **scale-down** drains the surplus, not-yet-ready and newest first:
-  SIGTERM to the worker's process group, SIGKILL once `drain_grace_seconds` have passed.
+- **Scale-up** starts the missing workers; **scale-down** drains the surplus, not-yet-ready first, then the least
+  loaded (its in-flight requests from its newest forward-pass sample, the engine found by the discovery entries
+  of the ports its process listens on; unknown loads last, newest first among equals): SIGTERM to the worker's
+  process group, which makes Dynamo's runtime deregister the engine (the frontend stops routing to it) and exit once
+  its in-flight requests end; SIGKILL once `drain_grace_seconds` have passed. Each drain is a `drains` row: the
+  requests in flight at the start (waited for) and those still in flight at a SIGKILL (cut).
 - **Reconcile** (every execution run, `reconcile()`): a worker that exited while it should serve is marked
   `died`, reported and replaced; drains are finished; a decision whose targets are all ready and whose drains are
   done is acknowledged. What it did is an `executions` row (`reconciled`) of the decision in force, and every
@@ -39,10 +43,13 @@ from sqlalchemy.orm import Session
 
 from planner_core.config import LocalWorkersConfig, PlannerConfig, PlannerMode, managed_components
 from planner_core.domain import Component, WorkerCounts
+from planner_core.runtime.engine_load import engine_in_flight, in_flight_by_worker
 from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.drains import DrainStart, close_drain, open_drain, open_local_drain
 from planner_core.runtime.store.models import (
     DecisionRow,
     DecisionStatus,
+    DrainOutcome,
     ExecutionOutcome,
     ExecutionRow,
     LocalConnectorStateRow,
@@ -69,10 +76,12 @@ class LocalConnectorError(ValueError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerView:
-    """What the plan needs of one worker: its id, whether it serves yet, and whether it is still live."""
+    """What the plan needs of one worker: its id, whether it serves yet, whether it is still live, and its requests
+    in flight (None: unknown)."""
 
     worker_id: int
     status: LocalWorkerStatus
+    num_in_flight: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,16 +100,26 @@ class PoolPlan:
 
 
 def plan_pool(role: Component, workers: Iterable[WorkerView], target: int) -> PoolPlan:
-    """Start what is missing, or drain the surplus: workers not ready yet first (they serve nothing), then the
-    newest (the oldest have the warmest caches). Draining workers are not live: they never count towards the
-    target, so a scale-up during a drain starts new workers rather than waiting for the old ones to go."""
+    """Start what is missing, or drain the surplus: workers not ready yet first (they serve nothing), then the least
+    loaded (fewest requests in flight: the drain waits for fewer, and cuts fewer if the grace ends), those of unknown
+    load last (they may be busy), the newest first among equals (the oldest have the warmest caches). Draining
+    workers are not live: they never count towards the target, so a scale-up during a drain starts new workers
+    rather than waiting for the old ones to go."""
     if target < 0:
         raise ValueError(f"target of {role.value} = {target}: must be >= 0")
     live = [w for w in workers if w.status in LIVE_STATUSES]
     if len(live) < target:
         return PoolPlan(role=role, target=target, num_live=len(live), num_start=target - len(live))
     surplus = len(live) - target
-    order = sorted(live, key=lambda w: (w.status is LocalWorkerStatus.READY, -w.worker_id))
+    order = sorted(
+        live,
+        key=lambda w: (
+            w.status is LocalWorkerStatus.READY,
+            w.num_in_flight is None,
+            w.num_in_flight or 0,
+            -w.worker_id,
+        ),
+    )
     return PoolPlan(role=role, target=target, num_live=len(live), drain=tuple(w.worker_id for w in order[:surplus]))
 
 
@@ -175,7 +194,15 @@ _TCP_PORT = re.compile(r"^[^/]*:(\d+)(?:/|$)")
 def registered_ports(entries: Iterable[str], *, namespace: str, endpoint: str = GENERATE_ENDPOINT) -> set[int]:
     """TCP ports of the instances registered for `namespace`'s `endpoint` (texts of `instances/*` entries of
     Dynamo's file discovery store); entries that do not parse are skipped (a half-written file is seen again)."""
-    ports: set[int] = set()
+    return set(registered_instances(entries, namespace=namespace, endpoint=endpoint))
+
+
+def registered_instances(
+    entries: Iterable[str], *, namespace: str, endpoint: str = GENERATE_ENDPOINT
+) -> dict[int, set[str]]:
+    """TCP port -> instance ids (decimal text, as the engines' forward-pass samples name them) of the instances
+    registered for `namespace`'s `endpoint`; an entry without an integer `instance_id` maps its port to no id."""
+    ports: dict[int, set[str]] = {}
     for text in entries:
         try:
             entry = json.loads(text)
@@ -186,7 +213,10 @@ def registered_ports(entries: Iterable[str], *, namespace: str, endpoint: str = 
         tcp = (entry.get("transport") or {}).get("tcp") if isinstance(entry.get("transport"), dict) else None
         match = _TCP_PORT.match(tcp) if isinstance(tcp, str) else None
         if match:
-            ports.add(int(match.group(1)))
+            ids = ports.setdefault(int(match.group(1)), set())
+            instance_id = entry.get("instance_id")
+            if isinstance(instance_id, int) and not isinstance(instance_id, bool):
+                ids.add(str(instance_id))
     return ports
 
 
@@ -242,6 +272,11 @@ def listening_ports(pid: int) -> set[int]:
 
 def discovery_ports(discovery_dir: Path, namespace: str) -> set[int]:
     """Ports registered in a file discovery store for the namespace's generate endpoint."""
+    return set(discovery_instances(discovery_dir, namespace))
+
+
+def discovery_instances(discovery_dir: Path, namespace: str) -> dict[int, set[str]]:
+    """Port -> instance ids registered in a file discovery store for the namespace's generate endpoint."""
     instances = discovery_dir / "v1" / "instances"
     texts: list[str] = []
     try:
@@ -251,8 +286,8 @@ def discovery_ports(discovery_dir: Path, namespace: str) -> set[int]:
             except OSError:
                 continue  # removed while listing: the worker deregistered
     except OSError:
-        return set()
-    return registered_ports(texts, namespace=namespace)
+        return {}
+    return registered_instances(texts, namespace=namespace)
 
 
 def _signal_group(worker: LocalWorkerRow, sig: signal.Signals) -> bool:
@@ -426,18 +461,81 @@ class LocalConnector:
         )
         return row
 
-    def _drain(self, session: Session, worker: LocalWorkerRow, now: dt.datetime, decision_id: int | None) -> str:
+    def _engine_ids(self, workers: Sequence[LocalWorkerRow]) -> dict[int, tuple[str, ...]]:
+        """Worker row id -> the Dynamo instance ids its process registered (the discovery entries of the ports it
+        listens on); empty without a discovery store or before it registered."""
+        if self.discovery_dir is None:
+            return {w.id: () for w in workers}
+        instances = discovery_instances(self.discovery_dir, self.namespace)
+        return {
+            w.id: tuple(sorted({i for port in listening_ports(w.pid) for i in instances.get(port, ())}))
+            for w in workers
+        }
+
+    def _loads(
+        self, session: Session, deployment_id: int, workers: Sequence[LocalWorkerRow], now: dt.datetime
+    ) -> tuple[dict[int, tuple[str, ...]], dict[int, int | None]]:
+        """Each worker's instance ids and requests in flight (None: no fresh forward-pass sample of it)."""
+        ids = self._engine_ids(workers)
+        loads = in_flight_by_worker(session, deployment_id, now)
+        return ids, {w.id: engine_in_flight(loads, ids[w.id]) for w in workers}
+
+    def _drain(
+        self,
+        session: Session,
+        worker: LocalWorkerRow,
+        now: dt.datetime,
+        decision_id: int | None,
+        *,
+        num_in_flight: int | None = None,
+        worker_ids: Sequence[str] = (),
+    ) -> str:
+        """SIGTERM: Dynamo's runtime deregisters the engine (no new request reaches it) and exits once the requests
+        it holds end; `_check_workers` finishes the drain. Recorded as a `drains` row and an audit row."""
         sent = _signal_group(worker, signal.SIGTERM)
         worker.status = LocalWorkerStatus.DRAINING.value
         worker.drain_started_at = now
+        grace_s = float(self.settings.drain_grace_seconds)
+        start = DrainStart(
+            deployment_id=worker.deployment_id,
+            decision_id=decision_id,
+            connector=self.name,
+            role=worker.role,
+            engine=f"local worker {worker.id} (pid {worker.pid})",
+            worker_ids=worker_ids,
+            grace_s=grace_s,
+            num_in_flight=num_in_flight,
+            local_worker_id=worker.id,
+        )
+        open_drain(session, start, now)
         repo.audit(
             session,
             "local_worker_draining",
-            {"worker_id": worker.id, "role": worker.role, "pid": worker.pid, "sigterm_sent": sent},
+            {
+                "worker_id": worker.id,
+                "role": worker.role,
+                "pid": worker.pid,
+                "sigterm_sent": sent,
+                "num_in_flight": num_in_flight,
+                "grace_s": grace_s,
+            },
             deployment_id=worker.deployment_id,
             decision_id=decision_id,
         )
-        return f"drain {worker.role} worker {worker.id} (pid {worker.pid}, SIGTERM)"
+        load = "load unknown" if num_in_flight is None else f"{num_in_flight} in flight"
+        return f"drain {worker.role} worker {worker.id} (pid {worker.pid}, {load}, SIGTERM)"
+
+    def _end_drain(self, session: Session, worker: LocalWorkerRow, outcome: DrainOutcome, now: dt.datetime) -> None:
+        """Close the worker's drain record: cut = its requests in flight (newest sample) when SIGKILLed, 0 when it
+        exited by itself (Dynamo's runtime exits once its requests ended)."""
+        drain = open_local_drain(session, worker.id)
+        if drain is None:
+            return  # drained before drains were recorded (migration 0025)
+        num_cut: int | None = 0
+        if outcome is DrainOutcome.KILLED:
+            ids = drain.worker_ids.split(",") if drain.worker_ids else []
+            num_cut = engine_in_flight(in_flight_by_worker(session, worker.deployment_id, now), ids)
+        close_drain(session, drain, outcome, now, num_cut=num_cut)
 
     def _end(self, session: Session, worker: LocalWorkerRow, status: LocalWorkerStatus, now: dt.datetime, why: str):
         worker.status = status.value
@@ -462,16 +560,34 @@ class LocalConnector:
         live = self.workers(session, deployment_id, statuses=LIVE_STATUSES)
         actions: list[str] = []
         started: list[LocalWorkerRow] = []
+        ids: dict[int, tuple[str, ...]] = {}
+        loads: dict[int, int | None] = {}
+        if any(sum(1 for w in live if w.role == role) > targets[role] for role in self.roles):
+            ids, loads = self._loads(session, deployment_id, live, now)  # a scale-down: which engines are least loaded
         try:
             for role in self.roles:
-                views = [WorkerView(worker_id=w.id, status=LocalWorkerStatus(w.status)) for w in live if w.role == role]
+                views = [
+                    WorkerView(worker_id=w.id, status=LocalWorkerStatus(w.status), num_in_flight=loads.get(w.id))
+                    for w in live
+                    if w.role == role
+                ]
                 plan = plan_pool(role, views, targets[role])
                 for _ in range(plan.num_start):
                     row = self._start(session, deployment_id, role, now, decision_id)
                     started.append(row)
                     actions.append(f"start {role.value} worker {row.id} (pid {row.pid})")
                 by_id = {w.id: w for w in live}
-                actions += [self._drain(session, by_id[worker_id], now, decision_id) for worker_id in plan.drain]
+                actions += [
+                    self._drain(
+                        session,
+                        by_id[worker_id],
+                        now,
+                        decision_id,
+                        num_in_flight=loads.get(worker_id),
+                        worker_ids=ids.get(worker_id, ()),
+                    )
+                    for worker_id in plan.drain
+                ]
         except BaseException:
             # The transaction that recorded these workers is rolled back with the error: their processes would
             # run unrecorded (nothing would drain or count them), so they go with it.
@@ -574,12 +690,14 @@ class LocalConnector:
             if status is LocalWorkerStatus.DRAINING:
                 if not running:
                     self._end(session, worker, LocalWorkerStatus.STOPPED, now, "exited after SIGTERM")
+                    self._end_drain(session, worker, DrainOutcome.STOPPED, now)
                     actions.append(f"{worker.role} worker {worker.id} (pid {worker.pid}) stopped")
                 elif worker.drain_started_at is not None and now - worker.drain_started_at >= grace:
                     _signal_group(worker, signal.SIGKILL)
                     self._end(
                         session, worker, LocalWorkerStatus.KILLED, now, f"SIGKILL after {grace.total_seconds():g} s"
                     )
+                    self._end_drain(session, worker, DrainOutcome.KILLED, now)
                     actions.append(f"{worker.role} worker {worker.id} (pid {worker.pid}) killed after the grace period")
             elif not running:
                 why = f"process {worker.pid} exited while {status.value}; log {worker.log_path}"
@@ -637,7 +755,9 @@ class LocalConnector:
 
     def stop_all(self, session: Session, deployment_id: int, now: dt.datetime) -> list[str]:
         """Drain every worker of the deployment (the live command's shutdown); `reconcile` finishes the drains."""
+        live = self.workers(session, deployment_id, statuses=LIVE_STATUSES)
+        ids, loads = self._loads(session, deployment_id, live, now)
         return [
-            self._drain(session, worker, now, None)
-            for worker in self.workers(session, deployment_id, statuses=LIVE_STATUSES)
+            self._drain(session, worker, now, None, num_in_flight=loads[worker.id], worker_ids=ids[worker.id])
+            for worker in live
         ]

@@ -93,6 +93,15 @@ class LocalWorkerStatus(enum.StrEnum):
     DIED = "died"  # exited while it should have been serving (reported, and replaced)
 
 
+class DrainOutcome(enum.StrEnum):
+    """How the drain of one removed engine ended (`drains.outcome`)."""
+
+    DRAINING = "draining"  # stopped routing to it; waiting for its in-flight requests or the grace
+    STOPPED = "stopped"  # exited by itself within the grace: every request it held ended
+    KILLED = "killed"  # still running when the grace ended: SIGKILL, its requests still in flight cut
+    HANDED_OVER = "handed_over"  # Kubernetes removes the pod (deletion cost set, grace = the pod's own)
+
+
 # The tick tables are partitioned by `scheduled_at`, one partition per UTC day (migration 0017; partitions are
 # created by `store.partitions`, dropped by `planner db prune --drop-partitions-older-than`). Every table of one
 # tick's rows carries its tick's `scheduled_at` and references it by (tick_id, scheduled_at).
@@ -500,6 +509,39 @@ class LocalWorkerRow(Base):
     drain_started_at: Mapped[dt.datetime | None]
     ended_at: Mapped[dt.datetime | None]
     end_detail: Mapped[str | None] = mapped_column(Text)
+
+
+class DrainRow(Base):
+    """One engine a scale-down removed: its load when the drain started, what the drain waited for and cut.
+
+    Written by the connector that removed it (local: at SIGTERM, completed when the process exits or is killed;
+    Kubernetes: the pods given the lowest deletion cost, handed over to the ReplicaSet controller). Counts are the
+    engine's in-flight requests from its newest forward-pass sample; NULL = unknown (no sample for the engine).
+    """
+
+    __tablename__ = "drains"
+    __table_args__ = (
+        _enum_check("outcome", "outcome", DrainOutcome),
+        Index("ix_drains_deployment_id_started_at", "deployment_id", "started_at"),
+        {"comment": "Every engine a scale-down removed: in flight at the start, waited for, cut (migration 0025)"},
+    )
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    deployment_id: Mapped[int] = mapped_column(ForeignKey("deployments.id"))
+    decision_id: Mapped[int | None] = mapped_column(ForeignKey("decisions.id"))
+    connector: Mapped[str] = mapped_column(String(40))
+    role: Mapped[str] = mapped_column(String(20))
+    engine: Mapped[str] = mapped_column(String(300))  # "local worker 12 (pid 4711)", "pod ns/name"
+    local_worker_id: Mapped[int | None] = mapped_column(ForeignKey("local_workers.id"))  # local connector only
+    worker_ids: Mapped[str | None] = mapped_column(Text)  # its Dynamo instance ids (fpm_samples.worker_id), comma
+    started_at: Mapped[dt.datetime]
+    grace_s: Mapped[float]
+    num_in_flight_at_start: Mapped[int | None]
+    ended_at: Mapped[dt.datetime | None]
+    duration_s: Mapped[float | None]
+    num_waited_for: Mapped[int | None]
+    num_cut: Mapped[int | None]
+    outcome: Mapped[str] = mapped_column(String(20))
+    detail: Mapped[str | None] = mapped_column(Text)
 
 
 class LocalConnectorStateRow(Base):

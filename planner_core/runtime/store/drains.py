@@ -1,0 +1,92 @@
+"""Repository of the drain records (`drains`, migration 0025): one row per engine a scale-down removed.
+
+A connector opens a row when it stops routing to an engine (`open_drain`: its requests in flight then) and, where it
+follows the drain to its end (the local connector), closes it (`close_local_drain`: how it ended, the duration, the
+requests waited for and cut) with an `engine_drain_ended` audit row. Like every repository here, these functions
+never commit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from planner_core.runtime.store import repository as repo
+from planner_core.runtime.store.models import DrainOutcome, DrainRow
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrainStart:
+    """One engine whose drain starts: who removes it, which engine, its load and its grace."""
+
+    deployment_id: int
+    decision_id: int | None
+    connector: str
+    role: str
+    engine: str  # "local worker 12 (pid 4711)", "pod ns/name"
+    worker_ids: Sequence[str]  # its Dynamo instance ids (fpm_samples.worker_id)
+    grace_s: float
+    num_in_flight: int | None  # None: unknown (no fresh forward-pass sample)
+    local_worker_id: int | None = None
+    outcome: DrainOutcome = DrainOutcome.DRAINING
+    detail: str | None = None
+
+
+def open_drain(session: Session, start: DrainStart, now: dt.datetime) -> DrainRow:
+    """Record the start of a drain (in the caller's transaction)."""
+    row = DrainRow(
+        deployment_id=start.deployment_id,
+        decision_id=start.decision_id,
+        connector=start.connector,
+        role=start.role,
+        engine=start.engine,
+        local_worker_id=start.local_worker_id,
+        worker_ids=",".join(start.worker_ids) or None,
+        started_at=now,
+        grace_s=start.grace_s,
+        num_in_flight_at_start=start.num_in_flight,
+        outcome=start.outcome.value,
+        detail=start.detail,
+    )
+    session.add(row)
+    return row
+
+
+def open_local_drain(session: Session, local_worker_id: int) -> DrainRow | None:
+    """The open (`draining`) drain of a local worker; None for a worker drained before drains were recorded."""
+    return session.scalar(
+        select(DrainRow).where(
+            DrainRow.local_worker_id == local_worker_id, DrainRow.outcome == DrainOutcome.DRAINING.value
+        )
+    )
+
+
+def close_drain(
+    session: Session, drain: DrainRow, outcome: DrainOutcome, now: dt.datetime, *, num_cut: int | None
+) -> None:
+    """Complete a drain: its outcome, end and duration; waited for = its requests in flight at the start; `num_cut`
+    those still in flight when it was cut short (None: unknown). Audited as `engine_drain_ended`."""
+    drain.outcome = outcome.value
+    drain.ended_at = now
+    drain.duration_s = (now - drain.started_at).total_seconds()
+    drain.num_waited_for = drain.num_in_flight_at_start
+    drain.num_cut = num_cut
+    repo.audit(
+        session,
+        "engine_drain_ended",
+        {
+            "engine": drain.engine,
+            "role": drain.role,
+            "outcome": outcome.value,
+            "num_in_flight_at_start": drain.num_in_flight_at_start,
+            "num_cut": num_cut,
+            "grace_s": drain.grace_s,
+            "duration_s": round(drain.duration_s, 3),
+        },
+        deployment_id=drain.deployment_id,
+        decision_id=drain.decision_id,
+    )

@@ -27,12 +27,12 @@ from planner_core.domain import (
     PromptBurstWindow,
 )
 
-__all__ = ["PooledCurve", "pool_prompt_bursts", "remember_prompt_bursts"]
+__all__ = ["P99", "PooledCurve", "pool_prompt_bursts", "remember_prompt_bursts"]
 
 # each kept quantile's share of a window's requests, in per mille (whole numbers: the sums below are exact)
 _PER_MILLE = tuple(round(1000 * q) for q in PROMPT_BURST_QUANTILES)
 _BAND_PER_MILLE = tuple(high - low for low, high in zip((0, *_PER_MILLE[:-1]), _PER_MILLE, strict=True))
-_P99 = 0.99
+P99 = 0.99  # the percentile the burst rule reads unless the SLA error budget chose a leaner one
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,7 +51,7 @@ def pool_prompt_bursts(
     *,
     min_requests: int,
     max_windows: int,
-    quantile: float = _P99,
+    quantile: float = P99,
 ) -> PooledCurve | None:
     """The curve pooled over the window just observed (`current`, its distributions) and, newest first, as many
     of the `recent` windows as it takes to hold `min_requests` requests, at most `max_windows` windows in all, at

@@ -41,6 +41,7 @@ from planner_core.domain import (
     StepRecord,
     TrafficObservation,
 )
+from planner_core.policy.burst_pool import P99
 
 __all__ = [
     "BURST_QUANTILE",
@@ -56,7 +57,7 @@ __all__ = [
 MIN_JUDGED = 1000.0  # requests judged before the budget moves the margins
 LEAN_BELOW = 0.5  # the period's burn rate under which the margins go leaner (half the budget unspent)
 LEAN_STEP = 0.25  # posture gained per healthy window (four to the leanest)
-BURST_QUANTILE = 0.99  # the burst sizing's percentile at the configured posture
+BURST_QUANTILE = P99  # the burst sizing's percentile at the configured posture
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from planner_core.runtime.settings import RuntimeSettings
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
+
     from planner_core.lab.fleet_bench import FleetBenchShape
 
 
@@ -27,7 +29,7 @@ def _sessions():
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    from planner_core.runtime.fleet import add_member
+    from planner_core.runtime.fleet import add_member, member_budget_warnings
 
     with _sessions().begin() as session:
         member = add_member(
@@ -41,17 +43,14 @@ def cmd_add(args: argparse.Namespace) -> int:
         )
     print(f"{member.name}: {member.config_path} (min {member.min_gpus}, max {member.max_gpus}, "
           f"priority {member.priority}, weight {member.weight:g})")  # fmt: skip
-    from planner_core.config import load_config
-    from planner_core.planner import budget_warnings
-
-    for warning in budget_warnings(load_config(args.config).policy, args.config):  # recorded by `add_member`
+    for warning in member_budget_warnings(member.config_path):  # recorded by `add_member`, in the same words
         print(f"planner deployments add: warning: {warning}", file=sys.stderr)
     return 0
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
     """Register every config file of a folder (one transaction: all or nothing)."""
-    from planner_core.runtime.fleet import read_fleet_folder, sync_members
+    from planner_core.runtime.fleet import member_budget_warnings, read_fleet_folder, sync_members
 
     declared = read_fleet_folder(args.folder)  # every file checked before anything is written
     with _sessions().begin() as session:
@@ -63,6 +62,10 @@ def cmd_sync(args: argparse.Namespace) -> int:
             print(f"{label}{mark}: {', '.join(names)}")
     if plan.kept:
         print(f"not in {args.folder}, kept (--prune removes them): {', '.join(plan.kept)}")
+    paths = {member.name: member.config_path for member in declared}
+    for name in (*plan.added, *plan.updated):  # the members `add_member` wrote, and recorded these for
+        for warning in member_budget_warnings(paths[name]):
+            print(f"planner deployments sync: warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -133,11 +136,32 @@ def cmd_fleet_tick(args: argparse.Namespace) -> int:
     return 0 if not summary["failed"] else 1
 
 
+def _warn_about_members(settings: RuntimeSettings, sessions: sessionmaker[Session]) -> None:
+    """Each member's budget warnings, printed and recorded (`config_warning`) at start, as `planner serve` does for
+    its deployment. A member whose file no longer loads is named here; its ticks fail and record why."""
+    from planner_core.config import ConfigError
+    from planner_core.runtime.fleet import list_members, member_budget_warnings
+    from planner_core.runtime.service import record_config_warnings
+    from planner_core.runtime.store.db import resolve_database_url
+
+    with sessions.begin() as session:
+        members = list_members(session)
+    for member in members:
+        try:
+            warnings = member_budget_warnings(member.config_path)
+        except ConfigError as exc:
+            print(f"planner fleet serve: warning: deployment {member.name!r}: {exc}", file=sys.stderr)
+            continue
+        for warning in warnings:
+            print(f"planner fleet serve: warning: {warning}", file=sys.stderr)
+        record_config_warnings(resolve_database_url(settings), member.name, warnings)
+
+
 def cmd_fleet_serve(args: argparse.Namespace) -> int:
     from planner_cli.common import prefect_environment
 
     settings = RuntimeSettings()
-    _sessions()
+    sessions = _sessions()
     prefect_environment(settings)
     import signal
     import threading
@@ -160,6 +184,7 @@ def cmd_fleet_serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--audit-head-file {args.audit_head_file}: folder {args.audit_head_file.parent} does "
                              "not exist")  # fmt: skip
         audit_head = AuditHeadPublishing(path=args.audit_head_file, every_s=args.audit_head_every_s)
+    _warn_about_members(settings, sessions)  # after the checks: nothing recorded for a command that refuses
     with prefect_api(port=args.port, exit_when_lost=True) as api_url:
         print(f"Prefect UI: {api_url.removesuffix('/api')}", file=sys.stderr)
         from flows.fleet import serve_fleet

@@ -83,9 +83,20 @@ def add_member(
         .on_conflict_do_update(index_elements=["deployment_id"], set_=values)
     )
     repo.audit(session, "fleet_member_added", {"name": name, **values}, deployment_id=deployment.id)
-    for warning in budget_warnings(loaded.policy, Path(path)):  # valid, but said (`deployments add` prints them)
+    for warning in budget_warnings(loaded.policy, Path(path)):  # valid, but said (`member_budget_warnings` prints)
         repo.audit(session, "config_warning", {"deployment": name, "warning": warning}, deployment_id=deployment.id)
     return FleetMember(name=name, deployment_id=deployment.id, **values)
+
+
+def member_budget_warnings(config_path: str | Path) -> tuple[str, ...]:
+    """The `budget_warnings` of a member's config file worded as `add_member` records them (the path resolved, as
+    the registry stores it), for the commands that print them: `deployments add`, `deployments sync`, `fleet serve`.
+
+    Raises:
+        ConfigError: the file is bad (one line).
+    """
+    path = Path(config_path).resolve()
+    return budget_warnings(load_config(path).policy, path)
 
 
 def remove_member(session: Session, name: str) -> bool:

@@ -52,15 +52,18 @@ from planner_core.runtime.replay_compare import (
     _recorded_form,
     _replayed_form,
     _same,
+    _same_rest,
 )
 from planner_core.runtime.service import PlannerContext, context_for_config, decide, initial_state
 from planner_core.runtime.store import repository as repo
-from planner_core.runtime.store.codec import from_jsonable, inputs_from_stored, to_jsonable
+from planner_core.runtime.store.codec import field_converters, from_jsonable, inputs_from_stored, to_jsonable
 from planner_core.runtime.store.db import get_engine
 from planner_core.runtime.store.models import ReplayMode, ReplayTickOutcome
 from planner_core.runtime.store.state_delta import apply_delta, decode_delta, same_json
 
 MAX_FIELDS_PER_SECTION = 12  # differing fields listed per section (reason, decision, ..., next_state)
+# How each field of a state other than its load history is decoded (the history is decoded apart, once per change).
+_REST_CONVERTERS = tuple((name, convert) for name, convert in field_converters(PlannerState) if name != "load_history")
 _COPY_BATCH = 10_000
 
 # One row per tick: the recorded tick, its outcome in comparable form, and its state after, whole or as a delta
@@ -470,6 +473,8 @@ class _Comparer:
         self._history_obj_version = -1
         self._equal_cache: dict[tuple[int, int], tuple[LoadHistory, bool]] = {}
         self._json_cache: dict[int, tuple[LoadHistory, Any]] = {}
+        # each state field's JSON as the newest row held it, and its value decoded from it (`_recorded_state`)
+        self._rest_decoded: dict[str, tuple[Any, Any]] = {}
         self.revisions: set[int] = set()  # the config revisions of the ticks replayed
 
     def run(self, rows: Iterator[Any]) -> Iterator[_Result]:
@@ -519,7 +524,7 @@ class _Comparer:
                     outcome,
                 )
                 continue
-            fields = self._compare(row, outcome)
+            fields = self._compare(row, outcome, recorded_state)
             if fields:
                 yield _Result(
                     row.id,
@@ -541,8 +546,23 @@ class _Comparer:
         return self._history_obj
 
     def _recorded_state(self, row: Any) -> PlannerState:
-        rest = from_jsonable(PlannerState, row.state_rest)
-        return dataclasses.replace(rest, load_history=self._recorded_history())
+        """The recorded state after `row`, decoded field by field (`from_jsonable`'s converters). A field whose JSON
+        is the very object the previous row's was (a delta shares what it left unchanged with its base, and load
+        ticks change few fields) keeps the value decoded then: the states of consecutive ticks share their
+        unchanged parts, as the live states do, which also makes their comparison cheap (`_same_rest`)."""
+        rest, decoded = row.state_rest, self._rest_decoded
+        values: dict[str, Any] = {"load_history": self._recorded_history()}
+        for name, convert in _REST_CONVERTERS:
+            if name not in rest:  # recorded before the field existed: its default, as `from_jsonable` reads it
+                decoded.pop(name, None)
+                continue
+            raw = rest[name]
+            cached = decoded.get(name)
+            if cached is None or cached[0] is not raw:
+                cached = (raw, convert(raw))
+                decoded[name] = cached
+            values[name] = cached[1]
+        return PlannerState(**values)
 
     def _state_of(self, row: Any) -> PlannerState | None:
         """The state a tick started from when it is not the previous row's: fetched, initial, or None if pruned."""
@@ -553,17 +573,21 @@ class _Comparer:
 
     # --- comparison -----------------------------------------------------------------------------------------
 
-    def _compare(self, row: Any, outcome: TickOutcome) -> list[dict[str, Any]]:
+    def _compare(self, row: Any, outcome: TickOutcome, recorded_state: PlannerState | None) -> list[dict[str, Any]]:
         """The differing fields, at most `MAX_FIELDS_PER_SECTION` per section so that none hides another."""
         fields: list[dict[str, Any]] = []
-        recorded = _recorded_form(row)
         replayed = _replayed_form(outcome)
-        if recorded != replayed:
-            for section in recorded:
-                _diff(section, recorded[section], replayed[section], fields, limit=len(fields) + MAX_FIELDS_PER_SECTION)
+        if _recorded_form(row, non_finite=False) != replayed:  # the common case decided without walking the steps
+            recorded = _recorded_form(row)
+            if recorded != replayed:
+                for section in recorded:
+                    limit = len(fields) + MAX_FIELDS_PER_SECTION
+                    _diff(section, recorded[section], replayed[section], fields, limit=limit)
         state = outcome.next_state
-        rest = {name: to_jsonable(getattr(state, name)) for name in _STATE_REST_FIELDS}
-        if rest != row.state_rest:
+        rest = None
+        if recorded_state is None or not _same_rest(state, recorded_state):  # equal objects encode equal
+            rest = {name: to_jsonable(getattr(state, name)) for name in _STATE_REST_FIELDS}
+        if rest is not None and rest != row.state_rest:
             # A state recorded before a field was added to `PlannerState` lacks it: read it back as the code does
             # (the field's default) so that a schema addition alone is not a difference.
             stored = from_jsonable(PlannerState, row.state_rest)

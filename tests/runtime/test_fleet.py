@@ -173,14 +173,31 @@ def test_sync_refuses_a_bad_folder_writing_nothing(database_url, tmp_path, profi
 
 
 def test_cli_sync(database_url, tmp_path, profile_dir) -> None:
+    """`deployments sync` says what it did on stdout; a budget that caps every scale-up of a member it writes is
+    said on stderr and recorded (`config_warning`), as `deployments add`, `serve` and `demo` do."""
     env = dict(os.environ, PLANNER_DATABASE_URL=database_url, PYTHONPATH=str(REPO_ROOT))
     folder = _fleet_folder(tmp_path, {"chat": {"priority": 2}})
+    capped = write_config(tmp_path, max_gpu_budget=2)
+    capped.rename(folder / "capped.yaml")
     command = [sys.executable, "-m", "planner_cli", "deployments", "sync", str(folder)]
     dry = subprocess.run([*command, "--dry-run"], env=env, capture_output=True, text=True, timeout=120)
-    assert dry.returncode == 0 and dry.stdout.strip() == "added (dry run: nothing written): chat", dry.stderr
+    assert dry.returncode == 0 and dry.stdout.strip() == "added (dry run: nothing written): capped, chat", dry.stderr
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.strip() == "added: chat", done.stderr
-    assert _rows(database_url, "SELECT priority FROM fleet_members") == [(2,)]
+    assert done.returncode == 0 and done.stdout.strip() == "added: capped, chat", done.stderr
+    assert _rows(database_url, "SELECT priority FROM fleet_members ORDER BY priority") == [(0,), (2,)]
+    said = "planner deployments sync: warning: "
+    printed = [line.removeprefix(said) for line in done.stderr.splitlines() if line.startswith(said)]
+    assert printed and all(f"{folder.resolve() / 'capped.yaml'}: field 'max_gpu_budget' = 2: " in w for w in printed)
+    assert "the prefill pool cannot scale up from its minimum of 1" in done.stderr
+    assert [line.removeprefix(said) for line in dry.stderr.splitlines() if line.startswith(said)] == printed
+    warned = _rows(
+        database_url,
+        "SELECT a.detail->>'warning' FROM audit_log a JOIN deployments d ON d.id = a.deployment_id "
+        "WHERE a.event = 'config_warning' AND d.name = 'capped' ORDER BY a.id",
+    )
+    assert [w for (w,) in warned] == printed
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert again.stdout.strip() == "unchanged: capped, chat" and said not in again.stderr  # nothing written or said
 
 
 def test_due_ticks_follow_each_members_intervals_and_count_missed_slots(database_url, tmp_path, profile_dir) -> None:
@@ -410,7 +427,8 @@ def test_a_signal_to_fleet_serve_finishes_the_round_and_stops_its_server(
 ) -> None:
     """Ctrl-C (the process group) or SIGTERM (the command) during a round: the round finishes (its member's tick
     recorded, no flow run left Running), the Prefect server the command started is stopped, exit 0 (SIGTERM used to
-    crash the round and orphan the server)."""
+    crash the round and orphan the server). At start it says, and records, the budget warning of its member (a
+    budget that caps every scale-up), as `serve` does."""
     import re
 
     import httpx
@@ -418,7 +436,7 @@ def test_a_signal_to_fleet_serve_finishes_the_round_and_stops_its_server(
     env = dict(os.environ, PLANNER_DATABASE_URL=database_url, PLANNER_DATA_DIR=str(tmp_path / "data"))
     for name in ("PREFECT_API_URL", "PREFECT_HOME"):  # its own Prefect server and home
         env.pop(name, None)
-    config = write_config(tmp_path)
+    config = write_config(tmp_path, max_gpu_budget=2)  # valid; warned about by `add` and at each `fleet serve`
     added = subprocess.run(
         [sys.executable, "-m", "planner_cli.main", "deployments", "add", "m1", "--config", str(config)],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
@@ -438,3 +456,9 @@ def test_a_signal_to_fleet_serve_finishes_the_round_and_stops_its_server(
         httpx.get(f"{ui}/api/health", timeout=5)
     with psycopg.connect(to_libpq_uri(database_url)) as conn:
         assert conn.execute("SELECT count(*) FROM ticks").fetchone()[0] >= 1  # the round in flight recorded
+    said = "planner fleet serve: warning: "
+    warned = [line.removeprefix(said) for line in text.splitlines() if line.startswith(said)]
+    assert warned and "the prefill pool cannot scale up from its minimum of 1" in warned[0], text[-3000:]
+    recorded = _rows(database_url, "SELECT detail->>'warning' FROM audit_log WHERE event = 'config_warning' "
+                     "AND detail->>'deployment' = 'm1' ORDER BY id")  # fmt: skip
+    assert [w for (w,) in recorded] == warned + warned  # `deployments add`'s, then `fleet serve`'s

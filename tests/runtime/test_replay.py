@@ -157,6 +157,39 @@ def test_what_if_in_recorded_mode_checks_each_tick_from_its_recorded_state(recor
         assert any(f["field"].startswith("next_state.load_history") for f in difference.fields)
 
 
+def test_a_stored_state_field_that_differs_is_reported(recorded) -> None:
+    """A state field the tick left as it was (the lower bounds, on a load tick) but stored differently is a
+    difference of that tick: replay reuses the decoded fields that did not change from one row to the next, and
+    the replayed state shares them with the state it started from, yet a changed stored field is still seen."""
+    from planner_core.runtime.store.state_delta import apply_delta, decode_delta, encode_delta
+
+    url, start, end = recorded
+    [(tick_id, delta)] = _rows(
+        url,
+        "SELECT s.tick_id, s.delta FROM planner_states s JOIN ticks t ON t.id = s.tick_id "
+        "WHERE s.base_tick_id IS NULL AND s.delta IS NOT NULL AND t.loop = 'load' ORDER BY s.tick_id OFFSET 1 LIMIT 1",
+    )
+    state = apply_delta(None, decode_delta(delta))
+    tampered = {**state, "throughput_lower_bound_prefill": state["throughput_lower_bound_prefill"] + 7}
+    update = "UPDATE planner_states SET delta = %s WHERE tick_id = %s"
+    with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
+        conn.execute(update, (encode_delta({"=": tampered}), tick_id))
+    try:
+        summary = replay(url, "replayed", start, end, mode=ReplayMode.RECORDED)
+    finally:
+        with psycopg.connect(to_libpq_uri(url), autocommit=True) as conn:
+            conn.execute(update, (delta, tick_id))
+    [difference] = [d for d in summary.differences if d.tick_id == tick_id]
+    assert [(f["field"], f["recorded"], f["replayed"]) for f in difference.fields] == [
+        (
+            "next_state.throughput_lower_bound_prefill",
+            state["throughput_lower_bound_prefill"] + 7,
+            state["throughput_lower_bound_prefill"],
+        )
+    ]
+    assert replay(url, "replayed", start, end, mode=ReplayMode.RECORDED).num_differing == 0  # restored
+
+
 def test_replay_cli_json(recorded) -> None:
     """`planner replay --json` prints the counts and the differences; exit 0 when the recorded replay is exact."""
     url, start, end = recorded

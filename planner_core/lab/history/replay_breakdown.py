@@ -6,11 +6,12 @@
 
 Runs `planner_core.runtime.replay.replay` as the command does (recorded configs, recorded states; a replay run is
 recorded like any other) and prints, per run, the total and the time spent in: the config's context (the profile
-and the plugins, built once), decoding each tick's stored inputs, the tick itself (`decide`), and inside it the
-predictors' statsmodels work (the first call of which imports statsmodels: the KPSS test of the first order
-choice), and the comparison. The parts are measured by wrapping those functions for the run (a profiler would slow
-the pure-Python parts several times and distort the shares); nothing else changes, and the replay still reports
-every tick identical or not.
+and the plugins, built once), decoding each tick's stored inputs and recorded state, the tick itself (`decide`),
+and inside it the predictors' statsmodels work (the first call of which imports statsmodels: the KPSS test of the
+first order choice), and the comparison; each as wall time and as the process's CPU time (on a shared machine the
+wall time counts the other jobs too). The parts are measured by wrapping those functions for the run (a profiler
+would slow the pure-Python parts several times and distort the shares); nothing else changes, and the replay still
+reports every tick identical or not.
 """
 
 from __future__ import annotations
@@ -28,36 +29,44 @@ from typing import Any
 # Before numpy loads, as every planner command does (planner_cli.main).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-# (module, attribute, label): the functions whose time is counted, as `replay` reaches them.
+# (module, attribute, label): the functions whose time is counted, as `replay` reaches them (an attribute
+# `Class.method` is the method of that class of the module).
 _PARTS = (
     ("planner_core.runtime.replay", "context_for_config", "config context (profile, plugins)"),
     ("planner_core.runtime.replay", "inputs_from_stored", "stored inputs decoded"),
+    ("planner_core.runtime.replay", "_Comparer._recorded_state", "recorded states decoded"),
     ("planner_core.runtime.replay", "decide", "ticks decided (decide)"),
     ("planner_core.predict.arima", "differencing", "  of which KPSS tests (the first imports statsmodels)"),
     ("planner_core.predict.arima", "fit_order", "  of which ARIMA fits (statsmodels)"),
+    ("planner_core.runtime.replay", "_Comparer._compare", "outcomes and states compared"),
 )
 
 
 @contextmanager
-def _timed(spent: dict[str, float], calls: dict[str, int]) -> Iterator[None]:
-    """Count the wall time and calls of each `_PARTS` function while the block runs; restore them after."""
+def _timed(spent: dict[str, float], cpu: dict[str, float], calls: dict[str, int]) -> Iterator[None]:
+    """Count the wall time, CPU time (of the process: on a shared machine the wall time counts the other jobs too)
+    and calls of each `_PARTS` function while the block runs; restore them after."""
     import importlib
 
     originals: list[tuple[Any, str, Callable]] = []
-    for module_name, attribute, label in _PARTS:
-        module = importlib.import_module(module_name)
-        original = getattr(module, attribute)
+    for module_name, path, label in _PARTS:
+        owner = importlib.import_module(module_name)
+        *classes, attribute = path.split(".")
+        for name in classes:
+            owner = getattr(owner, name)
+        original = getattr(owner, attribute)
 
         def wrapper(*args: Any, _original: Callable = original, _label: str = label, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             try:
                 return _original(*args, **kwargs)
             finally:
                 spent[_label] += time.perf_counter() - started
+                cpu[_label] += time.process_time() - cpu_started
                 calls[_label] += 1
 
-        setattr(module, attribute, wrapper)
-        originals.append((module, attribute, original))
+        setattr(owner, attribute, wrapper)
+        originals.append((owner, attribute, original))
     try:
         yield
     finally:
@@ -83,17 +92,21 @@ def main(argv: list[str] | None = None) -> int:
     url = resolve_database_url()
     for run in range(1, args.repeat + 1):
         spent: dict[str, float] = defaultdict(float)
+        cpu: dict[str, float] = defaultdict(float)
         calls: dict[str, int] = defaultdict(int)
-        started = time.perf_counter()
-        with _timed(spent, calls):
+        started, cpu_started = time.perf_counter(), time.process_time()
+        with _timed(spent, cpu, calls):
             summary = replay(url, args.deployment, start, end, recorded_config_dir=args.config_dir)
-        total_s = time.perf_counter() - started
+        total_s, total_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         print(
             f"run {run}: {summary.num_ticks} ticks ({summary.num_identical} identical, {summary.num_differing} "
-            f"differing) in {total_s:.2f} s"
+            f"differing) in {total_s:.2f} s ({total_cpu_s:.2f} s of CPU, load average {os.getloadavg()[0]:.1f})"
         )
         for _, _, label in _PARTS:
-            print(f"  {label:<54} {spent[label]:6.2f} s {calls[label]:6d} calls {100 * spent[label] / total_s:5.1f} %")
+            print(
+                f"  {label:<54} {spent[label]:6.2f} s {cpu[label]:6.2f} s CPU {calls[label]:6d} calls "
+                f"{100 * cpu[label] / total_cpu_s:5.1f} % of CPU"
+            )
     dispose_engines()
     return 0
 

@@ -209,13 +209,15 @@ def _as_is(raw: Any) -> Any:
 
 
 @functools.cache
-def _field_converters(cls: type) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+def field_converters(cls: type) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+    """Each field of dataclass `cls` with the function that rebuilds its value from its JSON form, as
+    `from_jsonable` applies them (replay decodes a state field by field, reusing the fields that did not change)."""
     return tuple((f.name, _converter(str(f.type))) for f in dataclasses.fields(cls))
 
 
 def from_jsonable(cls: type[T], data: Mapping[str, Any]) -> T:
     """Inverse of `to_jsonable` for the dataclasses of this module."""
-    return cls(**{name: convert(data[name]) for name, convert in _field_converters(cls) if name in data})
+    return cls(**{name: convert(data[name]) for name, convert in field_converters(cls) if name in data})
 
 
 # --- Stored tick inputs ---------------------------------------------------------------------------------------

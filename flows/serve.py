@@ -146,6 +146,21 @@ class _GracefulRunner(Runner):
         loop.call_soon_threadsafe(lambda: loop.create_task(self.astop()))
 
 
+async def pause_deployments(full_names: list[str]) -> None:
+    """Pause each deployment (`flow/deployment`) that exists and is not paused yet."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    async with get_client() as client:
+        for full_name in full_names:
+            try:
+                found = await client.read_deployment_by_name(full_name)
+            except ObjectNotFound:
+                continue
+            if not found.paused:
+                await client.pause_deployment(found.id)
+
+
 def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
     """Migrate the database, then serve the deployments until SIGTERM or Ctrl-C (then the runs in flight finish
     and the schedules are paused)."""
@@ -169,7 +184,8 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
             cache_s=settings.metrics_cache_s,
         )
     runner = _GracefulRunner(pause_on_shutdown=True)
-    for runner_deployment in build_deployments(loaded, path, name):
+    served = build_deployments(loaded, path, name)
+    for runner_deployment in served:
         runner.add_deployment(runner_deployment)
     listener = execution_listener(database_url, name, path, loaded)
     listener.start()
@@ -180,6 +196,9 @@ def serve_deployments(config_path: Path | None, deployment: str | None) -> None:
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(runner.start())
+        # the runner pauses the deployments it had registered when the signal came; one stopped while it was still
+        # registering them (a busy machine) left the others scheduled: pause every served one by name
+        asyncio.run(pause_deployments([d.full_name for d in served]))
     finally:
         listener.close()  # at most a second's wait, plus the execution run in flight
         if waker is not None:

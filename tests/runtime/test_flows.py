@@ -77,7 +77,7 @@ def test_demo_flow_records_ticks_as_prefect_task_runs(
     report = Path(summary["report_path"])
     assert report.parent == tmp_path / "planner_reports"
     assert report.name.startswith("planner_report_flow-demo_20231116_")  # the deployment, then the run's end
-    assert report.read_text().count('data-chart="') == 16
+    assert report.read_text().count('data-chart="') == 17
     [artifact] = _report_artifacts("planner-report-flow-demo")
     assert report.resolve().as_uri() in artifact.data and artifact.flow_run_id is not None
 
@@ -108,7 +108,7 @@ def test_report_flow_writes_the_report_and_links_it(
     path = Path(result["path"])
     # no interval: every tick before `until`; the name carries the deployment and the window's end
     assert path == tmp_path / "reports" / "planner_report_report-flow_20260302_000000_000.html"
-    assert result["num_charts"] == 16 and path.read_text().count('data-chart="') == 16
+    assert result["num_charts"] == 17 and path.read_text().count('data-chart="') == 17
     assert (tmp_path / "reports" / "planner_report_report-flow_20260302_000000_000.log.jsonl.gz").exists()
     [artifact] = _report_artifacts("planner-report-report-flow")
     assert artifact.type == "markdown" and path.resolve().as_uri() in artifact.data

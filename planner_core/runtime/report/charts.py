@@ -11,7 +11,7 @@ from typing import Any
 
 from planner_core.domain import Component, Loop, StepName
 from planner_core.runtime.metrics import LOAD_DECISION_REASONS, THROUGHPUT_DECISION_REASONS
-from planner_core.runtime.report.data import NO_DATA, ReportData, TickRow
+from planner_core.runtime.report.data import NO_DATA, ReportData, StepRow, TickRow
 from planner_core.runtime.report.series import (
     ReasonRun,
     _iso,
@@ -313,10 +313,24 @@ def _forecast_chart(data: ReportData) -> Chart:
     return Chart(key="forecast_vs_actual", title="Forecast vs actual", figure=fig, missing=missing)
 
 
+def _step_values_trace(steps: list[StepRow], name: str) -> Any:
+    """A step line of the steps' values over time, each step's reason and detail in its hover text."""
+    import plotly.graph_objects as go
+
+    return go.Scatter(
+        x=[_utc(s.at_s) for s in steps],
+        y=[s.value for s in steps],
+        name=name,
+        mode="lines+markers",
+        line={"shape": "hv"},
+        hovertext=[f"{_iso(s.at_s)}<br>{s.reason}<br>{html.escape(s.detail)}" for s in steps],
+        hoverinfo="text",
+    )
+
+
 def _learned_speed_chart(data: ReportData) -> Chart:
     """The closed loop: each pool's learned engine speed (x the perf model's) after each throughput tick, with the
     window's measure and latency in the hover text (`capacity_feedback` steps)."""
-    import plotly.graph_objects as go
 
     title = "Closed loop: learned engine speed (x the perf model)"
     fig = _figure(title, "speed")
@@ -329,17 +343,7 @@ def _learned_speed_chart(data: ReportData) -> Chart:
         if not steps:
             continue
         has = True
-        fig.add_trace(
-            go.Scatter(
-                x=[_utc(s.at_s) for s in steps],
-                y=[s.value for s in steps],
-                name=f"{component.value} speed",
-                mode="lines+markers",
-                line={"shape": "hv"},
-                hovertext=[f"{_iso(s.at_s)}<br>{s.reason}<br>{html.escape(s.detail)}" for s in steps],
-                hoverinfo="text",
-            )
-        )
+        fig.add_trace(_step_values_trace(steps, f"{component.value} speed"))
     missing = None
     if has:
         fig.add_hline(y=1.0, line={"dash": "dash", "color": "#7f8c8d"}, annotation_text="the perf model")
@@ -353,24 +357,13 @@ def _error_budget_chart(data: ReportData) -> Chart:
     """The SLA error budget: the posture after each throughput tick (0: the configured margins, 1: the lean ones),
     with the window's misses, the period's share within the targets and the burn rates in the hover text
     (`error_budget` steps)."""
-    import plotly.graph_objects as go
 
     title = "SLA error budget: margins' posture (0 configured, 1 lean)"
     fig = _figure(title, "posture")
     steps = [s for s in data.steps if s.step == StepName.ERROR_BUDGET.value and s.value is not None]
     missing = None
     if steps:
-        fig.add_trace(
-            go.Scatter(
-                x=[_utc(s.at_s) for s in steps],
-                y=[s.value for s in steps],
-                name="posture",
-                mode="lines+markers",
-                line={"shape": "hv"},
-                hovertext=[f"{_iso(s.at_s)}<br>{s.reason}<br>{html.escape(s.detail)}" for s in steps],
-                hoverinfo="text",
-            )
-        )
+        fig.add_trace(_step_values_trace(steps, "posture"))
     else:
         missing = "no error-budget step in this window (throughput_error_budget off, or no throughput tick)"
         _no_data(fig, missing)

@@ -45,8 +45,10 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -278,9 +280,7 @@ class PrometheusTrafficSource:
         Raises:
             TrafficUnavailable: the query could not be answered (see `parse_instant_answer`).
         """
-        params = {"query": promql, "time": f"{at.timestamp():.3f}"}
-        status_code, body = self._get(self._url, params, MAX_ANSWER_BYTES)
-        return parse_instant_answer(status_code, body, promql)
+        return parse_instant_answer(*self._instant(promql, at), promql)
 
     def query_buckets(self, promql: str, at: dt.datetime) -> tuple[tuple[float, float], ...]:
         """One instant query of a histogram's buckets (`sum by (le) (...)`) at `at` (`parse_bucket_answer`).
@@ -288,9 +288,12 @@ class PrometheusTrafficSource:
         Raises:
             TrafficUnavailable: the query could not be answered.
         """
+        return parse_bucket_answer(*self._instant(promql, at), promql)
+
+    def _instant(self, promql: str, at: dt.datetime) -> tuple[int, bytes]:
+        """One instant query's HTTP status and body."""
         params = {"query": promql, "time": f"{at.timestamp():.3f}"}
-        status_code, body = self._get(self._url, params, MAX_ANSWER_BYTES)
-        return parse_bucket_answer(status_code, body, promql)
+        return self._get(self._url, params, MAX_ANSWER_BYTES)
 
     def query_range(self, promql: str, grid: StepGrid) -> tuple[RangeSeries, ...]:
         """One range query evaluated at the grid's points: every matching series' points (empty when none).
@@ -388,34 +391,30 @@ class PrometheusTrafficSource:
             "ttft_p99_s": queries.quantile(series.time_to_first_token_s, 0.99, window),
             "queue_s": queries.queue_s(window),
         }
-        values: dict[str, float | None] = {}
-        left_out = []
-        for name, promql in optional.items():
+        left_out: list[tuple[str, TrafficUnavailable]] = []
+
+        def optional_answer(name: str, read: Callable[[str, dt.datetime], Any], promql: str | None) -> Any:
+            """`read(promql)`, or None without a query or past the window deadline (then named in `left_out`)."""
             if not promql:
-                values[name] = None
-                continue
+                return None
             try:
-                values[name] = self.query(promql, window_end)
+                return read(promql, window_end)
             except TrafficUnavailable as exc:
                 if exc.kind is not NoTrafficDataKind.WINDOW_DEADLINE:
                     raise
-                values[name], cut = None, exc
-                left_out.append(name)
+                left_out.append((name, exc))
+                return None
+
+        values = {name: optional_answer(name, self.query, promql) for name, promql in optional.items()}
         histograms = {
             "ttft_buckets": queries.buckets(series.time_to_first_token_s, window),
             "itl_buckets": queries.buckets(series.inter_token_latency_s, window),
         }
-        buckets: dict[str, tuple[tuple[float, float], ...] | None] = {}
-        for name, promql in histograms.items():
-            try:
-                buckets[name] = self.query_buckets(promql, window_end)
-            except TrafficUnavailable as exc:
-                if exc.kind is not NoTrafficDataKind.WINDOW_DEADLINE:
-                    raise
-                buckets[name], cut = None, exc
-                left_out.append(name)
+        buckets = {name: optional_answer(name, self.query_buckets, promql) for name, promql in histograms.items()}
         if left_out:
-            self.partial_problem = f"{cut.kind.value}: {cut.detail}; left out {', '.join(left_out)}"
+            cut = left_out[-1][1]
+            names = ", ".join(name for name, _ in left_out)
+            self.partial_problem = f"{cut.kind.value}: {cut.detail}; left out {names}"
         answers = RawAnswers(duration_s=duration_s, num_req=num_req, isl=isl, osl=osl, **values, **buckets)
         return observation_from_answers(answers)
 

@@ -57,6 +57,18 @@ def _api_data(status_code: int, body: bytes, query: str) -> dict:
     return data
 
 
+def _instant_vector(status_code: int, body: bytes, query: str) -> list:
+    """The samples of a successful instant-vector answer (`_api_data`); MALFORMED for any other result type."""
+    data = _api_data(status_code, body, query)
+    result = data.get("result")
+    if data.get("resultType") != "vector" or not isinstance(result, list):
+        found = data.get("resultType")
+        raise TrafficUnavailable(
+            NoTrafficDataKind.MALFORMED, f"expected an instant vector, got {found!r} ({_shown(query)})"
+        )
+    return result
+
+
 def parse_instant_answer(status_code: int, body: bytes, query: str) -> float | None:
     """The single sample of a Prometheus instant-vector answer, or None when the vector is empty.
 
@@ -65,11 +77,7 @@ def parse_instant_answer(status_code: int, body: bytes, query: str) -> float | N
             a JSON instant vector of at most one sample with a numeric string value (MALFORMED).
     """
     shown = _shown(query)
-    data = _api_data(status_code, body, query)
-    result = data.get("result")
-    if data.get("resultType") != "vector" or not isinstance(result, list):
-        found = data.get("resultType")
-        raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"expected an instant vector, got {found!r} ({shown})")
+    result = _instant_vector(status_code, body, query)
     if not result:
         return None
     if len(result) != 1:
@@ -99,11 +107,7 @@ def parse_bucket_answer(status_code: int, body: bytes, query: str) -> tuple[tupl
             each carry an `le` label that is a number and a [time, numeric string] value (MALFORMED).
     """
     shown = _shown(query)
-    data = _api_data(status_code, body, query)
-    result = data.get("result")
-    if data.get("resultType") != "vector" or not isinstance(result, list):
-        found = data.get("resultType")
-        raise TrafficUnavailable(NoTrafficDataKind.MALFORMED, f"expected an instant vector, got {found!r} ({shown})")
+    result = _instant_vector(status_code, body, query)
     buckets: list[tuple[float, float]] = []
     for sample in result:
         metric = sample.get("metric") if isinstance(sample, dict) else None

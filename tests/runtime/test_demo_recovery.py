@@ -21,13 +21,13 @@ pytestmark = pytest.mark.prefect
 def test_resumed_demo_equals_an_uninterrupted_one(
     prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
 ) -> None:
-    """Stopping after 3 windows and resuming to 8 records the same ticks and decisions as one run to 8."""
+    """Stopping after 3 windows and resuming to 6 records the same ticks and decisions as one run to 6."""
     config = write_config(tmp_path)
     run_demo(database_url, config, azure_conv_trace, "resumed", max_windows=3)
-    resumed = run_demo(database_url, config, azure_conv_trace, "resumed", max_windows=8)
-    straight = run_demo(database_url, config, azure_conv_trace, "straight", max_windows=8)
+    resumed = run_demo(database_url, config, azure_conv_trace, "resumed", max_windows=6)
+    straight = run_demo(database_url, config, azure_conv_trace, "straight", max_windows=6)
     assert decisions(database_url, "resumed") == decisions(database_url, "straight")
-    assert resumed["num_ticks"] == straight["num_ticks"] == 8
+    assert resumed["num_ticks"] == straight["num_ticks"] == 6
     assert resumed["gpu_hours"] == pytest.approx(straight["gpu_hours"])
     assert resumed["sla_attainment"] == pytest.approx(straight["sla_attainment"])
     duplicates = rows(
@@ -61,8 +61,8 @@ def test_demo_finishes_a_tick_recorded_but_not_executed(
     decide_and_record.fn(ctx, Loop.THROUGHPUT, _epoch(trace, 240.0), cluster.observe(180.0, 240.0, planner=ctx.planner))
     assert [status for *_, status in decisions(database_url, "crashed")][-1] == "pending"
 
-    run_demo(database_url, config, azure_conv_trace, "crashed", max_windows=8)
-    run_demo(database_url, config, azure_conv_trace, "whole", max_windows=8)
+    run_demo(database_url, config, azure_conv_trace, "crashed", max_windows=6)
+    run_demo(database_url, config, azure_conv_trace, "whole", max_windows=6)
     assert decisions(database_url, "crashed") == decisions(database_url, "whole")
 
 
@@ -74,7 +74,7 @@ def test_killed_demo_process_resumes_without_loss_or_duplicates(
     env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PLANNER_DATABASE_URL=database_url)
     command = [
         sys.executable, "-m", "planner_cli.main", "demo", "--trace", str(azure_conv_trace), "--config", str(config),
-        "--deployment", "killed", "--max-windows", "14",
+        "--deployment", "killed", "--max-windows", "9",
     ]  # fmt: skip
     process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
@@ -86,9 +86,9 @@ def test_killed_demo_process_resumes_without_loss_or_duplicates(
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
     killed_at = rows(database_url, "SELECT count(*) FROM ticks")[0][0]
-    assert 4 <= killed_at < 14, "the process must be killed mid-run"
+    assert 4 <= killed_at < 9, "the process must be killed mid-run"
     finished = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr[-2000:]
-    assert "ticks recorded 14" in finished.stdout
-    run_demo(database_url, config, azure_conv_trace, "uninterrupted", max_windows=14)
+    assert "ticks recorded 9" in finished.stdout
+    run_demo(database_url, config, azure_conv_trace, "uninterrupted", max_windows=9)
     assert decisions(database_url, "killed") == decisions(database_url, "uninterrupted")

@@ -19,7 +19,9 @@ Rules:
   fail with 409 Conflict instead of being overwritten; conflicts, 429, 5xx and connection errors re-read
   and retry with bounded exponential backoff (`sleep` is injectable: tests do not wait);
 - before a component's replicas go down, its pods get a deletion cost from their load (`pod_drain`): the
-  ReplicaSet controller removes the least loaded, and the pods expected to go are recorded as drains.
+  ReplicaSet controller removes the least loaded, and the pods expected to go are recorded as drains;
+- each execution run follows those pods until they are gone (`follow_drains`) and completes their drain records
+  from their engines' last forward-pass samples: the requests waited for and those cut.
 
 Reading the DGD's JSON is `planner_core.runtime.connectors.dgd` (pure); settings, the API client, errors and retries,
 shared with the workloads connector, are `planner_core.runtime.connectors.k8s_api`; this module re-exports their
@@ -81,9 +83,17 @@ from planner_core.runtime.connectors.k8s_api import (
     transient_reason,
     with_retries,
 )
-from planner_core.runtime.connectors.pod_drain import PodDrainer, deletion_costs, planned_removals
-from planner_core.runtime.engine_load import in_flight_by_worker
-from planner_core.runtime.store.drains import DrainStart, open_drain
+from planner_core.runtime.connectors.pod_drain import (
+    FollowedDrain,
+    PodDrainer,
+    deletion_costs,
+    judge_drain,
+    planned_removals,
+    pod_engine,
+    pod_of_engine,
+)
+from planner_core.runtime.engine_load import in_flight_by_worker, last_in_flight
+from planner_core.runtime.store.drains import DrainStart, close_drain, followed_drains, mark_terminating, open_drain
 from planner_core.runtime.store.models import DecisionRow, DrainOutcome, ExecutionOutcome
 
 GROUP = "nvidia.com"
@@ -461,7 +471,7 @@ class KubernetesConnector:
                 decision_id=decision.id,
                 connector=self.name,
                 role=role.value,
-                engine=f"pod {self.namespace}/{pod.name}",
+                engine=pod_engine(self.namespace, pod.name),
                 worker_ids=(pod.instance_id,),
                 grace_s=pod.grace_s,
                 num_in_flight=pod.num_in_flight,
@@ -473,6 +483,47 @@ class KubernetesConnector:
             f"{p.name} ({'?' if p.num_in_flight is None else p.num_in_flight} in flight)" for p in removed
         )
         return f"{managed.name}: deletion cost set on {written} pod(s); expected to go: {going or 'none listed'}"
+
+    def follow_drains(self, session: Session, deployment_id: int, now: dt.datetime) -> list[str]:
+        """Follow the pods the scale-downs handed over until each is gone: one list of the DGD's pods, then per
+        drain its engine's last sample and `pod_drain.judge_drain`; a drain that ended is closed (outcome, reason,
+        cut, audit row), one seen terminating gets `terminating_at`. One line per drain followed.
+
+        Raises:
+            KubernetesApiError: the pods cannot be listed (nothing is changed; the next run follows again).
+        """
+        drains = followed_drains(session, deployment_id, self.name)
+        if not drains:
+            return []
+        trail: list[str] = []
+        pods = self._with_retries(
+            f"list pods of {self.label}", lambda: self.pod_drainer.pod_states(self.dgd_name), trail
+        )
+        notes = []
+        for drain in drains:
+            where = pod_of_engine(drain.engine)
+            pod = pods.get(where[1]) if where is not None and where[0] == self.namespace else None
+            if pod is not None and pod.terminating_at is not None and drain.terminating_at is None:
+                grace_s = drain.grace_s if pod.deletion_grace_s is None else pod.deletion_grace_s
+                mark_terminating(drain, pod.terminating_at, grace_s)
+            view = FollowedDrain(
+                started_at=drain.started_at, grace_s=drain.grace_s, terminating_at=drain.terminating_at
+            )
+            worker_ids = drain.worker_ids.split(",") if drain.worker_ids else []
+            last = last_in_flight(session, deployment_id, worker_ids, drain.started_at, view.samples_until(pod, now))
+            verdict = judge_drain(view, pod, last, now)
+            if verdict.outcome is not None and verdict.reason is not None:
+                close_drain(
+                    session,
+                    drain,
+                    verdict.outcome,
+                    now,
+                    num_cut=verdict.num_cut,
+                    reason=verdict.reason,
+                    last_sample_at=verdict.last_sample_at,
+                )
+            notes.append(f"{drain.engine}: {verdict.outcome or 'following'}: {verdict.note}")
+        return notes
 
     def _scale_component(self, managed: DgdComponent, target: int, trail: list[str]) -> str | None:
         """Set one component's replicas; a description of the write, or None if it was already at `target`."""

@@ -161,14 +161,14 @@ def test_each_handed_over_pod_is_followed_until_it_is_gone_and_its_drain_complet
 
     run_execution(k8s_ctx, at(60))
     a = drains(k8s_ctx)["llm-decode-a"]
-    assert (a.outcome, a.end_reason, a.num_waited_for, a.num_cut, a.last_sample_at, a.ended_at) == (
+    assert (a.outcome, a.end_reason, a.num_waited_for, a.num_cut, a.last_sample_at) == (
         "cut",
         "grace_expired",
         3,
         1,
         at(20),
-        at(60),
     )
+    assert (a.ended_at, a.duration_s) == (at(47), 46.0)  # seen at 60 s; the kubelet killed it at its deadline
     assert drains_followed(k8s_ctx) == []
     assert {d.decision_id for d in drains(k8s_ctx).values()} == {decision_id}
     with k8s_ctx.sessions.begin() as session:
@@ -249,15 +249,15 @@ def test_judge_drain_boundaries(pod_state, last, now_s, expected) -> None:
     assert verdict.note  # every follow says what it saw
 
 
-def test_samples_count_up_to_the_deadline_and_engines_name_their_pod() -> None:
-    """A terminating pod's engine counts until its deletion deadline; once gone, until the recorded termination
-    plus its grace; never seen terminating, until now."""
+def test_a_drain_ends_by_its_deadline_and_engines_name_their_pod() -> None:
+    """A drain ends at the latest at its pod's deletion deadline (the samples count until then); once the pod is
+    gone, at the recorded termination plus its grace; never seen terminating, now."""
     followed = FollowedDrain(started_at=T0, grace_s=30.0, terminating_at=at(2))
     terminating = PodState(name="p", deletion_deadline=at(40), deletion_grace_s=38)
     assert terminating.terminating_at == at(2)
-    assert followed.samples_until(terminating, at(100)) == at(40)
-    assert followed.samples_until(terminating, at(10)) == at(10)
-    assert followed.samples_until(None, at(100)) == at(32)
-    assert FollowedDrain(started_at=T0, grace_s=30.0).samples_until(None, at(100)) == at(100)
+    assert followed.ended_by(terminating, at(100)) == at(40)
+    assert followed.ended_by(terminating, at(10)) == at(10)
+    assert followed.ended_by(None, at(100)) == at(32)
+    assert FollowedDrain(started_at=T0, grace_s=30.0).ended_by(None, at(100)) == at(100)
     assert pod_of_engine(pod_engine("ns", "llm-decode-a")) == ("ns", "llm-decode-a")
     assert pod_of_engine("local worker 12 (pid 4711)") is None

@@ -510,14 +510,14 @@ class KubernetesConnector:
                 started_at=drain.started_at, grace_s=drain.grace_s, terminating_at=drain.terminating_at
             )
             worker_ids = drain.worker_ids.split(",") if drain.worker_ids else []
-            last = last_in_flight(session, deployment_id, worker_ids, drain.started_at, view.samples_until(pod, now))
+            last = last_in_flight(session, deployment_id, worker_ids, drain.started_at, view.ended_by(pod, now))
             verdict = judge_drain(view, pod, last, now)
-            if verdict.outcome is not None and verdict.reason is not None:
+            if verdict.outcome is not None and verdict.reason is not None and verdict.ended_at is not None:
                 close_drain(
                     session,
                     drain,
                     verdict.outcome,
-                    now,
+                    verdict.ended_at,
                     num_cut=verdict.num_cut,
                     reason=verdict.reason,
                     last_sample_at=verdict.last_sample_at,

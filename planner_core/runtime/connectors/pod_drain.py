@@ -93,8 +93,9 @@ class FollowedDrain:
     grace_s: float
     terminating_at: dt.datetime | None = None
 
-    def samples_until(self, pod: PodState | None, now: dt.datetime) -> dt.datetime:
-        """The end of the samples that count: none after the pod's deletion deadline (its engine was killed then)."""
+    def ended_by(self, pod: PodState | None, now: dt.datetime) -> dt.datetime:
+        """The latest the drain can have ended: its pod's deletion deadline (the kubelet SIGKILLs the engine then)
+        once known, else now. Samples after it do not count, and a drain that ended is recorded as ended then."""
         if pod is not None and pod.deletion_deadline is not None:
             return min(now, pod.deletion_deadline)
         if self.terminating_at is not None:
@@ -109,22 +110,25 @@ class DrainVerdict:
     note: str
     outcome: DrainOutcome | None = None
     reason: DrainEndReason | None = None
+    ended_at: dt.datetime | None = None
     num_cut: int | None = None
     last_sample_at: dt.datetime | None = None
 
 
-def _ended(reason: DrainEndReason, last: LastLoad | None, note: str) -> DrainVerdict:
+def _ended(reason: DrainEndReason, last: LastLoad | None, ended_at: dt.datetime, note: str) -> DrainVerdict:
     """A drain that ended: cut = what the engine's last sample held in flight; unknown without a sample."""
     if last is None:
         return DrainVerdict(
             note=f"{note}; no forward-pass sample of its engine since the drain began",
             outcome=DrainOutcome.UNOBSERVED,
             reason=reason,
+            ended_at=ended_at,
         )
     return DrainVerdict(
         note=f"{note}; {last.num_in_flight} in flight at its last sample ({last.received_at:%H:%M:%S.%f})",
         outcome=DrainOutcome.COMPLETED if last.num_in_flight == 0 else DrainOutcome.CUT,
         reason=reason,
+        ended_at=ended_at,
         num_cut=last.num_in_flight,
         last_sample_at=last.received_at,
     )
@@ -132,15 +136,16 @@ def _ended(reason: DrainEndReason, last: LastLoad | None, note: str) -> DrainVer
 
 def judge_drain(drain: FollowedDrain, pod: PodState | None, last: LastLoad | None, now: dt.datetime) -> DrainVerdict:
     """Whether a handed-over pod's drain has ended and what it cut, from the pod as listed now (None: gone) and its
-    engine's newest sample since the drain began up to `drain.samples_until(pod, now)` (`last`)."""
+    engine's newest sample since the drain began up to `drain.ended_by(pod, now)` (`last`)."""
+    ended_at = drain.ended_by(pod, now)
     if pod is None:
         if last is not None and (now - last.received_at).total_seconds() < SETTLE_S:
             return DrainVerdict(note=f"gone; waiting {SETTLE_S:g} s for the ingest to store its engine's last samples")
-        return _ended(DrainEndReason.POD_GONE, last, "gone")
+        return _ended(DrainEndReason.POD_GONE, last, ended_at, "gone")
     if pod.deletion_deadline is not None:
         if now < pod.deletion_deadline + dt.timedelta(seconds=KILL_MARGIN_S):
             return DrainVerdict(note=f"terminating, grace ends {pod.deletion_deadline:%H:%M:%S}")
-        return _ended(DrainEndReason.GRACE_EXPIRED, last, f"still there {KILL_MARGIN_S:g} s past its grace")
+        return _ended(DrainEndReason.GRACE_EXPIRED, last, ended_at, f"still there {KILL_MARGIN_S:g} s past its grace")
     waited_s = (now - drain.started_at).total_seconds()
     if waited_s < NOT_DELETED_AFTER_S:
         return DrainVerdict(note=f"not deleted yet ({waited_s:.0f} s after the scale-down)")
@@ -148,6 +153,7 @@ def judge_drain(drain: FollowedDrain, pod: PodState | None, last: LastLoad | Non
         note=f"not deleted {waited_s:.0f} s after the scale-down: another pod went, or the scale-down was undone",
         outcome=DrainOutcome.NOT_REMOVED,
         reason=DrainEndReason.POD_NOT_DELETED,
+        ended_at=now,
     )
 
 

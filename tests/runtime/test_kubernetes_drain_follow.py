@@ -17,13 +17,15 @@ from planner_core.runtime.connectors.pod_drain import (
     KILL_MARGIN_S,
     NOT_DELETED_AFTER_S,
     SETTLE_S,
+    AwaitedPod,
     FollowedDrain,
     PodState,
     judge_drain,
     pod_engine,
     pod_of_engine,
+    substitutes,
 )
-from planner_core.runtime.engine_load import LastLoad
+from planner_core.runtime.engine_load import LastLoad, dynamo_pod_instance_id
 from planner_core.runtime.service import PlannerContext, drains_followed, run_execution
 from planner_core.runtime.store.models import AuditLogRow, DrainOutcome, DrainRow
 from tests.runtime.kube_api import DGDSA, PODS, KubeApiServer
@@ -182,24 +184,29 @@ def test_each_handed_over_pod_is_followed_until_it_is_gone_and_its_drain_complet
     ]
 
 
-def test_a_pod_gone_without_a_sample_is_unobserved_and_one_never_deleted_is_not_removed(
+def test_a_pod_gone_unseen_another_removed_in_its_place_and_one_never_deleted(
     k8s_ctx: PlannerContext,  # noqa: F811 - the fixture
     disagg: KubeApiServer,  # noqa: F811
 ) -> None:
-    """Decode from 3 pods to 1: e (0 in flight) and g (1) are handed over. e goes, but its engine reported nothing
-    after the drain began: `unobserved`, cut unknown. Kubernetes removes f instead of g (equal costs are not
-    certain): g stays pending, then after `NOT_DELETED_AFTER_S` is `not_removed`, having waited for nothing."""
+    """Decode from 4 pods to 1: e (0 in flight), g (1) and h (2) are handed over; f (5) should stay. e goes, but its
+    engine reported nothing after the drain began: `unobserved`, cut unknown. Kubernetes deletes f instead of g
+    (its own choice): g's drain follows f from then on, with f's load at the drain's start, and completes when f is
+    gone. h is never deleted and nothing replaces it: pending, then after `NOT_DELETED_AFTER_S` `not_removed`,
+    having waited for nothing."""
     scale_decode_to(
         k8s_ctx,
         disagg,
-        {"llm-decode-e": 0, "llm-decode-f": 5, "llm-decode-g": 1},
-        {"llm-decode-e": 45, "llm-decode-f": 45, "llm-decode-g": 45},
+        {"llm-decode-e": 0, "llm-decode-f": 5, "llm-decode-g": 1, "llm-decode-h": 2},
+        {"llm-decode-e": 45, "llm-decode-f": 45, "llm-decode-g": 45, "llm-decode-h": 45},
         1,
     )
+    assert sorted(drains(k8s_ctx)) == ["llm-decode-e", "llm-decode-g", "llm-decode-h"]
     disagg.delete(PODS, "llm-decode-e")
-    disagg.delete(PODS, "llm-decode-f")
-    run_execution(k8s_ctx, at(10))
-    e, g = drains(k8s_ctx)["llm-decode-e"], drains(k8s_ctx)["llm-decode-g"]
+    terminate(disagg, "llm-decode-f", 2, 45)
+    run_execution(k8s_ctx, at(3))
+    recorded = drains(k8s_ctx)
+    assert sorted(recorded) == ["llm-decode-e", "llm-decode-f", "llm-decode-h"]
+    e, f = recorded["llm-decode-e"], recorded["llm-decode-f"]
     assert (e.outcome, e.end_reason, e.num_waited_for, e.num_cut, e.last_sample_at) == (
         "unobserved",
         "pod_gone",
@@ -207,19 +214,41 @@ def test_a_pod_gone_without_a_sample_is_unobserved_and_one_never_deleted_is_not_
         None,
         None,
     )
-    assert (g.outcome, g.terminating_at) == ("handed_over", None)
+    assert (f.outcome, f.num_in_flight_at_start, f.terminating_at, f.worker_ids) == (
+        "handed_over",
+        5,
+        at(2),
+        dynamo_pod_instance_id("llm-decode-f"),
+    )
+    assert f.detail.endswith("removed in place of pod ns/llm-decode-g")
+
+    _store_loads(k8s_ctx, {"llm-decode-f": 0}, at(4))
+    disagg.delete(PODS, "llm-decode-f")
+    run_execution(k8s_ctx, at(10))
+    f, h = drains(k8s_ctx)["llm-decode-f"], drains(k8s_ctx)["llm-decode-h"]
+    assert (f.outcome, f.num_waited_for, f.num_cut) == ("completed", 5, 0)
+    assert (h.outcome, h.terminating_at) == ("handed_over", None)
     run_execution(k8s_ctx, at(1 + NOT_DELETED_AFTER_S - 1))
-    assert drains(k8s_ctx)["llm-decode-g"].outcome == "handed_over"
+    assert drains(k8s_ctx)["llm-decode-h"].outcome == "handed_over"
     run_execution(k8s_ctx, at(1 + NOT_DELETED_AFTER_S))
-    g = drains(k8s_ctx)["llm-decode-g"]
-    assert (g.outcome, g.end_reason, g.num_in_flight_at_start, g.num_waited_for, g.num_cut) == (
+    h = drains(k8s_ctx)["llm-decode-h"]
+    assert (h.outcome, h.end_reason, h.num_in_flight_at_start, h.num_waited_for, h.num_cut) == (
         "not_removed",
         "pod_not_deleted",
-        1,
+        2,
         None,
         None,
     )
     assert drains_followed(k8s_ctx) == []
+    with k8s_ctx.sessions.begin() as session:
+        [moved] = session.scalars(
+            select(AuditLogRow.detail).where(AuditLogRow.event == "engine_drain_retargeted")
+        ).all()
+    assert (moved["expected"], moved["engine"], moved["num_in_flight_at_start"]) == (
+        "pod ns/llm-decode-g",
+        "pod ns/llm-decode-f",
+        5,
+    )
 
 
 @pytest.mark.parametrize(
@@ -261,3 +290,30 @@ def test_a_drain_ends_by_its_deadline_and_engines_name_their_pod() -> None:
     assert FollowedDrain(started_at=T0, grace_s=30.0).ended_by(None, at(100)) == at(100)
     assert pod_of_engine(pod_engine("ns", "llm-decode-a")) == ("ns", "llm-decode-a")
     assert pod_of_engine("local worker 12 (pid 4711)") is None
+
+
+def test_substitutes_take_a_terminating_pod_of_the_same_component_that_no_drain_names() -> None:
+    """The oldest drain takes the earliest pod being deleted since it began; a pod of another component, one
+    whose termination began before the drain, and one a drain already names are never taken."""
+
+    def deleting(name: str, component: str, since_s: float) -> PodState:
+        return PodState(name=name, component=component, deletion_deadline=at(since_s + 30), deletion_grace_s=30)
+
+    pods = {
+        p.name: p
+        for p in (
+            deleting("early", "Decode", -5),  # began before both drains
+            deleting("prefill", "Prefill", 3),
+            deleting("named", "Decode", 2),  # a drain already follows it
+            deleting("second", "Decode", 4),
+            deleting("first", "Decode", 3),
+            PodState(name="alive", component="Decode"),
+        )
+    }
+    awaited = [
+        AwaitedPod(drain_id=8, component="Decode", started_at=at(1)),
+        AwaitedPod(drain_id=7, component="Decode", started_at=at(0)),
+        AwaitedPod(drain_id=9, component="Decode", started_at=at(1)),
+    ]
+    found = substitutes(awaited, pods, {"named"})
+    assert {drain_id: pod.name for drain_id, pod in found.items()} == {7: "first", 8: "second"}

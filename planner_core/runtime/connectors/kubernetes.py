@@ -67,6 +67,7 @@ from planner_core.runtime.connectors.dgd import (
     resolve_roles,
     scaling_adapter_name,
 )
+from planner_core.runtime.connectors.drain_follow import follow_pod_drains
 from planner_core.runtime.connectors.k8s_api import (
     SERVICE_ACCOUNT_NAMESPACE_FILE,
     TRANSIENT_STATUSES,
@@ -83,17 +84,9 @@ from planner_core.runtime.connectors.k8s_api import (
     transient_reason,
     with_retries,
 )
-from planner_core.runtime.connectors.pod_drain import (
-    FollowedDrain,
-    PodDrainer,
-    deletion_costs,
-    judge_drain,
-    planned_removals,
-    pod_engine,
-    pod_of_engine,
-)
-from planner_core.runtime.engine_load import in_flight_by_worker, last_in_flight
-from planner_core.runtime.store.drains import DrainStart, close_drain, followed_drains, mark_terminating, open_drain
+from planner_core.runtime.connectors.pod_drain import PodDrainer, deletion_costs, planned_removals, pod_engine
+from planner_core.runtime.engine_load import in_flight_by_worker
+from planner_core.runtime.store.drains import DrainStart, followed_drains, open_drain
 from planner_core.runtime.store.models import DecisionRow, DrainOutcome, ExecutionOutcome
 
 GROUP = "nvidia.com"
@@ -485,9 +478,9 @@ class KubernetesConnector:
         return f"{managed.name}: deletion cost set on {written} pod(s); expected to go: {going or 'none listed'}"
 
     def follow_drains(self, session: Session, deployment_id: int, now: dt.datetime) -> list[str]:
-        """Follow the pods the scale-downs handed over until each is gone: one list of the DGD's pods, then per
-        drain its engine's last sample and `pod_drain.judge_drain`; a drain that ended is closed (outcome, reason,
-        cut, audit row), one seen terminating gets `terminating_at`. One line per drain followed.
+        """Follow the pods the scale-downs handed over until each is gone (`drain_follow.follow_pod_drains`): one
+        list of the DGD's pods, then each open drain judged from its engine's last samples and closed once ended.
+        One line per drain followed.
 
         Raises:
             KubernetesApiError: the pods cannot be listed (nothing is changed; the next run follows again).
@@ -495,35 +488,9 @@ class KubernetesConnector:
         drains = followed_drains(session, deployment_id, self.name)
         if not drains:
             return []
-        trail: list[str] = []
-        pods = self._with_retries(
-            f"list pods of {self.label}", lambda: self.pod_drainer.pod_states(self.dgd_name), trail
-        )
-        notes = []
-        for drain in drains:
-            where = pod_of_engine(drain.engine)
-            pod = pods.get(where[1]) if where is not None and where[0] == self.namespace else None
-            if pod is not None and pod.terminating_at is not None and drain.terminating_at is None:
-                grace_s = drain.grace_s if pod.deletion_grace_s is None else pod.deletion_grace_s
-                mark_terminating(drain, pod.terminating_at, grace_s)
-            view = FollowedDrain(
-                started_at=drain.started_at, grace_s=drain.grace_s, terminating_at=drain.terminating_at
-            )
-            worker_ids = drain.worker_ids.split(",") if drain.worker_ids else []
-            last = last_in_flight(session, deployment_id, worker_ids, drain.started_at, view.ended_by(pod, now))
-            verdict = judge_drain(view, pod, last, now)
-            if verdict.outcome is not None and verdict.reason is not None and verdict.ended_at is not None:
-                close_drain(
-                    session,
-                    drain,
-                    verdict.outcome,
-                    verdict.ended_at,
-                    num_cut=verdict.num_cut,
-                    reason=verdict.reason,
-                    last_sample_at=verdict.last_sample_at,
-                )
-            notes.append(f"{drain.engine}: {verdict.outcome or 'following'}: {verdict.note}")
-        return notes
+        pods = self._with_retries(f"list pods of {self.label}", lambda: self.pod_drainer.pod_states(self.dgd_name), [])
+        components = {role.value: managed.name for role, managed in self.info.roles}
+        return follow_pod_drains(session, drains, pods, now, namespace=self.namespace, components=components)
 
     def _scale_component(self, managed: DgdComponent, target: int, trail: list[str]) -> str | None:
         """Set one component's replicas; a description of the write, or None if it was already at `target`."""

@@ -15,7 +15,8 @@ The planner then follows each pod it expected to go, by name, until it is gone (
 run): once the pod has left the API server, its drain cut what its engine's last forward-pass sample still held
 in flight (none: `completed`; some: `cut`; no sample since the drain began: `unobserved`); a pod still listed past
 its deletion deadline (`metadata.deletionTimestamp`, when the kubelet SIGKILLs) cut what its last sample before
-the deadline held (`grace_expired`); a pod never deleted is, after `NOT_DELETED_AFTER_S`, `not_removed`.
+the deadline held (`grace_expired`); a pod never deleted is, after `NOT_DELETED_AFTER_S`, `not_removed`. When
+Kubernetes removes another pod of the component than the one expected (`substitutes`), the drain follows that one.
 
 `planned_removals` and `judge_drain` are pure; `PodDrainer` makes the API calls (list pods of the component or of the
 DGD, merge-patch the annotation of each pod whose cost changes).
@@ -24,7 +25,7 @@ DGD, merge-patch the annotation of each pod whose cost changes).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +74,7 @@ class PodState:
     (`metadata.deletionTimestamp`), `deletion_grace_s` after its termination began."""
 
     name: str
+    component: str = ""  # its `nvidia.com/dynamo-component` label
     deletion_deadline: dt.datetime | None = None
     deletion_grace_s: float | None = None
 
@@ -150,11 +152,41 @@ def judge_drain(drain: FollowedDrain, pod: PodState | None, last: LastLoad | Non
     if waited_s < NOT_DELETED_AFTER_S:
         return DrainVerdict(note=f"not deleted yet ({waited_s:.0f} s after the scale-down)")
     return DrainVerdict(
-        note=f"not deleted {waited_s:.0f} s after the scale-down: another pod went, or the scale-down was undone",
+        note=f"not deleted {waited_s:.0f} s after the scale-down, and no pod seen deleted in its place",
         outcome=DrainOutcome.NOT_REMOVED,
         reason=DrainEndReason.POD_NOT_DELETED,
         ended_at=now,
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AwaitedPod:
+    """A followed drain whose pod is listed but not being deleted: the drain, its pod's component, its start."""
+
+    drain_id: int
+    component: str
+    started_at: dt.datetime
+
+
+def substitutes(
+    awaited: Sequence[AwaitedPod], pods: Mapping[str, PodState], recorded: Collection[str]
+) -> dict[int, PodState]:
+    """Drain id -> the pod Kubernetes is removing in place of the one the drain expected (equal costs leave its
+    choice open): a pod of the same component being deleted, whose termination began after the drain started, that
+    no drain names (`recorded`: pod names); the oldest drain takes the earliest such pod."""
+    free = sorted(
+        (p for p in pods.values() if p.terminating_at is not None and p.name not in recorded),
+        key=lambda p: (p.terminating_at, p.name),
+    )
+    found: dict[int, PodState] = {}
+    for drain in sorted(awaited, key=lambda a: (a.started_at, a.drain_id)):
+        for pod in free:
+            began = pod.terminating_at
+            if pod.component == drain.component and began is not None and began >= drain.started_at:
+                found[drain.drain_id] = pod
+                free.remove(pod)
+                break
+    return found
 
 
 def deletion_costs(pods: Sequence[PodLoad]) -> dict[str, int]:
@@ -184,6 +216,7 @@ def _pod_state(pod: Mapping[str, Any]) -> PodState:
     grace = metadata.get("deletionGracePeriodSeconds")
     return PodState(
         name=metadata["name"],
+        component=(metadata.get("labels") or {}).get(COMPONENT_LABEL, ""),
         deletion_deadline=None if deadline is None else dt.datetime.fromisoformat(deadline),
         deletion_grace_s=None if grace is None else float(grace),
     )

@@ -82,6 +82,33 @@ def followed_drains(session: Session, deployment_id: int, connector: str, *, loc
     return list(session.scalars(query.with_for_update() if lock else query))
 
 
+def recorded_engines(session: Session, deployment_id: int, engines: Sequence[str]) -> set[str]:
+    """Which of `engines` a drain of the deployment names (open or ended)."""
+    if not engines:
+        return set()
+    query = select(DrainRow.engine).where(DrainRow.deployment_id == deployment_id, DrainRow.engine.in_(engines))
+    return set(session.scalars(query))
+
+
+def retarget_drain(
+    session: Session, drain: DrainRow, *, engine: str, worker_ids: Sequence[str], num_in_flight: int | None
+) -> None:
+    """The engine removed is not the one the drain expected: the drain follows `engine` instead, with its load when
+    the drain began. Audited as `engine_drain_retargeted`; the detail keeps the expected one."""
+    expected = drain.engine
+    drain.engine = engine
+    drain.worker_ids = ",".join(worker_ids) or None
+    drain.num_in_flight_at_start = num_in_flight
+    drain.detail = f"{drain.detail + '; ' if drain.detail else ''}removed in place of {expected}"
+    repo.audit(
+        session,
+        "engine_drain_retargeted",
+        {"expected": expected, "engine": engine, "role": drain.role, "num_in_flight_at_start": num_in_flight},
+        deployment_id=drain.deployment_id,
+        decision_id=drain.decision_id,
+    )
+
+
 def mark_terminating(drain: DrainRow, terminating_at: dt.datetime, grace_s: float) -> None:
     """A followed pod was seen terminating: when the kubelet began, and the grace its deletion was given (the one
     honoured, which a `kubectl delete --grace-period` may have changed from the pod spec's)."""

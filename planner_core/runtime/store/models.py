@@ -104,7 +104,7 @@ class DrainOutcome(enum.StrEnum):
     COMPLETED = "completed"  # nothing in flight at its last sample: every request it held ended
     CUT = "cut"  # requests still in flight at its last sample (`num_cut` of them)
     UNOBSERVED = "unobserved"  # no sample of its engine since the drain began: what it cut is unknown
-    NOT_REMOVED = "not_removed"  # the pod expected to go was not deleted (another went, or the scale-down undone)
+    NOT_REMOVED = "not_removed"  # the pod expected to go was never deleted, and no pod was seen deleted in its place
 
 
 class DrainEndReason(enum.StrEnum):

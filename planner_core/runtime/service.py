@@ -618,7 +618,10 @@ def _follow_drains(session: Session, ctx: PlannerContext, deployment_id: int, no
 
 def drains_followed(ctx: PlannerContext) -> list[str]:
     """The engines whose drain the connector still follows (handed over, not ended): while there are any, the
-    execution runs again at the retry cadence to see them end (`flows/serve.py`)."""
+    execution runs again at the retry cadence to see them end (`flows/serve.py`). Only the Kubernetes connector
+    hands drains over."""
+    if ctx.config.environment is not EnvironmentKind.KUBERNETES:
+        return []
     with ctx.sessions.begin() as session:
         deployment = repo.find_deployment(session, ctx.deployment)
         if deployment is None:

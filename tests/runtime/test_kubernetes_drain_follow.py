@@ -317,3 +317,20 @@ def test_substitutes_take_a_terminating_pod_of_the_same_component_that_no_drain_
     ]
     found = substitutes(awaited, pods, {"named"})
     assert {drain_id: pod.name for drain_id, pod in found.items()} == {7: "first", 8: "second"}
+
+
+def test_serve_runs_the_execution_again_soon_while_a_drain_is_followed(tmp_path, monkeypatch) -> None:
+    """`planner serve`'s execution: a run whose result has a drain still followed counts as work pending, so the
+    listener runs again at the retry cadence rather than the fallback poll; without one (nothing pending) it does
+    not."""
+    import flows.serve
+    from planner_core.config import load_config
+    from planner_core.runtime.execution_listener import Trigger
+    from tests.conftest import write_config
+
+    path = str(write_config(tmp_path, environment="kubernetes"))
+    listener = flows.serve.execution_listener("postgresql://unused/db", "k8s", path, load_config(path))
+    applied = {"decision_id": 1, "outcome": "applied", "status": "applied", "detail": ""}
+    for results, pending in (([applied, {"drain_of": "pod ns/a", "status": FOLLOWING}], True), ([applied], False)):
+        monkeypatch.setattr(flows.serve, "execute_decisions", lambda r=results, **_flow_args: r)
+        assert listener._execute(Trigger.FALLBACK) is pending

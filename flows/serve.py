@@ -28,7 +28,7 @@ from prefect.runner import Runner
 
 from flows.replay import replay_ticks
 from flows.report import planner_report
-from flows.ticks import execute_decisions, load_tick, throughput_tick
+from flows.ticks import FOLLOWING, execute_decisions, load_tick, throughput_tick
 from planner_core.config import EnvironmentKind, PlannerFile
 from planner_core.planner import budget_warnings
 from planner_core.runtime.execution_listener import ExecutionListener, ListenerSettings, Trigger
@@ -115,7 +115,8 @@ def execution_listener(database_url: str, deployment: str, config_path: str, loa
     def execute(trigger: Trigger) -> bool:
         with tags("planner", f"deployment:{deployment}", f"trigger:{trigger.value}"):
             results = execute_decisions(deployment=deployment, config_path=config_path)
-        return any(result["status"] == DecisionStatus.PENDING.value for result in results)
+        # a decision still pending, or a drain the Kubernetes connector follows to its end: run again soon
+        return any(result["status"] in (DecisionStatus.PENDING.value, FOLLOWING) for result in results)
 
     return ExecutionListener(database_url, deployment, execute, settings)
 

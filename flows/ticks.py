@@ -36,7 +36,7 @@ from planner_core.domain import (
 from planner_core.planner import Planner
 from planner_core.runtime.fleet import ContextCache
 from planner_core.runtime.redact import redact_text
-from planner_core.runtime.service import PlannerContext, load_context, run_execution, run_tick
+from planner_core.runtime.service import PlannerContext, drains_followed, load_context, run_execution, run_tick
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.sources import CollectedTraffic
 from planner_core.runtime.sources import collect_traffic as collect_from_source
@@ -211,10 +211,16 @@ def _publish_tick_artifact(
     )
 
 
+# The status of an `apply-decisions` entry for a drain the connector still follows: the listener keeps running the
+# execution at its retry cadence, as for a pending decision, until the drain ends.
+FOLLOWING = "following"
+
+
 @task(name="apply-decisions", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def apply_decisions(ctx: PlannerContext, now: dt.datetime) -> list[dict]:
-    """Apply the newest pending decision through the connector and record the attempt."""
-    return [
+    """Apply the newest pending decision through the connector and record the attempt; one entry more per drain the
+    connector still follows (status `following`)."""
+    applied = [
         {
             "decision_id": s.decision_id,
             "outcome": s.outcome.value,
@@ -223,6 +229,7 @@ def apply_decisions(ctx: PlannerContext, now: dt.datetime) -> list[dict]:
         }
         for s in run_execution(ctx, now)
     ]
+    return applied + [{"drain_of": engine, "status": FOLLOWING} for engine in drains_followed(ctx)]
 
 
 @flow(name="throughput-tick", log_prints=False)

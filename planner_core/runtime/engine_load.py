@@ -1,7 +1,8 @@
 """Each engine's load for a scale-down: its in-flight requests from its newest forward-pass sample, and the Dynamo
 instance id (the samples' `worker_id`) of a Kubernetes pod.
 
-Role: the connectors' read of which engines are least loaded (`drains` records it). The samples are those the ingest
+Role: the connectors' read of which engines are least loaded (`drains` records it), and of what an engine still held
+at its last report before it went (`last_in_flight`: what a Kubernetes drain cut). The samples are those the ingest
 stored (`fpm_samples`); an engine with no sample in the last `FRESH_S` seconds has an unknown load (None), which the
 connectors treat as possibly busy. The engines publish an idle heartbeat when they have nothing to do, so a live
 engine does have a recent sample.
@@ -14,11 +15,12 @@ with zero keys) of the pod name, masked to 53 bits (`hash_pod_name` in Dynamo's 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from planner_core.runtime.store.fpm import latest_fpm
+from planner_core.runtime.store.fpm import latest_fpm, latest_samples_of
 
 FRESH_S = 10.0  # a sample older than this says nothing of the engine's load now (engines heartbeat every ~1 s)
 INSTANCE_ID_MASK = 0x001F_FFFF_FFFF_FFFF  # Dynamo keeps 53 bits: the id survives a JSON number
@@ -40,6 +42,27 @@ def engine_in_flight(loads: Mapping[str, int], worker_ids: Iterable[str]) -> int
     """An engine's in-flight requests over its instance ids; None when none of them has a sample (unknown)."""
     known = [loads[w] for w in worker_ids if w in loads]
     return sum(known) if known else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LastLoad:
+    """An engine's last report in a time span: its requests in flight (over its ranks) and when the newest arrived."""
+
+    num_in_flight: int
+    received_at: dt.datetime
+
+
+def last_in_flight(
+    session: Session, deployment_id: int, worker_ids: Sequence[str], since: dt.datetime, until: dt.datetime
+) -> LastLoad | None:
+    """The requests in flight of the engine `worker_ids` at its newest sample of each rank received in
+    [since, until]; None when it reported nothing then."""
+    samples = latest_samples_of(session, deployment_id, worker_ids, since, until)
+    if not samples:
+        return None
+    return LastLoad(
+        num_in_flight=sum(s.fpm.num_in_flight for s in samples), received_at=max(s.received_at for s in samples)
+    )
 
 
 def _rotl(x: int, b: int) -> int:

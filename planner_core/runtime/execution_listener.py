@@ -7,8 +7,9 @@ arrives. Notifications are not stored: one sent while the listener is down or di
 listener also runs the execution
 
 - right after it (re)connects (whatever was committed while it was away),
-- every `retry_s` while the last run left a decision pending (blocked or failed: the connector is retried), or
-  always when `retry_s` is set for a connector that must run regularly (the local one reconciles its processes),
+- every `retry_s` while the last run left work pending (a decision blocked or failed: the connector is retried; or
+  a drain the Kubernetes connector follows until its pod is gone), or always when `retry_s` is set for a
+  connector that must run regularly (the local one reconciles its processes),
 - otherwise every `fallback_poll_s` (the safety net for a notification that never came).
 
 The LISTEN connection is reconnected with a bounded exponential backoff; every wait is bounded (`wait_slice_s`),
@@ -74,7 +75,7 @@ class ListenerStats:
     num_finished: int = 0  # execution runs that returned (or failed)
 
 
-# An execution run: given why it runs, returns True when a decision is still pending afterwards.
+# An execution run: given why it runs, returns True when work is still pending afterwards (a decision, a drain).
 ExecuteFn = Callable[[Trigger], bool]
 
 

@@ -63,6 +63,7 @@ from planner_core.runtime.plugin_client import connect_remote_plugins, take_remo
 from planner_core.runtime.settings import RuntimeSettings
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.db import session_factory
+from planner_core.runtime.store.drains import followed_drains
 from planner_core.runtime.store.execution import ExecutionSummary, execute_pending
 from planner_core.runtime.store.fpm import latest_fpm
 from planner_core.runtime.store.migrate import check_schema_current, upgrade
@@ -580,7 +581,7 @@ def run_execution(ctx: PlannerContext, now: dt.datetime) -> list[ExecutionSummar
 
     The local connector first reconciles its processes with the sizes in force (dead workers replaced, drains
     finished, a reached decision acknowledged) and, before the deployment's first decision, starts the minimum
-    endpoints.
+    endpoints. The Kubernetes connector first follows the pods its scale-downs handed over (`_follow_drains`).
     """
     with ctx.sessions.begin() as session:
         deployment = repo.find_deployment(session, ctx.deployment)
@@ -593,4 +594,36 @@ def run_execution(ctx: PlannerContext, now: dt.datetime) -> list[ExecutionSummar
             repo.lock_deployment(session, deployment.id)
             connector.ensure_started(session, deployment.id, default_workers(ctx.config), now)
             connector.reconcile(session, deployment.id, now)
+        elif ctx.config.environment is EnvironmentKind.KUBERNETES:
+            repo.lock_deployment(session, deployment.id)
+            _follow_drains(session, ctx, deployment.id, now)
         return execute_pending(session, deployment.id, connector, now)
+
+
+def _follow_drains(session: Session, ctx: PlannerContext, deployment_id: int, now: dt.datetime) -> None:
+    """The Kubernetes connector's drains followed to their end (`KubernetesConnector.follow_drains`), each line
+    logged. The pods cannot be listed: logged, and the drains stay as they were for the next execution run; a
+    decision is applied all the same."""
+    from planner_core.runtime.connectors.k8s_api import KubernetesApiError
+
+    try:
+        with session.begin_nested():
+            notes = ctx.connector.follow_drains(session, deployment_id, now)
+    except KubernetesApiError as exc:
+        log.warning("deployment %s: cannot follow its drains this run: %s", ctx.deployment, exc)
+        return
+    for note in notes:
+        log.info("deployment %s: drain of %s", ctx.deployment, note)
+
+
+def drains_followed(ctx: PlannerContext) -> list[str]:
+    """The engines whose drain the connector still follows (handed over, not ended): while there are any, the
+    execution runs again at the retry cadence to see them end (`flows/serve.py`). Only the Kubernetes connector
+    hands drains over."""
+    if ctx.config.environment is not EnvironmentKind.KUBERNETES:
+        return []
+    with ctx.sessions.begin() as session:
+        deployment = repo.find_deployment(session, ctx.deployment)
+        if deployment is None:
+            return []
+        return [d.engine for d in followed_drains(session, deployment.id, ctx.connector.name, lock=False)]

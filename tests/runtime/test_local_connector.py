@@ -389,7 +389,13 @@ def test_a_scale_down_drains_the_least_loaded_workers_and_records_what_it_waited
         (2, 2),
     ]
     for drain in recorded.values():
-        assert (drain.outcome, drain.num_cut, drain.decision_id, drain.grace_s) == ("stopped", 0, down, 5.0)
+        assert (drain.outcome, drain.end_reason, drain.num_cut, drain.decision_id, drain.grace_s) == (
+            "stopped",
+            "exited",
+            0,
+            down,
+            5.0,
+        )
         assert drain.duration_s is not None and 0.2 <= drain.duration_s < 5.0  # the stand-in's 0.3 s drain
         assert drain.worker_ids == str(next(w.pid for w in workers(ctx) if w.id == drain.local_worker_id))
 
@@ -404,8 +410,8 @@ def test_a_drain_past_the_grace_records_the_requests_it_cut(make_ctx) -> None:
     down = record_decision(ctx, NAME, T0, None, 1)
     settle(ctx, lambda: decision_status(ctx, down) == "acknowledged")
     [drain] = drains(ctx)
-    assert drain.local_worker_id == first and drain.outcome == "killed"
+    assert (drain.local_worker_id, drain.outcome, drain.end_reason) == (first, "killed", "grace_expired")
     assert (drain.num_in_flight_at_start, drain.num_cut) == (1, 1)
     with ctx.sessions.begin() as session:
         [ended] = session.scalars(select(AuditLogRow.detail).where(AuditLogRow.event == "engine_drain_ended")).all()
-    assert ended["num_cut"] == 1 and ended["outcome"] == "killed"
+    assert (ended["num_cut"], ended["outcome"], ended["reason"]) == (1, "killed", "grace_expired")

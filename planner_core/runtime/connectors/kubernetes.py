@@ -19,7 +19,9 @@ Rules:
   fail with 409 Conflict instead of being overwritten; conflicts, 429, 5xx and connection errors re-read
   and retry with bounded exponential backoff (`sleep` is injectable: tests do not wait);
 - before a component's replicas go down, its pods get a deletion cost from their load (`pod_drain`): the
-  ReplicaSet controller removes the least loaded, and the pods expected to go are recorded as drains.
+  ReplicaSet controller removes the least loaded, and the pods expected to go are recorded as drains;
+- each execution run follows those pods until they are gone (`follow_drains`) and completes their drain records
+  from their engines' last forward-pass samples: the requests waited for and those cut.
 
 Reading the DGD's JSON is `planner_core.runtime.connectors.dgd` (pure); settings, the API client, errors and retries,
 shared with the workloads connector, are `planner_core.runtime.connectors.k8s_api`; this module re-exports their
@@ -65,6 +67,7 @@ from planner_core.runtime.connectors.dgd import (
     resolve_roles,
     scaling_adapter_name,
 )
+from planner_core.runtime.connectors.drain_follow import follow_pod_drains
 from planner_core.runtime.connectors.k8s_api import (
     SERVICE_ACCOUNT_NAMESPACE_FILE,
     TRANSIENT_STATUSES,
@@ -81,9 +84,9 @@ from planner_core.runtime.connectors.k8s_api import (
     transient_reason,
     with_retries,
 )
-from planner_core.runtime.connectors.pod_drain import PodDrainer, deletion_costs, planned_removals
+from planner_core.runtime.connectors.pod_drain import PodDrainer, deletion_costs, planned_removals, pod_engine
 from planner_core.runtime.engine_load import in_flight_by_worker
-from planner_core.runtime.store.drains import DrainStart, open_drain
+from planner_core.runtime.store.drains import DrainStart, followed_drains, open_drain
 from planner_core.runtime.store.models import DecisionRow, DrainOutcome, ExecutionOutcome
 
 GROUP = "nvidia.com"
@@ -461,7 +464,7 @@ class KubernetesConnector:
                 decision_id=decision.id,
                 connector=self.name,
                 role=role.value,
-                engine=f"pod {self.namespace}/{pod.name}",
+                engine=pod_engine(self.namespace, pod.name),
                 worker_ids=(pod.instance_id,),
                 grace_s=pod.grace_s,
                 num_in_flight=pod.num_in_flight,
@@ -473,6 +476,21 @@ class KubernetesConnector:
             f"{p.name} ({'?' if p.num_in_flight is None else p.num_in_flight} in flight)" for p in removed
         )
         return f"{managed.name}: deletion cost set on {written} pod(s); expected to go: {going or 'none listed'}"
+
+    def follow_drains(self, session: Session, deployment_id: int, now: dt.datetime) -> list[str]:
+        """Follow the pods the scale-downs handed over until each is gone (`drain_follow.follow_pod_drains`): one
+        list of the DGD's pods, then each open drain judged from its engine's last samples and closed once ended.
+        One line per drain followed.
+
+        Raises:
+            KubernetesApiError: the pods cannot be listed (nothing is changed; the next run follows again).
+        """
+        drains = followed_drains(session, deployment_id, self.name)
+        if not drains:
+            return []
+        pods = self._with_retries(f"list pods of {self.label}", lambda: self.pod_drainer.pod_states(self.dgd_name), [])
+        components = {role.value: managed.name for role, managed in self.info.roles}
+        return follow_pod_drains(session, drains, pods, now, namespace=self.namespace, components=components)
 
     def _scale_component(self, managed: DgdComponent, target: int, trail: list[str]) -> str | None:
         """Set one component's replicas; a description of the write, or None if it was already at `target`."""

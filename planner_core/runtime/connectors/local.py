@@ -49,6 +49,7 @@ from planner_core.runtime.store.drains import DrainStart, close_drain, open_drai
 from planner_core.runtime.store.models import (
     DecisionRow,
     DecisionStatus,
+    DrainEndReason,
     DrainOutcome,
     ExecutionOutcome,
     ExecutionRow,
@@ -532,10 +533,12 @@ class LocalConnector:
         if drain is None:
             return  # drained before drains were recorded (migration 0025)
         num_cut: int | None = 0
+        reason = DrainEndReason.EXITED
         if outcome is DrainOutcome.KILLED:
             ids = drain.worker_ids.split(",") if drain.worker_ids else []
             num_cut = engine_in_flight(in_flight_by_worker(session, worker.deployment_id, now), ids)
-        close_drain(session, drain, outcome, now, num_cut=num_cut)
+            reason = DrainEndReason.GRACE_EXPIRED
+        close_drain(session, drain, outcome, now, num_cut=num_cut, reason=reason)
 
     def _end(self, session: Session, worker: LocalWorkerRow, status: LocalWorkerStatus, now: dt.datetime, why: str):
         worker.status = status.value

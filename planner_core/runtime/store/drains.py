@@ -1,9 +1,10 @@
 """Repository of the drain records (`drains`, migration 0025): one row per engine a scale-down removed.
 
-A connector opens a row when it stops routing to an engine (`open_drain`: its requests in flight then) and, where it
-follows the drain to its end (the local connector), closes it (`close_local_drain`: how it ended, the duration, the
-requests waited for and cut) with an `engine_drain_ended` audit row. Like every repository here, these functions
-never commit.
+A connector opens a row when it stops routing to an engine (`open_drain`: its requests in flight then) and closes it
+when the drain ends (`close_drain`: how it ended and why, the duration, the requests waited for and cut) with an
+`engine_drain_ended` audit row. The local connector finds its open row by worker (`open_local_drain`); the
+Kubernetes connector follows its handed-over pods (`followed_drains`, `mark_terminating`) until each is gone. Like
+every repository here, these functions never commit.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from planner_core.runtime.store import repository as repo
-from planner_core.runtime.store.models import DrainOutcome, DrainRow
+from planner_core.runtime.store.models import DrainEndReason, DrainOutcome, DrainRow
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,16 +66,76 @@ def open_local_drain(session: Session, local_worker_id: int) -> DrainRow | None:
     )
 
 
-def close_drain(
-    session: Session, drain: DrainRow, outcome: DrainOutcome, now: dt.datetime, *, num_cut: int | None
+def followed_drains(session: Session, deployment_id: int, connector: str, *, lock: bool = True) -> list[DrainRow]:
+    """The drains a connector handed over and still follows (`handed_over`, not ended), oldest first; `lock`ed for
+    the run that may close them (two execution runs never close the same drain twice)."""
+    query = (
+        select(DrainRow)
+        .where(
+            DrainRow.deployment_id == deployment_id,
+            DrainRow.connector == connector,
+            DrainRow.outcome == DrainOutcome.HANDED_OVER.value,
+            DrainRow.ended_at.is_(None),
+        )
+        .order_by(DrainRow.started_at, DrainRow.id)
+    )
+    return list(session.scalars(query.with_for_update() if lock else query))
+
+
+def recorded_engines(session: Session, deployment_id: int, engines: Sequence[str]) -> set[str]:
+    """Which of `engines` a drain of the deployment names (open or ended)."""
+    if not engines:
+        return set()
+    query = select(DrainRow.engine).where(DrainRow.deployment_id == deployment_id, DrainRow.engine.in_(engines))
+    return set(session.scalars(query))
+
+
+def retarget_drain(
+    session: Session, drain: DrainRow, *, engine: str, worker_ids: Sequence[str], num_in_flight: int | None
 ) -> None:
-    """Complete a drain: its outcome, end and duration; waited for = its requests in flight at the start; `num_cut`
-    those still in flight when it was cut short (None: unknown). Audited as `engine_drain_ended`."""
+    """The engine removed is not the one the drain expected: the drain follows `engine` instead, with its load when
+    the drain began. Audited as `engine_drain_retargeted`; the detail keeps the expected one."""
+    expected = drain.engine
+    drain.engine = engine
+    drain.worker_ids = ",".join(worker_ids) or None
+    drain.num_in_flight_at_start = num_in_flight
+    drain.detail = f"{drain.detail + '; ' if drain.detail else ''}removed in place of {expected}"
+    repo.audit(
+        session,
+        "engine_drain_retargeted",
+        {"expected": expected, "engine": engine, "role": drain.role, "num_in_flight_at_start": num_in_flight},
+        deployment_id=drain.deployment_id,
+        decision_id=drain.decision_id,
+    )
+
+
+def mark_terminating(drain: DrainRow, terminating_at: dt.datetime, grace_s: float) -> None:
+    """A followed pod was seen terminating: when the kubelet began, and the grace its deletion was given (the one
+    honoured, which a `kubectl delete --grace-period` may have changed from the pod spec's)."""
+    drain.terminating_at = terminating_at
+    drain.grace_s = grace_s
+
+
+def close_drain(
+    session: Session,
+    drain: DrainRow,
+    outcome: DrainOutcome,
+    now: dt.datetime,
+    *,
+    num_cut: int | None,
+    reason: DrainEndReason,
+    last_sample_at: dt.datetime | None = None,
+) -> None:
+    """Complete a drain: its outcome and why, its end and duration; waited for = its requests in flight at the start
+    (none for a pod that was not removed); `num_cut` those still in flight when it ended (None: unknown);
+    `last_sample_at` when the sample they were counted from arrived. Audited as `engine_drain_ended`."""
     drain.outcome = outcome.value
+    drain.end_reason = reason.value
     drain.ended_at = now
     drain.duration_s = (now - drain.started_at).total_seconds()
-    drain.num_waited_for = drain.num_in_flight_at_start
+    drain.num_waited_for = None if outcome is DrainOutcome.NOT_REMOVED else drain.num_in_flight_at_start
     drain.num_cut = num_cut
+    drain.last_sample_at = last_sample_at
     repo.audit(
         session,
         "engine_drain_ended",
@@ -82,6 +143,7 @@ def close_drain(
             "engine": drain.engine,
             "role": drain.role,
             "outcome": outcome.value,
+            "reason": reason.value,
             "num_in_flight_at_start": drain.num_in_flight_at_start,
             "num_cut": num_cut,
             "grace_s": drain.grace_s,

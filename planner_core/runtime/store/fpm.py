@@ -10,7 +10,7 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select
+from sqlalchemy import Select, delete, select
 from sqlalchemy.orm import Session
 
 from planner_core.domain import Component, ForwardPassMetrics, QueuedRequests, ScheduledRequests
@@ -103,6 +103,22 @@ def _to_fpm(row: FpmSampleRow) -> ForwardPassMetrics:
     )
 
 
+def _newest_per_engine(conditions: list) -> Select[tuple[FpmSampleRow]]:
+    """The newest sample row per engine (component, worker_id, dp_rank) among those matching `conditions`."""
+    return (
+        select(FpmSampleRow)
+        .where(*conditions)
+        .distinct(FpmSampleRow.component, FpmSampleRow.worker_id, FpmSampleRow.dp_rank)
+        .order_by(
+            FpmSampleRow.component,
+            FpmSampleRow.worker_id,
+            FpmSampleRow.dp_rank,
+            FpmSampleRow.received_at.desc(),
+            FpmSampleRow.id.desc(),
+        )
+    )
+
+
 def latest_fpm(
     session: Session, deployment_id: int, since: dt.datetime, *, until: dt.datetime | None = None
 ) -> tuple[ForwardPassMetrics, ...]:
@@ -115,19 +131,24 @@ def latest_fpm(
     conditions = [FpmSampleRow.deployment_id == deployment_id, FpmSampleRow.received_at >= since]
     if until is not None:
         conditions.append(FpmSampleRow.received_at <= until)
-    rows = session.scalars(
-        select(FpmSampleRow)
-        .where(*conditions)
-        .distinct(FpmSampleRow.component, FpmSampleRow.worker_id, FpmSampleRow.dp_rank)
-        .order_by(
-            FpmSampleRow.component,
-            FpmSampleRow.worker_id,
-            FpmSampleRow.dp_rank,
-            FpmSampleRow.received_at.desc(),
-            FpmSampleRow.id.desc(),
-        )
-    )
-    return tuple(_to_fpm(row) for row in rows)
+    return tuple(_to_fpm(row) for row in session.scalars(_newest_per_engine(conditions)))
+
+
+def latest_samples_of(
+    session: Session, deployment_id: int, worker_ids: Sequence[str], since: dt.datetime, until: dt.datetime
+) -> tuple[FpmSample, ...]:
+    """The newest sample of each data-parallel rank of the engines `worker_ids` received in [since, until], with
+    when it arrived (a drain's end: what the engine last reported before it went)."""
+    if not worker_ids:
+        return ()
+    conditions = [
+        FpmSampleRow.deployment_id == deployment_id,
+        FpmSampleRow.worker_id.in_(list(worker_ids)),
+        FpmSampleRow.received_at >= since,
+        FpmSampleRow.received_at <= until,
+    ]
+    rows = session.scalars(_newest_per_engine(conditions))
+    return tuple(FpmSample(fpm=_to_fpm(row), received_at=row.received_at, version=row.version) for row in rows)
 
 
 def delete_fpm_samples_before(

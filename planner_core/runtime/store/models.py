@@ -99,7 +99,21 @@ class DrainOutcome(enum.StrEnum):
     DRAINING = "draining"  # stopped routing to it; waiting for its in-flight requests or the grace
     STOPPED = "stopped"  # exited by itself within the grace: every request it held ended
     KILLED = "killed"  # still running when the grace ended: SIGKILL, its requests still in flight cut
-    HANDED_OVER = "handed_over"  # Kubernetes removes the pod (deletion cost set, grace = the pod's own)
+    HANDED_OVER = "handed_over"  # Kubernetes removes the pod (deletion cost set, grace = the pod's own); followed
+    # Kubernetes, once the planner saw the pod go (migration 0026), from its engine's last forward-pass sample:
+    COMPLETED = "completed"  # nothing in flight at its last sample: every request it held ended
+    CUT = "cut"  # requests still in flight at its last sample (`num_cut` of them)
+    UNOBSERVED = "unobserved"  # no sample of its engine since the drain began: what it cut is unknown
+    NOT_REMOVED = "not_removed"  # the pod expected to go was never deleted, and no pod was seen deleted in its place
+
+
+class DrainEndReason(enum.StrEnum):
+    """Why a drain's record was closed (`drains.end_reason`, migration 0026)."""
+
+    EXITED = "exited"  # local: the process exited by itself after SIGTERM
+    GRACE_EXPIRED = "grace_expired"  # still running when the grace ended (local: SIGKILL; Kubernetes: pod still there)
+    POD_GONE = "pod_gone"  # Kubernetes: the pod is gone from the API server
+    POD_NOT_DELETED = "pod_not_deleted"  # Kubernetes: the pod was still not being deleted long after the scale-down
 
 
 # The tick tables are partitioned by `scheduled_at`, one partition per UTC day (migration 0017; partitions are
@@ -511,17 +525,29 @@ class LocalWorkerRow(Base):
     end_detail: Mapped[str | None] = mapped_column(Text)
 
 
+END_REASON_COMMENT = "Why the record was closed (DrainEndReason); NULL while open, and before migration 0026"
+TERMINATING_AT_COMMENT = (
+    "Kubernetes: when the kubelet began terminating the pod (its deletionTimestamp less its deletion grace); NULL "
+    "if the planner never saw it terminating (migration 0026)"
+)
+LAST_SAMPLE_AT_COMMENT = (
+    "Kubernetes: when the engine's last forward-pass sample that num_cut counts from was received (migration 0026)"
+)
+
+
 class DrainRow(Base):
     """One engine a scale-down removed: its load when the drain started, what the drain waited for and cut.
 
     Written by the connector that removed it (local: at SIGTERM, completed when the process exits or is killed;
-    Kubernetes: the pods given the lowest deletion cost, handed over to the ReplicaSet controller). Counts are the
-    engine's in-flight requests from its newest forward-pass sample; NULL = unknown (no sample for the engine).
+    Kubernetes: the pods given the lowest deletion cost, handed over to the ReplicaSet controller, then followed by
+    the execution runs until each pod is gone and completed from its engine's last sample, migration 0026). Counts
+    are the engine's in-flight requests from a forward-pass sample; NULL = unknown (no sample for the engine).
     """
 
     __tablename__ = "drains"
     __table_args__ = (
         _enum_check("outcome", "outcome", DrainOutcome),
+        _enum_check("end_reason", "end_reason", DrainEndReason),
         Index("ix_drains_deployment_id_started_at", "deployment_id", "started_at"),
         {"comment": "Every engine a scale-down removed: in flight at the start, waited for, cut (migration 0025)"},
     )
@@ -542,6 +568,9 @@ class DrainRow(Base):
     num_cut: Mapped[int | None]
     outcome: Mapped[str] = mapped_column(String(20))
     detail: Mapped[str | None] = mapped_column(Text)
+    end_reason: Mapped[str | None] = mapped_column(String(20), comment=END_REASON_COMMENT)
+    terminating_at: Mapped[dt.datetime | None] = mapped_column(comment=TERMINATING_AT_COMMENT)
+    last_sample_at: Mapped[dt.datetime | None] = mapped_column(comment=LAST_SAMPLE_AT_COMMENT)
 
 
 class LocalConnectorStateRow(Base):

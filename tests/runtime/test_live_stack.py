@@ -248,7 +248,7 @@ def _cut(results: list[tuple]) -> list[tuple]:
 
 @pytest.mark.skipif(
     not os.environ.get("PLANNER_LIVE_TESTS"),
-    reason="one to two minutes of streamed traffic through Dynamo's frontend: run `make test-live` (PLANNER_LIVE_TESTS=1)",
+    reason="minutes of streamed traffic through Dynamo's frontend: run `make test-live` (PLANNER_LIVE_TESTS=1)",
 )
 def test_a_scale_down_during_steady_traffic_cuts_no_request(make_ctx, frontend, monkeypatch, database_url) -> None:  # noqa: F811
     """Two mocker engines behind Dynamo's frontend serve a steady stream of requests (4/s, each ~4 s long) while the

@@ -384,9 +384,16 @@ class _TtftReading:
 
 
 def _read_ttft(
-    config: PlannerConfig, speed: float, window: FeedbackWindow, model: ForwardPassModel, ready: int
+    config: PlannerConfig,
+    speed: float,
+    window: FeedbackWindow,
+    model: ForwardPassModel,
+    ready: int,
+    *,
+    with_p99: bool = True,
 ) -> _TtftReading | None:
-    """The window's TTFT reading at the learned `speed`, None when the window has no usable TTFT."""
+    """The window's TTFT reading at the learned `speed`, None when the window has no usable TTFT; `with_p99`
+    False judges on the p95 alone."""
     traffic = window.traffic
     if traffic.ttft_ms is None:
         return None
@@ -401,7 +408,7 @@ def _read_ttft(
         return None
     target_ms = config.ttft_ms
     too_long = sum(1 for s in compute_s if s / speed * 1000.0 > target_ms) / len(compute_s)
-    tail_name, tail_ms = _usable_tail(traffic, too_long, [s / speed for s in compute_s])
+    tail_name, tail_ms = _usable_tail(traffic, too_long, [s / speed for s in compute_s], with_p99=with_p99)
     utilization = traffic.num_req / window.window_s / ready * mean_compute_s / speed
     lower_bound = mean_compute_s * 1000.0 / traffic.ttft_ms
     detail = (
@@ -428,7 +435,7 @@ def _bounded_by_ttft(
     """The iterations' speed bounded by the TTFT the pool served (module docstring): a missed tail lowers it as on
     the latency path, and a speed the iterations raise is kept unless the window met its tail comfortably."""
     pool, step = learned
-    reading = _read_ttft(config, feedback.speed, window, model, ready)
+    reading = _read_ttft(config, feedback.speed, window, model, ready, with_p99=False)
     if reading is None:
         return learned
     target_ms = config.ttft_ms
@@ -492,12 +499,12 @@ def _prefill_from_ttft(
 
 
 def _usable_tail(
-    traffic: TrafficObservation, too_long: float, compute_s: Sequence[float]
+    traffic: TrafficObservation, too_long: float, compute_s: Sequence[float], *, with_p99: bool = True
 ) -> tuple[str, float | None]:
-    """The TTFT tail that judges the pool: the p99 when at most 0.5 % of the prompts cannot meet the target alone,
-    the p95 up to 3 %, none beyond. A source with only the mean TTFT gets a p95 estimated from it
+    """The TTFT tail that judges the pool: the p99 (if `with_p99`) when at most 0.5 % of the prompts cannot meet
+    the target alone, the p95 up to 3 %, none beyond. A source with only the mean TTFT gets a p95 estimated from it
     (`_p95_from_mean`)."""
-    if too_long <= _P99_UNATTAINABLE and traffic.ttft_ms_p99 is not None:
+    if with_p99 and too_long <= _P99_UNATTAINABLE and traffic.ttft_ms_p99 is not None:
         return "p99", traffic.ttft_ms_p99
     if too_long <= _P95_UNATTAINABLE and traffic.ttft_ms_p95 is not None:
         return "p95", traffic.ttft_ms_p95

@@ -408,7 +408,9 @@ def _read_ttft(
         return None
     target_ms = config.ttft_ms
     too_long = sum(1 for s in compute_s if s / speed * 1000.0 > target_ms) / len(compute_s)
-    tail_name, tail_ms = _usable_tail(traffic, too_long, [s / speed for s in compute_s], with_p99=with_p99)
+    tail_name, tail_ms = _usable_tail(
+        traffic, too_long, [s / speed for s in compute_s], target_ms=target_ms, with_p99=with_p99
+    )
     utilization = traffic.num_req / window.window_s / ready * mean_compute_s / speed
     lower_bound = mean_compute_s * 1000.0 / traffic.ttft_ms
     detail = (
@@ -499,24 +501,32 @@ def _prefill_from_ttft(
 
 
 def _usable_tail(
-    traffic: TrafficObservation, too_long: float, compute_s: Sequence[float], *, with_p99: bool = True
+    traffic: TrafficObservation,
+    too_long: float,
+    compute_s: Sequence[float],
+    *,
+    target_ms: float,
+    with_p99: bool = True,
 ) -> tuple[str, float | None]:
     """The TTFT tail that judges the pool: the p99 (if `with_p99`) when at most 0.5 % of the prompts cannot meet
     the target alone, the p95 up to 3 %, none beyond. A source with only the mean TTFT gets a p95 estimated from it
-    (`_p95_from_mean`)."""
+    (`_p95_from_mean`), of the prompts that can meet the target alone: `compute_s` holds each prompt's compute."""
     if with_p99 and too_long <= _P99_UNATTAINABLE and traffic.ttft_ms_p99 is not None:
         return "p99", traffic.ttft_ms_p99
     if too_long <= _P95_UNATTAINABLE and traffic.ttft_ms_p95 is not None:
         return "p95", traffic.ttft_ms_p95
-    if too_long <= _P95_UNATTAINABLE and traffic.ttft_ms_p95 is None and traffic.ttft_ms is not None:
-        return "p95 from the mean", _p95_from_mean(traffic.ttft_ms, compute_s)
+    if traffic.ttft_ms_p95 is None and traffic.ttft_ms_p99 is None and traffic.ttft_ms is not None:
+        attainable_s = [s for s in compute_s if s * 1000.0 <= target_ms]
+        if attainable_s:
+            return "p95 from the mean", _p95_from_mean(traffic.ttft_ms, compute_s, attainable_s)
     return "tail", None
 
 
-def _p95_from_mean(mean_ttft_ms: float, compute_s: Sequence[float]) -> float:
-    """A p95 TTFT from the mean alone: the prompts' own p95 compute time plus ln 20 times the mean wait (the mean
-    TTFT over the mean compute), the p95 of an exponentially distributed wait of that mean."""
-    ordered = sorted(compute_s)
+def _p95_from_mean(mean_ttft_ms: float, compute_s: Sequence[float], attainable_s: Sequence[float]) -> float:
+    """A p95 TTFT of the prompts that can meet the target alone (`attainable_s`, their compute times), from the
+    window's mean TTFT alone: their p95 compute time plus ln 20 times the mean wait (the mean TTFT over the mean
+    compute of all the window's prompts, `compute_s`): the p95 of an exponentially distributed wait of that mean."""
+    ordered = sorted(attainable_s)
     p95_compute_ms = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)] * 1000.0
     mean_wait_ms = max(0.0, mean_ttft_ms - sum(compute_s) / len(compute_s) * 1000.0)
     return p95_compute_ms + math.log(20.0) * mean_wait_ms

@@ -21,6 +21,12 @@ the model at the learned speed (`planner_core.perf.scaled`), in the mean-rate ca
   of the pool's size). Queueing only adds to a TTFT, so `mean compute time / mean TTFT` bounds the speed from below:
   a window where it exceeds the learned speed raises the speed towards it. A window that meets its tail comfortably
   (under `COMFORT` of the target) at load raises a speed below the model's 2 % back towards it.
+- **Prefill where the engines report: the TTFT still bounds it.** Iterations measure compute, not queueing (a
+  router that is not least loaded, requests bunched at one engine): a window whose p95 TTFT misses the target lowers
+  the iterations' speed as a missed tail does above, and the iterations raise it only in a window whose p95 met the
+  target comfortably. The p99 is not read there: with the p95 met, a p99 miss is a burst the forecast did not see.
+- **Only a mean TTFT** (Dynamo's replay, a source without the histogram): a p95 is estimated from it for the prompts
+  that can meet the target alone, their p95 compute plus ln 20 times the mean wait (`_p95_from_mean`).
 - **Slower at once, faster on evidence at load.** A measure under the learned speed moves it half way at once; one
   over it moves it 30 % of the way, and only from iterations (or a window) at load (a quarter of the engine's batch
   budget; `AT_LOAD_DECODE` of its capacity for the ITL measure): a light window's speed is not extrapolated to the
@@ -268,9 +274,10 @@ def learn_pool_speed(
 ) -> tuple[PoolFeedback, StepRecord]:
     """`component`'s pool speed after the window (module docstring), `model` being the pool's model at speed 1:
     from its engines' iterations where they report them (a tick whose reports are all idle measures nothing),
-    else, for sources without them, from the window's latency (TTFT for prefill, ITL for decode). The latency
-    path is kept off where iterations are reported: a TTFT tail mixes the pool's speed with the bursts the
-    forecast missed, and the iterations measure the speed alone."""
+    else, for sources without them, from the window's latency (TTFT for prefill, ITL for decode). Where
+    iterations are reported, the prefill speed they give is bounded by the window's p95 TTFT (`_bounded_by_ttft`):
+    iterations measure compute, not the queueing a router adds; the p99 is not read there (a burst the forecast
+    missed, which the burst sizing answers)."""
     traffic = window.traffic
     ready = window.workers.ready(component)
     reports = any(fpm.component is component for fpm in window.fpm)

@@ -248,6 +248,9 @@ def test_a_source_with_only_the_mean_ttft_is_judged_on_a_p95_estimated_from_it()
     short_waits = window((prefill_iteration(8192, 1.0),), ttft_ms=compute_ms + 50.0)
     kept, step = learn_prefill_speed(CONFIG, STEADY, short_waits, FWD)
     assert kept.speed == 1.0  # p95 ~ c + 150 ms: met
+    too_long = window((prefill_iteration(8192, 1.0),), ttft_ms=20000.0, isl=60000.0)
+    kept, step = learn_prefill_speed(CONFIG, STEADY, too_long, FWD)
+    assert kept.speed == 1.0 and step.reason is ReasonCode.FEEDBACK_CONFIRMED  # no prompt can meet it alone
 
 
 # --- the sizing reads it -----------------------------------------------------------------------------------------

@@ -107,6 +107,8 @@ class FeedbackWindow:
     kv_hit_rate: float | None = None
     accept_length: float | None = None
     fpm: tuple[ForwardPassMetrics, ...] = ()  # the pool's serving engines' latest iterations, where reported
+    # the engines the window's own prompt bursts needed at the learned speed (the burst rule), where known
+    prompt_need_engines: float | None = None
 
 
 def sizing_speed(feedback: PoolFeedback) -> float:
@@ -428,6 +430,15 @@ def _read_ttft(
     return _TtftReading(lower_bound=lower_bound, tail_ms=tail_ms, utilization=utilization, detail=detail)
 
 
+def _short_for_its_load(window: FeedbackWindow, ready: int) -> str:
+    """Why a missed TTFT says nothing of the engines' speed ("" when it does): the window's own prompt bursts needed
+    more engines than the pool had, at the speed learned so far (a burst the forecast missed, not a slow engine)."""
+    need = window.prompt_need_engines
+    if need is None or need <= ready:
+        return ""
+    return f"its own prompt bursts needed {need:.1f} engines of the {ready} ready"
+
+
 def _missed_factor(target_ms: float, tail_ms: float) -> float:
     """What one window whose tail missed the target multiplies the speed by (3-15 %)."""
     return min(_DECREASE_CEILING, max(_DECREASE_FLOOR, math.sqrt(target_ms / tail_ms)))
@@ -448,6 +459,10 @@ def _bounded_by_ttft(
     if reading is None:
         return learned
     target_ms = config.ttft_ms
+    short = _short_for_its_load(window, ready)
+    if reading.missed(target_ms) and short:
+        detail = f"{step.detail}; {reading.detail}: missed, but {short}: the miss is the load's"
+        return (pool, dataclasses.replace(step, detail=detail))
     if reading.missed(target_ms):
         assert reading.tail_ms is not None
         bound = feedback.speed * _missed_factor(target_ms, reading.tail_ms)
@@ -479,6 +494,11 @@ def _prefill_from_ttft(
     lower_bound, tail_ms, utilization, detail = (
         reading.lower_bound, reading.tail_ms, reading.utilization, reading.detail
     )  # fmt: skip
+    short = _short_for_its_load(window, ready)
+    if tail_ms is not None and tail_ms > target_ms and short:
+        return _held(
+            feedback, component, ready, ReasonCode.FEEDBACK_CONFIRMED, f"{detail}: missed, but {short}: speed kept"
+        )
     if tail_ms is not None and tail_ms > target_ms:
         factor = _missed_factor(target_ms, tail_ms)
         return _learned(config, feedback, component, ready, speed * factor, detail, measured=lower_bound)

@@ -25,6 +25,10 @@ the model at the learned speed (`planner_core.perf.scaled`), in the mean-rate ca
   router that is not least loaded, requests bunched at one engine): a window whose p95 TTFT misses the target lowers
   the iterations' speed as a missed tail does above, and the iterations raise it only in a window whose p95 met the
   target comfortably. The p99 is not read there: with the p95 met, a p99 miss is a burst the forecast did not see.
+- **A miss is the engines' only when the load fit the pool.** A missed TTFT lowers the prefill speed (either path)
+  only where the window's own prompt bursts needed no more engines than the pool had at the learned speed
+  (`FeedbackWindow.prompt_need_engines`, the burst rule on the window's own curve); a burst the pool was too small
+  for is the burst sizing's to answer.
 - **Only a mean TTFT** (Dynamo's replay, a source without the histogram): a p95 is estimated from it for the prompts
   that can meet the target alone, their p95 compute plus ln 20 times the mean wait (`_p95_from_mean`).
 - **Slower at once, faster on evidence at load.** A measure under the learned speed moves it half way at once; one

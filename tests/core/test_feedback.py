@@ -225,6 +225,20 @@ def test_engines_at_profile_speed_that_miss_their_ttft_target_are_sized_slower()
     assert met.speed == 1.0 and step.reason is ReasonCode.FEEDBACK_CONFIRMED
 
 
+def test_a_miss_in_a_window_whose_own_bursts_outgrew_the_pool_is_the_loads_not_the_engines() -> None:
+    at_speed = (prefill_iteration(8192, 1.0),)
+    missed = window(at_speed, ttft_ms=300.0, ttft_ms_p95=2000.0)
+    outgrown = dataclasses.replace(missed, prompt_need_engines=6.5)  # 4 engines ready
+    kept, step = learn_prefill_speed(CONFIG, STEADY, outgrown, FWD)
+    assert kept.speed == 1.0 and "needed 6.5 engines of the 4 ready" in step.detail
+    fitted = dataclasses.replace(missed, prompt_need_engines=3.5)
+    lowered, _ = learn_prefill_speed(CONFIG, STEADY, fitted, FWD)
+    assert lowered.speed == pytest.approx(0.85)
+    no_reports = dataclasses.replace(outgrown, fpm=())  # the latency path reads the same evidence
+    kept, step = learn_prefill_speed(CONFIG, STEADY, no_reports, FWD)
+    assert kept.speed == 1.0 and "needed 6.5 engines" in step.detail
+
+
 def test_faster_iterations_raise_the_speed_only_in_a_window_that_met_its_target_comfortably() -> None:
     lowered = dataclasses.replace(STEADY, speed=0.8)
     at_load = (prefill_iteration(8192, 1.0),)

@@ -1,6 +1,8 @@
 """The closed loop's goal rows: the shipped policy (`planner`) and the same file with its loop off
 (`planner-open-loop`) on engines faster and slower than the profile they read, against `oracle-ahead` and
-`oracle-seen` on the same engines, on our simulator.
+`oracle-seen` on the same engines: on our simulator, and the matrix rows on Dynamo 1.6.1's replay engine (its mocker
+engines run 5-10 % slower prefill than the profile and its router is round robin; the oracles there use the bracket
+search, `--dynamo-oracle bracket`).
 
     python -m planner_core.lab.closed_loop [--rows NAME[,NAME...]] [--out docs/results/closed-loop] [--jobs 2]
 
@@ -58,6 +60,7 @@ class GoalRow:
     ttft_ms: float = 500.0
     itl_ms: float = 50.0
     startup_s: float = 120.0
+    engine: str = "sim"  # "sim": our simulator; "dynamo": Dynamo 1.6.1's replay (needs `make dynamo-env`)
 
     def engine_speed(self) -> EngineSpeed:
         return parse_engine_speed(self.speed, option=f"row {self.name}: speed")
@@ -79,6 +82,14 @@ ROWS = tuple(
         ("prefill-faster", "prefill=1.2"),
     )
 ) + (GoalRow(name="conv-x12-500-50-slowdown-20m", trace=_CONV, rate_scale=12.0, change="20m:prefill=0.75,decode=0.75"),)
+_CODE = "AzureLLMInferenceTrace_code.csv"
+DYNAMO_ROWS = tuple(
+    GoalRow(name=f"dynamo-{label}-{ttft:g}-{itl:g}", trace=trace, rate_scale=scale, ttft_ms=ttft, itl_ms=itl,
+            engine="dynamo")  # fmt: skip
+    for label, trace, scale in (("code-x4", _CODE, 4.0), ("mooncake-x2", _MOONCAKE, 2.0), ("conv-x12", _CONV, 12.0))
+    for ttft, itl in ((500.0, 50.0), (200.0, 20.0))
+)
+ROWS = ROWS + DYNAMO_ROWS
 
 
 def run_row(row: GoalRow, *, policies: Sequence[str] = POLICIES) -> dict[str, object]:
@@ -93,6 +104,8 @@ def run_row(row: GoalRow, *, policies: Sequence[str] = POLICIES) -> dict[str, ob
         startup_s=row.startup_s,
         engine_speed=row.engine_speed(),
         speed_change=row.speed_change(),
+        engine=row.engine,
+        dynamo_oracle="bracket",
     )
     outcome = benchmark(request)
     figures: dict[str, dict[str, float]] = {}
@@ -160,6 +173,8 @@ def summary(folder: Path) -> str:
         record = json.loads(path.read_text(encoding="utf-8"))
         row, goal = record["row"], record["goal"]
         engines = row["speed"] + (f", then {row['change']}" if row.get("change") else "")
+        if row.get("engine", "sim") == "dynamo":
+            engines = f"Dynamo's replay, {row['ttft_ms']:g}/{row['itl_ms']:g} ms"
 
         verdict = " / ".join("met" if goal[name]["met"] else "missed" for name in ("planner", OPEN_LOOP_POLICY))
         policy_cells = " | ".join(_cell(record, name) for name in POLICIES)

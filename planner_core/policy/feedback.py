@@ -21,6 +21,16 @@ the model at the learned speed (`planner_core.perf.scaled`), in the mean-rate ca
   of the pool's size). Queueing only adds to a TTFT, so `mean compute time / mean TTFT` bounds the speed from below:
   a window where it exceeds the learned speed raises the speed towards it. A window that meets its tail comfortably
   (under `COMFORT` of the target) at load raises a speed below the model's 2 % back towards it.
+- **Prefill where the engines report: the TTFT still bounds it.** Iterations measure compute, not queueing (a
+  router that is not least loaded, requests bunched at one engine): a window whose p95 TTFT misses the target lowers
+  the iterations' speed as a missed tail does above, and the iterations raise it only in a window whose p95 met the
+  target comfortably. The p99 is not read there: with the p95 met, a p99 miss is a burst the forecast did not see.
+- **A miss is the engines' only when the load fit the pool.** A missed TTFT lowers the prefill speed (either path)
+  only where the window's own prompt bursts needed no more engines than the pool had at the learned speed
+  (`FeedbackWindow.prompt_need_engines`, the burst rule on the window's own curve); a burst the pool was too small
+  for is the burst sizing's to answer.
+- **Only a mean TTFT** (Dynamo's replay, a source without the histogram): a p95 is estimated from it for the prompts
+  that can meet the target alone, their p95 compute plus ln 20 times the mean wait (`_p95_from_mean`).
 - **Slower at once, faster on evidence at load.** A measure under the learned speed moves it half way at once; one
   over it moves it 30 % of the way, and only from iterations (or a window) at load (a quarter of the engine's batch
   budget; `AT_LOAD_DECODE` of its capacity for the ITL measure): a light window's speed is not extrapolated to the
@@ -101,6 +111,8 @@ class FeedbackWindow:
     kv_hit_rate: float | None = None
     accept_length: float | None = None
     fpm: tuple[ForwardPassMetrics, ...] = ()  # the pool's serving engines' latest iterations, where reported
+    # the engines the window's own prompt bursts needed at the learned speed (the burst rule), where known
+    prompt_need_engines: float | None = None
 
 
 def sizing_speed(feedback: PoolFeedback) -> float:
@@ -268,9 +280,10 @@ def learn_pool_speed(
 ) -> tuple[PoolFeedback, StepRecord]:
     """`component`'s pool speed after the window (module docstring), `model` being the pool's model at speed 1:
     from its engines' iterations where they report them (a tick whose reports are all idle measures nothing),
-    else, for sources without them, from the window's latency (TTFT for prefill, ITL for decode). The latency
-    path is kept off where iterations are reported: a TTFT tail mixes the pool's speed with the bursts the
-    forecast missed, and the iterations measure the speed alone."""
+    else, for sources without them, from the window's latency (TTFT for prefill, ITL for decode). Where
+    iterations are reported, the prefill speed they give is bounded by the window's p95 TTFT (`_bounded_by_ttft`):
+    iterations measure compute, not the queueing a router adds; the p99 is not read there (a burst the forecast
+    missed, which the burst sizing answers)."""
     traffic = window.traffic
     ready = window.workers.ready(component)
     reports = any(fpm.component is component for fpm in window.fpm)
@@ -282,8 +295,12 @@ def learn_pool_speed(
         measured_fpm = fpm_speed(component, window.fpm, model, window.limits)
         if measured_fpm is None:
             detail = f"the pool's engines report no working iteration this tick: speed {feedback.speed:.3f} kept"
-            return _held(feedback, component, ready, ReasonCode.FEEDBACK_TOO_FEW_REQUESTS, detail)
-        return _learn_from_fpm(config, feedback, component, ready, measured_fpm)
+            learned = _held(feedback, component, ready, ReasonCode.FEEDBACK_TOO_FEW_REQUESTS, detail)
+        else:
+            learned = _learn_from_fpm(config, feedback, component, ready, measured_fpm)
+        if component is Component.PREFILL:
+            return _bounded_by_ttft(config, feedback, window, model, ready, learned)
+        return learned
     from_latency = _prefill_from_ttft if component is Component.PREFILL else _decode_from_itl
     return from_latency(config, feedback, window, model, ready)
 
@@ -363,13 +380,37 @@ def _prompt_lengths(traffic: TrafficObservation) -> Sequence[float]:
     return (traffic.isl,)
 
 
-def _prefill_from_ttft(
-    config: PlannerConfig, feedback: PoolFeedback, window: FeedbackWindow, model: ForwardPassModel, ready: int
-) -> tuple[PoolFeedback, StepRecord]:
-    """Prefill from the window's TTFT: its tail over the target, its mean below the compute (module docstring)."""
-    component, traffic = Component.PREFILL, window.traffic
-    assert traffic.ttft_ms is not None  # learn_pool_speed checked it
-    hit, _ = effective_kv_hit_rate(window.kv_hit_rate, component)
+@dataclasses.dataclass(frozen=True, slots=True)
+class _TtftReading:
+    """A window's TTFT against the target and the compute its prompts needed (`_read_ttft`)."""
+
+    lower_bound: float  # mean compute / mean TTFT: queueing only adds to a TTFT, so the speed is at least this
+    tail_ms: float | None  # the tail that judges the pool, None where unusable
+    utilization: float  # the pool's compute utilisation at the learned speed
+    detail: str
+
+    def missed(self, target_ms: float) -> bool:
+        return self.tail_ms is not None and self.tail_ms > target_ms
+
+    def comfortable(self, target_ms: float) -> bool:
+        return self.tail_ms is not None and self.tail_ms <= COMFORT * target_ms
+
+
+def _read_ttft(
+    config: PlannerConfig,
+    speed: float,
+    window: FeedbackWindow,
+    model: ForwardPassModel,
+    ready: int,
+    *,
+    with_p99: bool = True,
+) -> _TtftReading | None:
+    """The window's TTFT reading at the learned `speed`, None when the window has no usable TTFT; `with_p99`
+    False judges on the p95 alone."""
+    traffic = window.traffic
+    if traffic.ttft_ms is None:
+        return None
+    hit, _ = effective_kv_hit_rate(window.kv_hit_rate, Component.PREFILL)
     budget = window.limits.max_num_batched_tokens
     compute_s = [
         chunked_prefill_s(max(1.0, math.ceil(isl * (1.0 - hit))), budget, model.prefill_wall_s)
@@ -377,20 +418,93 @@ def _prefill_from_ttft(
     ]
     mean_compute_s = sum(compute_s) / len(compute_s)
     if not (mean_compute_s > 0 and traffic.ttft_ms > 0):
-        return _held(feedback, component, ready, ReasonCode.FEEDBACK_NO_LATENCY, "no usable TTFT in the window")
-    speed = feedback.speed
+        return None
     target_ms = config.ttft_ms
-    lower_bound = mean_compute_s * 1000.0 / traffic.ttft_ms
     too_long = sum(1 for s in compute_s if s / speed * 1000.0 > target_ms) / len(compute_s)
-    tail_name, tail_ms = _usable_tail(traffic, too_long)
+    tail_name, tail_ms = _usable_tail(
+        traffic, too_long, [s / speed for s in compute_s], target_ms=target_ms, with_p99=with_p99
+    )
     utilization = traffic.num_req / window.window_s / ready * mean_compute_s / speed
+    lower_bound = mean_compute_s * 1000.0 / traffic.ttft_ms
     detail = (
         f"TTFT mean {traffic.ttft_ms:.0f} ms, {tail_name} {_ms(tail_ms)} (target {target_ms:g} ms; "
         f"{too_long:.1%} of prompts beyond it alone); compute {mean_compute_s * 1000.0:.0f} ms a prompt: speed >= "
         f"{lower_bound:.3f}; utilisation {utilization:.2f}"
     )
+    return _TtftReading(lower_bound=lower_bound, tail_ms=tail_ms, utilization=utilization, detail=detail)
+
+
+def _short_for_its_load(window: FeedbackWindow, ready: int) -> str:
+    """Why a missed TTFT says nothing of the engines' speed ("" when it does): the window's own prompt bursts needed
+    more engines than the pool had, at the speed learned so far (a burst the forecast missed, not a slow engine)."""
+    need = window.prompt_need_engines
+    if need is None or need <= ready:
+        return ""
+    return f"its own prompt bursts needed {need:.1f} engines of the {ready} ready"
+
+
+def _missed_factor(target_ms: float, tail_ms: float) -> float:
+    """What one window whose tail missed the target multiplies the speed by (3-15 %)."""
+    return min(_DECREASE_CEILING, max(_DECREASE_FLOOR, math.sqrt(target_ms / tail_ms)))
+
+
+def _bounded_by_ttft(
+    config: PlannerConfig,
+    feedback: PoolFeedback,
+    window: FeedbackWindow,
+    model: ForwardPassModel,
+    ready: int,
+    learned: tuple[PoolFeedback, StepRecord],
+) -> tuple[PoolFeedback, StepRecord]:
+    """The iterations' speed bounded by the TTFT the pool served (module docstring): a missed tail lowers it as on
+    the latency path, and a speed the iterations raise is kept unless the window met its tail comfortably."""
+    pool, step = learned
+    reading = _read_ttft(config, feedback.speed, window, model, ready, with_p99=False)
+    if reading is None:
+        return learned
+    target_ms = config.ttft_ms
+    short = _short_for_its_load(window, ready)
+    if reading.missed(target_ms) and short:
+        detail = f"{step.detail}; {reading.detail}: missed, but {short}: the miss is the load's"
+        return (pool, dataclasses.replace(step, detail=detail))
+    if reading.missed(target_ms):
+        assert reading.tail_ms is not None
+        bound = feedback.speed * _missed_factor(target_ms, reading.tail_ms)
+        if bound < pool.speed:
+            detail = f"{step.detail}; {reading.detail}: the missed tail bounds it"
+            return _learned(config, feedback, Component.PREFILL, ready, bound, detail, measured=pool.last_measured)
+    if pool.speed > feedback.speed and not reading.comfortable(target_ms):
+        return _held(
+            feedback,
+            Component.PREFILL,
+            ready,
+            ReasonCode.FEEDBACK_NOT_AT_LOAD,
+            f"{step.detail}; {reading.detail}: not met comfortably, speed {feedback.speed:.3f} kept",
+        )
+    return learned
+
+
+def _prefill_from_ttft(
+    config: PlannerConfig, feedback: PoolFeedback, window: FeedbackWindow, model: ForwardPassModel, ready: int
+) -> tuple[PoolFeedback, StepRecord]:
+    """Prefill from the window's TTFT: its tail over the target, its mean below the compute (module docstring)."""
+    component = Component.PREFILL
+    assert window.traffic.ttft_ms is not None  # learn_pool_speed checked it
+    speed = feedback.speed
+    target_ms = config.ttft_ms
+    reading = _read_ttft(config, speed, window, model, ready)
+    if reading is None:
+        return _held(feedback, component, ready, ReasonCode.FEEDBACK_NO_LATENCY, "no usable TTFT in the window")
+    lower_bound, tail_ms, utilization, detail = (
+        reading.lower_bound, reading.tail_ms, reading.utilization, reading.detail
+    )  # fmt: skip
+    short = _short_for_its_load(window, ready)
+    if tail_ms is not None and tail_ms > target_ms and short:
+        return _held(
+            feedback, component, ready, ReasonCode.FEEDBACK_CONFIRMED, f"{detail}: missed, but {short}: speed kept"
+        )
     if tail_ms is not None and tail_ms > target_ms:
-        factor = min(_DECREASE_CEILING, max(_DECREASE_FLOOR, math.sqrt(target_ms / tail_ms)))
+        factor = _missed_factor(target_ms, tail_ms)
         return _learned(config, feedback, component, ready, speed * factor, detail, measured=lower_bound)
     if lower_bound > speed:
         return _learned(
@@ -417,14 +531,36 @@ def _prefill_from_ttft(
     return _learned(config, feedback, component, ready, speed, detail, measured=lower_bound)
 
 
-def _usable_tail(traffic: TrafficObservation, too_long: float) -> tuple[str, float | None]:
-    """The TTFT tail that judges the pool: the p99 when at most 0.5 % of the prompts cannot meet the target alone,
-    the p95 up to 3 %, none beyond (or where the source has no tail)."""
-    if too_long <= _P99_UNATTAINABLE and traffic.ttft_ms_p99 is not None:
+def _usable_tail(
+    traffic: TrafficObservation,
+    too_long: float,
+    compute_s: Sequence[float],
+    *,
+    target_ms: float,
+    with_p99: bool = True,
+) -> tuple[str, float | None]:
+    """The TTFT tail that judges the pool: the p99 (if `with_p99`) when at most 0.5 % of the prompts cannot meet
+    the target alone, the p95 up to 3 %, none beyond. A source with only the mean TTFT gets a p95 estimated from it
+    (`_p95_from_mean`), of the prompts that can meet the target alone: `compute_s` holds each prompt's compute."""
+    if with_p99 and too_long <= _P99_UNATTAINABLE and traffic.ttft_ms_p99 is not None:
         return "p99", traffic.ttft_ms_p99
     if too_long <= _P95_UNATTAINABLE and traffic.ttft_ms_p95 is not None:
         return "p95", traffic.ttft_ms_p95
+    if traffic.ttft_ms_p95 is None and traffic.ttft_ms_p99 is None and traffic.ttft_ms is not None:
+        attainable_s = [s for s in compute_s if s * 1000.0 <= target_ms]
+        if attainable_s:
+            return "p95 from the mean", _p95_from_mean(traffic.ttft_ms, compute_s, attainable_s)
     return "tail", None
+
+
+def _p95_from_mean(mean_ttft_ms: float, compute_s: Sequence[float], attainable_s: Sequence[float]) -> float:
+    """A p95 TTFT of the prompts that can meet the target alone (`attainable_s`, their compute times), from the
+    window's mean TTFT alone: their p95 compute time plus ln 20 times the mean wait (the mean TTFT over the mean
+    compute of all the window's prompts, `compute_s`): the p95 of an exponentially distributed wait of that mean."""
+    ordered = sorted(attainable_s)
+    p95_compute_ms = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)] * 1000.0
+    mean_wait_ms = max(0.0, mean_ttft_ms - sum(compute_s) / len(compute_s) * 1000.0)
+    return p95_compute_ms + math.log(20.0) * mean_wait_ms
 
 
 def _ms(value: float | None) -> str:

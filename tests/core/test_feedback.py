@@ -5,6 +5,7 @@ source goes quiet), and the sizing reading it (`planner_core.policy.sizing`)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -90,11 +91,14 @@ def test_engine_iterations_measure_the_speed_exactly() -> None:
 def test_idle_reports_measure_nothing() -> None:
     idle = ForwardPassMetrics(component=Component.PREFILL, worker_id="p0", wall_time_s=0.0)
     assert fpm_speed(Component.PREFILL, (idle,), FWD, LIMITS) is None
-    # where the engines report, a tick of idle reports keeps the speed: a TTFT tail over the target is not read
-    # (it mixes the pool's speed with the bursts the forecast missed)
-    kept, step = learn_prefill_speed(CONFIG, STEADY, window((idle,), ttft_ms=300.0, ttft_ms_p99=2000.0), FWD)
+    # a tick of idle reports keeps the speed while the window met its TTFT target...
+    kept, step = learn_prefill_speed(CONFIG, STEADY, window((idle,), ttft_ms=100.0, ttft_ms_p95=300.0), FWD)
     assert kept.speed == 1.0
     assert step.reason is ReasonCode.FEEDBACK_TOO_FEW_REQUESTS
+    # ...and a missed p95 still lowers it: the miss is evidence whatever the iterations say
+    lowered, step = learn_prefill_speed(CONFIG, STEADY, window((idle,), ttft_ms=300.0, ttft_ms_p95=2000.0), FWD)
+    assert lowered.speed == pytest.approx(0.85)
+    assert step.reason is ReasonCode.FEEDBACK_LEARNED
 
 
 def test_the_sizing_model_runs_at_the_learned_speed_outside_the_dead_band() -> None:
@@ -204,6 +208,63 @@ def test_a_ttft_below_the_compute_time_proves_a_faster_engine() -> None:
     faster, step = learn_prefill_speed(CONFIG, STEADY, window(ttft_ms=compute_ms / 1.5, ttft_ms_p99=100.0), FWD)
     assert step.reason is ReasonCode.FEEDBACK_LEARNED
     assert faster.speed == pytest.approx(1.0 + 0.3 * 0.5)
+
+
+def test_engines_at_profile_speed_that_miss_their_ttft_target_are_sized_slower() -> None:
+    """Iterations at the model's speed measure the compute alone; a router that is not least loaded or bursts
+    queue requests the iterations never see, and a missed p95 TTFT bounds the speed the sizing reads. A p99 miss
+    alone is a burst the forecast missed (the burst sizing answers those): it leaves the iterations' speed."""
+    at_speed = (prefill_iteration(8192, 1.0),)
+    missed, step = learn_prefill_speed(CONFIG, STEADY, window(at_speed, ttft_ms=300.0, ttft_ms_p95=2000.0), FWD)
+    assert missed.speed == pytest.approx(0.85)  # one bounded step, as on the latency path
+    assert step.reason is ReasonCode.FEEDBACK_LEARNED and "the missed tail bounds it" in step.detail
+    burst = window(at_speed, ttft_ms=150.0, ttft_ms_p95=400.0, ttft_ms_p99=2000.0)
+    kept, step = learn_prefill_speed(CONFIG, STEADY, burst, FWD)
+    assert kept.speed == 1.0 and step.reason is ReasonCode.FEEDBACK_CONFIRMED
+    met, step = learn_prefill_speed(CONFIG, STEADY, window(at_speed, ttft_ms=100.0, ttft_ms_p95=300.0), FWD)
+    assert met.speed == 1.0 and step.reason is ReasonCode.FEEDBACK_CONFIRMED
+
+
+def test_a_miss_in_a_window_whose_own_bursts_outgrew_the_pool_is_the_loads_not_the_engines() -> None:
+    at_speed = (prefill_iteration(8192, 1.0),)
+    missed = window(at_speed, ttft_ms=300.0, ttft_ms_p95=2000.0)
+    outgrown = dataclasses.replace(missed, prompt_need_engines=6.5)  # 4 engines ready
+    kept, step = learn_prefill_speed(CONFIG, STEADY, outgrown, FWD)
+    assert kept.speed == 1.0 and "needed 6.5 engines of the 4 ready" in step.detail
+    fitted = dataclasses.replace(missed, prompt_need_engines=3.5)
+    lowered, _ = learn_prefill_speed(CONFIG, STEADY, fitted, FWD)
+    assert lowered.speed == pytest.approx(0.85)
+    no_reports = dataclasses.replace(outgrown, fpm=())  # the latency path reads the same evidence
+    kept, step = learn_prefill_speed(CONFIG, STEADY, no_reports, FWD)
+    assert kept.speed == 1.0 and "needed 6.5 engines" in step.detail
+
+
+def test_faster_iterations_raise_the_speed_only_in_a_window_that_met_its_target_comfortably() -> None:
+    lowered = dataclasses.replace(STEADY, speed=0.8)
+    at_load = (prefill_iteration(8192, 1.0),)
+    tight = window(at_load, ttft_ms=150.0, ttft_ms_p95=450.0)  # met, but over 80 % of the 500 ms target
+    kept, step = learn_prefill_speed(CONFIG, lowered, tight, FWD)
+    assert kept.speed == 0.8 and step.reason is ReasonCode.FEEDBACK_NOT_AT_LOAD
+    comfortable = window(at_load, ttft_ms=100.0, ttft_ms_p95=300.0)
+    raised, step = learn_prefill_speed(CONFIG, lowered, comfortable, FWD)
+    assert raised.speed == pytest.approx(0.8 + 0.3 * 0.2) and step.reason is ReasonCode.FEEDBACK_LEARNED
+
+
+def test_a_source_with_only_the_mean_ttft_is_judged_on_a_p95_estimated_from_it() -> None:
+    """Mean TTFT 2000-token prompts: compute ~c ms each; a mean of c + 200 ms waits gives p95 ~ c + 3 x 200 ms."""
+    compute_ms = FWD.prefill_wall_s(2000) * 1000.0
+    queued = window((prefill_iteration(8192, 1.0),), ttft_ms=compute_ms + 200.0)
+    lowered, step = learn_prefill_speed(CONFIG, STEADY, queued, FWD)
+    expected_p95 = compute_ms + math.log(20.0) * 200.0
+    assert expected_p95 > 500.0
+    assert lowered.speed == pytest.approx(max(0.85, min(0.97, math.sqrt(500.0 / expected_p95))))
+    assert f"p95 from the mean {expected_p95:.0f} ms" in step.detail
+    short_waits = window((prefill_iteration(8192, 1.0),), ttft_ms=compute_ms + 50.0)
+    kept, step = learn_prefill_speed(CONFIG, STEADY, short_waits, FWD)
+    assert kept.speed == 1.0  # p95 ~ c + 150 ms: met
+    too_long = window((prefill_iteration(8192, 1.0),), ttft_ms=20000.0, isl=60000.0)
+    kept, step = learn_prefill_speed(CONFIG, STEADY, too_long, FWD)
+    assert kept.speed == 1.0 and step.reason is ReasonCode.FEEDBACK_CONFIRMED  # no prompt can meet it alone
 
 
 # --- the sizing reads it -----------------------------------------------------------------------------------------

@@ -84,8 +84,14 @@ ROWS = tuple(
 ) + (GoalRow(name="conv-x12-500-50-slowdown-20m", trace=_CONV, rate_scale=12.0, change="20m:prefill=0.75,decode=0.75"),)
 _CODE = "AzureLLMInferenceTrace_code.csv"
 DYNAMO_ROWS = tuple(
-    GoalRow(name=f"dynamo-{label}-{ttft:g}-{itl:g}", trace=trace, rate_scale=scale, ttft_ms=ttft, itl_ms=itl,
-            engine="dynamo")  # fmt: skip
+    GoalRow(
+        name=f"dynamo-{label}-{ttft:g}-{itl:g}",
+        trace=trace,
+        rate_scale=scale,
+        ttft_ms=ttft,
+        itl_ms=itl,
+        engine="dynamo",
+    )
     for label, trace, scale in (("code-x4", _CODE, 4.0), ("mooncake-x2", _MOONCAKE, 2.0), ("conv-x12", _CONV, 12.0))
     for ttft, itl in ((500.0, 50.0), (200.0, 20.0))
 )

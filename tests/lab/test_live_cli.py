@@ -120,6 +120,85 @@ def test_the_runs_config_loads_as_serve_loads_it(tmp_path, adaptive) -> None:
     assert config.max_gpu_budget == (4 if adaptive else 2)
 
 
+@pytest.mark.parametrize("adaptive", [True, False], ids=["planner", "fixed"])
+def test_the_disaggregated_runs_config_scales_both_pools_or_pins_each(tmp_path, adaptive) -> None:
+    """Disaggregated: prefill and decode pools, the closed loop as the recommended policy has it, the engines'
+    metrics listed for Prometheus; the fixed-size run pins each pool at its size (the minimum of each pool, the
+    budget their sum), the planner's run starts from the initial sizes of both pools."""
+    from planner_core.domain import Component
+    from planner_core.lab.live.spec import WORKER_TARGETS_FILE, write_config
+    from planner_core.planner import refuse_what_cannot_work
+
+    spec = RunSpec(
+        name="planner" if adaptive else "fixed-1p3d", adaptive=adaptive, fixed_size=3, fixed_prefill=1,
+        duration_s=60, ttft_ms=2000, itl_ms=100, interval_s=None, max_workers=5, trace=tmp_path / "trace.jsonl",
+        nice=0, profile_dir=PROFILE_DIR, cooldown_s=5, speedup=6.0, mode="disagg", initial_size=3, initial_prefill=2,
+    )  # fmt: skip
+    path = write_config(spec, tmp_path, {}, "http://127.0.0.1:9090")
+    loaded = load_config(path)
+    config = loaded.policy
+    refuse_what_cannot_work(config, path)
+    shipped = load_config(DEFAULT_CONFIG).policy
+    assert config.mode.value == "disagg"
+    assert config.throughput_capacity_feedback == shipped.throughput_capacity_feedback
+    local = loaded.service.local_workers
+    assert (local.initial_prefill, local.initial_decode) == (2, 3)
+    assert local.metrics_targets_file == str(tmp_path / WORKER_TARGETS_FILE)
+    assert local.command(Component.PREFILL) == local.command(Component.DECODE)  # one template: ${DISAGGREGATION_MODE}
+    if adaptive:
+        assert (config.prefill_min_endpoint_effective, config.decode_min_endpoint_effective) == (1, 1)
+        assert config.max_gpu_budget == 5
+    else:
+        assert (config.prefill_min_endpoint_effective, config.decode_min_endpoint_effective) == (1, 3)
+        assert config.max_gpu_budget == 4
+
+
+def test_the_prometheus_config_scrapes_the_frontend_and_the_connectors_targets(tmp_path) -> None:
+    import yaml
+
+    from planner_core.lab.live.run import prometheus_config
+
+    config = yaml.safe_load(prometheus_config(8000, tmp_path / "workers.json"))
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert jobs["frontend"]["static_configs"] == [{"targets": ["127.0.0.1:8000"]}]
+    assert jobs["workers"]["file_sd_configs"][0]["files"] == [str(tmp_path / "workers.json")]
+    assert config["global"]["scrape_interval"] == "1s"
+
+
+@pytest.mark.parametrize(
+    ("text", "mode", "sizes"), [("1:2", "disagg", (1, 2)), ("0:0", "disagg", (0, 0)), ("3", "agg", (0, 3))]
+)
+def test_sizes_are_prefill_decode_pairs_disaggregated_and_one_count_aggregated(text, mode, sizes) -> None:
+    from planner_core.lab.live import parse_sizes
+
+    assert parse_sizes(text, mode, "--fixed-size") == sizes
+
+
+@pytest.mark.parametrize(("text", "mode"), [("2", "disagg"), ("1:2", "agg"), ("1:-1", "disagg"), ("a:b", "disagg")])
+def test_a_size_of_the_wrong_form_is_refused_naming_the_flag_and_the_form(text, mode) -> None:
+    from planner_core.lab.live import parse_sizes
+
+    with pytest.raises(LiveError, match=f"--fixed-size = '{text}': with --mode {mode} give "):
+        parse_sizes(text, mode, "--fixed-size")
+
+
+def test_the_planner_view_is_compared_with_what_aiperf_sent_in_the_windows_it_looked_at() -> None:
+    """Windows (90, 100] and (110, 120]: the requests aiperf started in each (the one at 105 s falls between them,
+    a tick that did not run, and is counted apart) against the windows' counts and mean prompt lengths."""
+    from planner_core.lab.live.scoring import ObservedWindow, SentRequest, longest_saturated_s, view_agreement
+
+    windows = [ObservedWindow(100.0, 10.0, 2.0, 150.0), ObservedWindow(120.0, 10.0, 1.1, 200.0)]
+    sent = [SentRequest(95.0, 100), SentRequest(100.0, 200), SentRequest(105.0, 999), SentRequest(111.0, 200)]
+    assert view_agreement(windows, sent) == {
+        "windows": 2, "requests_seen": 3.1, "requests_sent": 3, "requests_outside_windows": 1,
+        "requests_diff": round(0.1 / 3, 4), "prompt_tokens_diff": round((300 + 220 - 500) / 500, 4),
+    }  # fmt: skip
+    idle = view_agreement([ObservedWindow(100.0, 10.0, float("nan"), float("nan"))], [])
+    assert idle["requests_diff"] is None and idle["requests_seen"] == 0
+    # 13 samples of 5 s under 10 % idle in a row: 65 s, more than a minute (saturated)
+    assert longest_saturated_s([0.5] + [0.05] * 13 + [0.3, 0.02], 5.0) == 65.0
+
+
 def test_the_day_is_a_cosine_from_the_mean_down_to_the_night_up_to_the_peak_and_back() -> None:
     shape = day_shape(560.0, 0.125)
     rates = shape.rates
@@ -174,9 +253,12 @@ def test_the_day_trace_file_is_mooncake_with_capped_lengths(tmp_path) -> None:
     assert min(r["output_length"] for r in rows) >= 1
 
 
-def test_make_live_runs_the_day_against_two_fixed_engines_by_default() -> None:
+def test_make_live_runs_the_day_disaggregated_by_default() -> None:
+    from planner_cli.live import DEFAULT_FIXED
+
     args = build_parser().parse_args(["live"])
-    assert (args.traffic, args.peak_rps, args.trough_ratio, args.fixed_size) == ("day", 2.0, 0.125, 2)
+    assert (args.traffic, args.peak_rps, args.trough_ratio, args.mode) == ("day", 2.0, 0.125, "disagg")
+    assert args.fixed_size is None and DEFAULT_FIXED == {"agg": "2", "disagg": "1:2"}
     assert args.initial_size is None  # both runs start from the fixed size
 
 

@@ -253,6 +253,7 @@ def test_workers_get_a_metrics_port_and_the_targets_file_lists_those_running(mak
     ready = workers(ctx, R)
     ports = [w.metrics_port for w in ready]
     assert len(ready) == 2 and None not in ports and len(set(ports)) == 2
+    assert all(20000 <= port <= 32767 for port in ports)  # Dynamo 1.6.1 refuses a DYN_SYSTEM_PORT past 32767
     for worker in ready:
         environ = Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")
         assert f"DYN_SYSTEM_PORT={worker.metrics_port}".encode() in environ

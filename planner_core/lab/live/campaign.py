@@ -38,7 +38,7 @@ class LiveOptions:
     itl_ms: float
     interval_s: float | None
     max_workers: int
-    fixed_size: int
+    fixed_size: int  # the decode pool's (mode agg: the aggregated pool's) engines of the fixed-size run; 0 = no run
     initial_size: int | None
     cooldown_s: float
     fixed_only: bool
@@ -46,6 +46,28 @@ class LiveOptions:
     nice: int
     router: str
     argv: tuple[str, ...] = ()  # the command line after `planner`, kept in the runs' figures
+    mode: str = "disagg"  # or "agg": one pool of aggregated engines
+    fixed_prefill: int = 0  # disagg: the prefill engines of the fixed-size run
+    initial_prefill: int | None = None  # disagg: prefill engines at the planner run's start (None: fixed_prefill)
+
+
+def parse_sizes(text: str, mode: str, flag: str) -> tuple[int, int]:
+    """(prefill, decode) engines from a size option: `P:D` in mode disagg, `N` in mode agg (prefill 0).
+
+    Raises:
+        LiveError: the text is not that (names the flag, the value and the form wanted).
+    """
+    from planner_core.lab.live.stack import LiveError
+
+    parts = text.split(":")
+    wanted = "P:D (prefill:decode engines, e.g. 1:2)" if mode == "disagg" else "N (aggregated engines)"
+    try:
+        sizes = [int(part) for part in parts]
+    except ValueError:
+        sizes = []
+    if len(sizes) != (2 if mode == "disagg" else 1) or min(sizes) < 0:
+        raise LiveError(f"{flag} = {text!r}: with --mode {mode} give {wanted}, each >= 0")
+    return (sizes[0], sizes[1]) if mode == "disagg" else (0, sizes[0])
 
 
 def summarize_runs(out: Path, *, ttft_ms: float, itl_ms: float, record: Path | None) -> str:
@@ -93,6 +115,8 @@ def write_traffic(options: LiveOptions, root: Path) -> tuple[Path, str]:
 
 def plan_runs(options: LiveOptions, root: Path, trace: Path, traffic: str) -> list[RunSpec]:
     """The planner's run (unless `fixed_only`) and the fixed-size run (unless `fixed_size` is 0), alike in all else."""
+    disagg = options.mode == "disagg"
+    initial_prefill = options.initial_prefill if options.initial_prefill is not None else options.fixed_prefill
     common = {
         "duration_s": options.duration_s,
         "ttft_ms": options.ttft_ms,
@@ -107,6 +131,8 @@ def plan_runs(options: LiveOptions, root: Path, trace: Path, traffic: str) -> li
         "traffic": traffic,
         # both runs start from the same deployment: the planner takes over the fixed run's size
         "initial_size": options.initial_size or options.fixed_size or 1,
+        "initial_prefill": (initial_prefill or 1) if disagg else 0,
+        "mode": options.mode,
         "command": shlex.join(["planner", *options.argv]),
         "commit": code_commit(),
         "router": options.router,
@@ -114,8 +140,15 @@ def plan_runs(options: LiveOptions, root: Path, trace: Path, traffic: str) -> li
     suffix = "" if options.router == "round-robin" else f"-{options.router}"
     specs = [RunSpec(name=f"planner{suffix}", adaptive=True, fixed_size=1, **common)] if not options.fixed_only else []
     if options.fixed_size:
+        size = f"{options.fixed_prefill}p{options.fixed_size}d" if disagg else str(options.fixed_size)
         specs.append(
-            RunSpec(name=f"fixed-{options.fixed_size}{suffix}", adaptive=False, fixed_size=options.fixed_size, **common)
+            RunSpec(
+                name=f"fixed-{size}{suffix}",
+                adaptive=False,
+                fixed_size=options.fixed_size,
+                fixed_prefill=options.fixed_prefill if disagg else 0,
+                **common,
+            )
         )
     return specs
 

@@ -45,6 +45,7 @@ from planner_core.domain import Component, WorkerCounts
 from planner_core.runtime.connectors.local_metrics import (
     METRICS_PORT_ENV,
     ScrapeWorker,
+    free_metrics_port,
     scrape_targets,
     write_scrape_targets,
 )
@@ -55,7 +56,6 @@ from planner_core.runtime.connectors.local_procs import (
     process_start_ticks,
 )
 from planner_core.runtime.engine_load import engine_in_flight, in_flight_by_worker
-from planner_core.runtime.localhost import free_port
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.drains import DrainStart, close_drain, open_drain, open_local_drain
 from planner_core.runtime.store.models import (
@@ -333,7 +333,7 @@ class LocalConnector:
         if self.metrics_targets_file is not None:
             # free now, bound by the worker a moment later (another process could take it in between: the worker
             # then serves no metrics, and the scrape of its target fails, visibly in Prometheus' `up`)
-            row.metrics_port = free_port()
+            row.metrics_port = free_metrics_port()
             variables["METRICS_PORT"] = env[METRICS_PORT_ENV] = str(row.metrics_port)
         argv = render_command(self.settings.command(role), variables, field=field)
         if self.discovery_dir is not None:

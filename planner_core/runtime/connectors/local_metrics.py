@@ -12,12 +12,34 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 METRICS_PORT_ENV = "DYN_SYSTEM_PORT"  # the port Dynamo's runtime serves a worker's /metrics and /health on
 METRICS_HOST = "127.0.0.1"  # the workers run on the planner's machine
+# Dynamo 1.6.1 reads DYN_SYSTEM_PORT as a signed 16-bit integer (a port above 32767 stops the worker at start:
+# "expected i16 for key SYSTEM_PORT"), and Linux hands out ephemeral ports from 32768 up: the metrics ports are
+# picked below, away from the well-known ones
+METRICS_PORTS = range(20000, 32768)
+
+
+def free_metrics_port(*, attempts: int = 64) -> int:
+    """A port of `METRICS_PORTS` that nothing listens on now (free until someone binds it).
+
+    Raises:
+        OSError: none of `attempts` random ports of the range could be bound.
+    """
+    for port in random.sample(METRICS_PORTS, attempts):
+        with socket.socket() as sock:
+            try:
+                sock.bind((METRICS_HOST, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free metrics port in {METRICS_PORTS.start}..{METRICS_PORTS.stop - 1} after {attempts} tries")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -139,7 +139,7 @@ test-workers: $(STAMP)
 # The live stack's longer integration tests (a few minutes: real frontend, engines, Prometheus), not in `make test`;
 # with tests/runtime/test_live_stack.py, which `make test` runs too.
 test-live: $(STAMP) $(DYNAMO_STAMP) live-env
-	PLANNER_LIVE_TESTS=1 $(VENV)/bin/python -m pytest -q tests/runtime/test_live_stack.py tests/lab/test_profile_live.py tests/lab/test_live_route_proxy.py tests/lab/test_live_lifecycle.py
+	PLANNER_LIVE_TESTS=1 $(VENV)/bin/python -m pytest -q tests/runtime/test_live_stack.py tests/lab/test_profile_live.py tests/lab/test_live_route_proxy.py tests/lab/test_live_lifecycle.py tests/lab/test_live_disagg.py
 
 # `planner profile` round trip: Dynamo's frontend + one mocker timed by the H200 profile, profiled over HTTP and
 # compared with its source (~4 min); the record goes to docs/results/profile/ (rendered in perf-models.md).

@@ -65,10 +65,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     live.add_argument("--duration-s", type=float, default=560.0, help="traffic per run (s)")
     live.add_argument(
         "--traffic",
-        choices=("day", "conv"),
-        default="day",
-        help="day: the Azure conversation hour's requests under one day's load cycle (--peak-rps, --trough-ratio); "
-        "conv: the hour as recorded, --speedup times faster, every --keep-every-th request",
+        choices=("conv", "code", "mooncake", "day"),
+        default="conv",
+        help="a recorded trace as recorded, --speedup times faster, every --keep-every-th request (conv: the Azure "
+        "conversation hour; code: the Azure code hour; mooncake: Mooncake's trace, with its prefix blocks), or day: "
+        "the conversation hour's requests under one synthetic day's load cycle (--peak-rps, --trough-ratio)",
     )
     live.add_argument("--peak-rps", type=float, default=2.0, help="day: the cycle's peak request rate (req/s)")
     live.add_argument(
@@ -80,10 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=6.0,
         help="the policy's time constants are divided by this (conv: the trace's time compression too)",
     )
-    live.add_argument("--keep-every", type=int, default=9, help="conv: keep every N-th request of the trace")
-    live.add_argument(
-        "--trace-start-s", type=float, default=0.0, help="conv: offset into the Azure conversation trace (s)"
-    )
+    live.add_argument("--keep-every", type=int, default=9, help="recorded traces: keep every N-th request")
+    live.add_argument("--trace-start-s", type=float, default=0.0, help="recorded traces: offset into the trace (s)")
     live.add_argument("--max-isl", type=int, default=2048, help="cap on prompt tokens")
     live.add_argument("--max-osl", type=int, default=256, help="cap on output tokens")
     live.add_argument(

@@ -44,6 +44,40 @@ def test_trace_is_cut_compressed_thinned_and_capped(tmp_path) -> None:
     assert max(r["output_length"] for r in rows) <= 256
 
 
+@pytest.mark.parametrize("name", ["conv", "code", "mooncake"])
+def test_a_recorded_trace_is_selected_by_name_and_cut_as_recorded(tmp_path, name) -> None:
+    """Each recorded trace, cut at 300 s for 100 s of trace, 2 times faster, every 2nd request: the requests are the
+    trace's own (lengths as recorded up to the caps, in order, at their offsets halved); Mooncake's keep their
+    prefix blocks, cut to the capped prompt's."""
+    from planner_core.lab.live.traffic import RECORDED_TRACES
+
+    out = tmp_path / f"{name}.jsonl"
+    num = write_trace(out, start_s=300, duration_s=50, speedup=2, keep_every=2, max_isl=4096, max_osl=512, name=name)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    trace = load_trace(RECORDED_TRACES[name])
+    inside = [i for i, t in enumerate(trace.arrival_s) if 300 <= t < 400][::2]
+    assert num == len(rows) == len(inside) > 10
+    for row, i in zip(rows, inside, strict=True):
+        assert row["timestamp"] == round((float(trace.arrival_s[i]) - 300) / 2 * 1000)
+        assert row["input_length"] == min(int(trace.isl[i]), 4096)
+        assert row["output_length"] == max(1, min(int(trace.osl[i]), 512))
+        if name == "mooncake":
+            assert row["hash_ids"] == trace.request_hashes(i)[: -(-row["input_length"] // 512)].tolist()
+        else:
+            assert "hash_ids" not in row
+
+
+def test_a_run_longer_than_the_trace_or_an_unknown_trace_is_refused_in_one_line(tmp_path) -> None:
+    out = tmp_path / "t.jsonl"
+    with pytest.raises(LiveError, match=r"--duration-s 560 x --speedup 6 = 3360 s of the mooncake trace .* lasts"):
+        write_trace(out, start_s=0, duration_s=560, speedup=6, keep_every=9, max_isl=2048, max_osl=256, name="mooncake")
+    with pytest.raises(
+        LiveError, match=r"--traffic = 'nope': not a recorded trace \(known: conv, code, mooncake, day\)"
+    ):
+        write_trace(out, start_s=0, duration_s=10, speedup=1, keep_every=1, max_isl=2048, max_osl=256, name="nope")
+    assert not out.exists()  # nothing half-written
+
+
 def test_slowed_profile_slows_latency_and_capacity_alike(tmp_path) -> None:
     slowed = write_slowed_profile(tmp_path / "x8", 8.0)
     for part, keys in (
@@ -253,11 +287,11 @@ def test_the_day_trace_file_is_mooncake_with_capped_lengths(tmp_path) -> None:
     assert min(r["output_length"] for r in rows) >= 1
 
 
-def test_make_live_runs_the_day_disaggregated_by_default() -> None:
+def test_make_live_runs_the_conversation_hour_disaggregated_by_default() -> None:
     from planner_cli.live import DEFAULT_FIXED
 
     args = build_parser().parse_args(["live"])
-    assert (args.traffic, args.peak_rps, args.trough_ratio, args.mode) == ("day", 2.0, 0.125, "disagg")
+    assert (args.traffic, args.speedup, args.keep_every, args.mode) == ("conv", 6.0, 9, "disagg")
     assert args.fixed_size is None and DEFAULT_FIXED == {"agg": "2", "disagg": "1:2"}
     assert args.initial_size is None  # both runs start from the fixed size
 

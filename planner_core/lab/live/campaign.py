@@ -25,7 +25,7 @@ class LiveOptions:
 
     out: Path
     duration_s: float
-    traffic: str  # "day" or "conv"
+    traffic: str  # a recorded trace's name (RECORDED_TRACES: conv, code, mooncake) or "day"
     peak_rps: float
     trough_ratio: float
     speedup: float
@@ -104,12 +104,15 @@ def write_traffic(options: LiveOptions, root: Path) -> tuple[Path, str]:
             keep_every=options.keep_every,
             max_isl=options.max_isl,
             max_osl=options.max_osl,
+            name=options.traffic,
         )
     print(f"trace: {num_requests} requests over {options.duration_s:.0f} s -> {trace}", file=sys.stderr)
     if options.traffic == "day":
         traffic = f"day: peak {options.peak_rps:g} req/s, night {options.trough_ratio:g} of it"
     else:
-        traffic = f"conv: from {options.trace_start_s:g} s, x{options.speedup:g}, every {options.keep_every}th"
+        traffic = (
+            f"{options.traffic}: from {options.trace_start_s:g} s, x{options.speedup:g}, every {options.keep_every}th"
+        )
     return trace, f"{traffic}; {num_requests} requests in {options.duration_s:g} s"
 
 

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -267,6 +268,7 @@ def _serve_the_traffic(
         cpu.start()
         figures["aiperf_exit"] = _run_aiperf(spec, tools, traffic_url, run_dir, base_env)
         ended = dt.datetime.now(dt.UTC)
+        figures.update(_engine_figures(ports.prometheus, (ended - started).total_seconds() + 60))
         # a component that stopped during the traffic (its log in logs/ says why) makes the run's figures suspect
         figures["components_exited"] = {name: p.returncode for name, p in components.items() if p.poll() is not None}
         figures["router"] = spec.router
@@ -301,6 +303,32 @@ def _scored(
             database_url, started - dt.timedelta(minutes=5), ended + dt.timedelta(minutes=5)
         )
     return figures
+
+
+def _engine_figures(prometheus_port: int, span_s: float) -> dict:
+    """What Prometheus scraped from the engines over the last `span_s`: the most engines of each pool scraped at once
+    (`up` of the connector's targets) and the requests each pool's engines served (each engine's request counter
+    starts at 0 with its process, so its largest value is what it served; a request passes every pool once)."""
+
+    def by_role(query: str) -> dict[str, int]:
+        params = urllib.parse.urlencode({"query": query})
+        answer = json.loads(get(f"http://127.0.0.1:{prometheus_port}/api/v1/query?{params}", timeout_s=30))
+        return {r["metric"].get("role", "?"): round(float(r["value"][1])) for r in answer["data"]["result"]}
+
+    time.sleep(2)  # the last scrape of the traffic's end (every second)
+    window = f"{max(1, round(span_s))}s"
+    try:
+        return {
+            "engines_scraped_by_pool": by_role(
+                f'max_over_time((count by (role) (up{{job="workers"}} == 1))[{window}:1s])'
+            ),
+            "engine_requests_by_pool": by_role(
+                f'sum by (role) (max_over_time(dynamo_component_requests_total{{job="workers", '
+                f'dynamo_endpoint="generate"}}[{window}]))'
+            ),
+        }
+    except (OSError, ValueError, KeyError) as exc:  # the figures say it instead of failing the run
+        return {"engine_figures_error": f"{type(exc).__name__}: {exc}"}
 
 
 def _ready_roles(database_url: str) -> set[str]:

@@ -270,6 +270,8 @@ def live_table(runs: list[dict], *, ttft_ms: float, itl_ms: float) -> str:
         ("mode", lambda r: r.get("mode", "agg")),
         ("GPU-seconds (1 GPU per engine)", lambda r: f"{r.get('gpu_seconds')}"),
         ("  prefill / decode", lambda r: _pools(r.get("gpu_seconds_by_pool"))),
+        ("engines scraped at most, prefill / decode", lambda r: _pools(r.get("engines_scraped_by_pool"))),
+        ("requests served by the engines, prefill / decode", lambda r: _pools(r.get("engine_requests_by_pool"))),
         ("workers started (died)", lambda r: f"{r.get('num_workers_started')} ({r.get('num_workers_died')})"),
         ("ticks / decisions", lambda r: f"{r.get('num_ticks')} / {r.get('num_decisions')}"),
         ("scale-ups / scale-downs", lambda r: f"{r.get('scale_ups')} / {r.get('scale_downs')}"),

@@ -8,9 +8,9 @@ planner's decision to be applied and acknowledged (both pools at two ready engin
 budget of two engines, and waits again. Each decision is the planner's own tick, executed by the local connector
 (engines started, then drained), as a decision the traffic called for would be.
 
-Several minutes on a 2-core machine (about 6 when nothing else runs): it runs only with PLANNER_LIVE_TESTS=1
-(`make test-live`, which builds the Dynamo and aiperf environments and the model folder first); without them it says
-which is missing instead of passing.
+Several minutes on a 2-core machine (7.5 on 2026-12-07, the machine saturated by other test suites): it runs only
+with PLANNER_LIVE_TESTS=1 (`make test-live`, which builds the Dynamo and aiperf environments and the model folder
+first); without them it says which is missing instead of passing.
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ pytestmark = pytest.mark.skipif(
 DURATION_S = 240  # traffic: the two retunes and their decisions fit in it on a busy 2-core machine
 COOLDOWN_S = 30
 # What the planner saw in the windows its ticks looked at against what aiperf sent in them: Prometheus' `increase`
-# extrapolates at each window's edges (scraped every second), a few per cent over a run
-VIEW_TOLERANCE = 0.10
+# extrapolates at each window's edges (scraped every second), so a window of 10 s at ~1 request/s can be a request
+# off at either edge; the first run (2026-12-07, a saturated machine: 8 windows, 49 requests) measured +4.3 % requests
+# and +7.4 % prompt tokens
+VIEW_TOLERANCE = 0.15
 
 
 def _query(database_url: str, sql: str, params: tuple = ()) -> list[tuple]:
@@ -84,6 +86,8 @@ def test_the_planner_scales_each_pool_up_and_down_and_sees_the_requests_aiperf_s
     out = tmp_path / "live"
     args = [
         "live", "--out", str(out), "--mode", "disagg", "--fixed-size", "0:0", "--initial-size", "1:1",
+        # the default trace (the Azure conversation hour, 6 times faster) thinned to ~1.2 requests/s
+        "--traffic", "conv", "--keep-every", "27",
         "--duration-s", str(DURATION_S), "--cooldown-s", str(COOLDOWN_S), "--max-workers", "4",
     ]  # fmt: skip
     log_path = tmp_path / "live.log"

@@ -12,12 +12,27 @@ from pathlib import Path
 
 def cmd_live(args: argparse.Namespace) -> int:
     from planner_cli.common import data_subfolder
-    from planner_core.lab.live import LiveCancelled, LiveError, LiveOptions, parse_sizes, run_live, summarize_runs
+    from planner_core.lab.live import (
+        LiveCancelled,
+        LiveError,
+        LiveOptions,
+        binding_sla,
+        parse_sizes,
+        run_live,
+        summarize_runs,
+    )
 
     args.out = data_subfolder(args.out, "live")
     if args.summarize:
-        print(summarize_runs(args.out, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, record=args.record))
+        try:
+            print(summarize_runs(args.out, ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, record=args.record))
+        except LiveError as exc:
+            print(f"planner live: {exc}", file=sys.stderr)
+            return 2
         return 0
+    default_ttft_ms, default_itl_ms = binding_sla(args.slowdown)
+    args.ttft_ms = default_ttft_ms if args.ttft_ms is None else args.ttft_ms
+    args.itl_ms = default_itl_ms if args.itl_ms is None else args.itl_ms
     from planner_cli.common import stop_like_ctrl_c
 
     stop_like_ctrl_c()  # a stopped run stops its stack (each component is in a session of its own)
@@ -91,8 +106,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=8.0,
         help="engines (mocker and the planner's model) this many times slower than the H200 profile",
     )
-    live.add_argument("--ttft-ms", type=float, default=2000.0, help="TTFT SLA (ms)")
-    live.add_argument("--itl-ms", type=float, default=100.0, help="ITL SLA (ms)")
+    live.add_argument(
+        "--ttft-ms",
+        type=float,
+        default=None,
+        help="TTFT SLA (ms); default: Dynamo's 500 ms times --slowdown (with --summarize: the runs' own)",
+    )
+    live.add_argument(
+        "--itl-ms",
+        type=float,
+        default=None,
+        help="ITL SLA (ms); default: Dynamo's 50 ms times --slowdown (with --summarize: the runs' own)",
+    )
     live.add_argument(
         "--interval-s",
         type=float,

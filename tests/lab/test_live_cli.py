@@ -301,3 +301,48 @@ def test_the_table_says_what_traffic_each_run_had() -> None:
     table = live_table([{"run": "planner", "traffic": traffic}, {"run": "old"}], ttft_ms=2000, itl_ms=100)
     row = next(line for line in table.splitlines() if line.startswith("| traffic"))
     assert row == f"| traffic | {traffic} | - |"  # a record made before runs said their traffic: -
+
+
+def test_the_default_sla_is_dynamos_scaled_by_the_slowdown() -> None:
+    from planner_core.lab.live import binding_sla
+
+    assert binding_sla(8.0) == (4000.0, 400.0) and binding_sla(1.0) == (500.0, 50.0)
+
+
+def _fixed(prefill: int, decode: int, attainment: float, mode: str = "disagg") -> dict:
+    return {"run": f"fixed-{prefill}p{decode}d", "adaptive": False, "mode": mode, "fixed_prefill": prefill,
+            "fixed_size": decode, "attainment": attainment}  # fmt: skip
+
+
+def test_the_sla_binds_when_one_engine_fewer_in_each_pool_misses_99() -> None:
+    """Disaggregated: 2p3d is the cheapest pair meeting 99 %; the SLA binds when each pool's size one engine smaller
+    (1p3d, 2p2d) misses 99 %."""
+    from planner_core.lab.live.scoring import binding_check, binding_line
+
+    planner = {"run": "planner", "adaptive": True, "mode": "disagg", "attainment": 0.999}
+    runs = [planner, _fixed(2, 3, 0.995), _fixed(1, 3, 0.97), _fixed(2, 2, 0.95)]
+    check = binding_check(runs)
+    assert check["cheapest_meeting"] == "2p3d" and check["valid"] is True
+    assert check["pools"]["prefill"] == {"smaller": "1p3d", "attainment": 0.97, "binding": True}
+    assert check["pools"]["decode"] == {"smaller": "2p2d", "attainment": 0.95, "binding": True}
+    assert binding_line(check).startswith("SLA binding (valid): cheapest fixed size meeting 99 % 2p3d; prefill: 1p3d")
+    # one engine fewer decode also meets 99 %: 2p2d is then the cheapest, and its smaller sizes are not run
+    loose = binding_check([planner, _fixed(2, 3, 0.995), _fixed(1, 3, 0.97), _fixed(2, 2, 0.992)])
+    assert loose["cheapest_meeting"] == "2p2d" and loose["valid"] is None
+    assert loose["pools"]["decode"] == {"smaller": "2p1d", "binding": None, "why": "no run of fixed size 2p1d"}
+    # a single prefill engine suffices: the prefill pool cannot bind, the comparison is not valid
+    single = binding_check([_fixed(1, 2, 0.995), _fixed(1, 1, 0.9)])
+    assert single["valid"] is False and single["pools"]["prefill"]["binding"] is False
+    # nothing met 99 %, and records made before the figures kept their fixed sizes
+    assert binding_check([_fixed(1, 1, 0.9)])["valid"] is None
+    assert "predate" in binding_check([{"run": "fixed-2", "attainment": 1.0}])["why"]
+
+
+def test_aggregated_the_one_pool_binds_when_one_engine_fewer_misses() -> None:
+    from planner_core.lab.live.scoring import binding_check
+
+    check = binding_check([_fixed(0, 2, 1.0, "agg"), _fixed(0, 1, 0.9428, "agg")])
+    assert check == {
+        "cheapest_meeting": "2", "valid": True,
+        "pools": {"decode": {"smaller": "1", "attainment": 0.9428, "binding": True}},
+    }  # fmt: skip

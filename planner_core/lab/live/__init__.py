@@ -23,6 +23,7 @@ the record) and `campaign` (the runs of one `planner live`). `planner_cli/live.p
 
 from planner_core.lab.live.campaign import (
     LiveOptions,
+    binding_sla,
     parse_sizes,
     plan_runs,
     run_live,
@@ -69,6 +70,7 @@ __all__ = [
     "LiveOptions",
     "RunSpec",
     "aiperf_figures",
+    "binding_sla",
     "compressed_policy",
     "day_shape",
     "day_trace",

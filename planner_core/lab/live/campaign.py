@@ -70,8 +70,37 @@ def parse_sizes(text: str, mode: str, flag: str) -> tuple[int, int]:
     return (sizes[0], sizes[1]) if mode == "disagg" else (0, sizes[0])
 
 
-def summarize_runs(out: Path, *, ttft_ms: float, itl_ms: float, record: Path | None) -> str:
-    """The table of the runs already in `out` (and their `--record` file, when asked)."""
+def binding_sla(slowdown: float) -> tuple[float, float]:
+    """The run's default SLA (TTFT ms, ITL ms): Dynamo's default targets (the planner config's own defaults, 500 ms
+    and 50 ms) scaled by the engines' slowdown, so that it binds the slowed engines as it binds real ones."""
+    from planner_core.config import PlannerConfig
+
+    fields = PlannerConfig.model_fields
+    return fields["ttft_ms"].default * slowdown, fields["itl_ms"].default * slowdown
+
+
+def _runs_sla(out: Path) -> tuple[float, float]:
+    """The SLA the runs in `out` were made under (kept in their figures)."""
+    from planner_core.lab.live.stack import LiveError
+
+    slas = {
+        (figures.get("ttft_ms"), figures.get("itl_ms"))
+        for figures in (json.loads(f.read_text()) for f in sorted(out.glob("*/figures.json")))
+    }
+    if len(slas) != 1 or None in next(iter(slas)):
+        raise LiveError(
+            f"--out {out}: its runs do not name one SLA ({sorted(map(str, slas))}): give --ttft-ms and --itl-ms"
+        )
+    return next(iter(slas))
+
+
+def summarize_runs(out: Path, *, ttft_ms: float | None, itl_ms: float | None, record: Path | None) -> str:
+    """The table of the runs already in `out` (and their `--record` file, when asked), scored against the given SLA,
+    else the one the runs were made under."""
+    if ttft_ms is None or itl_ms is None:
+        runs_ttft_ms, runs_itl_ms = _runs_sla(out)
+        ttft_ms = runs_ttft_ms if ttft_ms is None else ttft_ms
+        itl_ms = runs_itl_ms if itl_ms is None else itl_ms
     spec = RunSpec(
         name="", adaptive=True, fixed_size=0, duration_s=0, ttft_ms=ttft_ms, itl_ms=itl_ms,
         interval_s=None, max_workers=0, trace=out, nice=0, profile_dir=out, cooldown_s=0,

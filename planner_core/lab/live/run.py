@@ -205,7 +205,11 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
 
     run_dir = _fresh_run_dir(spec, root)
     cpu = CpuSampler()
-    figures: dict = {"run": spec.name, "command": spec.command, "commit": spec.commit, "traffic": spec.traffic}
+    figures: dict = {
+        "run": spec.name, "command": spec.command, "commit": spec.commit, "traffic": spec.traffic,
+        "ttft_ms": spec.ttft_ms, "itl_ms": spec.itl_ms, "adaptive": spec.adaptive,
+        "fixed_prefill": spec.fixed_prefill if spec.disaggregated else 0, "fixed_size": spec.fixed_size,
+    }  # fmt: skip
     try:
         base_env = _base_env(run_dir)
         database_url = _migrated_database(run_dir)

@@ -292,7 +292,7 @@ def live_table(runs: list[dict], *, ttft_ms: float, itl_ms: float) -> str:
     header = "| | " + " | ".join(r["run"] for r in runs) + " |"
     lines = [header, "|---" * (len(runs) + 1) + "|"]
     lines += ["| " + label + " | " + " | ".join(get(r) for r in runs) + " |" for label, get in rows]
-    return "\n".join(lines)
+    return "\n".join([*lines, "", binding_line(binding_check(runs))])
 
 
 def _pools(r: dict | None) -> str:
@@ -368,11 +368,77 @@ def summarize(root: Path, spec: RunSpec) -> list[dict]:
 
 def live_record(runs: list[dict], spec: RunSpec) -> dict:
     """The `--record` file: every run's figures (each with the command and commit that made it) under the SLA they
-    were scored against; the docs' live tables are generated from these."""
+    were scored against, and whether that SLA binds the fixed sizes (`binding_check`); the docs' live tables are
+    generated from these."""
     return {
         "format": "planner-live-record/v1",
         "date": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
         "ttft_ms": spec.ttft_ms,
         "itl_ms": spec.itl_ms,
+        "binding": binding_check(runs),
         "runs": [{k: v for k, v in run.items() if k not in ("started", "ended")} for run in runs],
     }
+
+
+ATTAINMENT_TARGET = 0.99  # the share of requests within the SLA a size must reach to meet it
+
+
+def _size_name(prefill: int, decode: int, disaggregated: bool) -> str:
+    return f"{prefill}p{decode}d" if disaggregated else str(decode)
+
+
+def binding_check(runs: list[dict], *, target: float = ATTAINMENT_TARGET) -> dict:
+    """Whether the runs' SLA binds: the cheapest fixed size meeting `target` (fewest engines, then fewest prefill
+    engines), and, in each pool the planner scales (prefill and decode disaggregated; the one pool aggregated), the
+    fixed size one engine smaller in that pool must miss `target`. A comparison with the planner is valid only then:
+    under an SLA that one engine fewer also meets, a fixed pool sized to it is not the cheapest, and the planner's
+    savings against it are not savings. `valid` is None while a run it needs is missing (the record names which
+    size to run); a pool whose cheapest size has a single engine cannot bind (one engine fewer serves nothing, and
+    no planner goes below one), so the record says it is not valid. Runs without an attainment (aiperf failed) and
+    the planner's own runs are not fixed sizes."""
+    fixed: dict[tuple[int, int], float] = {}
+    disaggregated = False
+    for run in runs:
+        if run.get("adaptive", run.get("run", "").startswith("planner")) or run.get("attainment") is None:
+            continue
+        if "fixed_size" not in run:
+            continue  # a run recorded before the fixed sizes were kept in its figures
+        fixed[(int(run.get("fixed_prefill", 0)), int(run["fixed_size"]))] = float(run["attainment"])
+        disaggregated = disaggregated or run.get("mode") == "disagg"
+    meeting = [size for size, attained in fixed.items() if attained >= target]
+    if not any("fixed_size" in run for run in runs):
+        return {"valid": None, "why": "its runs predate the check (their figures keep no fixed sizes)", "pools": {}}
+    if not meeting:
+        return {"valid": None, "why": f"no fixed-size run met {100 * target:g} %: run larger fixed sizes", "pools": {}}
+    cheapest = min(meeting, key=lambda size: (size[0] + size[1], size[0]))
+    pools: dict[str, dict] = {}
+    for pool, smaller in (("prefill", (cheapest[0] - 1, cheapest[1])), ("decode", (cheapest[0], cheapest[1] - 1))):
+        if pool == "prefill" and not disaggregated:
+            continue
+        name = _size_name(*smaller, disaggregated)
+        if min(smaller) < (1 if disaggregated else 0) or smaller == (0, 0):
+            pools[pool] = {"smaller": name, "binding": False, "why": "the cheapest size has one engine in this pool"}
+        elif smaller not in fixed:
+            pools[pool] = {"smaller": name, "binding": None, "why": f"no run of fixed size {name}"}
+        else:
+            attained = fixed[smaller]
+            pools[pool] = {"smaller": name, "attainment": attained, "binding": attained < target}
+    verdicts = [p["binding"] for p in pools.values()]
+    valid = False if False in verdicts else None if None in verdicts else True
+    return {"cheapest_meeting": _size_name(*cheapest, disaggregated), "valid": valid, "pools": pools}
+
+
+def binding_line(check: dict) -> str:
+    """The binding check in one line, under the table."""
+    if not check.get("pools"):
+        return f"SLA binding: unknown ({check['why']})"
+    verdict = {True: "valid", False: "NOT valid", None: "unknown"}[check["valid"]]
+    parts = []
+    for pool, p in check["pools"].items():
+        attained = f" {100 * p['attainment']:.2f} %" if "attainment" in p else ""
+        state = {True: "misses: binds", False: "does not bind", None: "not run"}[p["binding"]]
+        parts.append(f"{pool}: {p['smaller']}{attained} {state}" + (f" ({p['why']})" if "why" in p else ""))
+    cheapest = check["cheapest_meeting"]
+    return f"SLA binding ({verdict}): cheapest fixed size meeting {100 * ATTAINMENT_TARGET:g} % {cheapest}; " + "; ".join(
+        parts
+    )

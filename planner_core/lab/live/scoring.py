@@ -438,7 +438,5 @@ def binding_line(check: dict) -> str:
         attained = f" {100 * p['attainment']:.2f} %" if "attainment" in p else ""
         state = {True: "misses: binds", False: "does not bind", None: "not run"}[p["binding"]]
         parts.append(f"{pool}: {p['smaller']}{attained} {state}" + (f" ({p['why']})" if "why" in p else ""))
-    cheapest = check["cheapest_meeting"]
-    return f"SLA binding ({verdict}): cheapest fixed size meeting {100 * ATTAINMENT_TARGET:g} % {cheapest}; " + "; ".join(
-        parts
-    )
+    head = f"SLA binding ({verdict}): cheapest fixed size meeting {100 * ATTAINMENT_TARGET:g} % {check['cheapest_meeting']}"
+    return "; ".join([head, *parts])

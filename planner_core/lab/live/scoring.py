@@ -438,5 +438,6 @@ def binding_line(check: dict) -> str:
         attained = f" {100 * p['attainment']:.2f} %" if "attainment" in p else ""
         state = {True: "misses: binds", False: "does not bind", None: "not run"}[p["binding"]]
         parts.append(f"{pool}: {p['smaller']}{attained} {state}" + (f" ({p['why']})" if "why" in p else ""))
-    head = f"SLA binding ({verdict}): cheapest fixed size meeting {100 * ATTAINMENT_TARGET:g} % {check['cheapest_meeting']}"
+    target = f"{100 * ATTAINMENT_TARGET:g} %"
+    head = f"SLA binding ({verdict}): cheapest fixed size meeting {target} {check['cheapest_meeting']}"
     return "; ".join([head, *parts])

@@ -30,6 +30,11 @@ def cmd_live(args: argparse.Namespace) -> int:
             print(f"planner live: {exc}", file=sys.stderr)
             return 2
         return 0
+    if args.router == "slo" and args.mode == "disagg":
+        # the proxy places each request on one engine of the namespace's generate endpoint: it knows no prefill pool
+        print("planner live: --router slo: needs --mode agg (the SLO-aware proxy does not route to disaggregated "
+              "prefill and decode pools yet)", file=sys.stderr)  # fmt: skip
+        return 2
     default_ttft_ms, default_itl_ms = binding_sla(args.slowdown)
     args.ttft_ms = default_ttft_ms if args.ttft_ms is None else args.ttft_ms
     args.itl_ms = default_itl_ms if args.itl_ms is None else args.itl_ms

@@ -336,6 +336,7 @@ def test_the_sla_binds_when_one_engine_fewer_in_each_pool_misses_99() -> None:
     # nothing met 99 %, and records made before the figures kept their fixed sizes
     assert binding_check([_fixed(1, 1, 0.9)])["valid"] is None
     assert "predate" in binding_check([{"run": "fixed-2", "attainment": 1.0}])["why"]
+    assert "no fixed-size run" in binding_check([{"run": "planner", "adaptive": True, "fixed_size": 1}])["why"]
 
 
 def test_aggregated_the_one_pool_binds_when_one_engine_fewer_misses() -> None:
@@ -346,3 +347,9 @@ def test_aggregated_the_one_pool_binds_when_one_engine_fewer_misses() -> None:
         "cheapest_meeting": "2", "valid": True,
         "pools": {"decode": {"smaller": "1", "attainment": 0.9428, "binding": True}},
     }  # fmt: skip
+
+
+def test_the_slo_router_is_refused_in_front_of_disaggregated_pools(capsys) -> None:
+    args = build_parser().parse_args(["live", "--router", "slo"])
+    assert args.func(args) == 2
+    assert "--router slo: needs --mode agg" in capsys.readouterr().err

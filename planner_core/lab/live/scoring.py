@@ -407,7 +407,9 @@ def binding_check(runs: list[dict], *, target: float = ATTAINMENT_TARGET) -> dic
         disaggregated = disaggregated or run.get("mode") == "disagg"
     meeting = [size for size, attained in fixed.items() if attained >= target]
     if not any("fixed_size" in run for run in runs):
-        return {"valid": None, "why": "its runs predate the check (their figures keep no fixed sizes)", "pools": {}}
+        return {"valid": None, "why": "the runs predate the check: their figures keep no fixed sizes", "pools": {}}
+    if not fixed:
+        return {"valid": None, "why": "no fixed-size run: add them with --fixed-only --fixed-size", "pools": {}}
     if not meeting:
         return {"valid": None, "why": f"no fixed-size run met {100 * target:g} %: run larger fixed sizes", "pools": {}}
     cheapest = min(meeting, key=lambda size: (size[0] + size[1], size[0]))

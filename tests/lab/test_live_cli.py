@@ -336,7 +336,7 @@ def test_the_sla_binds_when_one_engine_fewer_in_each_pool_misses_99() -> None:
     # nothing met 99 %, and records made before the figures kept their fixed sizes
     assert binding_check([_fixed(1, 1, 0.9)])["valid"] is None
     assert "predate" in binding_check([{"run": "fixed-2", "attainment": 1.0}])["why"]
-    assert "no fixed-size run" in binding_check([{"run": "planner", "adaptive": True, "fixed_size": 1}])["why"]
+    assert "no fixed-size run" in binding_check([{"run": "planner", "adaptive": True, "attainment": 1.0}])["why"]
 
 
 def test_aggregated_the_one_pool_binds_when_one_engine_fewer_misses() -> None:

@@ -208,8 +208,9 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
     figures: dict = {
         "run": spec.name, "command": spec.command, "commit": spec.commit, "traffic": spec.traffic,
         "ttft_ms": spec.ttft_ms, "itl_ms": spec.itl_ms, "adaptive": spec.adaptive,
-        "fixed_prefill": spec.fixed_prefill if spec.disaggregated else 0, "fixed_size": spec.fixed_size,
     }  # fmt: skip
+    if not spec.adaptive:  # the fixed sizes, for the binding check
+        figures.update(fixed_prefill=spec.fixed_prefill if spec.disaggregated else 0, fixed_size=spec.fixed_size)
     try:
         base_env = _base_env(run_dir)
         database_url = _migrated_database(run_dir)

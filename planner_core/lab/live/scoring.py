@@ -399,14 +399,12 @@ def binding_check(runs: list[dict], *, target: float = ATTAINMENT_TARGET) -> dic
     fixed: dict[tuple[int, int], float] = {}
     disaggregated = False
     for run in runs:
-        if run.get("adaptive", run.get("run", "").startswith("planner")) or run.get("attainment") is None:
-            continue
-        if "fixed_size" not in run:
-            continue  # a run recorded before the fixed sizes were kept in its figures
+        if run.get("adaptive", True) or run.get("attainment") is None or "fixed_size" not in run:
+            continue  # the planner's run, a run without figures from aiperf, or one recorded before the check
         fixed[(int(run.get("fixed_prefill", 0)), int(run["fixed_size"]))] = float(run["attainment"])
         disaggregated = disaggregated or run.get("mode") == "disagg"
     meeting = [size for size, attained in fixed.items() if attained >= target]
-    if not any("fixed_size" in run for run in runs):
+    if not any("adaptive" in run for run in runs):
         return {"valid": None, "why": "the runs predate the check: their figures keep no fixed sizes", "pools": {}}
     if not fixed:
         return {"valid": None, "why": "no fixed-size run: add them with --fixed-only --fixed-size", "pools": {}}

@@ -17,6 +17,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         LiveError,
         LiveOptions,
         binding_sla,
+        parse_size_list,
         parse_sizes,
         run_live,
         summarize_runs,
@@ -43,7 +44,7 @@ def cmd_live(args: argparse.Namespace) -> int:
     stop_like_ctrl_c()  # a stopped run stops its stack (each component is in a session of its own)
     try:
         fixed = DEFAULT_FIXED[args.mode] if args.fixed_size is None else args.fixed_size
-        args.fixed_prefill, args.fixed_size = parse_sizes(fixed, args.mode, "--fixed-size")
+        args.fixed_sizes = parse_size_list(fixed, args.mode, "--fixed-size")
         args.initial_prefill, args.initial_size = (
             (None, None) if args.initial_size is None else parse_sizes(args.initial_size, args.mode, "--initial-size")
         )
@@ -142,7 +143,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="P:D|N",
         help="engines of the fixed-size run: P:D prefill:decode with --mode disagg (default "
         f"{DEFAULT_FIXED['disagg']}), N aggregated with --mode agg (default {DEFAULT_FIXED['agg']}: the default day's "
-        "smallest size meeting 99 %%); 0 or P:0 = no such run",
+        "smallest size meeting 99 %%); several, comma-separated, run one after the other (1:1,1:2,2:2: the frontier "
+        "for the binding check); 0 or 0:0 = no such run",
     )
     live.add_argument(
         "--initial-size",

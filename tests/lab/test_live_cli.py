@@ -15,6 +15,7 @@ from planner_core.data import DEFAULT_CONFIG
 from planner_core.lab.live import (
     AZURE_CONV,
     LiveError,
+    LiveOptions,
     RunSpec,
     aiperf_figures,
     compressed_policy,
@@ -353,3 +354,24 @@ def test_the_slo_router_is_refused_in_front_of_disaggregated_pools(capsys) -> No
     args = build_parser().parse_args(["live", "--router", "slo"])
     assert args.func(args) == 2
     assert "--router slo: needs --mode agg" in capsys.readouterr().err
+
+
+def test_several_fixed_sizes_run_one_after_the_other_from_the_first_ones_deployment(tmp_path) -> None:
+    """`--fixed-size 1:1,1:2,0:0,1:2`: the planner's run and one run per distinct non-empty size, in order, all
+    starting from the first size (1p1d); a size with one pool empty is refused, naming the flag."""
+    from planner_core.lab.live import parse_size_list, plan_runs
+
+    args = build_parser().parse_args(["live", "--out", str(tmp_path), "--fixed-size", "1:1,1:2,0:0,1:2"])
+    sizes = parse_size_list(args.fixed_size, "disagg", "--fixed-size")
+    assert sizes == ((1, 1), (1, 2))
+    fields = {name: getattr(args, name) for name in ("duration_s", "traffic", "peak_rps", "trough_ratio", "speedup",
+              "keep_every", "trace_start_s", "max_isl", "max_osl", "slowdown", "interval_s", "max_workers",
+              "cooldown_s", "fixed_only", "record", "nice", "router", "mode")}  # fmt: skip
+    options = LiveOptions(out=tmp_path, ttft_ms=4000, itl_ms=400, fixed_sizes=sizes, initial_size=None, **fields)
+    specs = plan_runs(options, tmp_path, tmp_path / "trace.jsonl", "conv")
+    assert [(s.name, s.adaptive, s.fixed_prefill, s.fixed_size) for s in specs] == [
+        ("planner", True, 0, 1), ("fixed-1p1d", False, 1, 1), ("fixed-1p2d", False, 1, 2),
+    ]  # fmt: skip
+    assert {(s.initial_prefill, s.initial_size) for s in specs} == {(1, 1)}
+    with pytest.raises(LiveError, match=r"--fixed-size = '0:2': both pools need an engine \(or 0:0 for none\)"):
+        parse_size_list("1:1,0:2", "disagg", "--fixed-size")

@@ -24,6 +24,7 @@ the record) and `campaign` (the runs of one `planner live`). `planner_cli/live.p
 from planner_core.lab.live.campaign import (
     LiveOptions,
     binding_sla,
+    parse_size_list,
     parse_sizes,
     plan_runs,
     run_live,
@@ -79,6 +80,7 @@ __all__ = [
     "get",
     "live_record",
     "live_table",
+    "parse_size_list",
     "parse_sizes",
     "plan_runs",
     "process",

@@ -38,7 +38,8 @@ class LiveOptions:
     itl_ms: float
     interval_s: float | None
     max_workers: int
-    fixed_size: int  # the decode pool's (mode agg: the aggregated pool's) engines of the fixed-size run; 0 = no run
+    # the fixed-size runs' (prefill, decode) engines (mode agg: prefill 0, decode the aggregated pool's), in order
+    fixed_sizes: tuple[tuple[int, int], ...]
     initial_size: int | None
     cooldown_s: float
     fixed_only: bool
@@ -47,8 +48,7 @@ class LiveOptions:
     router: str
     argv: tuple[str, ...] = ()  # the command line after `planner`, kept in the runs' figures
     mode: str = "disagg"  # or "agg": one pool of aggregated engines
-    fixed_prefill: int = 0  # disagg: the prefill engines of the fixed-size run
-    initial_prefill: int | None = None  # disagg: prefill engines at the planner run's start (None: fixed_prefill)
+    initial_prefill: int | None = None  # disagg: prefill engines at the runs' start (None: the first fixed size's)
 
 
 def parse_sizes(text: str, mode: str, flag: str) -> tuple[int, int]:
@@ -67,7 +67,23 @@ def parse_sizes(text: str, mode: str, flag: str) -> tuple[int, int]:
         sizes = []
     if len(sizes) != (2 if mode == "disagg" else 1) or min(sizes) < 0:
         raise LiveError(f"{flag} = {text!r}: with --mode {mode} give {wanted}, each >= 0")
+    if mode == "disagg" and min(sizes) == 0 < max(sizes):  # one pool empty: no request could be served
+        raise LiveError(f"{flag} = {text!r}: both pools need an engine (or 0:0 for none)")
     return (sizes[0], sizes[1]) if mode == "disagg" else (0, sizes[0])
+
+
+def parse_size_list(text: str, mode: str, flag: str) -> tuple[tuple[int, int], ...]:
+    """`parse_sizes` of each comma-separated size, in order, without the empty ones (0, 0:0: no run) and repeats.
+
+    Raises:
+        LiveError: a size is not of the mode's form (names the flag and the value).
+    """
+    sizes: list[tuple[int, int]] = []
+    for part in text.split(","):
+        size = parse_sizes(part.strip(), mode, flag)
+        if size[1] and size not in sizes:
+            sizes.append(size)
+    return tuple(sizes)
 
 
 def binding_sla(slowdown: float) -> tuple[float, float]:
@@ -146,9 +162,11 @@ def write_traffic(options: LiveOptions, root: Path) -> tuple[Path, str]:
 
 
 def plan_runs(options: LiveOptions, root: Path, trace: Path, traffic: str) -> list[RunSpec]:
-    """The planner's run (unless `fixed_only`) and the fixed-size run (unless `fixed_size` is 0), alike in all else."""
+    """The planner's run (unless `fixed_only`) and a run at each fixed size, alike in all else (all start from the
+    same deployment: `--initial-size`, else the first fixed size)."""
     disagg = options.mode == "disagg"
-    initial_prefill = options.initial_prefill if options.initial_prefill is not None else options.fixed_prefill
+    first_prefill, first_decode = options.fixed_sizes[0] if options.fixed_sizes else (1, 1)
+    initial_prefill = options.initial_prefill if options.initial_prefill is not None else first_prefill
     common = {
         "duration_s": options.duration_s,
         "ttft_ms": options.ttft_ms,
@@ -162,7 +180,7 @@ def plan_runs(options: LiveOptions, root: Path, trace: Path, traffic: str) -> li
         "speedup": options.speedup,
         "traffic": traffic,
         # both runs start from the same deployment: the planner takes over the fixed run's size
-        "initial_size": options.initial_size or options.fixed_size or 1,
+        "initial_size": options.initial_size or first_decode,
         "initial_prefill": (initial_prefill or 1) if disagg else 0,
         "mode": options.mode,
         "command": shlex.join(["planner", *options.argv]),
@@ -171,14 +189,14 @@ def plan_runs(options: LiveOptions, root: Path, trace: Path, traffic: str) -> li
     }
     suffix = "" if options.router == "round-robin" else f"-{options.router}"
     specs = [RunSpec(name=f"planner{suffix}", adaptive=True, fixed_size=1, **common)] if not options.fixed_only else []
-    if options.fixed_size:
-        size = f"{options.fixed_prefill}p{options.fixed_size}d" if disagg else str(options.fixed_size)
+    for prefill, decode in options.fixed_sizes:
+        size = f"{prefill}p{decode}d" if disagg else str(decode)
         specs.append(
             RunSpec(
                 name=f"fixed-{size}{suffix}",
                 adaptive=False,
-                fixed_size=options.fixed_size,
-                fixed_prefill=options.fixed_prefill if disagg else 0,
+                fixed_size=decode,
+                fixed_prefill=prefill if disagg else 0,
                 **common,
             )
         )

@@ -60,23 +60,7 @@ def db_figures(
                 "count(*) FILTER (WHERE outcome = 'killed') FROM drains WHERE decision_id IS NOT NULL"
             )
         ).one()
-    gpu_s = {"prefill": 0.0, "decode": 0.0}
-    for role, start, _ready, end, _status in workers:
-        a, b = max(start, started), min(end or ended, ended)
-        gpu_s[role] += max(0.0, (b - a).total_seconds())  # one GPU per engine, over the traffic's span
-    previous = {"prefill": initial_prefill, "decode": initial_size}  # the engines started before any decision
-    ups = {"prefill": 0, "decode": 0}
-    downs = {"prefill": 0, "decode": 0}
-    applied = []
-    for _id, target_prefill, target_decode, status, _reason, _at in decisions:
-        if status not in ("applied", "acknowledged"):
-            continue
-        applied.append(status)
-        for role, target in (("prefill", target_prefill), ("decode", target_decode)):
-            if target is not None:
-                ups[role] += target > previous[role]
-                downs[role] += target < previous[role]
-                previous[role] = target
+    gpu_s, ups, downs, applied = _pool_figures(workers, decisions, started, ended, initial_prefill, initial_size)
     return {
         "num_workers_started": len(workers),
         "num_workers_died": sum(1 for w in workers if w[4] == "died"),
@@ -101,6 +85,31 @@ def db_figures(
         "drains_cut": drains[2],
         "drains_killed": drains[3],
     }
+
+
+def _pool_figures(
+    workers: list, decisions: list, started: dt.datetime, ended: dt.datetime, initial_prefill: int, initial_size: int
+) -> tuple[dict[str, float], dict[str, int], dict[str, int], list[str]]:
+    """Per pool: the engines' GPU-seconds over the traffic's span, the scale-ups and scale-downs of the applied
+    decisions (from the engines started before any decision); and the applied decisions' statuses."""
+    gpu_s = {"prefill": 0.0, "decode": 0.0}
+    for role, start, _ready, end, _status in workers:
+        a, b = max(start, started), min(end or ended, ended)
+        gpu_s[role] += max(0.0, (b - a).total_seconds())  # one GPU per engine, over the traffic's span
+    previous = {"prefill": initial_prefill, "decode": initial_size}  # the engines started before any decision
+    ups = {"prefill": 0, "decode": 0}
+    downs = {"prefill": 0, "decode": 0}
+    applied = []
+    for _id, target_prefill, target_decode, status, _reason, _at in decisions:
+        if status not in ("applied", "acknowledged"):
+            continue
+        applied.append(status)
+        for role, target in (("prefill", target_prefill), ("decode", target_decode)):
+            if target is not None:
+                ups[role] += target > previous[role]
+                downs[role] += target < previous[role]
+                previous[role] = target
+    return gpu_s, ups, downs, applied
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,8 +127,9 @@ test: test-envs
 	@$(MAKE) --no-print-directory lint docs
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30  # the slowest tests named in every run: CI has a time limit
 
-# The planner scaling Dynamo's frontend + mocker engines under aiperf traffic, then a fixed-size run of the same
-# traffic; prints the comparison (LIVE_ARGS: e.g. --duration-s 600 --fixed-size 2).
+# The planner scaling Dynamo's frontend + prefill and decode mocker engines under aiperf replaying the Azure
+# conversation hour, then a fixed-size run of the same traffic; prints the comparison (LIVE_ARGS: e.g.
+# --duration-s 600 --fixed-size 1:2; --mode agg for one aggregated pool, --traffic code|mooncake|day).
 live: $(STAMP) $(DYNAMO_STAMP) live-env
 	nice -n 5 $(VENV)/bin/planner live $(LIVE_ARGS)
 
@@ -136,10 +137,12 @@ live: $(STAMP) $(DYNAMO_STAMP) live-env
 test-workers: $(STAMP)
 	PLANNER_WORKER_TESTS=1 $(VENV)/bin/python -m pytest -q tests/runtime/test_fleet_workers.py
 
-# The live stack's longer integration tests (a few minutes: real frontend, engines, Prometheus), not in `make test`;
-# with tests/runtime/test_live_stack.py, which `make test` runs too.
+# The live stack's longer integration tests (a few minutes each: real frontend, engines, Prometheus), not in `make
+# test`; with tests/runtime/test_live_stack.py, which `make test` runs too. test_live_disagg.py: the disaggregated
+# stack, each pool scaled up and down by the planner, aiperf against the planner's view (7.5 min, 2026-12-07,
+# on a saturated machine).
 test-live: $(STAMP) $(DYNAMO_STAMP) live-env
-	PLANNER_LIVE_TESTS=1 $(VENV)/bin/python -m pytest -q tests/runtime/test_live_stack.py tests/lab/test_profile_live.py tests/lab/test_live_route_proxy.py tests/lab/test_live_lifecycle.py
+	PLANNER_LIVE_TESTS=1 $(VENV)/bin/python -m pytest -q tests/runtime/test_live_stack.py tests/lab/test_profile_live.py tests/lab/test_live_route_proxy.py tests/lab/test_live_lifecycle.py tests/lab/test_live_disagg.py
 
 # `planner profile` round trip: Dynamo's frontend + one mocker timed by the H200 profile, profiled over HTTP and
 # compared with its source (~4 min); the record goes to docs/results/profile/ (rendered in perf-models.md).

@@ -134,7 +134,8 @@ class LocalWorkersConfig(BaseModel):
     """How `environment: local` runs engine processes on this machine: one command template per role.
 
     A template is an argument list; `${NAME}` in it is replaced by the worker's `ROLE` (prefill or decode),
-    `DISAGGREGATION_MODE` (prefill, decode, or agg in mode agg), `WORKER_ID` (the row id), else by `env` here, else
+    `DISAGGREGATION_MODE` (prefill, decode, or agg in mode agg), `WORKER_ID` (the row id), `METRICS_PORT` (with
+    `metrics_targets_file`: the worker's metrics port), else by `env` here, else
     by the environment (a name found nowhere is an error naming the field).
     """
 
@@ -163,6 +164,15 @@ class LocalWorkersConfig(BaseModel):
     )
     drain_grace_seconds: Number = Field(
         **_INTERVAL, default=30.0, ge=0, description="Seconds a draining worker has after SIGTERM before SIGKILL."
+    )
+    metrics_targets_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Prometheus file-discovery targets file listing the running workers' metrics ports (each worker gets a "
+            "free port as DYN_SYSTEM_PORT and ${METRICS_PORT}; labels role and local_worker); relative to the "
+            "config file's folder. None = workers get no metrics port."
+        ),
     )
     nice: Whole = Field(default=0, ge=0, le=19, description="Niceness the workers run at (0 = as the planner).")
     initial_prefill: Whole | None = Field(

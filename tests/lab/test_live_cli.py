@@ -15,6 +15,7 @@ from planner_core.data import DEFAULT_CONFIG
 from planner_core.lab.live import (
     AZURE_CONV,
     LiveError,
+    LiveOptions,
     RunSpec,
     aiperf_figures,
     compressed_policy,
@@ -42,6 +43,40 @@ def test_trace_is_cut_compressed_thinned_and_capped(tmp_path) -> None:
     assert stamps == sorted(stamps) and 0 <= stamps[0] and stamps[-1] < 100_000  # 300 s of trace in 100 s
     assert max(r["input_length"] for r in rows) <= 2048 and 1 <= min(r["output_length"] for r in rows)
     assert max(r["output_length"] for r in rows) <= 256
+
+
+@pytest.mark.parametrize("name", ["conv", "code", "mooncake"])
+def test_a_recorded_trace_is_selected_by_name_and_cut_as_recorded(tmp_path, name) -> None:
+    """Each recorded trace, cut at 300 s for 100 s of trace, 2 times faster, every 2nd request: the requests are the
+    trace's own (lengths as recorded up to the caps, in order, at their offsets halved); Mooncake's keep their
+    prefix blocks, cut to the capped prompt's."""
+    from planner_core.lab.live.traffic import RECORDED_TRACES
+
+    out = tmp_path / f"{name}.jsonl"
+    num = write_trace(out, start_s=300, duration_s=50, speedup=2, keep_every=2, max_isl=4096, max_osl=512, name=name)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    trace = load_trace(RECORDED_TRACES[name])
+    inside = [i for i, t in enumerate(trace.arrival_s) if 300 <= t < 400][::2]
+    assert num == len(rows) == len(inside) > 10
+    for row, i in zip(rows, inside, strict=True):
+        assert row["timestamp"] == round((float(trace.arrival_s[i]) - 300) / 2 * 1000)
+        assert row["input_length"] == min(int(trace.isl[i]), 4096)
+        assert row["output_length"] == max(1, min(int(trace.osl[i]), 512))
+        if name == "mooncake":
+            assert row["hash_ids"] == trace.request_hashes(i)[: -(-row["input_length"] // 512)].tolist()
+        else:
+            assert "hash_ids" not in row
+
+
+def test_a_run_longer_than_the_trace_or_an_unknown_trace_is_refused_in_one_line(tmp_path) -> None:
+    out = tmp_path / "t.jsonl"
+    with pytest.raises(LiveError, match=r"--duration-s 560 x --speedup 6 = 3360 s of the mooncake trace .* lasts"):
+        write_trace(out, start_s=0, duration_s=560, speedup=6, keep_every=9, max_isl=2048, max_osl=256, name="mooncake")
+    with pytest.raises(
+        LiveError, match=r"--traffic = 'nope': not a recorded trace \(known: conv, code, mooncake, day\)"
+    ):
+        write_trace(out, start_s=0, duration_s=10, speedup=1, keep_every=1, max_isl=2048, max_osl=256, name="nope")
+    assert not out.exists()  # nothing half-written
 
 
 def test_slowed_profile_slows_latency_and_capacity_alike(tmp_path) -> None:
@@ -120,6 +155,85 @@ def test_the_runs_config_loads_as_serve_loads_it(tmp_path, adaptive) -> None:
     assert config.max_gpu_budget == (4 if adaptive else 2)
 
 
+@pytest.mark.parametrize("adaptive", [True, False], ids=["planner", "fixed"])
+def test_the_disaggregated_runs_config_scales_both_pools_or_pins_each(tmp_path, adaptive) -> None:
+    """Disaggregated: prefill and decode pools, the closed loop as the recommended policy has it, the engines'
+    metrics listed for Prometheus; the fixed-size run pins each pool at its size (the minimum of each pool, the
+    budget their sum), the planner's run starts from the initial sizes of both pools."""
+    from planner_core.domain import Component
+    from planner_core.lab.live.spec import WORKER_TARGETS_FILE, write_config
+    from planner_core.planner import refuse_what_cannot_work
+
+    spec = RunSpec(
+        name="planner" if adaptive else "fixed-1p3d", adaptive=adaptive, fixed_size=3, fixed_prefill=1,
+        duration_s=60, ttft_ms=2000, itl_ms=100, interval_s=None, max_workers=5, trace=tmp_path / "trace.jsonl",
+        nice=0, profile_dir=PROFILE_DIR, cooldown_s=5, speedup=6.0, mode="disagg", initial_size=3, initial_prefill=2,
+    )  # fmt: skip
+    path = write_config(spec, tmp_path, {}, "http://127.0.0.1:9090")
+    loaded = load_config(path)
+    config = loaded.policy
+    refuse_what_cannot_work(config, path)
+    shipped = load_config(DEFAULT_CONFIG).policy
+    assert config.mode.value == "disagg"
+    assert config.throughput_capacity_feedback == shipped.throughput_capacity_feedback
+    local = loaded.service.local_workers
+    assert (local.initial_prefill, local.initial_decode) == (2, 3)
+    assert local.metrics_targets_file == str(tmp_path / WORKER_TARGETS_FILE)
+    assert local.command(Component.PREFILL) == local.command(Component.DECODE)  # one template: ${DISAGGREGATION_MODE}
+    if adaptive:
+        assert (config.prefill_min_endpoint_effective, config.decode_min_endpoint_effective) == (1, 1)
+        assert config.max_gpu_budget == 5
+    else:
+        assert (config.prefill_min_endpoint_effective, config.decode_min_endpoint_effective) == (1, 3)
+        assert config.max_gpu_budget == 4
+
+
+def test_the_prometheus_config_scrapes_the_frontend_and_the_connectors_targets(tmp_path) -> None:
+    import yaml
+
+    from planner_core.lab.live.run import prometheus_config
+
+    config = yaml.safe_load(prometheus_config(8000, tmp_path / "workers.json"))
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert jobs["frontend"]["static_configs"] == [{"targets": ["127.0.0.1:8000"]}]
+    assert jobs["workers"]["file_sd_configs"][0]["files"] == [str(tmp_path / "workers.json")]
+    assert config["global"]["scrape_interval"] == "1s"
+
+
+@pytest.mark.parametrize(
+    ("text", "mode", "sizes"), [("1:2", "disagg", (1, 2)), ("0:0", "disagg", (0, 0)), ("3", "agg", (0, 3))]
+)
+def test_sizes_are_prefill_decode_pairs_disaggregated_and_one_count_aggregated(text, mode, sizes) -> None:
+    from planner_core.lab.live import parse_sizes
+
+    assert parse_sizes(text, mode, "--fixed-size") == sizes
+
+
+@pytest.mark.parametrize(("text", "mode"), [("2", "disagg"), ("1:2", "agg"), ("1:-1", "disagg"), ("a:b", "disagg")])
+def test_a_size_of_the_wrong_form_is_refused_naming_the_flag_and_the_form(text, mode) -> None:
+    from planner_core.lab.live import parse_sizes
+
+    with pytest.raises(LiveError, match=f"--fixed-size = '{text}': with --mode {mode} give "):
+        parse_sizes(text, mode, "--fixed-size")
+
+
+def test_the_planner_view_is_compared_with_what_aiperf_sent_in_the_windows_it_looked_at() -> None:
+    """Windows (90, 100] and (110, 120]: the requests aiperf started in each (the one at 105 s falls between them,
+    a tick that did not run, and is counted apart) against the windows' counts and mean prompt lengths."""
+    from planner_core.lab.live.scoring import ObservedWindow, SentRequest, longest_saturated_s, view_agreement
+
+    windows = [ObservedWindow(100.0, 10.0, 2.0, 150.0), ObservedWindow(120.0, 10.0, 1.1, 200.0)]
+    sent = [SentRequest(95.0, 100), SentRequest(100.0, 200), SentRequest(105.0, 999), SentRequest(111.0, 200)]
+    assert view_agreement(windows, sent) == {
+        "windows": 2, "requests_seen": 3.1, "requests_sent": 3, "requests_outside_windows": 1,
+        "requests_diff": round(0.1 / 3, 4), "prompt_tokens_diff": round((300 + 220 - 500) / 500, 4),
+    }  # fmt: skip
+    idle = view_agreement([ObservedWindow(100.0, 10.0, float("nan"), float("nan"))], [])
+    assert idle["requests_diff"] is None and idle["requests_seen"] == 0
+    # 13 samples of 5 s under 10 % idle in a row: 65 s, more than a minute (saturated)
+    assert longest_saturated_s([0.5] + [0.05] * 13 + [0.3, 0.02], 5.0) == 65.0
+
+
 def test_the_day_is_a_cosine_from_the_mean_down_to_the_night_up_to_the_peak_and_back() -> None:
     shape = day_shape(560.0, 0.125)
     rates = shape.rates
@@ -174,9 +288,12 @@ def test_the_day_trace_file_is_mooncake_with_capped_lengths(tmp_path) -> None:
     assert min(r["output_length"] for r in rows) >= 1
 
 
-def test_make_live_runs_the_day_against_two_fixed_engines_by_default() -> None:
+def test_make_live_runs_the_conversation_hour_disaggregated_by_default() -> None:
+    from planner_cli.live import DEFAULT_FIXED
+
     args = build_parser().parse_args(["live"])
-    assert (args.traffic, args.peak_rps, args.trough_ratio, args.fixed_size) == ("day", 2.0, 0.125, 2)
+    assert (args.traffic, args.speedup, args.keep_every, args.mode) == ("conv", 6.0, 9, "disagg")
+    assert args.fixed_size is None and DEFAULT_FIXED == {"agg": "2", "disagg": "1:2"}
     assert args.initial_size is None  # both runs start from the fixed size
 
 
@@ -185,3 +302,76 @@ def test_the_table_says_what_traffic_each_run_had() -> None:
     table = live_table([{"run": "planner", "traffic": traffic}, {"run": "old"}], ttft_ms=2000, itl_ms=100)
     row = next(line for line in table.splitlines() if line.startswith("| traffic"))
     assert row == f"| traffic | {traffic} | - |"  # a record made before runs said their traffic: -
+
+
+def test_the_default_sla_is_dynamos_scaled_by_the_slowdown() -> None:
+    from planner_core.lab.live import binding_sla
+
+    assert binding_sla(8.0) == (4000.0, 400.0) and binding_sla(1.0) == (500.0, 50.0)
+
+
+def _fixed(prefill: int, decode: int, attainment: float, mode: str = "disagg") -> dict:
+    return {"run": f"fixed-{prefill}p{decode}d", "adaptive": False, "mode": mode, "fixed_prefill": prefill,
+            "fixed_size": decode, "attainment": attainment}  # fmt: skip
+
+
+def test_the_sla_binds_when_one_engine_fewer_in_each_pool_misses_99() -> None:
+    """Disaggregated: 2p3d is the cheapest pair meeting 99 %; the SLA binds when each pool's size one engine smaller
+    (1p3d, 2p2d) misses 99 %."""
+    from planner_core.lab.live.scoring import binding_check, binding_line
+
+    planner = {"run": "planner", "adaptive": True, "mode": "disagg", "attainment": 0.999}
+    runs = [planner, _fixed(2, 3, 0.995), _fixed(1, 3, 0.97), _fixed(2, 2, 0.95)]
+    check = binding_check(runs)
+    assert check["cheapest_meeting"] == "2p3d" and check["valid"] is True
+    assert check["pools"]["prefill"] == {"smaller": "1p3d", "attainment": 0.97, "binding": True}
+    assert check["pools"]["decode"] == {"smaller": "2p2d", "attainment": 0.95, "binding": True}
+    assert binding_line(check).startswith("SLA binding (valid): cheapest fixed size meeting 99 % 2p3d; prefill: 1p3d")
+    # one engine fewer decode also meets 99 %: 2p2d is then the cheapest, and its smaller sizes are not run
+    loose = binding_check([planner, _fixed(2, 3, 0.995), _fixed(1, 3, 0.97), _fixed(2, 2, 0.992)])
+    assert loose["cheapest_meeting"] == "2p2d" and loose["valid"] is None
+    assert loose["pools"]["decode"] == {"smaller": "2p1d", "binding": None, "why": "no run of fixed size 2p1d"}
+    # a single prefill engine suffices: the prefill pool cannot bind, the comparison is not valid
+    single = binding_check([_fixed(1, 2, 0.995), _fixed(1, 1, 0.9)])
+    assert single["valid"] is False and single["pools"]["prefill"]["binding"] is False
+    # nothing met 99 %, and records made before the figures kept their fixed sizes
+    assert binding_check([_fixed(1, 1, 0.9)])["valid"] is None
+    assert "predate" in binding_check([{"run": "fixed-2", "attainment": 1.0}])["why"]
+    assert "no fixed-size run" in binding_check([{"run": "planner", "adaptive": True, "attainment": 1.0}])["why"]
+
+
+def test_aggregated_the_one_pool_binds_when_one_engine_fewer_misses() -> None:
+    from planner_core.lab.live.scoring import binding_check
+
+    check = binding_check([_fixed(0, 2, 1.0, "agg"), _fixed(0, 1, 0.9428, "agg")])
+    assert check == {
+        "cheapest_meeting": "2", "valid": True,
+        "pools": {"decode": {"smaller": "1", "attainment": 0.9428, "binding": True}},
+    }  # fmt: skip
+
+
+def test_the_slo_router_is_refused_in_front_of_disaggregated_pools(capsys) -> None:
+    args = build_parser().parse_args(["live", "--router", "slo"])
+    assert args.func(args) == 2
+    assert "--router slo: needs --mode agg" in capsys.readouterr().err
+
+
+def test_several_fixed_sizes_run_one_after_the_other_from_the_first_ones_deployment(tmp_path) -> None:
+    """`--fixed-size 1:1,1:2,0:0,1:2`: the planner's run and one run per distinct non-empty size, in order, all
+    starting from the first size (1p1d); a size with one pool empty is refused, naming the flag."""
+    from planner_core.lab.live import parse_size_list, plan_runs
+
+    args = build_parser().parse_args(["live", "--out", str(tmp_path), "--fixed-size", "1:1,1:2,0:0,1:2"])
+    sizes = parse_size_list(args.fixed_size, "disagg", "--fixed-size")
+    assert sizes == ((1, 1), (1, 2))
+    fields = {name: getattr(args, name) for name in ("duration_s", "traffic", "peak_rps", "trough_ratio", "speedup",
+              "keep_every", "trace_start_s", "max_isl", "max_osl", "slowdown", "interval_s", "max_workers",
+              "cooldown_s", "fixed_only", "record", "nice", "router", "mode")}  # fmt: skip
+    options = LiveOptions(out=tmp_path, ttft_ms=4000, itl_ms=400, fixed_sizes=sizes, initial_size=None, **fields)
+    specs = plan_runs(options, tmp_path, tmp_path / "trace.jsonl", "conv")
+    assert [(s.name, s.adaptive, s.fixed_prefill, s.fixed_size) for s in specs] == [
+        ("planner", True, 0, 1), ("fixed-1p1d", False, 1, 1), ("fixed-1p2d", False, 1, 2),
+    ]  # fmt: skip
+    assert {(s.initial_prefill, s.initial_size) for s in specs} == {(1, 1)}
+    with pytest.raises(LiveError, match=r"--fixed-size = '0:2': both pools need an engine \(or 0:0 for none\)"):
+        parse_size_list("1:1,0:2", "disagg", "--fixed-size")

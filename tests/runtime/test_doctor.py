@@ -73,7 +73,7 @@ def test_the_demos_database_and_prefect_pass(
         "config": "pass", "perf-model": "pass", "database": "pass", "prefect": "pass",
         "prometheus": "skip", "kubernetes": "skip",
     }  # fmt: skip
-    assert checks["database"][1].endswith("reachable, schema at head 0026")
+    assert checks["database"][1].endswith("reachable, schema at head 0027")
     assert checks["prefect"][1] == f"{prefect_api_url} healthy (no --work-pool to check)"
 
     pool = "doctor-pool"

@@ -24,14 +24,16 @@ from planner_core.runtime.connectors.local import (
     WorkerView,
     disaggregation_mode,
     failed_start_streak,
+    plan_pool,
+    render_command,
+    restart_delay_s,
+)
+from planner_core.runtime.connectors.local_procs import (
     parse_listening_inodes,
     parse_proc_stat,
-    plan_pool,
     process_start_ticks,
     registered_instances,
     registered_ports,
-    render_command,
-    restart_delay_s,
 )
 from planner_core.runtime.service import default_workers, load_context, run_execution
 from planner_core.runtime.store import repository as repo
@@ -146,6 +148,7 @@ def make_ctx(database_url, tmp_path, monkeypatch, profile_dir):
         discovery_dir: Path | None = None,
         default_command: bool = False,
         initial_decode: int | None = None,
+        metrics_targets_file: Path | None = None,
     ):
         local_workers: dict = {
             "env": {"NS": "dynamo"},
@@ -154,6 +157,8 @@ def make_ctx(database_url, tmp_path, monkeypatch, profile_dir):
         }
         if initial_decode is not None:
             local_workers["initial_decode"] = initial_decode
+        if metrics_targets_file is not None:
+            local_workers["metrics_targets_file"] = str(metrics_targets_file)
         if not default_command:  # else the mocker, the default command
             local_workers["decode_command"] = command or [sys.executable, STANDIN, "--namespace", "${NS}", *extra]
         path = write_config(tmp_path, mode="agg", environment="local", local_workers=local_workers)
@@ -235,6 +240,35 @@ def test_scale_up_and_down_reach_real_processes_and_are_acknowledged(make_ctx) -
     assert (up, "applied", "local") in outcomes and (down, "applied", "local") in outcomes
     assert (up, "reconciled", "local") in outcomes and (down, "reconciled", "local") in outcomes
     assert len(started) == 3
+
+
+def test_workers_get_a_metrics_port_and_the_targets_file_lists_those_running(make_ctx, tmp_path) -> None:
+    """With `metrics_targets_file`, each worker starts with its own free port as DYN_SYSTEM_PORT (Dynamo's metrics
+    server), kept in its row, and the Prometheus targets file lists the workers whose process runs, labelled with
+    their pool and row id: two after a scale-up, the remaining one once the scale-down's drain has ended."""
+    targets_file = tmp_path / "prometheus" / "workers.json"
+    ctx = make_ctx("--register-after-s", "0.3", metrics_targets_file=targets_file)
+    up = record_decision(ctx, NAME, T0, None, 2)
+    settle(ctx, lambda: decision_status(ctx, up) == "acknowledged")
+    ready = workers(ctx, R)
+    ports = [w.metrics_port for w in ready]
+    assert len(ready) == 2 and None not in ports and len(set(ports)) == 2
+    assert all(20000 <= port <= 32767 for port in ports)  # Dynamo 1.6.1 refuses a DYN_SYSTEM_PORT past 32767
+    for worker in ready:
+        environ = Path(f"/proc/{worker.pid}/environ").read_bytes().split(b"\0")
+        assert f"DYN_SYSTEM_PORT={worker.metrics_port}".encode() in environ
+
+    def listed() -> list:
+        return json.loads(targets_file.read_text())
+
+    assert listed() == [
+        {"targets": [f"127.0.0.1:{w.metrics_port}"], "labels": {"role": "decode", "local_worker": str(w.id)}}
+        for w in ready
+    ]
+    down = record_decision(ctx, NAME, T0 + dt.timedelta(minutes=1), None, 1)
+    settle(ctx, lambda: decision_status(ctx, down) == "acknowledged")
+    [kept] = workers(ctx, R)
+    assert [group["labels"]["local_worker"] for group in listed()] == [str(kept.id)]
 
 
 def test_the_initial_workers_start_before_any_decision_and_the_first_decision_resizes_them(make_ctx) -> None:

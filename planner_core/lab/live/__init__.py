@@ -3,8 +3,10 @@ real HTTP traffic from aiperf, then the same traffic on a fixed-size pool; print
 
 One run brings up, under its own folder: the embedded Postgres, `planner serve` (its Prefect server and the
 deployments: throughput tick, execute-decisions; the local connector starts and stops mocker engines timed by
-the shipped H200 profile), Prometheus (Debian's binary) scraping the frontend's `/metrics` every second, Dynamo's
-frontend on file discovery, and aiperf replaying a Mooncake trace on its timestamps. At the end it stops
+the shipped H200 profile: prefill and decode pools with `--mode disagg`, the default, one aggregated pool with
+`--mode agg`), Prometheus (Debian's binary) scraping the frontend's and every engine's `/metrics` every second,
+Dynamo's frontend on file discovery (it routes each request to a prefill engine, then a decode engine), the
+forward-pass ingest, and aiperf replaying a Mooncake trace on its timestamps. At the end it stops
 everything it started (the workers by SIGTERM, then SIGKILL) and reads the figures: aiperf's per-request TTFT and
 ITL against the SLA, the workers' GPU-seconds (one GPU per engine), the decisions and their acknowledgements, the
 CPU idle share of the machine, and whether the recorded ticks replay identical.
@@ -19,7 +21,16 @@ the record) and `campaign` (the runs of one `planner live`). `planner_cli/live.p
 `run_live` or `summarize_runs`.
 """
 
-from planner_core.lab.live.campaign import LiveOptions, plan_runs, run_live, summarize_runs, write_traffic
+from planner_core.lab.live.campaign import (
+    LiveOptions,
+    binding_sla,
+    parse_size_list,
+    parse_sizes,
+    plan_runs,
+    run_live,
+    summarize_runs,
+    write_traffic,
+)
 from planner_core.lab.live.run import run_once
 from planner_core.lab.live.scoring import aiperf_figures, db_figures, live_record, live_table, summarize
 from planner_core.lab.live.spec import RunSpec, compressed_policy, write_config
@@ -60,6 +71,7 @@ __all__ = [
     "LiveOptions",
     "RunSpec",
     "aiperf_figures",
+    "binding_sla",
     "compressed_policy",
     "day_shape",
     "day_trace",
@@ -68,6 +80,8 @@ __all__ = [
     "get",
     "live_record",
     "live_table",
+    "parse_size_list",
+    "parse_sizes",
     "plan_runs",
     "process",
     "run_live",

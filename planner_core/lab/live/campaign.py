@@ -25,7 +25,7 @@ class LiveOptions:
 
     out: Path
     duration_s: float
-    traffic: str  # "day" or "conv"
+    traffic: str  # a recorded trace's name (RECORDED_TRACES: conv, code, mooncake) or "day"
     peak_rps: float
     trough_ratio: float
     speedup: float
@@ -38,7 +38,8 @@ class LiveOptions:
     itl_ms: float
     interval_s: float | None
     max_workers: int
-    fixed_size: int
+    # the fixed-size runs' (prefill, decode) engines (mode agg: prefill 0, decode the aggregated pool's), in order
+    fixed_sizes: tuple[tuple[int, int], ...]
     initial_size: int | None
     cooldown_s: float
     fixed_only: bool
@@ -46,10 +47,76 @@ class LiveOptions:
     nice: int
     router: str
     argv: tuple[str, ...] = ()  # the command line after `planner`, kept in the runs' figures
+    mode: str = "disagg"  # or "agg": one pool of aggregated engines
+    initial_prefill: int | None = None  # disagg: prefill engines at the runs' start (None: the first fixed size's)
 
 
-def summarize_runs(out: Path, *, ttft_ms: float, itl_ms: float, record: Path | None) -> str:
-    """The table of the runs already in `out` (and their `--record` file, when asked)."""
+def parse_sizes(text: str, mode: str, flag: str) -> tuple[int, int]:
+    """(prefill, decode) engines from a size option: `P:D` in mode disagg, `N` in mode agg (prefill 0).
+
+    Raises:
+        LiveError: the text is not that (names the flag, the value and the form wanted).
+    """
+    from planner_core.lab.live.stack import LiveError
+
+    parts = text.split(":")
+    wanted = "P:D (prefill:decode engines, e.g. 1:2)" if mode == "disagg" else "N (aggregated engines)"
+    try:
+        sizes = [int(part) for part in parts]
+    except ValueError:
+        sizes = []
+    if len(sizes) != (2 if mode == "disagg" else 1) or min(sizes) < 0:
+        raise LiveError(f"{flag} = {text!r}: with --mode {mode} give {wanted}, each >= 0")
+    if mode == "disagg" and min(sizes) == 0 < max(sizes):  # one pool empty: no request could be served
+        raise LiveError(f"{flag} = {text!r}: both pools need an engine (or 0:0 for none)")
+    return (sizes[0], sizes[1]) if mode == "disagg" else (0, sizes[0])
+
+
+def parse_size_list(text: str, mode: str, flag: str) -> tuple[tuple[int, int], ...]:
+    """`parse_sizes` of each comma-separated size, in order, without the empty ones (0, 0:0: no run) and repeats.
+
+    Raises:
+        LiveError: a size is not of the mode's form (names the flag and the value).
+    """
+    sizes: list[tuple[int, int]] = []
+    for part in text.split(","):
+        size = parse_sizes(part.strip(), mode, flag)
+        if size[1] and size not in sizes:
+            sizes.append(size)
+    return tuple(sizes)
+
+
+def binding_sla(slowdown: float) -> tuple[float, float]:
+    """The run's default SLA (TTFT ms, ITL ms): Dynamo's default targets (the planner config's own defaults, 500 ms
+    and 50 ms) scaled by the engines' slowdown, so that it binds the slowed engines as it binds real ones."""
+    from planner_core.config import PlannerConfig
+
+    fields = PlannerConfig.model_fields
+    return fields["ttft_ms"].default * slowdown, fields["itl_ms"].default * slowdown
+
+
+def _runs_sla(out: Path) -> tuple[float, float]:
+    """The SLA the runs in `out` were made under (kept in their figures)."""
+    from planner_core.lab.live.stack import LiveError
+
+    slas = {
+        (figures.get("ttft_ms"), figures.get("itl_ms"))
+        for figures in (json.loads(f.read_text()) for f in sorted(out.glob("*/figures.json")))
+    }
+    if len(slas) != 1 or None in next(iter(slas)):
+        raise LiveError(
+            f"--out {out}: its runs do not name one SLA ({sorted(map(str, slas))}): give --ttft-ms and --itl-ms"
+        )
+    return next(iter(slas))
+
+
+def summarize_runs(out: Path, *, ttft_ms: float | None, itl_ms: float | None, record: Path | None) -> str:
+    """The table of the runs already in `out` (and their `--record` file, when asked), scored against the given SLA,
+    else the one the runs were made under."""
+    if ttft_ms is None or itl_ms is None:
+        runs_ttft_ms, runs_itl_ms = _runs_sla(out)
+        ttft_ms = runs_ttft_ms if ttft_ms is None else ttft_ms
+        itl_ms = runs_itl_ms if itl_ms is None else itl_ms
     spec = RunSpec(
         name="", adaptive=True, fixed_size=0, duration_s=0, ttft_ms=ttft_ms, itl_ms=itl_ms,
         interval_s=None, max_workers=0, trace=out, nice=0, profile_dir=out, cooldown_s=0,
@@ -82,17 +149,24 @@ def write_traffic(options: LiveOptions, root: Path) -> tuple[Path, str]:
             keep_every=options.keep_every,
             max_isl=options.max_isl,
             max_osl=options.max_osl,
+            name=options.traffic,
         )
     print(f"trace: {num_requests} requests over {options.duration_s:.0f} s -> {trace}", file=sys.stderr)
     if options.traffic == "day":
         traffic = f"day: peak {options.peak_rps:g} req/s, night {options.trough_ratio:g} of it"
     else:
-        traffic = f"conv: from {options.trace_start_s:g} s, x{options.speedup:g}, every {options.keep_every}th"
+        traffic = (
+            f"{options.traffic}: from {options.trace_start_s:g} s, x{options.speedup:g}, every {options.keep_every}th"
+        )
     return trace, f"{traffic}; {num_requests} requests in {options.duration_s:g} s"
 
 
 def plan_runs(options: LiveOptions, root: Path, trace: Path, traffic: str) -> list[RunSpec]:
-    """The planner's run (unless `fixed_only`) and the fixed-size run (unless `fixed_size` is 0), alike in all else."""
+    """The planner's run (unless `fixed_only`) and a run at each fixed size, alike in all else (all start from the
+    same deployment: `--initial-size`, else the first fixed size)."""
+    disagg = options.mode == "disagg"
+    first_prefill, first_decode = options.fixed_sizes[0] if options.fixed_sizes else (1, 1)
+    initial_prefill = options.initial_prefill if options.initial_prefill is not None else first_prefill
     common = {
         "duration_s": options.duration_s,
         "ttft_ms": options.ttft_ms,
@@ -106,16 +180,25 @@ def plan_runs(options: LiveOptions, root: Path, trace: Path, traffic: str) -> li
         "speedup": options.speedup,
         "traffic": traffic,
         # both runs start from the same deployment: the planner takes over the fixed run's size
-        "initial_size": options.initial_size or options.fixed_size or 1,
+        "initial_size": options.initial_size or first_decode,
+        "initial_prefill": (initial_prefill or 1) if disagg else 0,
+        "mode": options.mode,
         "command": shlex.join(["planner", *options.argv]),
         "commit": code_commit(),
         "router": options.router,
     }
     suffix = "" if options.router == "round-robin" else f"-{options.router}"
     specs = [RunSpec(name=f"planner{suffix}", adaptive=True, fixed_size=1, **common)] if not options.fixed_only else []
-    if options.fixed_size:
+    for prefill, decode in options.fixed_sizes:
+        size = f"{prefill}p{decode}d" if disagg else str(decode)
         specs.append(
-            RunSpec(name=f"fixed-{options.fixed_size}{suffix}", adaptive=False, fixed_size=options.fixed_size, **common)
+            RunSpec(
+                name=f"fixed-{size}{suffix}",
+                adaptive=False,
+                fixed_size=decode,
+                fixed_prefill=prefill if disagg else 0,
+                **common,
+            )
         )
     return specs
 

@@ -12,11 +12,18 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner_core.lab.live.scoring import aiperf_figures, db_figures, replay_figures
-from planner_core.lab.live.spec import RunSpec, write_config
+from planner_core.lab.live.scoring import (
+    aiperf_figures,
+    db_figures,
+    longest_saturated_s,
+    replay_figures,
+    view_figures,
+)
+from planner_core.lab.live.spec import WORKER_TARGETS_FILE, RunSpec, write_config
 from planner_core.lab.live.stack import (
     CHARS_PER_TOKEN,
     DEPLOYMENT,
@@ -89,12 +96,11 @@ def _migrated_database(run_dir: Path) -> str:
 def _start_metrics_and_frontend(
     stack: contextlib.ExitStack, spec: RunSpec, tools: dict[str, str], run_dir: Path, ports: _Ports, base_env: dict
 ) -> dict[str, subprocess.Popen]:
-    """Prometheus scraping the frontend every second, and Dynamo's frontend on file discovery; both up."""
+    """Prometheus scraping the frontend and the engines every second, and Dynamo's frontend on file discovery; both
+    up. The engines come and go: the local connector lists the running ones in a file-discovery targets file, which
+    Prometheus reads again when it changes (each series labelled with the engine's pool and worker id)."""
     logs = run_dir / "logs"
-    (run_dir / "prometheus.yml").write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        f"scrape_configs: [{{job_name: frontend, static_configs: [{{targets: ['127.0.0.1:{ports.frontend}']}}]}}]\n"
-    )
+    (run_dir / "prometheus.yml").write_text(prometheus_config(ports.frontend, run_dir / WORKER_TARGETS_FILE))
     prometheus = stack.enter_context(
         process(
             [
@@ -119,6 +125,17 @@ def _start_metrics_and_frontend(
     wait_for("Prometheus", lambda: get(f"http://127.0.0.1:{ports.prometheus}/-/ready"), 60, prometheus)
     wait_for("Dynamo frontend", lambda: get(f"http://127.0.0.1:{ports.frontend}/metrics"), 120, frontend)
     return {"prometheus": prometheus, "frontend": frontend}
+
+
+def prometheus_config(frontend_port: int, worker_targets: Path) -> str:
+    """The run's Prometheus config: the frontend at a fixed port, the engines from the local connector's targets
+    file, every second."""
+    return (
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - {{job_name: frontend, static_configs: [{{targets: ['127.0.0.1:{frontend_port}']}}]}}\n"
+        f"  - {{job_name: workers, file_sd_configs: [{{files: ['{worker_targets}'], refresh_interval: 5s}}]}}\n"
+    )
 
 
 def _start_route_proxy(stack: contextlib.ExitStack, spec: RunSpec, run_dir: Path, ports: _Ports, base_env: dict) -> str:
@@ -188,7 +205,12 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
 
     run_dir = _fresh_run_dir(spec, root)
     cpu = CpuSampler()
-    figures: dict = {"run": spec.name, "command": spec.command, "commit": spec.commit, "traffic": spec.traffic}
+    figures: dict = {
+        "run": spec.name, "command": spec.command, "commit": spec.commit, "traffic": spec.traffic,
+        "ttft_ms": spec.ttft_ms, "itl_ms": spec.itl_ms, "adaptive": spec.adaptive,
+    }  # fmt: skip
+    if not spec.adaptive:  # the fixed sizes, for the binding check
+        figures.update(fixed_prefill=spec.fixed_prefill if spec.disaggregated else 0, fixed_size=spec.fixed_size)
     try:
         base_env = _base_env(run_dir)
         database_url = _migrated_database(run_dir)
@@ -244,10 +266,14 @@ def _serve_the_traffic(
             300,
             components["serve"],
         )
+        if spec.disaggregated:  # the frontend routes to prefill engines once one has registered
+            wait_for("an engine of each pool ready", lambda: _ready_roles(database_url) >= {"prefill", "decode"},
+                     300, components["serve"])  # fmt: skip
         started = dt.datetime.now(dt.UTC)
         cpu.start()
         figures["aiperf_exit"] = _run_aiperf(spec, tools, traffic_url, run_dir, base_env)
         ended = dt.datetime.now(dt.UTC)
+        figures.update(_engine_figures(ports.prometheus, (ended - started).total_seconds() + 60))
         # a component that stopped during the traffic (its log in logs/ says why) makes the run's figures suspect
         figures["components_exited"] = {name: p.returncode for name, p in components.items() if p.poll() is not None}
         figures["router"] = spec.router
@@ -265,18 +291,59 @@ def _scored(
     spec: RunSpec, run_dir: Path, database_url: str, started: dt.datetime, ended: dt.datetime, cpu: CpuSampler
 ) -> dict:
     """The run's figures after the stack stopped: the database's, aiperf's, the CPU's and replay's."""
-    figures: dict = {"initial_size": spec.initial_size}
-    figures.update(db_figures(database_url, started, ended, initial_size=spec.initial_size))
+    initial = {"initial_size": spec.initial_size, "initial_prefill": spec.initial_prefill}
+    figures: dict = {"mode": spec.mode, **initial}
+    figures.update(db_figures(database_url, started, ended, **initial))
     figures["cooldown_s"] = spec.cooldown_s
     figures.update(aiperf_figures(run_dir / "aiperf", spec))
+    figures.update(view_figures(database_url, run_dir / "aiperf"))
     figures["cpu_idle_mean"] = sum(cpu.samples) / len(cpu.samples) if cpu.samples else None
     figures["cpu_idle_min"] = min(cpu.samples) if cpu.samples else None
+    # the curve itself (one share per sample), and whether the machine was saturated (then the run does not count)
+    figures["cpu_idle_curve"] = {"interval_s": cpu.interval_s, "idle": [round(x, 3) for x in cpu.samples]}
+    figures["cpu_saturated_s"] = longest_saturated_s(cpu.samples, cpu.interval_s)
     figures["started"], figures["ended"] = started.isoformat(), ended.isoformat()
     if spec.adaptive:
         figures["replay"] = replay_figures(
             database_url, started - dt.timedelta(minutes=5), ended + dt.timedelta(minutes=5)
         )
     return figures
+
+
+def _engine_figures(prometheus_port: int, span_s: float) -> dict:
+    """What Prometheus scraped from the engines over the last `span_s`: the most engines of each pool scraped at once
+    (`up` of the connector's targets) and the requests each pool's engines served (each engine's request counter
+    starts at 0 with its process, so its largest value is what it served; a request passes every pool once)."""
+
+    def by_role(query: str) -> dict[str, int]:
+        params = urllib.parse.urlencode({"query": query})
+        answer = json.loads(get(f"http://127.0.0.1:{prometheus_port}/api/v1/query?{params}", timeout_s=30))
+        return {r["metric"].get("role", "?"): round(float(r["value"][1])) for r in answer["data"]["result"]}
+
+    time.sleep(2)  # the last scrape of the traffic's end (every second)
+    window = f"{max(1, round(span_s))}s"
+    try:
+        return {
+            "engines_scraped_by_pool": by_role(
+                f'max_over_time((count by (role) (up{{job="workers"}} == 1))[{window}:1s])'
+            ),
+            "engine_requests_by_pool": by_role(
+                f'sum by (role) (max_over_time(dynamo_component_requests_total{{job="workers", '
+                f'dynamo_endpoint="generate"}}[{window}]))'
+            ),
+        }
+    except (OSError, ValueError, KeyError) as exc:  # the figures say it instead of failing the run
+        return {"engine_figures_error": f"{type(exc).__name__}: {exc}"}
+
+
+def _ready_roles(database_url: str) -> set[str]:
+    """The pools with at least one engine the local connector has seen registered (ready)."""
+    from sqlalchemy import text
+
+    from planner_core.runtime.store.db import session_factory
+
+    with session_factory(database_url).begin() as session:
+        return set(session.scalars(text("SELECT DISTINCT role FROM local_workers WHERE status = 'ready'")))
 
 
 def _settle_decisions(database_url: str, *, timeout_s: float) -> int:

@@ -1,10 +1,10 @@
-"""The live stack's traffic and engines: the Azure conversation hour cut and compressed (`--traffic conv`) or one
-day's load cycle over it (`--traffic day`), as Mooncake JSONL for aiperf; the H200 profile slowed for the mocker
-and the planner alike."""
+"""The live stack's traffic and engines: a recorded trace selected by name, cut, sampled and compressed (`--traffic
+conv`, the Azure conversation hour; `code`, the Azure code hour; `mooncake`, Mooncake's trace with its prefix
+blocks), or one day's load cycle over the conversation hour (`--traffic day`), as Mooncake JSONL for aiperf; the H200
+profile slowed for the mocker and the planner alike."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,40 +14,66 @@ from planner_core.lab.live.stack import PROFILE_DIR, REPO, LiveError
 if TYPE_CHECKING:
     from planner_core.traces import RateShape, RequestTrace
 
-AZURE_CONV = REPO / "planner_core" / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+TRACES_DIR = REPO / "planner_core" / "data" / "traces"
+AZURE_CONV = TRACES_DIR / "AzureLLMInferenceTrace_conv.csv"
+# The recorded traces `--traffic` names (the files and their sources: planner_core/data/traces/ and its README)
+RECORDED_TRACES = {
+    "conv": AZURE_CONV,  # Azure 2023 conversation hour: 5.5 req/s, prompts 1,155 tokens on average
+    "code": TRACES_DIR / "AzureLLMInferenceTrace_code.csv",  # Azure 2023 code hour: 2.6 req/s, very bursty
+    "mooncake": TRACES_DIR / "synthetic_trace.jsonl",  # Mooncake's 17 minutes: 3.9 req/s, long shared prefixes
+}
 
 
 def write_trace(
-    out: Path, *, start_s: float, duration_s: float, speedup: float, keep_every: int, max_isl: int, max_osl: int
+    out: Path,
+    *,
+    start_s: float,
+    duration_s: float,
+    speedup: float,
+    keep_every: int,
+    max_isl: int,
+    max_osl: int,
+    name: str = "conv",
 ) -> int:
-    """A Mooncake JSONL for aiperf: the Azure conversation trace's requests in [start_s, start_s + duration_s *
+    """A Mooncake JSONL for aiperf: the recorded trace `name`'s requests in [start_s, start_s + duration_s *
     speedup) of its first arrival, timestamps divided by `speedup` (ms), every `keep_every`-th request kept (with
-    `keep_every == speedup` the rate is the trace's, its rises and falls `speedup` times faster), lengths capped.
-    Returns the request count."""
-    import csv
+    `keep_every == speedup` the rate is the trace's, its rises and falls `speedup` times faster), lengths as recorded
+    up to the caps. A trace with prefix blocks (Mooncake's `hash_ids`) keeps them, cut to the blocks of the capped
+    prompt, so requests share prefixes as recorded. Returns the request count.
 
-    rows: list[tuple[float, int, int]] = []
-    with AZURE_CONV.open() as f:
-        reader = csv.reader(f)
-        next(reader)
-        first: float | None = None
-        index = 0
-        for stamp, isl, osl in reader:
-            t = dt.datetime.fromisoformat(stamp[:26]).timestamp()
-            first = t if first is None else first
-            offset = t - first - start_s
-            if offset < 0:
-                continue
-            if offset >= duration_s * speedup:
-                break
-            index += 1
-            if (index - 1) % keep_every:
-                continue
-            rows.append((offset / speedup, min(int(isl), max_isl), max(1, min(int(osl), max_osl))))
+    Raises:
+        LiveError: `name` is not a recorded trace, the run asks for more of it than it holds, or the cut holds no
+            request.
+    """
+    from planner_core.traces import load_trace
+
+    if name not in RECORDED_TRACES:
+        raise LiveError(f"--traffic = {name!r}: not a recorded trace (known: {', '.join(RECORDED_TRACES)}, day)")
+    trace = load_trace(RECORDED_TRACES[name])
+    if start_s + duration_s * speedup > trace.duration_s + 1:  # a run that would end idle is not the trace
+        raise LiveError(
+            f"--duration-s {duration_s:g} x --speedup {speedup:g} = {duration_s * speedup:g} s of the {name} trace "
+            f"from --trace-start-s {start_s:g}, but it lasts {trace.duration_s:.0f} s: shorten the run or compress more"
+        )
+    inside = [i for i, t in enumerate(trace.arrival_s.tolist()) if 0 <= t - start_s < duration_s * speedup]
+    kept = inside[::keep_every]
+    if not kept:
+        raise LiveError(
+            f"--trace-start-s = {start_s:g}: no request of the {name} trace in [{start_s:g}, "
+            f"{start_s + duration_s * speedup:g}) s (it lasts {trace.duration_s:.0f} s)"
+        )
     with out.open("w") as f:
-        for t, isl, osl in rows:
-            f.write(json.dumps({"timestamp": round(t * 1000), "input_length": isl, "output_length": osl}) + "\n")
-    return len(rows)
+        for i in kept:
+            isl = min(int(trace.isl[i]), max_isl)
+            row: dict = {
+                "timestamp": round((float(trace.arrival_s[i]) - start_s) / speedup * 1000),
+                "input_length": isl,
+                "output_length": max(1, min(int(trace.osl[i]), max_osl)),
+            }
+            if trace.has_hashes:
+                row["hash_ids"] = trace.request_hashes(i)[: -(-isl // trace.block_tokens)].tolist()
+            f.write(json.dumps(row) + "\n")
+    return len(kept)
 
 
 def day_shape(duration_s: float, trough_ratio: float, window_s: float = 10.0) -> RateShape:

@@ -21,16 +21,15 @@ adopts the ones still running.
   done is acknowledged. What it did is an `executions` row (`reconciled`) of the decision in force, and every
   start, signal and death an `audit_log` row.
 
-The pure parts (the plan of one pool, command templates, `/proc` and discovery parsing) are module functions
-without I/O; the connector class does the I/O.
+The pure parts (the plan of one pool, command templates) are module functions without I/O; the connector class
+does the I/O. Finding the processes and their registrations (`/proc`, the discovery store) is `local_procs`; the
+workers' Prometheus targets file (`local_workers.metrics_targets_file`) is `local_metrics`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
-import re
 import signal
 import string
 import subprocess
@@ -43,6 +42,19 @@ from sqlalchemy.orm import Session
 
 from planner_core.config import LocalWorkersConfig, PlannerConfig, PlannerMode, managed_components
 from planner_core.domain import Component, WorkerCounts
+from planner_core.runtime.connectors.local_metrics import (
+    METRICS_PORT_ENV,
+    ScrapeWorker,
+    free_metrics_port,
+    scrape_targets,
+    write_scrape_targets,
+)
+from planner_core.runtime.connectors.local_procs import (
+    discovery_instances,
+    discovery_ports,
+    listening_ports,
+    process_start_ticks,
+)
 from planner_core.runtime.engine_load import engine_in_flight, in_flight_by_worker
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.drains import DrainStart, close_drain, open_drain, open_local_drain
@@ -60,7 +72,6 @@ from planner_core.runtime.store.models import (
 
 LIVE_STATUSES = (LocalWorkerStatus.STARTING, LocalWorkerStatus.READY)  # serving, or about to
 RUNNING_STATUSES = (*LIVE_STATUSES, LocalWorkerStatus.DRAINING)  # a process is expected to exist
-GENERATE_ENDPOINT = "generate"  # the endpoint an engine registers to serve requests
 # A role whose workers keep dying before they ever get ready (a bad command, a missing model folder) is restarted
 # after 1, 2, 4, ... s, at most this long apart: a crash loop otherwise restarts it on every execution run
 RESTART_BACKOFF_MAX_S = 60.0
@@ -167,128 +178,14 @@ def disaggregation_mode(mode: PlannerMode, role: Component) -> str:
     return "agg" if mode is PlannerMode.AGG else role.value
 
 
-def parse_proc_stat(text: str) -> tuple[str, int]:
-    """(state letter, start time in clock ticks since boot) from the text of /proc/PID/stat.
-
-    The command name (field 2) is in parentheses and may hold spaces and parentheses: fields are counted from
-    the last ')'.
-    """
-    rest = text[text.rindex(")") + 2 :].split()
-    return rest[0], int(rest[19])  # fields 3 (state) and 22 (starttime)
-
-
-def parse_listening_inodes(proc_net_tcp: str) -> dict[int, int]:
-    """Socket inode -> local port of every listening TCP socket in a /proc/net/tcp (or tcp6) text."""
-    listening: dict[int, int] = {}
-    for line in proc_net_tcp.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 10 or fields[3] != "0A":  # 0A = TCP_LISTEN
-            continue
-        port = int(fields[1].rsplit(":", 1)[1], 16)
-        listening[int(fields[9])] = port
-    return listening
-
-
-_TCP_PORT = re.compile(r"^[^/]*:(\d+)(?:/|$)")
-
-
-def registered_ports(entries: Iterable[str], *, namespace: str, endpoint: str = GENERATE_ENDPOINT) -> set[int]:
-    """TCP ports of the instances registered for `namespace`'s `endpoint` (texts of `instances/*` entries of
-    Dynamo's file discovery store); entries that do not parse are skipped (a half-written file is seen again)."""
-    return set(registered_instances(entries, namespace=namespace, endpoint=endpoint))
-
-
-def registered_instances(
-    entries: Iterable[str], *, namespace: str, endpoint: str = GENERATE_ENDPOINT
-) -> dict[int, set[str]]:
-    """TCP port -> instance ids (decimal text, as the engines' forward-pass samples name them) of the instances
-    registered for `namespace`'s `endpoint`; an entry without an integer `instance_id` maps its port to no id."""
-    ports: dict[int, set[str]] = {}
-    for text in entries:
-        try:
-            entry = json.loads(text)
-        except ValueError:
-            continue
-        if not isinstance(entry, dict) or entry.get("namespace") != namespace or entry.get("endpoint") != endpoint:
-            continue
-        tcp = (entry.get("transport") or {}).get("tcp") if isinstance(entry.get("transport"), dict) else None
-        match = _TCP_PORT.match(tcp) if isinstance(tcp, str) else None
-        if match:
-            ids = ports.setdefault(int(match.group(1)), set())
-            instance_id = entry.get("instance_id")
-            if isinstance(instance_id, int) and not isinstance(instance_id, bool):
-                ids.add(str(instance_id))
-    return ports
-
-
 # --------------------------------------------------------------------------------------------------------
-# Processes (/proc) and the discovery store
+# The workers' processes (found by `local_procs`)
 # --------------------------------------------------------------------------------------------------------
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """The start time of a running (not zombie) process, None when it is gone or a zombie.
-
-    Reaps the process first when it is this process' child, so that a worker started by a long-lived planner
-    does not linger as a zombie.
-    """
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass  # not our child: its parent (or init) reaps it
-    try:
-        state, start_ticks = parse_proc_stat(Path(f"/proc/{pid}/stat").read_text())
-    except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
-        return None
-    return None if state in ("Z", "X") else start_ticks
 
 
 def is_running(worker: LocalWorkerRow) -> bool:
     """The worker's own process is still running (same pid and start time, not a zombie)."""
     return process_start_ticks(worker.pid) == worker.proc_start_ticks
-
-
-def listening_ports(pid: int) -> set[int]:
-    """TCP ports the process listens on (its socket inodes matched against /proc/net/tcp and tcp6)."""
-    inodes: set[int] = set()
-    try:
-        for fd in os.scandir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(fd.path)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(int(target[8:-1]))
-    except OSError:
-        return set()
-    ports: set[int] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            listening = parse_listening_inodes(Path(table).read_text())
-        except OSError:
-            continue
-        ports |= {port for inode, port in listening.items() if inode in inodes}
-    return ports
-
-
-def discovery_ports(discovery_dir: Path, namespace: str) -> set[int]:
-    """Ports registered in a file discovery store for the namespace's generate endpoint."""
-    return set(discovery_instances(discovery_dir, namespace))
-
-
-def discovery_instances(discovery_dir: Path, namespace: str) -> dict[int, set[str]]:
-    """Port -> instance ids registered in a file discovery store for the namespace's generate endpoint."""
-    instances = discovery_dir / "v1" / "instances"
-    texts: list[str] = []
-    try:
-        for entry in os.scandir(instances):
-            try:
-                texts.append(Path(entry.path).read_text())
-            except OSError:
-                continue  # removed while listing: the worker deregistered
-    except OSError:
-        return {}
-    return registered_instances(texts, namespace=namespace)
 
 
 def _signal_group(worker: LocalWorkerRow, sig: signal.Signals) -> bool:
@@ -330,8 +227,10 @@ class LocalConnector:
         log_dir: Path,
         discovery_dir: Path | None,
         environ: Mapping[str, str] | None = None,
+        metrics_targets_file: Path | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics_targets_file = metrics_targets_file
         self.mode = mode
         self.namespace = namespace
         self.log_dir = log_dir
@@ -354,6 +253,9 @@ class LocalConnector:
             namespace=config.namespace,
             log_dir=log_dir.resolve(),
             discovery_dir=(base / discovery).resolve() if discovery else None,
+            metrics_targets_file=(base / settings.metrics_targets_file).resolve()
+            if settings.metrics_targets_file
+            else None,
         )
 
     # --- reading ------------------------------------------------------------------------------------
@@ -428,8 +330,13 @@ class LocalConnector:
             "DISAGGREGATION_MODE": disaggregation_mode(self.mode, role),
             "WORKER_ID": str(row.id),
         }
-        argv = render_command(self.settings.command(role), variables, field=field)
         env = {**self.environ, **self.settings.env}
+        if self.metrics_targets_file is not None:
+            # free now, bound by the worker a moment later (another process could take it in between: the worker
+            # then serves no metrics, and the scrape of its target fails, visibly in Prometheus' `up`)
+            row.metrics_port = free_metrics_port()
+            variables["METRICS_PORT"] = env[METRICS_PORT_ENV] = str(row.metrics_port)
+        argv = render_command(self.settings.command(role), variables, field=field)
         if self.discovery_dir is not None:
             env.setdefault("DYN_FILE_KV", str(self.discovery_dir))
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -597,7 +504,17 @@ class LocalConnector:
             for row in started:
                 _signal_group(row, signal.SIGKILL)
             raise
+        self._publish_targets(session, deployment_id)
         return actions
+
+    def _publish_targets(self, session: Session, deployment_id: int) -> None:
+        """Rewrite the Prometheus targets file (when configured) to the workers whose process should run now."""
+        if self.metrics_targets_file is None:
+            return
+        session.flush()
+        running = self.workers(session, deployment_id, statuses=RUNNING_STATUSES)
+        workers = (ScrapeWorker(worker_id=w.id, role=w.role, metrics_port=w.metrics_port) for w in running)
+        write_scrape_targets(self.metrics_targets_file, scrape_targets(workers))
 
     def ensure_started(self, session: Session, deployment_id: int, default: WorkerCounts, now: dt.datetime) -> list:
         """Before any decision: start the configured initial workers (`initial_prefill` / `initial_decode`), else
@@ -710,6 +627,7 @@ class LocalConnector:
                 worker.status = LocalWorkerStatus.READY.value
                 worker.ready_at = now
                 actions.append(f"{worker.role} worker {worker.id} (pid {worker.pid}) ready")
+        self._publish_targets(session, deployment_id)
         return actions
 
     def _restart_holds(

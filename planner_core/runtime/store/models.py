@@ -523,6 +523,9 @@ class LocalWorkerRow(Base):
     drain_started_at: Mapped[dt.datetime | None]
     ended_at: Mapped[dt.datetime | None]
     end_detail: Mapped[str | None] = mapped_column(Text)
+    metrics_port: Mapped[int | None] = mapped_column(
+        comment="TCP port the worker serves its Prometheus metrics on (DYN_SYSTEM_PORT); NULL = none"
+    )
 
 
 END_REASON_COMMENT = "Why the record was closed (DrainEndReason); NULL while open, and before migration 0026"

@@ -62,7 +62,7 @@ from planner_core.runtime.store.codec import field_converters, from_jsonable, in
 from planner_core.runtime.store.db import get_engine
 from planner_core.runtime.store.models import ReplayMode, ReplayTickOutcome
 from planner_core.runtime.store.state_delta import apply_delta, decode_delta, same_json
-from planner_core.runtime.store.step_packing import StoredTemplate, stored_templates, unpack_steps
+from planner_core.runtime.store.step_packing import StepUnpacker, StoredTemplate, stored_templates
 
 MAX_FIELDS_PER_SECTION = 12  # differing fields listed per section (reason, decision, ..., next_state)
 # How each field of a state other than its load history is decoded (the history is decoded apart, once per change).
@@ -563,9 +563,10 @@ def _with_states(reader: Connection, rows: Iterator[Any], templates: dict[int, S
     state, or read from the store for the first row of the range."""
     previous: tuple[int, dict[str, Any]] | None = None  # (tick id, rebuilt state) of the newest row with a state
     previous_history: Any = None
+    unpack = StepUnpacker(templates)
     for row in rows:
         values = dict(row._mapping)
-        values["steps"] = unpack_steps(row.packed_steps, templates)
+        values["steps"] = unpack(row.packed_steps)
         state: dict[str, Any] | None = None
         if row.state is not None:
             state = row.state

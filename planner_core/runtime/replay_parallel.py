@@ -101,6 +101,8 @@ def run_ranges(
             while not progress.empty():
                 on_progress(progress.get())
         results = pending.get()  # re-raises a worker's exception; the pool is terminated on the way out
+        pool.close()  # done: the processes end on their own (`os._exit`) and are waited for
+        pool.join()
     while not progress.empty():
         on_progress(progress.get())
     return results

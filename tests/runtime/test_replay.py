@@ -200,7 +200,13 @@ def test_unpacked_steps_are_the_views_steps(recorded) -> None:
     from sqlalchemy import text
 
     from planner_core.runtime.store.db import get_engine
-    from planner_core.runtime.store.step_packing import PLACEHOLDER, StoredTemplate, stored_templates, unpack_steps
+    from planner_core.runtime.store.step_packing import (
+        PLACEHOLDER,
+        StepUnpacker,
+        StoredTemplate,
+        stored_templates,
+        unpack_steps,
+    )
 
     url, _, _ = recorded
     with get_engine(url).connect() as conn:
@@ -218,7 +224,9 @@ def test_unpacked_steps_are_the_views_steps(recorded) -> None:
             [unpacked] = unpack_steps(",".join(fields), {9: one})
             assert unpacked["detail"] == sql_detail, (template, fields)
     assert len(view) == 75 and sum(len(steps) for steps in view.values()) > 75 * 5
+    unpack = StepUnpacker(templates)  # as replay does: the steps met before reused
     for tick_id, steps in view.items():
+        assert _same_steps(unpack(packed[tick_id]), steps), tick_id
         assert _same_steps(unpack_steps(packed[tick_id], templates), steps), tick_id
     assert unpack_steps(None, templates) == []
 

@@ -127,30 +127,58 @@ def unpack_steps(packed: str | None, templates: dict[int, StoredTemplate]) -> li
     Like the view: a step whose template id has no row is left out (its inner join), part n of the template is
     followed by number n or nothing, numbers beyond the placeholders are ignored; the value is `float8` of its text
     (Postgres' words for the non-finite ones read as Python's floats)."""
-    if packed is None:
-        return []
-    steps = []
-    for entry in packed.split(STEP_SEPARATOR):
+    return StepUnpacker(templates)(packed)
+
+
+class StepUnpacker:
+    """`unpack_steps` for many ticks in a row: a step whose entry (template id, value and numbers) was met before
+    is the dict built then (a load tick repeats most of the previous ticks' steps, numbers and all: 94 % of the
+    entries of a recorded week). The dicts are shared between ticks: read them, never change them."""
+
+    MAX_ENTRIES = 100_000  # entries remembered; forgotten all at once past it
+
+    def __init__(self, templates: dict[int, StoredTemplate]) -> None:
+        self._templates = templates
+        self._steps: dict[str, dict | None] = {}
+
+    def __call__(self, packed: str | None) -> list[dict]:
+        if packed is None:
+            return []
+        known = self._steps
+        if len(known) > self.MAX_ENTRIES:
+            known.clear()
+        steps = []
+        for entry in packed.split(STEP_SEPARATOR):
+            if entry in known:
+                step = known[entry]
+            else:
+                step = known[entry] = self._unpack(entry)
+            if step is not None:
+                steps.append(step)
+        return steps
+
+    def _unpack(self, entry: str) -> dict | None:
         fields = entry.split(FIELD_SEPARATOR)
-        template = templates.get(int(fields[0]))
+        template = self._templates.get(int(fields[0]))
         if template is None:
-            continue
-        numbers = fields[2:]
-        num_numbers = len(numbers)
-        detail = "".join(
-            part + numbers[index] if index < num_numbers else part for index, part in enumerate(template.parts)
-        )
+            return None
+        numbers, parts = fields[2:], template.parts
+        if len(numbers) == len(parts) - 1:  # as `record_steps` writes them: a number for every placeholder
+            pieces = [""] * (2 * len(parts) - 1)
+            pieces[0::2], pieces[1::2] = parts, numbers
+            detail = "".join(pieces)
+        else:
+            detail = "".join(
+                part + numbers[index] if index < len(numbers) else part for index, part in enumerate(parts)
+            )
         value = fields[1]
-        steps.append(
-            {
-                "step": template.step,
-                "component": template.component,
-                "value": float(value) if value else None,
-                "reason": template.reason,
-                "detail": detail,
-            }
-        )
-    return steps
+        return {
+            "step": template.step,
+            "component": template.component,
+            "value": float(value) if value else None,
+            "reason": template.reason,
+            "detail": detail,
+        }
 
 
 _FIND_TEMPLATES = text(

@@ -174,8 +174,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--jobs",
         type=int,
         default=os.cpu_count() or 1,
-        help="processes replaying at once, each a part of the range (default: the machine's cores); recorded "
-        "states only: chained states follow the replayed ticks one after the other, in one process",
+        help="processes replaying at once, each a part of the range of at least 1,000 ticks (default: the "
+        "machine's cores); recorded states only: chained states follow the replayed ticks one after the other",
     )
     replay.add_argument("--json", action="store_true", help="print {ticks, identical, differing, differences} JSON")
     replay.add_argument("--limit", type=int, default=20, help="differing ticks listed in the text output")

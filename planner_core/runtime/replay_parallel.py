@@ -24,7 +24,10 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-MIN_TICKS_PER_JOB = 20  # fewer ticks than this per process and the forks cost more than they save
+# Fewer ticks than this per process and a part costs more than it saves: each process pays its fork, its
+# connection and its first use of the predictors' libraries (statsmodels, ~1.5 s of CPU here): the demo's 58 ticks
+# took 8.4-9.3 s in two processes and 6.0-7.8 s in one (2026-12-07, load average ~10).
+MIN_TICKS_PER_JOB = 1000
 
 # The first tick of each range at or after the candidate (by row position) whose previous tick has a stored state
 # (or has none: the deployment's first tick), within the replayed range.

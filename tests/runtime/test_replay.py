@@ -171,7 +171,9 @@ def test_a_replay_in_processes_gives_the_one_process_answer(recorded, tmp_path, 
     """`jobs`: recorded states cut the range into parts replayed side by side, whose results (counts, every
     difference, every stored row) are the one-process replay's, in tick order; chained states stay in one."""
     import planner_core.runtime.replay as replay_module
+    import planner_core.runtime.replay_parallel as replay_parallel
 
+    monkeypatch.setattr(replay_parallel, "MIN_TICKS_PER_JOB", 2)  # 75 ticks in 3 parts
     url, start, end = recorded
     config = write_config(tmp_path, load_predictor="constant") if what_if else None  # 25 ticks differ
     used: list[int] = []
@@ -181,7 +183,7 @@ def test_a_replay_in_processes_gives_the_one_process_answer(recorded, tmp_path, 
     assert used == []
     before = _snapshot(url)
     three = replay(url, "replayed", start, end, config_path=config, mode=ReplayMode.RECORDED, jobs=3)
-    assert used == [3]  # 75 ticks, 3 parts
+    assert used == [3]
     assert one.num_differing == (25 if what_if else 0)
     assert (three.num_ticks, three.num_identical, three.num_differing, three.num_skipped) == (
         one.num_ticks, one.num_identical, one.num_differing, one.num_skipped,

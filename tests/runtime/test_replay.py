@@ -195,6 +195,30 @@ def test_a_replay_in_processes_gives_the_one_process_answer(recorded, tmp_path, 
     assert used == [3] and chained.num_ticks == 75
 
 
+def test_a_failing_part_fails_the_replay_and_records_nothing(recorded, monkeypatch) -> None:
+    """A tick that cannot be decided in one of the processes stops the whole replay with that tick's error, as in
+    one process; no replay run is stored."""
+    import planner_core.runtime.replay as replay_module
+    import planner_core.runtime.replay_parallel as replay_parallel
+
+    url, start, end = recorded
+    [(last_id,)] = _rows(url, "SELECT max(id) FROM ticks")
+    decide = replay_module.decide
+
+    def failing(ctx, inputs, state):  # inherited by the forked processes; only the last part meets the tick
+        if inputs.now_s == failing.at_s:
+            raise ValueError("no model")
+        return decide(ctx, inputs, state)
+
+    [(failing.at_s,)] = _rows(url, "SELECT extract(epoch FROM scheduled_at)::float8 FROM ticks WHERE id = %s", last_id)
+    monkeypatch.setattr(replay_parallel, "MIN_TICKS_PER_JOB", 2)
+    monkeypatch.setattr(replay_module, "decide", failing)
+    runs_before = _rows(url, "SELECT count(*) FROM replay_runs")[0][0]
+    with pytest.raises(RuntimeError, match=f"replaying tick {last_id} .*: no model"):
+        replay(url, "replayed", start, end, mode=ReplayMode.RECORDED, jobs=3)
+    assert _rows(url, "SELECT count(*) FROM replay_runs")[0][0] == runs_before
+
+
 def test_unpacked_steps_are_the_views_steps(recorded) -> None:
     """Replay reads each tick's packed steps and unpacks them itself: the very rows the view `tick_steps` gives
     (every step of every tick of the recorded run, NaN equal to NaN), and `step_detail`'s edge cases (fewer or

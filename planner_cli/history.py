@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,6 +92,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             recorded_config_dir=config_dir,
             profile_dir=args.profile_dir,
             mode=ReplayMode(args.mode) if args.mode else None,
+            jobs=args.jobs,
             on_progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     exact_check_failed = args.config is None and summary.num_differing > 0
@@ -167,6 +169,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=["recorded", "chained"],
         default=None,
         help="state each tick starts from: recorded (default without --config) or chained (default with it)",
+    )
+    replay.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes replaying at once, each a part of the range of at least 1,000 ticks (default: the "
+        "machine's cores); recorded states only: chained states follow the replayed ticks one after the other",
     )
     replay.add_argument("--json", action="store_true", help="print {ticks, identical, differing, differences} JSON")
     replay.add_argument("--limit", type=int, default=20, help="differing ticks listed in the text output")

@@ -87,6 +87,7 @@ OPTION_RANGES: dict[str, Range] = {
     "--isl": _TOKENS,
     "--itl-ms": _positive(MAX_LATENCY_MS),
     "--itl-threshold": _RATIO,
+    "--jobs": _from(1, 256),  # processes: more than any machine's cores gains nothing
     "--keep-every": _from(1, MAX_COUNT),
     "--kills": _from(0, 10_000),
     "--kv-hit-rate": _from(0, 1),

@@ -35,6 +35,7 @@ import dataclasses
 import datetime as dt
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -54,12 +55,14 @@ from planner_core.runtime.replay_compare import (
     _same,
     _same_rest,
 )
+from planner_core.runtime.replay_parallel import TickRange, num_processes, run_ranges, tick_ranges
 from planner_core.runtime.service import PlannerContext, context_for_config, decide, initial_state
 from planner_core.runtime.store import repository as repo
 from planner_core.runtime.store.codec import field_converters, from_jsonable, inputs_from_stored, to_jsonable
 from planner_core.runtime.store.db import get_engine
 from planner_core.runtime.store.models import ReplayMode, ReplayTickOutcome
 from planner_core.runtime.store.state_delta import apply_delta, decode_delta, same_json
+from planner_core.runtime.store.step_packing import StepUnpacker, StoredTemplate, stored_templates
 
 MAX_FIELDS_PER_SECTION = 12  # differing fields listed per section (reason, decision, ..., next_state)
 # How each field of a state other than its load history is decoded (the history is decoded apart, once per change).
@@ -79,9 +82,8 @@ SELECT t.id, t.loop, t.scheduled_at, t.reason, t.inputs, t.previous_tick_id,
        CASE WHEN cut.decision_id IS NULL THEN d.target_prefill ELSE cut.proposed_prefill END AS target_prefill,
        CASE WHEN cut.decision_id IS NULL THEN d.target_decode ELSE cut.proposed_decode END AS target_decode,
        d.status AS decision_status,
-       (SELECT json_agg(json_build_object('step', x.step, 'component', x.component, 'value', x.value,
-                                          'reason', x.reason, 'detail', x.detail) ORDER BY x.seq)
-          FROM tick_steps x WHERE x.tick_id = t.id) AS steps,
+       -- the steps as stored (`step_packing`), unpacked by `unpack_steps` as the view `tick_steps` would
+       l.packed AS packed_steps,
        (SELECT json_agg(json_build_object('component', p.component, 'current', p.current, 'desired', p.desired,
                                           'reason', p.reason) ORDER BY p.id)
           FROM proposals p WHERE p.tick_id = t.id AND p.scheduled_at = t.scheduled_at) AS proposals,
@@ -95,6 +97,8 @@ SELECT t.id, t.loop, t.scheduled_at, t.reason, t.inputs, t.previous_tick_id,
   -- `scheduled_at` in the joins: each row is in its tick's partition, and the range bounds which partitions
   LEFT JOIN planner_states s ON s.tick_id = t.id AND s.scheduled_at = t.scheduled_at
        AND s.scheduled_at >= :start AND s.scheduled_at < :end
+  LEFT JOIN tick_step_lists l ON l.tick_id = t.id AND l.scheduled_at = t.scheduled_at
+       AND l.scheduled_at >= :start AND l.scheduled_at < :end
   LEFT JOIN decisions d ON d.tick_id = t.id
   LEFT JOIN LATERAL (SELECT g.decision_id, g.proposed_prefill, g.proposed_decode FROM arbitration_grants g
                       WHERE g.decision_id = d.id ORDER BY g.round_id LIMIT 1) AS cut ON true
@@ -184,6 +188,7 @@ def replay(
     recorded_config_dir: Path | None = None,
     profile_dir: Path | None = None,
     mode: ReplayMode | None = None,
+    jobs: int = 1,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> ReplaySummary:
     """Replay the deployment's ticks scheduled in [start, end) and record the comparison in the replay tables.
@@ -197,14 +202,18 @@ def replay(
             are taken from: the folder the original config file was in.
         profile_dir: use this profile folder instead of the configs' `profile_results_dir`.
         mode: which state each tick starts from; default `recorded` without a what-if config, else `chained`.
+        jobs: processes replaying at once (`replay_parallel`): in `recorded` mode the range is cut into up to
+            `jobs` parts replayed side by side, with the very results of one process; `chained` mode uses one.
         on_progress: called with (ticks done, ticks in range) as the replay advances.
 
     Raises:
         ValueError: an unknown deployment, an empty or reversed range, a config or profile that cannot be loaded
-            (one line naming it).
+            (one line naming it), `jobs` below 1.
     """
     if end <= start:
         raise ValueError(f"--to {end.isoformat()} must be after --from {start.isoformat()}")
+    if jobs < 1:
+        raise ValueError(f"--jobs {jobs}: must be at least 1")
     mode = mode or (ReplayMode.RECORDED if config_path is None else ReplayMode.CHAINED)
     started = time.perf_counter()
     engine = get_engine(database_url)
@@ -214,18 +223,33 @@ def replay(
         reader.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
         range_params, total, first_id, last_id = _tick_range(reader, deployment, start, end)
         run_id = _insert_run(writer, range_params, mode, contexts, profile_dir)
-        comparer = _Comparer(reader, contexts, mode)
-        rows = _with_states(
-            reader,
-            reader.execution_options(stream_results=True, yield_per=2000).execute(
-                text(_TICKS_SQL), {**range_params, "first_id": first_id or 0, "last_id": last_id or 0}
-            ),
+        shared = _Shared(
+            database_url=database_url,
+            run_id=run_id,
+            mode=mode,
+            contexts=contexts,
+            range_params=range_params,
+            templates=stored_templates(reader),
         )
-        counts, differences, done = _replay_ticks(comparer, rows, writer, run_id, total, on_progress)
+        # chained states follow the replayed path from tick to tick: one process
+        parts = num_processes(jobs, total) if mode is ReplayMode.RECORDED and first_id is not None else 1
+        ranges = tick_ranges(reader, range_params, first_id, last_id, total, parts) if parts > 1 else []
+        if len(ranges) > 1:
+            tally = _replay_in_processes(reader, writer, shared, ranges, total, on_progress)
+        else:
+            tally = _Tally(run_id=run_id, writer=writer)
+            comparer = _Comparer(reader, contexts, mode)
+            for result in comparer.run(_tick_rows(reader, shared, TickRange(first_id or 0, last_id or 0))):
+                tally.add(result)
+                if on_progress is not None and (tally.done % 500 == 0 or tally.done == total):
+                    on_progress(tally.done, total)
+            tally.revisions = comparer.revisions
+        tally.flush()
         reader.rollback()
         elapsed_s = time.perf_counter() - started
-        _finish_run(writer, run_id, done, counts, elapsed_s)
+        _finish_run(writer, run_id, tally.done, tally.counts, elapsed_s)
         writer.commit()
+    done, counts = tally.done, tally.counts
     if on_progress is not None and done != total:
         on_progress(done, done)
     return ReplaySummary(
@@ -238,8 +262,8 @@ def replay(
         num_differing=counts[ReplayTickOutcome.DIFFERING],
         num_skipped=counts[ReplayTickOutcome.SKIPPED],
         elapsed_s=elapsed_s,
-        differences=tuple(differences),
-        revisions=tuple(sorted(comparer.revisions)),
+        differences=tuple(tally.differences),
+        revisions=tuple(sorted(tally.revisions)),
     )
 
 
@@ -285,33 +309,121 @@ def _insert_run(
     )
 
 
-def _replay_ticks(
-    comparer: _Comparer,
-    rows: Iterator[Any],
+@dataclass(slots=True, kw_only=True)
+class _Tally:
+    """A replay's results as they come, in tick order: counts per outcome, the differences and the `replay_ticks`
+    rows, copied to `writer` in batches (kept, without a writer: a replay process hands them to its caller)."""
+
+    run_id: int
+    writer: Connection | None = None
+    counts: dict[ReplayTickOutcome, int] = dataclasses.field(
+        default_factory=lambda: dict.fromkeys(ReplayTickOutcome, 0)
+    )
+    differences: list[TickDifference] = dataclasses.field(default_factory=list)
+    rows: list[tuple] = dataclasses.field(default_factory=list)
+    revisions: set[int] = dataclasses.field(default_factory=set)  # the config revisions of the ticks replayed
+    done: int = 0
+
+    def add(self, result: _Result) -> None:
+        self.counts[result.outcome] += 1
+        if result.outcome is not ReplayTickOutcome.IDENTICAL:
+            self.differences.append(result.difference)
+        self.rows.append(result.copy_row(self.run_id))
+        self.done += 1
+        if self.writer is not None and len(self.rows) >= _COPY_BATCH:
+            self.flush()
+
+    def merge(self, other: _Tally) -> None:
+        """Append the results of the ticks after this tally's (another process's range)."""
+        for outcome, count in other.counts.items():
+            self.counts[outcome] += count
+        self.differences.extend(other.differences)
+        self.rows.extend(other.rows)
+        self.revisions |= other.revisions
+        self.done += other.done
+        self.flush()
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            _copy_replay_ticks(self.writer, self.rows)
+            self.rows.clear()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Shared:
+    """What every part of a replay reads alike (inherited by the processes of a parallel replay)."""
+
+    database_url: str
+    run_id: int
+    mode: ReplayMode
+    contexts: _Contexts
+    range_params: dict[str, Any]
+    templates: dict[int, StoredTemplate]  # `step_templates` as of the replay's snapshot
+    snapshot: str | None = None  # the snapshot the processes read (`pg_export_snapshot`), parallel replays only
+
+
+def _tick_rows(reader: Connection, shared: _Shared, tick_range: TickRange) -> Iterator[Any]:
+    """The rows of the ticks `tick_range` of the replayed range, states rebuilt and steps unpacked, streamed."""
+    params = {**shared.range_params, "first_id": tick_range.first_id, "last_id": tick_range.last_id}
+    result = reader.execution_options(stream_results=True, yield_per=2000).execute(text(_TICKS_SQL), params)
+    return _with_states(reader, result, shared.templates)
+
+
+def _replay_in_processes(
+    reader: Connection,
     writer: Connection,
-    run_id: int,
+    shared: _Shared,
+    ranges: list[TickRange],
     total: int,
     on_progress: Callable[[int, int], None] | None,
-) -> tuple[dict[ReplayTickOutcome, int], list[TickDifference], int]:
-    """Replay and compare every tick, copying the results in batches: (count per outcome, the differences, ticks
-    done)."""
-    counts = {outcome: 0 for outcome in ReplayTickOutcome}
-    differences: list[TickDifference] = []
-    pending: list[tuple] = []
+) -> _Tally:
+    """Replay `ranges` side by side (`replay_parallel`) from this transaction's snapshot; their results merged in
+    tick order into one tally copying to `writer`."""
+    shared.contexts.prepare(reader, shared.range_params)  # built once here, inherited by every process
+    snapshot = reader.scalar(text("SELECT pg_export_snapshot()"))
+    shared = dataclasses.replace(shared, snapshot=snapshot)
     done = 0
-    for result in comparer.run(rows):
-        counts[result.outcome] += 1
-        if result.outcome is not ReplayTickOutcome.IDENTICAL:
-            differences.append(result.difference)
-        pending.append(result.copy_row(run_id))
-        done += 1
-        if len(pending) >= _COPY_BATCH:
-            _copy_replay_ticks(writer, pending)
-            pending.clear()
-        if on_progress is not None and (done % 500 == 0 or done == total):
+
+    def progressed(num_ticks: int) -> None:
+        nonlocal done
+        done += num_ticks
+        if on_progress is not None:
             on_progress(done, total)
-    _copy_replay_ticks(writer, pending)
-    return counts, differences, done
+
+    tally = _Tally(run_id=shared.run_id, writer=writer)
+    for part in run_ranges(_replay_range, shared, ranges, progressed):
+        tally.merge(part)
+    return tally
+
+
+_SNAPSHOT_ID = re.compile(r"[0-9A-F]+-[0-9A-F]+(-[0-9]+)?")
+
+
+def _replay_range(shared: _Shared, tick_range: TickRange, report: Callable[[int], None]) -> _Tally:
+    """One process's part of a parallel replay (runs in the forked process): its ticks replayed from the
+    replay's snapshot, results kept for the caller."""
+    if _SNAPSHOT_ID.fullmatch(shared.snapshot or "") is None:
+        raise ValueError(f"not a snapshot id: {shared.snapshot!r}")
+    # A new engine of this process's own: the parent's stay referenced (`db._ENGINES`), so the connections this
+    # process inherited, which are the parent's too, are neither used nor closed here.
+    get_engine.cache_clear()
+    engine = get_engine(shared.database_url)
+    try:
+        with engine.connect() as reader:
+            reader.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
+            reader.execute(text(f"SET TRANSACTION SNAPSHOT '{shared.snapshot}'"))
+            comparer = _Comparer(reader, shared.contexts, shared.mode)
+            tally = _Tally(run_id=shared.run_id)
+            for result in comparer.run(_tick_rows(reader, shared, tick_range)):
+                tally.add(result)
+                if tally.done % 500 == 0:
+                    report(500)
+            report(tally.done % 500)
+            tally.revisions = comparer.revisions
+            reader.rollback()
+        return tally
+    finally:
+        engine.dispose()
 
 
 def _finish_run(
@@ -369,6 +481,21 @@ class _Contexts:
             self.what_if_hash = config_hash(config)
             self.what_if_body = config.model_dump(mode="json")
             self.source = str(config_path)
+
+    def prepare(self, reader: Connection, range_params: dict[str, Any]) -> None:
+        """Build the context of every config the range's ticks ran under now (`for_tick` builds them as met)."""
+        if self.what_if is not None:
+            return
+        hashes = reader.scalars(
+            text(
+                "SELECT DISTINCT COALESCE(r.config_hash, t.config_hash) FROM ticks t LEFT JOIN config_revisions r "
+                "ON r.deployment_id = t.deployment_id AND r.revision = t.config_revision "
+                "WHERE t.deployment_id = :deployment_id AND t.scheduled_at >= :start AND t.scheduled_at < :end"
+            ),
+            range_params,
+        )
+        for recorded_hash in hashes:
+            self.for_tick(reader, recorded_hash)
 
     def for_tick(self, reader: Connection, recorded_hash: str) -> PlannerContext:
         if self.what_if is not None:
@@ -428,15 +555,18 @@ def _history_jsonable(value: Any) -> Any:
     return to_jsonable(value)
 
 
-def _with_states(reader: Connection, rows: Iterator[Any]) -> Iterator[Any]:
-    """The ticks' rows with each state rebuilt: `state_rest` (the state without its load history) and
+def _with_states(reader: Connection, rows: Iterator[Any], templates: dict[int, StoredTemplate]) -> Iterator[Any]:
+    """The ticks' rows with their steps unpacked (`steps`, as the view `tick_steps` gives them) and each state
+    rebuilt: `state_rest` (the state without its load history) and
     `load_history`, the latter only when it differs from the previous row's (load ticks leave it unchanged, so a
     week of 5 s ticks parses a few thousand histories instead of ~120k). A delta's base is the previous row's
     state, or read from the store for the first row of the range."""
     previous: tuple[int, dict[str, Any]] | None = None  # (tick id, rebuilt state) of the newest row with a state
     previous_history: Any = None
+    unpack = StepUnpacker(templates)
     for row in rows:
         values = dict(row._mapping)
+        values["steps"] = unpack(row.packed_steps)
         state: dict[str, Any] | None = None
         if row.state is not None:
             state = row.state

@@ -43,13 +43,15 @@ def test_the_table_says_what_the_record_holds() -> None:
     table = markdown(RECORD)
     assert "| Replay of the week (124,320 ticks: 120,960 load, 3,360 throughput) | time | ticks/s |" in table
     assert (
-        "124,320 of 124,320 `identical` (median of 3: 30.0, 25.0, 35.0 s; CPU 20.0, 19.0, 21.0 s) | 30.0 s "
+        "recorded config, recorded states, in one process: 124,320 of 124,320 `identical` (median of 3: 30.0, 25.0, "
+        "35.0 s; CPU 20.0, 19.0, 21.0 s, all processes) | 30.0 s "
         "(within the 60 s target) | 4,144 |"
     ) in table
-    assert "| the same through `planner replay` (its own process) | 28.0 s (31.0 s wall) | 4,440 |" in table
+    assert "| the same through `planner replay` (its own command) | 28.0 s (31.0 s wall) | 4,440 |" in table
     assert "what-if ttft_ms 50, itl_ms 5, chained states: 124,284 differ | 27.0 s | 4,604 |" in table
     assert "Measured 2026-12-07 10:00 UTC at abc1234 with `python -m planner_core.lab.history.replay_week" in table
     assert "Recording the week took" not in table  # not recorded by this run, and no earlier record of it
+    assert "recorded config, recorded states, `--jobs 2`: 124,320 of" in markdown({**RECORD, "jobs": 2})
     slow = {**RECORD, "replay": {**RECORD["replay"], "median_s": 61.0}}
     assert "(over the 60 s target)" in markdown(slow)
 

@@ -356,13 +356,32 @@ def test_prune_deletes_only_the_old_load_tick_detail(prunable) -> None:
     assert again.total.num_ticks == 0 and again.num_batches == 0
 
 
-@pytest.mark.parametrize("mode", [ReplayMode.RECORDED, ReplayMode.CHAINED])
-def test_replay_after_prune_skips_what_was_pruned_and_is_exact_from_the_cutoff(prunable, mode) -> None:
-    """Pruned load ticks are skipped; throughput ticks bridge from their replayed state; after the cutoff, exact."""
+@pytest.mark.parametrize(
+    ("mode", "jobs"), [(ReplayMode.RECORDED, 1), (ReplayMode.CHAINED, 1), (ReplayMode.RECORDED, 4)]
+)
+def test_replay_after_prune_skips_what_was_pruned_and_is_exact_from_the_cutoff(
+    prunable, mode, jobs, monkeypatch
+) -> None:
+    """Pruned load ticks are skipped; throughput ticks bridge from their replayed state; after the cutoff, exact.
+    In parts replayed side by side (`jobs`), the same: a part never starts at a tick whose state before was pruned
+    (a single process bridges it)."""
+    import planner_core.runtime.replay as replay_module
+    import planner_core.runtime.replay_parallel as replay_parallel
+
+    monkeypatch.setattr(replay_parallel, "MIN_TICKS_PER_JOB", 2)  # 20 ticks in up to 4 parts
+    parts: list[list] = []
+    run_ranges = replay_module.run_ranges
+    monkeypatch.setattr(replay_module, "run_ranges", lambda *a: parts.append(list(a[2])) or run_ranges(*a))
     url, times = prunable
     cutoff = times[6]
     prune_history(url, older_than_days=1, now=cutoff + dt.timedelta(days=1))
-    old = replay(url, "pruned", times[0] - dt.timedelta(hours=1), cutoff, mode=mode)
+    old = replay(url, "pruned", times[0] - dt.timedelta(hours=1), cutoff, mode=mode, jobs=jobs)
+    if jobs > 1:  # cut where the tick before has a state: 4 parts asked, fewer places to cut
+        assert len(parts) == 1 and 1 < len(parts[0]) <= 4
+        starts = [r.first_id for r in parts[0][1:]]
+        kept = _rows(url, "SELECT count(*) FROM ticks t JOIN planner_states s ON s.tick_id = t.previous_tick_id "
+                          "WHERE t.id = ANY(%s)", starts)  # fmt: skip
+        assert kept == [(len(starts),)]
     # 13 load ticks without state; 6 throughput ticks and the kept load tick compare exactly
     assert (old.num_ticks, old.num_skipped, old.num_identical, old.num_differing) == (20, 13, 7, 0)
     assert {d.loop for d in old.differences} == {"load"}

@@ -157,6 +157,112 @@ def test_what_if_in_recorded_mode_checks_each_tick_from_its_recorded_state(recor
         assert any(f["field"].startswith("next_state.load_history") for f in difference.fields)
 
 
+def _replayed_rows(url: str, run_id: int) -> list[tuple]:
+    return _rows(
+        url,
+        "SELECT tick_id, outcome, reason, target_prefill, target_decode, differences::text, detail FROM replay_ticks "
+        "WHERE run_id = %s ORDER BY tick_id",
+        run_id,
+    )
+
+
+@pytest.mark.parametrize("what_if", [False, True], ids=["recorded-config", "what-if"])
+def test_a_replay_in_processes_gives_the_one_process_answer(recorded, tmp_path, monkeypatch, what_if) -> None:
+    """`jobs`: recorded states cut the range into parts replayed side by side, whose results (counts, every
+    difference, every stored row) are the one-process replay's, in tick order; chained states stay in one."""
+    import planner_core.runtime.replay as replay_module
+    import planner_core.runtime.replay_parallel as replay_parallel
+
+    monkeypatch.setattr(replay_parallel, "MIN_TICKS_PER_JOB", 2)  # 75 ticks in 3 parts
+    url, start, end = recorded
+    config = write_config(tmp_path, load_predictor="constant") if what_if else None  # 25 ticks differ
+    used: list[int] = []
+    run_ranges = replay_module.run_ranges
+    monkeypatch.setattr(replay_module, "run_ranges", lambda *a: used.append(len(a[2])) or run_ranges(*a))
+    one = replay(url, "replayed", start, end, config_path=config, mode=ReplayMode.RECORDED)
+    assert used == []
+    before = _snapshot(url)
+    three = replay(url, "replayed", start, end, config_path=config, mode=ReplayMode.RECORDED, jobs=3)
+    assert used == [3]
+    assert one.num_differing == (25 if what_if else 0)
+    assert (three.num_ticks, three.num_identical, three.num_differing, three.num_skipped) == (
+        one.num_ticks, one.num_identical, one.num_differing, one.num_skipped,
+    )  # fmt: skip
+    assert three.differences == one.differences
+    assert _replayed_rows(url, three.run_id) == _replayed_rows(url, one.run_id)
+    assert _snapshot(url) == before
+    chained = replay(url, "replayed", start, end, config_path=config, mode=ReplayMode.CHAINED, jobs=3)
+    assert used == [3] and chained.num_ticks == 75
+
+
+def test_a_failing_part_fails_the_replay_and_records_nothing(recorded, monkeypatch) -> None:
+    """A tick that cannot be decided in one of the processes stops the whole replay with that tick's error, as in
+    one process; no replay run is stored."""
+    import planner_core.runtime.replay as replay_module
+    import planner_core.runtime.replay_parallel as replay_parallel
+
+    url, start, end = recorded
+    [(last_id,)] = _rows(url, "SELECT max(id) FROM ticks")
+    decide = replay_module.decide
+
+    def failing(ctx, inputs, state):  # inherited by the forked processes; only the last part meets the tick
+        if inputs.now_s == failing.at_s:
+            raise ValueError("no model")
+        return decide(ctx, inputs, state)
+
+    [(failing.at_s,)] = _rows(url, "SELECT extract(epoch FROM scheduled_at)::float8 FROM ticks WHERE id = %s", last_id)
+    monkeypatch.setattr(replay_parallel, "MIN_TICKS_PER_JOB", 2)
+    monkeypatch.setattr(replay_module, "decide", failing)
+    runs_before = _rows(url, "SELECT count(*) FROM replay_runs")[0][0]
+    with pytest.raises(RuntimeError, match=f"replaying tick {last_id} .*: no model"):
+        replay(url, "replayed", start, end, mode=ReplayMode.RECORDED, jobs=3)
+    assert _rows(url, "SELECT count(*) FROM replay_runs")[0][0] == runs_before
+
+
+def test_unpacked_steps_are_the_views_steps(recorded) -> None:
+    """Replay reads each tick's packed steps and unpacks them itself: the very rows the view `tick_steps` gives
+    (every step of every tick of the recorded run, NaN equal to NaN), and `step_detail`'s edge cases (fewer or
+    more numbers than placeholders, an empty template)."""
+    from sqlalchemy import text
+
+    from planner_core.runtime.store.db import get_engine
+    from planner_core.runtime.store.step_packing import (
+        PLACEHOLDER,
+        StepUnpacker,
+        StoredTemplate,
+        stored_templates,
+        unpack_steps,
+    )
+
+    url, _, _ = recorded
+    with get_engine(url).connect() as conn:
+        templates = stored_templates(conn)
+        packed = dict(conn.execute(text("SELECT tick_id, packed FROM tick_step_lists")).all())
+        view: dict[int, list[dict]] = {}
+        for row in conn.execute(text("SELECT * FROM tick_steps ORDER BY tick_id, seq")):
+            step = {k: getattr(row, k) for k in ("step", "component", "value", "reason", "detail")}
+            view.setdefault(row.tick_id, []).append(step)
+        edge_cases = [(" a \x1f b \x1f c", ["9", "", "1.5"]), ("x\x1fy", ["9", "", "1", "2", "3"]), ("", ["9", "7"])]
+        for template, fields in edge_cases:
+            sql_detail = conn.scalar(text("SELECT step_detail(:t, :f)"), {"t": template, "f": fields})
+            parts = tuple(template.split(PLACEHOLDER)) if template else ()
+            one = StoredTemplate(step="s", component=None, reason="r", parts=parts)
+            [unpacked] = unpack_steps(",".join(fields), {9: one})
+            assert unpacked["detail"] == sql_detail, (template, fields)
+    assert len(view) == 75 and sum(len(steps) for steps in view.values()) > 75 * 5
+    unpack = StepUnpacker(templates)  # as replay does: the steps met before reused
+    for tick_id, steps in view.items():
+        assert _same_steps(unpack(packed[tick_id]), steps), tick_id
+        assert _same_steps(unpack_steps(packed[tick_id], templates), steps), tick_id
+    assert unpack_steps(None, templates) == []
+
+
+def _same_steps(a: list[dict], b: list[dict]) -> bool:
+    from planner_core.runtime.replay_compare import _same
+
+    return _same(a, b)
+
+
 def test_a_stored_state_field_that_differs_is_reported(recorded) -> None:
     """A state field the tick left as it was (the lower bounds, on a load tick) but stored differently is a
     difference of that tick: replay reuses the decoded fields that did not change from one row to the next, and

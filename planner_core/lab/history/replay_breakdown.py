@@ -35,6 +35,7 @@ _PARTS = (
     ("planner_core.runtime.replay", "context_for_config", "config context (profile, plugins)"),
     ("planner_core.runtime.replay", "inputs_from_stored", "stored inputs decoded"),
     ("planner_core.runtime.replay", "_Comparer._recorded_state", "recorded states decoded"),
+    ("planner_core.runtime.store.step_packing", "StepUnpacker.__call__", "recorded steps unpacked"),
     ("planner_core.runtime.replay", "decide", "ticks decided (decide)"),
     ("planner_core.predict.arima", "differencing", "  of which KPSS tests (the first imports statsmodels)"),
     ("planner_core.predict.arima", "fit_order", "  of which ARIMA fits (statsmodels)"),
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from", dest="start", required=True, help="ISO 8601 (naive = UTC)")
     parser.add_argument("--to", dest="end", required=True, help="ISO 8601 (naive = UTC), excluded")
     parser.add_argument("--config-dir", type=Path, default=DEFAULT_CONFIG.parent, help="the recorded config's folder")
+    parser.add_argument("--profile-dir", type=Path, default=None, help="profile folder instead of the configs' own")
     parser.add_argument("--repeat", type=int, default=1, help="runs, each in this process (the first pays imports)")
     args = parser.parse_args(argv)
     now = dt.datetime.now(dt.UTC)
@@ -96,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         calls: dict[str, int] = defaultdict(int)
         started, cpu_started = time.perf_counter(), time.process_time()
         with _timed(spent, cpu, calls):
-            summary = replay(url, args.deployment, start, end, recorded_config_dir=args.config_dir)
+            # one process (`jobs` 1): the parts are counted in this one
+            summary = replay(
+                url, args.deployment, start, end, recorded_config_dir=args.config_dir, profile_dir=args.profile_dir
+            )
         total_s, total_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
         print(
             f"run {run}: {summary.num_ticks} ticks ({summary.num_identical} identical, {summary.num_differing} "

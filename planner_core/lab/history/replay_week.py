@@ -25,6 +25,7 @@ import datetime as dt
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -147,6 +148,11 @@ def main() -> None:
     parser.add_argument("--days", type=float, default=7.0)
     parser.add_argument("--predictor", default="constant")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1,
+        help="processes replaying the recorded-states runs at once (default: the machine's cores; `planner replay "
+        "--jobs`); the what-if run is chained, one process",
+    )  # fmt: skip
     parser.add_argument("--reuse", action="store_true", help="replay the week already recorded in --database-url")
     parser.add_argument(
         "--record", type=Path, default=None, metavar="FILE",
@@ -176,6 +182,7 @@ def main() -> None:
         "days": args.days,
         "predictor": args.predictor,
         "target_s": TARGET_S,
+        "jobs": args.jobs,
     }
     try:
         upgrade(url)
@@ -208,9 +215,10 @@ def main() -> None:
         start, end = T0, T0 + dt.timedelta(days=args.days, seconds=1)
         runs = []
         for attempt in range(args.repeat):
-            cpu_started = time.process_time()
-            summary = replay(url, "week", start, end)
-            cpu_s = time.process_time() - cpu_started
+            cpu_started = _cpu_s()
+            # the recorded config names the profile by its path where the week was recorded: read this checkout's
+            summary = replay(url, "week", start, end, profile_dir=PROFILE_DIR, jobs=args.jobs)
+            cpu_s = _cpu_s() - cpu_started
             assert summary.num_ticks == num_ticks, summary
             runs.append({"seconds": round(summary.elapsed_s, 2), "cpu_seconds": round(cpu_s, 2),
                          "identical": summary.num_identical, "differing": summary.num_differing,
@@ -223,9 +231,9 @@ def main() -> None:
         median = statistics.median(run["seconds"] for run in runs)
         record["replay"] = {"runs": runs, "median_s": median, "ticks_per_s": round(num_ticks / median)}
         print(f"median of {len(runs)}: {median:.1f} s, {num_ticks / median:,.0f} ticks/s")
-        record["command_replay"] = _command_replay(url, start, end, num_ticks)
+        record["command_replay"] = _command_replay(url, start, end, num_ticks, args.jobs)
         what_if = write_config(folder, args.predictor, ttft_ms=50, itl_ms=5)
-        summary = replay(url, "week", start, end, config_path=what_if)
+        summary = replay(url, "week", start, end, config_path=what_if, profile_dir=PROFILE_DIR)
         record["what_if"] = {
             "change": "ttft_ms 50, itl_ms 5, chained states", "seconds": round(summary.elapsed_s, 2),
             "differing": summary.num_differing, "ticks": summary.num_ticks,
@@ -264,12 +272,18 @@ def _previous_recording(path: Path | None, num_ticks: int) -> dict | None:
     return previous.get("recording") if previous.get("num_ticks") == num_ticks else None
 
 
-def _command_replay(url: str, start: dt.datetime, end: dt.datetime, num_ticks: int) -> dict:
+def _cpu_s() -> float:
+    """CPU time of this process and of its children that ended (a parallel replay's processes)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def _command_replay(url: str, start: dt.datetime, end: dt.datetime, num_ticks: int, jobs: int) -> dict:
     """`planner replay` of the week as its own process (its imports, its connection, its record of the run): the
     command's wall time, and the replay's own time as the command prints it."""
     env = {**os.environ, "PLANNER_DATABASE_URL": url, "PYTHONPATH": str(REPO_ROOT)}
     argv = [sys.executable, "-m", "planner_cli", "replay", "--deployment", "week", "--from", start.isoformat(),
-            "--to", end.isoformat(), "--json"]  # fmt: skip
+            "--to", end.isoformat(), "--profile-dir", str(PROFILE_DIR), "--jobs", str(jobs), "--json"]  # fmt: skip
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
     wall_s = time.perf_counter() - started
@@ -283,6 +297,11 @@ def _command_replay(url: str, start: dt.datetime, end: dt.datetime, num_ticks: i
         "wall_seconds": round(wall_s, 2),
         "identical": result["identical"],
     }
+
+
+def _processes(record: dict) -> str:
+    jobs = record.get("jobs", 1)  # records before `--jobs` replayed in one process
+    return "in one process" if jobs == 1 else f"`--jobs {jobs}`"
 
 
 def markdown(record: dict) -> str:
@@ -299,10 +318,10 @@ def markdown(record: dict) -> str:
     lines = [
         f"| Replay of the week ({num_ticks:,} ticks: {loops}) | time | ticks/s |",
         "|---|---|---|",
-        f"| recorded config, recorded states, in one process: {identical:,} of {num_ticks:,} `identical` "
-        f"(median of {len(replay_runs)}: {runs} s; CPU {cpu} s) | {record['replay']['median_s']:.1f} s "
+        f"| recorded config, recorded states, {_processes(record)}: {identical:,} of {num_ticks:,} `identical` "
+        f"(median of {len(replay_runs)}: {runs} s; CPU {cpu} s, all processes) | {record['replay']['median_s']:.1f} s "
         f"({met} the {record['target_s']} s target) | {record['replay']['ticks_per_s']:,} |",
-        f"| the same through `planner replay` (its own process) | {command['seconds']:.1f} s "
+        f"| the same through `planner replay` (its own command) | {command['seconds']:.1f} s "
         f"({command['wall_seconds']:.1f} s wall) | {num_ticks / command['seconds']:,.0f} |",
         f"| what-if {what_if['change']}: {what_if['differing']:,} differ | {what_if['seconds']:.1f} s "
         f"| {what_if['ticks'] / what_if['seconds']:,.0f} |",

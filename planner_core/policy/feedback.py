@@ -466,7 +466,7 @@ def _bounded_by_ttft(
     short = _short_for_its_load(window, ready)
     if reading.missed(target_ms) and short:
         detail = f"{step.detail}; {reading.detail}: missed, but {short}: the miss is the load's"
-        return (pool, dataclasses.replace(step, detail=detail))
+        return pool, dataclasses.replace(step, reason=ReasonCode.FEEDBACK_MISS_WAS_LOAD, detail=detail)
     if reading.missed(target_ms):
         assert reading.tail_ms is not None
         bound = feedback.speed * _missed_factor(target_ms, reading.tail_ms)
@@ -501,7 +501,7 @@ def _prefill_from_ttft(
     short = _short_for_its_load(window, ready)
     if tail_ms is not None and tail_ms > target_ms and short:
         return _held(
-            feedback, component, ready, ReasonCode.FEEDBACK_CONFIRMED, f"{detail}: missed, but {short}: speed kept"
+            feedback, component, ready, ReasonCode.FEEDBACK_MISS_WAS_LOAD, f"{detail}: missed, but {short}: speed kept"
         )
     if tail_ms is not None and tail_ms > target_ms:
         factor = _missed_factor(target_ms, tail_ms)

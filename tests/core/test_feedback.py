@@ -231,12 +231,14 @@ def test_a_miss_in_a_window_whose_own_bursts_outgrew_the_pool_is_the_loads_not_t
     outgrown = dataclasses.replace(missed, prompt_need_engines=6.5)  # 4 engines ready
     kept, step = learn_prefill_speed(CONFIG, STEADY, outgrown, FWD)
     assert kept.speed == 1.0 and "needed 6.5 engines of the 4 ready" in step.detail
+    assert step.reason is ReasonCode.FEEDBACK_MISS_WAS_LOAD
     fitted = dataclasses.replace(missed, prompt_need_engines=3.5)
     lowered, _ = learn_prefill_speed(CONFIG, STEADY, fitted, FWD)
     assert lowered.speed == pytest.approx(0.85)
     no_reports = dataclasses.replace(outgrown, fpm=())  # the latency path reads the same evidence
     kept, step = learn_prefill_speed(CONFIG, STEADY, no_reports, FWD)
     assert kept.speed == 1.0 and "needed 6.5 engines" in step.detail
+    assert step.reason is ReasonCode.FEEDBACK_MISS_WAS_LOAD
 
 
 def test_faster_iterations_raise_the_speed_only_in_a_window_that_met_its_target_comfortably() -> None:

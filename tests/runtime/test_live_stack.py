@@ -8,12 +8,14 @@ steady traffic (one to two minutes) runs only with PLANNER_LIVE_TESTS=1 (`make t
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import signal
 import subprocess
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -143,23 +145,15 @@ def record(ctx, minute: int, num_decode: int) -> int:
     return record_decision(ctx, NAME, T0 + dt.timedelta(minutes=minute), None, num_decode)
 
 
-def test_the_ingest_stores_what_dynamos_engines_publish(make_ctx, frontend, monkeypatch, database_url) -> None:  # noqa: F811
-    """A mocker engine started by the local connector publishes its forward-pass metrics on Dynamo's event plane;
-    the ingest finds it in the discovery store and stores its heartbeats and, once it serves a request, its busy
-    iterations, under the engine's worker id (the decimal of its instance id) and the decode pool (aggregated)."""
+@contextlib.contextmanager
+def _ingest_running(ctx, kv: Path, database_url: str) -> Iterator:
+    """The forward-pass ingest of the test deployment, finding its engines in the discovery store `kv`, in a thread
+    for the body of the `with`; yields the ingest (its stats)."""
     import threading
-    import time
-
-    from sqlalchemy import select
 
     from planner_core.runtime.ingest import FpmIngest
     from planner_core.runtime.store import repository as repo
-    from planner_core.runtime.store.db import session_factory
-    from planner_core.runtime.store.models import FpmSampleRow
 
-    url, kv = frontend
-    ctx = _mocker_ctx(make_ctx, kv, monkeypatch)
-    settle(ctx, lambda: len(workers(ctx, R)) == 1, timeout_s=120)
     with ctx.sessions.begin() as session:
         deployment_id = repo.find_deployment(session, NAME).id
     ingest = FpmIngest(database_url, deployment_id, dynamo_discovery=kv, discovery_every_s=0.5, flush_interval_s=0.1)
@@ -167,6 +161,27 @@ def test_the_ingest_stores_what_dynamos_engines_publish(make_ctx, frontend, monk
     thread = threading.Thread(target=ingest.run, args=(stop,), daemon=True)
     thread.start()
     try:
+        yield ingest
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def test_the_ingest_stores_what_dynamos_engines_publish(make_ctx, frontend, monkeypatch, database_url) -> None:  # noqa: F811
+    """A mocker engine started by the local connector publishes its forward-pass metrics on Dynamo's event plane;
+    the ingest finds it in the discovery store and stores its heartbeats and, once it serves a request, its busy
+    iterations, under the engine's worker id (the decimal of its instance id) and the decode pool (aggregated)."""
+    import time
+
+    from sqlalchemy import select
+
+    from planner_core.runtime.store.db import session_factory
+    from planner_core.runtime.store.models import FpmSampleRow
+
+    url, kv = frontend
+    ctx = _mocker_ctx(make_ctx, kv, monkeypatch)
+    settle(ctx, lambda: len(workers(ctx, R)) == 1, timeout_s=120)
+    with _ingest_running(ctx, kv, database_url) as ingest:
         _chat(url)
         deadline = time.monotonic() + 60
         while True:
@@ -179,9 +194,6 @@ def test_the_ingest_stores_what_dynamos_engines_publish(make_ctx, frontend, monk
             assert time.monotonic() < deadline, (rows, ingest.stats.summary())
             _chat(url)
             time.sleep(0.5)
-    finally:
-        stop.set()
-        thread.join(timeout=10)
     instances = [p.name.rsplit("%2F", 1)[-1] for p in (kv / "v1" / "instances").iterdir() if "generate" in p.name]
     assert {(component, worker) for component, worker, _ in rows} == {("decode", str(int(instances[0], 16)))}
     assert ingest.stats.num_dropped == 0
@@ -255,22 +267,12 @@ def test_a_scale_down_during_steady_traffic_cuts_no_request(make_ctx, frontend, 
     ingest stores their forward-pass metrics; mid-stream the deployment is scaled to one. The engine removed is
     the least loaded, drained: no request is cut (each ends whole), and the drain is recorded with the requests it
     held at the start, none cut."""
-    import threading
-
-    from planner_core.runtime.ingest import FpmIngest
-    from planner_core.runtime.store import repository as repo
     from tests.runtime.test_local_connector import drains
 
     url, kv = frontend
     ctx = _mocker_ctx(make_ctx, kv, monkeypatch, initial_decode=2)
     settle(ctx, lambda: len(workers(ctx, R)) == 2, timeout_s=180)
-    with ctx.sessions.begin() as session:
-        deployment_id = repo.find_deployment(session, NAME).id
-    ingest = FpmIngest(database_url, deployment_id, dynamo_discovery=kv, discovery_every_s=0.5, flush_interval_s=0.1)
-    stop = threading.Event()
-    thread = threading.Thread(target=ingest.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
+    with _ingest_running(ctx, kv, database_url):
         _chat(url)  # the frontend knows the model
 
         def scale_down() -> None:
@@ -278,9 +280,6 @@ def test_a_scale_down_during_steady_traffic_cuts_no_request(make_ctx, frontend, 
             settle(ctx, lambda: decision_status(ctx, down) == "acknowledged", timeout_s=90)
 
         results = _steady_traffic(url, rate_per_s=4, duration_s=14, at_s=5, action=scale_down)
-    finally:
-        stop.set()
-        thread.join(timeout=10)
     ended = workers(ctx, LocalWorkerStatus.STOPPED, LocalWorkerStatus.KILLED)
     assert len(ended) == 1 and counts(ctx) == (1, 1)
     assert len(results) >= 40 and _cut(results) == [], f"{len(_cut(results))} of {len(results)} cut: {_cut(results)}"

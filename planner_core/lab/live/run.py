@@ -78,6 +78,18 @@ def _base_env(run_dir: Path) -> dict[str, str]:
     return base_env
 
 
+def _worker_env(tools: dict[str, str], profile_dir: Path) -> dict[str, str]:
+    """What the local connector's mocker workers need: Dynamo's Python, the model folder and name, the profile that
+    times them, and the stub of Dynamo's vendor-only import."""
+    return {
+        "DYNAMO_PYTHON": tools["dynamo"],
+        "PLANNER_LOCAL_MODEL_DIR": tools["model"],
+        "PLANNER_LOCAL_MODEL_NAME": MODEL_NAME,
+        "PLANNER_LOCAL_PROFILE_DIR": str(profile_dir),
+        "PYTHONPATH": str(STUBS_DIR),
+    }
+
+
 def _migrated_database(run_dir: Path) -> str:
     """The run's embedded Postgres, started and migrated; its URL."""
     os.environ["PLANNER_DATA_DIR"] = str(run_dir / "data")
@@ -215,13 +227,7 @@ def run_once(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
         base_env = _base_env(run_dir)
         database_url = _migrated_database(run_dir)
         ports = _Ports(frontend=free_port(), prometheus=free_port(), prefect=free_port(), proxy=free_port())
-        worker_env = {
-            "DYNAMO_PYTHON": tools["dynamo"],
-            "PLANNER_LOCAL_MODEL_DIR": tools["model"],
-            "PLANNER_LOCAL_MODEL_NAME": MODEL_NAME,
-            "PLANNER_LOCAL_PROFILE_DIR": str(spec.profile_dir),
-            "PYTHONPATH": str(STUBS_DIR),
-        }
+        worker_env = _worker_env(tools, spec.profile_dir)
         config = write_config(spec, run_dir, worker_env, f"http://127.0.0.1:{ports.prometheus}")
         started, ended = _serve_the_traffic(spec, tools, run_dir, ports, base_env, database_url, config, cpu, figures)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (`stop_like_ctrl_c`): the exit stack has stopped the components

@@ -38,6 +38,7 @@ from planner_core.lab.live.run import (
     _start_metrics_and_frontend,
     _start_planner,
     _stop_workers,
+    _worker_env,
 )
 from planner_core.lab.live.scoring import _ms
 from planner_core.lab.live.spec import RunSpec, compressed_policy
@@ -46,7 +47,6 @@ from planner_core.lab.live.stack import (
     MODEL_NAME,
     PROFILE_DIR,
     REPO,
-    STUBS_DIR,
     find_tools,
     get,
     process,
@@ -217,13 +217,7 @@ def run(root: Path) -> dict:
     base_env = _base_env(run_dir)
     database_url = _migrated_database(run_dir)
     ports = _Ports(frontend=free_port(), prometheus=free_port(), prefect=free_port(), proxy=free_port())
-    worker_env = {
-        "DYNAMO_PYTHON": tools["dynamo"],
-        "PLANNER_LOCAL_MODEL_DIR": tools["model"],
-        "PLANNER_LOCAL_MODEL_NAME": MODEL_NAME,
-        "PLANNER_LOCAL_PROFILE_DIR": str(PROFILE_DIR),
-        "PYTHONPATH": str(STUBS_DIR),
-    }
+    worker_env = _worker_env(tools, PROFILE_DIR)
     config = _config(run_dir, worker_env, f"http://127.0.0.1:{ports.prometheus}")
     figures: dict = {"idle_hold_s": IDLE_HOLD_S, "load_interval_s": LOAD_INTERVAL_S}
     with contextlib.ExitStack() as stack:

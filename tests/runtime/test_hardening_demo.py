@@ -112,7 +112,7 @@ def test_sigterm_to_the_demo_stops_its_prefect_server(database_url: str, tmp_pat
     finally:
         if server is not None and server.is_running():
             server.kill()
-    assert status == 130
+    assert status == 130, "".join(seen)[-3000:]
     assert seen[-1].strip() == "planner: interrupted", "".join(seen)[-3000:]
     assert not any(line.startswith("Traceback") for line in seen)
 

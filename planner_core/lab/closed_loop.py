@@ -2,7 +2,12 @@
 (`planner-open-loop`) on engines faster and slower than the profile they read, against `oracle-ahead` and
 `oracle-seen` on the same engines: on our simulator, and the matrix rows on Dynamo 1.6.1's replay engine (its mocker
 engines run 5-10 % slower prefill than the profile and its router is round robin; the oracles there use the bracket
-search, `--dynamo-oracle bracket`).
+search, `--dynamo-oracle bracket`). Also the matrix rows on our simulator at 120 s and 600 s start-up (`matrix-*`)
+and two 12-hour daily cycles (`day12h-*`: the shipped ServeGen shape over the conversation and code traces).
+
+On our simulator every row also runs the two hindsight references, `static-best` (the cheapest fixed size meeting
+the target over the whole run) and `oracle-budget` (the fewest GPU-hours over per-window sizes doing so), and the
+record states the shipped policy's GPU-hours as a multiple of each.
 
     python -m planner_core.lab.closed_loop [--rows NAME[,NAME...]] [--out docs/results/closed-loop] [--jobs 2]
 
@@ -29,6 +34,7 @@ from planner_core.data import H200_PROFILE_DIR, TRACES_DIR
 from planner_core.lab.sim.benchmark import BenchRequest, benchmark
 from planner_core.lab.sim.des.speed import EngineSpeed, SpeedChange, parse_engine_speed, parse_speed_change
 from planner_core.lab.sim.frontier import (
+    HINDSIGHT,
     MAX_VS_ORACLE,
     TARGET_ATTAINMENT,
     FrontierPoint,
@@ -45,6 +51,7 @@ GOAL_COST_RATIO = MAX_VS_ORACLE  # x oracle-ahead's GPU-hours
 WINDOW_S = 60.0  # the per-window attainment's windows (the planner's throughput interval); the oracles keep the
 # bench's default window, as the matrix records do
 POLICIES = ("planner", OPEN_LOOP_POLICY, "oracle-ahead", "oracle-seen")
+HINDSIGHT_POLICIES = tuple(HINDSIGHT)  # on our simulator only (the bench runs them there)
 OUT = Path("docs/results/closed-loop")
 
 
@@ -61,6 +68,14 @@ class GoalRow:
     itl_ms: float = 50.0
     startup_s: float = 120.0
     engine: str = "sim"  # "sim": our simulator; "dynamo": Dynamo 1.6.1's replay (needs `make dynamo-env`)
+    shape: str | None = None  # a ServeGen shape under the shipped traces: the requests follow its daily cycle
+    shape_hours: float = 24.0
+    shape_start_h: float = 0.0
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        """What the row runs: the goal's policies, and on our simulator the hindsight references."""
+        return POLICIES + (HINDSIGHT_POLICIES if self.engine == "sim" else ())
 
     def engine_speed(self) -> EngineSpeed:
         return parse_engine_speed(self.speed, option=f"row {self.name}: speed")
@@ -95,16 +110,48 @@ DYNAMO_ROWS = tuple(
     for label, trace, scale in (("code-x4", _CODE, 4.0), ("mooncake-x2", _MOONCAKE, 2.0), ("conv-x12", _CONV, 12.0))
     for ttft, itl in ((500.0, 50.0), (200.0, 20.0))
 )
-ROWS = ROWS + DYNAMO_ROWS
+_MATRIX = (("conv-x12", _CONV, 12.0), ("code-x4", _CODE, 4.0), ("mooncake-x2", _MOONCAKE, 2.0))
+MATRIX_ROWS = tuple(
+    GoalRow(
+        name=f"matrix-{label}-{ttft:g}-{itl:g}-s{startup:g}",
+        trace=trace,
+        rate_scale=scale,
+        ttft_ms=ttft,
+        itl_ms=itl,
+        startup_s=startup,
+    )
+    for startup in (120.0, 600.0)
+    for label, trace, scale in _MATRIX
+    for ttft, itl in ((500.0, 50.0), (200.0, 20.0))
+)
+# 12 hours of a daily cycle from its 3 a.m.: the night's trough (0.8x the day's mean rate), the morning's rise and
+# the day's plateau (1.1x); mean load about a third of the one-hour matrix rows' (x4 conversation, x2 code), so a
+# row's oracles finish in tens of minutes rather than hours.
+_SHAPE = "servegen-m-large-shape.csv"
+DAY_ROWS = tuple(
+    GoalRow(
+        name=f"day12h-{label}-500-50",
+        trace=trace,
+        rate_scale=scale,
+        shape=_SHAPE,
+        shape_hours=12.0,
+        shape_start_h=3.0,
+    )
+    for label, trace, scale in (("conv-x4", _CONV, 4.0), ("code-x2", _CODE, 2.0))
+)
+ROWS = ROWS + DYNAMO_ROWS + MATRIX_ROWS + DAY_ROWS
 
 
-def run_row(row: GoalRow, *, policies: Sequence[str] = POLICIES) -> dict[str, object]:
-    """Bench one row and judge it; the record `main` writes."""
+def run_row(row: GoalRow, *, policies: Sequence[str] | None = None) -> dict[str, object]:
+    """Bench one row (`row.policies` unless given) and judge it; the record `main` writes."""
     request = BenchRequest(
         trace=TRACES_DIR / row.trace,
         profile=H200_PROFILE_DIR,
         rate_scale=row.rate_scale,
-        policies=tuple(policies),
+        shape=TRACES_DIR / row.shape if row.shape is not None else None,
+        shape_hours=row.shape_hours,
+        shape_start_h=row.shape_start_h,
+        policies=row.policies if policies is None else tuple(policies),
         ttft_ms=row.ttft_ms,
         itl_ms=row.itl_ms,
         startup_s=row.startup_s,
@@ -138,7 +185,8 @@ def run_row(row: GoalRow, *, policies: Sequence[str] = POLICIES) -> dict[str, ob
 
 def judge(figures: dict[str, dict[str, float]]) -> dict[str, object]:
     """The goal (`planner_core.lab.sim.frontier.meets_goal`, the bench's) for `planner` and, for the ablation, for
-    `planner-open-loop`."""
+    `planner-open-loop`; with the hindsight references in the run, its GPU-hours as a multiple of each
+    (`cost_vs_static_best`, `cost_vs_oracle_budget`; None where the reference did not run)."""
     points = [FrontierPoint(name, figure["gpu_hours"], figure["of_attainable"]) for name, figure in figures.items()]
     reference, target = goal_reference(points)
     verdicts: dict[str, object] = {"attainment_target": target}
@@ -151,8 +199,18 @@ def judge(figures: dict[str, dict[str, float]]) -> dict[str, object]:
             "attainment_met": point.of_attainable >= target - 1e-12,
             "cost_met": ratio is not None and ratio <= GOAL_COST_RATIO,
             "met": bool(met),
+            **{
+                f"cost_vs_{name.replace('-', '_')}": _ratio(point.gpu_hours, figures.get(name))
+                for name in HINDSIGHT_POLICIES
+            },
         }
     return verdicts
+
+
+def _ratio(gpu_hours: float, reference: dict[str, float] | None) -> float | None:
+    if reference is None or reference["gpu_hours"] <= 0:
+        return None
+    return gpu_hours / reference["gpu_hours"]
 
 
 def window_attainment(arrival_s: np.ndarray, result, row: GoalRow, window_s: float) -> list[float | None]:
@@ -172,23 +230,35 @@ def summary(folder: Path) -> str:
     """The markdown table of every record in `folder`, one line per row."""
     lines = [
         "| row | engines | planner: % of attainable, GPU-h, x oracle-ahead | open loop: same | oracle-ahead | "
-        "oracle-seen | goal (planner / open loop) | date, commit |",
-        "|---|---|---|---|---|---|---|---|",
+        "oracle-seen | goal (planner / open loop) | planner x static-best, x oracle-budget | date, commit |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for path in sorted(folder.glob("*.json")):
         record = json.loads(path.read_text(encoding="utf-8"))
         row, goal = record["row"], record["goal"]
-        engines = row["speed"] + (f", then {row['change']}" if row.get("change") else "")
-        if row.get("engine", "sim") == "dynamo":
-            engines = f"Dynamo's replay, {row['ttft_ms']:g}/{row['itl_ms']:g} ms"
-
         verdict = " / ".join("met" if goal[name]["met"] else "missed" for name in ("planner", OPEN_LOOP_POLICY))
         policy_cells = " | ".join(_cell(record, name) for name in POLICIES)
+        hindsight = ", ".join(
+            "-" if (ratio := goal["planner"].get(f"cost_vs_{name.replace('-', '_')}")) is None else f"{ratio:.2f}x"
+            for name in HINDSIGHT_POLICIES
+        )
         lines.append(
-            f"| {row['name']} | {engines} | {policy_cells} | {verdict} | {record['date'][:10]}, "
+            f"| {row['name']} | {_engines(row)} | {policy_cells} | {verdict} | {hindsight} | {record['date'][:10]}, "
             f"{record['commit'][:7]} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _engines(row: dict) -> str:
+    """A row's engines and traffic, as the summary's second column says them."""
+    if row.get("engine", "sim") == "dynamo":
+        return f"Dynamo's replay, {row['ttft_ms']:g}/{row['itl_ms']:g} ms"
+    text = row["speed"] + (f", then {row['change']}" if row.get("change") else "")
+    if row.get("startup_s", 120.0) != 120.0:
+        text += f", start-up {row['startup_s']:g} s"
+    if row.get("shape"):
+        text += f", {row['shape_hours']:g} h of its daily cycle"
+    return text
 
 
 def _cell(record: dict, name: str) -> str:

@@ -8,7 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from planner_core.lab.closed_loop import GoalRow, judge, recorded_command, summary, window_attainment
+from planner_core.data import TRACES_DIR
+from planner_core.lab.closed_loop import ROWS, GoalRow, judge, recorded_command, summary, window_attainment
 from planner_core.lab.sim.benchmark import BenchRequest, benchmark
 from planner_core.lab.sim.des import EngineSpeed
 from planner_core.lab.sim.des.spec import SimResult
@@ -164,4 +165,45 @@ def test_summary_is_built_from_the_records(tmp_path) -> None:
     (tmp_path / "conv.json").write_text(__import__("json").dumps(record))
     table = summary(tmp_path)
     assert "| conv-x12-500-50-slower | prefill=1,decode=1 | 99.4%, 8.34, 1.10x | 96.8%, 7.03, 0.93x |" in table
-    assert "| met / missed | 2026-12-07, abcdef1 |" in table
+    assert "| met / missed | -, - | 2026-12-07, abcdef1 |" in table  # no hindsight reference in this run
+
+
+def test_the_record_states_the_planners_cost_against_each_hindsight_reference(tmp_path) -> None:
+    policies = {
+        "planner": figures(0.992, 6.6),
+        OPEN_LOOP_POLICY: figures(0.97, 6.0),
+        "oracle-ahead": figures(0.995, 6.0),
+        "oracle-seen": figures(0.99, 5.8),
+        "static-best": figures(0.990, 6.0),
+        "oracle-budget": figures(0.990, 5.5),
+    }
+    goal = judge(policies)
+    assert goal["planner"]["cost_vs_static_best"] == pytest.approx(1.1)
+    assert goal["planner"]["cost_vs_oracle_budget"] == pytest.approx(1.2)
+    assert goal[OPEN_LOOP_POLICY]["cost_vs_oracle_budget"] == pytest.approx(6.0 / 5.5)
+    record = {
+        "date": "2026-12-07T19:00:00+00:00",
+        "commit": "1234567abc",
+        "command": "python -m planner_core.lab.closed_loop",
+        "row": dataclasses.asdict(ROWS_BY_NAME["matrix-conv-x12-500-50-s600"]),
+        "policies": policies,
+        "goal": goal,
+    }
+    (tmp_path / "m.json").write_text(__import__("json").dumps(record))
+    assert "| prefill=1,decode=1, start-up 600 s | 99.2%, 6.60, 1.10x |" in summary(tmp_path)
+    assert "| met / missed | 1.10x, 1.20x | 2026-12-07, 1234567 |" in summary(tmp_path)
+
+
+ROWS_BY_NAME = {row.name: row for row in ROWS}
+
+
+def test_the_matrix_and_daily_rows_run_the_hindsight_references_on_our_simulator_only() -> None:
+    assert len(ROWS_BY_NAME) == len(ROWS)  # names are unique: each is a record's file name
+    matrix = [row for row in ROWS if row.name.startswith("matrix-")]
+    assert {row.startup_s for row in matrix} == {120.0, 600.0} and len(matrix) == 12
+    day = [row for row in ROWS if row.name.startswith("day12h-")]
+    assert len(day) == 2 and all(row.shape_hours == 12.0 for row in day)
+    assert all((TRACES_DIR / row.shape).is_file() for row in day if row.shape)
+    for row in ROWS:
+        hindsight = {"static-best", "oracle-budget"} <= set(row.policies)
+        assert hindsight == (row.engine == "sim"), row.name

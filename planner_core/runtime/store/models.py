@@ -646,8 +646,9 @@ class AuditChainHead(Base):
 class FpmSampleRow(Base):
     """One forward-pass metrics message as an engine published it (raw samples, kept for a retention period).
 
-    Written in batches by `planner ingest`; idle heartbeats are not stored. `received_at` is the ingest's clock
-    when the message arrived; the load tick reads the newest sample per engine (component, worker, dp_rank).
+    Written in batches by `planner ingest`, idle heartbeats (`wall_time` 0) included: they are an idle engine's only
+    report, and the engines' load (`runtime.engine_load`) reads them as "idle now". `received_at` is the ingest's
+    clock when the message arrived; the load tick reads the newest sample per engine (component, worker, dp_rank).
     """
 
     __tablename__ = "fpm_samples"

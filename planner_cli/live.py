@@ -157,6 +157,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--cooldown-s", type=float, default=60.0, help="the planner keeps running this long after the traffic"
     )
     live.add_argument("--fixed-only", action="store_true", help="only the fixed-size run")
+    live.add_argument(
+        "--fixed-search",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the --fixed-size runs, up to N more fixed sizes, each chosen from the runs so far, until the "
+        "record says which is the cheapest fixed size meeting 99 %% and whether one engine fewer in each pool misses "
+        "(the SLA binds); a size that met nothing grows by an engine in the pool that missed more (default 0)",
+    )
     live.add_argument("--summarize", action="store_true", help="only print the table of the runs already in --out")
     live.add_argument(
         "--record",

@@ -77,6 +77,7 @@ OPTION_RANGES: dict[str, Range] = {
     "--duration-s": _SECONDS,
     "--expect-revision": _from(0, 2**31 - 1),  # config_revisions.revision is a Postgres integer
     "--fixed-size": _ENGINES,
+    "--fixed-search": _from(0, 100),  # live runs of minutes each
     "--gpus-per-engine": _from(1, MAX_GPUS_PER_ENGINE),
     "--ingest-kills": _from(0, 10_000),
     "--ingest-rate-hz": _positive(100_000),

@@ -330,7 +330,9 @@ def test_the_sla_binds_when_one_engine_fewer_in_each_pool_misses_99() -> None:
     # one engine fewer decode also meets 99 %: 2p2d is then the cheapest, and its smaller sizes are not run
     loose = binding_check([planner, _fixed(2, 3, 0.995), _fixed(1, 3, 0.97), _fixed(2, 2, 0.992)])
     assert loose["cheapest_meeting"] == "2p2d" and loose["valid"] is None
-    assert loose["pools"]["decode"] == {"smaller": "2p1d", "binding": None, "why": "no run of fixed size 2p1d"}
+    assert loose["pools"]["decode"] == {
+        "smaller": "2p1d", "smaller_size": (2, 1), "binding": None, "why": "no run of fixed size 2p1d"
+    }  # fmt: skip
     # a single prefill engine suffices: the prefill pool cannot bind, the comparison is not valid
     single = binding_check([_fixed(1, 2, 0.995), _fixed(1, 1, 0.9)])
     assert single["valid"] is False and single["pools"]["prefill"]["binding"] is False
@@ -350,6 +352,45 @@ def test_aggregated_the_one_pool_binds_when_one_engine_fewer_misses() -> None:
     }  # fmt: skip
 
 
+def _search(attainment, start: tuple[int, int], *, mode: str = "disagg", max_engines: int = 12) -> list[tuple]:
+    """The sizes `--fixed-search` runs after `start`, each run's figures from `attainment(size)` -> (TTFT share,
+    ITL share), until it stops."""
+    from planner_core.lab.live.frontier import next_fixed_size
+
+    def run(size):
+        ttft, itl = attainment(size)
+        return {**_fixed(*size, min(ttft, itl), mode), "ttft_attainment": ttft, "itl_attainment": itl}
+
+    runs, order = [run(start)], [start]
+    for _ in range(20):
+        nxt = next_fixed_size(runs, disaggregated=mode == "disagg", max_engines=max_engines)
+        if nxt.size is None:
+            return order + [nxt.why]
+        order.append(nxt.size)
+        runs.append(run(nxt.size))
+    raise AssertionError(f"the search did not stop: {order}")
+
+
+def test_the_fixed_size_search_walks_to_the_cheapest_size_and_decides_whether_the_sla_binds() -> None:
+    """A pool meets its target from 3 prefill and 2 decode engines on: from 1p1d the search grows the pool that
+    missed more until 3p2d meets 99 %, then runs 2p2d and 3p1d (both miss: the SLA binds) and stops."""
+
+    def attainment(size):
+        return (1.0 if size[0] >= 3 else 0.90 - 0.1 * (3 - size[0]), 1.0 if size[1] >= 2 else 0.95)
+
+    order = _search(attainment, (1, 1))
+    assert order[:-1] == [(1, 1), (2, 1), (3, 1), (3, 2), (2, 2)]  # 3p1d already ran: not run twice
+    assert "decided: cheapest meeting 3p2d, binding valid = True" in order[-1]
+    # started above the frontier, it walks down while one engine fewer still meets 99 %, asking each new cheapest
+    # size's prefill pool first (2p3d and 2p2d are run, not inferred from 2p4d: a live run is measured, not assumed)
+    order = _search(attainment, (5, 4))
+    assert order[:-1] == [(5, 4), (4, 4), (3, 4), (2, 4), (3, 3), (2, 3), (3, 2), (2, 2), (3, 1)]
+    assert "cheapest meeting 3p2d, binding valid = True" in order[-1]
+    # aggregated: one pool; and a budget it cannot meet within
+    assert _search(lambda s: (1.0, 1.0 if s[1] >= 2 else 0.9), (0, 1), mode="agg")[:-1] == [(0, 1), (0, 2)]
+    assert "within the budget of 4 engines" in _search(lambda s: (0.5, 0.5), (1, 1), max_engines=4)[-1]
+
+
 def test_the_slo_router_is_refused_in_front_of_disaggregated_pools(capsys) -> None:
     args = build_parser().parse_args(["live", "--router", "slo"])
     assert args.func(args) == 2
@@ -366,7 +407,7 @@ def test_several_fixed_sizes_run_one_after_the_other_from_the_first_ones_deploym
     assert sizes == ((1, 1), (1, 2))
     fields = {name: getattr(args, name) for name in ("duration_s", "traffic", "peak_rps", "trough_ratio", "speedup",
               "keep_every", "trace_start_s", "max_isl", "max_osl", "slowdown", "interval_s", "max_workers",
-              "cooldown_s", "fixed_only", "record", "nice", "router", "mode")}  # fmt: skip
+              "cooldown_s", "fixed_only", "record", "nice", "router", "mode", "fixed_search")}  # fmt: skip
     options = LiveOptions(out=tmp_path, ttft_ms=4000, itl_ms=400, fixed_sizes=sizes, initial_size=None, **fields)
     specs = plan_runs(options, tmp_path, tmp_path / "trace.jsonl", "conv")
     assert [(s.name, s.adaptive, s.fixed_prefill, s.fixed_size) for s in specs] == [

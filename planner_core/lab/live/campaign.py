@@ -11,8 +11,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from planner_core.lab.live.frontier import next_fixed_size
 from planner_core.lab.live.run import run_once
-from planner_core.lab.live.scoring import live_record, live_table, summarize
+from planner_core.lab.live.scoring import live_record, live_table, size_name, summarize
 from planner_core.lab.live.spec import RunSpec
 from planner_core.lab.live.stack import REPO, find_tools
 from planner_core.lab.live.traffic import write_day_trace, write_slowed_profile, write_trace
@@ -49,6 +50,7 @@ class LiveOptions:
     argv: tuple[str, ...] = ()  # the command line after `planner`, kept in the runs' figures
     mode: str = "disagg"  # or "agg": one pool of aggregated engines
     initial_prefill: int | None = None  # disagg: prefill engines at the runs' start (None: the first fixed size's)
+    fixed_search: int = 0  # fixed sizes run after `fixed_sizes` to find the frontier (`frontier.next_fixed_size`)
 
 
 def parse_sizes(text: str, mode: str, flag: str) -> tuple[int, int]:
@@ -164,10 +166,18 @@ def write_traffic(options: LiveOptions, root: Path) -> tuple[Path, str]:
 def plan_runs(options: LiveOptions, root: Path, trace: Path, traffic: str) -> list[RunSpec]:
     """The planner's run (unless `fixed_only`) and a run at each fixed size, alike in all else (all start from the
     same deployment: `--initial-size`, else the first fixed size)."""
+    common = _common_spec(options, root, trace, traffic)
+    suffix = "" if options.router == "round-robin" else f"-{options.router}"
+    specs = [RunSpec(name=f"planner{suffix}", adaptive=True, fixed_size=1, **common)] if not options.fixed_only else []
+    return specs + [fixed_spec(options, common, size) for size in options.fixed_sizes]
+
+
+def _common_spec(options: LiveOptions, root: Path, trace: Path, traffic: str) -> dict:
+    """What every run of a campaign shares (RunSpec's fields but its name and size)."""
     disagg = options.mode == "disagg"
     first_prefill, first_decode = options.fixed_sizes[0] if options.fixed_sizes else (1, 1)
     initial_prefill = options.initial_prefill if options.initial_prefill is not None else first_prefill
-    common = {
+    return {
         "duration_s": options.duration_s,
         "ttft_ms": options.ttft_ms,
         "itl_ms": options.itl_ms,
@@ -187,20 +197,27 @@ def plan_runs(options: LiveOptions, root: Path, trace: Path, traffic: str) -> li
         "commit": code_commit(),
         "router": options.router,
     }
+
+
+def fixed_spec(options: LiveOptions, common: dict, size: tuple[int, int]) -> RunSpec:
+    """The run at fixed `size` (prefill, decode; prefill 0 when aggregated)."""
+    disagg = options.mode == "disagg"
     suffix = "" if options.router == "round-robin" else f"-{options.router}"
-    specs = [RunSpec(name=f"planner{suffix}", adaptive=True, fixed_size=1, **common)] if not options.fixed_only else []
-    for prefill, decode in options.fixed_sizes:
-        size = f"{prefill}p{decode}d" if disagg else str(decode)
-        specs.append(
-            RunSpec(
-                name=f"fixed-{size}{suffix}",
-                adaptive=False,
-                fixed_size=decode,
-                fixed_prefill=prefill if disagg else 0,
-                **common,
-            )
-        )
-    return specs
+    prefill, decode = size
+    return RunSpec(
+        name=f"fixed-{size_name(prefill, decode, disagg)}{suffix}",
+        adaptive=False,
+        fixed_size=decode,
+        fixed_prefill=prefill if disagg else 0,
+        **common,
+    )
+
+
+def _run(spec: RunSpec, root: Path, tools: dict[str, str]) -> dict:
+    print(f"run {spec.name}: starting", file=sys.stderr)
+    figures = run_once(spec, root, tools)
+    print(f"run {spec.name}: {json.dumps(figures, default=str)}", file=sys.stderr)
+    return figures
 
 
 def run_live(options: LiveOptions) -> str:
@@ -210,10 +227,16 @@ def run_live(options: LiveOptions) -> str:
     root = options.out.resolve()
     root.mkdir(parents=True, exist_ok=True)
     trace, traffic = write_traffic(options, root)
+    done: list[dict] = []
     for spec in plan_runs(options, root, trace, traffic):
-        print(f"run {spec.name}: starting", file=sys.stderr)
-        figures = run_once(spec, root, tools)
-        print(f"run {spec.name}: {json.dumps(figures, default=str)}", file=sys.stderr)
+        done.append(_run(spec, root, tools))
+    common = _common_spec(options, root, trace, traffic)
+    for step in range(options.fixed_search):  # the frontier (`frontier.next_fixed_size`), a run at a time
+        nxt = next_fixed_size(done, disaggregated=options.mode == "disagg", max_engines=options.max_workers)
+        print(f"fixed-size search, step {step + 1} of {options.fixed_search}: {nxt.why}", file=sys.stderr)
+        if nxt.size is None:
+            break
+        done.append(_run(fixed_spec(options, common, nxt.size), root, tools))
     # read back in a fresh process: this one has engines cached on the runs' stopped embedded servers
     table = subprocess.run(
         [sys.executable, "-m", "planner_cli", "live", "--summarize", "--out", str(root),

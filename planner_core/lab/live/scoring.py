@@ -392,7 +392,7 @@ def live_record(runs: list[dict], spec: RunSpec) -> dict:
 ATTAINMENT_TARGET = 0.99  # the share of requests within the SLA a size must reach to meet it
 
 
-def _size_name(prefill: int, decode: int, disaggregated: bool) -> str:
+def size_name(prefill: int, decode: int, disaggregated: bool) -> str:
     return f"{prefill}p{decode}d" if disaggregated else str(decode)
 
 
@@ -424,17 +424,18 @@ def binding_check(runs: list[dict], *, target: float = ATTAINMENT_TARGET) -> dic
     for pool, smaller in (("prefill", (cheapest[0] - 1, cheapest[1])), ("decode", (cheapest[0], cheapest[1] - 1))):
         if pool == "prefill" and not disaggregated:
             continue
-        name = _size_name(*smaller, disaggregated)
+        name = size_name(*smaller, disaggregated)
         if min(smaller) < (1 if disaggregated else 0) or smaller == (0, 0):
             pools[pool] = {"smaller": name, "binding": False, "why": "the cheapest size has one engine in this pool"}
         elif smaller not in fixed:
-            pools[pool] = {"smaller": name, "binding": None, "why": f"no run of fixed size {name}"}
+            pools[pool] = {"smaller": name, "smaller_size": smaller, "binding": None,
+                           "why": f"no run of fixed size {name}"}  # fmt: skip
         else:
             attained = fixed[smaller]
             pools[pool] = {"smaller": name, "attainment": attained, "binding": attained < target}
     verdicts = [p["binding"] for p in pools.values()]
     valid = False if False in verdicts else None if None in verdicts else True
-    return {"cheapest_meeting": _size_name(*cheapest, disaggregated), "valid": valid, "pools": pools}
+    return {"cheapest_meeting": size_name(*cheapest, disaggregated), "valid": valid, "pools": pools}
 
 
 def binding_line(check: dict) -> str:

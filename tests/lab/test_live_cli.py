@@ -388,7 +388,7 @@ def test_the_fixed_size_search_walks_to_the_cheapest_size_and_decides_whether_th
     assert "cheapest meeting 3p2d, binding valid = True" in order[-1]
     # aggregated: one pool; and a budget it cannot meet within
     assert _search(lambda s: (1.0, 1.0 if s[1] >= 2 else 0.9), (0, 1), mode="agg")[:-1] == [(0, 1), (0, 2)]
-    assert "within the budget of 4 engines" in _search(lambda s: (0.5, 0.5), (1, 1), max_engines=4)[-1]
+    assert "within the budget of 4 engines" in _search(lambda _size: (0.5, 0.5), (1, 1), max_engines=4)[-1]
 
 
 def test_the_slo_router_is_refused_in_front_of_disaggregated_pools(capsys) -> None:

@@ -161,6 +161,8 @@ class ReasonCode(enum.StrEnum):
     FEEDBACK_NO_LATENCY = "feedback_no_latency"  # the source gave no latency for the window: the last speed kept
     FEEDBACK_TOO_FEW_REQUESTS = "feedback_too_few_requests"  # too few requests in the window to measure: kept
     FEEDBACK_MISS_WAS_LOAD = "feedback_miss_was_load"  # TTFT missed, the window's own bursts outgrew the pool: kept
+    # TTFT missed beyond the tail the window's own bursts make at the pool's size: the excess lowers the speed
+    FEEDBACK_MISS_BEYOND_LOAD = "feedback_miss_beyond_load"
     # the SLA error budget (ours): the share of requests within the targets over a period (policy.error_budget)
     BUDGET_WARMING_UP = "budget_warming_up"  # too few requests judged yet: the configured margins
     BUDGET_HEALTHY = "budget_healthy"  # the period's misses well under the budget, none burning: leaner margins

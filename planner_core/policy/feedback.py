@@ -25,10 +25,14 @@ the model at the learned speed (`planner_core.perf.scaled`), in the mean-rate ca
   router that is not least loaded, requests bunched at one engine): a window whose p95 TTFT misses the target lowers
   the iterations' speed as a missed tail does above, and the iterations raise it only in a window whose p95 met the
   target comfortably. The p99 is not read there: with the p95 met, a p99 miss is a burst the forecast did not see.
-- **A miss is the engines' only when the load fit the pool.** A missed TTFT lowers the prefill speed (either path)
-  only where the window's own prompt bursts needed no more engines than the pool had at the learned speed
-  (`FeedbackWindow.prompt_need_engines`, the burst rule on the window's own curve); a burst the pool was too small
-  for is the burst sizing's to answer.
+- **A miss is the engines' as far as the load does not explain it.** Where the window's own prompt bursts needed no
+  more engines than the pool had at the learned speed (`FeedbackWindow.prompt_need_engines`, the burst rule on the
+  window's own curve), a missed TTFT lowers the prefill speed (either path). Where they needed more, the burst rule
+  also says what tail that load alone makes at the pool's size: the longest wait its p99 arrival curve builds on
+  the ready engines, `max over L of (A(L) / (n mu) - L)`, plus the p95 compute of a prompt (`_load_tail_ms`). A
+  tail within `LOAD_EXCESS` of that is the load's (the burst sizing answers it: speed kept); a tail beyond it is
+  the engines' or the router's (a router that spreads a burst worse than the least-loaded one the rule assumes),
+  and lowers the speed by `sqrt(load tail / tail)`, bounded as a miss.
 - **Only a mean TTFT** (Dynamo's replay, a source without the histogram): a p95 is estimated from it for the prompts
   that can meet the target alone, their p95 compute plus ln 20 times the mean wait (`_p95_from_mean`).
 - **Slower at once, faster on evidence at load.** A measure under the learned speed moves it half way at once; one
@@ -98,6 +102,9 @@ _RECOVERY_STEP = 1.02  # a comfortable window at load raises a prefill speed bel
 _SLOWER_WEIGHT, _FASTER_WEIGHT = 0.5, 0.3  # how far one window moves the speed towards its measurement
 _AGREES = 0.03  # a decode measurement within 3 % of the learned speed agrees with it
 _P99_UNATTAINABLE, _P95_UNATTAINABLE = 0.005, 0.03
+# A tail up to 1.25x what the window's own load makes at the pool's size is the load's: the rule's curve is a p99
+# over the window, the judged tail a p95 (or a p95 estimated from the mean), so they agree only roughly.
+LOAD_EXCESS = 1.25
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +120,8 @@ class FeedbackWindow:
     fpm: tuple[ForwardPassMetrics, ...] = ()  # the pool's serving engines' latest iterations, where reported
     # the engines the window's own prompt bursts needed at the learned speed (the burst rule), where known
     prompt_need_engines: float | None = None
+    # the prompt tokens/s one engine drains in the burst rule, at the learned speed (for `_load_tail_ms`)
+    engine_prompt_tokens_per_s: float | None = None
 
 
 def sizing_speed(feedback: PoolFeedback) -> float:
@@ -386,6 +395,7 @@ class _TtftReading:
 
     lower_bound: float  # mean compute / mean TTFT: queueing only adds to a TTFT, so the speed is at least this
     tail_ms: float | None  # the tail that judges the pool, None where unusable
+    compute_p95_ms: float  # the p95 compute of the prompts that can meet the target alone (all, where none can)
     utilization: float  # the pool's compute utilisation at the learned speed
     detail: str
 
@@ -426,12 +436,17 @@ def _read_ttft(
     )
     utilization = traffic.num_req / window.window_s / ready * mean_compute_s / speed
     lower_bound = mean_compute_s * 1000.0 / traffic.ttft_ms
+    at_speed_ms = sorted(s / speed * 1000.0 for s in compute_s)
+    attainable_ms = [ms for ms in at_speed_ms if ms <= target_ms] or at_speed_ms
+    compute_p95_ms = attainable_ms[min(len(attainable_ms) - 1, math.ceil(0.95 * len(attainable_ms)) - 1)]
     detail = (
         f"TTFT mean {traffic.ttft_ms:.0f} ms, {tail_name} {_ms(tail_ms)} (target {target_ms:g} ms; "
         f"{too_long:.1%} of prompts beyond it alone); compute {mean_compute_s * 1000.0:.0f} ms a prompt: speed >= "
         f"{lower_bound:.3f}; utilisation {utilization:.2f}"
     )
-    return _TtftReading(lower_bound=lower_bound, tail_ms=tail_ms, utilization=utilization, detail=detail)
+    return _TtftReading(
+        lower_bound=lower_bound, tail_ms=tail_ms, compute_p95_ms=compute_p95_ms, utilization=utilization, detail=detail
+    )
 
 
 def _short_for_its_load(window: FeedbackWindow, ready: int) -> str:
@@ -441,6 +456,39 @@ def _short_for_its_load(window: FeedbackWindow, ready: int) -> str:
     if need is None or need <= ready:
         return ""
     return f"its own prompt bursts needed {need:.1f} engines of the {ready} ready"
+
+
+def _load_tail_ms(window: FeedbackWindow, ready: int, compute_p95_ms: float) -> float | None:
+    """The TTFT tail the window's own load makes on `ready` engines by the burst rule (module docstring): the
+    longest wait its p99 prompt-arrival curve builds there plus a prompt's p95 compute; None without a curve or a
+    rate."""
+    rate = window.engine_prompt_tokens_per_s
+    curve = window.traffic.prompt_arrival_curve()
+    if rate is None or rate <= 0 or ready <= 0 or not curve:
+        return None
+    wait_s = max(0.0, max(tokens / (rate * ready) - interval_s for interval_s, tokens in curve))
+    return wait_s * 1000.0 + compute_p95_ms
+
+
+def _beyond_load(window: FeedbackWindow, ready: int, reading: _TtftReading, short: str) -> tuple[float | None, str]:
+    """For a missed tail where the load outgrew the pool (`short`): the speed factor for the part of the tail the
+    load does not explain (None: the load explains it) and the step's text."""
+    assert reading.tail_ms is not None
+    load_ms = _load_tail_ms(window, ready, reading.compute_p95_ms)
+    if load_ms is None or reading.tail_ms <= LOAD_EXCESS * load_ms:
+        explained = "" if load_ms is None else f" (the load alone makes {load_ms:.0f} ms)"
+        return None, f"missed, but {short}{explained}"
+    factor = _missed_factor(load_ms, reading.tail_ms)
+    text = f"missed; {short}, whose load alone makes {load_ms:.0f} ms: the rest is the engines' or the router's"
+    return factor, text
+
+
+def _beyond_load_learned(learned: tuple[PoolFeedback, StepRecord]) -> tuple[PoolFeedback, StepRecord]:
+    """`_learned`'s step for a miss beyond the load: its own reason where the speed moved."""
+    pool, step = learned
+    if step.reason is ReasonCode.FEEDBACK_LEARNED:
+        step = dataclasses.replace(step, reason=ReasonCode.FEEDBACK_MISS_BEYOND_LOAD)
+    return pool, step
 
 
 def _missed_factor(target_ms: float, tail_ms: float) -> float:
@@ -465,8 +513,17 @@ def _bounded_by_ttft(
     target_ms = config.ttft_ms
     short = _short_for_its_load(window, ready)
     if reading.missed(target_ms) and short:
-        detail = f"{step.detail}; {reading.detail}: missed, but {short}: the miss is the load's"
-        return pool, dataclasses.replace(step, reason=ReasonCode.FEEDBACK_MISS_WAS_LOAD, detail=detail)
+        factor, text = _beyond_load(window, ready, reading, short)
+        if factor is None:
+            detail = f"{step.detail}; {reading.detail}: {text}: the miss is the load's"
+            return pool, dataclasses.replace(step, reason=ReasonCode.FEEDBACK_MISS_WAS_LOAD, detail=detail)
+        bound = feedback.speed * factor
+        if bound < pool.speed:
+            detail = f"{step.detail}; {reading.detail}: {text}"
+            return _beyond_load_learned(
+                _learned(config, feedback, Component.PREFILL, ready, bound, detail, measured=pool.last_measured)
+            )
+        return learned
     if reading.missed(target_ms):
         assert reading.tail_ms is not None
         bound = feedback.speed * _missed_factor(target_ms, reading.tail_ms)
@@ -500,8 +557,11 @@ def _prefill_from_ttft(
     )  # fmt: skip
     short = _short_for_its_load(window, ready)
     if tail_ms is not None and tail_ms > target_ms and short:
-        return _held(
-            feedback, component, ready, ReasonCode.FEEDBACK_MISS_WAS_LOAD, f"{detail}: missed, but {short}: speed kept"
+        factor, text = _beyond_load(window, ready, reading, short)
+        if factor is None:
+            return _held(feedback, component, ready, ReasonCode.FEEDBACK_MISS_WAS_LOAD, f"{detail}: {text}: speed kept")
+        return _beyond_load_learned(
+            _learned(config, feedback, component, ready, speed * factor, f"{detail}: {text}", measured=lower_bound)
         )
     if tail_ms is not None and tail_ms > target_ms:
         factor = _missed_factor(target_ms, tail_ms)

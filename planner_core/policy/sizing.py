@@ -211,7 +211,7 @@ def learn_engine_speeds(request: SizingRequest) -> tuple[SizingRequest, Steps]:
             kv_hit_rate=traffic.kv_hit_rate if traffic.kv_hit_rate is not None else state.last_kv_hit_rate,
             accept_length=state.last_accept_length,
             fpm=serving,
-            prompt_need_engines=_own_burst_need(request, component),
+            **_own_burst(request, component),
         )
         pool, step = learn_pool_speed(component, config, learned.of(component), window, model)
         field_name = "prefill" if component is Component.PREFILL else "decode"
@@ -220,15 +220,17 @@ def learn_engine_speeds(request: SizingRequest) -> tuple[SizingRequest, Steps]:
     return dataclasses.replace(request, state=dataclasses.replace(state, capacity_feedback=learned)), steps
 
 
-def _own_burst_need(request: SizingRequest, component: Component) -> float | None:
-    """The engines the window just observed needed, at the speeds learned so far, to drain its own prompt bursts
-    within the TTFT target (the burst rule on the window's curve, not pooled, not shrunk to a forecast); None for the
-    decode pool of disaggregated engines, without the burst sizing, or where the rule has no curve or rate."""
+def _own_burst(request: SizingRequest, component: Component) -> dict[str, float | None]:
+    """The burst rule on the window just observed, as the feedback reads it: `prompt_need_engines`, the engines
+    its own prompt bursts needed at the speeds learned so far to drain within the TTFT target (not pooled, not
+    shrunk to a forecast), and `engine_prompt_tokens_per_s`, the rate of one engine it assumed; both None for the
+    decode pool of disaggregated engines, without the burst sizing, and the need None where the rule has no curve
+    or rate."""
     config, traffic = request.config, request.traffic
     if not config.throughput_prefill_burst_sizing or (
         component is Component.DECODE and config.mode is not PlannerMode.AGG
     ):
-        return None
+        return {"prompt_need_engines": None, "engine_prompt_tokens_per_s": None}
     shape = RequestShape(isl=max(1.0, traffic.isl), osl=max(1.0, traffic.osl))
     engine_tokens_per_s, iteration_s = burst_engine_rate(request, shape, component)
     observed_tokens_per_s = traffic.num_req * traffic.isl / traffic.duration_s if traffic.duration_s > 0 else 0.0
@@ -241,7 +243,7 @@ def _own_burst_need(request: SizingRequest, component: Component) -> float | Non
         iteration_s=iteration_s,
         component=component,
     )
-    return need
+    return {"prompt_need_engines": need, "engine_prompt_tokens_per_s": engine_tokens_per_s or None}
 
 
 def learned_speeds(request: SizingRequest) -> CapacityFeedback | None:

@@ -315,3 +315,32 @@ def test_the_loop_needs_disaggregated_pools_on_engine_capacity() -> None:
         parse_config({"throughput_capacity_feedback": True, "mode": "agg"}, "test")
     with pytest.raises(ConfigError, match="needs throughput_algorithm: engine_capacity"):
         parse_config({"throughput_capacity_feedback": True, "throughput_algorithm": "interpolation"}, "test")
+
+
+def test_a_miss_beyond_what_the_windows_own_bursts_make_at_the_pools_size_is_the_engines() -> None:
+    """The pool (4 engines at 20,000 prompt tokens/s each) was short for its bursts: 440,000 tokens in 5 s wait
+    440,000 / 80,000 - 5 = 0.5 s. A p95 near that wait plus a prompt's compute is the load's; one of 2 s on the same
+    load is not (a router that spreads the burst worse than least loaded, or slower engines): the part the load
+    does not explain lowers the speed, bounded as any miss."""
+    at_speed = (prefill_iteration(8192, 1.0),)
+    compute_ms = FWD.prefill_wall_s(2000) * 1000.0
+    load_tail_ms = 500.0 + compute_ms
+
+    def short(p95_ms: float) -> FeedbackWindow:
+        missed = window(at_speed, ttft_ms=300.0, ttft_ms_p95=p95_ms, prompt_tokens_p99_5s=440_000.0)
+        return dataclasses.replace(missed, prompt_need_engines=6.5, engine_prompt_tokens_per_s=20_000.0)
+
+    kept, step = learn_prefill_speed(CONFIG, STEADY, short(1.2 * load_tail_ms), FWD)
+    assert kept.speed == 1.0 and step.reason is ReasonCode.FEEDBACK_MISS_WAS_LOAD
+    assert f"the load alone makes {load_tail_ms:.0f} ms" in step.detail
+    lowered, step = learn_prefill_speed(CONFIG, STEADY, short(2000.0), FWD)
+    assert step.reason is ReasonCode.FEEDBACK_MISS_BEYOND_LOAD
+    assert lowered.speed == pytest.approx(max(0.85, (load_tail_ms / 2000.0) ** 0.5))
+    assert "the rest is the engines' or the router's" in step.detail
+    # the latency path (no iterations reported) reads the same evidence
+    latency_only, step = learn_prefill_speed(CONFIG, STEADY, dataclasses.replace(short(2000.0), fpm=()), FWD)
+    assert latency_only.speed < 1.0 and step.reason is ReasonCode.FEEDBACK_MISS_BEYOND_LOAD
+    # without the rule's rate the load's tail is unknown: the miss stays the load's, as before
+    unknown = dataclasses.replace(short(2000.0), engine_prompt_tokens_per_s=None)
+    kept, step = learn_prefill_speed(CONFIG, STEADY, unknown, FWD)
+    assert kept.speed == 1.0 and step.reason is ReasonCode.FEEDBACK_MISS_WAS_LOAD

@@ -116,6 +116,7 @@ STORED_REASON_CODES = frozenset(
         "feedback_no_latency",
         "feedback_too_few_requests",
         "feedback_miss_was_load",
+        "feedback_miss_beyond_load",
         "budget_warming_up",
         "budget_healthy",
         "budget_holding",

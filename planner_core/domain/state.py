@@ -135,6 +135,22 @@ class CapacityFeedback:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeMarginState:
+    """The decode target utilization the throughput loop learned (ours; `planner_core.policy.decode_margin`).
+
+    Attributes:
+        recent: the newest windows' learned utilizations, oldest first (at most `RECENT_WINDOWS`); the sizing reads
+            the lowest, so the pool is sized leaner only while every recent window supports it. Empty until learned
+            (the configured utilization).
+        last_ready: decode engines ready at the previous throughput tick (a window counts only when the pool held
+            the same ready engines from its start to its end); -1 before the first.
+    """
+
+    recent: tuple[float, ...] = ()
+    last_ready: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorBudgetState:
     """The SLA error budget the throughput loop keeps (ours; `planner_core.policy.error_budget`).
 
@@ -202,3 +218,6 @@ class PlannerState:
     # Ours: when a tick last saw demand (epoch s; None before the first tick), for the idle hold of scale to zero
     # (`planner_core.policy.scale_to_zero`).
     last_demand_s: float | None = None
+    # Ours: the decode target utilization learned from the window's concurrency and the ITL the pool served
+    # (`planner_core.policy.decode_margin`).
+    decode_margin: DecodeMarginState = field(default_factory=DecodeMarginState)

@@ -511,12 +511,12 @@ class PlannerConfig(BaseModel):
         default=1.5, ge=1, le=10, description="Highest engine speed (x the perf model's) the closed loop may learn."
     )
     # The learned decode margin (ours; off = the fixed throughput_decode_target_utilization). Each throughput tick
-    # reads the utilization at which the window's own concurrency peaks would fill a decode engine's batch, and the
-    # pool is sized at the lowest of the recent windows' figures, between throughput_decode_target_utilization (the
-    # floor, where a missed ITL sends it at once) and the ceiling below (planner_core.policy.decode_margin).
+    # moves the decode target utilization by what the window served: a step leaner after a window whose ITL and
+    # TTFT met the SLA with room, back to throughput_decode_target_utilization (the floor) at once after a miss, at
+    # most the ceiling below (planner_core.policy.decode_margin).
     throughput_decode_learned_margin: bool = Field(
         default=False,
-        description="Learn the decode target utilization from the window's concurrency and the ITL it served.",
+        description="Learn the decode target utilization from the ITL and TTFT each window served.",
     )
     throughput_decode_utilization_max: Number = Field(
         default=0.9, gt=0, le=1, description="Highest decode target utilization the learned margin may reach."

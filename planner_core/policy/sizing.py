@@ -256,33 +256,17 @@ def learned_speeds(request: SizingRequest) -> CapacityFeedback | None:
 
 
 def learn_decode_utilization(request: SizingRequest) -> tuple[SizingRequest, StepRecord]:
-    """Ours: the learned decode margin after the window just observed (`planner_core.policy.decode_margin`), read
-    with the decode model at the learned engine speed, in the request's state, with its `decode_margin` step."""
+    """Ours: the learned decode margin after the window just observed (`planner_core.policy.decode_margin`), in
+    the request's state, with its `decode_margin` step."""
     from planner_core.perf.online import serving_samples
 
     config, perf, state = request.config, request.perf, request.state
-    bootstrap = perf.forward_pass_model() if perf is not None else None
     profiled_kv = perf.profiled_max_kv_tokens() if perf is not None else None
-    model, _ = forward_model_for(state, config.mode, Component.DECODE, bootstrap, learned=learned_speeds(request))
     serving, _ = serving_samples(request.inputs.fpm, request.inputs.workers, request.components)
-    if model is None:
-        margin = state.decode_margin
-        step = StepRecord(
-            step=StepName.DECODE_MARGIN,
-            component=Component.DECODE,
-            value=sizing_utilization(config, margin),
-            reason=ReasonCode.DECODE_MARGIN_NO_EVIDENCE,
-            detail="no decode model to read the window with: utilization kept",
-        )
-        return request, step
     window = DecodeMarginWindow(
         traffic=request.traffic,
-        window_s=request.window_s,
         workers=request.inputs.workers,
         limits=config.engine_limits(Component.DECODE, profiled_max_kv_tokens=profiled_kv),
-        model=model,
-        itl_target_ms=float(config.itl_ms),
-        accept_length=state.last_accept_length,
         fpm=serving,
     )
     margin, step = learn_decode_margin(config, state.decode_margin, window)

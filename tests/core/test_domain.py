@@ -391,7 +391,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         posture=floats,
         last_s=opt_floats,
     )
-    decode_margin = st.builds(DecodeMarginState, recent=st.lists(floats, max_size=3).map(tuple), last_ready=counts)
+    decode_margin = st.builds(DecodeMarginState, utilization=opt_floats, last_ready=counts)
     burst_window = st.builds(PromptBurstWindow, at_s=floats, points=st.lists(burst_quantiles, max_size=2).map(tuple))
     state = st.builds(
         PlannerState,

@@ -166,8 +166,8 @@ def learn_decode_margin(
     queued = _queued_at_full_batch(window)
     target_ms = float(config.itl_ms)
     seen = (
-        f"ITL {tail_name} {tail_ms:.1f} ms (target {target_ms:g} ms), {ttft_seen} (SLA {config.error_budget_target:.0%})"
-        f", {queued} requests queued at a full decode batch"
+        f"ITL {tail_name} {tail_ms:.1f} ms (target {target_ms:g} ms), {ttft_seen} "
+        f"(SLA {config.error_budget_target:.0%}), {queued} requests queued at a full decode batch"
     )
     if tail_ms > target_ms or ttft_met is False or queued:
         missed = DecodeMarginState(utilization=floor, last_ready=ready)

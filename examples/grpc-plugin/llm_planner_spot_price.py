@@ -47,11 +47,11 @@ class SpotPrice(pb_grpc.ObservePluginServicer, pb_grpc.ConstrainPluginServicer):
             return self.prices[0]
         return self.prices[int(tick_time_s // 3600) % 24]
 
-    def Observe(self, request: pb.ObserveStageRequest, _context: grpc.ServicerContext) -> pb.ObserveStageResponse:
+    def Observe(self, request: pb.ObserveStageRequest, _context: grpc.ServicerContext) -> pb.ObserveStageResponse:  # noqa: N802
         price = self.price_at(request.context.tick_time_s)
         return pb.ObserveStageResponse(values={PRICE_NAME: price}, reason="hourly spot price")
 
-    def Constrain(self, request: pb.ConstrainStageRequest, _context: grpc.ServicerContext) -> pb.ConstrainStageResponse:
+    def Constrain(self, request: pb.ConstrainStageRequest, _context: grpc.ServicerContext) -> pb.ConstrainStageResponse:  # noqa: N802
         values = request.context.observations.plugin_values
         if PRICE_NAME not in values:  # the feed did not answer this tick: no opinion rather than a guess
             return pb.ConstrainStageResponse(accept=pb.AcceptResult())

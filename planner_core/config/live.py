@@ -46,6 +46,7 @@ LIVE_FIELDS: frozenset[str] = frozenset(
         "error_budget_fast_burn_seconds",
         "error_budget_lean_decode_utilization",
         "error_budget_lean_burst_quantile",
+        "throughput_decode_utilization_max",
         # the load loop's knobs
         "load_scaling_down_sensitivity",
         "prefill_scale_up_queue_tokens",

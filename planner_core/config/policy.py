@@ -510,6 +510,17 @@ class PlannerConfig(BaseModel):
     throughput_feedback_speed_max: float = Field(
         default=1.5, ge=1, le=10, description="Highest engine speed (x the perf model's) the closed loop may learn."
     )
+    # The learned decode margin (ours; off = the fixed throughput_decode_target_utilization). Each throughput tick
+    # moves the decode target utilization by what the window served: a step leaner after a window whose ITL and
+    # TTFT met the SLA with room, back to throughput_decode_target_utilization (the floor) at once after a miss, at
+    # most the ceiling below (planner_core.policy.decode_margin).
+    throughput_decode_learned_margin: bool = Field(
+        default=False,
+        description="Learn the decode target utilization from the ITL and TTFT each window served.",
+    )
+    throughput_decode_utilization_max: Number = Field(
+        default=0.9, gt=0, le=1, description="Highest decode target utilization the learned margin may reach."
+    )
 
     # SLA error budget (ours; off = Dynamo, which sizes every window alike). An SLA of "this share of requests
     # within TTFT and ITL" is kept over a period, not in every window: the throughput loop reads the share it

@@ -96,6 +96,7 @@ from planner_core.domain.reasons import (
 )
 from planner_core.domain.state import (
     CapacityFeedback,
+    DecodeMarginState,
     ErrorBudgetState,
     HorizonWindow,
     PendingScaleUp,
@@ -143,6 +144,7 @@ __all__ = [
     "HeldResult",
     "HoldPolicy",
     "CapacityFeedback",
+    "DecodeMarginState",
     "ErrorBudgetState",
     "HorizonWindow",
     "PoolFeedback",

@@ -169,6 +169,12 @@ class ReasonCode(enum.StrEnum):
     BUDGET_HOLDING = "budget_holding"  # within the budget, not far enough under it to go leaner: margins kept
     BUDGET_BURNING = "budget_burning"  # over the budget, or burning it fast: back to the configured margins
     BUDGET_UNAVAILABLE = "budget_unavailable"  # the source gave no latency histogram: the last posture kept
+    # the learned decode margin (ours): the decode target utilization moved by the window (policy.decode_margin)
+    DECODE_MARGIN_LEARNED = "decode_margin_learned"  # ITL and TTFT met with room: one step leaner
+    DECODE_MARGIN_MISSED = "decode_margin_missed"  # ITL or TTFT missed, or a full decode batch queued: the floor
+    DECODE_MARGIN_NO_LATENCY = "decode_margin_no_latency"  # the source gave no ITL: the last margin kept
+    DECODE_MARGIN_NO_EVIDENCE = "decode_margin_no_evidence"  # pool changing, too few requests, met without room or
+    # no TTFT tail: the last margin kept
     # family: NEXT_REQUEST (SLA load loop: where the "next request" of every estimate comes from)
     NEXT_REQUEST_ENGINE_AVERAGE = "next_request_engine_average"  # the engines' moving averages (Dynamo's)
     NEXT_REQUEST_TRAFFIC_WINDOW = "next_request_traffic_window"  # the last traffic window's mean lengths (ours)
@@ -235,6 +241,7 @@ class StepName(enum.StrEnum):
     CORRECTION = "correction"
     DECIDE = "decide"
     DECODE_GRACE = "decode_grace"
+    DECODE_MARGIN = "decode_margin"  # the learned decode target utilization (ours)
     DEMAND = "demand"
     ENGINE_CAPACITY = "engine_capacity"
     ENGINE_LOAD = "engine_load"

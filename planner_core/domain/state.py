@@ -135,6 +135,21 @@ class CapacityFeedback:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeMarginState:
+    """The decode target utilization the throughput loop learned (ours; `planner_core.policy.decode_margin`).
+
+    Attributes:
+        utilization: the decode target utilization the sizing reads; None until a window has been judged (the
+            configured one).
+        last_ready: decode engines ready at the previous throughput tick (a window counts only when the pool held
+            the same ready engines from its start to its end); -1 before the first.
+    """
+
+    utilization: float | None = None
+    last_ready: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorBudgetState:
     """The SLA error budget the throughput loop keeps (ours; `planner_core.policy.error_budget`).
 
@@ -202,3 +217,6 @@ class PlannerState:
     # Ours: when a tick last saw demand (epoch s; None before the first tick), for the idle hold of scale to zero
     # (`planner_core.policy.scale_to_zero`).
     last_demand_s: float | None = None
+    # Ours: the decode target utilization learned from the ITL and TTFT the windows served
+    # (`planner_core.policy.decode_margin`).
+    decode_margin: DecodeMarginState = field(default_factory=DecodeMarginState)

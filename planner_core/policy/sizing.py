@@ -47,6 +47,7 @@ from planner_core.domain import (
 )
 from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, min_endpoints
 from planner_core.policy.burst_pool import pool_prompt_bursts, remember_prompt_bursts
+from planner_core.policy.decode_margin import DecodeMarginWindow, learn_decode_margin, sizing_utilization
 from planner_core.policy.error_budget import BURST_QUANTILE, budget_margins, read_error_budget
 from planner_core.policy.feedback import (
     FeedbackWindow,
@@ -83,6 +84,7 @@ __all__ = [
     "burst_quantile",
     "forward_model_for",
     "hold_scale_down",
+    "learn_decode_utilization",
     "learn_engine_speeds",
     "read_budget",
     "raise_for_horizon",
@@ -156,6 +158,9 @@ def size_pools(request: SizingRequest) -> SizingOutcome:
     if config.throughput_error_budget:
         request, budget_step = read_budget(request)
         steps += (budget_step,)
+    if config.throughput_decode_learned_margin and config.mode is not PlannerMode.AGG:
+        request, margin_step = learn_decode_utilization(request)
+        steps += (margin_step,)
     state = request.state
     shape, shape_step = sizing_shape(request.prediction, config.throughput_length_sizing)
     steps += (shape_step,)
@@ -250,6 +255,24 @@ def learned_speeds(request: SizingRequest) -> CapacityFeedback | None:
     """The engine speeds the sizing reads: the closed loop's, when it is on (a state learned under another config is
     not read by one with the loop off)."""
     return request.state.capacity_feedback if request.config.throughput_capacity_feedback else None
+
+
+def learn_decode_utilization(request: SizingRequest) -> tuple[SizingRequest, StepRecord]:
+    """Ours: the learned decode margin after the window just observed (`planner_core.policy.decode_margin`), in
+    the request's state, with its `decode_margin` step."""
+    from planner_core.perf.online import serving_samples
+
+    config, perf, state = request.config, request.perf, request.state
+    profiled_kv = perf.profiled_max_kv_tokens() if perf is not None else None
+    serving, _ = serving_samples(request.inputs.fpm, request.inputs.workers, request.components)
+    window = DecodeMarginWindow(
+        traffic=request.traffic,
+        workers=request.inputs.workers,
+        limits=config.engine_limits(Component.DECODE, profiled_max_kv_tokens=profiled_kv),
+        fpm=serving,
+    )
+    margin, step = learn_decode_margin(config, state.decode_margin, window)
+    return dataclasses.replace(request, state=dataclasses.replace(state, decode_margin=margin)), step
 
 
 def read_budget(request: SizingRequest) -> tuple[SizingRequest, StepRecord]:
@@ -617,6 +640,8 @@ def target_utilization(request: SizingRequest, component: Component) -> float:
     config = request.config
     if component is Component.PREFILL:
         return config.throughput_prefill_target_utilization
+    if config.throughput_decode_learned_margin and config.mode is not PlannerMode.AGG:
+        return sizing_utilization(config, request.state.decode_margin)
     if config.throughput_error_budget:
         return budget_margins(config, request.state.error_budget.posture).decode_utilization
     return config.throughput_decode_target_utilization

@@ -33,6 +33,7 @@ from planner_core.domain import (
     Component,
     DecisionStage,
     DecisionSummary,
+    DecodeMarginState,
     EngineLimits,
     EnsembleMember,
     EnsembleState,
@@ -390,6 +391,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         posture=floats,
         last_s=opt_floats,
     )
+    decode_margin = st.builds(DecodeMarginState, utilization=opt_floats, last_ready=counts)
     burst_window = st.builds(PromptBurstWindow, at_s=floats, points=st.lists(burst_quantiles, max_size=2).map(tuple))
     state = st.builds(
         PlannerState,
@@ -412,6 +414,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         signals=st.lists(signal_status, max_size=4).map(tuple),
         error_budget=error_budget,
         last_demand_s=opt_floats,
+        decode_margin=decode_margin,
     )
     step = st.builds(
         StepRecord,
@@ -483,6 +486,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
         PoolFeedback: pool_feedback,
         CapacityFeedback: capacity_feedback,
         ErrorBudgetState: error_budget,
+        DecodeMarginState: decode_margin,
         PromptBurstWindow: burst_window,
         OutsideChange: outside_change,
         AdoptedCount: adopted_count,

@@ -167,6 +167,11 @@ class ReasonCode(enum.StrEnum):
     BUDGET_HOLDING = "budget_holding"  # within the budget, not far enough under it to go leaner: margins kept
     BUDGET_BURNING = "budget_burning"  # over the budget, or burning it fast: back to the configured margins
     BUDGET_UNAVAILABLE = "budget_unavailable"  # the source gave no latency histogram: the last posture kept
+    # the prefill router's dispatch (ours): requests spread by count, not by load (policy.dispatch)
+    FEEDBACK_DISPATCH_BY_COUNT = "feedback_dispatch_by_count"  # an engine queued prompts while another idled
+    BURST_BY_COUNT_SIZED = "burst_by_count_sized"  # prefill raised so a by-count dispatch meets the TTFT target
+    BURST_BY_COUNT_COVERED = "burst_by_count_covered"  # the size already serves a by-count dispatch of the window
+    BURST_BY_COUNT_UNAVAILABLE = "burst_by_count_unavailable"  # no per-request prompts recorded: not sized by count
     # family: NEXT_REQUEST (SLA load loop: where the "next request" of every estimate comes from)
     NEXT_REQUEST_ENGINE_AVERAGE = "next_request_engine_average"  # the engines' moving averages (Dynamo's)
     NEXT_REQUEST_TRAFFIC_WINDOW = "next_request_traffic_window"  # the last traffic window's mean lengths (ours)

@@ -167,8 +167,7 @@ class ReasonCode(enum.StrEnum):
     BUDGET_HOLDING = "budget_holding"  # within the budget, not far enough under it to go leaner: margins kept
     BUDGET_BURNING = "budget_burning"  # over the budget, or burning it fast: back to the configured margins
     BUDGET_UNAVAILABLE = "budget_unavailable"  # the source gave no latency histogram: the last posture kept
-    # the prefill router's dispatch (ours): requests spread by count, not by load (policy.dispatch)
-    FEEDBACK_DISPATCH_BY_COUNT = "feedback_dispatch_by_count"  # an engine queued prompts while another idled
+    # a round-robin prefill router (ours): requests spread by count, not by load (policy.dispatch)
     BURST_BY_COUNT_SIZED = "burst_by_count_sized"  # prefill raised so a by-count dispatch meets the TTFT target
     BURST_BY_COUNT_COVERED = "burst_by_count_covered"  # the size already serves a by-count dispatch of the window
     BURST_BY_COUNT_UNAVAILABLE = "burst_by_count_unavailable"  # no per-request prompts recorded: not sized by count

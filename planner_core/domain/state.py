@@ -125,13 +125,10 @@ class PoolFeedback:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CapacityFeedback:
-    """The closed loop's learned engine speed per pool (ours; `planner_core.policy.feedback`), and whether the
-    prefill router spreads requests by count rather than by load (`prefill_by_count`, `planner_core.policy.dispatch`:
-    set on the engines' evidence, never reset)."""
+    """The closed loop's learned engine speed per pool (ours; `planner_core.policy.feedback`)."""
 
     prefill: PoolFeedback = field(default_factory=PoolFeedback)
     decode: PoolFeedback = field(default_factory=PoolFeedback)
-    prefill_by_count: bool = False
 
     def of(self, component: Component) -> PoolFeedback:
         return self.prefill if component is Component.PREFILL else self.decode

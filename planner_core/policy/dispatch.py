@@ -1,51 +1,26 @@
-"""The prefill router's dispatch (ours): whether requests reach the prefill engines by count (round robin, random)
-rather than by load, learned from the engines' own reports, and the prefill size such a router needs.
+"""Prefill sizing for a router that spreads requests by count (ours): round robin, which the config declares with
+`router: round_robin` (Dynamo's frontend default, `--router-mode round-robin`).
 
 Why: the burst rule (`planner_core.policy.throughput.burst_prefill_replicas`) pools a burst's prompt tokens over
-every engine, which a load-aware router approximates. A router that spreads requests by count (Dynamo's frontend
-default, `--router-mode round-robin`) makes each engine its own queue: a long prompt holds its engine while the router
-keeps sending it every P-th request. On Mooncake x2 at 500 ms that needs about twice the engines
-(docs/results/closed-loop/dynamo-mooncake-cause.md: 99 % of the best attainment at 7 engines least loaded, 12-14
-round robin, in our simulator and in Dynamo's replay alike).
+every engine, which a load-aware router approximates. A router that spreads requests by count makes each engine its
+own queue: a long prompt holds its engine while the router keeps sending it every P-th request. On Mooncake x2 at
+500 ms that needs about twice the engines (docs/results/closed-loop/dynamo-mooncake-cause.md: 99 % of the best
+attainment at 7 engines least loaded, 12-14 round robin, in our simulator and in Dynamo's replay alike).
 
-- **Evidence** (`queued_while_idle`): a prefill engine's forward-pass report shows requests waiting in its queue while
-  another engine of the pool computes nothing and holds nothing: a router balancing load never leaves that (our
-  simulator's least-loaded router: 0 of 204 snapshots; round robin: 10-33; Dynamo's replay: 6-17, at 13 and 8
-  engines). Once seen, the pool is sized by count for good (`CapacityFeedback.prefill_by_count`): a deployment's
-  router does not change between ticks, and the evidence is exact, so nothing lowers it.
-- **Sizing** (`by_count_prefill_need`): the fewest engines for which a first-come-first-served dispatch of the window's
-  recorded prompts by count (request i to engine i mod P, each prompt's compute at the learned speed) serves the
-  target share of the prompts that can meet the TTFT target alone within it. Against Dynamo's replay at 7, 10 and 14
-  fixed engines this dispatch predicted the share within 500 ms at 0.664, 0.720, 0.740 where Dynamo served 0.673,
-  0.725, 0.745 (a pooled dispatch: 0.726, 0.747, 0.749).
+The size (`by_count_prefill_need`): the fewest engines for which a first-come-first-served dispatch of the window's
+recorded prompts by count (request i to engine i mod P, each prompt's compute at the learned speed) serves the
+target share of the prompts that can meet the TTFT target alone within it. Against Dynamo's replay at 7, 10 and 14
+fixed engines this dispatch predicted the share within 500 ms at 0.664, 0.720, 0.740 where Dynamo served 0.673, 0.725,
+0.745 (a dispatch to the engine free first: 0.726, 0.747, 0.749).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from planner_core.domain import Component, ForwardPassMetrics, ReasonCode, StepName, StepRecord, TrafficObservation
+from planner_core.domain import Component, ReasonCode, StepName, StepRecord, TrafficObservation
 
-__all__ = ["by_count_prefill_need", "by_count_prefill_size", "prompt_compute_s", "queued_while_idle"]
-
-
-def queued_while_idle(fpms: Sequence[ForwardPassMetrics]) -> str:
-    """Why the prefill engines' reports show a router that spreads by count ("" when they do not): an engine with
-    prompts queued while another computes and holds nothing."""
-    engines = [f for f in fpms if f.component is Component.PREFILL]
-    waiting = [f for f in engines if f.queued.num_prefill_requests > 0]
-    idle = [
-        f
-        for f in engines
-        if f.queued.num_prefill_requests == 0 and (f.is_idle_heartbeat or f.scheduled.sum_prefill_tokens <= 0)
-    ]
-    if not waiting or not idle:
-        return ""
-    busiest = max(waiting, key=lambda f: f.queued.num_prefill_requests)
-    return (
-        f"prefill engine {busiest.worker_id} held {busiest.queued.num_prefill_requests} queued prompts while "
-        f"{len(idle)} of {len(engines)} engines were idle"
-    )
+__all__ = ["by_count_prefill_need", "by_count_prefill_size", "prompt_compute_s"]
 
 
 def by_count_prefill_need(

@@ -47,7 +47,7 @@ from planner_core.domain import (
 )
 from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, min_endpoints
 from planner_core.policy.burst_pool import pool_prompt_bursts, remember_prompt_bursts
-from planner_core.policy.dispatch import by_count_prefill_size, queued_while_idle
+from planner_core.policy.dispatch import by_count_prefill_size
 from planner_core.policy.error_budget import BURST_QUANTILE, budget_margins, read_error_budget
 from planner_core.policy.feedback import (
     FeedbackWindow,
@@ -170,9 +170,7 @@ def size_pools(request: SizingRequest) -> SizingOutcome:
     if config.throughput_prefill_burst_sizing:
         sizes, state, stage_steps = size_for_bursts(request, state, shape, sizes)
         steps += stage_steps
-    if config.router is RouterKind.ROUND_ROBIN or (
-        config.throughput_capacity_feedback and state.capacity_feedback.prefill_by_count
-    ):
+    if config.router is RouterKind.ROUND_ROBIN:
         sizes, stage_steps = size_by_count(request, sizes)
         steps += stage_steps
     if config.throughput_horizon_quantile > 0 and sizes.observed:
@@ -223,20 +221,6 @@ def learn_engine_speeds(request: SizingRequest) -> tuple[SizingRequest, Steps]:
         field_name = "prefill" if component is Component.PREFILL else "decode"
         learned = dataclasses.replace(learned, **{field_name: pool})
         steps += (step,)
-    if Component.PREFILL in request.components and config.mode is not PlannerMode.AGG and not learned.prefill_by_count:
-        # the router's dispatch, from the same reports: once an engine queued while another idled, by count for good
-        if why := queued_while_idle(serving):
-            learned = dataclasses.replace(learned, prefill_by_count=True)
-            detail = f"{why}: the router spreads prompts by count; the pool is sized by count from now on"
-            steps += (
-                StepRecord(
-                    step=StepName.CAPACITY_FEEDBACK,
-                    component=Component.PREFILL,
-                    value=1.0,
-                    reason=ReasonCode.FEEDBACK_DISPATCH_BY_COUNT,
-                    detail=detail,
-                ),
-            )
     return dataclasses.replace(request, state=dataclasses.replace(state, capacity_feedback=learned)), steps
 
 
@@ -253,7 +237,7 @@ MAX_BY_COUNT_REPLICAS = 128  # without a GPU budget: beyond this many engines th
 def size_by_count(request: SizingRequest, sizes: PoolSizes) -> tuple[PoolSizes, Steps]:
     """Ours: the prefill pool raised to what a router spreading prompts by count needs for the window just observed
     (`planner_core.policy.dispatch`), at the learned speed; a `burst` step. Runs where the config declares a
-    round-robin router, or where the closed loop saw the engines' evidence of one."""
+    round-robin router."""
     from planner_core.perf.capacity import chunked_prefill_s, effective_kv_hit_rate
 
     config, state, perf = request.config, request.state, request.perf

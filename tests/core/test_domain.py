@@ -380,9 +380,7 @@ def domain_strategies(*, finite: bool) -> dict[type, st.SearchStrategy[Any]]:
     pool_feedback = st.builds(
         PoolFeedback, speed=floats, num_updates=counts, last_ready=counts, last_measured=opt_floats
     )
-    capacity_feedback = st.builds(
-        CapacityFeedback, prefill=pool_feedback, decode=pool_feedback, prefill_by_count=st.booleans()
-    )
+    capacity_feedback = st.builds(CapacityFeedback, prefill=pool_feedback, decode=pool_feedback)
     error_budget = st.builds(
         ErrorBudgetState,
         judged=floats,

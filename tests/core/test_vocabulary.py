@@ -116,7 +116,6 @@ STORED_REASON_CODES = frozenset(
         "feedback_no_latency",
         "feedback_too_few_requests",
         "feedback_miss_was_load",
-        "feedback_dispatch_by_count",
         "burst_by_count_sized",
         "burst_by_count_covered",
         "burst_by_count_unavailable",

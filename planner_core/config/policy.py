@@ -154,7 +154,8 @@ class PlannerConfig(BaseModel):
         default=RouterKind.LEAST_LOADED,
         description="The frontend's request router: least_loaded, round_robin, or slo (SLO-aware: an engine is "
         "loaded only while it is predicted within SLO x dispatch threshold, so the throughput loop sizes each "
-        "engine's capacity at those targets).",
+        "engine's capacity at those targets). Under round_robin each prefill engine is its own queue: the "
+        "throughput loop also sizes the prefill pool for a by-count dispatch of the window's prompts.",
     )
     ttft_dispatch_threshold: float = Field(
         default=1.0,

@@ -175,6 +175,10 @@ class ReasonCode(enum.StrEnum):
     DECODE_MARGIN_NO_LATENCY = "decode_margin_no_latency"  # the source gave no ITL: the last margin kept
     DECODE_MARGIN_NO_EVIDENCE = "decode_margin_no_evidence"  # pool changing, too few requests, met without room or
     # no TTFT tail: the last margin kept
+    # a round-robin prefill router (ours): requests spread by count, not by load (policy.dispatch)
+    BURST_BY_COUNT_SIZED = "burst_by_count_sized"  # prefill raised so a by-count dispatch meets the TTFT target
+    BURST_BY_COUNT_COVERED = "burst_by_count_covered"  # the size already serves a by-count dispatch of the window
+    BURST_BY_COUNT_UNAVAILABLE = "burst_by_count_unavailable"  # no per-request prompts recorded: not sized by count
     # family: NEXT_REQUEST (SLA load loop: where the "next request" of every estimate comes from)
     NEXT_REQUEST_ENGINE_AVERAGE = "next_request_engine_average"  # the engines' moving averages (Dynamo's)
     NEXT_REQUEST_TRAFFIC_WINDOW = "next_request_traffic_window"  # the last traffic window's mean lengths (ours)

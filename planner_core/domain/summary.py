@@ -82,6 +82,7 @@ _MERGE_SUFFIX = ":merge"
 _STAGE_OF_REASON = {
     ReasonCode.DEMAND_SIZED: DecisionStage.FORECAST,
     ReasonCode.BURST_SIZED: DecisionStage.BURST,
+    ReasonCode.BURST_BY_COUNT_SIZED: DecisionStage.BURST,
     ReasonCode.HORIZON_HEADROOM: DecisionStage.HORIZON,
     ReasonCode.HORIZON_SHORT_HISTORY: DecisionStage.HORIZON,
     ReasonCode.SCALE_DOWN_HELD: DecisionStage.HOLD,

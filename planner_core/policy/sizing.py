@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from planner_core.config import PlannerConfig, PlannerMode, ThroughputAlgorithm, managed_components
+from planner_core.config import PlannerConfig, PlannerMode, RouterKind, ThroughputAlgorithm, managed_components
 from planner_core.domain import (
     CapacityFeedback,
     Component,
@@ -48,6 +48,7 @@ from planner_core.domain import (
 from planner_core.policy.bounds import bound_change_rate, bound_min_endpoint, min_endpoints
 from planner_core.policy.burst_pool import pool_prompt_bursts, remember_prompt_bursts
 from planner_core.policy.decode_margin import DecodeMarginWindow, learn_decode_margin, sizing_utilization
+from planner_core.policy.dispatch import by_count_prefill_size
 from planner_core.policy.error_budget import BURST_QUANTILE, budget_margins, read_error_budget
 from planner_core.policy.feedback import (
     FeedbackWindow,
@@ -174,6 +175,9 @@ def size_pools(request: SizingRequest) -> SizingOutcome:
     if config.throughput_prefill_burst_sizing:
         sizes, state, stage_steps = size_for_bursts(request, state, shape, sizes)
         steps += stage_steps
+    if config.router is RouterKind.ROUND_ROBIN:
+        sizes, stage_steps = size_by_count(request, sizes)
+        steps += stage_steps
     if config.throughput_horizon_quantile > 0 and sizes.observed:
         # before the hold and the margin: the raised size is a need the hold keeps, and the headroom is added to
         # the need before rounding up (a headroom of 0.01 engine must not add a whole engine the hold ignores)
@@ -223,6 +227,51 @@ def learn_engine_speeds(request: SizingRequest) -> tuple[SizingRequest, Steps]:
         learned = dataclasses.replace(learned, **{field_name: pool})
         steps += (step,)
     return dataclasses.replace(request, state=dataclasses.replace(state, capacity_feedback=learned)), steps
+
+
+def max_by_count_replicas(config: PlannerConfig) -> int:
+    """The most prefill engines the by-count sizing tries: the GPU budget's, else `MAX_BY_COUNT_REPLICAS`."""
+    if config.max_gpu_budget > 0:
+        return max(1, config.max_gpu_budget // config.prefill_gpus_per_engine)
+    return MAX_BY_COUNT_REPLICAS
+
+
+MAX_BY_COUNT_REPLICAS = 128  # without a GPU budget: beyond this many engines the bounds decide anyway
+
+
+def size_by_count(request: SizingRequest, sizes: PoolSizes) -> tuple[PoolSizes, Steps]:
+    """Ours: the prefill pool raised to what a router spreading prompts by count needs for the window just observed
+    (`planner_core.policy.dispatch`), at the learned speed; a `burst` step. Runs where the config declares a
+    round-robin router."""
+    from planner_core.perf.capacity import chunked_prefill_s, effective_kv_hit_rate
+
+    config, state, perf = request.config, request.state, request.perf
+    if Component.PREFILL not in sizes.sized:
+        return sizes, ()
+    bootstrap = perf.forward_pass_model() if perf is not None else None
+    model, _ = forward_model_for(state, config.mode, Component.PREFILL, bootstrap, learned=learned_speeds(request))
+    limits = config.engine_limits(
+        Component.PREFILL, profiled_max_kv_tokens=perf.profiled_max_kv_tokens() if perf is not None else None
+    )
+    hit, _ = effective_kv_hit_rate(state.last_kv_hit_rate, Component.PREFILL)
+    current = sizes.sized[Component.PREFILL]
+    need, step = by_count_prefill_size(
+        request.traffic,
+        None
+        if model is None
+        else lambda tokens: chunked_prefill_s(tokens, limits.max_num_batched_tokens, model.prefill_wall_s),
+        hit=hit,
+        ttft_ms=config.ttft_ms,
+        target_share=config.error_budget_target,
+        max_replicas=max_by_count_replicas(config),
+        current=current,
+    )
+    if need is None:
+        return sizes, (step,)
+    unrounded = {**sizes.unrounded, Component.PREFILL: max(sizes.unrounded.get(Component.PREFILL, 0.0), float(need))}
+    observed = {**sizes.observed, Component.PREFILL: max(sizes.observed.get(Component.PREFILL, 0.0), float(need))}
+    sized = {**sizes.sized, Component.PREFILL: max(current, need)}
+    return PoolSizes(sized=sized, unrounded=unrounded, observed=observed), (step,)
 
 
 def _own_burst(request: SizingRequest, component: Component) -> dict[str, float | None]:

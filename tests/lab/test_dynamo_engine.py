@@ -15,6 +15,8 @@ from planner_core.domain import Component, EngineLimits, ForwardPassMetrics, Que
 from planner_core.lab.sim.bench import FixedPolicy, OraclePolicy, PlannerPolicy, build_policies
 from planner_core.lab.sim.des import ClusterSimulator, SimSpec, window_observation
 from planner_core.lab.sim.dynamo_engine import (
+    REPLAY_ROUTER,
+    DynamoEngine,
     ReplayView,
     _bracket_guess,
     _size_replay_window,
@@ -29,7 +31,7 @@ from planner_core.lab.sim.oracle import OracleSettings, OracleWindow, oracle_win
 from planner_core.perf.model import ProfilePerfModel
 from tests.conftest import PROFILE_DIR
 from tests.core.fakes import FWD, make_trace
-from tests.lab.test_bench import busy_trace
+from tests.lab.test_bench import busy_trace, write_small_azure_trace
 
 
 def test_the_replayed_trace_starts_at_zero_and_gives_fresh_blocks_per_prompt(tmp_path: Path) -> None:
@@ -319,3 +321,28 @@ def test_the_engine_is_a_bench_option_and_a_missing_interpreter_is_one_line(tmp_
             ["planner"], lambda _names: [], busy_trace(10, 10.0), spec, ttft_ms=500.0, itl_ms=50.0, window_s=60.0,
             settings=OracleSettings(), initial="min", dynamo_python=None, profile_dir=None,
         )  # fmt: skip
+
+
+def test_the_planners_on_dynamos_engine_are_told_the_router_it_replays_with(tmp_path: Path, monkeypatch) -> None:
+    """Dynamo's replay routes round robin: every job says so, and the planners' config declares it (as on our
+    simulator, where `--router` reaches the planners), so they size the prefill pool for it."""
+    import planner_core.lab.sim.dynamo_engine as engine_module
+    from planner_core.config import RouterKind
+    from planner_core.lab.sim.benchmark import BenchRequest, benchmark
+
+    trace = make_trace([0.0, 1.0], [1000, 1000], [10, 10])
+    spec = SimSpec(decode_limits=EngineLimits(max_kv_tokens=100_000))
+    engine = DynamoEngine(trace=trace, spec=spec, bridge=None, workdir=tmp_path)  # type: ignore[arg-type]
+    job = engine.job(trace_file=tmp_path / "t.jsonl", size=(1, 1), startup_s=0.0, policy={"kind": "fixed"})
+    assert job["router"] == REPLAY_ROUTER.value == "round_robin"
+    built = {}
+
+    def fake_bench(names, build, *args, **kwargs):
+        built["policies"] = build(list(names))
+        return built["policies"], []
+
+    monkeypatch.setattr(engine_module, "dynamo_bench", fake_bench)
+    csv = write_small_azure_trace(tmp_path / "trace.csv")
+    benchmark(BenchRequest(trace=csv, profile=PROFILE_DIR, engine="dynamo", policies=("planner",)))
+    (planner,) = built["policies"]
+    assert planner.config.router is RouterKind.ROUND_ROBIN

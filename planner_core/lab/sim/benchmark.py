@@ -277,7 +277,10 @@ def _dynamo_benchmark(  # untyped: benchmark's locals, passed through
 ):
     """`benchmark` on Dynamo's replay engine (`planner_core.lab.sim.dynamo_engine.dynamo_bench`): the same policies,
     built by `build_policies`, served by Dynamo's replay, with that engine's own oracle."""
-    from planner_core.lab.sim.dynamo_engine import dynamo_bench
+    from planner_core.lab.sim.dynamo_engine import REPLAY_ROUTER, dynamo_bench
+
+    # the planners know the router, as on our simulator (`_base_config`): the one Dynamo's replay routes with
+    base = {**base, "router": REPLAY_ROUTER.value}
 
     def build(chosen):
         return build_policies(

@@ -53,7 +53,7 @@ from planner_core.lab.sim.bench import (
     baselines_from_windows,
     score,
 )
-from planner_core.lab.sim.des import SimResult, SimSpec
+from planner_core.lab.sim.des import RouterPolicy, SimResult, SimSpec
 from planner_core.lab.sim.dynamo_policy import DynamoPlannerPolicy
 from planner_core.lab.sim.dynamo_replay import (
     BLOCK_TOKENS,
@@ -91,6 +91,7 @@ class DynamoEngine:
             "out": str(self.workdir / f"replay-{self._runs}.json"),
             "policy": policy,
             "engine": {"num_gpu_blocks": self.spec.decode_limits.max_kv_tokens // 64, "block_size": 64},
+            "router": REPLAY_ROUTER.value,
         }
         if self.profile_dir is not None:
             job["profile"] = str(self.profile_dir)
@@ -454,10 +455,13 @@ def dynamo_bench(
 
 # "Alone on an idle cluster" on Dynamo's engine: this many prefill and decode workers, up from the start.
 ATTAINABLE_SIZE = (32, 32)
+# How Dynamo's replay routes (the Dynamo frontend's default `--router-mode`); the bench tells the planners so.
+REPLAY_ROUTER = RouterPolicy.ROUND_ROBIN
 
 
 __all__ = [
     "ATTAINABLE_SIZE",
+    "REPLAY_ROUTER",
     "BLOCK_TOKENS",
     "DynamoEngine",
     "RUN_REPLAY_SCRIPT",

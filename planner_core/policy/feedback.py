@@ -56,7 +56,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from planner_core.config import PlannerConfig
+from planner_core.config import PlannerConfig, RouterKind
 from planner_core.domain import (
     CapacityFeedback,
     Component,
@@ -472,10 +472,16 @@ def _load_tail_ms(window: FeedbackWindow, ready: int, compute_p95_ms: float) -> 
     return wait_s * 1000.0 + compute_p95_ms
 
 
-def _beyond_load(window: FeedbackWindow, ready: int, reading: _TtftReading, short: str) -> tuple[float | None, str]:
+def _beyond_load(
+    config: PlannerConfig, window: FeedbackWindow, ready: int, reading: _TtftReading, short: str
+) -> tuple[float | None, str]:
     """For a missed tail where the load outgrew the pool (`short`): the speed factor for the part of the tail the
-    load does not explain (None: the load explains it) and the step's text."""
+    load does not explain (None: the load explains it) and the step's text. Under a declared round-robin router the
+    sizing already spreads the window's prompts by count (`planner_core.policy.dispatch`), which is what the
+    least-loaded burst rule's tail leaves out: the miss is the load's there."""
     assert reading.tail_ms is not None
+    if config.router is RouterKind.ROUND_ROBIN:
+        return None, f"missed, but {short} (round-robin router: sized by count)"
     load_ms = _load_tail_ms(window, ready, reading.compute_p95_ms)
     if load_ms is None or reading.tail_ms <= LOAD_EXCESS * load_ms:
         explained = "" if load_ms is None else f" (the load alone makes {load_ms:.0f} ms)"
@@ -515,7 +521,7 @@ def _bounded_by_ttft(
     target_ms = config.ttft_ms
     short = _short_for_its_load(window, ready)
     if reading.missed(target_ms) and short:
-        factor, text = _beyond_load(window, ready, reading, short)
+        factor, text = _beyond_load(config, window, ready, reading, short)
         if factor is None:
             detail = f"{step.detail}; {reading.detail}: {text}: the miss is the load's"
             return pool, dataclasses.replace(step, reason=ReasonCode.FEEDBACK_MISS_WAS_LOAD, detail=detail)
@@ -559,7 +565,7 @@ def _prefill_from_ttft(
     )  # fmt: skip
     short = _short_for_its_load(window, ready)
     if tail_ms is not None and tail_ms > target_ms and short:
-        factor, text = _beyond_load(window, ready, reading, short)
+        factor, text = _beyond_load(config, window, ready, reading, short)
         if factor is None:
             return _held(feedback, component, ready, ReasonCode.FEEDBACK_MISS_WAS_LOAD, f"{detail}: {text}: speed kept")
         return _beyond_load_learned(

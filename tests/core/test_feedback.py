@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from planner_core.config import ConfigError, load_config, parse_config
+from planner_core.config import ConfigError, RouterKind, load_config, parse_config
 from planner_core.data import DEFAULT_CONFIG
 from planner_core.domain import (
     CapacityFeedback,
@@ -374,3 +374,17 @@ def test_a_miss_beyond_what_the_windows_own_bursts_make_at_the_pools_size_is_the
     unknown = dataclasses.replace(short(2000.0), engine_prompt_tokens_per_s=None)
     kept, step = learn_prefill_speed(CONFIG, STEADY, unknown, FWD)
     assert kept.speed == 1.0 and step.reason is ReasonCode.FEEDBACK_MISS_WAS_LOAD
+
+
+def test_under_a_declared_round_robin_router_a_miss_beyond_the_burst_rules_tail_stays_the_loads() -> None:
+    """The by-count sizing answers a round-robin router's spreading (`planner_core.policy.dispatch`); lowering the
+    speed for the same miss as well would count it twice."""
+    at_speed = (prefill_iteration(8192, 1.0),)
+    missed = window(at_speed, ttft_ms=300.0, ttft_ms_p95=2000.0, prompt_tokens_p99_5s=440_000.0)
+    outgrown = dataclasses.replace(missed, prompt_need_engines=6.5, engine_prompt_tokens_per_s=20_000.0)
+    round_robin = CONFIG.model_copy(update={"router": RouterKind.ROUND_ROBIN})
+    kept, step = learn_prefill_speed(round_robin, STEADY, outgrown, FWD)
+    assert kept.speed == 1.0 and step.reason is ReasonCode.FEEDBACK_MISS_WAS_LOAD
+    assert "round-robin router: sized by count" in step.detail
+    lowered, _ = learn_prefill_speed(CONFIG, STEADY, outgrown, FWD)  # least loaded: the excess is the engines'
+    assert lowered.speed < 1.0

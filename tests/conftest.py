@@ -50,6 +50,7 @@ LONGEST_TEST_FILES = (
     "test_demo_recovery.py",
     "test_flows.py",
     "test_chaos.py",
+    "test_flows_serve.py",
     "test_hardening.py",
     "test_dynamo_engine.py",
     "test_install.py",

@@ -34,13 +34,13 @@ def straight_6(
 ) -> Iterator[UninterruptedRun]:
     """The uninterrupted 6-window run the stopped and the crashed runs are compared with, made once for the module
     on a database of its own (each of the two tests made the same run before)."""
-    from tests.runtime.databases import create_database, release_connections
+    from tests.runtime.databases import create_database, drop_database
 
     url = create_database(postgres_server_url, template_database)
     config = write_config(tmp_path_factory.mktemp("straight"))
     summary = run_demo(url, config, azure_conv_trace, "straight", max_windows=6)
     yield UninterruptedRun(decisions=decisions(url, "straight"), summary=summary)
-    release_connections(url)
+    drop_database(postgres_server_url, url)
 
 
 def test_resumed_demo_equals_an_uninterrupted_one(

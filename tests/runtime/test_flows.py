@@ -58,13 +58,13 @@ def flow_demo(
 ) -> Iterator[DemoRun]:
     """The one 6-window demo run the tick, report and GPU-hours checks below read (two tests each made the same
     run before)."""
-    from tests.runtime.databases import create_database, release_connections
+    from tests.runtime.databases import create_database, drop_database
 
     url = create_database(postgres_server_url, template_database)
     folder = tmp_path_factory.mktemp("flow-demo")
     config = write_config(folder, report_output_dir="planner_reports")
     yield DemoRun(url, folder, run_demo(url, config, azure_conv_trace, "flow-demo", max_windows=6))
-    release_connections(url)
+    drop_database(postgres_server_url, url)
 
 
 def test_demo_flow_records_ticks_as_prefect_task_runs(flow_demo: DemoRun) -> None:

@@ -7,9 +7,9 @@ Prefect or the store: the server fixtures import what they need when a test asks
 are in tests/runtime/databases.py). They are defined here rather than in a tests/runtime conftest because the lab
 and CLI tests use them too, and a session fixture defined once is started once per session.
 
-Server: `TEST_DATABASE_URL` if set, else an embedded pgserver under a short temporary directory. Each test
-that asks for `database_url` gets its own database cloned from a migrated template (~50 ms), so tests never
-see each other's rows and nothing has to be cleaned up with DELETE.
+Server: `TEST_DATABASE_URL` if set, else an embedded pgserver under a short temporary directory (without fsync).
+Each test that asks for `database_url` gets its own database cloned from a migrated template (~0.2 s), so tests
+never see each other's rows and nothing has to be cleaned up with DELETE; the database is dropped after the test.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ LONGEST_TEST_FILES = (
     "test_demo_recovery.py",
     "test_flows.py",
     "test_chaos.py",
+    "test_flows_serve.py",
     "test_hardening.py",
     "test_dynamo_engine.py",
     "test_install.py",
@@ -84,6 +85,15 @@ def postgres_server_url() -> Iterator[str]:
 
     pg_dir = tempfile.mkdtemp(prefix="pgt", dir="/tmp")  # short path: unix socket paths are limited
     server = pgserver.get_server(pg_dir, cleanup_mode="delete")
+    # No fsync on this throw-away server: a test database is a copy of the template, which the server flushed to
+    # disk (~0.4 s a test on the shared CI disk, 0.2 s without), and every commit waited for its flush. Nothing the
+    # tests check depends on it: fsync guards against the machine crashing, not a process killed (the chaos and
+    # the embedded-database tests kill their own servers, which keep it).
+    import psycopg
+
+    with psycopg.connect(server.get_uri(), autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET fsync = off")
+        conn.execute("SELECT pg_reload_conf()")
     try:
         yield server.get_uri()
     finally:
@@ -100,22 +110,22 @@ def template_database(postgres_server_url: str) -> str:
 
 @pytest.fixture
 def database_url(postgres_server_url: str, template_database: str) -> Iterator[str]:
-    """SQLAlchemy URL of a fresh database at the newest migration."""
-    from tests.runtime.databases import create_database, release_connections
+    """SQLAlchemy URL of a fresh database at the newest migration (dropped after the test)."""
+    from tests.runtime.databases import create_database, drop_database
 
     url = create_database(postgres_server_url, template_database)
     yield url
-    release_connections(url)
+    drop_database(postgres_server_url, url)
 
 
 @pytest.fixture
 def empty_database_url(postgres_server_url: str) -> Iterator[str]:
     """SQLAlchemy URL of a fresh database with no schema (for migration tests)."""
-    from tests.runtime.databases import create_database, release_connections
+    from tests.runtime.databases import create_database, drop_database
 
     url = create_database(postgres_server_url)
     yield url
-    release_connections(url)
+    drop_database(postgres_server_url, url)
 
 
 @pytest.fixture(scope="session")

@@ -9,24 +9,49 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
 from tests.conftest import REPO_ROOT, write_config
-from tests.runtime.demo_runs import decisions, has_ticks, rows, run_demo
+from tests.runtime.demo_runs import decisions, has_ticks, kept_oracle_answers, rows, run_demo
 
 pytestmark = pytest.mark.prefect
 
 
+@dataclass(frozen=True, slots=True)
+class UninterruptedRun:
+    """A demo run straight to 6 windows: its decisions (`decisions`) and its summary."""
+
+    decisions: list[tuple]
+    summary: dict
+
+
+@pytest.fixture(scope="module")
+def straight_6(
+    prefect_api_url, postgres_server_url, template_database, tmp_path_factory, azure_conv_trace
+) -> Iterator[UninterruptedRun]:
+    """The uninterrupted 6-window run the stopped and the crashed runs are compared with, made once for the module
+    on a database of its own (each of the two tests made the same run before)."""
+    from tests.runtime.databases import create_database, drop_database
+
+    url = create_database(postgres_server_url, template_database)
+    config = write_config(tmp_path_factory.mktemp("straight"))
+    summary = run_demo(url, config, azure_conv_trace, "straight", max_windows=6)
+    yield UninterruptedRun(decisions=decisions(url, "straight"), summary=summary)
+    drop_database(postgres_server_url, url)
+
+
 def test_resumed_demo_equals_an_uninterrupted_one(
-    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+    database_url, tmp_path, azure_conv_trace, profile_dir, straight_6
 ) -> None:
     """Stopping after 3 windows and resuming to 6 records the same ticks and decisions as one run to 6."""
     config = write_config(tmp_path)
     run_demo(database_url, config, azure_conv_trace, "resumed", max_windows=3)
     resumed = run_demo(database_url, config, azure_conv_trace, "resumed", max_windows=6)
-    straight = run_demo(database_url, config, azure_conv_trace, "straight", max_windows=6)
-    assert decisions(database_url, "resumed") == decisions(database_url, "straight")
+    straight = straight_6.summary
+    assert decisions(database_url, "resumed") == straight_6.decisions
     assert resumed["num_ticks"] == straight["num_ticks"] == 6
     assert resumed["gpu_hours"] == pytest.approx(straight["gpu_hours"])
     assert resumed["sla_attainment"] == pytest.approx(straight["sla_attainment"])
@@ -37,7 +62,7 @@ def test_resumed_demo_equals_an_uninterrupted_one(
 
 
 def test_demo_finishes_a_tick_recorded_but_not_executed(
-    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+    database_url, tmp_path, azure_conv_trace, profile_dir, straight_6
 ) -> None:
     """A stop between recording a tick and executing its decision: the resumed run executes it at its own time."""
     from flows.ticks import decide_and_record
@@ -53,7 +78,8 @@ def test_demo_finishes_a_tick_recorded_but_not_executed(
     # Window 4, exactly as the demo loop records it, then a "crash" before the execution task runs.
     ctx = load_context(database_url, "crashed", config)
     trace = load_trace(azure_conv_trace).scaled(12.0)
-    start = starting_size(ctx, trace, 120.0)
+    with kept_oracle_answers():  # the size the run above found
+        start = starting_size(ctx, trace, 120.0)
     cluster = simulate_timeline(ctx, trace, recorded_scale_events(ctx, trace), 240.0, 120.0, start)
     with VirtualConnectorClient(database_url, "crashed") as client:
         counts = cluster.worker_counts()
@@ -62,8 +88,7 @@ def test_demo_finishes_a_tick_recorded_but_not_executed(
     assert [status for *_, status in decisions(database_url, "crashed")][-1] == "pending"
 
     run_demo(database_url, config, azure_conv_trace, "crashed", max_windows=6)
-    run_demo(database_url, config, azure_conv_trace, "whole", max_windows=6)
-    assert decisions(database_url, "crashed") == decisions(database_url, "whole")
+    assert decisions(database_url, "crashed") == straight_6.decisions
 
 
 def test_killed_demo_process_resumes_without_loss_or_duplicates(

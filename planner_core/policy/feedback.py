@@ -19,8 +19,7 @@ the model at the learned speed (`planner_core.perf.scaled`), in the mean-rate ca
   the tail is the p99 where under 0.5 % of the window's prompts cannot meet the target even alone on an engine at
   the learned speed, the p95 under 3 %, and beyond that the p95 of the prompts that can meet it alone, from the
   window's TTFT histogram (the misses of prompts too long for the target say nothing of the pool's size; the
-  others' do: on a long-prompt trace behind a round-robin router they are what shows the pool short). Queueing
-  only adds to a TTFT, so `mean compute time / mean TTFT` bounds the speed from below:
+  others' do: on a long-prompt trace behind a round-robin router they are what shows the pool short). Queueing only adds to a TTFT, so `mean compute time / mean TTFT` bounds the speed from below:
   a window where it exceeds the learned speed raises the speed towards it. A window that meets its tail comfortably
   (under `COMFORT` of the target) at load raises a speed below the model's 2 % back towards it.
 - **Prefill where the engines report: the TTFT still bounds it.** Iterations measure compute, not queueing (a

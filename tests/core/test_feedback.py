@@ -16,12 +16,10 @@ from planner_core.domain import (
     Component,
     EngineLimits,
     ForwardPassMetrics,
-    LatencyHistogram,
     Loop,
     PlannerState,
     PoolFeedback,
     ReasonCode,
-    RecordedArrivals,
     ScheduledRequests,
     StepName,
     TickInputs,
@@ -202,34 +200,6 @@ def test_misses_of_prompts_too_long_for_the_target_say_nothing_of_the_pool() -> 
     assert kept.speed == 1.0
     assert step.reason is ReasonCode.FEEDBACK_CONFIRMED
     assert "tail unusable" in step.detail
-
-
-def long_prompt_window(num_within_target: int) -> FeedbackWindow:
-    """100 requests, 30 of them 60,000-token prompts no engine serves within the 500 ms target alone; the TTFT
-    histogram holds `num_within_target` requests within the target, the rest beyond 2.5 s."""
-    lengths = (2000.0,) * 70 + (60000.0,) * 30
-    arrivals = RecordedArrivals(start_s=0.0, end_s=60.0, at_s=tuple(0.6 * i for i in range(100)), isl=lengths)
-    bounds_ms = (100.0, 250.0, 500.0, 1000.0, 2500.0, 30000.0)
-    within = float(num_within_target)
-    histogram = LatencyHistogram(bounds_ms=bounds_ms, cumulative=(0.0, 0.0, within, within, within, 100.0), count=100.0)
-    observed = traffic(num_req=100.0, isl=sum(lengths) / 100.0, ttft_ms=3000.0, ttft_ms_p95=20000.0)
-    observed = dataclasses.replace(observed, prompt_arrivals=arrivals, ttft_histogram=histogram)
-    return FeedbackWindow(
-        traffic=observed, window_s=60.0, workers=WORKERS, limits=LIMITS, fpm=(prefill_iteration(8192, 1.0),)
-    )
-
-
-def test_a_long_prompt_window_is_judged_on_the_prompts_that_can_meet_the_target() -> None:
-    """30 % of the prompts cannot meet the target alone: the window's p95 says nothing of the pool, but the p95 of
-    the other 70 % does. From the histogram: 0.95 x 70 = 66.5 requests must be within the target."""
-    short, step = learn_prefill_speed(CONFIG, STEADY, long_prompt_window(50), FWD)  # 20 of the 70 missed
-    assert step.reason is ReasonCode.FEEDBACK_LEARNED and "p95 of the attainable" in step.detail
-    assert short.speed == pytest.approx(0.85)  # one bounded step
-    kept, step = learn_prefill_speed(CONFIG, STEADY, long_prompt_window(69), FWD)  # 1 of the 70 missed
-    assert kept.speed == 1.0 and step.reason is ReasonCode.FEEDBACK_CONFIRMED
-    assert LatencyHistogram(bounds_ms=(100.0, 500.0), cumulative=(10.0, 50.0), count=100.0).quantile_ms(0.3) == (
-        pytest.approx(300.0)  # 20 of the 40 requests in (100, 500]: half way
-    )
 
 
 def test_a_ttft_below_the_compute_time_proves_a_faster_engine() -> None:

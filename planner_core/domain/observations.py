@@ -66,20 +66,6 @@ class LatencyHistogram:
             lower_ms, below = bound_ms, at_most
         return min(1.0, below / self.count)  # beyond the last bound: what the finite buckets hold
 
-    def quantile_ms(self, quantile: float) -> float | None:
-        """The latency under which `quantile` of the counted requests fall, interpolated linearly inside its bucket
-        (as Prometheus' `histogram_quantile`); the last finite bound when the quantile lies beyond it; None when
-        the histogram counts nothing."""
-        if self.count <= 0 or not self.bounds_ms:
-            return None
-        rank = min(max(quantile, 0.0), 1.0) * self.count
-        lower_ms, below = 0.0, 0.0
-        for bound_ms, at_most in zip(self.bounds_ms, self.cumulative, strict=True):
-            if at_most >= rank and at_most > below:
-                return lower_ms + (bound_ms - lower_ms) * (rank - below) / (at_most - below)
-            lower_ms, below = bound_ms, at_most
-        return self.bounds_ms[-1]
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RecordedArrivals:

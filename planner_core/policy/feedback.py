@@ -17,9 +17,8 @@ the model at the learned speed (`planner_core.perf.scaled`), in the mean-rate ca
 - **Prefill, from TTFT.** A TTFT mixes compute and queueing, so the prefill speed has two one-sided signals. A miss
   (the window's tail TTFT over the target) lowers the speed by `sqrt(target / tail)`, between 3 % and 15 % a window;
   the tail is the p99 where under 0.5 % of the window's prompts cannot meet the target even alone on an engine at
-  the learned speed, the p95 under 3 %, and beyond that the p95 of the prompts that can meet it alone, from the
-  window's TTFT histogram (the misses of prompts too long for the target say nothing of the pool's size; the
-  others' do: on a long-prompt trace behind a round-robin router they are what shows the pool short). Queueing only adds to a TTFT, so `mean compute time / mean TTFT` bounds the speed from below:
+  the learned speed, the p95 under 3 %, and none beyond (the misses of prompts too long for the target say nothing
+  of the pool's size). Queueing only adds to a TTFT, so `mean compute time / mean TTFT` bounds the speed from below:
   a window where it exceeds the learned speed raises the speed towards it. A window that meets its tail comfortably
   (under `COMFORT` of the target) at load raises a speed below the model's 2 % back towards it.
 - **Prefill where the engines report: the TTFT still bounds it.** Iterations measure compute, not queueing (a
@@ -607,21 +606,12 @@ def _usable_tail(
     with_p99: bool = True,
 ) -> tuple[str, float | None]:
     """The TTFT tail that judges the pool: the p99 (if `with_p99`) when at most 0.5 % of the prompts cannot meet
-    the target alone, the p95 up to 3 %; beyond, the p95 of the prompts that can meet it alone, read from the
-    window's TTFT histogram where the source has one. A source with only the mean TTFT gets that p95 estimated from
-    the mean (`_p95_from_mean`): `compute_s` holds each prompt's compute."""
+    the target alone, the p95 up to 3 %, none beyond. A source with only the mean TTFT gets a p95 estimated from it
+    (`_p95_from_mean`), of the prompts that can meet the target alone: `compute_s` holds each prompt's compute."""
     if with_p99 and too_long <= _P99_UNATTAINABLE and traffic.ttft_ms_p99 is not None:
         return "p99", traffic.ttft_ms_p99
     if too_long <= _P95_UNATTAINABLE and traffic.ttft_ms_p95 is not None:
         return "p95", traffic.ttft_ms_p95
-    if traffic.ttft_histogram is not None and too_long < 1.0:
-        # More prompts than the p95 allows cannot meet the target alone (long-prompt traces): their TTFTs all lie
-        # over the target, so the window's quantile at 0.95 x the attainable share is under the target exactly when
-        # the attainable prompts' own p95 is. Without this, such a window's tail said nothing, and a pool short for
-        # the prompts it can serve (a router that does not balance load) was never corrected.
-        attainable_p95 = traffic.ttft_histogram.quantile_ms(0.95 * (1.0 - too_long))
-        if attainable_p95 is not None:
-            return "p95 of the attainable", attainable_p95
     if traffic.ttft_ms_p95 is None and traffic.ttft_ms_p99 is None and traffic.ttft_ms is not None:
         attainable_s = [s for s in compute_s if s * 1000.0 <= target_ms]
         if attainable_s:

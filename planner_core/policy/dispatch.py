@@ -73,25 +73,13 @@ def by_count_prefill_size(
     arrivals = traffic.prompt_arrivals
     if chunked_s is None or arrivals is None or arrivals.resolution_s != 0 or not arrivals.isl:
         why = "no forward-pass model" if chunked_s is None else "no per-request prompts recorded in the window"
-        step = StepRecord(
-            step=StepName.BURST,
-            component=Component.PREFILL,
-            reason=ReasonCode.BURST_BY_COUNT_UNAVAILABLE,
-            detail=f"{why}: not sized by count",
-        )
-        return None, step
+        return None, _unavailable(why)
     compute_s = prompt_compute_s(arrivals.isl, hit, chunked_s)
     need = by_count_prefill_need(
         arrivals.at_s, compute_s, ttft_s=ttft_ms / 1000.0, target_share=target_share, max_replicas=max_replicas
     )
     if need is None:
-        step = StepRecord(
-            step=StepName.BURST,
-            component=Component.PREFILL,
-            reason=ReasonCode.BURST_BY_COUNT_UNAVAILABLE,
-            detail=f"no prompt of the window can meet TTFT {ttft_ms:g} ms alone: not sized by count",
-        )
-        return None, step
+        return None, _unavailable(f"no prompt of the window can meet TTFT {ttft_ms:g} ms alone")
     size = max(need, current)
     step = StepRecord(
         step=StepName.BURST,
@@ -104,3 +92,12 @@ def by_count_prefill_size(
         ),
     )
     return need, step
+
+
+def _unavailable(why: str) -> StepRecord:
+    return StepRecord(
+        step=StepName.BURST,
+        component=Component.PREFILL,
+        reason=ReasonCode.BURST_BY_COUNT_UNAVAILABLE,
+        detail=f"{why}: not sized by count",
+    )

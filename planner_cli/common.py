@@ -123,9 +123,18 @@ def stop_like_ctrl_c() -> None:
     started (servers, engines) instead of leaving them running."""
     import signal
 
+    stopping = False
+
     def interrupt(*_: object) -> None:
         # the first signal stops the command; a second (an impatient Ctrl-C, a supervisor's repeat) must not break
-        # the stopping half-way and leave servers behind (each is SIGKILLed after its own grace anyway)
+        # the stopping half-way and leave servers behind (each is SIGKILLed after its own grace anyway). Ignoring
+        # the signals is not enough: Prefect's flow engine puts back the handler it found (this one) when the
+        # interrupt unwinds through a flow run, and re-sends a SIGTERM it caught; a second KeyboardInterrupt then
+        # escaped `main` after "planner: interrupted", and the process died of SIGINT (-2) instead of exiting 130.
+        nonlocal stopping
+        if stopping:
+            return
+        stopping = True
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise KeyboardInterrupt

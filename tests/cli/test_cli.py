@@ -527,6 +527,36 @@ def test_a_sigterm_unwinds_like_ctrl_c_so_finally_blocks_run(tmp_path) -> None:
     assert "KeyboardInterrupt" in result.stderr and marker.read_text() == "stopped"
 
 
+def test_a_signal_re_sent_after_the_handler_was_put_back_does_not_break_the_stopping(tmp_path) -> None:
+    """A library may put back the handler it found (ours) while the interrupt unwinds through it and re-send a
+    signal it caught, as Prefect's flow engine does with SIGTERM. The stopping already under way goes on: the command
+    exits 130 with one line, not killed by a second KeyboardInterrupt after it (the demo's SIGTERM test saw status -2
+    after "planner: interrupted"; without the fix this test dies the same way)."""
+    script = (
+        "import os, signal, sys, time\n"
+        "from planner_cli.common import stop_like_ctrl_c\n"
+        "stop_like_ctrl_c()\n"
+        "ours = signal.getsignal(signal.SIGTERM)\n"
+        "try:\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(30)\n"
+        "    finally:\n"
+        "        signal.signal(signal.SIGTERM, ours)  # what the flow engine does on its way out\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(0.5)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('planner: interrupted', file=sys.stderr)\n"
+        "    signal.signal(signal.SIGTERM, ours)  # put back once more, and a signal after the stopping\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(0.5)\n"
+        "    sys.exit(130)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.strip() == "planner: interrupted"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

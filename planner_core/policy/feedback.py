@@ -436,9 +436,8 @@ def _read_ttft(
     )
     utilization = traffic.num_req / window.window_s / ready * mean_compute_s / speed
     lower_bound = mean_compute_s * 1000.0 / traffic.ttft_ms
-    at_speed_ms = sorted(s / speed * 1000.0 for s in compute_s)
-    attainable_ms = [ms for ms in at_speed_ms if ms <= target_ms] or at_speed_ms
-    compute_p95_ms = attainable_ms[min(len(attainable_ms) - 1, math.ceil(0.95 * len(attainable_ms)) - 1)]
+    at_speed_ms = [s / speed * 1000.0 for s in compute_s]
+    compute_p95_ms = _p95([ms for ms in at_speed_ms if ms <= target_ms] or at_speed_ms)
     detail = (
         f"TTFT mean {traffic.ttft_ms:.0f} ms, {tail_name} {_ms(tail_ms)} (target {target_ms:g} ms; "
         f"{too_long:.1%} of prompts beyond it alone); compute {mean_compute_s * 1000.0:.0f} ms a prompt: speed >= "
@@ -623,10 +622,15 @@ def _p95_from_mean(mean_ttft_ms: float, compute_s: Sequence[float], attainable_s
     """A p95 TTFT of the prompts that can meet the target alone (`attainable_s`, their compute times), from the
     window's mean TTFT alone: their p95 compute time plus ln 20 times the mean wait (the mean TTFT over the mean
     compute of all the window's prompts, `compute_s`): the p95 of an exponentially distributed wait of that mean."""
-    ordered = sorted(attainable_s)
-    p95_compute_ms = ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)] * 1000.0
+    p95_compute_ms = _p95(attainable_s) * 1000.0
     mean_wait_ms = max(0.0, mean_ttft_ms - sum(compute_s) / len(compute_s) * 1000.0)
     return p95_compute_ms + math.log(20.0) * mean_wait_ms
+
+
+def _p95(values: Sequence[float]) -> float:
+    """The nearest-rank p95 of `values` (not empty)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
 def _ms(value: float | None) -> str:

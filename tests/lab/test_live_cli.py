@@ -136,22 +136,25 @@ def test_the_live_policy_is_the_recommended_one_with_its_time_constants_compress
 
 
 @pytest.mark.parametrize("adaptive", [True, False], ids=["planner", "fixed"])
-def test_the_runs_config_loads_as_serve_loads_it(tmp_path, adaptive) -> None:
+@pytest.mark.parametrize(("router", "router_kind"), [("round-robin", "round_robin"), ("slo", "slo")])
+def test_the_runs_config_loads_as_serve_loads_it(tmp_path, adaptive, router, router_kind) -> None:
     """The config a run writes for its `planner serve` passes every check serve makes (the closed loop, on in the
     recommended policy since aedd43b, needs disagg: on the stack's aggregated engines it made every run fail at
-    start until it was turned off there)."""
+    start until it was turned off there), and names the router in front of the engines, which the planner sizes
+    for."""
     from planner_core.lab.live.spec import write_config
     from planner_core.planner import refuse_what_cannot_work
 
     spec = RunSpec(
         name="planner" if adaptive else "fixed-2", adaptive=adaptive, fixed_size=2, duration_s=60, ttft_ms=2000,
         itl_ms=100, interval_s=None, max_workers=4, trace=tmp_path / "trace.jsonl", nice=0, profile_dir=PROFILE_DIR,
-        cooldown_s=5, speedup=6.0,
+        cooldown_s=5, speedup=6.0, router=router,
     )  # fmt: skip
     path = write_config(spec, tmp_path, {}, "http://127.0.0.1:9090")
     config = load_config(path).policy
     refuse_what_cannot_work(config, path)
     assert config.mode.value == "agg" and not config.throughput_capacity_feedback
+    assert config.router.value == router_kind
     assert config.max_gpu_budget == (4 if adaptive else 2)
 
 
@@ -176,6 +179,7 @@ def test_the_disaggregated_runs_config_scales_both_pools_or_pins_each(tmp_path, 
     shipped = load_config(DEFAULT_CONFIG).policy
     assert config.mode.value == "disagg"
     assert config.throughput_capacity_feedback == shipped.throughput_capacity_feedback
+    assert config.router.value == "round_robin"  # the frontend's own router, which the prefill sizing must know
     local = loaded.service.local_workers
     assert (local.initial_prefill, local.initial_decode) == (2, 3)
     assert local.metrics_targets_file == str(tmp_path / WORKER_TARGETS_FILE)

@@ -59,6 +59,9 @@ def compressed_policy(policy: Path, speedup: float) -> dict:
     return body
 
 
+# `planner live --router`: the router in front of the engines, as the planner config names it (`RouterKind`)
+LIVE_ROUTER_KIND = {"round-robin": "round_robin", "slo": "slo"}
+
 WORKER_TARGETS_FILE = "prometheus-workers.json"  # in the run's folder: the engines Prometheus scrapes (file discovery)
 
 
@@ -79,6 +82,9 @@ def write_config(spec: RunSpec, run_dir: Path, env: dict[str, str], prometheus_u
         # engines, as `planner bench --mode agg` runs the recommended policy (with it on, since aedd43b, the config
         # was refused and `planner live` could not start a run)
         body["throughput_capacity_feedback"] = False
+    # the router the frontend runs, which the throughput loop sizes for (round robin: each prefill engine its own
+    # queue, `policy/dispatch.py`), as `planner bench --engine dynamo` tells the planners
+    body["router"] = LIVE_ROUTER_KIND[spec.router]
     fixed_budget = spec.fixed_size + (spec.fixed_prefill if spec.disaggregated else 0)
     body.update(
         {

@@ -128,8 +128,9 @@ test: test-envs
 	$(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30  # the slowest tests named in every run: CI has a time limit
 
 # The planner scaling Dynamo's frontend + prefill and decode mocker engines under aiperf replaying the Azure
-# conversation hour, then a fixed-size run of the same traffic; prints the comparison (LIVE_ARGS: e.g.
-# --duration-s 600 --fixed-size 1:2; --mode agg for one aggregated pool, --traffic code|mooncake|day).
+# conversation hour (15 minutes, engines slowed 16 times), then the same traffic at the cheapest fixed size meeting
+# 99 % (2p1d) and one prefill engine fewer (1p1d); prints the comparison and whether the SLA binds (about 55 minutes;
+# LIVE_ARGS: e.g. --record docs/results/live/NAME.json; --traffic code|mooncake|day, --fixed-search N, --mode agg).
 live: $(STAMP) $(DYNAMO_STAMP) live-env
 	nice -n 5 $(VENV)/bin/planner live $(LIVE_ARGS)
 

@@ -17,6 +17,7 @@ def cmd_live(args: argparse.Namespace) -> int:
         LiveError,
         LiveOptions,
         binding_sla,
+        fitting_speedup,
         parse_size_list,
         parse_sizes,
         run_live,
@@ -35,6 +36,12 @@ def cmd_live(args: argparse.Namespace) -> int:
         # the proxy places each request on one engine of the namespace's generate endpoint: it knows no prefill pool
         print("planner live: --router slo: needs --mode agg (the SLO-aware proxy does not route to disaggregated "
               "prefill and decode pools yet)", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        if args.speedup is None:
+            args.speedup = fitting_speedup(args.traffic, start_s=args.trace_start_s, duration_s=args.duration_s)
+    except LiveError as exc:
+        print(f"planner live: {exc}", file=sys.stderr)
         return 2
     default_ttft_ms, default_itl_ms = binding_sla(args.slowdown)
     args.ttft_ms = default_ttft_ms if args.ttft_ms is None else args.ttft_ms
@@ -72,10 +79,10 @@ def cmd_live(args: argparse.Namespace) -> int:
     return 0
 
 
-# The fixed-size run's engines by default: the default day's smallest aggregated size meeting 99 %; disaggregated,
-# one prefill and two decode engines (not the cheapest meeting 99 % on the default traffic: 1p1d met it on
-# 2026-12-07, the default cut does not bind the SLA yet; issue 39's frontier will set it)
-DEFAULT_FIXED = {"agg": "2", "disagg": "1:2"}
+# The fixed-size runs' engines by default: the default day's smallest aggregated size meeting 99 %; disaggregated,
+# the frontier of the default traffic (the conversation hour in 900 s, every 6th request, engines slowed 16 times):
+# 2p1d, the cheapest pair meeting 99 %, and 1p1d one prefill engine fewer (docs/results/live/, 2026-12-07)
+DEFAULT_FIXED = {"agg": "2", "disagg": "2:1,1:1"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -84,7 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     live.add_argument(
         "--out", type=Path, default=None, help="folder of the runs (default: PLANNER_DATA_DIR/live, .planner/live)"
     )
-    live.add_argument("--duration-s", type=float, default=560.0, help="traffic per run (s)")
+    live.add_argument("--duration-s", type=float, default=900.0, help="traffic per run (s)")
     live.add_argument(
         "--traffic",
         choices=("conv", "code", "mooncake", "day"),
@@ -100,18 +107,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     live.add_argument(
         "--speedup",
         type=float,
-        default=6.0,
-        help="the policy's time constants are divided by this (conv: the trace's time compression too)",
+        default=None,
+        help="the policy's time constants are divided by this (recorded traces: their time compression too); "
+        "default: the recorded trace from --trace-start-s to its end in --duration-s (the conversation hour in "
+        "900 s: 3.89), day: 6",
     )
-    live.add_argument("--keep-every", type=int, default=9, help="recorded traces: keep every N-th request")
+    live.add_argument("--keep-every", type=int, default=6, help="recorded traces: keep every N-th request")
     live.add_argument("--trace-start-s", type=float, default=0.0, help="recorded traces: offset into the trace (s)")
     live.add_argument("--max-isl", type=int, default=2048, help="cap on prompt tokens")
     live.add_argument("--max-osl", type=int, default=256, help="cap on output tokens")
     live.add_argument(
         "--slowdown",
         type=float,
-        default=8.0,
-        help="engines (mocker and the planner's model) this many times slower than the H200 profile",
+        default=16.0,
+        help="engines (mocker and the planner's model) this many times slower than the H200 profile (16: the "
+        "default traffic needs two prefill engines)",
     )
     live.add_argument(
         "--ttft-ms",

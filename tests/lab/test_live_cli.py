@@ -296,9 +296,29 @@ def test_make_live_runs_the_conversation_hour_disaggregated_by_default() -> None
     from planner_cli.live import DEFAULT_FIXED
 
     args = build_parser().parse_args(["live"])
-    assert (args.traffic, args.speedup, args.keep_every, args.mode) == ("conv", 6.0, 9, "disagg")
-    assert args.fixed_size is None and DEFAULT_FIXED == {"agg": "2", "disagg": "1:2"}
-    assert args.initial_size is None  # both runs start from the fixed size
+    assert (args.traffic, args.duration_s, args.keep_every, args.slowdown, args.mode) == ("conv", 900, 6, 16, "disagg")
+    assert args.speedup is None  # the whole recorded hour in the run (`fitting_speedup`)
+    assert args.fixed_size is None and DEFAULT_FIXED == {"agg": "2", "disagg": "2:1,1:1"}
+    assert args.initial_size is None  # every run starts from the first fixed size
+
+
+def test_the_default_compression_fits_the_rest_of_the_recorded_trace_into_the_run(tmp_path) -> None:
+    """`--speedup` unset: the trace from `--trace-start-s` to its end in `--duration-s`, rounded down so the cut is
+    never refused as longer than the trace; the day keeps 6; a start past the end is refused in one line."""
+    from planner_core.lab.live import fitting_speedup
+    from planner_core.lab.live.traffic import RECORDED_TRACES
+
+    for name in ("conv", "code", "mooncake"):
+        speedup = fitting_speedup(name, start_s=0, duration_s=900)
+        hour_s = load_trace(RECORDED_TRACES[name]).duration_s
+        assert hour_s - 0.01 * 900 < speedup * 900 <= hour_s, name
+        write_trace(tmp_path / f"{name}.jsonl", start_s=0, duration_s=900, speedup=speedup, keep_every=50,
+                    max_isl=2048, max_osl=256, name=name)  # fmt: skip
+    assert fitting_speedup("conv", start_s=0, duration_s=900) == 3.89
+    assert fitting_speedup("conv", start_s=1800, duration_s=900) < fitting_speedup("conv", start_s=0, duration_s=900)
+    assert fitting_speedup("day", start_s=0, duration_s=900) == 6.0
+    with pytest.raises(LiveError, match=r"--trace-start-s = 5000: past the end of the conv trace"):
+        fitting_speedup("conv", start_s=5000, duration_s=900)
 
 
 def test_the_table_says_what_traffic_each_run_had() -> None:

@@ -24,6 +24,32 @@ RECORDED_TRACES = {
 }
 
 
+# `--traffic day`'s default compression: the policy's time constants divided by 6 (the day has no recorded length)
+DAY_SPEEDUP = 6.0
+
+
+def fitting_speedup(name: str, *, start_s: float, duration_s: float) -> float:
+    """`planner live`'s default `--speedup`: the recorded trace `name` from `start_s` to its end in `duration_s`
+    (the Azure conversation hour in 900 s: 3.89), rounded down to 0.01 so the run never asks for more trace than
+    there is; `DAY_SPEEDUP` for the day cycle.
+
+    Raises:
+        LiveError: `name` is not a recorded trace, or `start_s` leaves none of it.
+    """
+    import math
+
+    from planner_core.traces import load_trace
+
+    if name == "day":
+        return DAY_SPEEDUP
+    if name not in RECORDED_TRACES:
+        raise LiveError(f"--traffic = {name!r}: not a recorded trace (known: {', '.join(RECORDED_TRACES)}, day)")
+    left_s = load_trace(RECORDED_TRACES[name]).duration_s - start_s
+    if left_s <= 0:
+        raise LiveError(f"--trace-start-s = {start_s:g}: past the end of the {name} trace ({left_s + start_s:.0f} s)")
+    return max(0.01, math.floor(left_s / duration_s * 100) / 100)
+
+
 def write_trace(
     out: Path,
     *,

@@ -86,8 +86,8 @@ def test_the_planner_scales_each_pool_up_and_down_and_sees_the_requests_aiperf_s
     out = tmp_path / "live"
     args = [
         "live", "--out", str(out), "--mode", "disagg", "--fixed-size", "0:0", "--initial-size", "1:1",
-        # the default trace (the Azure conversation hour, 6 times faster) thinned to ~1.2 requests/s
-        "--traffic", "conv", "--keep-every", "27",
+        # the Azure conversation hour 6 times faster, thinned to ~1.2 requests/s, on engines slowed 8 times
+        "--traffic", "conv", "--speedup", "6", "--keep-every", "27", "--slowdown", "8",
         "--duration-s", str(DURATION_S), "--cooldown-s", str(COOLDOWN_S), "--max-workers", "4",
     ]  # fmt: skip
     log_path = tmp_path / "live.log"

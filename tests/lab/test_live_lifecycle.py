@@ -51,7 +51,7 @@ def test_a_signal_cancels_the_run_in_flight_stops_its_stack_and_exits_0(tmp_path
     out = tmp_path / "live"
     args = [
         "live", "--out", str(out), "--fixed-only", "--fixed-size", "1:1", "--duration-s", "120", "--cooldown-s", "5",
-        "--nice", "0",
+        "--nice", "0", "--speedup", "6", "--keep-every", "9", "--slowdown", "8",  # a light load: the stop is tested
     ]  # fmt: skip
     env = os.environ | {"PYTHONPATH": str(REPO_ROOT)}
 

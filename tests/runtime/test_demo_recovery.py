@@ -92,28 +92,28 @@ def test_demo_finishes_a_tick_recorded_but_not_executed(
 
 
 def test_killed_demo_process_resumes_without_loss_or_duplicates(
-    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir
+    prefect_api_url, database_url, tmp_path, azure_conv_trace, profile_dir, straight_6
 ) -> None:
-    """SIGKILL a `planner demo` process mid-run, start it again: same history as an uninterrupted run."""
+    """SIGKILL a `planner demo` process mid-run, start it again: same history as an uninterrupted run (the
+    module's 6-window one, made in process with the same config and trace)."""
     config = write_config(tmp_path)
     env = dict(os.environ, PREFECT_API_URL=prefect_api_url, PLANNER_DATABASE_URL=database_url)
     command = [
         sys.executable, "-m", "planner_cli.main", "demo", "--trace", str(azure_conv_trace), "--config", str(config),
-        "--deployment", "killed", "--max-windows", "9",
+        "--deployment", "killed", "--max-windows", "6",
     ]  # fmt: skip
     process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         count = rows(database_url, "SELECT count(*) FROM ticks")[0][0] if has_ticks(database_url) else 0
-        if count >= 4:
+        if count >= 3:
             break
         time.sleep(0.2)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
     killed_at = rows(database_url, "SELECT count(*) FROM ticks")[0][0]
-    assert 4 <= killed_at < 9, "the process must be killed mid-run"
+    assert 3 <= killed_at < 6, "the process must be killed mid-run"
     finished = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr[-2000:]
-    assert "ticks recorded 9" in finished.stdout
-    run_demo(database_url, config, azure_conv_trace, "uninterrupted", max_windows=9)
-    assert decisions(database_url, "killed") == decisions(database_url, "uninterrupted")
+    assert "ticks recorded 6" in finished.stdout
+    assert decisions(database_url, "killed") == straight_6.decisions

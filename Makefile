@@ -14,7 +14,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 # source again (a planner start: 13 s of CPU instead of 4.5 s; test_dynamo_policy's load-step test 53 s -> ~20 s).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv demo check test test-envs explore lint docs clean image dynamo-env live-model live-env live test-live test-workers profile-roundtrip
+.PHONY: venv demo check test test-envs explore lint docs clean image dynamo-env live-model live-env live live-records test-live test-workers profile-roundtrip
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -129,10 +129,20 @@ test: test-envs
 
 # The planner scaling Dynamo's frontend + prefill and decode mocker engines under aiperf replaying the Azure
 # conversation hour (15 minutes, engines slowed 16 times), then the same traffic at the cheapest fixed size meeting
-# 99 % (2p1d) and one prefill engine fewer (1p1d); prints the comparison and whether the SLA binds (about 55 minutes;
+# 99 % (2p1d) and one prefill engine fewer (1p1d); prints the comparison and whether the SLA binds (the three
+# environments built side by side first, as `make test` builds them; the runs about 18, 17 and 17 minutes;
 # LIVE_ARGS: e.g. --record docs/results/live/NAME.json; --traffic code|mooncake|day, --fixed-search N, --mode agg).
-live: $(STAMP) $(DYNAMO_STAMP) live-env
+live: test-envs live-env
 	nice -n 5 $(VENV)/bin/planner live $(LIVE_ARGS)
+
+# The live record (docs/results/live/, rendered in docs/operations.md): the conversation hour as `make live` runs it,
+# then the code hour at its own frontier (4p1d, the cheapest pair meeting 99 % in our simulator on that traffic, and
+# 3p1d; a GPU budget of 6 for the planner), each 15 minutes a run: about two hours.
+LIVE_DATE := $(shell date -u +%Y-%m-%d)
+live-records: test-envs live-env
+	nice -n 5 $(VENV)/bin/planner live --out .planner/live-conv --record docs/results/live/$(LIVE_DATE)-conv-disagg.json
+	nice -n 5 $(VENV)/bin/planner live --out .planner/live-code --traffic code --max-workers 6 \
+		--fixed-size 4:1,3:1 --record docs/results/live/$(LIVE_DATE)-code-disagg.json
 
 # The fleet on two real Prefect process workers (prefect.yaml's `fleet` deployment): a minute or two.
 test-workers: $(STAMP)

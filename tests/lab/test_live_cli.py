@@ -438,5 +438,7 @@ def test_several_fixed_sizes_run_one_after_the_other_from_the_first_ones_deploym
         ("planner", True, 0, 1), ("fixed-1p1d", False, 1, 1), ("fixed-1p2d", False, 1, 2),
     ]  # fmt: skip
     assert {(s.initial_prefill, s.initial_size) for s in specs} == {(1, 1)}
+    # the planner keeps deciding after the traffic; a pinned one has nothing to decide
+    assert [s.cooldown_s for s in specs] == [options.cooldown_s, 0.0, 0.0] and options.cooldown_s > 0
     with pytest.raises(LiveError, match=r"--fixed-size = '0:2': both pools need an engine \(or 0:0 for none\)"):
         parse_size_list("1:1,0:2", "disagg", "--fixed-size")

@@ -200,7 +200,9 @@ def _common_spec(options: LiveOptions, root: Path, trace: Path, traffic: str) ->
 
 
 def fixed_spec(options: LiveOptions, common: dict, size: tuple[int, int]) -> RunSpec:
-    """The run at fixed `size` (prefill, decode; prefill 0 when aggregated)."""
+    """The run at fixed `size` (prefill, decode; prefill 0 when aggregated). No cool-down: the pinned planner has
+    nothing to decide after the traffic (the decisions made until then are still waited for), and a minute less a
+    run keeps `make live`'s three runs within the hour."""
     disagg = options.mode == "disagg"
     suffix = "" if options.router == "round-robin" else f"-{options.router}"
     prefill, decode = size
@@ -209,7 +211,7 @@ def fixed_spec(options: LiveOptions, common: dict, size: tuple[int, int]) -> Run
         adaptive=False,
         fixed_size=decode,
         fixed_prefill=prefill if disagg else 0,
-        **common,
+        **{**common, "cooldown_s": 0.0},
     )
 
 

@@ -130,7 +130,7 @@ test: test-envs
 # The planner scaling Dynamo's frontend + prefill and decode mocker engines under aiperf replaying the Azure
 # conversation hour (15 minutes, engines slowed 16 times), then the same traffic at the cheapest fixed size meeting
 # 99 % (2p1d) and one prefill engine fewer (1p1d); prints the comparison and whether the SLA binds (the three
-# environments built side by side first, as `make test` builds them; the runs about 18, 17 and 17 minutes;
+# environments built side by side first, as `make test` builds them; the runs about 18, 17 and 18 minutes;
 # LIVE_ARGS: e.g. --record docs/results/live/NAME.json; --traffic code|mooncake|day, --fixed-search N, --mode agg).
 live: test-envs live-env
 	nice -n 5 $(VENV)/bin/planner live $(LIVE_ARGS)

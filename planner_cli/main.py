@@ -68,6 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `planner` command: its exit status (130 when stopped by Ctrl-C or SIGTERM)."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        # a second stop that lands while the first one's cleanup runs (the `finally` below; seen in CI as a death by
+        # SIGINT, -2, after "planner: interrupted" was printed, 2026-12-07): the command was stopping already
+        return 130
+
+
+def _run(argv: list[str] | None) -> int:
     # pgserver asks platformdirs for a runtime dir at import; without XDG_RUNTIME_DIR (usual in containers)
     # platformdirs falls back to /tmp/runtime-<uid> and says so in two lines on every command. The fallback works,
     # and it is the dir every pgserver process shares its lock in, so keep it and drop only that notice.

@@ -527,6 +527,28 @@ def test_a_sigterm_unwinds_like_ctrl_c_so_finally_blocks_run(tmp_path) -> None:
     assert "KeyboardInterrupt" in result.stderr and marker.read_text() == "stopped"
 
 
+def test_a_stop_that_lands_during_the_first_stops_cleanup_still_exits_130(monkeypatch, capsys) -> None:
+    """The command interrupted, and interrupted again while `main` closes its database pools: exit 130 with one
+    line, not a KeyboardInterrupt escaping `main` (the process then dies of SIGINT, -2)."""
+    import argparse
+
+    from planner_cli import main as cli
+
+    def interrupted(_args: argparse.Namespace) -> int:
+        raise KeyboardInterrupt
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(func=interrupted)
+
+    def interrupted_again() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(cli, "dispose_engines", interrupted_again)
+    assert cli.main([]) == 130
+    assert capsys.readouterr().err == "planner: interrupted\n"
+
+
 def test_a_signal_re_sent_after_the_handler_was_put_back_does_not_break_the_stopping(tmp_path) -> None:
     """A library may put back the handler it found (ours) while the interrupt unwinds through it and re-send a
     signal it caught, as Prefect's flow engine does with SIGTERM. The stopping already under way goes on: the command
